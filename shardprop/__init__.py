@@ -1,0 +1,47 @@
+"""shardprop: symbolic sharding propagation for JAX functions, in the style of Nx's sharding design.
+
+The pipeline reads like the design: ``trace → propagate → split → lower``::
+
+    import shardprop as sp
+    mesh = sp.make_mesh((4, 2), ("i", "j"))
+    fs = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None))
+    out = fs(a, b)                  # equal to f(a, b), sharded on the mesh
+    prog = fs.trace(a, b)
+    print(prog.graph)               # the graph with per-axis shard annotations
+    print(prog.stages)              # stages with their in/out specs
+
+or step by step: ``sp.trace(f, *args)``, ``sp.propagate(graph, in_specs, mesh=mesh)``, ``sp.split(sharded)``,
+``sp.lower(plan, mesh)``.
+"""
+
+from .api import AutoSharded, autoshard, compile_program
+from .backends import Program, lower
+from .errors import (
+    DuplicateMeshAxisError,
+    FallbackWarning,
+    IndivisibleAxisError,
+    InputMismatchError,
+    LoweringError,
+    MeshError,
+    ShardingConflictError,
+    ShardingError,
+    SpecError,
+    SpecRankError,
+    SpecTreeError,
+    TraceError,
+    UnknownMeshAxisError,
+)
+from .expr import Graph, Node, trace
+from .mesh import make_mesh
+from .propagation import Shard, ShardedGraph, TensorSharding, propagate
+from .splitting import Plan, Stage, StageInput, split
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutoSharded", "DuplicateMeshAxisError", "FallbackWarning", "Graph", "IndivisibleAxisError",
+    "InputMismatchError", "LoweringError", "MeshError", "Node", "Plan", "Program", "Shard", "ShardedGraph",
+    "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError", "SpecTreeError", "Stage",
+    "StageInput", "TensorSharding", "TraceError", "UnknownMeshAxisError", "autoshard", "compile_program",
+    "lower", "make_mesh", "propagate", "split", "trace",
+]

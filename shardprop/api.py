@@ -1,0 +1,64 @@
+"""``autoshard``: the four passes behind one decorator-like call.
+
+    fs = autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None))
+    fs(a, b)                 # == f(a, b), a jax.Array sharded on the mesh
+    prog = fs.trace(a, b)    # the Program: prog.graph, prog.stages, prog.lower(a, b)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh
+
+from .backends import Program, lower
+from .expr import trace
+from .expr.trace import abstractify
+from .propagation import propagate
+from .splitting import split
+
+
+def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any) -> Program:
+    """``trace → propagate → split → lower`` for one set of argument shapes."""
+    return lower(split(propagate(trace(f, *args), in_specs, mesh=mesh)), mesh)
+
+
+class AutoSharded:
+    """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes and dtypes."""
+
+    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any):
+        self.f, self.mesh, self.in_specs = f, mesh, in_specs
+        self._programs: dict[Any, Program] = {}
+        functools.update_wrapper(self, f)
+
+    def trace(self, *args) -> Program:
+        """The compiled plan for these arguments (arrays or ShapeDtypeStructs), for inspection."""
+        avals, tree = abstractify(args)
+        key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in avals))
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = compile_program(self.f, args, mesh=self.mesh, in_specs=self.in_specs)
+        return program
+
+    def __call__(self, *args):
+        return self.trace(*args)(*args)
+
+    def lower(self, *args):
+        """``jax.stages.Lowered`` of the program for these arguments."""
+        return self.trace(*args).lower(*args)
+
+
+def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any) -> AutoSharded:
+    """Shard ``f`` automatically on ``mesh``.
+
+    ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
+    (``P()`` replicates) or ``None`` for an unannotated argument, which adopts the sharding it meets.
+
+    >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
+    >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP
+    PartitionSpec('i',)
+    """
+    return AutoSharded(f, mesh=mesh, in_specs=in_specs)

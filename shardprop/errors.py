@@ -1,0 +1,59 @@
+"""Every error shardprop raises derives from :class:`ShardingError`.
+
+User mistakes (a bad spec, a sharding conflict, calling a program with the wrong shapes) are reported with
+the operation, the user's source line and the shardings involved, never as a raw JAX/XLA traceback.
+"""
+
+from __future__ import annotations
+
+
+class ShardingError(Exception):
+    """Base class of every error shardprop raises."""
+
+
+class TraceError(ShardingError):
+    """The function could not be traced (non-array argument, a JAX tracing error, ...)."""
+
+
+class MeshError(ShardingError):
+    """The mesh is malformed (wrong device count, duplicate axis names, ...)."""
+
+
+class SpecError(ShardingError):
+    """An input PartitionSpec is not valid for its argument."""
+
+
+class UnknownMeshAxisError(SpecError):
+    """A spec names an axis the mesh does not have."""
+
+
+class IndivisibleAxisError(SpecError):
+    """An array axis is not divisible by the size of the mesh axes it is sharded over."""
+
+
+class SpecRankError(SpecError):
+    """A spec has more entries than its argument has axes."""
+
+
+class DuplicateMeshAxisError(SpecError):
+    """One mesh axis shards two axes of the same tensor."""
+
+
+class SpecTreeError(SpecError):
+    """``in_specs`` is not a pytree prefix of the arguments."""
+
+
+class ShardingConflictError(ShardingError):
+    """Two operands of one operation are sharded incompatibly."""
+
+
+class InputMismatchError(ShardingError):
+    """A compiled program was called with arguments other than those it was traced with."""
+
+
+class FallbackWarning(UserWarning):
+    """A primitive had no sharding rule; the conservative rule (gather everything, replicate) was used."""
+
+
+class LoweringError(ShardingError):
+    """An operation could not be evaluated on its per-device blocks (a shardprop bug: please report it)."""

@@ -1,0 +1,202 @@
+"""Our flat expression graph: the product of tracing, the input of every later pass.
+
+A :class:`Graph` is a topologically ordered tuple of :class:`Node`s over integer *values*. Every value is
+produced by exactly one node: ``parameter`` nodes stand for the function's flat inputs, ``constant`` nodes
+for literals and closed-over arrays, every other node for one JAX primitive application (calls such as
+nested ``jit`` are already inlined). ``str(graph)`` prints a jaxpr-like listing::
+
+    { lambda ; a:f32[8,8] b:f32[8,8]. let
+        c:f32[8,8] = add a b                       # f.py:3
+        ...
+      in (i,) }
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+PARAMETER = "parameter"
+CONSTANT = "constant"
+
+
+@dataclass(frozen=True, slots=True)
+class Aval:
+    """Shape and dtype of one value."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __str__(self) -> str:
+        return f"{short_dtype(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Node:
+    """One operation: ``outputs = op(*operands, **params)``, at the user's ``source`` line (``file:line``).
+
+    ``operands`` and ``outputs`` are value ids into :attr:`Graph.avals`. ``primitive`` is the JAX primitive
+    to bind when executing (None for ``parameter`` and ``constant`` nodes).
+    """
+
+    id: int
+    op: str
+    operands: tuple[int, ...]
+    outputs: tuple[int, ...]
+    params: Mapping[str, Any]
+    source: str | None
+    primitive: Any = field(default=None, repr=False)
+
+    @property
+    def output(self) -> int:
+        """The single output value (most ops have exactly one)."""
+        (out,) = self.outputs
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A traced function. ``inputs``/``outputs`` are flat value ids; the trees rebuild the user's pytrees."""
+
+    nodes: tuple[Node, ...]
+    avals: tuple[Aval, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    in_tree: Any
+    out_tree: Any
+
+    @cached_property
+    def producer(self) -> tuple[int, ...]:
+        """``producer[value]`` is the id of the node that computes ``value``."""
+        prod = [0] * len(self.avals)
+        for node in self.nodes:
+            for v in node.outputs:
+                prod[v] = node.id
+        return tuple(prod)
+
+    @cached_property
+    def consumers(self) -> tuple[tuple[int, ...], ...]:
+        """``consumers[value]`` lists the ids of the nodes that read ``value`` (in graph order)."""
+        cons: list[list[int]] = [[] for _ in self.avals]
+        for node in self.nodes:
+            for v in dict.fromkeys(node.operands):
+                cons[v].append(node.id)
+        return tuple(tuple(c) for c in cons)
+
+    @cached_property
+    def digraph(self) -> nx.DiGraph:
+        """The node-level dependency graph as a ``networkx.DiGraph`` (edges producer → consumer)."""
+        g = nx.DiGraph()
+        g.add_nodes_from(n.id for n in self.nodes)
+        producer = self.producer
+        g.add_edges_from((producer[v], n.id) for n in self.nodes for v in n.operands)
+        return g
+
+    def topological_order(self) -> list[int]:
+        return list(nx.topological_sort(self.digraph))
+
+    def ancestors(self, node_id: int) -> set[int]:
+        """Ids of every node ``node_id`` depends on, transitively."""
+        return nx.ancestors(self.digraph, node_id)
+
+    def value_name(self, value: int) -> str:
+        return value_name(value)
+
+    def __str__(self) -> str:
+        return render(self)
+
+    def __repr__(self) -> str:
+        return f"<Graph {len(self.nodes)} nodes, {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
+
+
+def short_dtype(dtype) -> str:
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return "bool"
+    kind = {"f": "f", "i": "i", "u": "u", "c": "c", "V": "bf"}.get(dtype.kind, dtype.kind)
+    if dtype.name == "bfloat16":
+        return "bf16"
+    return f"{kind}{dtype.itemsize * 8}"
+
+
+def value_name(value: int) -> str:
+    """jaxpr-style names: a, b, ..., z, ba, bb, ..."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    name = ""
+    value += 0
+    while True:
+        name = letters[value % 26] + name
+        value //= 26
+        if value == 0:
+            return name
+
+
+def format_params(node: Node) -> str:
+    """Short ``[k=v ...]`` for printable params; sub-jaxprs, arrays and Nones are left out."""
+    shown = []
+    for key, val in sorted(node.params.items()):
+        if val is None or key == "value":
+            continue
+        if isinstance(val, (bool, int, float, str, np.dtype, np.generic)) or (
+            isinstance(val, tuple) and all(isinstance(x, (int, bool, str, tuple)) for x in val)
+        ):
+            shown.append(f"{key}={val}")
+        elif hasattr(val, "name") and isinstance(getattr(val, "name"), str) and "dtype" in key:
+            shown.append(f"{key}={val.name}")
+    return f"[{' '.join(shown)}]" if shown else ""
+
+
+def format_constant(node: Node, aval: Aval) -> str:
+    value = node.params["value"]
+    if value.size == 1:
+        return f"{value.reshape(()).item()!r}"
+    return f"<{aval}>"
+
+
+def render(
+    graph: Graph,
+    type_of: Callable[[int], str] | None = None,
+    before_node: Callable[[Node], list[str]] | None = None,
+) -> str:
+    """The jaxpr-like listing. ``type_of(value)`` overrides how a value's type prints (shardings do this);
+    ``before_node(node)`` may return extra lines (stage headers) printed before a node."""
+    type_of = type_of or (lambda v: str(graph.avals[v]))
+    params = " ".join(f"{value_name(v)}:{type_of(v)}" for v in graph.inputs)
+    lines = [f"{{ lambda ; {params}. let"]
+    body = []
+    for node in graph.nodes:
+        if node.op == PARAMETER:
+            continue
+        if before_node is not None:
+            body.extend((None, extra) for extra in before_node(node))
+        outs = " ".join(f"{value_name(v)}:{type_of(v)}" for v in node.outputs)
+        if node.op == CONSTANT:
+            rhs = f"constant {format_constant(node, graph.avals[node.output])}"
+        else:
+            rhs = " ".join([node.op + format_params(node), *(value_name(v) for v in node.operands)])
+        body.append((f"    {outs} = {rhs}", node.source))
+    width = max((len(text) for text, _ in body if text is not None), default=0)
+    for text, source in body:
+        if text is None:  # an extra line from before_node
+            lines.append(f"  {source}")
+        elif source:
+            lines.append(f"{text.ljust(width)}   # {_short_source(source)}")
+        else:
+            lines.append(text)
+    outs = " ".join(value_name(v) for v in graph.outputs)
+    lines.append(f"  in ({outs},) }}" if len(graph.outputs) == 1 else f"  in ({outs}) }}")
+    return "\n".join(lines)
+
+
+def _short_source(source: str) -> str:
+    """``path/to/file.py:12`` → ``file.py:12``: the listing stays readable, the Node keeps the full path."""
+    return source.rsplit("/", 1)[-1]

@@ -1,0 +1,113 @@
+"""The one module that knows JAX internals.
+
+Everything JAX-version-specific lives here: turning a function into a jaxpr, walking its equations,
+recognising calls to inline (nested ``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``closed_call``,
+``remat``), reading ``source_info``, and binding a primitive from its equation params. The rest of shardprop
+sees only :mod:`shardprop.expr.graph`. When a JAX release changes these internals, this file is the one to
+touch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+# Private imports are confined to this block; they are the adapter's reason to exist.
+from jax._src import source_info_util as _source_info_util
+
+Primitive = jex_core.Primitive
+
+# Primitives that are pure calls of a sub-jaxpr: their body is inlined into our graph, so sharding rules
+# see the ops inside (a `jnp.where` is a `jit` around `select_n`, `relu` is a `custom_jvp_call`).
+_CALL_JAXPR_PARAM = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Literal:
+    """A constant operand: a jaxpr literal or a closed-over constant."""
+
+    value: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Equation:
+    """One primitive application, with operands as opaque variable handles or :class:`Literal`s."""
+
+    primitive: Primitive
+    invars: tuple[Any, ...]
+    outvars: tuple[Any, ...]
+    params: dict
+    source: str | None
+
+
+def make_jaxpr(flat_fun: Callable, avals: Sequence[jax.ShapeDtypeStruct]):
+    """Trace ``flat_fun`` (flat positional arrays in, flat list out) into a closed jaxpr."""
+    return jax.make_jaxpr(flat_fun)(*avals)
+
+
+def aval_of(var) -> tuple[tuple[int, ...], np.dtype]:
+    aval = var.aval
+    return tuple(int(d) for d in aval.shape), np.dtype(aval.dtype)
+
+
+def is_literal(var) -> bool:
+    return isinstance(var, jex_core.Literal)
+
+
+def is_drop_var(var) -> bool:
+    return isinstance(var, jex_core.DropVar)
+
+
+def literal_value(var) -> np.ndarray:
+    shape, dtype = aval_of(var)
+    return np.asarray(var.val, dtype=dtype).reshape(shape)
+
+
+def source_of(eqn) -> str | None:
+    """The user's ``file:line`` for an equation, or None when JAX recorded no user frame."""
+    frame = _source_info_util.user_frame(eqn.source_info.traceback)
+    if frame is None:
+        return None
+    return f"{frame.file_name}:{frame.start_line}"
+
+
+def inlined_call(eqn):
+    """If ``eqn`` is a call to inline, return ``(jaxpr, consts)`` of its body, else None."""
+    name = _CALL_JAXPR_PARAM.get(eqn.primitive.name)
+    if name is None or name not in eqn.params:
+        return None
+    sub = eqn.params[name]
+    if isinstance(sub, jex_core.ClosedJaxpr):
+        return sub.jaxpr, list(sub.consts)
+    if isinstance(sub, jex_core.Jaxpr):
+        return sub, []
+    return None
+
+
+def equations(closed_jaxpr) -> tuple[list, list, list, Iterator]:
+    """``(invars, constvars with values, outvars, eqns)`` of a closed jaxpr's top level."""
+    jaxpr = closed_jaxpr.jaxpr
+    return list(jaxpr.invars), list(zip(jaxpr.constvars, closed_jaxpr.consts)), list(jaxpr.outvars), jaxpr.eqns
+
+
+def bind(primitive: Primitive, invals: Sequence[Any], params: dict) -> list:
+    """Apply ``primitive`` to ``invals`` with an equation's params; always returns a list of outputs."""
+    bind_params = dict(primitive.get_bind_params(params))
+    subfuns = bind_params.pop("subfuns", ())  # call primitives take their body as leading arguments
+    out = primitive.bind(*subfuns, *invals, **bind_params)
+    return list(out) if primitive.multiple_results else [out]

@@ -1,0 +1,78 @@
+"""The product of propagation: a graph whose every value has a :class:`TensorSharding`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from jax.sharding import Mesh, PartitionSpec
+
+from ..expr.graph import Graph, Node, render, short_dtype
+from .sharding import Layout, Shard, Sharded, TensorSharding
+
+
+@dataclass(frozen=True, eq=False)
+class ShardedGraph:
+    """``graph`` with per-value shardings on ``mesh``.
+
+    ``needs[node_id][i]`` is the layout in which node ``node_id`` consumes its ``i``-th operand; where it is
+    coarser than the operand's own layout the data must be gathered (the split pass cuts there).
+    ``rules[node_id]`` names the rule that sharded the node; ``fallbacks`` are the nodes that had no rule and
+    got the conservative one.
+    """
+
+    graph: Graph
+    mesh: Mesh
+    shardings: tuple[TensorSharding, ...]
+    needs: tuple[tuple[Layout, ...], ...]
+    rules: tuple[str, ...]
+    fallbacks: frozenset[int]
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        return dict(self.mesh.shape)
+
+    def layout(self, value: int) -> Layout:
+        return self.shardings[value].layout
+
+    def spec(self, value: int) -> PartitionSpec:
+        return self.shardings[value].spec
+
+    @cached_property
+    def in_specs(self) -> tuple[PartitionSpec, ...]:
+        """The resolved spec of every flat input (unannotated inputs took what they met)."""
+        return tuple(self.spec(v) for v in self.graph.inputs)
+
+    @cached_property
+    def out_specs(self) -> tuple[PartitionSpec, ...]:
+        return tuple(self.spec(v) for v in self.graph.outputs)
+
+    def shards(self, value: int, axis: int) -> tuple[Shard, ...]:
+        """The shards of ``value`` along ``axis`` (empty when that axis is replicated)."""
+        a = self.shardings[value].axes[axis]
+        return a.shards if isinstance(a, Sharded) else ()
+
+    def value_type(self, value: int) -> str:
+        """``f32[16@i,8@j]``."""
+        return f"{short_dtype(self.graph.avals[value].dtype)}[{self.shardings[value].format_dims()}]"
+
+    def describe(self, value: int) -> str:
+        """Every shard of ``value``: id, range and parents, one axis per line."""
+        lines = [f"{self.graph.value_name(value)}:{self.value_type(value)}"]
+        for axis, a in enumerate(self.shardings[value].axes):
+            if isinstance(a, Sharded):
+                shards = " ".join(
+                    f"#{s.id}[{s.start}:{s.stop}]<-({','.join(f'#{p.id}' for p in s.parents)})" for s in a.shards)
+                lines.append(f"  axis {axis} @{'*'.join(a.mesh_axes)}: {shards}")
+            else:
+                lines.append(f"  axis {axis}: replicated")
+        return "\n".join(lines)
+
+    def render(self, before_node=None) -> str:
+        return render(self.graph, type_of=self.value_type, before_node=before_node)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def node(self, node_id: int) -> Node:
+        return self.graph.nodes[node_id]

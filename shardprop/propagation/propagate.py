@@ -1,0 +1,185 @@
+"""``propagate(graph, in_specs, mesh=mesh) -> ShardedGraph``: the shard propagation pass.
+
+Walks the graph in order and applies each node's rule from :data:`RULES`. Unannotated inputs (spec
+``None``) and axes created by broadcasts start *open* and adopt the sharding they first meet; this takes
+two walks: the first learns what every open axis meets, the second runs with those choices fixed and builds
+the real shards. An open axis that met nothing, or several different shardings, is replicated — replicated
+data is compatible with every sharding, so that choice can never introduce a conflict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, PartitionSpec
+
+from ..errors import FallbackWarning, ShardingConflictError, ShardingError, SpecTreeError
+from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, value_name
+from .product import ShardedGraph
+from .rules import CREATED, RULES, OpenTracker, RuleConflict, RuleContext, conservative
+from .sharding import Layout, Open, Sharded, TensorSharding, format_layout, layout_from_spec
+
+_warned_fallbacks: set[str] = set()
+
+
+def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
+    """Broadcast ``in_specs`` — a pytree prefix of the argument tuple, as in ``shard_map`` — to one entry
+    (a PartitionSpec, or None for unannotated) per flat input."""
+    n = len(graph.inputs)
+    is_leaf = lambda x: x is None or isinstance(x, PartitionSpec)  # noqa: E731
+    if is_leaf(in_specs):
+        return [in_specs] * n
+    spec_leaves, spec_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=is_leaf)
+    args_skeleton = jax.tree_util.tree_unflatten(graph.in_tree, [0] * n)
+    try:
+        subtrees = spec_tree.flatten_up_to(args_skeleton)
+    except (ValueError, TypeError) as err:
+        raise SpecTreeError(
+            f"in_specs {in_specs!r} is not a pytree prefix of the arguments (structure {graph.in_tree}): {err}"
+        ) from None
+    flat: list[PartitionSpec | None] = []
+    for spec, sub in zip(spec_leaves, subtrees, strict=True):
+        if not is_leaf(spec):
+            raise SpecTreeError(f"in_specs leaf {spec!r} is neither a PartitionSpec nor None")
+        flat.extend([spec] * len(jax.tree_util.tree_leaves(sub)))
+    return flat
+
+
+def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh) -> ShardedGraph:
+    """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
+
+    ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
+    (unannotated: adopts the sharding of whatever it meets).
+
+    >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
+    >>> sg.in_specs                                                                       # doctest: +SKIP
+    (PartitionSpec('i', 'j'), PartitionSpec('i', 'j'))
+    """
+    mesh_shape = dict(mesh.shape)
+    specs = flat_in_specs(in_specs, graph)
+    input_layouts: list[Layout | None] = []
+    for index, (spec, value) in enumerate(zip(specs, graph.inputs, strict=True)):
+        shape = graph.avals[value].shape
+        input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}"))
+
+    first = _Walk(graph, mesh_shape, input_layouts, opens=OpenTracker())
+    first.run()
+    try:
+        final = _Walk(graph, mesh_shape, input_layouts, resolve=first.opens.resolution)
+        final.run()
+    except ShardingError:
+        # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
+        # tensor adopting the same mesh axis). Replicating every open axis is always consistent.
+        final = _Walk(graph, mesh_shape, input_layouts, resolve=lambda key: None)
+        final.run()
+    for name in sorted({graph.nodes[i].op for i in final.fallbacks} - _warned_fallbacks):
+        _warned_fallbacks.add(name)
+        warnings.warn(
+            f"shardprop: no sharding rule for primitive `{name}`; using the conservative rule (operands "
+            "gathered, result replicated)", FallbackWarning, stacklevel=2)
+    return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
+                        frozenset(final.fallbacks))
+
+
+class _Walk:
+    """One pass over the graph. With ``opens`` it records what open axes meet; with ``resolve`` it fixes
+    every created axis to the mesh axes ``resolve((value, axis))`` returns (None: replicated)."""
+
+    def __init__(self, graph: Graph, mesh_shape, input_layouts, *, opens: OpenTracker | None = None,
+                 resolve=None):
+        self.graph, self.mesh_shape, self.input_layouts = graph, mesh_shape, input_layouts
+        self.opens = opens if opens is not None else OpenTracker()
+        self.resolve = resolve
+        self.ids = itertools.count()
+        self.shardings: list[TensorSharding | None] = [None] * len(graph.avals)
+        self.needs: list[tuple[Layout, ...]] = []
+        self.rule_names: list[str] = []
+        self.fallbacks: list[int] = []
+
+    def run(self) -> None:
+        avals = self.graph.avals
+        for node in self.graph.nodes:
+            out_avals = tuple(avals[v] for v in node.outputs)
+            ctx = RuleContext(tuple(avals[v] for v in node.operands), out_avals, self.mesh_shape, self.ids,
+                              self.opens, lineage=self.resolve is not None)
+            if node.op == PARAMETER:
+                layout = self.input_layouts[node.params["index"]]
+                shape = out_avals[0].shape
+                axes = tuple(
+                    (CREATED if n > 1 else None) if layout is None else (ctx.root(k, n, layout[k]) if layout[k] else None)
+                    for k, n in enumerate(shape))
+                outputs, needs, rule_name = (TensorSharding(shape, axes),), (), "input spec"
+            elif node.op == CONSTANT:
+                shape = out_avals[0].shape
+                outputs, needs, rule_name = (TensorSharding(shape, (None,) * len(shape)),), (), "constant"
+            else:
+                operands = [self.shardings[v] for v in node.operands]
+                rule = RULES.get(node.op)
+                if rule is None:
+                    rule, rule_name = conservative, "conservative fallback"
+                    self.fallbacks.append(node.id)
+                else:
+                    rule_name = f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}"
+                try:
+                    outputs, needs = rule(ctx, *operands, **node.params)
+                except RuleConflict as conflict:
+                    raise self._conflict(node, conflict) from None
+            for value, sharding in zip(node.outputs, outputs, strict=True):
+                sharding = self._settle(ctx, value, sharding)
+                self._check_mesh_axes_once(node, sharding)
+                self.shardings[value] = sharding
+            self.needs.append(tuple(needs))
+            self.rule_names.append(rule_name)
+
+    def _settle(self, ctx: RuleContext, value: int, sharding: TensorSharding) -> TensorSharding:
+        """Replace created-axis markers: open in the first walk, resolved in the final one."""
+        if not any(a is CREATED for a in sharding.axes):
+            return sharding
+        axes = list(sharding.axes)
+        if self.resolve is None:
+            for k, a in enumerate(axes):
+                if a is CREATED:
+                    axes[k] = Open((value, k))
+                    self.opens.find((value, k))
+            return TensorSharding(sharding.shape, tuple(axes))
+        used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
+        for k, a in enumerate(axes):
+            if a is CREATED:
+                mesh_axes = self.resolve((value, k))
+                if mesh_axes and not used.intersection(mesh_axes) and sharding.shape[k] % _count(self.mesh_shape, mesh_axes) == 0:
+                    axes[k] = ctx.root(k, sharding.shape[k], mesh_axes)
+                    used.update(mesh_axes)
+                else:
+                    axes[k] = None
+        return TensorSharding(sharding.shape, tuple(axes))
+
+    def _check_mesh_axes_once(self, node: Node, sharding: TensorSharding) -> None:
+        seen: dict[str, int] = {}
+        for k, a in enumerate(sharding.axes):
+            if isinstance(a, Sharded):
+                for name in a.mesh_axes:
+                    if name in seen:
+                        raise self._conflict(node, RuleConflict(
+                            k, f"mesh axis {name!r} would shard both output axes {seen[name]} and {k}; a mesh axis "
+                               "may shard at most one axis of a tensor"))
+                    seen[name] = k
+
+    def _conflict(self, node: Node, conflict: RuleConflict) -> ShardingConflictError:
+        lines = [f"sharding conflict in `{node.op}` at {node.source or 'an unknown source line'}"]
+        for i, v in enumerate(node.operands):
+            sharding = self.shardings[v]
+            lines.append(f"  operand {i} ({value_name(v)}): {self.graph.avals[v].dtype.name}[{sharding.format_dims()}]")
+        where = f"output axis {conflict.axis}: " if conflict.axis is not None else ""
+        lines.append(f"  {where}{conflict.detail}")
+        lines.append("  fix: change an input spec so these shardings agree, or replicate one side (P())")
+        return ShardingConflictError("\n".join(lines))
+
+
+def _count(mesh_shape, mesh_axes) -> int:
+    n = 1
+    for name in mesh_axes:
+        n *= mesh_shape[name]
+    return n

@@ -1,0 +1,174 @@
+"""The sharding rule table and what a rule sees.
+
+A rule has one signature::
+
+    rule(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput
+
+It receives the operands' shardings and the equation's params, and returns the output shardings plus the
+layout in which it *consumes* each operand (``needs``). A need coarser than what the operand has (a sharded
+axis the op wants whole) is where the splitting pass cuts; a finer need is a local slice. Rules are pure:
+they raise :class:`RuleConflict` and the dispatcher adds the op, the source line and the operands.
+
+Rules are registered by primitive name, filled by family helpers (``register_elementwise(...)``) the way JAX
+fills ``primitive_batchers``::
+
+    RULES["reduce_sum"]  # -> the reduction rule
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ...expr.graph import Aval
+from ..sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding
+
+
+class RuleOutput(NamedTuple):
+    outputs: tuple[TensorSharding, ...]
+    needs: tuple[Layout, ...]
+
+
+class RuleConflict(Exception):
+    """Raised by a rule: output ``axis`` cannot be given one sharding (``detail`` says why)."""
+
+    def __init__(self, axis: int | None, detail: str):
+        super().__init__(detail)
+        self.axis, self.detail = axis, detail
+
+
+class _Created:
+    """Marker a rule returns for an axis it creates (a broadcast's new axis): the dispatcher decides whether
+    it starts open (adopting what it meets) or takes the sharding resolved for it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CREATED"
+
+
+CREATED = _Created()
+
+Rule = Callable[..., RuleOutput]
+RULES: dict[str, Rule] = {}
+
+
+def register(*names: str) -> Callable[[Rule], Rule]:
+    """Register one rule for the primitives ``names``."""
+
+    def wrap(rule: Rule) -> Rule:
+        for name in names:
+            RULES[name] = rule
+        return rule
+
+    return wrap
+
+
+class OpenTracker:
+    """Union-find over open axes, and the shardings each class of open axes has met (pass 1 only)."""
+
+    def __init__(self):
+        self.parent: dict[tuple[int, int], tuple[int, int]] = {}
+        self.requests: dict[tuple[int, int], set[tuple[str, ...]]] = {}
+
+    def find(self, key):
+        parent = self.parent.setdefault(key, key)
+        if parent == key:
+            return key
+        root = self.find(parent)
+        self.parent[key] = root
+        return root
+
+    def union(self, opens: list[Open]) -> Open:
+        roots = list(dict.fromkeys(self.find(o.key) for o in opens))
+        root = roots[0]
+        for other in roots[1:]:
+            self.parent[other] = root
+            self.requests.setdefault(root, set()).update(self.requests.pop(other, ()))
+        return opens[0] if len(roots) == 1 and opens[0].key == root else Open(root)
+
+    def request(self, open_axis: Open, mesh_axes: tuple[str, ...]) -> None:
+        self.requests.setdefault(self.find(open_axis.key), set()).add(mesh_axes)
+
+    def resolution(self, key) -> tuple[str, ...] | None:
+        """The mesh axes an open axis should take: the one sharding its class met, or None (replicate)
+        when it met none or several (several would be a conflict; replicated is compatible with all)."""
+        met = self.requests.get(self.find(key), ())
+        return next(iter(met)) if len(met) == 1 else None
+
+
+class RuleContext:
+    """What a rule may know besides its operands: avals, the mesh, and how to make shards.
+
+    With ``lineage=False`` (the first, exploratory walk) no shards are made: only which mesh axes each axis
+    is laid out on matters there, so ``derive`` hands back its first source unchanged.
+    """
+
+    __slots__ = ("in_avals", "out_avals", "mesh_shape", "lineage", "_ids", "_opens")
+
+    def __init__(self, in_avals: tuple[Aval, ...], out_avals: tuple[Aval, ...], mesh_shape, ids, opens,
+                 lineage: bool = True):
+        self.in_avals, self.out_avals, self.mesh_shape = in_avals, out_avals, mesh_shape
+        self._ids, self._opens, self.lineage = ids, opens, lineage
+
+    def root(self, axis: int, size: int, mesh_axes: tuple[str, ...]) -> Sharded:
+        """Fresh shards without parents: ``size`` split evenly over ``mesh_axes``."""
+        count = _count(self.mesh_shape, mesh_axes)
+        if not self.lineage:
+            return Sharded(mesh_axes, ())
+        length = size // count
+        ids = self._ids
+        return Sharded(mesh_axes, tuple([Shard(next(ids), axis, i * length, length, ()) for i in range(count)]))
+
+    def derive(self, axis: int, size: int, sources: list[Sharded]) -> Sharded:
+        """New shards on output ``axis`` whose block ``i`` was computed from block ``i`` of every source."""
+        first = sources[0]
+        if not self.lineage:
+            return first
+        length = size // len(first.shards)
+        ids = self._ids
+        if len(sources) == 1:
+            shards = [Shard(next(ids), axis, i * length, length, (p,)) for i, p in enumerate(first.shards)]
+        else:
+            shards = [Shard(next(ids), axis, i * length, length, parents)
+                      for i, parents in enumerate(zip(*(src.shards for src in sources)))]
+        return Sharded(first.mesh_axes, tuple(shards))
+
+    def carry(self, axis: int, size: int, source: AxisSharding) -> AxisSharding:
+        """One operand axis passes to output ``axis`` unchanged (new shards, the operand's as parents)."""
+        if isinstance(source, Sharded):
+            return self.derive(axis, size, [source])
+        return source
+
+    def merge(self, axis: int, size: int, candidates: list[AxisSharding]) -> AxisSharding:
+        """The Nx elementwise rule for one output axis, given the operand axes that map onto it.
+
+        Sharded + open → the sharded side's ranges, both as parents; sharded + sharded over the same mesh
+        axes → both as parents; replicated is compatible with anything (a local slice); sharded over
+        different mesh axes is a conflict.
+        """
+        sharded = [c for c in candidates if isinstance(c, Sharded)]
+        opens = [c for c in candidates if isinstance(c, Open)]
+        if sharded:
+            first = sharded[0].mesh_axes
+            for other in sharded[1:]:
+                if other.mesh_axes != first:
+                    raise RuleConflict(axis, f"one operand is sharded over {_names(first)}, another over "
+                                             f"{_names(other.mesh_axes)}")
+            for open_axis in opens:
+                self._opens.request(open_axis, first)
+            return self.derive(axis, size, sharded)
+        if opens:
+            return self._opens.union(opens)
+        return None
+
+
+def _count(mesh_shape, mesh_axes) -> int:
+    n = 1
+    for name in mesh_axes:
+        n *= mesh_shape[name]
+    return n
+
+
+def _names(mesh_axes: tuple[str, ...]) -> str:
+    return "*".join(mesh_axes) if mesh_axes else "nothing"

@@ -1,0 +1,183 @@
+"""The Nx sharding data model: shards with parents, per-axis shardings, tensor shardings.
+
+Every axis of every tensor is in one of three states:
+
+* ``None`` — **replicated**: every device holds the whole axis.
+* :class:`Sharded` — laid out over one or more mesh axes (``mesh_axes``, major first) as equal,
+  contiguous :class:`Shard`s; each shard records the ``parents`` it was computed from, so any output block
+  can be traced back to the input slices it needs.
+* :class:`Open` — **unannotated** ("fully sharded a priori" in the Nx design): the axis adopts the sharding
+  of whatever it meets. Opens exist only while propagating; the final product has none.
+
+A :data:`Layout` is the communication-relevant summary: per axis, the tuple of mesh axes (``()`` when
+replicated). Splitting and lowering only need layouts; shards are for lineage and inspection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Union
+
+from jax.sharding import PartitionSpec
+
+from ..errors import DuplicateMeshAxisError, IndivisibleAxisError, SpecError, SpecRankError, UnknownMeshAxisError
+
+Layout = tuple[tuple[str, ...], ...]
+
+
+class Shard:
+    """One contiguous range ``[start, start + length)`` of tensor axis ``axis``, with the shards it came from.
+
+    Shards are many (one per block per axis per value), so they are slot objects with ids from a counter,
+    and parents are shared tuples of existing shards, never copies.
+    """
+
+    __slots__ = ("id", "axis", "start", "length", "parents")
+
+    def __init__(self, id: int, axis: int, start: int, length: int, parents: tuple[Shard, ...]):
+        self.id, self.axis, self.start, self.length, self.parents = id, axis, start, length, parents
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.length
+
+    def __repr__(self) -> str:
+        parents = ",".join(str(p.id) for p in self.parents)
+        return f"Shard(#{self.id} axis={self.axis} [{self.start}:{self.stop}] parents=[{parents}])"
+
+
+class Sharded:
+    """An axis laid out over ``mesh_axes`` as ``len(shards)`` equal blocks."""
+
+    __slots__ = ("mesh_axes", "shards")
+
+    def __init__(self, mesh_axes: tuple[str, ...], shards: tuple[Shard, ...]):
+        self.mesh_axes, self.shards = mesh_axes, shards
+
+    def __repr__(self) -> str:
+        return f"Sharded({'*'.join(self.mesh_axes)}: {' '.join(f'#{s.id}' for s in self.shards)})"
+
+
+class Open:
+    """An unannotated axis. ``key`` is the ``(value, axis)`` where it was created, used to resolve it."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[int, int]):
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"Open{self.key}"
+
+
+AxisSharding = Union[Sharded, Open, None]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSharding:
+    """The sharding of one tensor: one :data:`AxisSharding` per axis."""
+
+    shape: tuple[int, ...]
+    axes: tuple[AxisSharding, ...]
+    # Computed once: splitting and lowering ask for it on every edge.
+    layout: Layout = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "layout", tuple(a.mesh_axes if isinstance(a, Sharded) else () for a in self.axes))
+
+    @property
+    def spec(self) -> PartitionSpec:
+        return layout_to_spec(self.layout)
+
+    def format_dims(self) -> str:
+        """``16@i,8@j``: each axis size, ``@`` the mesh axes it is sharded over (``?`` while open)."""
+        return ",".join(_format_dim(n, a) for n, a in zip(self.shape, self.axes, strict=True))
+
+
+def _format_dim(size: int, axis: AxisSharding) -> str:
+    if isinstance(axis, Sharded):
+        names = axis.mesh_axes
+        return f"{size}@{names[0]}" if len(names) == 1 else f"{size}@({','.join(names)})"
+    if isinstance(axis, Open):
+        return f"{size}@?"
+    return str(size)
+
+
+def format_layout(shape: tuple[int, ...], layout: Layout) -> str:
+    return ",".join(
+        str(n) if not m else (f"{n}@{m[0]}" if len(m) == 1 else f"{n}@({','.join(m)})")
+        for n, m in zip(shape, layout, strict=True)
+    )
+
+
+def layout_to_spec(layout: Layout) -> PartitionSpec:
+    entries = [None if not m else (m[0] if len(m) == 1 else m) for m in layout]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+def shard_count(mesh_shape: Mapping[str, int], mesh_axes: tuple[str, ...]) -> int:
+    return math.prod(mesh_shape[name] for name in mesh_axes)
+
+
+def block_shape(shape: tuple[int, ...], layout: Layout, mesh_shape: Mapping[str, int]) -> tuple[int, ...]:
+    """The per-device block shape of a tensor of ``shape`` laid out as ``layout``."""
+    return tuple(n // shard_count(mesh_shape, m) for n, m in zip(shape, layout, strict=True))
+
+
+def layout_from_spec(spec, shape: tuple[int, ...], mesh_shape: Mapping[str, int], what: str) -> Layout:
+    """Validate a user's ``PartitionSpec`` for an argument of ``shape`` and return its layout.
+
+    ``what`` names the argument in error messages (``"argument 0"``).
+    """
+    if not isinstance(spec, PartitionSpec):
+        raise SpecError(f"{what}: expected a PartitionSpec or None, got {spec!r}")
+    entries = tuple(spec)
+    if len(entries) > len(shape):
+        raise SpecRankError(
+            f"{what}: spec {spec} has {len(entries)} entries but the argument has rank {len(shape)} "
+            f"(shape {shape})"
+        )
+    layout: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for axis, entry in enumerate(entries + (None,) * (len(shape) - len(entries))):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        for name in names:
+            if not isinstance(name, str) or name not in mesh_shape:
+                raise UnknownMeshAxisError(
+                    f"{what}: spec {spec} names mesh axis {name!r}, but the mesh has axes {tuple(mesh_shape)}"
+                )
+            if name in seen:
+                raise DuplicateMeshAxisError(
+                    f"{what}: spec {spec} uses mesh axis {name!r} for two tensor axes; a mesh axis may shard "
+                    "at most one axis of a tensor"
+                )
+            seen.add(name)
+        count = shard_count(mesh_shape, names)
+        if shape[axis] % count:
+            raise IndivisibleAxisError(
+                f"{what}: axis {axis} has size {shape[axis]}, not divisible by {count} "
+                f"(mesh axes {'*'.join(names)} of spec {spec}, mesh {dict(mesh_shape)})"
+            )
+        layout.append(names)
+    return tuple(layout)
+
+
+def is_refinement(coarse: tuple[str, ...], fine: tuple[str, ...]) -> bool:
+    """True when blocks laid out over ``fine`` can be cut locally out of blocks over ``coarse``: ``coarse``
+    is a prefix of ``fine`` (replicated → sharded, or ``i`` → ``(i, j)``), so no communication is needed."""
+    return fine[: len(coarse)] == coarse
+
+
+def common_layout(produced: Layout, needed: Layout) -> Layout:
+    """Per axis, the longest common prefix: what must be moved so that ``needed`` is a local slice of it."""
+    out = []
+    for p, n in zip(produced, needed, strict=True):
+        k = 0
+        while k < min(len(p), len(n)) and p[k] == n[k]:
+            k += 1
+        out.append(p[:k])
+    return tuple(out)

@@ -1,0 +1,116 @@
+"""``split(sharded_graph) -> Plan``: cut the graph into stages where data must be gathered.
+
+An edge *needs a gather* when the consumer wants an axis coarser than the producer laid it out (a reduction
+over a sharded axis, a contraction, a conservative fallback). Each node goes to the earliest stage after
+every producer it must gather from: ``stage(n) = max(stage(p) + gathers(p → n))``. That is one linear walk,
+and every node lands in exactly one stage, so shared subexpressions are computed once; later stages receive
+them as inputs. Arguments and constants are not computations: any stage may read an argument (in whatever
+layout it needs; moving it there is the gather) and each stage embeds the constants it uses.
+"""
+
+from __future__ import annotations
+
+from ..expr.graph import CONSTANT, PARAMETER
+from ..propagation import ShardedGraph
+from ..propagation.sharding import Layout, common_layout, is_refinement
+from .stage import Plan, Source, Stage, StageInput
+
+
+def needs_gather(produced: Layout, needed: Layout) -> bool:
+    """True when some axis of ``needed`` is not a local slice of ``produced``."""
+    return not all(is_refinement(p, n) for p, n in zip(produced, needed, strict=True))
+
+
+def split(sharded: ShardedGraph) -> Plan:
+    """Assign every node to a stage; see the module docstring.
+
+    For the Nx design note's example (``a``, ``b`` sharded ``P("i", "j")``), stage 0 computes ``x = a + b``
+    and ``y = a - b`` and stage 1 takes ``x`` gathered along axis 1, ``y`` gathered along axis 0.
+    """
+    graph = sharded.graph
+    nodes, producer = graph.nodes, graph.producer
+    leaf_ops = (PARAMETER, CONSTANT)
+
+    stage_of: dict[int, int] = {}
+    for node in nodes:
+        if node.op in leaf_ops:
+            continue
+        level = 0
+        for v, need in zip(node.operands, sharded.needs[node.id], strict=True):
+            p = producer[v]
+            if nodes[p].op in leaf_ops:
+                continue
+            level = max(level, stage_of[p] + needs_gather(sharded.layout(v), need))
+        stage_of[node.id] = level
+    _sink_argument_only_nodes(sharded, stage_of)
+
+    n_stages = max(stage_of.values(), default=-1) + 1
+    if n_stages == 0 and any(nodes[producer[v]].op == CONSTANT for v in graph.outputs):
+        n_stages = 1  # a function returning only constants still needs a stage to build them
+    members: list[list[int]] = [[] for _ in range(n_stages)]
+    inputs: list[dict[tuple[int, Layout], StageInput]] = [{} for _ in range(n_stages)]
+    outputs: list[dict[int, int]] = [{} for _ in range(n_stages)]  # value -> output index
+    constants: list[set[int]] = [set() for _ in range(n_stages)]
+
+    def export(v: int) -> Source:
+        p = producer[v]
+        if nodes[p].op == PARAMETER:
+            return (None, nodes[p].params["index"])
+        s = stage_of[p]
+        return (s, outputs[s].setdefault(v, len(outputs[s])))
+
+    for node in nodes:
+        if node.op in leaf_ops:
+            continue
+        s = stage_of[node.id]
+        members[s].append(node.id)
+        for v, need in zip(node.operands, sharded.needs[node.id], strict=True):
+            p = producer[v]
+            if nodes[p].op == CONSTANT:
+                constants[s].add(p)
+            elif nodes[p].op == PARAMETER or stage_of[p] != s:
+                layout = common_layout(sharded.layout(v), need)
+                if (v, layout) not in inputs[s]:
+                    inputs[s][(v, layout)] = StageInput(v, layout, export(v))
+
+    output_sources = []
+    for v in graph.outputs:
+        p = producer[v]
+        if nodes[p].op == CONSTANT:
+            last = n_stages - 1
+            stage_of[p] = last
+            constants[last].add(p)
+        output_sources.append(export(v))
+
+    stages = []
+    for s in range(n_stages):
+        body = tuple(sorted(constants[s]) + members[s])  # constants first, then graph order
+        outs = tuple(outputs[s])
+        stages.append(Stage(s, body, tuple(inputs[s].values()), outs, tuple(sharded.layout(v) for v in outs)))
+    return Plan(sharded, tuple(stages), tuple(output_sources))
+
+
+def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int]) -> None:
+    """Move nodes that depend on arguments and constants only (a broadcast bias, a cast of a weight) down
+    to the first stage that uses them: computing them early would only ship their results between stages,
+    while the arguments they read are available to every stage anyway."""
+    graph = sharded.graph
+    nodes, producer, consumers = graph.nodes, graph.producer, graph.consumers
+    argument_only: set[int] = set()
+    for node in nodes:
+        if node.op not in (PARAMETER, CONSTANT) and all(
+            nodes[producer[v]].op in (PARAMETER, CONSTANT) or producer[v] in argument_only for v in node.operands
+        ):
+            argument_only.add(node.id)
+    outputs = set(graph.outputs)
+    for node in reversed(nodes):
+        if node.id not in argument_only or any(v in outputs for v in node.outputs):
+            continue
+        latest = []
+        for v in node.outputs:
+            for c in consumers[v]:
+                cut = any(needs_gather(sharded.layout(v), need)
+                          for u, need in zip(nodes[c].operands, sharded.needs[c], strict=True) if u == v)
+                latest.append(stage_of[c] - cut)
+        if latest:
+            stage_of[node.id] = max(stage_of[node.id], min(latest))
