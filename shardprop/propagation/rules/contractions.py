@@ -1,9 +1,14 @@
 """``dot_general``: batch axes merge like elementwise axes, free axes keep their operand's sharding, and
-contracting axes are a reduction — the op needs them whole, so their sharding is dropped."""
+contracting axes are a reduction — the op needs them whole, so their sharding is dropped.
+
+When a free axis would reuse a mesh axis already sharding another output axis (``a @ b.T`` with both
+sharded on rows), that free axis is consumed whole instead (its operand is gathered along it): one mesh
+axis can shard only one axis of the result, and gathering is always correct.
+"""
 
 from __future__ import annotations
 
-from ..sharding import TensorSharding
+from ..sharding import Sharded, TensorSharding
 from .registry import RuleContext, RuleOutput, register
 
 
@@ -17,10 +22,15 @@ def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, d
     axes = []
     for lb, rb in zip(lhs_batch, rhs_batch, strict=True):
         axes.append(ctx.merge(len(axes), lhs.shape[lb], [lhs.axes[lb], rhs.axes[rb]]))
-    for k in lhs_free:
-        axes.append(ctx.carry(len(axes), lhs.shape[k], lhs.axes[k]))
-    for k in rhs_free:
-        axes.append(ctx.carry(len(axes), rhs.shape[k], rhs.axes[k]))
+    used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
+    for operand, free in ((lhs, lhs_free), (rhs, rhs_free)):
+        for k in free:
+            source = operand.axes[k]
+            if isinstance(source, Sharded) and used.intersection(source.mesh_axes):
+                source = None
+            axes.append(ctx.carry(len(axes), operand.shape[k], source))
+            if isinstance(source, Sharded):
+                used.update(source.mesh_axes)
     out = TensorSharding(out_shape, tuple(axes))
     layout = out.layout
     nb = len(lhs_batch)

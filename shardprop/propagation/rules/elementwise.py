@@ -10,7 +10,7 @@ UNARY = (
     "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     "sqrt", "rsqrt", "cbrt", "abs", "not", "erf", "erfc", "erf_inv", "lgamma", "digamma", "real", "imag",
     "conj", "integer_pow", "convert_element_type", "reduce_precision", "copy", "copy_p", "square",
-    "population_count", "clz", "bessel_i0e", "bessel_i1e", "optimization_barrier_elementwise",
+    "population_count", "clz", "bessel_i0e", "bessel_i1e", "stop_gradient",
 )
 NARY = (
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or",

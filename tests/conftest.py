@@ -1,0 +1,59 @@
+"""Eight virtual CPU devices, set once before JAX initialises its backend; shared meshes and helpers."""
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import shardprop as sp  # noqa: E402
+
+MESH_SHAPES = {
+    "8": ((8,), ("i",)),
+    "4x2": ((4, 2), ("i", "j")),
+    "2x2x2": ((2, 2, 2), ("i", "j", "k")),
+}
+
+
+@pytest.fixture(scope="session")
+def meshes():
+    return {name: sp.make_mesh(shape, names) for name, (shape, names) in MESH_SHAPES.items()}
+
+
+@pytest.fixture(scope="session")
+def mesh(meshes):
+    return meshes["4x2"]
+
+
+def random_args(shapes_dtypes, seed=0):
+    """Random arrays for ``[(shape, dtype), ...]`` (bools and ints too)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape, dtype in shapes_dtypes:
+        dtype = np.dtype(dtype)
+        if dtype == np.bool_:
+            out.append(rng.random(shape) > 0.5)
+        elif dtype.kind in "iu":
+            out.append(rng.integers(-5, 6, size=shape).astype(dtype))
+        else:
+            out.append(rng.normal(size=shape).astype(dtype))
+    return out
+
+
+def assert_same_as_unsharded(f, args, *, mesh, in_specs, rtol=1e-5, atol=1e-5):
+    """The oracle: ``autoshard(f)`` on the mesh equals plain ``f`` on the same inputs, leaf by leaf.
+
+    Tolerance: float32 reassociation of sums across blocks (rtol=atol=1e-5 by default). Returns the program.
+    """
+    fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs)
+    got = fs(*args)
+    want = f(*jax.tree_util.tree_map(jax.numpy.asarray, args))  # plain jax.numpy on one device
+    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+    want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+    assert got_tree == want_tree
+    for g, w in zip(got_leaves, want_leaves, strict=True):
+        assert isinstance(g, jax.Array)
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+    return fs.trace(*args)

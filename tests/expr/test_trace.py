@@ -1,0 +1,88 @@
+"""Tracing into our graph: inlining, constants, pytrees, source lines, the listing."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import shardprop as sp
+from shardprop.expr import CONSTANT, PARAMETER
+
+X = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+
+
+def ops(graph):
+    return [n.op for n in graph.nodes if n.op not in (PARAMETER, CONSTANT)]
+
+
+def test_nested_jit_custom_jvp_and_custom_vjp_are_inlined():
+    @jax.custom_vjp
+    def h(x):
+        return jnp.sin(x)
+
+    h.defvjp(lambda x: (jnp.sin(x), x), lambda r, g: (g * jnp.cos(r),))
+
+    def f(x):
+        return jax.jit(lambda y: y * 2.0)(jax.nn.relu(h(x)))
+
+    g = sp.trace(f, X)
+    assert ops(g) == ["sin", "max", "mul"]
+
+
+def test_literals_and_closed_over_constants_become_constant_nodes():
+    table = np.arange(4.0, dtype=np.float32)
+    g = sp.trace(lambda x: x + table + 1.0, X)
+    constants = [n for n in g.nodes if n.op == CONSTANT]
+    values = sorted(float(np.sum(n.params["value"])) for n in constants)
+    assert values == [1.0, 6.0]
+
+
+def test_nodes_record_op_operands_shape_dtype_and_user_source_line():
+    def f(a, b):
+        return a * b  # the line recorded below
+
+    g = sp.trace(f, X, X)
+    (mul,) = [n for n in g.nodes if n.op == "mul"]
+    assert mul.operands == g.inputs
+    assert g.avals[mul.output].shape == (8, 4) and g.avals[mul.output].dtype == np.float32
+    line = f.__code__.co_firstlineno + 1
+    assert mul.source == f"{__file__}:{line}"
+
+
+def test_pytree_arguments_and_outputs_round_trip():
+    def f(params, x):
+        return {"y": x @ params["w"], "n": (jnp.sum(x),)}
+
+    g = sp.trace(f, {"w": jax.ShapeDtypeStruct((4, 3), jnp.float32)}, X)
+    assert len(g.inputs) == 2 and len(g.outputs) == 2
+    assert jax.tree_util.tree_unflatten(g.out_tree, [0, 1]) == {"n": (0,), "y": 1}
+
+
+def test_listing_is_jaxpr_like_with_source_lines():
+    g = sp.trace(lambda a, b: jnp.sum(a + b, axis=1), X, X)
+    text = str(g)
+    assert text.splitlines()[0] == "{ lambda ; a:f32[8,4] b:f32[8,4]. let"
+    assert "c:f32[8,4] = add a b" in text
+    assert "d:f32[8] = reduce_sum[axes=(1,)] c" in text
+    assert "# test_trace.py:" in text
+    assert text.splitlines()[-1] == "  in (d,) }"
+
+
+def test_networkx_graph_gives_topological_order_and_ancestors():
+    g = sp.trace(lambda a, b: (a + b) * a, X, X)
+    order = g.topological_order()
+    assert order.index(2) < order.index(3)
+    assert g.ancestors(3) == {0, 1, 2}
+
+
+def test_non_array_argument_is_a_trace_error():
+    with pytest.raises(sp.TraceError, match=r"argument\[1\] is a str, not an array"):
+        sp.trace(lambda a, s: a, X, "hello")
+
+
+def test_jax_errors_while_tracing_become_trace_errors():
+    with pytest.raises(sp.TraceError, match="tracing 'bad' failed"):
+        def bad(a, b):
+            return a @ b
+
+        sp.trace(bad, X, X)

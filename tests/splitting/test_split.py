@@ -1,0 +1,87 @@
+"""Graph splitting: stages cut where data must be gathered, with Nx-style input sources."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.demo import nx_example
+
+A = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+
+
+def plan_of(f, args, specs, mesh):
+    return sp.split(sp.propagate(sp.trace(f, *args), specs, mesh=mesh))
+
+
+def test_nx_example_has_exactly_the_two_stages_of_the_design(mesh):
+    plan = plan_of(nx_example, (A, A), (P("i", "j"), P("i", "j")), mesh)
+    graph = plan.sharded.graph
+    assert len(plan.stages) == 2
+    first, second = plan.stages
+    ops = lambda s: [graph.nodes[n].op for n in s.nodes]  # noqa: E731
+    assert ops(first) == ["add", "sub"]
+    assert [(i.source, i.layout) for i in first.inputs] == [((None, 0), (("i",), ("j",))),
+                                                            ((None, 1), (("i",), ("j",)))]
+    assert first.out_specs == (P("i", "j"), P("i", "j"))
+    x, y = first.outputs
+    assert graph.nodes[graph.producer[x]].op == "add" and graph.nodes[graph.producer[y]].op == "sub"
+    # x gathered along axis 1, y along axis 0; the remaining sharding kept.
+    assert [(i.value, i.source, i.layout) for i in second.inputs] == [
+        (x, (0, 0), (("i",), ())), (y, (0, 1), ((), ("j",)))]
+    assert second.in_specs == (P("i"), P(None, "j"))
+    assert second.out_specs == (P("i", "j"),)
+    assert plan.output_sources == ((1, 0),)
+
+
+def test_reduction_over_an_unsharded_axis_needs_no_cut(mesh):
+    plan = plan_of(lambda a: jnp.sum(a * 2, axis=1), (A,), P("i"), mesh)
+    assert len(plan.stages) == 1
+
+
+def test_shared_subexpression_is_computed_once(mesh):
+    def f(a):
+        x = jnp.exp(a)                     # used in stage 0 and, gathered, in stage 1
+        s = jnp.sum(x, axis=1)
+        return s[:, None] * x
+
+    plan = plan_of(f, (A,), P("i", "j"), mesh)
+    placed = [n for s in plan.stages for n in s.nodes if plan.sharded.graph.nodes[n].op != "constant"]
+    assert len(placed) == len(set(placed))
+    exp = next(n.id for n in plan.sharded.graph.nodes if n.op == "exp")
+    assert plan.stage_of()[exp] == 0
+    second_inputs = [(i.source, i.layout) for i in plan.stages[1].inputs]
+    assert ((0, 0), (("i",), ())) in second_inputs        # x gathered along axis 1 for the sum
+    assert ((0, 0), (("i",), ("j",))) in second_inputs    # and x as it is for the product
+
+
+def test_conservative_fallback_cuts_the_graph(mesh):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        plan = plan_of(lambda a: jnp.cumsum(jnp.exp(a), axis=0) + 1.0, (A,), P("i", "j"), mesh)
+    assert len(plan.stages) == 2
+    (gathered,) = plan.stages[1].inputs
+    assert gathered.layout == ((), ())
+
+
+def test_stage_table_prints_sources_and_gathers(mesh):
+    plan = plan_of(nx_example, (A, A), (P("i", "j"), P("i", "j")), mesh)
+    text = str(plan)
+    assert "stage 0: 2 ops (add, sub)" in text
+    assert "in  c:f32[16@i,8]  <- stage 0 output 0  (gathered from [16@i,8@j])" in text
+    assert "in  d:f32[16,8@j]  <- stage 0 output 1  (gathered from [16@i,8@j])" in text
+    assert text.endswith("program outputs: stage 1 output 0")
+
+
+def test_each_reduction_over_a_sharded_chain_starts_a_stage(mesh):
+    def deep(a, layers):
+        for _ in range(layers):
+            a = jnp.tanh(a) - jnp.sum(a, axis=1, keepdims=True)
+        return a
+
+    plan = plan_of(lambda a: deep(a, 50), (A,), P("i", "j"), mesh)
+    # The first layer's sum reads the argument itself, which stage 0 can take gathered: 50 stages, not 51.
+    assert len(plan.stages) == 50
+

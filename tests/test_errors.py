@@ -1,0 +1,75 @@
+"""Bad inputs raise typed shardprop errors naming the op, the source line and the shardings."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+
+A = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+
+
+def compile(f, specs, mesh, *args):
+    return sp.autoshard(f, mesh=mesh, in_specs=specs).trace(*(args or (A, A)))
+
+
+def add(a, b):
+    return a + b  # CONFLICT_LINE
+
+
+def test_conflict_names_op_source_line_and_both_shardings(mesh):
+    with pytest.raises(sp.ShardingConflictError) as info:
+        compile(add, (P("i", None), P("j", None)), mesh)
+    message = str(info.value)
+    line = add.__code__.co_firstlineno + 1
+    assert f"sharding conflict in `add` at {__file__}:{line}" in message
+    assert "operand 0 (a): float32[16@i,8]" in message
+    assert "operand 1 (b): float32[16@j,8]" in message
+    assert "output axis 0: one operand is sharded over i, another over j" in message
+    assert "fix:" in message
+
+
+def test_one_mesh_axis_may_not_shard_two_axes_of_a_result(mesh):
+    with pytest.raises(sp.ShardingConflictError, match="mesh axis 'i' would shard both output axes 0 and 1"):
+        compile(add, (P("i", None), P(None, "i")), mesh)
+
+
+@pytest.mark.parametrize("specs,error,pattern", [
+    ((P("x"), None), sp.UnknownMeshAxisError,
+     "argument 0: spec P('x',) names mesh axis 'x', but the mesh has axes ('i', 'j')"),
+    ((P("i", "j", None), None), sp.SpecRankError,
+     "argument 0: spec P('i', 'j', None) has 3 entries but the argument has rank 2"),
+    ((P("i", "i"), None), sp.DuplicateMeshAxisError, "argument 0: spec P('i', 'i') uses mesh axis 'i' for two"),
+    ((None, P(None, ("i", "j")) ), None, None),
+    ((P("i"), P(None), P()), sp.SpecTreeError, "is not a pytree prefix of the arguments"),
+    (("i", None), sp.SpecTreeError, "neither a PartitionSpec nor None"),
+])
+def test_bad_specs(specs, error, pattern, mesh):
+    if error is None:  # (None, P(None, ("i", "j"))) is fine: 8 columns over 8 devices
+        compile(add, specs, mesh)
+        return
+    with pytest.raises(error, match=re.escape(pattern)):
+        compile(add, specs, mesh)
+
+
+def test_axis_not_divisible_by_the_mesh_axis(mesh):
+    with pytest.raises(sp.IndivisibleAxisError,
+                       match=re.escape("argument 1: axis 0 has size 6, not divisible by 4 (mesh axes i")):
+        compile(lambda a, b: a, (None, P("i")), mesh, A, jax.ShapeDtypeStruct((6, 8), jnp.float32))
+
+
+def test_every_error_is_a_sharding_error():
+    for error in (sp.ShardingConflictError, sp.UnknownMeshAxisError, sp.SpecRankError, sp.IndivisibleAxisError,
+                  sp.DuplicateMeshAxisError, sp.SpecTreeError, sp.TraceError, sp.InputMismatchError,
+                  sp.MeshError, sp.LoweringError):
+        assert issubclass(error, sp.ShardingError)
+
+
+def test_mesh_errors():
+    with pytest.raises(sp.MeshError, match="needs 16 devices but only 8 exist"):
+        sp.make_mesh((4, 4), ("i", "j"))
+    with pytest.raises(sp.MeshError, match="distinct"):
+        sp.make_mesh((2, 2), ("i", "i"))
