@@ -119,3 +119,25 @@ def test_primitive_without_rule_falls_back_with_one_warning(mesh):
     with warnings.catch_warnings():
         warnings.simplefilter("error", sp.FallbackWarning)  # warned once per primitive, not per use
         sp.propagate(sp.trace(f, jax.ShapeDtypeStruct(M, F32)), P("i"), mesh=mesh)
+
+
+UNARY_FUNCTIONS = [lax.neg, lax.sign, lax.floor, lax.ceil, lax.round, lax.is_finite, lax.exp, lax.exp2, lax.tanh,
+                   lax.logistic, lax.sin, lax.cos, lax.atan, lax.sinh, lax.cosh, lax.asinh, lax.abs, lax.erf,
+                   lax.erfc, lax.square, lax.cbrt, lambda x: lax.log(lax.abs(x) + 1), lambda x: lax.log1p(lax.abs(x)),
+                   lambda x: lax.sqrt(lax.abs(x)), lambda x: lax.rsqrt(lax.abs(x) + 1), lax.expm1,
+                   lambda x: lax.integer_pow(x, 3), lambda x: lax.reduce_precision(x, 5, 10),
+                   lambda x: lax.stop_gradient(x), lambda x: lax.clamp(-0.5, x, 0.5),
+                   lambda x: lax.pow(lax.abs(x) + 1, x), lambda x: lax.atan2(x, x + 2),
+                   lambda x: lax.nextafter(x, x + 1), lambda x: lax.rem(x, 0.3)]
+
+
+@pytest.mark.parametrize("spec", [P("i", "j"), P(("i", "j")), P(None, "j"), None])
+def test_every_unary_and_binary_float_rule_in_one_program(spec, mesh):
+    def f(a):
+        return tuple(fn(a) for fn in UNARY_FUNCTIONS)
+
+    args = random_args([(M, F32)])
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=(spec,), rtol=1e-5, atol=1e-5)
+    assert not prog.graph.fallbacks
+    expected = P() if spec is None else spec
+    assert set(prog.graph.out_specs) == {expected}

@@ -1,0 +1,43 @@
+"""Scale: a 10^5-node graph traces, propagates and splits in seconds, linearly. Benchmark-like: `slow`."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+
+
+def deep(x, w, layers):
+    for _ in range(layers):
+        h = jnp.tanh(x @ w + 1.0) * 0.5 - x
+        x = h - jnp.mean(h, axis=1, keepdims=True)
+        x = x / (jnp.max(jnp.abs(x), axis=0) + 1.0)
+    return x.sum()
+
+
+def passes_seconds(mesh, layers):
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    w = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+    t0 = time.perf_counter()
+    graph = sp.trace(lambda x, w: deep(x, w, layers), x, w)
+    t1 = time.perf_counter()
+    sharded = sp.propagate(graph, (P("i", "j"), None), mesh=mesh)
+    t2 = time.perf_counter()
+    sp.split(sharded)
+    t3 = time.perf_counter()
+    return len(graph.nodes), t1 - t0, t2 - t1, t3 - t2
+
+
+@pytest.mark.slow
+def test_hundred_thousand_nodes_in_seconds_and_linearly(mesh):
+    small = passes_seconds(mesh, 556)
+    big = passes_seconds(mesh, 5556)
+    print(f"\nnodes {small[0]}: trace {small[1]:.2f}s propagate {small[2]:.2f}s split {small[3]:.2f}s")
+    print(f"nodes {big[0]}: trace {big[1]:.2f}s propagate {big[2]:.2f}s split {big[3]:.2f}s")
+    assert big[0] >= 100_000
+    for k in (2, 3):  # our passes: 10x the nodes may cost at most ~20x the time (linear, with noise)
+        assert big[k] < 20 * max(small[k], 0.05)
+    assert big[2] + big[3] < 60
