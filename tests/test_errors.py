@@ -26,8 +26,8 @@ def test_conflict_names_op_source_line_and_both_shardings(mesh):
     message = str(info.value)
     line = add.__code__.co_firstlineno + 1
     assert f"sharding conflict in `add` at {__file__}:{line}" in message
-    assert "operand 0 (a): float32[16@i,8]" in message
-    assert "operand 1 (b): float32[16@j,8]" in message
+    assert "operand 0 (a): f32[16@i,8]" in message
+    assert "operand 1 (b): f32[16@j,8]" in message
     assert "output axis 0: one operand is sharded over i, another over j" in message
     assert "fix:" in message
 

@@ -32,6 +32,7 @@ class Program:
         self.stages = StageList(plan.stages, plan.sharded, plan.output_sources)
         self._mesh_shape = dict(mesh.shape)
         self._stage_fns = [self._shard_map(stage) for stage in plan.stages]
+        self._jitted_stages: dict[int, object] = {}
         self._jitted = jax.jit(self._run_flat)
         g = self.graph.graph
         self._in_avals = tuple(g.avals[v] for v in g.inputs)
@@ -121,7 +122,9 @@ class Program:
 
     def stage(self, k: int):
         """Stage ``k`` alone, jitted: call it with its inputs (``prog.stages[k].inputs`` order)."""
-        return jax.jit(self._stage_fns[k])
+        if k not in self._jitted_stages:
+            self._jitted_stages[k] = jax.jit(self._stage_fns[k])
+        return self._jitted_stages[k]
 
     def __repr__(self) -> str:
         return f"<Program {len(self.plan.stages)} stages on mesh {self._mesh_shape}>"

@@ -132,7 +132,6 @@ def value_name(value: int) -> str:
     """jaxpr-style names: a, b, ..., z, ba, bb, ..."""
     letters = "abcdefghijklmnopqrstuvwxyz"
     name = ""
-    value += 0
     while True:
         name = letters[value % 26] + name
         value //= 26
@@ -150,8 +149,6 @@ def format_params(node: Node) -> str:
             isinstance(val, tuple) and all(isinstance(x, (int, bool, str, tuple)) for x in val)
         ):
             shown.append(f"{key}={val}")
-        elif hasattr(val, "name") and isinstance(getattr(val, "name"), str) and "dtype" in key:
-            shown.append(f"{key}={val.name}")
     return f"[{' '.join(shown)}]" if shown else ""
 
 
@@ -171,27 +168,25 @@ def render(
     ``before_node(node)`` may return extra lines (stage headers) printed before a node."""
     type_of = type_of or (lambda v: str(graph.avals[v]))
     params = " ".join(f"{value_name(v)}:{type_of(v)}" for v in graph.inputs)
-    lines = [f"{{ lambda ; {params}. let"]
-    body = []
+    rows: list[tuple[str, str | None]] = []  # (equation text, source); extra lines have source None
+    extra_lines: set[int] = set()
     for node in graph.nodes:
         if node.op == PARAMETER:
             continue
         if before_node is not None:
-            body.extend((None, extra) for extra in before_node(node))
+            for line in before_node(node):
+                extra_lines.add(len(rows))
+                rows.append((f"  {line}", None))
         outs = " ".join(f"{value_name(v)}:{type_of(v)}" for v in node.outputs)
         if node.op == CONSTANT:
             rhs = f"constant {format_constant(node, graph.avals[node.output])}"
         else:
             rhs = " ".join([node.op + format_params(node), *(value_name(v) for v in node.operands)])
-        body.append((f"    {outs} = {rhs}", node.source))
-    width = max((len(text) for text, _ in body if text is not None), default=0)
-    for text, source in body:
-        if text is None:  # an extra line from before_node
-            lines.append(f"  {source}")
-        elif source:
-            lines.append(f"{text.ljust(width)}   # {_short_source(source)}")
-        else:
-            lines.append(text)
+        rows.append((f"    {outs} = {rhs}", node.source))
+    width = max((len(text) for k, (text, _) in enumerate(rows) if k not in extra_lines), default=0)
+    lines = [f"{{ lambda ; {params}. let"]
+    for text, source in rows:
+        lines.append(f"{text.ljust(width)}   # {_short_source(source)}" if source else text)
     outs = " ".join(value_name(v) for v in graph.outputs)
     lines.append(f"  in ({outs},) }}" if len(graph.outputs) == 1 else f"  in ({outs}) }}")
     return "\n".join(lines)

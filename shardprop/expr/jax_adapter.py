@@ -38,26 +38,56 @@ _CALL_JAXPR_PARAM = {
 
 
 @dataclass(frozen=True, slots=True)
-class Literal:
-    """A constant operand: a jaxpr literal or a closed-over constant."""
-
-    value: np.ndarray
-
-
-@dataclass(frozen=True, slots=True)
 class Equation:
-    """One primitive application, with operands as opaque variable handles or :class:`Literal`s."""
+    """One primitive application. ``invars``/``outvars`` are opaque variable handles: read them with
+    :func:`is_literal`, :func:`literal_value`, :func:`aval_of`, :func:`is_drop_var`."""
 
     primitive: Primitive
     invars: tuple[Any, ...]
     outvars: tuple[Any, ...]
-    params: dict
+    params: Any
     source: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A jaxpr's interface and equations: ``consts`` pairs each constvar with its value."""
+
+    invars: list
+    consts: list
+    outvars: list
+    equations: Iterator[Equation]
 
 
 def make_jaxpr(flat_fun: Callable, avals: Sequence[jax.ShapeDtypeStruct]):
     """Trace ``flat_fun`` (flat positional arrays in, flat list out) into a closed jaxpr."""
     return jax.make_jaxpr(flat_fun)(*avals)
+
+
+def closed_body(closed_jaxpr) -> Body:
+    """The top level of a closed jaxpr."""
+    jaxpr = closed_jaxpr.jaxpr
+    return _body(jaxpr, list(closed_jaxpr.consts))
+
+
+def call_body(equation: Equation) -> Body | None:
+    """If ``equation`` is a call to inline (nested jit, custom_jvp/vjp, ...), its body, else None."""
+    name = _CALL_JAXPR_PARAM.get(equation.primitive.name)
+    if name is None or name not in equation.params:
+        return None
+    sub = equation.params[name]
+    if isinstance(sub, jex_core.ClosedJaxpr):
+        return _body(sub.jaxpr, list(sub.consts))
+    if isinstance(sub, jex_core.Jaxpr):
+        return _body(sub, [])
+    return None
+
+
+def _body(jaxpr, consts) -> Body:
+    equations = (
+        Equation(e.primitive, tuple(e.invars), tuple(e.outvars), e.params, _source_of(e)) for e in jaxpr.eqns
+    )
+    return Body(list(jaxpr.invars), list(zip(jaxpr.constvars, consts, strict=True)), list(jaxpr.outvars), equations)
 
 
 def aval_of(var) -> tuple[tuple[int, ...], np.dtype]:
@@ -78,31 +108,12 @@ def literal_value(var) -> np.ndarray:
     return np.asarray(var.val, dtype=dtype).reshape(shape)
 
 
-def source_of(eqn) -> str | None:
+def _source_of(eqn) -> str | None:
     """The user's ``file:line`` for an equation, or None when JAX recorded no user frame."""
     frame = _source_info_util.user_frame(eqn.source_info.traceback)
     if frame is None:
         return None
     return f"{frame.file_name}:{frame.start_line}"
-
-
-def inlined_call(eqn):
-    """If ``eqn`` is a call to inline, return ``(jaxpr, consts)`` of its body, else None."""
-    name = _CALL_JAXPR_PARAM.get(eqn.primitive.name)
-    if name is None or name not in eqn.params:
-        return None
-    sub = eqn.params[name]
-    if isinstance(sub, jex_core.ClosedJaxpr):
-        return sub.jaxpr, list(sub.consts)
-    if isinstance(sub, jex_core.Jaxpr):
-        return sub, []
-    return None
-
-
-def equations(closed_jaxpr) -> tuple[list, list, list, Iterator]:
-    """``(invars, constvars with values, outvars, eqns)`` of a closed jaxpr's top level."""
-    jaxpr = closed_jaxpr.jaxpr
-    return list(jaxpr.invars), list(zip(jaxpr.constvars, closed_jaxpr.consts)), list(jaxpr.outvars), jaxpr.eqns
 
 
 def bind(primitive: Primitive, invals: Sequence[Any], params: dict) -> list:

@@ -81,17 +81,17 @@ class _GraphBuilder:
         return self._add_node(CONSTANT, (), [(value.shape, value.dtype)], {"value": value}, None).output
 
     def build(self, closed, in_tree, out_tree) -> Graph:
-        invars, constvars, outvars, eqns = jx.equations(closed)
+        body = jx.closed_body(closed)
         env: dict = {}
         inputs = []
-        for index, var in enumerate(invars):
+        for index, var in enumerate(body.invars):
             node = self._add_node(PARAMETER, (), [jx.aval_of(var)], {"index": index}, None)
             env[var] = node.output
             inputs.append(node.output)
-        for var, value in constvars:
+        for var, value in body.consts:
             env[var] = self._constant(np.asarray(value))
-        self._inline(eqns, env, None)
-        outputs = tuple(self._read(env, var) for var in outvars)
+        self._inline(body.equations, env, None)
+        outputs = tuple(self._read(env, var) for var in body.outvars)
         return Graph(tuple(self.nodes), tuple(self.avals), tuple(inputs), outputs, in_tree, out_tree)
 
     def _read(self, env, var) -> int:
@@ -99,24 +99,23 @@ class _GraphBuilder:
             return self._constant(jx.literal_value(var))
         return env[var]
 
-    def _inline(self, eqns, env, outer_source: str | None) -> None:
-        for eqn in eqns:
+    def _inline(self, equations, env, outer_source: str | None) -> None:
+        for eqn in equations:
             # Ops inside library calls (relu, where) often have no user frame: report the call's line.
-            source = jx.source_of(eqn) or outer_source
+            source = eqn.source or outer_source
             operands = [self._read(env, var) for var in eqn.invars]
-            call = jx.inlined_call(eqn)
-            if call is not None:
-                body, consts = call
-                sub_env = {var: self._constant(np.asarray(c)) for var, c in zip(body.constvars, consts, strict=True)}
+            body = jx.call_body(eqn)
+            if body is not None:
+                sub_env = {var: self._constant(np.asarray(c)) for var, c in body.consts}
                 sub_env.update(zip(body.invars, operands, strict=True))
-                self._inline(body.eqns, sub_env, source)
+                self._inline(body.equations, sub_env, source)
                 for outer, inner in zip(eqn.outvars, body.outvars, strict=True):
                     if not jx.is_drop_var(outer):
                         env[outer] = self._read(sub_env, inner)
                 continue
             node = self._add_node(
-                eqn.primitive.name, operands, [jx.aval_of(v) for v in eqn.outvars], eqn.params,
-                source, eqn.primitive,
+                eqn.primitive.name, operands, [jx.aval_of(v) for v in eqn.outvars], eqn.params, source,
+                eqn.primitive,
             )
             for var, value in zip(eqn.outvars, node.outputs, strict=True):
                 if not jx.is_drop_var(var):

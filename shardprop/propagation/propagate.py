@@ -17,10 +17,10 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..errors import FallbackWarning, ShardingConflictError, ShardingError, SpecTreeError
-from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, value_name
+from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name
 from .product import ShardedGraph
 from .rules import CREATED, RULES, OpenTracker, RuleConflict, RuleContext, conservative
-from .sharding import Layout, Open, Sharded, TensorSharding, format_layout, layout_from_spec
+from .sharding import Layout, Open, Sharded, TensorSharding, layout_from_spec, shard_count
 
 _warned_fallbacks: set[str] = set()
 
@@ -149,7 +149,7 @@ class _Walk:
         for k, a in enumerate(axes):
             if a is CREATED:
                 mesh_axes = self.resolve((value, k))
-                if mesh_axes and not used.intersection(mesh_axes) and sharding.shape[k] % _count(self.mesh_shape, mesh_axes) == 0:
+                if mesh_axes and not used.intersection(mesh_axes) and sharding.shape[k] % shard_count(self.mesh_shape, mesh_axes) == 0:
                     axes[k] = ctx.root(k, sharding.shape[k], mesh_axes)
                     used.update(mesh_axes)
                 else:
@@ -171,15 +171,9 @@ class _Walk:
         lines = [f"sharding conflict in `{node.op}` at {node.source or 'an unknown source line'}"]
         for i, v in enumerate(node.operands):
             sharding = self.shardings[v]
-            lines.append(f"  operand {i} ({value_name(v)}): {self.graph.avals[v].dtype.name}[{sharding.format_dims()}]")
+            dtype = short_dtype(self.graph.avals[v].dtype)
+            lines.append(f"  operand {i} ({value_name(v)}): {dtype}[{sharding.format_dims()}]")
         where = f"output axis {conflict.axis}: " if conflict.axis is not None else ""
         lines.append(f"  {where}{conflict.detail}")
         lines.append("  fix: change an input spec so these shardings agree, or replicate one side (P())")
         return ShardingConflictError("\n".join(lines))
-
-
-def _count(mesh_shape, mesh_axes) -> int:
-    n = 1
-    for name in mesh_axes:
-        n *= mesh_shape[name]
-    return n

@@ -55,10 +55,6 @@ class Plan:
     stages: tuple[Stage, ...]
     output_sources: tuple[Source, ...]
 
-    @property
-    def graph(self) -> ShardedGraph:
-        return self.sharded
-
     def stage_of(self) -> dict[int, int]:
         """``{node_id: stage_id}`` for every node that runs in a stage."""
         return {n: s.id for s in self.stages for n in s.nodes}

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ...expr.graph import Aval
-from ..sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding
+from ..sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding, shard_count
 
 
 class RuleOutput(NamedTuple):
@@ -113,7 +113,7 @@ class RuleContext:
 
     def root(self, axis: int, size: int, mesh_axes: tuple[str, ...]) -> Sharded:
         """Fresh shards without parents: ``size`` split evenly over ``mesh_axes``."""
-        count = _count(self.mesh_shape, mesh_axes)
+        count = shard_count(self.mesh_shape, mesh_axes)
         if not self.lineage:
             return Sharded(mesh_axes, ())
         length = size // count
@@ -161,13 +161,6 @@ class RuleContext:
         if opens:
             return self._opens.union(opens)
         return None
-
-
-def _count(mesh_shape, mesh_axes) -> int:
-    n = 1
-    for name in mesh_axes:
-        n *= mesh_shape[name]
-    return n
 
 
 def _names(mesh_axes: tuple[str, ...]) -> str:
