@@ -40,3 +40,16 @@ def make_mesh(shape: Sequence[int], names: Sequence[str], *, devices=None) -> Me
         )
     return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape),
                          devices=available[: math.prod(shape)])
+
+
+def as_auto_mesh(mesh) -> Mesh:
+    """``mesh`` with every axis ``AxisType.Auto`` (the same devices and names).
+
+    A mesh from a plain ``jax.make_mesh`` has ``Explicit`` axes, under which ``shard_map`` rejects the
+    resharding between stages that the gathers are made of.
+    """
+    if not isinstance(mesh, Mesh):
+        raise MeshError(f"expected a jax.sharding.Mesh (see shardprop.make_mesh), got {type(mesh).__name__}")
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))

@@ -11,7 +11,7 @@ def test_demo_runs_checks_and_says_so():
     out = result.stdout
     assert "mesh: {'i': 4, 'j': 2} on 8 cpu devices" in out
     assert "c:f32[16@i,8@j] = add a b" in out                      # the annotated graph
-    assert "in  c:f32[16@i,8]  <- stage 0 output 0  (gathered from [16@i,8@j])" in out   # the stage table
+    assert "in  c:f32[16@i,8]  P('i',)  <- stage 0 output 0  (gathered from [16@i,8@j])" in out   # the stage table
     assert "check nx_example: sharded (16, 8) == unsharded" in out
     assert out.count("== unsharded") == 3 and "!=" not in out
     assert out.rstrip().endswith("all sharded results equal the unsharded ones")

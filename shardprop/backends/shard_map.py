@@ -14,6 +14,7 @@ from ..errors import InputMismatchError, LoweringError, ShardingError
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, Aval
 from ..expr.trace import abstractify
+from ..mesh import as_auto_mesh
 from ..propagation.sharding import block_shape, common_layout
 from ..splitting import Plan, Stage, StageList
 from .blocks import block_params, local_slice
@@ -27,6 +28,7 @@ class Program:
     """
 
     def __init__(self, plan: Plan, mesh: Mesh):
+        mesh = as_auto_mesh(mesh)
         self.plan, self.mesh = plan, mesh
         self.graph = plan.sharded
         self.stages = StageList(plan.stages, plan.sharded, plan.output_sources)

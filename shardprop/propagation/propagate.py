@@ -17,6 +17,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..errors import FallbackWarning, ShardingConflictError, ShardingError, SpecTreeError
+from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name
 from .product import ShardedGraph
 from .rules import CREATED, RULES, OpenTracker, RuleConflict, RuleContext, conservative
@@ -58,6 +59,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh) -> ShardedGraph:
     >>> sg.in_specs                                                                       # doctest: +SKIP
     (PartitionSpec('i', 'j'), PartitionSpec('i', 'j'))
     """
+    mesh = as_auto_mesh(mesh)
     mesh_shape = dict(mesh.shape)
     specs = flat_in_specs(in_specs, graph)
     input_layouts: list[Layout | None] = []

@@ -90,3 +90,15 @@ def test_identity_and_constant_outputs(mesh):
     fs = sp.autoshard(f, mesh=mesh, in_specs=P("i"))
     for got, want in zip(fs(a), f(a), strict=True):
         np.testing.assert_allclose(got, want)
+
+
+def test_a_mesh_with_explicit_axes_works_too():
+    explicit = jax.make_mesh((4, 2), ("i", "j"))  # jax's default: AxisType.Explicit
+    a, b = random_args([((16, 8), np.float32)] * 2)
+    fs = sp.autoshard(nx_example, mesh=explicit, in_specs=(P("i", "j"), None))
+    np.testing.assert_allclose(fs(a, b), nx_example(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_something_other_than_a_mesh_is_a_mesh_error():
+    with pytest.raises(sp.MeshError, match="expected a jax.sharding.Mesh"):
+        sp.autoshard(nx_example, mesh=(4, 2), in_specs=None).trace(*random_args([((16, 8), np.float32)] * 2))
