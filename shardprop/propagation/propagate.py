@@ -103,10 +103,12 @@ class _Walk:
 
     def run(self) -> None:
         avals = self.graph.avals
+        # One context for the whole walk (its avals are set per node): 10^5-node graphs are the norm.
+        ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.resolve is not None)
+        rule_names: dict[str, str] = {}
         for node in self.graph.nodes:
-            out_avals = tuple(avals[v] for v in node.outputs)
-            ctx = RuleContext(tuple(avals[v] for v in node.operands), out_avals, self.mesh_shape, self.ids,
-                              self.opens, lineage=self.resolve is not None)
+            out_avals = ctx.out_avals = tuple([avals[v] for v in node.outputs])
+            ctx.in_avals = tuple([avals[v] for v in node.operands])
             if node.op == PARAMETER:
                 layout = self.input_layouts[node.params["index"]]
                 shape = out_avals[0].shape
@@ -124,7 +126,9 @@ class _Walk:
                     rule, rule_name = conservative, "conservative fallback"
                     self.fallbacks.append(node.id)
                 else:
-                    rule_name = f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}"
+                    rule_name = rule_names.get(node.op)
+                    if rule_name is None:
+                        rule_name = rule_names[node.op] = f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}"
                 try:
                     outputs, needs = rule(ctx, *operands, **node.params)
                 except RuleConflict as conflict:
@@ -159,6 +163,9 @@ class _Walk:
         return TensorSharding(sharding.shape, tuple(axes))
 
     def _check_mesh_axes_once(self, node: Node, sharding: TensorSharding) -> None:
+        names = [name for m in sharding.layout for name in m]
+        if len(names) == len(set(names)):
+            return
         seen: dict[str, int] = {}
         for k, a in enumerate(sharding.axes):
             if isinstance(a, Sharded):

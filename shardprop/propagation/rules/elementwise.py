@@ -27,6 +27,10 @@ def elementwise(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOu
     axis of size 1 broadcast to a larger size, or missing (a scalar), takes no part and is never sharded."""
     out_shape = ctx.out_avals[0].shape
     rank = len(out_shape)
+    if all(operand.shape == out_shape for operand in operands):  # the common case: no broadcasting
+        out = TensorSharding(out_shape, tuple(
+            ctx.merge(k, size, [operand.axes[k] for operand in operands]) for k, size in enumerate(out_shape)))
+        return RuleOutput((out,) * len(ctx.out_avals), (out.layout,) * len(operands))
     axes = []
     for k, size in enumerate(out_shape):
         candidates = []

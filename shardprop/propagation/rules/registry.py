@@ -147,6 +147,8 @@ class RuleContext:
         axes → both as parents; replicated is compatible with anything (a local slice); sharded over
         different mesh axes is a conflict.
         """
+        if all(c is None for c in candidates):
+            return None
         sharded = [c for c in candidates if isinstance(c, Sharded)]
         opens = [c for c in candidates if isinstance(c, Open)]
         if sharded:
