@@ -83,3 +83,19 @@ def test_nx_example_output_is_sharded_like_its_inputs(mesh):
     prog = assert_same_as_unsharded(nx_example, (a, b), mesh=mesh, in_specs=(P("i", "j"), P("i", "j")))
     assert prog.graph.out_specs == (P("i", "j"),)
     assert len(prog.stages) == 2
+
+
+def test_prng_keys_as_arguments_and_constants(mesh):
+    import warnings
+
+    import shardprop as sp
+
+    (x,) = random_args([((16, 8), np.float32)])
+    typed_key, raw_key = jax.random.key(1), jax.random.PRNGKey(2)
+
+    def f(x, key):
+        return jax.random.uniform(key, x.shape) * x + jax.random.normal(raw_key, x.shape)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)  # random bit generation is conservative
+        assert_same_as_unsharded(f, (x, typed_key), mesh=mesh, in_specs=(P("i", "j"), None), rtol=1e-6, atol=1e-6)

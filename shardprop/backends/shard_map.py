@@ -97,9 +97,9 @@ class Program:
         if tree != g.in_tree:
             raise InputMismatchError(f"arguments have structure {tree}, but the program was traced with {g.in_tree}")
         problems = [
-            f"  argument leaf {k}: got {Aval(tuple(a.shape), np.dtype(a.dtype))}, traced with {want}"
+            f"  argument leaf {k}: got {Aval(tuple(a.shape), jx.as_dtype(a.dtype))}, traced with {want}"
             for k, (a, want) in enumerate(zip(avals, self._in_avals, strict=True))
-            if tuple(a.shape) != want.shape or np.dtype(a.dtype) != want.dtype
+            if tuple(a.shape) != want.shape or jx.as_dtype(a.dtype) != want.dtype
         ]
         if problems:
             raise InputMismatchError(

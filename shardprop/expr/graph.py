@@ -30,7 +30,7 @@ class Aval:
     """Shape and dtype of one value."""
 
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: Any  # a numpy dtype, or JAX's extended dtype (PRNG keys)
 
     @property
     def ndim(self) -> int:
@@ -119,7 +119,8 @@ class Graph:
 
 
 def short_dtype(dtype) -> str:
-    dtype = np.dtype(dtype)
+    if not isinstance(dtype, np.dtype):
+        return str(dtype)  # extended dtypes such as key<fry>
     if dtype == np.bool_:
         return "bool"
     kind = {"f": "f", "i": "i", "u": "u", "c": "c", "V": "bf"}.get(dtype.kind, dtype.kind)
@@ -154,7 +155,7 @@ def format_params(node: Node) -> str:
 
 def format_constant(node: Node, aval: Aval) -> str:
     value = node.params["value"]
-    if value.size == 1:
+    if isinstance(value, np.ndarray) and value.size == 1:
         return f"{value.reshape(()).item()!r}"
     return f"<{aval}>"
 

@@ -90,9 +90,25 @@ def _body(jaxpr, consts) -> Body:
     return Body(list(jaxpr.invars), list(zip(jaxpr.constvars, consts, strict=True)), list(jaxpr.outvars), equations)
 
 
-def aval_of(var) -> tuple[tuple[int, ...], np.dtype]:
+def aval_of(var) -> tuple[tuple[int, ...], Any]:
+    """Shape and dtype; the dtype is a numpy dtype, or JAX's own for extended types (PRNG keys)."""
     aval = var.aval
-    return tuple(int(d) for d in aval.shape), np.dtype(aval.dtype)
+    return tuple(int(d) for d in aval.shape), as_dtype(aval.dtype)
+
+
+def as_dtype(dtype) -> Any:
+    try:
+        return np.dtype(dtype)
+    except TypeError:  # an extended dtype such as key<fry>: keep JAX's object
+        return dtype
+
+
+def as_constant(value) -> Any:
+    """A constant's value as a numpy array, or as it is when numpy cannot hold it (typed PRNG keys)."""
+    try:
+        return np.asarray(value)
+    except TypeError:
+        return value
 
 
 def is_literal(var) -> bool:
@@ -103,8 +119,10 @@ def is_drop_var(var) -> bool:
     return isinstance(var, jex_core.DropVar)
 
 
-def literal_value(var) -> np.ndarray:
+def literal_value(var) -> Any:
     shape, dtype = aval_of(var)
+    if not isinstance(dtype, np.dtype):
+        return var.val
     return np.asarray(var.val, dtype=dtype).reshape(shape)
 
 

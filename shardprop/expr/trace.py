@@ -67,7 +67,7 @@ class _GraphBuilder:
         self.avals: list[Aval] = []
 
     def _new_value(self, shape, dtype) -> int:
-        self.avals.append(Aval(tuple(shape), np.dtype(dtype)))
+        self.avals.append(Aval(tuple(shape), jx.as_dtype(dtype)))
         return len(self.avals) - 1
 
     def _add_node(self, op, operands, out_avals, params, source, primitive=None) -> Node:
@@ -76,8 +76,8 @@ class _GraphBuilder:
         self.nodes.append(node)
         return node
 
-    def _constant(self, value: np.ndarray) -> int:
-        value = np.asarray(value)
+    def _constant(self, value) -> int:
+        value = jx.as_constant(value)
         return self._add_node(CONSTANT, (), [(value.shape, value.dtype)], {"value": value}, None).output
 
     def build(self, closed, in_tree, out_tree) -> Graph:
@@ -89,7 +89,7 @@ class _GraphBuilder:
             env[var] = node.output
             inputs.append(node.output)
         for var, value in body.consts:
-            env[var] = self._constant(np.asarray(value))
+            env[var] = self._constant(value)
         self._inline(body.equations, env, None)
         outputs = tuple(self._read(env, var) for var in body.outvars)
         return Graph(tuple(self.nodes), tuple(self.avals), tuple(inputs), outputs, in_tree, out_tree)
@@ -106,7 +106,7 @@ class _GraphBuilder:
             operands = [self._read(env, var) for var in eqn.invars]
             body = jx.call_body(eqn)
             if body is not None:
-                sub_env = {var: self._constant(np.asarray(c)) for var, c in body.consts}
+                sub_env = {var: self._constant(c) for var, c in body.consts}
                 sub_env.update(zip(body.invars, operands, strict=True))
                 self._inline(body.equations, sub_env, source)
                 for outer, inner in zip(eqn.outvars, body.outvars, strict=True):
