@@ -8,9 +8,15 @@ from shardprop.propagation.rules import RULES
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_rules_page_lists_every_registered_primitive():
+def test_rules_page_is_current_and_lists_every_registered_primitive():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_rules_page", ROOT / "docs" / "make_rules_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     text = (ROOT / "docs" / "rules.md").read_text()
-    listed = set(re.findall(r"`([a-z_0-9]+)`", text))
+    assert text == module.page(), "run `python docs/make_rules_page.py`"
+    listed = set(re.findall(r"`([a-z_0-9-]+)`", text))
     assert set(RULES) <= listed
 
 

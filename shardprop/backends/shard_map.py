@@ -17,7 +17,7 @@ from ..expr.trace import abstractify
 from ..mesh import as_auto_mesh
 from ..propagation.sharding import block_shape, common_layout
 from ..splitting import Plan, Stage, StageList
-from .blocks import block_params, local_slice
+from .blocks import Blocks, evaluate, local_slice
 
 
 class Program:
@@ -62,10 +62,17 @@ class Program:
                         have = common_layout(sharded.layout(v), need)
                         x = received[(v, have)]
                     invals.append(local_slice(x, have, need, mesh_shape))
-                out_blocks = tuple(block_shape(graph.avals[v].shape, sharded.layout(v), mesh_shape)
-                                   for v in node.outputs)
+                blocks = Blocks(
+                    in_global=tuple(graph.avals[v].shape for v in node.operands),
+                    in_blocks=tuple(x.shape for x in invals),
+                    out_global=tuple(graph.avals[v].shape for v in node.outputs),
+                    out_blocks=tuple(block_shape(graph.avals[v].shape, sharded.layout(v), mesh_shape)
+                                     for v in node.outputs),
+                    out_layouts=tuple(sharded.layout(v) for v in node.outputs),
+                    mesh_shape=mesh_shape,
+                )
                 try:
-                    outs = jx.bind(node.primitive, invals, block_params(node.op, node.params, out_blocks))
+                    outs = evaluate(node, invals, blocks)
                 except Exception as err:
                     raise LoweringError(
                         f"evaluating `{node.op}` at {node.source} on per-device blocks failed: "

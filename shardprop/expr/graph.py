@@ -146,11 +146,24 @@ def format_params(node: Node) -> str:
     for key, val in sorted(node.params.items()):
         if val is None or key == "value":
             continue
-        if isinstance(val, (bool, int, float, str, np.dtype, np.generic)) or (
-            isinstance(val, tuple) and all(isinstance(x, (int, bool, str, tuple)) for x in val)
-        ):
-            shown.append(f"{key}={val}")
+        if isinstance(val, (bool, int, float, str, np.dtype, np.generic, tuple)):
+            plain = _plain(val)
+            if plain is not None:
+                shown.append(f"{key}={plain}")
     return f"[{' '.join(shown)}]" if shown else ""
+
+
+def _plain(val):
+    """``val`` with numpy scalars made Python ones (``np.int64(0)`` prints as ``0``), or None when it holds
+    something that does not print briefly."""
+    if isinstance(val, tuple):
+        items = [_plain(x) for x in val]
+        return None if any(x is None for x in items) else tuple(items)
+    if isinstance(val, np.generic):
+        return val.item()
+    if isinstance(val, (bool, int, float, str, np.dtype)):
+        return val
+    return None
 
 
 def format_constant(node: Node, aval: Aval) -> str:

@@ -1,6 +1,8 @@
 """The rule table: ``RULES[primitive_name] -> rule``. Importing this package fills it."""
 
-from . import contractions, elementwise, reductions, shapes  # noqa: F401  (registration side effects)
+from . import (  # noqa: F401  (registration side effects)
+    contractions, convolutions, elementwise, indexing, random, reductions, scans, shapes, slicing,
+)
 from .fallback import conservative
 from .registry import CREATED, RULES, OpenTracker, RuleConflict, RuleContext, RuleOutput, register
 

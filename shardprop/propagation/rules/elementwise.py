@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..sharding import TensorSharding
+from .fallback import conservative
 from .registry import RuleContext, RuleOutput, register
 
 UNARY = (
@@ -17,7 +18,7 @@ NARY = (
     "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "complex", "igamma", "igammac",
     "polygamma", "zeta", "random_gamma_grad", "regularized_incomplete_beta",
     "eq", "ne", "lt", "le", "gt", "ge", "eq_to", "le_to", "lt_to",
-    "select_n", "clamp",
+    "select_n", "clamp", "threefry2x32",
 )
 
 
@@ -51,3 +52,11 @@ def elementwise(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOu
     return RuleOutput((out,) * len(ctx.out_avals), tuple(needs))
 
 
+
+
+@register("bitcast_convert_type")
+def bitcast_convert_type(ctx: RuleContext, operand: TensorSharding, **params) -> RuleOutput:
+    """Elementwise between types of one width; a width change adds or drops a minor axis: conservative."""
+    if ctx.out_avals[0].shape == operand.shape:
+        return elementwise(ctx, operand)
+    return conservative(ctx, operand)
