@@ -1,0 +1,102 @@
+"""Table-driven tests for the shape, slicing, indexing, scan, sort and convolution rules: each row checks
+the propagated output sharding and the numerical result against the unsharded function."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from shardprop.propagation.rules import RULES
+from tests.conftest import assert_same_as_unsharded, random_args
+
+F32, I32 = np.float32, np.int32
+M = (16, 8)
+
+
+def indices(n, high, seed=3):
+    return np.random.default_rng(seed).integers(0, high, size=n).astype(np.int32)
+
+
+IDX16 = indices((16,), 16)
+IDX16x1 = indices((16, 1), 8)
+
+# (id, function, [(shape, dtype)], mesh, in_specs, expected output spec(s), primitive that must have a rule)
+CASES = [
+    ("reshape_merge_keeps_major", lambda a: a.reshape(128), [(M, F32)], "4x2", (P("i"),), P("i"), "reshape"),
+    ("reshape_split_keeps_major", lambda a: a.reshape(16, 8), [((128,), F32)], "4x2", (P("i"),), P("i"), "reshape"),
+    ("reshape_minor_sharded_is_gathered", lambda a: a.reshape(128), [(M, F32)], "4x2", (P(None, "j"),), P(),
+     "reshape"),
+    ("reshape_attention_heads", lambda a: a.reshape(8, 16, 4, 8), [((8, 16, 32), F32)], "4x2",
+     (P("i", None, "j"),), P("i", None, "j"), "reshape"),
+    ("reshape_indivisible_is_gathered", lambda a: a.reshape(2, 64), [(M, F32)], "4x2", (P("i"),), P(), "reshape"),
+    ("reshape_compound", lambda a: a.reshape(4, 4, 8), [(M, F32)], "4x2", (P(("i", "j")),), P(), "reshape"),  # 8 blocks do not fit an axis of 4
+    ("reshape_size1_axes", lambda a: a.reshape(1, 16, 1, 8), [(M, F32)], "4x2", (P("i", "j"),),
+     P(None, "i", None, "j"), "reshape"),
+    ("iota_one_hot", lambda labels: jax.nn.one_hot(labels, 16), [((16,), I32)], "4x2", (P("i"),), P("i"), "iota"),
+    ("iota_adopts_sharded_axis", lambda a: a * jnp.arange(8.0), [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"),
+     "iota"),
+    ("iota_compound_offsets", lambda a: a + jnp.arange(16.0)[:, None], [(M, F32)], "2x2x2",
+     (P(("i", "j", "k")),), P(("i", "j", "k")), "iota"),
+    ("slice_partial_axis", lambda a: a[:, 2:5], [(M, F32)], "4x2", (P("i", "j"),), P("i"), "slice"),
+    ("slice_full_axis_keeps", lambda a: a[4:12, :], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "slice"),
+    ("slice_strided", lambda a: a[::2], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "slice"),
+    ("pad", lambda a: jnp.pad(a, ((0, 0), (1, 2))), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "pad"),
+    ("concatenate", lambda a, b: jnp.concatenate([a, b], axis=1), [(M, F32), (M, F32)], "4x2",
+     (P("i", "j"), None), P("i"), "concatenate"),
+    ("concatenate_other_axis_merges", lambda a, b: jnp.concatenate([a, b], axis=0), [(M, F32), (M, F32)], "4x2",
+     (P(None, "j"), P(None, "j")), P(None, "j"), "concatenate"),
+    ("rev", lambda a: a[::-1], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "rev"),
+    ("dynamic_slice", lambda a: lax.dynamic_slice(a, (0, 3), (16, 4)), [(M, F32)], "4x2", (P("i", "j"),), P("i"),
+     "dynamic_slice"),
+    ("dynamic_slice_whole_axis_ignores_index", lambda a: lax.dynamic_slice(a, (5, 2), (16, 4)), [(M, F32)], "8",
+     (P("i"),), P("i"), "dynamic_slice"),
+    ("dynamic_update_slice", lambda a, u: lax.dynamic_update_slice(a, u, (0, 2)), [(M, F32), ((16, 4), F32)],
+     "4x2", (P("i", "j"), None), P("i"), "dynamic_update_slice"),
+    ("gather_rows", lambda a: a[IDX16], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "gather"),
+    ("gather_sharded_indices", lambda a, i: a[i], [(M, F32), ((16,), I32)], "4x2", (P(None, "j"), P("i")),
+     P("i", "j"), "gather"),
+    ("take_along_axis", lambda a: jnp.take_along_axis(a, IDX16x1, axis=1), [(M, F32)], "4x2", (P("i", "j"),),
+     P("i"), "gather"),
+    ("scatter_add", lambda a, u: a.at[IDX16[:4]].add(u), [(M, F32), ((4, 8), F32)], "4x2", (P(None, "j"), None),
+     P(None, "j"), "scatter-add"),
+    ("scatter_set", lambda a: a.at[:, 3].set(0.0), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "scatter"),
+    ("cumsum", lambda a: jnp.cumsum(a, axis=1), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "cumsum"),
+    ("cumprod", lambda a: jnp.cumprod(a, axis=0), [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "cumprod"),
+    ("cummax", lambda a: lax.cummax(a, axis=0), [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "cummax"),
+    ("cumlogsumexp", lambda a: lax.cumlogsumexp(a, axis=1), [(M, F32)], "4x2", (P("i", "j"),), P("i"),
+     "cumlogsumexp"),
+    ("sort", lambda a: jnp.sort(a, axis=1), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "sort"),
+    ("argsort", lambda a: jnp.argsort(a, axis=0), [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "sort"),
+    ("top_k", lambda a: lax.top_k(a, 3), [(M, F32)], "4x2", (P("i", "j"),), (P("i"), P("i")), "top_k"),
+    ("conv_batch_and_features", lambda x, w: lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+     [((8, 6, 6, 4), F32), ((3, 3, 4, 8), F32)], "4x2", (P("i"), P(None, None, None, "j")),
+     P("i", None, None, "j"), "conv_general_dilated"),
+    ("conv_input_features_gathered", lambda x, w: lax.conv_general_dilated(
+        x, w, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW")),
+     [((8, 4, 6, 6), F32), ((8, 4, 3, 3), F32)], "4x2", (P("i", "j"), None), P("i"), "conv_general_dilated"),
+    ("max_pool", lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+     [((8, 6, 6, 4), F32)], "4x2", (P("i", None, None, "j"),), P("i", None, None, "j"), "reduce_window_max"),
+    ("avg_pool_sum", lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 1, 1, 1), "SAME"),
+     [((8, 6, 6, 4), F32)], "4x2", (P("i", "j"),), P("i"), "reduce_window_sum"),
+    ("bitcast_same_width", lambda a: lax.bitcast_convert_type(a, jnp.int32), [(M, F32)], "4x2", (P("i", "j"),),
+     P("i", "j"), "bitcast_convert_type"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_rule(case, meshes):
+    _, f, arg_types, mesh_name, in_specs, expected, primitive = case
+    args = random_args(arg_types)
+    if arg_types[0][1] == I32:  # labels in range
+        args = [np.abs(args[0]) % 16] + args[1:]
+    if len(arg_types) > 1 and arg_types[1][1] == I32:
+        args = [args[0], np.abs(args[1]) % 16]
+    prog = assert_same_as_unsharded(f, args, mesh=meshes[mesh_name], in_specs=in_specs)
+    expected = expected if isinstance(expected, tuple) and not isinstance(expected, P) else (expected,)
+    assert prog.graph.out_specs == expected
+    assert primitive in RULES
+    assert primitive in {n.op for n in prog.graph.graph.nodes}
+    assert not prog.graph.fallbacks
