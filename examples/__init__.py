@@ -1,0 +1,1 @@
+"""Plain jax.numpy workloads, written the way a user would, that shardprop shards automatically."""
