@@ -28,8 +28,29 @@ def test_conflict_names_op_source_line_and_both_shardings(mesh):
     assert f"sharding conflict in `add` at {__file__}:{line}" in message
     assert "operand 0 (a): f32[16@i,8]" in message
     assert "operand 1 (b): f32[16@j,8]" in message
+    assert "axis 0 @i: argument 0 (a) has spec P('i',)" in message
+    assert "axis 0 @j: argument 1 (b) has spec P('j',)" in message
     assert "output axis 0: one operand is sharded over i, another over j" in message
     assert "fix:" in message
+
+
+def deep(a, b, c):
+    x = jnp.tanh(a) * 2
+    y = (b + c).T
+    return x + y
+
+
+def test_conflict_traces_each_operand_back_to_its_input_spec_through_the_ops(mesh):
+    with pytest.raises(sp.ShardingConflictError) as info:
+        square = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+        compile(deep, (P("i"), P(None, "j"), None), mesh, square, square, square)
+    line = deep.__code__.co_firstlineno
+    here = __file__.rsplit("/", 1)[-1]
+    message = str(info.value)
+    assert (f"axis 0 @i: argument 0 (a) has spec P('i',), via `tanh` at {here}:{line + 1} -> `mul` at "
+            f"{here}:{line + 1}") in message
+    assert (f"axis 0 @j: argument 1 (b) has spec P(None, 'j'), via `add` at {here}:{line + 2} -> `transpose` at "
+            f"{here}:{line + 2}") in message
 
 
 def test_one_mesh_axis_may_not_shard_two_axes_of_a_result(mesh):

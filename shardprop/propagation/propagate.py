@@ -68,7 +68,13 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh) -> ShardedGraph:
         input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}"))
 
     first = _Walk(graph, mesh_shape, input_layouts, opens=OpenTracker())
-    first.run()
+    try:
+        first.run()
+    except ShardingConflictError:
+        # The exploratory walk makes no shards; replay with lineage so that the error can say where each
+        # operand's sharding came from (following shard parents back to an input spec).
+        _Walk(graph, mesh_shape, input_layouts, resolve=lambda key: None).run()
+        raise
     try:
         final = _Walk(graph, mesh_shape, input_layouts, resolve=first.opens.resolution)
         final.run()
@@ -182,7 +188,42 @@ class _Walk:
             sharding = self.shardings[v]
             dtype = short_dtype(self.graph.avals[v].dtype)
             lines.append(f"  operand {i} ({value_name(v)}): {dtype}[{sharding.format_dims()}]")
+            if self.resolve is not None:  # shards exist: say where each sharded axis came from
+                for axis, a in enumerate(sharding.axes):
+                    if isinstance(a, Sharded):
+                        lines.append(f"    axis {axis} @{'*'.join(a.mesh_axes)}: {self._origin(v, a)}")
         where = f"output axis {conflict.axis}: " if conflict.axis is not None else ""
         lines.append(f"  {where}{conflict.detail}")
-        lines.append("  fix: change an input spec so these shardings agree, or replicate one side (P())")
+        lines.append("  fix: change one of those input specs so the shardings agree, or replicate one side "
+                     "(P()) so that it is gathered")
         return ShardingConflictError("\n".join(lines))
+
+    def _origin(self, value: int, axis_sharding: Sharded) -> str:
+        """Follow the first shard's parents back to its root: the input spec (or the op that created the
+        axis), and the ops in between, in program order."""
+        graph = self.graph
+        shard, v, via = axis_sharding.shards[0], value, []
+        while True:
+            node = graph.nodes[graph.producer[v]]
+            if not shard.parents:
+                break
+            via.append(node)
+            shard = shard.parents[0]
+            v = next(u for u in node.operands if self._holds(u, shard))
+        if node.op == PARAMETER:
+            index = node.params["index"]
+            root = f"argument {index} ({value_name(v)}) has spec {self.shardings[v].spec}"
+        else:
+            root = f"`{node.op}` at {_short(node.source)} adopted it"
+        steps = " -> ".join(f"`{n.op}` at {_short(n.source)}" for n in reversed(via[-4:]))
+        more = f"... {len(via) - 4} more ops ... -> " if len(via) > 4 else ""
+        return root + (f", via {more}{steps}" if via else "")
+
+    def _holds(self, value: int, shard) -> bool:
+        axes = self.shardings[value].axes
+        a = axes[shard.axis] if shard.axis < len(axes) else None
+        return isinstance(a, Sharded) and any(s is shard for s in a.shards)
+
+
+def _short(source: str | None) -> str:
+    return source.rsplit("/", 1)[-1] if source else "an unknown line"
