@@ -136,7 +136,8 @@ class Program:
         return self._jitted_stages[k]
 
     def __repr__(self) -> str:
-        return f"<Program {len(self.plan.stages)} stages on mesh {self._mesh_shape}>"
+        n = len(self.plan.stages)
+        return f"<Program {n} stage{'' if n == 1 else 's'} on mesh {self._mesh_shape}>"
 
 
 def lower(plan: Plan, mesh: Mesh | None = None) -> Program:

@@ -81,6 +81,8 @@ CASES = [
      [((8, 6, 6, 4), F32)], "4x2", (P("i", None, None, "j"),), P("i", None, None, "j"), "reduce_window_max"),
     ("avg_pool_sum", lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 1, 1, 1), "SAME"),
      [((8, 6, 6, 4), F32)], "4x2", (P("i", "j"),), P("i"), "reduce_window_sum"),
+    ("copy", lambda a: jnp.array(a, copy=True) + lax.optimization_barrier(a), [(M, F32)], "4x2",
+     (P("i", "j"),), P("i", "j"), "add"),
     ("bitcast_same_width", lambda a: lax.bitcast_convert_type(a, jnp.int32), [(M, F32)], "4x2", (P("i", "j"),),
      P("i", "j"), "bitcast_convert_type"),
 ]
@@ -100,3 +102,37 @@ def test_rule(case, meshes):
     assert primitive in RULES
     assert primitive in {n.op for n in prog.graph.graph.nodes}
     assert not prog.graph.fallbacks
+
+
+def test_random_bit_generation_is_conservative_and_exact(mesh):
+    key = jax.random.key(3)
+
+    def f(a):
+        return a * jax.random.uniform(key, a.shape) + jax.random.normal(jax.random.fold_in(key, 1), a.shape)
+
+    prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),), rtol=1e-6)
+    assert not prog.graph.fallbacks  # random ops have an explicit (conservative) rule, so no warning
+    assert prog.graph.out_specs == (P("i", "j"),)
+    bits = [n for n in prog.graph.graph.nodes if n.op == "random_bits"]
+    assert bits and all(prog.graph.layout(n.output) == ((), ()) for n in bits)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("cond", lambda a: lax.cond(jnp.sum(a) > 0, lambda x: x * 2.0, lambda x: -x, a) + 1.0),
+    ("while", lambda a: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 1.5), (0, a))[1]),
+    ("scan", lambda a: lax.scan(lambda c, r: (c + r, c * r), jnp.zeros(a.shape[1]), a)[1]),
+])
+def test_control_flow_is_conservative_with_a_warning_and_exact(name, f, mesh):
+    import importlib
+    import warnings
+
+    import shardprop as sp
+
+    importlib.import_module("shardprop.propagation.propagate")._warned_fallbacks.discard(name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", sp.FallbackWarning)
+        prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),))
+    assert any(f"primitive `{name}`" in str(w.message) for w in caught)
+    (node,) = [n for n in prog.graph.graph.nodes if n.op == name]
+    assert node.id in prog.graph.fallbacks
+    assert all(m == () for v in node.outputs for m in prog.graph.layout(v))

@@ -60,3 +60,12 @@ def bitcast_convert_type(ctx: RuleContext, operand: TensorSharding, **params) ->
     if ctx.out_avals[0].shape == operand.shape:
         return elementwise(ctx, operand)
     return conservative(ctx, operand)
+
+
+@register("optimization_barrier")
+def identity(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
+    """Each output is its operand, unchanged."""
+    outputs = tuple(
+        TensorSharding(op.shape, tuple(ctx.carry(k, n, a) for k, (n, a) in enumerate(zip(op.shape, op.axes))))
+        for op in operands)
+    return RuleOutput(outputs, tuple(op.layout for op in operands))
