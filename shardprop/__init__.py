@@ -23,6 +23,7 @@ from .errors import (
     InputMismatchError,
     LoweringError,
     MeshError,
+    NoRuleError,
     ShardingConflictError,
     ShardingError,
     SpecError,
@@ -30,6 +31,7 @@ from .errors import (
     SpecTreeError,
     TraceError,
     UnknownMeshAxisError,
+    UnsupportedDtypeError,
 )
 from .expr import Graph, Node, trace
 from .mesh import make_mesh
@@ -40,8 +42,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoSharded", "DuplicateMeshAxisError", "FallbackWarning", "Graph", "IndivisibleAxisError",
-    "InputMismatchError", "LoweringError", "MeshError", "Node", "Plan", "Program", "Shard", "ShardedGraph",
+    "InputMismatchError", "LoweringError", "MeshError", "NoRuleError", "Node", "Plan", "Program", "Shard", "ShardedGraph",
     "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError", "SpecTreeError", "Stage",
-    "StageInput", "TensorSharding", "TraceError", "UnknownMeshAxisError", "autoshard", "compile_program",
+    "StageInput", "TensorSharding", "TraceError", "UnknownMeshAxisError", "UnsupportedDtypeError", "autoshard", "compile_program",
     "lower", "make_mesh", "propagate", "split", "trace",
 ]

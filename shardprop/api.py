@@ -20,16 +20,16 @@ from .propagation import propagate
 from .splitting import split
 
 
-def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any) -> Program:
+def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False) -> Program:
     """``trace → propagate → split → lower`` for one set of argument shapes."""
-    return lower(split(propagate(trace(f, *args), in_specs, mesh=mesh)), mesh)
+    return lower(split(propagate(trace(f, *args), in_specs, mesh=mesh, strict=strict)), mesh)
 
 
 class AutoSharded:
     """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes and dtypes."""
 
-    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any):
-        self.f, self.mesh, self.in_specs = f, mesh, in_specs
+    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False):
+        self.f, self.mesh, self.in_specs, self.strict = f, mesh, in_specs, strict
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, f)
 
@@ -39,7 +39,8 @@ class AutoSharded:
         key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in avals))
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = compile_program(self.f, args, mesh=self.mesh, in_specs=self.in_specs)
+            program = self._programs[key] = compile_program(self.f, args, mesh=self.mesh, in_specs=self.in_specs,
+                                                               strict=self.strict)
         return program
 
     def __call__(self, *args):
@@ -50,14 +51,15 @@ class AutoSharded:
         return self.trace(*args).lower(*args)
 
 
-def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any) -> AutoSharded:
+def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False) -> AutoSharded:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
     (``P()`` replicates) or ``None`` for an unannotated argument, which adopts the sharding it meets.
+    ``strict=True`` turns the conservative fallback for primitives without a rule into ``NoRuleError``.
 
     >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
     >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP
     PartitionSpec('i',)
     """
-    return AutoSharded(f, mesh=mesh, in_specs=in_specs)
+    return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict)

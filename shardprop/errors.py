@@ -15,6 +15,14 @@ class TraceError(ShardingError):
     """The function could not be traced (non-array argument, a JAX tracing error, ...)."""
 
 
+class UnsupportedDtypeError(TraceError):
+    """An argument's dtype cannot be held by a JAX array (strings, Python objects, ...)."""
+
+
+class NoRuleError(ShardingError):
+    """Under ``strict=True``: a primitive has no sharding rule (instead of the conservative fallback)."""
+
+
 class MeshError(ShardingError):
     """The mesh is malformed (wrong device count, duplicate axis names, ...)."""
 

@@ -119,7 +119,7 @@ class Program:
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
             raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
         flat = [jax.device_put(x, s) for x, s in zip(flat, self._in_shardings, strict=True)]
-        out = self._jitted(*flat)
+        out = _internal_errors_as_lowering_errors(self._jitted, *flat)
         return jax.tree_util.tree_unflatten(self.graph.graph.out_tree, out)
 
     def lower(self, *args) -> jax.stages.Lowered:
@@ -127,7 +127,7 @@ class Program:
         flat = self._flat_args(args)
         shaped = [jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=s)
                   for x, s in zip(flat, self._in_shardings, strict=True)]
-        return self._jitted.lower(*shaped)
+        return _internal_errors_as_lowering_errors(self._jitted.lower, *shaped)
 
     def stage(self, k: int):
         """Stage ``k`` alone, jitted: call it with its inputs (``prog.stages[k].inputs`` order)."""
@@ -138,6 +138,19 @@ class Program:
     def __repr__(self) -> str:
         n = len(self.plan.stages)
         return f"<Program {n} stage{'' if n == 1 else 's'} on mesh {self._mesh_shape}>"
+
+
+def _internal_errors_as_lowering_errors(fn, *args):
+    """User mistakes are caught before this point; anything JAX or XLA raises now is shardprop's fault and
+    is reported as a :class:`LoweringError`, not as a raw traceback from deep inside the lowering."""
+    try:
+        return fn(*args)
+    except ShardingError:
+        raise
+    except Exception as err:
+        raise LoweringError(
+            f"compiling or running the sharded program failed: {type(err).__name__}: {err}\n"
+            "(this is a shardprop bug: please report it with the function and in_specs)") from err
 
 
 def lower(plan: Plan, mesh: Mesh | None = None) -> Program:

@@ -103,6 +103,17 @@ def as_dtype(dtype) -> Any:
         return dtype
 
 
+def is_array_dtype(dtype) -> bool:
+    """True for the dtypes a JAX array can hold (numeric, bool, and extended dtypes such as PRNG keys)."""
+    try:
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+            return True
+        dtype = np.dtype(dtype)
+        return dtype.kind in "biufc" or dtype.type.__module__.startswith("ml_dtypes")  # bfloat16, float8_*
+    except TypeError:
+        return False
+
+
 def as_constant(value) -> Any:
     """A constant's value as a numpy array, or as it is when numpy cannot hold it (typed PRNG keys)."""
     try:

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TraceError, UnsupportedDtypeError
 from . import jax_adapter as jx
 from .graph import CONSTANT, PARAMETER, Aval, Graph, Node
 
@@ -22,17 +22,21 @@ def abstractify(args: tuple) -> tuple[list[jax.ShapeDtypeStruct], Any]:
     """Flatten ``args`` to ShapeDtypeStructs; arrays and ShapeDtypeStructs are accepted as leaves."""
     leaves, tree = jax.tree_util.tree_flatten(args)
     avals = []
+
+    def where(i):
+        return "argument" + jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(args)[0][i][0])
+
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, jax.ShapeDtypeStruct):
-            avals.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
-        elif hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-            avals.append(jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype))
-        else:
-            path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(args)[0][i][0])
+        if not (isinstance(leaf, jax.ShapeDtypeStruct) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype"))):
             raise TraceError(
-                f"argument{path} is a {type(leaf).__name__}, not an array: shardprop shards array arguments "
+                f"{where(i)} is a {type(leaf).__name__}, not an array: shardprop shards array arguments "
                 "only (pass jax/numpy arrays or jax.ShapeDtypeStruct; close over static values instead)"
             )
+        if not jx.is_array_dtype(leaf.dtype):
+            raise UnsupportedDtypeError(
+                f"{where(i)} has dtype {leaf.dtype}, which a JAX array cannot hold, so it cannot be sharded "
+                "(use numeric, bool or PRNG key arrays)")
+        avals.append(jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype))
     return avals, tree
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..errors import FallbackWarning, ShardingConflictError, ShardingError, SpecTreeError
+from ..errors import FallbackWarning, NoRuleError, ShardingConflictError, ShardingError, SpecTreeError
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name
 from .product import ShardedGraph
@@ -49,11 +49,12 @@ def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
     return flat
 
 
-def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh) -> ShardedGraph:
+def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
-    (unannotated: adopts the sharding of whatever it meets).
+    (unannotated: adopts the sharding of whatever it meets). A primitive without a rule gets the
+    conservative rule and one ``FallbackWarning``; with ``strict=True`` it raises ``NoRuleError`` instead.
 
     >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
     >>> sg.in_specs                                                                       # doctest: +SKIP
@@ -67,6 +68,14 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh) -> ShardedGraph:
         shape = graph.avals[value].shape
         input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}"))
 
+    if strict:
+        missing = [n for n in graph.nodes if n.op not in (PARAMETER, CONSTANT) and n.op not in RULES]
+        if missing:
+            node = missing[0]
+            raise NoRuleError(
+                f"no sharding rule for primitive `{node.op}` at {node.source or 'an unknown source line'} "
+                f"(strict=True; without it the conservative rule would gather its operands and replicate its "
+                f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     first = _Walk(graph, mesh_shape, input_layouts, opens=OpenTracker())
     try:
         first.run()

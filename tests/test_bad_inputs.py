@@ -1,0 +1,83 @@
+"""The catalogue of bad inputs: each raises the exact shardprop error type with a message naming the
+problem — never a raw JAX/XLA traceback."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+
+A = np.ones((16, 8), np.float32)
+S = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+
+
+def mesh():
+    return sp.make_mesh((4, 2), ("i", "j"))
+
+
+def run(f, in_specs, *args, strict=False):
+    return sp.autoshard(f, mesh=mesh(), in_specs=in_specs, strict=strict)(*args)
+
+
+def add(a, b):
+    return a + b
+
+
+def call_with_other_shapes():
+    prog = sp.autoshard(add, mesh=mesh(), in_specs=P("i")).trace(A, A)
+    prog(A, np.ones((8, 8), np.float32))
+
+
+def no_rule_strict():
+    run(lambda a: lax.fori_loop(0, 2, lambda i, x: x * 2.0, a), P("i"), A, strict=True)
+
+
+CATALOGUE = [
+    ("spec longer than the rank", lambda: run(add, (P("i", "j", None), None), A, A), sp.SpecRankError,
+     "argument 0: spec P('i', 'j', None) has 3 entries but the argument has rank 2"),
+    ("unknown mesh axis", lambda: run(add, (P("x"), None), A, A), sp.UnknownMeshAxisError,
+     "argument 0: spec P('x',) names mesh axis 'x', but the mesh has axes ('i', 'j')"),
+    ("mesh axis used twice in one spec", lambda: run(add, (P("i", "i"), None), A, A), sp.DuplicateMeshAxisError,
+     "argument 0: spec P('i', 'i') uses mesh axis 'i' for two tensor axes"),
+    ("mesh axis used twice in a compound entry", lambda: run(add, (P(("i", "i")), None), A, A),
+     sp.DuplicateMeshAxisError, "uses mesh axis 'i' for two tensor axes"),
+    ("axis size not divisible", lambda: run(lambda a, b: b, (None, P(None, ("i", "j"))), A, np.ones((16, 6), np.float32)),
+     sp.IndivisibleAxisError, "argument 1: axis 1 has size 6, not divisible by 8"),
+    ("in_specs tree does not match the arguments", lambda: run(add, (P("i"), None, None), A, A),
+     sp.SpecTreeError, "is not a pytree prefix of the arguments"),
+    ("in_specs leaf that is not a spec", lambda: run(add, ("i", None), A, A), sp.SpecTreeError,
+     "in_specs leaf 'i' is neither a PartitionSpec nor None"),
+    ("non-array argument", lambda: run(add, None, A, "hello"), sp.TraceError,
+     "argument[1] is a str, not an array"),
+    ("python scalar argument", lambda: run(add, None, A, 2.0), sp.TraceError,
+     "argument[1] is a float, not an array"),
+    ("dtype the backend cannot shard", lambda: run(lambda a: a, P("i"), np.array(["a", "b"])),
+     sp.UnsupportedDtypeError, "argument[0] has dtype <U1, which a JAX array cannot hold"),
+    ("sharding conflict", lambda: run(add, (P("i"), P("j")), A, A), sp.ShardingConflictError,
+     "sharding conflict in `add`"),
+    ("primitive with no rule under strict=True", no_rule_strict, sp.NoRuleError,
+     "no sharding rule for primitive `scan`"),
+    ("mesh with more devices than exist", lambda: sp.make_mesh((4, 4), ("i", "j")), sp.MeshError,
+     "a (4, 4) mesh needs 16 devices but only 8 exist"),
+    ("mesh with the wrong number of given devices", lambda: sp.make_mesh((2, 2), ("i", "j"), devices=jax.devices()),
+     sp.MeshError, "a (2, 2) mesh needs 4 devices, 8 were given"),
+    ("something that is not a mesh", lambda: sp.autoshard(add, mesh="4x2", in_specs=None)(A, A), sp.MeshError,
+     "expected a jax.sharding.Mesh"),
+    ("calling a program with other shapes", call_with_other_shapes, sp.InputMismatchError,
+     "argument leaf 1: got f32[8,8], traced with f32[16,8]"),
+    ("a function JAX cannot trace", lambda: run(lambda a, b: a @ b, None, A, A), sp.TraceError,
+     "tracing '<lambda>' failed: TypeError: dot_general requires contracting dimensions to have the same shape"),
+]
+
+
+@pytest.mark.parametrize("name,make_error,error,message", CATALOGUE, ids=[c[0] for c in CATALOGUE])
+def test_bad_input(name, make_error, error, message):
+    with pytest.raises(error, match=re.escape(message)) as info:
+        make_error()
+    assert isinstance(info.value, sp.ShardingError)
+    assert type(info.value) is error  # the exact type, not just a base class
