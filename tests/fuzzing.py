@@ -1,0 +1,257 @@
+"""Random well-typed jax.numpy programs for differential fuzzing (see tests/test_fuzz.py).
+
+A program is plain source code (so a failure prints as a reproducer): ``def f(x0, x1): ...`` built from
+elementwise ops with broadcasting, reductions, ``dot_general`` with random dimension numbers, reshape,
+transpose, slice, pad, concatenate, cumsum, select, iota and gather, over float32 values whose shapes are
+tracked as the program grows. Shapes mix sizes that the meshes divide and sizes they do not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+MAX_ELEMENTS = 4096
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Program:
+    inputs: tuple[Value, ...]
+    lines: tuple[str, ...]
+    outputs: tuple[str, ...]
+    ops: tuple[str, ...]  # the op kinds used, for statistics
+
+    @property
+    def source(self) -> str:
+        args = ", ".join(v.name for v in self.inputs)
+        body = "\n".join(f"    {line}" for line in self.lines)
+        return f"def f({args}):\n{body}\n    return ({', '.join(self.outputs)},)\n"
+
+
+def _broadcast(a, b):
+    if len(a) < len(b):
+        a, b = b, a
+    b = (1,) * (len(a) - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(max(x, y))
+    return tuple(out)
+
+
+# Each op takes (draw, pool) and returns (kind, expression, shape), or None when it does not apply.
+def unary(draw, pool):
+    v = draw(st.sampled_from(pool))
+    fn = draw(st.sampled_from(["jnp.tanh({})", "jnp.sin({})", "jnp.abs({})", "-{}", "({} * 0.5)", "jnp.cos({})"]))
+    return "elementwise", fn.format(v.name), v.shape
+
+
+def binary(draw, pool):
+    a, b = draw(st.sampled_from(pool)), draw(st.sampled_from(pool))
+    shape = _broadcast(a.shape, b.shape)
+    if shape is None:
+        return None
+    fn = draw(st.sampled_from(["({} + {})", "({} - {})", "({} * {})", "jnp.maximum({}, {})", "jnp.minimum({}, {})"]))
+    return "broadcasting", fn.format(a.name, b.name), shape
+
+
+def select(draw, pool):
+    a, b = draw(st.sampled_from(pool)), draw(st.sampled_from(pool))
+    shape = _broadcast(a.shape, b.shape)
+    if shape is None:
+        return None
+    return "select", f"jnp.where({a.name} > 0.1, {a.name}, {b.name})", shape
+
+
+def reduce(draw, pool):
+    v = draw(st.sampled_from([v for v in pool if v.shape] or pool))
+    if not v.shape:
+        return None
+    axis = draw(st.integers(0, len(v.shape) - 1))
+    kind = draw(st.sampled_from(["sum", "max", "min", "mean", "argmax"]))
+    keep = draw(st.booleans())
+    if kind == "argmax":
+        shape = v.shape[:axis] + v.shape[axis + 1:]
+        return "argmax", f"jnp.argmax({v.name}, axis={axis}).astype(jnp.float32)", shape
+    shape = v.shape[:axis] + ((1,) if keep else ()) + v.shape[axis + 1:]
+    return "reduction", f"jnp.{kind}({v.name}, axis={axis}, keepdims={keep})", shape
+
+
+def dot(draw, pool):
+    a, b = draw(st.sampled_from(pool)), draw(st.sampled_from(pool))
+    pairs = [(i, j) for i in range(len(a.shape)) for j in range(len(b.shape)) if a.shape[i] == b.shape[j]]
+    if not pairs:
+        return None
+    contract = draw(st.sampled_from(pairs))
+    rest = [(i, j) for i, j in pairs if i != contract[0] and j != contract[1]]
+    batch = [draw(st.sampled_from(rest))] if rest and draw(st.booleans()) else []
+    free_a = [i for i in range(len(a.shape)) if i != contract[0] and all(i != p for p, _ in batch)]
+    free_b = [j for j in range(len(b.shape)) if j != contract[1] and all(j != q for _, q in batch)]
+    shape = tuple(a.shape[i] for i, _ in batch) + tuple(a.shape[i] for i in free_a) + tuple(b.shape[j] for j in free_b)
+    dims = f"((({contract[0]},), ({contract[1]},)), ({tuple(i for i, _ in batch)}, {tuple(j for _, j in batch)}))"
+    return "dot_general", f"lax.dot_general({a.name}, {b.name}, {dims})", shape
+
+
+def reshape(draw, pool):
+    v = draw(st.sampled_from(pool))
+    shape = list(v.shape)
+    if len(shape) >= 2 and draw(st.booleans()):
+        k = draw(st.integers(0, len(shape) - 2))
+        shape[k:k + 2] = [shape[k] * shape[k + 1]]
+    else:
+        splittable = [k for k, n in enumerate(shape) if any(n % p == 0 and n > p for p in (2, 3, 4))]
+        if not splittable:
+            return None
+        k = draw(st.sampled_from(splittable))
+        p = draw(st.sampled_from([p for p in (2, 3, 4) if shape[k] % p == 0 and shape[k] > p]))
+        shape[k:k + 1] = [p, shape[k] // p]
+    return "reshape", f"{v.name}.reshape({tuple(shape)})", tuple(shape)
+
+
+def transpose(draw, pool):
+    v = draw(st.sampled_from(pool))
+    if len(v.shape) < 2:
+        return None
+    perm = tuple(draw(st.permutations(range(len(v.shape)))))
+    return "transpose", f"jnp.transpose({v.name}, {perm})", tuple(v.shape[k] for k in perm)
+
+
+def slice_(draw, pool):
+    v = draw(st.sampled_from(pool))
+    axes = [k for k, n in enumerate(v.shape) if n >= 2]
+    if not axes:
+        return None
+    k = draw(st.sampled_from(axes))
+    lo = draw(st.integers(0, v.shape[k] - 1))
+    hi = draw(st.integers(lo + 1, v.shape[k]))
+    shape = v.shape[:k] + (hi - lo,) + v.shape[k + 1:]
+    return "slice", f"lax.slice_in_dim({v.name}, {lo}, {hi}, axis={k})", shape
+
+
+def pad(draw, pool):
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    widths = tuple((lo, hi) if d == k else (0, 0) for d in range(len(v.shape)))
+    shape = v.shape[:k] + (v.shape[k] + lo + hi,) + v.shape[k + 1:]
+    return "pad", f"jnp.pad({v.name}, {widths})", shape
+
+
+def concatenate(draw, pool):
+    a, b = draw(st.sampled_from(pool)), draw(st.sampled_from(pool))
+    if not a.shape or len(a.shape) != len(b.shape):
+        return None
+    axes = [k for k in range(len(a.shape)) if a.shape[:k] + a.shape[k + 1:] == b.shape[:k] + b.shape[k + 1:]]
+    if not axes:
+        return None
+    k = draw(st.sampled_from(axes))
+    shape = a.shape[:k] + (a.shape[k] + b.shape[k],) + a.shape[k + 1:]
+    return "concatenate", f"jnp.concatenate([{a.name}, {b.name}], axis={k})", shape
+
+
+def cumsum(draw, pool):
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    return "cumsum", f"jnp.cumsum({v.name}, axis={k})", v.shape
+
+
+def iota(draw, pool):
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    return "iota", f"({v.name} + lax.broadcasted_iota(jnp.float32, {v.shape}, {k}))", v.shape
+
+
+def gather(draw, pool):
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    idx = draw(st.lists(st.integers(0, v.shape[k] - 1), min_size=1, max_size=6))
+    shape = v.shape[:k] + (len(idx),) + v.shape[k + 1:]
+    return "gather", f"jnp.take({v.name}, np.array({idx}), axis={k})", shape
+
+
+OPS = [unary, binary, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather]
+
+
+@st.composite
+def programs(draw, max_ops: int = 6) -> Program:
+    n_inputs = draw(st.integers(1, 3))
+    rank = draw(st.integers(1, 3))
+    base = tuple(draw(st.sampled_from(SIZES)) for _ in range(rank))
+    inputs = []
+    for i in range(n_inputs):
+        # Mostly the same shape (so ops combine), sometimes a broadcastable or different one.
+        choice = draw(st.sampled_from(["same", "same", "other", "reduced"]))
+        if choice == "same" or i == 0:
+            shape = base
+        elif choice == "reduced":
+            shape = tuple(1 if draw(st.booleans()) else n for n in base)
+        else:
+            shape = tuple(draw(st.sampled_from(SIZES)) for _ in range(draw(st.integers(1, 3))))
+        inputs.append(Value(f"x{i}", shape))
+    pool = list(inputs)
+    lines, kinds = [], []
+    for step in range(draw(st.integers(1, max_ops))):
+        op = draw(st.sampled_from(OPS))
+        made = op(draw, pool)
+        if made is None:
+            continue
+        kind, expr, shape = made
+        if math.prod(shape) > MAX_ELEMENTS or len(shape) > 4:
+            continue
+        name = f"v{step}"
+        lines.append(f"{name} = {expr}")
+        kinds.append(kind)
+        pool.append(Value(name, tuple(shape)))
+    computed = [v.name for v in pool[n_inputs:]] or [inputs[0].name]
+    outputs = tuple(draw(st.lists(st.sampled_from(computed), min_size=1, max_size=2, unique=True)))
+    return Program(tuple(inputs), tuple(lines), outputs, tuple(kinds))
+
+
+@st.composite
+def specs_for(draw, shape: tuple[int, ...], mesh_shape: dict[str, int]):
+    """None (unannotated), P() (replicated), or a random per-axis assignment of unused mesh axes,
+    compound entries included; usually divisible, sometimes deliberately not."""
+    kind = draw(st.sampled_from(["none", "replicated", "sharded", "sharded", "sharded"]))
+    if kind == "none":
+        return None
+    if kind == "replicated" or not shape:
+        return P()
+    free = list(mesh_shape)
+    entries = []
+    allow_indivisible = draw(st.integers(0, 9)) == 0
+    for n in shape:
+        options = [()]
+        for r in (1, 2):
+            for names in itertools.permutations(free, r):
+                if allow_indivisible or n % math.prod(mesh_shape[x] for x in names) == 0:
+                    options.append(names)
+        names = draw(st.sampled_from(options))
+        free = [x for x in free if x not in names]
+        entries.append(None if not names else names[0] if len(names) == 1 else names)
+    return P(*entries)
+
+
+def random_inputs(program: Program, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=v.shape).astype(np.float32) for v in program.inputs]
