@@ -9,7 +9,7 @@ from jax import lax
 def init_convnet(channels=(3, 8, 16), classes=10, seed=0):
     rng = np.random.default_rng(seed)
     convs = [(rng.normal(size=(3, 3, cin, cout)) / np.sqrt(9 * cin)).astype(np.float32)
-             for cin, cout in zip(channels[:-1], channels[1:])]
+             for cin, cout in zip(channels[:-1], channels[1:], strict=True)]
     dense = (rng.normal(size=(channels[-1], classes)) / np.sqrt(channels[-1])).astype(np.float32)
     return {"convs": convs, "dense": dense}
 

@@ -9,7 +9,7 @@ def init_params(sizes=(32, 64, 10), seed=0):
     rng = np.random.default_rng(seed)
     return [{"w": (rng.normal(size=(m, n)) / np.sqrt(m)).astype(np.float32),
              "b": (rng.normal(size=(n,)) * 0.1).astype(np.float32)}
-            for m, n in zip(sizes[:-1], sizes[1:])]
+            for m, n in zip(sizes[:-1], sizes[1:], strict=True)]
 
 
 def forward(params, x):

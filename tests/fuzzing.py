@@ -45,7 +45,7 @@ def _broadcast(a, b):
         a, b = b, a
     b = (1,) * (len(a) - len(b)) + b
     out = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         if x != y and 1 not in (x, y):
             return None
         out.append(max(x, y))

@@ -29,7 +29,7 @@ EXAMPLES = LONG or 100
 def cases(draw):
     program = draw(programs())
     mesh_name = draw(st.sampled_from(sorted(MESH_SHAPES)))
-    shape = dict(zip(MESH_SHAPES[mesh_name][1], MESH_SHAPES[mesh_name][0]))
+    shape = dict(zip(MESH_SHAPES[mesh_name][1], MESH_SHAPES[mesh_name][0], strict=True))
     specs = tuple(draw(specs_for(v.shape, shape)) for v in program.inputs)
     return program, mesh_name, specs
 

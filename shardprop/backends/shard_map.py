@@ -7,10 +7,9 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from ..errors import InputMismatchError, LoweringError, ShardingError
+from ..errors import InputMismatchError, LoweringError, MeshError, ShardingError
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, Aval
 from ..expr.trace import abstractify
@@ -157,5 +156,6 @@ def lower(plan: Plan, mesh: Mesh | None = None) -> Program:
     """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on)."""
     mesh = plan.sharded.mesh if mesh is None else mesh
     if dict(mesh.shape) != plan.sharded.mesh_shape:
-        raise ShardingError(f"plan was propagated on mesh {plan.sharded.mesh_shape}, cannot lower on {dict(mesh.shape)}")
+        raise MeshError(
+            f"the plan was propagated on mesh {plan.sharded.mesh_shape}, it cannot be lowered on {dict(mesh.shape)}")
     return Program(plan, mesh)

@@ -11,7 +11,6 @@ from types import MappingProxyType
 from typing import Any
 
 import jax
-import numpy as np
 
 from ..errors import TraceError, UnsupportedDtypeError
 from . import jax_adapter as jx

@@ -79,11 +79,14 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) 
     first = _Walk(graph, mesh_shape, input_layouts, opens=OpenTracker())
     try:
         first.run()
-    except ShardingConflictError:
+    except ShardingConflictError as plain:
         # The exploratory walk makes no shards; replay with lineage so that the error can say where each
         # operand's sharding came from (following shard parents back to an input spec).
-        _Walk(graph, mesh_shape, input_layouts, resolve=lambda key: None).run()
-        raise
+        try:
+            _Walk(graph, mesh_shape, input_layouts, resolve=lambda key: None).run()
+        except ShardingConflictError as detailed:
+            raise detailed from None
+        raise plain from None
     try:
         final = _Walk(graph, mesh_shape, input_layouts, resolve=first.opens.resolution)
         final.run()
@@ -127,9 +130,10 @@ class _Walk:
             if node.op == PARAMETER:
                 layout = self.input_layouts[node.params["index"]]
                 shape = out_avals[0].shape
-                axes = tuple(
-                    (CREATED if n > 1 else None) if layout is None else (ctx.root(k, n, layout[k]) if layout[k] else None)
-                    for k, n in enumerate(shape))
+                if layout is None:  # unannotated: every axis is created open
+                    axes = tuple(CREATED if n > 1 else None for n in shape)
+                else:
+                    axes = tuple(ctx.root(k, n, layout[k]) if layout[k] else None for k, n in enumerate(shape))
                 outputs, needs, rule_name = (TensorSharding(shape, axes),), (), "input spec"
             elif node.op == CONSTANT:
                 shape = out_avals[0].shape
@@ -170,7 +174,8 @@ class _Walk:
         for k, a in enumerate(axes):
             if a is CREATED:
                 mesh_axes = self.resolve((value, k))
-                if mesh_axes and not used.intersection(mesh_axes) and sharding.shape[k] % shard_count(self.mesh_shape, mesh_axes) == 0:
+                fits = mesh_axes and sharding.shape[k] % shard_count(self.mesh_shape, mesh_axes) == 0
+                if fits and not used.intersection(mesh_axes):
                     axes[k] = ctx.root(k, sharding.shape[k], mesh_axes)
                     used.update(mesh_axes)
                 else:

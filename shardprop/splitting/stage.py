@@ -98,7 +98,7 @@ def format_stages(sharded: ShardedGraph, stages, output_sources) -> str:
             moved = "" if produced == i.layout else \
                 f"  (gathered from [{format_layout(graph.avals[i.value].shape, produced)}])"
             lines.append(f"  in  {typ(i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {src}{moved}")
-        for v, layout in zip(stage.outputs, stage.out_layouts):
+        for v, layout in zip(stage.outputs, stage.out_layouts, strict=True):
             lines.append(f"  out {typ(v, layout)}  {layout_to_spec(layout)}")
     outs = ", ".join(f"argument {s[1]}" if s[0] is None else f"stage {s[0]} output {s[1]}" for s in output_sources)
     lines.append(f"program outputs: {outs}")

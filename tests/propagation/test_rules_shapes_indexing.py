@@ -31,7 +31,8 @@ CASES = [
     ("reshape_attention_heads", lambda a: a.reshape(8, 16, 4, 8), [((8, 16, 32), F32)], "4x2",
      (P("i", None, "j"),), P("i", None, "j"), "reshape"),
     ("reshape_indivisible_is_gathered", lambda a: a.reshape(2, 64), [(M, F32)], "4x2", (P("i"),), P(), "reshape"),
-    ("reshape_compound", lambda a: a.reshape(4, 4, 8), [(M, F32)], "4x2", (P(("i", "j")),), P(), "reshape"),  # 8 blocks do not fit an axis of 4
+    # 8 blocks do not fit an axis of 4: gathered
+    ("reshape_compound", lambda a: a.reshape(4, 4, 8), [(M, F32)], "4x2", (P(("i", "j")),), P(), "reshape"),
     ("reshape_size1_axes", lambda a: a.reshape(1, 16, 1, 8), [(M, F32)], "4x2", (P("i", "j"),),
      P(None, "i", None, "j"), "reshape"),
     ("iota_one_hot", lambda labels: jax.nn.one_hot(labels, 16), [((16,), I32)], "4x2", (P("i"),), P("i"), "iota"),

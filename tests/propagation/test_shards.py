@@ -12,7 +12,8 @@ from tests.conftest import assert_same_as_unsharded, random_args
 A = jax.ShapeDtypeStruct((16, 8), jnp.float32)
 
 
-def nx_sharded(mesh, specs=(P("i", "j"), P("i", "j"))):
+def nx_sharded(mesh, specs=None):
+    specs = (P("i", "j"), P("i", "j")) if specs is None else specs
     return sp.propagate(sp.trace(nx_example, A, A), specs, mesh=mesh)
 
 

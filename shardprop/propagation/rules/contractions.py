@@ -36,7 +36,7 @@ def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, d
     nb = len(lhs_batch)
     lhs_need = [()] * len(lhs.shape)
     rhs_need = [()] * len(rhs.shape)
-    for i, (lb, rb) in enumerate(zip(lhs_batch, rhs_batch)):
+    for i, (lb, rb) in enumerate(zip(lhs_batch, rhs_batch, strict=True)):
         lhs_need[lb] = rhs_need[rb] = layout[i]
     for i, k in enumerate(lhs_free):
         lhs_need[k] = layout[nb + i]

@@ -66,6 +66,6 @@ def bitcast_convert_type(ctx: RuleContext, operand: TensorSharding, **params) ->
 def identity(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
     """Each output is its operand, unchanged."""
     outputs = tuple(
-        TensorSharding(op.shape, tuple(ctx.carry(k, n, a) for k, (n, a) in enumerate(zip(op.shape, op.axes))))
+        TensorSharding(op.shape, tuple(ctx.carry(k, n, op.axes[k]) for k, n in enumerate(op.shape)))
         for op in operands)
     return RuleOutput(outputs, tuple(op.layout for op in operands))

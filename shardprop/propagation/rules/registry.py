@@ -131,7 +131,7 @@ class RuleContext:
             shards = [Shard(next(ids), axis, i * length, length, (p,)) for i, p in enumerate(first.shards)]
         else:
             shards = [Shard(next(ids), axis, i * length, length, parents)
-                      for i, parents in enumerate(zip(*(src.shards for src in sources)))]
+                      for i, parents in enumerate(zip(*(src.shards for src in sources), strict=True))]
         return Sharded(first.mesh_axes, tuple(shards))
 
     def carry(self, axis: int, size: int, source: AxisSharding) -> AxisSharding:

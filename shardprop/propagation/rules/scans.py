@@ -8,7 +8,8 @@ from .registry import RuleContext, RuleOutput, register
 
 @register("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
 def cumulative(ctx: RuleContext, operand: TensorSharding, *, axis, **params) -> RuleOutput:
-    axes = tuple(None if k == axis else ctx.carry(k, n, a) for k, (n, a) in enumerate(zip(operand.shape, operand.axes)))
+    axes = tuple(None if k == axis else ctx.carry(k, n, a)
+                 for k, (n, a) in enumerate(zip(operand.shape, operand.axes, strict=True)))
     out = TensorSharding(operand.shape, axes)
     return RuleOutput((out,), (out.layout,))
 
