@@ -35,12 +35,16 @@ def cases(draw):
 
 
 def reproducer(program, mesh_name, specs) -> str:
+    """The failing case as a script a user can run."""
     shape, names = MESH_SHAPES[mesh_name]
     args = ", ".join(f"rng.normal(size={v.shape}).astype(np.float32)" for v in program.inputs)
-    return (f"import jax, jax.numpy as jnp, numpy as np\nfrom jax import lax\nfrom jax.sharding import "
-            f"PartitionSpec as P\nimport shardprop as sp\n\n{program.source}\nrng = np.random.default_rng(0)\n"
-            f"args = ({args},)\nmesh = sp.make_mesh({shape}, {names})\n"
-            f"got = sp.autoshard(f, mesh=mesh, in_specs={specs!r})(*args)\nwant = f(*map(jnp.asarray, args))\n")
+    return "\n".join([
+        "import jax", 'jax.config.update("jax_num_cpu_devices", 8)',
+        "import jax.numpy as jnp, numpy as np", "from jax import lax",
+        "from jax.sharding import PartitionSpec as P", "import shardprop as sp", "", program.source,
+        "rng = np.random.default_rng(0)", f"args = ({args},)", f"mesh = sp.make_mesh({shape}, {names})",
+        f"got = sp.autoshard(f, mesh=mesh, in_specs={specs!r})(*args)", "want = f(*map(jnp.asarray, args))",
+        "for g, w in zip(got, want):", "    np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-4)", ""])
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, print_blob=True,
