@@ -16,8 +16,8 @@ HEADER = """# The rule table
 """
 
 FOOTER = """
-Any other primitive (control flow such as `while`, `cond` and `scan`, FFTs, linear algebra, ...) uses the
-conservative rule (`rules/fallback.py`): every operand gathered, every output replicated, and one
+`scan` is sharded through when its body provably needs no communication (else it falls back, with a
+warning). Any other primitive (`while`, `cond`, FFTs, linear algebra, ...) uses the conservative rule (`rules/fallback.py`): every operand gathered, every output replicated, and one
 `FallbackWarning` per primitive name. The split pass cuts a stage before it.
 """
 

@@ -34,7 +34,8 @@ def call_with_other_shapes():
 
 
 def no_rule_strict():
-    run(lambda a: lax.fori_loop(0, 2, lambda i, x: x * 2.0, a), P("i"), A, strict=True)
+    run(lambda a: lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 2.0), (0, a))[1], P("i"), A,
+        strict=True)
 
 
 CATALOGUE = [
@@ -62,7 +63,7 @@ CATALOGUE = [
     ("sharding conflict", lambda: run(add, (P("i"), P("j")), A, A), sp.ShardingConflictError,
      "sharding conflict in `add`"),
     ("primitive with no rule under strict=True", no_rule_strict, sp.NoRuleError,
-     "no sharding rule for primitive `scan`"),
+     "no sharding rule for primitive `while`"),
     ("mesh with more devices than exist", lambda: sp.make_mesh((4, 4), ("i", "j")), sp.MeshError,
      "a (4, 4) mesh needs 16 devices but only 8 exist"),
     ("mesh with the wrong number of given devices", lambda: sp.make_mesh((2, 2), ("i", "j"), devices=jax.devices()),

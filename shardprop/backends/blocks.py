@@ -33,6 +33,7 @@ class Blocks:
     out_blocks: tuple[Shape, ...]
     out_layouts: tuple[Layout, ...]
     mesh_shape: Mapping[str, int]
+    body: Any = None  # the sharded body of a scan, when its rule proved one
 
 
 BLOCK_PARAMS: dict[str, Callable[[Mapping[str, Any], Blocks], dict]] = {}
@@ -96,6 +97,11 @@ def evaluate(node: Node, invals: list, blocks: Blocks) -> list:
     custom = BLOCK_EVAL.get(node.op)
     if custom is not None:
         return custom(node, invals, blocks)
+    return bind_on_blocks(node, invals, blocks)
+
+
+def bind_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
+    """The primitive itself, with shape-carrying params rewritten for the blocks."""
     rewrite = BLOCK_PARAMS.get(node.op)
     params = dict(node.params) if rewrite is None else rewrite(node.params, blocks)
     return jx.bind(node.primitive, invals, params)

@@ -6,17 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
 from ..errors import InputMismatchError, LoweringError, MeshError, ShardingError
 from ..expr import jax_adapter as jx
-from ..expr.graph import CONSTANT, Aval
+from ..expr.graph import Aval
 from ..expr.trace import abstractify
 from ..mesh import as_auto_mesh
-from ..propagation.sharding import block_shape, common_layout
 from ..splitting import Plan, Stage, StageList
-from .blocks import Blocks, evaluate, local_slice
+from .evaluate import run_nodes
 
 
 class Program:
@@ -42,41 +40,11 @@ class Program:
     # -- building -------------------------------------------------------------------------------------
     def _shard_map(self, stage: Stage):
         sharded = self.graph
-        graph = sharded.graph
         mesh_shape = self._mesh_shape
 
         def body(*blocks):
             received = {(i.value, i.layout): blk for i, blk in zip(stage.inputs, blocks, strict=True)}
-            local: dict[int, jax.Array] = {}
-            for node_id in stage.nodes:
-                node = graph.nodes[node_id]
-                if node.op == CONSTANT:
-                    local[node.output] = jnp.asarray(node.params["value"])
-                    continue
-                invals = []
-                for v, need in zip(node.operands, sharded.needs[node_id], strict=True):
-                    if v in local:
-                        have, x = sharded.layout(v), local[v]
-                    else:
-                        have = common_layout(sharded.layout(v), need)
-                        x = received[(v, have)]
-                    invals.append(local_slice(x, have, need, mesh_shape))
-                blocks = Blocks(
-                    in_global=tuple(graph.avals[v].shape for v in node.operands),
-                    in_blocks=tuple(x.shape for x in invals),
-                    out_global=tuple(graph.avals[v].shape for v in node.outputs),
-                    out_blocks=tuple(block_shape(graph.avals[v].shape, sharded.layout(v), mesh_shape)
-                                     for v in node.outputs),
-                    out_layouts=tuple(sharded.layout(v) for v in node.outputs),
-                    mesh_shape=mesh_shape,
-                )
-                try:
-                    outs = evaluate(node, invals, blocks)
-                except Exception as err:
-                    raise LoweringError(
-                        f"evaluating `{node.op}` at {node.source} on per-device blocks failed: "
-                        f"{type(err).__name__}: {err}") from err
-                local.update(zip(node.outputs, outs, strict=True))
+            local = run_nodes(sharded, stage.nodes, received, {}, mesh_shape)
             return tuple(local[v] for v in stage.outputs)
 
         # check_vma=False: we bind primitives directly, which skips JAX's automatic pcast insertion; the

@@ -1,6 +1,6 @@
 """Tracing: a user's function becomes a flat :class:`Graph` (start with :func:`trace`)."""
 
 from .graph import CONSTANT, PARAMETER, Aval, Graph, Node
-from .trace import trace
+from .trace import trace, trace_jaxpr
 
-__all__ = ["Aval", "CONSTANT", "Graph", "Node", "PARAMETER", "trace"]
+__all__ = ["Aval", "CONSTANT", "Graph", "Node", "PARAMETER", "trace", "trace_jaxpr"]

@@ -64,6 +64,11 @@ def trace(f: Callable, *args) -> Graph:
     return _GraphBuilder().build(closed, in_tree, out_tree_box[-1])
 
 
+def trace_jaxpr(closed_jaxpr) -> Graph:
+    """The graph of a closed jaxpr held in an equation's params (a ``scan`` body), inputs and outputs flat."""
+    return _GraphBuilder().build(closed_jaxpr, None, None)
+
+
 class _GraphBuilder:
     def __init__(self):
         self.nodes: list[Node] = []

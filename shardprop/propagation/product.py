@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from jax.sharding import Mesh, PartitionSpec
@@ -27,6 +28,8 @@ class ShardedGraph:
     needs: tuple[tuple[Layout, ...], ...]
     rules: tuple[str, ...]
     fallbacks: frozenset[int]
+    # Sharded sub-computations by node id (a scan's body), for the backend to evaluate per block.
+    bodies: Mapping[int, ShardedGraph] = field(default_factory=dict)
 
     @property
     def mesh_shape(self) -> dict[str, int]:

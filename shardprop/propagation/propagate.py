@@ -9,6 +9,7 @@ data is compatible with every sharding, so that choice can never introduce a con
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from typing import Any
@@ -67,7 +68,24 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) 
     for index, (spec, value) in enumerate(zip(specs, graph.inputs, strict=True)):
         shape = graph.avals[value].shape
         input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}"))
+    sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict)
+    if strict and sharded.fallbacks:
+        node = graph.nodes[min(sharded.fallbacks)]
+        raise NoRuleError(f"no sharding rule applies to `{node.op}` at {node.source or 'an unknown source line'} "
+                          "(strict=True; without it the conservative rule would gather its operands)")
+    for name in sorted({graph.nodes[i].op for i in sharded.fallbacks} - _warned_fallbacks):
+        _warned_fallbacks.add(name)
+        warnings.warn(
+            f"shardprop: no sharding rule for primitive `{name}` (or none that applies here); using the "
+            "conservative rule (operands gathered, result replicated)", FallbackWarning, stacklevel=2)
+    return sharded
 
+
+def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
+                      strict: bool = False) -> ShardedGraph:
+    """:func:`propagate` from validated input layouts (None: unannotated); no warnings. Rules use it to
+    shard sub-computations such as scan bodies."""
+    mesh_shape = dict(mesh.shape)
     if strict:
         missing = [n for n in graph.nodes if n.op not in (PARAMETER, CONSTANT) and n.op not in RULES]
         if missing:
@@ -76,41 +94,43 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) 
                 f"no sharding rule for primitive `{node.op}` at {node.source or 'an unknown source line'} "
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
-    first = _Walk(graph, mesh_shape, input_layouts, opens=OpenTracker())
+    body = functools.partial(_propagate_body, mesh=mesh)
+    first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker())
     try:
         first.run()
     except ShardingConflictError as plain:
         # The exploratory walk makes no shards; replay with lineage so that the error can say where each
         # operand's sharding came from (following shard parents back to an input spec).
         try:
-            _Walk(graph, mesh_shape, input_layouts, resolve=lambda key: None).run()
+            _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None).run()
         except ShardingConflictError as detailed:
             raise detailed from None
         raise plain from None
     try:
-        final = _Walk(graph, mesh_shape, input_layouts, resolve=first.opens.resolution)
+        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
         # tensor adopting the same mesh axis). Replicating every open axis is always consistent.
-        final = _Walk(graph, mesh_shape, input_layouts, resolve=lambda key: None)
+        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None)
         final.run()
-    for name in sorted({graph.nodes[i].op for i in final.fallbacks} - _warned_fallbacks):
-        _warned_fallbacks.add(name)
-        warnings.warn(
-            f"shardprop: no sharding rule for primitive `{name}`; using the conservative rule (operands "
-            "gathered, result replicated)", FallbackWarning, stacklevel=2)
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
-                        frozenset(final.fallbacks))
+                        frozenset(final.fallbacks), final.bodies)
+
+
+def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh) -> ShardedGraph:
+    return propagate_layouts(graph, input_layouts, mesh)
 
 
 class _Walk:
     """One pass over the graph. With ``opens`` it records what open axes meet; with ``resolve`` it fixes
     every created axis to the mesh axes ``resolve((value, axis))`` returns (None: replicated)."""
 
-    def __init__(self, graph: Graph, mesh_shape, input_layouts, *, opens: OpenTracker | None = None,
-                 resolve=None):
+    def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
+                 opens: OpenTracker | None = None, resolve=None):
         self.graph, self.mesh_shape, self.input_layouts = graph, mesh_shape, input_layouts
+        self.propagate_body = propagate_body
+        self.bodies: dict[int, ShardedGraph] = {}
         self.opens = opens if opens is not None else OpenTracker()
         self.resolve = resolve
         self.ids = itertools.count()
@@ -122,7 +142,8 @@ class _Walk:
     def run(self) -> None:
         avals = self.graph.avals
         # One context for the whole walk (its avals are set per node): 10^5-node graphs are the norm.
-        ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.resolve is not None)
+        ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.resolve is not None,
+                          propagate_body=self.propagate_body)
         rule_names: dict[str, str] = {}
         for node in self.graph.nodes:
             out_avals = ctx.out_avals = tuple([avals[v] for v in node.outputs])
@@ -149,9 +170,15 @@ class _Walk:
                     if rule_name is None:
                         rule_name = rule_names[node.op] = f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}"
                 try:
-                    outputs, needs = rule(ctx, *operands, **node.params)
+                    result = rule(ctx, *operands, **node.params)
                 except RuleConflict as conflict:
                     raise self._conflict(node, conflict) from None
+                outputs, needs = result.outputs, result.needs
+                if result.body is not None:
+                    self.bodies[node.id] = result.body
+                if result.fallback:
+                    rule_name = "conservative fallback"
+                    self.fallbacks.append(node.id)
             for value, sharding in zip(node.outputs, outputs, strict=True):
                 sharding = self._settle(ctx, value, sharding)
                 self._check_mesh_axes_once(node, sharding)

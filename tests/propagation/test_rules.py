@@ -104,13 +104,13 @@ def test_replicated_operand_is_consumed_as_a_local_slice(mesh):
 
 
 def test_primitive_without_rule_falls_back_with_one_warning(mesh):
-    f = lambda a: lax.fori_loop(0, 3, lambda i, x: x * 2.0 + i, a) * 2.0  # noqa: E731  `scan` has no rule
+    f = lambda a: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, a))[1]  # noqa: E731
     import importlib
 
-    importlib.import_module("shardprop.propagation.propagate")._warned_fallbacks.discard("scan")
-    with pytest.warns(sp.FallbackWarning, match="no sharding rule for primitive `scan`"):
+    importlib.import_module("shardprop.propagation.propagate")._warned_fallbacks.discard("while")
+    with pytest.warns(sp.FallbackWarning, match="no sharding rule for primitive `while`"):
         prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=P("i", "j"))
-    (node,) = [n for n in prog.graph.graph.nodes if n.op == "scan"]
+    (node,) = [n for n in prog.graph.graph.nodes if n.op == "while"]
     assert node.id in prog.graph.fallbacks
     assert all(m == () for need in prog.graph.needs[node.id] for m in need)  # every operand gathered
     assert all(m == () for v in node.outputs for m in prog.graph.layout(v))  # every output replicated

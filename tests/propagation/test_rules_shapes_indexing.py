@@ -121,7 +121,8 @@ def test_random_bit_generation_is_conservative_and_exact(mesh):
 @pytest.mark.parametrize("name,f", [
     ("cond", lambda a: lax.cond(jnp.sum(a) > 0, lambda x: x * 2.0, lambda x: -x, a) + 1.0),
     ("while", lambda a: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 1.5), (0, a))[1]),
-    ("scan", lambda a: lax.scan(lambda c, r: (c + r, c * r), jnp.zeros(a.shape[1]), a)[1]),
+    # a scan whose body needs its carry gathered every step cannot be sharded through
+    ("scan", lambda a: lax.scan(lambda c, r: (c + jnp.sum(r) * r, c * r), jnp.zeros(a.shape[1]), a)[1]),
 ])
 def test_control_flow_is_conservative_with_a_warning_and_exact(name, f, mesh):
     import importlib
@@ -137,3 +138,29 @@ def test_control_flow_is_conservative_with_a_warning_and_exact(name, f, mesh):
     (node,) = [n for n in prog.graph.graph.nodes if n.op == name]
     assert node.id in prog.graph.fallbacks
     assert all(m == () for v in node.outputs for m in prog.graph.layout(v))
+
+
+def rnn(h0, xs, w):
+    def step(h, x):
+        h = jnp.tanh(h @ w + x)
+        return h, h.sum(-1)
+
+    return lax.scan(step, h0, xs)
+
+
+@pytest.mark.parametrize("mesh_name,specs,expected", [
+    # batch sharded: the body never touches it, so carry and outputs stay sharded, one stage, no gather
+    ("4x2", (P("i"), P(None, "i"), None), (P("i"), P(None, "i"))),
+    ("2x2x2", (P(("i", "j")), P(None, ("i", "j")), P()), (P(("i", "j")), P(None, ("i", "j")))),
+    # hidden units sharded: `h @ w` contracts them every step, so the carry is replicated (gathered once)
+    ("4x2", (P(None, "j"), None, None), (P(), P())),
+])
+def test_scan_is_sharded_through_when_the_body_needs_no_gather(mesh_name, specs, expected, meshes):
+    rng = np.random.default_rng(0)
+    args = [rng.normal(size=(8, 16)).astype(F32), rng.normal(size=(5, 8, 16)).astype(F32),
+            (rng.normal(size=(16, 16)) / 4).astype(F32)]
+    prog = assert_same_as_unsharded(rnn, args, mesh=meshes[mesh_name], in_specs=specs)
+    assert prog.graph.out_specs == expected
+    assert not prog.graph.fallbacks and len(prog.stages) == 1
+    (node,) = [n for n in prog.graph.graph.nodes if n.op == "scan"]
+    assert node.id in prog.graph.bodies

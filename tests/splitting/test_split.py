@@ -61,7 +61,8 @@ def test_shared_subexpression_is_computed_once(mesh):
 def test_conservative_fallback_cuts_the_graph(mesh):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sp.FallbackWarning)
-        plan = plan_of(lambda a: lax.fori_loop(0, 2, lambda i, x: x * 2.0, jnp.exp(a)) + 1.0, (A,), P("i", "j"), mesh)
+        plan = plan_of(lambda a: lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 2.0),
+                                                (0, jnp.exp(a)))[1] + 1.0, (A,), P("i", "j"), mesh)
     assert len(plan.stages) == 2
     (gathered,) = plan.stages[1].inputs
     assert gathered.layout == ((), ())

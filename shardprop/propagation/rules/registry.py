@@ -18,7 +18,7 @@ fills ``primitive_batchers``::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ...expr.graph import Aval
 from ..sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding, shard_count
@@ -27,6 +27,10 @@ from ..sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorShardin
 class RuleOutput(NamedTuple):
     outputs: tuple[TensorSharding, ...]
     needs: tuple[Layout, ...]
+    # A rule that shards a sub-computation (a scan body) returns its propagated graph for the backend.
+    body: Any = None
+    # True when the rule could not prove anything better and used the conservative rule: warned about.
+    fallback: bool = False
 
 
 class RuleConflict(Exception):
@@ -104,12 +108,14 @@ class RuleContext:
     is laid out on matters there, so ``derive`` hands back its first source unchanged.
     """
 
-    __slots__ = ("in_avals", "out_avals", "mesh_shape", "lineage", "_ids", "_opens")
+    __slots__ = ("in_avals", "out_avals", "mesh_shape", "lineage", "propagate_body", "_ids", "_opens")
 
     def __init__(self, in_avals: tuple[Aval, ...], out_avals: tuple[Aval, ...], mesh_shape, ids, opens,
-                 lineage: bool = True):
+                 lineage: bool = True, propagate_body=None):
         self.in_avals, self.out_avals, self.mesh_shape = in_avals, out_avals, mesh_shape
         self._ids, self._opens, self.lineage = ids, opens, lineage
+        # propagate_body(graph, input_layouts) -> ShardedGraph: shards a sub-computation on the same mesh.
+        self.propagate_body = propagate_body
 
     def root(self, axis: int, size: int, mesh_axes: tuple[str, ...]) -> Sharded:
         """Fresh shards without parents: ``size`` split evenly over ``mesh_axes``."""

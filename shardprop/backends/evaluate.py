@@ -1,0 +1,87 @@
+"""Evaluating a run of nodes on per-device blocks: the body of every stage, and of every sharded scan.
+
+``run_nodes`` walks nodes in graph order: each operand is fetched in the layout the node needs (cut locally
+out of what is held, when finer) and the node is evaluated on blocks (``blocks.evaluate``). A ``scan`` whose
+body was sharded (``ShardedGraph.bodies``) becomes a ``lax.scan`` over the same per-block evaluation of its
+body graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax.numpy as jnp
+from jax import lax
+
+from ..errors import LoweringError
+from ..expr.graph import CONSTANT, PARAMETER
+from ..propagation import ShardedGraph
+from ..propagation.sharding import Layout, block_shape, common_layout
+from .blocks import BLOCK_EVAL, Blocks, bind_on_blocks, evaluate, local_slice
+
+
+def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layout], object],
+              local: dict[int, object], mesh_shape: Mapping[str, int]) -> dict[int, object]:
+    """Evaluate ``node_ids`` of ``sharded.graph``; ``received`` holds blocks of values computed elsewhere,
+    keyed by ``(value, layout)``; ``local`` (filled in place and returned) holds the values computed here,
+    each in its own layout."""
+    graph = sharded.graph
+    for node_id in node_ids:
+        node = graph.nodes[node_id]
+        if node.op == CONSTANT:
+            local[node.output] = jnp.asarray(node.params["value"])
+            continue
+        invals = []
+        for v, need in zip(node.operands, sharded.needs[node_id], strict=True):
+            if v in local:
+                have, x = sharded.layout(v), local[v]
+            else:
+                have = common_layout(sharded.layout(v), need)
+                x = received[(v, have)]
+            invals.append(local_slice(x, have, need, mesh_shape))
+        blocks = Blocks(
+            in_global=tuple(graph.avals[v].shape for v in node.operands),
+            in_blocks=tuple(x.shape for x in invals),
+            out_global=tuple(graph.avals[v].shape for v in node.outputs),
+            out_blocks=tuple(block_shape(graph.avals[v].shape, sharded.layout(v), mesh_shape) for v in node.outputs),
+            out_layouts=tuple(sharded.layout(v) for v in node.outputs),
+            mesh_shape=mesh_shape,
+            body=sharded.bodies.get(node_id),
+        )
+        try:
+            outs = evaluate(node, invals, blocks)
+        except LoweringError:
+            raise
+        except Exception as err:
+            raise LoweringError(
+                f"evaluating `{node.op}` at {node.source} on per-device blocks failed: "
+                f"{type(err).__name__}: {err}") from err
+        local.update(zip(node.outputs, outs, strict=True))
+    return local
+
+
+def run_graph(sharded: ShardedGraph, input_blocks, mesh_shape: Mapping[str, int]) -> list:
+    """All of ``sharded.graph`` on blocks: inputs in their propagated layouts, outputs in theirs."""
+    graph = sharded.graph
+    local = dict(zip(graph.inputs, input_blocks, strict=True))
+    run_nodes(sharded, [n.id for n in graph.nodes if n.op != PARAMETER], {}, local, mesh_shape)
+    return [local[v] for v in graph.outputs]
+
+
+def _scan(node, invals, blocks: Blocks) -> list:
+    body, params = blocks.body, node.params
+    if body is None:  # the conservative rule: everything replicated, the scan as it is
+        return bind_on_blocks(node, invals, blocks)
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+
+    def step(carry, x):
+        outs = run_graph(body, [*consts, *carry, *x], blocks.mesh_shape)
+        return outs[:n_carry], outs[n_carry:]
+
+    carry, ys = lax.scan(step, list(init), list(xs), length=params["length"], reverse=params["reverse"],
+                         unroll=params["unroll"])
+    return [*carry, *ys]
+
+
+BLOCK_EVAL["scan"] = _scan
