@@ -24,6 +24,7 @@ from .errors import (
     LoweringError,
     MeshError,
     NoRuleError,
+    OptionError,
     ShardingConflictError,
     ShardingError,
     SpecError,
@@ -42,8 +43,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoSharded", "DuplicateMeshAxisError", "FallbackWarning", "Graph", "IndivisibleAxisError",
-    "InputMismatchError", "LoweringError", "MeshError", "NoRuleError", "Node", "Plan", "Program", "Shard",
-    "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError", "SpecTreeError",
-    "Stage", "StageInput", "TensorSharding", "TraceError", "UnknownMeshAxisError", "UnsupportedDtypeError",
-    "autoshard", "compile_program", "lower", "make_mesh", "propagate", "split", "trace",
+    "InputMismatchError", "LoweringError", "MeshError", "NoRuleError", "Node", "OptionError", "Plan", "Program",
+    "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError",
+    "SpecTreeError", "Stage", "StageInput", "TensorSharding", "TraceError", "UnknownMeshAxisError",
+    "UnsupportedDtypeError", "autoshard", "compile_program", "lower", "make_mesh", "propagate", "split", "trace",
 ]

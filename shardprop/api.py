@@ -20,16 +20,17 @@ from .propagation import propagate
 from .splitting import split
 
 
-def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False) -> Program:
+def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
+                    strategy: str = "gather") -> Program:
     """``trace → propagate → split → lower`` for one set of argument shapes."""
-    return lower(split(propagate(trace(f, *args), in_specs, mesh=mesh, strict=strict)), mesh)
+    return lower(split(propagate(trace(f, *args), in_specs, mesh=mesh, strict=strict), strategy=strategy), mesh)
 
 
 class AutoSharded:
     """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes and dtypes."""
 
-    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False):
-        self.f, self.mesh, self.in_specs, self.strict = f, mesh, in_specs, strict
+    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "gather"):
+        self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, f)
 
@@ -40,7 +41,7 @@ class AutoSharded:
         program = self._programs.get(key)
         if program is None:
             program = self._programs[key] = compile_program(self.f, args, mesh=self.mesh, in_specs=self.in_specs,
-                                                               strict=self.strict)
+                                                               strict=self.strict, strategy=self.strategy)
         return program
 
     def __call__(self, *args):
@@ -51,15 +52,19 @@ class AutoSharded:
         return self.trace(*args).lower(*args)
 
 
-def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False) -> AutoSharded:
+def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False,
+              strategy: str = "gather") -> AutoSharded:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
     (``P()`` replicates) or ``None`` for an unannotated argument, which adopts the sharding it meets.
     ``strict=True`` turns the conservative fallback for primitives without a rule into ``NoRuleError``.
+    ``strategy`` is ``"gather"`` (the Nx design: cut and gather at every reduction over a sharded axis) or
+    ``"collective"`` (finish sums, maxima, minima and contractions with ``psum``/``pmax``/``pmin`` inside
+    the stage).
 
     >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
     >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP
     PartitionSpec('i',)
     """
-    return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict)
+    return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy)

@@ -23,6 +23,10 @@ class NoRuleError(ShardingError):
     """Under ``strict=True``: a primitive has no sharding rule (instead of the conservative fallback)."""
 
 
+class OptionError(ShardingError, ValueError):
+    """An option has a value shardprop does not know (an unknown strategy)."""
+
+
 class MeshError(ShardingError):
     """The mesh is malformed (wrong device count, duplicate axis names, ...)."""
 

@@ -1,5 +1,5 @@
-"""Differential fuzzing: random programs, shapes, meshes and in_specs through ``sp.autoshard``, compared
-with the unsharded function. The only acceptable outcomes are *equal* and a typed shardprop error for a
+"""Differential fuzzing: random programs, shapes, meshes, in_specs and strategies through ``sp.autoshard``,
+compared with the unsharded function. The only acceptable outcomes are *equal* and a typed shardprop error for a
 genuinely bad input (a sharding conflict, an indivisible spec); anything else fails, and hypothesis shrinks
 it to a minimal program printed as plain jax.numpy code.
 
@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import shardprop as sp
+from shardprop.splitting.split import STRATEGIES
 from tests.conftest import MESH_SHAPES
 from tests.fuzzing import programs, random_inputs, specs_for
 
@@ -31,10 +32,11 @@ def cases(draw):
     mesh_name = draw(st.sampled_from(sorted(MESH_SHAPES)))
     shape = dict(zip(MESH_SHAPES[mesh_name][1], MESH_SHAPES[mesh_name][0], strict=True))
     specs = tuple(draw(specs_for(v.shape, shape)) for v in program.inputs)
-    return program, mesh_name, specs
+    strategy = draw(st.sampled_from(STRATEGIES))
+    return program, mesh_name, specs, strategy
 
 
-def reproducer(program, mesh_name, specs) -> str:
+def reproducer(program, mesh_name, specs, strategy) -> str:
     """The failing case as a script a user can run."""
     shape, names = MESH_SHAPES[mesh_name]
     args = ", ".join(f"rng.normal(size={v.shape}).astype(np.float32)" for v in program.inputs)
@@ -43,7 +45,7 @@ def reproducer(program, mesh_name, specs) -> str:
         "import jax.numpy as jnp, numpy as np", "from jax import lax",
         "from jax.sharding import PartitionSpec as P", "import shardprop as sp", "", program.source,
         "rng = np.random.default_rng(0)", f"args = ({args},)", f"mesh = sp.make_mesh({shape}, {names})",
-        f"got = sp.autoshard(f, mesh=mesh, in_specs={specs!r})(*args)", "want = f(*map(jnp.asarray, args))",
+        f"got = sp.autoshard(f, mesh=mesh, in_specs={specs!r}, strategy={strategy!r})(*args)", "want = f(*map(jnp.asarray, args))",
         "for g, w in zip(got, want):", "    np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-4)", ""])
 
 
@@ -52,8 +54,8 @@ def reproducer(program, mesh_name, specs) -> str:
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases())
 def test_random_programs_equal_the_unsharded_result(case, meshes):
-    program, mesh_name, specs = case
-    note(reproducer(program, mesh_name, specs))
+    program, mesh_name, specs, strategy = case
+    note(reproducer(program, mesh_name, specs, strategy))
     namespace = {"jnp": jnp, "np": np, "lax": lax}
     exec(program.source, namespace)  # noqa: S102  the generated program
     f = namespace["f"]
@@ -61,10 +63,11 @@ def test_random_programs_equal_the_unsharded_result(case, meshes):
     want = f(*map(jnp.asarray, args))
     for kind in set(program.ops):
         event(f"op: {kind}")
+    event(f"strategy: {strategy}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sp.FallbackWarning)
-            got = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs)(*args)
+            got = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, strategy=strategy)(*args)
     except (sp.ShardingConflictError, sp.IndivisibleAxisError) as err:
         event(f"outcome: {type(err).__name__}")
         return

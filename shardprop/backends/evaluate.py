@@ -21,18 +21,22 @@ from .blocks import BLOCK_EVAL, Blocks, bind_on_blocks, evaluate, local_slice
 
 
 def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layout], object],
-              local: dict[int, object], mesh_shape: Mapping[str, int]) -> dict[int, object]:
+              local: dict[int, object], mesh_shape: Mapping[str, int], needs=None,
+              collectives: Mapping | None = None) -> dict[int, object]:
     """Evaluate ``node_ids`` of ``sharded.graph``; ``received`` holds blocks of values computed elsewhere,
     keyed by ``(value, layout)``; ``local`` (filled in place and returned) holds the values computed here,
-    each in its own layout."""
+    each in its own layout. ``needs(node_id)`` (default: ``sharded.needs``) gives the operand layouts a node
+    consumes; ``collectives[node_id]`` finishes a node's partial result across devices."""
     graph = sharded.graph
+    needs = needs or sharded.needs.__getitem__
+    collectives = collectives or {}
     for node_id in node_ids:
         node = graph.nodes[node_id]
         if node.op == CONSTANT:
             local[node.output] = jnp.asarray(node.params["value"])
             continue
         invals = []
-        for v, need in zip(node.operands, sharded.needs[node_id], strict=True):
+        for v, need in zip(node.operands, needs(node_id), strict=True):
             if v in local:
                 have, x = sharded.layout(v), local[v]
             else:
@@ -56,6 +60,10 @@ def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layo
             raise LoweringError(
                 f"evaluating `{node.op}` at {node.source} on per-device blocks failed: "
                 f"{type(err).__name__}: {err}") from err
+        collective = collectives.get(node_id)
+        if collective is not None:  # each device holds a partial result: combine them
+            combine = {"psum": lax.psum, "pmax": lax.pmax, "pmin": lax.pmin}[collective.kind]
+            outs = [combine(x, collective.mesh_axes) for x in outs]
         local.update(zip(node.outputs, outs, strict=True))
     return local
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from ..expr.graph import CONSTANT, PARAMETER
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, common_layout, is_refinement
+from ..errors import OptionError
+from .collectives import plan_collectives
 from .stage import Plan, Source, Stage, StageInput
 
 
@@ -21,28 +23,38 @@ def needs_gather(produced: Layout, needed: Layout) -> bool:
     return not all(is_refinement(p, n) for p, n in zip(produced, needed, strict=True))
 
 
-def split(sharded: ShardedGraph) -> Plan:
+STRATEGIES = ("gather", "collective")
+
+
+def split(sharded: ShardedGraph, *, strategy: str = "gather") -> Plan:
     """Assign every node to a stage; see the module docstring.
 
     For the Nx design note's example (``a``, ``b`` sharded ``P("i", "j")``), stage 0 computes ``x = a + b``
-    and ``y = a - b`` and stage 1 takes ``x`` gathered along axis 1, ``y`` gathered along axis 0.
+    and ``y = a - b`` and stage 1 takes ``x`` gathered along axis 1, ``y`` gathered along axis 0. With
+    ``strategy="collective"`` the sums are finished with a ``psum`` instead, and the plan has one stage.
     """
+    if strategy not in STRATEGIES:
+        raise OptionError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    overrides, collectives = plan_collectives(sharded) if strategy == "collective" else ({}, {})
     graph = sharded.graph
     nodes, producer = graph.nodes, graph.producer
     leaf_ops = (PARAMETER, CONSTANT)
+
+    def needs(node_id: int):
+        return overrides.get(node_id) or sharded.needs[node_id]
 
     stage_of: dict[int, int] = {}
     for node in nodes:
         if node.op in leaf_ops:
             continue
         level = 0
-        for v, need in zip(node.operands, sharded.needs[node.id], strict=True):
+        for v, need in zip(node.operands, needs(node.id), strict=True):
             p = producer[v]
             if nodes[p].op in leaf_ops:
                 continue
             level = max(level, stage_of[p] + needs_gather(sharded.layout(v), need))
         stage_of[node.id] = level
-    _sink_argument_only_nodes(sharded, stage_of)
+    _sink_argument_only_nodes(sharded, stage_of, needs)
 
     n_stages = max(stage_of.values(), default=-1) + 1
     if n_stages == 0 and any(nodes[producer[v]].op == CONSTANT for v in graph.outputs):
@@ -64,7 +76,7 @@ def split(sharded: ShardedGraph) -> Plan:
             continue
         s = stage_of[node.id]
         members[s].append(node.id)
-        for v, need in zip(node.operands, sharded.needs[node.id], strict=True):
+        for v, need in zip(node.operands, needs(node.id), strict=True):
             p = producer[v]
             if nodes[p].op == CONSTANT:
                 constants[s].add(p)
@@ -87,10 +99,10 @@ def split(sharded: ShardedGraph) -> Plan:
         body = tuple(sorted(constants[s]) + members[s])  # constants first, then graph order
         outs = tuple(outputs[s])
         stages.append(Stage(s, body, tuple(inputs[s].values()), outs, tuple(sharded.layout(v) for v in outs)))
-    return Plan(sharded, tuple(stages), tuple(output_sources))
+    return Plan(sharded, tuple(stages), tuple(output_sources), strategy, overrides, collectives)
 
 
-def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int]) -> None:
+def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int], needs) -> None:
     """Move nodes that depend on arguments and constants only (a broadcast bias, a cast of a weight) down
     to the first stage that uses them: computing them early would only ship their results between stages,
     while the arguments they read are available to every stage anyway."""
@@ -110,7 +122,7 @@ def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int]) -
         for v in node.outputs:
             for c in consumers[v]:
                 cut = any(needs_gather(sharded.layout(v), need)
-                          for u, need in zip(nodes[c].operands, sharded.needs[c], strict=True) if u == v)
+                          for u, need in zip(nodes[c].operands, needs(c), strict=True) if u == v)
                 latest.append(stage_of[c] - cut)
         if latest:
             stage_of[node.id] = max(stage_of[node.id], min(latest))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from jax.sharding import PartitionSpec
 
@@ -54,13 +56,22 @@ class Plan:
     sharded: ShardedGraph
     stages: tuple[Stage, ...]
     output_sources: tuple[Source, ...]
+    strategy: str = "gather"
+    # Under "collective": the layouts some nodes consume their operands in instead of ``sharded.needs``,
+    # and the collective that finishes each of those nodes.
+    need_overrides: Mapping[int, tuple[Layout, ...]] = field(default_factory=dict)
+    collectives: Mapping[int, Any] = field(default_factory=dict)
+
+    def needs(self, node_id: int) -> tuple[Layout, ...]:
+        """The layouts node ``node_id`` consumes its operands in, in this plan."""
+        return self.need_overrides.get(node_id) or self.sharded.needs[node_id]
 
     def stage_of(self) -> dict[int, int]:
         """``{node_id: stage_id}`` for every node that runs in a stage."""
         return {n: s.id for s in self.stages for n in s.nodes}
 
     def format_stages(self) -> str:
-        return format_stages(self.sharded, self.stages, self.output_sources)
+        return format_stages(self.sharded, self.stages, self.output_sources, self.collectives)
 
     def __str__(self) -> str:
         return self.format_stages()
@@ -71,18 +82,21 @@ class StageList(tuple):
 
     sharded: ShardedGraph
     output_sources: tuple[Source, ...]
+    collectives: Mapping[int, Any]
 
-    def __new__(cls, stages, sharded, output_sources):
+    def __new__(cls, stages, sharded, output_sources, collectives=None):
         self = super().__new__(cls, stages)
-        self.sharded, self.output_sources = sharded, output_sources
+        self.sharded, self.output_sources, self.collectives = sharded, output_sources, collectives or {}
         return self
 
     def __str__(self) -> str:
-        return format_stages(self.sharded, self, self.output_sources)
+        return format_stages(self.sharded, self, self.output_sources, self.collectives)
 
 
-def format_stages(sharded: ShardedGraph, stages, output_sources) -> str:
-    """One block per stage: its ops, its inputs (value, layout, source) and outputs (value, layout)."""
+def format_stages(sharded: ShardedGraph, stages, output_sources, collectives=None) -> str:
+    """One block per stage: its ops, its inputs (value, layout, source), the collectives that finish
+    partial results inside it, and its outputs (value, layout)."""
+    collectives = collectives or {}
     graph = sharded.graph
     lines = []
 
@@ -98,6 +112,11 @@ def format_stages(sharded: ShardedGraph, stages, output_sources) -> str:
             moved = "" if produced == i.layout else \
                 f"  (gathered from [{format_layout(graph.avals[i.value].shape, produced)}])"
             lines.append(f"  in  {typ(i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {src}{moved}")
+        for n in stage.nodes:
+            if n in collectives:
+                c, node = collectives[n], graph.nodes[n]
+                where = f" at {node.source.rsplit('/', 1)[-1]}" if node.source else ""
+                lines.append(f"  {c.kind} over {'*'.join(c.mesh_axes)} finishes `{node.op}`{where}")
         for v, layout in zip(stage.outputs, stage.out_layouts, strict=True):
             lines.append(f"  out {typ(v, layout)}  {layout_to_spec(layout)}")
     outs = ", ".join(f"argument {s[1]}" if s[0] is None else f"stage {s[0]} output {s[1]}" for s in output_sources)

@@ -1,0 +1,76 @@
+"""The ``"collective"`` strategy: finish reductions and contractions over sharded axes inside the stage.
+
+Under ``"gather"`` (the Nx design) a reduction over a sharded axis cuts the graph: the next stage receives the
+operand gathered. Under ``"collective"`` each device reduces its own block and a collective over the mesh
+axes of the reduced axes (``psum`` for sums and contractions, ``pmax``/``pmin`` for maxima/minima) finishes
+the result, as in the shard_map design doc's ``matmul_basic``; the operand is consumed as it is, so no cut.
+Only ops with an exact local-then-combine form take part; everything else keeps its gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..propagation import ShardedGraph
+from ..propagation.sharding import Layout, is_refinement
+
+COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin"}
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """Node output finished by ``kind`` (``psum``/``pmax``/``pmin``) over ``mesh_axes``."""
+
+    kind: str
+    mesh_axes: tuple[str, ...]
+
+
+def _refines(produced: Layout, needed: Layout) -> bool:
+    return all(is_refinement(p, n) for p, n in zip(produced, needed, strict=True))
+
+
+def plan_collectives(sharded: ShardedGraph) -> tuple[dict[int, tuple[Layout, ...]], dict[int, Collective]]:
+    """For every node that can be finished with a collective: the layouts it then consumes its operands in
+    (replacing ``sharded.needs``) and the collective."""
+    needs: dict[int, tuple[Layout, ...]] = {}
+    collectives: dict[int, Collective] = {}
+    for node in sharded.graph.nodes:
+        if node.op in COMBINE:
+            (v,) = node.operands
+            produced = sharded.layout(v)
+            mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])
+            if mesh_axes:
+                needs[node.id] = (produced,)
+                collectives[node.id] = Collective(COMBINE[node.op], mesh_axes)
+        elif node.op == "dot_general":
+            found = _contraction(sharded, node)
+            if found is not None:
+                needs[node.id], collectives[node.id] = found
+    return needs, collectives
+
+
+def _contraction(sharded: ShardedGraph, node):
+    """Contracting axes sharded alike on both sides (or on one side, the other replicated there and cut
+    locally): each device multiplies its blocks and a ``psum`` adds the partial products."""
+    (lhs_c, rhs_c), _ = node.params["dimension_numbers"]
+    lhs, rhs = node.operands
+    lhs_have, rhs_have = sharded.layout(lhs), sharded.layout(rhs)
+    lhs_need, rhs_need = (list(n) for n in sharded.needs[node.id])
+    mesh_axes: list[str] = []
+    for a, b in zip(lhs_c, rhs_c, strict=True):
+        if lhs_have[a] and rhs_have[b] and lhs_have[a] != rhs_have[b]:
+            return None
+        names = lhs_have[a] or rhs_have[b]
+        lhs_need[a] = rhs_need[b] = names
+        mesh_axes.extend(names)
+    if not mesh_axes:
+        return None
+    contracted = set(mesh_axes)
+    out_names = {name for m in sharded.layout(node.output) for name in m}
+    for need, axes in ((lhs_need, lhs_c), (rhs_need, rhs_c)):
+        others = [name for k, m in enumerate(need) if k not in axes for name in m]
+        if contracted & set(others):
+            return None  # a mesh axis would shard two axes of one operand
+    if contracted & out_names or not _refines(lhs_have, tuple(lhs_need)) or not _refines(rhs_have, tuple(rhs_need)):
+        return None
+    return (tuple(lhs_need), tuple(rhs_need)), Collective("psum", tuple(mesh_axes))

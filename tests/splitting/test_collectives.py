@@ -1,0 +1,77 @@
+"""The "collective" strategy: reductions and contractions over sharded axes finished inside the stage with
+psum/pmax/pmin — same results as the unsharded function, fewer stages, all-reduces instead of all-gathers."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.demo import nx_example
+from tests.conftest import assert_same_as_unsharded, random_args
+from tests.test_workloads import WORKLOADS
+
+
+def collective(f, args, mesh, specs, **tol):
+    return assert_same_as_unsharded(sp.autoshard(f, mesh=mesh, in_specs=specs, strategy="collective"), args,
+                                    mesh=mesh, in_specs=None, **tol)
+
+
+def test_nx_example_is_one_stage_with_two_all_reduces(mesh):
+    a, b = random_args([((16, 8), np.float32)] * 2)
+    fs = sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), P("i", "j")), strategy="collective")
+    np.testing.assert_allclose(fs(a, b), nx_example(a, b), rtol=1e-5, atol=1e-5)
+    prog = fs.trace(a, b)
+    assert len(prog.stages) == 1 and prog.graph.out_specs == (P("i", "j"),)
+    assert sorted((c.kind, c.mesh_axes) for c in prog.plan.collectives.values()) == [("psum", ("i",)),
+                                                                                     ("psum", ("j",))]
+    hlo = prog.lower(a, b).compile().as_text()
+    assert "all-reduce" in hlo and "all-gather" not in hlo
+    assert "psum over j finishes `reduce_sum`" in str(prog.stages)
+
+
+def test_matmul_basic_from_the_shard_map_doc(mesh):
+    a, b = random_args([((8, 16), np.float32), ((16, 32), np.float32)])
+    fs = sp.autoshard(lambda a, b: a @ b, mesh=mesh, in_specs=(P("i", "j"), P("j", None)), strategy="collective")
+    np.testing.assert_allclose(fs(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    prog = fs.trace(a, b)
+    assert len(prog.stages) == 1 and prog.graph.out_specs == (P("i"),)
+    assert [(c.kind, c.mesh_axes) for c in prog.plan.collectives.values()] == [("psum", ("j",))]
+
+
+@pytest.mark.parametrize("f,expected_kind", [
+    (lambda a: jnp.max(a, axis=1), "pmax"),
+    (lambda a: jnp.min(a, axis=0), "pmin"),
+    (lambda a: jnp.sum(a * 2.0), "psum"),
+    (lambda a: jnp.mean(a, axis=1), "psum"),
+])
+def test_reductions_finish_with_the_matching_collective(f, expected_kind, mesh):
+    prog = assert_same_as_unsharded(
+        sp.autoshard(f, mesh=mesh, in_specs=P("i", "j"), strategy="collective"), random_args([((16, 8), np.float32)]),
+        mesh=mesh, in_specs=None)
+    assert len(prog.stages) == 1
+    assert {c.kind for c in prog.plan.collectives.values()} == {expected_kind}
+
+
+def test_ops_without_a_combine_form_keep_their_gather(mesh):
+    f = lambda a: jnp.argmax(a, axis=1) + jnp.cumsum(a, axis=1).sum(axis=1)  # noqa: E731
+    prog = assert_same_as_unsharded(
+        sp.autoshard(f, mesh=mesh, in_specs=P("i", "j"), strategy="collective"), random_args([((16, 8), np.float32)]),
+        mesh=mesh, in_specs=None)
+    assert not prog.plan.collectives  # argmax and cumsum gather their axis; the final sum is local by then
+    assert [i.layout for i in prog.stages[0].inputs] == [(("i",), ())]
+
+
+def test_unknown_strategy_is_an_option_error(mesh):
+    with pytest.raises(sp.OptionError, match="unknown strategy 'fastest'"):
+        sp.autoshard(nx_example, mesh=mesh, in_specs=None, strategy="fastest").trace(
+            *random_args([((16, 8), np.float32)] * 2))
+
+
+@pytest.mark.parametrize("name,f,args,mesh_name,specs", WORKLOADS, ids=[w[0] for w in WORKLOADS])
+def test_workloads_under_the_collective_strategy(name, f, args, mesh_name, specs, meshes):
+    mesh = meshes[mesh_name]
+    gathered = sp.autoshard(f, mesh=mesh, in_specs=specs).trace(*args)
+    prog = assert_same_as_unsharded(sp.autoshard(f, mesh=mesh, in_specs=specs, strategy="collective"), args,
+                                    mesh=mesh, in_specs=None, rtol=2e-4, atol=2e-5)
+    assert len(prog.stages) <= len(gathered.stages)
