@@ -21,7 +21,7 @@ from .splitting import split
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
-                    strategy: str = "gather") -> Program:
+                    strategy: str = "auto") -> Program:
     """``trace → propagate → split → lower`` for one set of argument shapes."""
     return lower(split(propagate(trace(f, *args), in_specs, mesh=mesh, strict=strict), strategy=strategy), mesh)
 
@@ -29,7 +29,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
 class AutoSharded:
     """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes and dtypes."""
 
-    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "gather"):
+    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto"):
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, f)
@@ -53,15 +53,15 @@ class AutoSharded:
 
 
 def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False,
-              strategy: str = "gather") -> AutoSharded:
+              strategy: str = "auto") -> AutoSharded:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
     (``P()`` replicates) or ``None`` for an unannotated argument, which adopts the sharding it meets.
     ``strict=True`` turns the conservative fallback for primitives without a rule into ``NoRuleError``.
-    ``strategy`` is ``"gather"`` (the Nx design: cut and gather at every reduction over a sharded axis) or
+    ``strategy`` is ``"gather"`` (the Nx design: cut and gather at every reduction over a sharded axis),
     ``"collective"`` (finish sums, maxima, minima and contractions with ``psum``/``pmax``/``pmin`` inside
-    the stage).
+    the stage) or ``"auto"`` (the default: per node, whichever the cost model says moves fewer bytes).
 
     >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
     >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP

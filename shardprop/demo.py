@@ -48,13 +48,18 @@ def run(out=print) -> bool:
 
     a = rng.normal(size=(16, 8)).astype(np.float32)
     b = rng.normal(size=(16, 8)).astype(np.float32)
-    out("== Nx example: f(a, b) with in_specs=(P('i', 'j'), None) ==")
-    fs = autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None))
+    out("== Nx example: f(a, b) with in_specs=(P('i', 'j'), None), strategy='gather' (the Nx design) ==")
+    fs = autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather")
     prog = fs.trace(a, b)
     out(str(prog.graph))
     out("")
     out(str(prog.stages))
     ok = _check("nx_example", fs, nx_example, (a, b), out)
+
+    out("\n== the same with strategy='auto' (the default): the sums finish with all-reduces ==")
+    fs = autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None))
+    out(str(fs.trace(a, b).stages))
+    ok &= _check("nx_example (auto)", fs, nx_example, (a, b), out)
 
     params = {
         "w1": rng.normal(size=(32, 64)).astype(np.float32) / 6,

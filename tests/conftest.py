@@ -41,12 +41,12 @@ def random_args(shapes_dtypes, seed=0):
     return out
 
 
-def assert_same_as_unsharded(f, args, *, mesh, in_specs, rtol=1e-5, atol=1e-5):
+def assert_same_as_unsharded(f, args, *, mesh, in_specs, strategy="auto", rtol=1e-5, atol=1e-5):
     """The oracle: ``autoshard(f)`` on the mesh equals plain ``f`` on the same inputs, leaf by leaf.
 
     Tolerance: float32 reassociation of sums across blocks (rtol=atol=1e-5 by default). Returns the program.
     """
-    fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs)
+    fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy)
     got = fs(*args)
     want = f(*jax.tree_util.tree_map(jax.numpy.asarray, args))  # plain jax.numpy on one device
     got_leaves, got_tree = jax.tree_util.tree_flatten(got)

@@ -13,5 +13,6 @@ def test_demo_runs_checks_and_says_so():
     assert "c:f32[16@i,8@j] = add a b" in out                      # the annotated graph
     assert "in  c:f32[16@i,8]  P('i',)  <- stage 0 output 0  (gathered from [16@i,8@j])" in out   # the stage table
     assert "check nx_example: sharded (16, 8) == unsharded" in out
-    assert out.count("== unsharded") == 3 and "!=" not in out
+    assert out.count("== unsharded") == 4 and "!=" not in out
+    assert "psum over j finishes `reduce_sum`" in out             # the default strategy, auto
     assert out.rstrip().endswith("all sharded results equal the unsharded ones")

@@ -54,14 +54,18 @@ SPECS = {
     "2x2x2": [(P(("i", "j"), "k"), None), (P("i", ("j", "k")), P("i", ("j", "k"))), (P("k", "i"), P()),
               (None, P(("i", "j", "k")))],
 }
-CASES = [(f, m, s) for f in FUNCTIONS for m, specs in SPECS.items() for s in specs]
+STRATEGIES = ("gather", "collective", "auto")
+# Every function under every spec and mesh; the strategy cycles so that each function meets all three.
+CASES = [(f, m, s, STRATEGIES[k % 3])
+         for k, (f, m, s) in enumerate((f, m, s) for f in FUNCTIONS for m, specs in SPECS.items() for s in specs)]
 
 
-@pytest.mark.parametrize("f,mesh_name,specs", CASES,
-                         ids=[f"{f.__name__}-{m}-{'_'.join(str(x) for x in s)}" for f, m, s in CASES])
-def test_function_equals_unsharded(f, mesh_name, specs, meshes):
-    a, b = random_args([((16, 8), np.float32)] * 2, seed=hash(f.__name__) % 1000)
-    assert_same_as_unsharded(f, (a, b), mesh=meshes[mesh_name], in_specs=specs, rtol=2e-5, atol=2e-5)
+@pytest.mark.parametrize("f,mesh_name,specs,strategy", CASES,
+                         ids=[f"{f.__name__}-{m}-{'_'.join(str(x) for x in s)}-{st}" for f, m, s, st in CASES])
+def test_function_equals_unsharded(f, mesh_name, specs, strategy, meshes):
+    a, b = random_args([((16, 8), np.float32)] * 2, seed=sum(map(ord, f.__name__)))
+    assert_same_as_unsharded(f, (a, b), mesh=meshes[mesh_name], in_specs=specs, strategy=strategy,
+                             rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("mesh_name", ["8", "4x2", "2x2x2"])
@@ -80,7 +84,8 @@ def test_pytree_arguments_and_outputs(mesh_name, meshes):
 
 def test_nx_example_output_is_sharded_like_its_inputs(mesh):
     a, b = random_args([((16, 8), np.float32)] * 2)
-    prog = assert_same_as_unsharded(nx_example, (a, b), mesh=mesh, in_specs=(P("i", "j"), P("i", "j")))
+    prog = assert_same_as_unsharded(nx_example, (a, b), mesh=mesh, in_specs=(P("i", "j"), P("i", "j")),
+                                    strategy="gather")
     assert prog.graph.out_specs == (P("i", "j"),)
     assert len(prog.stages) == 2
 

@@ -14,6 +14,7 @@ from ..expr.graph import Aval
 from ..expr.trace import abstractify
 from ..mesh import as_auto_mesh
 from ..splitting import Plan, Stage, StageList
+from .communication import Transfer, estimate, parse_hlo
 from .evaluate import run_nodes
 
 
@@ -96,6 +97,22 @@ class Program:
         shaped = [jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=s)
                   for x, s in zip(flat, self._in_shardings, strict=True)]
         return _internal_errors_as_lowering_errors(self._jitted.lower, *shaped)
+
+    def _shaped_args(self) -> list[jax.ShapeDtypeStruct]:
+        return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in
+                zip(self._in_avals, self._in_shardings, strict=True)]
+
+    def hlo(self) -> str:
+        """The compiled program's HLO text (for the traced shapes)."""
+        return _internal_errors_as_lowering_errors(self._jitted.lower, *self._shaped_args()).compile().as_text()
+
+    def communication(self) -> list[Transfer]:
+        """The collectives of the compiled program, read from its HLO."""
+        return parse_hlo(self.hlo(), self.mesh)
+
+    def estimated_communication(self) -> list[Transfer]:
+        """The collectives our cost model expects, before compiling."""
+        return estimate(self.plan)
 
     def stage(self, k: int):
         """Stage ``k`` alone, jitted: call it with its inputs (``prog.stages[k].inputs`` order)."""

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
+import numpy as np
+
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, is_refinement
+from ..propagation.sharding import Layout, block_shape, common_layout, is_refinement, shard_count
 
 COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin"}
 
@@ -29,24 +33,52 @@ def _refines(produced: Layout, needed: Layout) -> bool:
     return all(is_refinement(p, n) for p, n in zip(produced, needed, strict=True))
 
 
-def plan_collectives(sharded: ShardedGraph) -> tuple[dict[int, tuple[Layout, ...]], dict[int, Collective]]:
+def plan_collectives(sharded: ShardedGraph, *, only_if_cheaper: bool = False
+                     ) -> tuple[dict[int, tuple[Layout, ...]], dict[int, Collective]]:
     """For every node that can be finished with a collective: the layouts it then consumes its operands in
-    (replacing ``sharded.needs``) and the collective."""
+    (replacing ``sharded.needs``) and the collective. With ``only_if_cheaper`` (the ``"auto"`` strategy), a
+    node takes the collective only when the cost model says it moves fewer bytes than gathering."""
     needs: dict[int, tuple[Layout, ...]] = {}
     collectives: dict[int, Collective] = {}
     for node in sharded.graph.nodes:
+        found = None
         if node.op in COMBINE:
             (v,) = node.operands
             produced = sharded.layout(v)
             mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])
             if mesh_axes:
-                needs[node.id] = (produced,)
-                collectives[node.id] = Collective(COMBINE[node.op], mesh_axes)
+                found = (produced,), Collective(COMBINE[node.op], mesh_axes)
         elif node.op == "dot_general":
             found = _contraction(sharded, node)
-            if found is not None:
-                needs[node.id], collectives[node.id] = found
+        if found is not None and (not only_if_cheaper or _collective_bytes(sharded, node, found[1])
+                                  < _gather_bytes(sharded, node)):
+            needs[node.id], collectives[node.id] = found
     return needs, collectives
+
+
+def _block_bytes(sharded: ShardedGraph, value: int, layout: Layout) -> int:
+    aval = sharded.graph.avals[value]
+    return np.dtype(aval.dtype).itemsize * math.prod(block_shape(aval.shape, layout, sharded.mesh_shape))
+
+
+def _gather_bytes(sharded: ShardedGraph, node) -> float:
+    """Bytes one device receives when the operands are gathered into the layouts the node needs."""
+    total = 0.0
+    for v, need in zip(node.operands, sharded.needs[node.id], strict=True):
+        produced = sharded.layout(v)
+        moved_to = common_layout(produced, need)
+        gathered = tuple(name for p, t in zip(produced, moved_to, strict=True) for name in p[len(t):])
+        if gathered:
+            n = shard_count(sharded.mesh_shape, gathered)
+            total += (n - 1) / n * _block_bytes(sharded, v, moved_to)
+    return total
+
+
+def _collective_bytes(sharded: ShardedGraph, node, collective: Collective) -> float:
+    """Bytes one device moves in the ring all-reduce of the node's output blocks."""
+    n = shard_count(sharded.mesh_shape, collective.mesh_axes)
+    return sum(2 * (n - 1) / n * _block_bytes(sharded, v, sharded.layout(v)) for v in node.outputs)
+
 
 
 def _contraction(sharded: ShardedGraph, node):

@@ -23,19 +23,22 @@ def needs_gather(produced: Layout, needed: Layout) -> bool:
     return not all(is_refinement(p, n) for p, n in zip(produced, needed, strict=True))
 
 
-STRATEGIES = ("gather", "collective")
+STRATEGIES = ("auto", "gather", "collective")
 
 
-def split(sharded: ShardedGraph, *, strategy: str = "gather") -> Plan:
+def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     """Assign every node to a stage; see the module docstring.
 
     For the Nx design note's example (``a``, ``b`` sharded ``P("i", "j")``), stage 0 computes ``x = a + b``
-    and ``y = a - b`` and stage 1 takes ``x`` gathered along axis 1, ``y`` gathered along axis 0. With
-    ``strategy="collective"`` the sums are finished with a ``psum`` instead, and the plan has one stage.
+    and ``y = a - b`` and stage 1 takes ``x`` gathered along axis 1, ``y`` gathered along axis 0 — that is
+    ``strategy="gather"``. With ``"collective"`` the sums are finished with a ``psum`` instead, and the plan
+    has one stage; ``"auto"`` (the default) takes, node by node, whichever the cost model says moves fewer
+    bytes.
     """
     if strategy not in STRATEGIES:
         raise OptionError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
-    overrides, collectives = plan_collectives(sharded) if strategy == "collective" else ({}, {})
+    overrides, collectives = ({}, {}) if strategy == "gather" else \
+        plan_collectives(sharded, only_if_cheaper=strategy == "auto")
     graph = sharded.graph
     nodes, producer = graph.nodes, graph.producer
     leaf_ops = (PARAMETER, CONSTANT)

@@ -12,11 +12,6 @@ from tests.conftest import assert_same_as_unsharded, random_args
 from tests.test_workloads import WORKLOADS
 
 
-def collective(f, args, mesh, specs, **tol):
-    return assert_same_as_unsharded(sp.autoshard(f, mesh=mesh, in_specs=specs, strategy="collective"), args,
-                                    mesh=mesh, in_specs=None, **tol)
-
-
 def test_nx_example_is_one_stage_with_two_all_reduces(mesh):
     a, b = random_args([((16, 8), np.float32)] * 2)
     fs = sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), P("i", "j")), strategy="collective")
@@ -46,18 +41,16 @@ def test_matmul_basic_from_the_shard_map_doc(mesh):
     (lambda a: jnp.mean(a, axis=1), "psum"),
 ])
 def test_reductions_finish_with_the_matching_collective(f, expected_kind, mesh):
-    prog = assert_same_as_unsharded(
-        sp.autoshard(f, mesh=mesh, in_specs=P("i", "j"), strategy="collective"), random_args([((16, 8), np.float32)]),
-        mesh=mesh, in_specs=None)
+    prog = assert_same_as_unsharded(f, random_args([((16, 8), np.float32)]), mesh=mesh, in_specs=P("i", "j"),
+                                    strategy="collective")
     assert len(prog.stages) == 1
     assert {c.kind for c in prog.plan.collectives.values()} == {expected_kind}
 
 
 def test_ops_without_a_combine_form_keep_their_gather(mesh):
     f = lambda a: jnp.argmax(a, axis=1) + jnp.cumsum(a, axis=1).sum(axis=1)  # noqa: E731
-    prog = assert_same_as_unsharded(
-        sp.autoshard(f, mesh=mesh, in_specs=P("i", "j"), strategy="collective"), random_args([((16, 8), np.float32)]),
-        mesh=mesh, in_specs=None)
+    prog = assert_same_as_unsharded(f, random_args([((16, 8), np.float32)]), mesh=mesh, in_specs=P("i", "j"),
+                                    strategy="collective")
     assert not prog.plan.collectives  # argmax and cumsum gather their axis; the final sum is local by then
     assert [i.layout for i in prog.stages[0].inputs] == [(("i",), ())]
 
@@ -71,7 +64,6 @@ def test_unknown_strategy_is_an_option_error(mesh):
 @pytest.mark.parametrize("name,f,args,mesh_name,specs", WORKLOADS, ids=[w[0] for w in WORKLOADS])
 def test_workloads_under_the_collective_strategy(name, f, args, mesh_name, specs, meshes):
     mesh = meshes[mesh_name]
-    gathered = sp.autoshard(f, mesh=mesh, in_specs=specs).trace(*args)
-    prog = assert_same_as_unsharded(sp.autoshard(f, mesh=mesh, in_specs=specs, strategy="collective"), args,
-                                    mesh=mesh, in_specs=None, rtol=2e-4, atol=2e-5)
+    gathered = sp.autoshard(f, mesh=mesh, in_specs=specs, strategy="gather").trace(*args)
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy="collective", rtol=2e-4, atol=2e-5)
     assert len(prog.stages) <= len(gathered.stages)

@@ -13,8 +13,9 @@ from shardprop.demo import nx_example
 A = jax.ShapeDtypeStruct((16, 8), jnp.float32)
 
 
-def plan_of(f, args, specs, mesh):
-    return sp.split(sp.propagate(sp.trace(f, *args), specs, mesh=mesh))
+def plan_of(f, args, specs, mesh, strategy="gather"):
+    """The Nx design's plan (``strategy="gather"``), unless told otherwise."""
+    return sp.split(sp.propagate(sp.trace(f, *args), specs, mesh=mesh), strategy=strategy)
 
 
 def test_nx_example_has_exactly_the_two_stages_of_the_design(mesh):
@@ -35,6 +36,29 @@ def test_nx_example_has_exactly_the_two_stages_of_the_design(mesh):
     assert second.in_specs == (P("i"), P(None, "j"))
     assert second.out_specs == (P("i", "j"),)
     assert plan.output_sources == ((1, 0),)
+
+
+def test_auto_is_the_default_and_finishes_the_nx_sums_with_all_reduces(mesh):
+    sharded = sp.propagate(sp.trace(nx_example, A, A), (P("i", "j"), P("i", "j")), mesh=mesh)
+    plan = sp.split(sharded)
+    assert plan.strategy == "auto" and len(plan.stages) == 1
+    assert sorted(c.mesh_axes for c in plan.collectives.values()) == [("i",), ("j",)]
+
+
+def test_auto_keeps_the_gather_when_it_moves_fewer_bytes(mesh):
+    # A sum over a long sharded axis of a small operand: gathering 8x1 blocks beats all-reducing the
+    # (bigger) result.
+    f = lambda a, b: jnp.sum(a, axis=0)[None, :] * b  # noqa: E731
+    small = jax.ShapeDtypeStruct((8, 1), jnp.float32)
+    plan = plan_of(f, (small, jax.ShapeDtypeStruct((16, 1), jnp.float32)), (P("i"), None), mesh, "auto")
+    assert plan.strategy == "auto"
+    from shardprop.splitting.collectives import _collective_bytes, _gather_bytes, plan_collectives
+
+    _, every = plan_collectives(plan.sharded)
+    for node_id, collective in every.items():
+        node = plan.sharded.graph.nodes[node_id]
+        chosen = node_id in plan.collectives
+        assert chosen == (_collective_bytes(plan.sharded, node, collective) < _gather_bytes(plan.sharded, node))
 
 
 def test_reduction_over_an_unsharded_axis_needs_no_cut(mesh):
