@@ -15,6 +15,7 @@ or step by step: ``sp.trace(f, *args)``, ``sp.propagate(graph, in_specs, mesh=me
 """
 
 from .api import AutoSharded, autoshard, compile_program
+from .compare import Comparison, compare_with_jit
 from .backends import Program, lower
 from .errors import (
     DuplicateMeshAxisError,
@@ -42,6 +43,7 @@ from .splitting import Plan, Stage, StageInput, split
 __version__ = "0.1.0"
 
 __all__ = [
+    "Comparison", "compare_with_jit",
     "AutoSharded", "DuplicateMeshAxisError", "FallbackWarning", "Graph", "IndivisibleAxisError",
     "InputMismatchError", "LoweringError", "MeshError", "NoRuleError", "Node", "OptionError", "Plan", "Program",
     "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError",

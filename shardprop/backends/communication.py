@@ -57,32 +57,38 @@ def moved(kind: str, n: int, size: int) -> float:
 
 
 def _groups(line: str, mesh_names: tuple[str, ...], mesh_sizes: tuple[int, ...]) -> tuple[tuple[str, ...], int]:
-    """Mesh axes and group size from ``replica_groups=`` in its three spellings."""
+    """Mesh axes and group size from ``replica_groups=`` in its spellings: explicit ``{{0,1},...}``, iota
+    ``[G,S]<=[dims]T(perm)``, and the mesh form ``mesh['axis_0'=4,...] [device_ids=(iota)] {'axis_k',...}``.
+    Device ids are positions in the mesh, so the first group's ids tell which of our mesh axes it spans."""
     total = math.prod(mesh_sizes)
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}", line)
     if m:
-        sizes = {k.strip("'"): int(v) for k, v in (p.split("=") for p in m.group(1).split(","))}
-        axes = [a.strip().strip("'") for a in m.group(2).split(",") if a.strip()]
-        names = tuple(mesh_names[int(a.rsplit("_", 1)[1])] if a.startswith("axis_") else a for a in axes)
-        return names, math.prod(sizes[a] for a in axes)
-    m = re.search(r"replica_groups=\[([0-9,]+)\]<=", line)
-    if m:
-        dims = [int(d) for d in m.group(1).split(",")]
-        return _axes_of_size(dims[-1], mesh_names, mesh_sizes), dims[-1]
-    m = re.search(r"replica_groups=\{\{([0-9,]*)\}", line)
-    if m:
-        n = len(m.group(1).split(","))
-        return _axes_of_size(n, mesh_names, mesh_sizes), n
-    return mesh_names, total
+        names = [k.strip().strip("'") for k, _ in (p.split("=") for p in m.group(1).split(","))]
+        sizes = [int(v) for _, v in (p.split("=") for p in m.group(1).split(","))]
+        ids = _iota(m.group(2), total).reshape(sizes) if m.group(2) else np.arange(total).reshape(sizes)
+        listed = [names.index(a.strip().strip("'")) for a in m.group(3).split(",") if a.strip()]
+        rest = [k for k in range(len(sizes)) if k not in listed]
+        group = ids.transpose(rest + listed).reshape(-1, math.prod(sizes[k] for k in listed))[0]
+    elif (m := re.search(r"replica_groups=(\[[0-9,]+\]<=\[[0-9,]+\](?:T\([0-9,]+\))?)", line)):
+        group = _iota(m.group(1), total)[0]
+    elif (m := re.search(r"replica_groups=\{\{([0-9,]*)\}", line)):
+        group = np.array([int(d) for d in m.group(1).split(",")])
+    else:
+        return mesh_names, total
+    coords = np.array(np.unravel_index(np.asarray(group), mesh_sizes))
+    axes = tuple(name for name, c in zip(mesh_names, coords, strict=True) if len(set(c.tolist())) > 1)
+    return axes, len(group)
 
 
-def _axes_of_size(n: int, names, sizes) -> tuple[str, ...]:
-    """Best guess of the mesh axes behind a group of ``n`` devices when the HLO names none."""
-    for k in range(len(names)):
-        for j in range(k, len(names)):
-            if math.prod(sizes[k:j + 1]) == n:
-                return tuple(names[k:j + 1])
-    return ()
+def _iota(text: str, total: int) -> np.ndarray:
+    """``[G,S]<=[d0,d1,...]T(perm)`` (or ``[d0,d1]T(perm)``): device ids, shaped ``[G,S]``."""
+    m = re.fullmatch(r"\s*(?:\[([0-9,]+)\]<=)?\[([0-9,]+)\](?:T\(([0-9,]+)\))?\s*", text)
+    reshape = [int(d) for d in m.group(2).split(",")]
+    ids = np.arange(total).reshape(reshape)
+    if m.group(3):
+        ids = ids.transpose([int(d) for d in m.group(3).split(",")])
+    out = [int(d) for d in m.group(1).split(",")] if m.group(1) else [-1]
+    return ids.reshape(out if len(out) > 1 else (-1,) if m.group(1) is None else out)
 
 
 def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:

@@ -1,0 +1,65 @@
+"""``compare_with_jit``: the same function compiled by shardprop and by ``jax.jit`` (GSPMD/Shardy) with the
+same input shardings on the same mesh, their collectives and bytes side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .api import autoshard
+from .backends.communication import Transfer, parse_hlo, total_moved
+from .backends.shard_map import Program
+from .mesh import as_auto_mesh
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Both programs' collectives (``Transfer`` lists) and output specs."""
+
+    shardprop: list[Transfer]
+    jit: list[Transfer]
+    shardprop_out_specs: tuple[PartitionSpec, ...]
+    jit_out_specs: tuple[PartitionSpec, ...]
+    program: Program
+
+    @property
+    def shardprop_bytes(self) -> float:
+        return total_moved(self.shardprop)
+
+    @property
+    def jit_bytes(self) -> float:
+        return total_moved(self.jit)
+
+    def __str__(self) -> str:
+        lines = [f"{'':10} {'collectives':>11} {'bytes moved/device':>19}  output specs"]
+        for name, transfers, specs in (("shardprop", self.shardprop, self.shardprop_out_specs),
+                                       ("jax.jit", self.jit, self.jit_out_specs)):
+            lines.append(f"{name:10} {len(transfers):>11} {total_moved(transfers):>19.0f}  "
+                         f"{', '.join(str(s) for s in specs)}")
+            lines.extend(f"    {t}" for t in transfers)
+        return "\n".join(lines)
+
+
+def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: str = "auto") -> Comparison:
+    """Compile ``f`` with shardprop and with ``jax.jit(in_shardings=...)`` on ``mesh`` and compare.
+
+    ``jax.jit`` gets the input shardings shardprop resolved (unannotated inputs as they adopted), so both
+    start from the same layout. ``args`` may be arrays or ShapeDtypeStructs.
+    """
+    mesh = as_auto_mesh(mesh)
+    program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
+    flat_args, tree = jax.tree_util.tree_flatten(args)
+    shardings = [NamedSharding(mesh, spec) for spec in program.graph.in_specs]
+    shaped = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(flat_args, shardings, strict=True)]
+
+    def flat_f(*flat):
+        return f(*jax.tree_util.tree_unflatten(tree, flat))
+
+    compiled = jax.jit(flat_f, in_shardings=shardings).lower(*shaped).compile()
+    jit_out = tuple(getattr(s, "spec", PartitionSpec()) for s in jax.tree_util.tree_leaves(compiled.output_shardings))
+    return Comparison(program.communication(), parse_hlo(compiled.as_text(), mesh), program.graph.out_specs,
+                      jit_out, program)

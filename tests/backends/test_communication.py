@@ -1,0 +1,88 @@
+"""Collectives read from compiled HLO, our estimate before compiling, and the comparison with jax.jit."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from examples import attention, layernorm, mlp
+from shardprop.backends.communication import _groups, parse_hlo, total_moved
+from shardprop.demo import nx_example
+
+S = jax.ShapeDtypeStruct
+
+
+@pytest.mark.parametrize("text,axes,size", [
+    ("replica_groups={{0,1},{2,3},{4,5},{6,7}}, use_global_device_ids=true", ("j",), 2),
+    ("replica_groups={{0,2,4,6},{1,3,5,7}}, use_global_device_ids=true", ("i",), 4),
+    ("replica_groups=[4,2]<=[8], use_global_device_ids=true", ("j",), 2),
+    ("replica_groups=[2,4]<=[4,2]T(1,0), use_global_device_ids=true", ("i",), 4),
+    ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, use_global_device_ids=true", ("j",), 2),
+    ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0', 'axis_1'}, use_global_device_ids=true", ("i", "j"), 8),
+    ("replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_0'}, dims", ("j",), 2),
+    ("replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_2'}, dims", ("i",), 4),
+])
+def test_replica_groups_in_every_spelling_name_our_mesh_axes(text, axes, size):
+    assert _groups(text, ("i", "j"), (4, 2)) == (axes, size)
+
+
+def test_parse_hlo_reads_kind_shape_bytes_and_async_collectives_once(mesh):
+    hlo = "\n".join([
+        "  %ar = f32[256]{0} all-reduce(%x), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add",
+        "  %ags = (f32[4,8]{1,0}, f32[16,8]{1,0}) all-gather-start(%y), replica_groups=[2,4]<=[4,2]T(1,0), dims={0}",
+        "  %agd = f32[16,8]{1,0} all-gather-done(%ags)",
+        "  %add = f32[256]{0} add(%ar, %ar)",
+    ])
+    (ar, ag) = parse_hlo(hlo, mesh)
+    assert (ar.kind, ar.mesh_axes, ar.shape, ar.bytes, ar.moved_bytes) == ("all-reduce", ("j",), (256,), 1024, 1024)
+    assert (ag.kind, ag.mesh_axes, ag.shape, ag.bytes) == ("all-gather", ("i",), (16, 8), 512)
+    assert ag.moved_bytes == 512 * 3 / 4
+
+
+@pytest.mark.parametrize("strategy", ["gather", "collective", "auto"])
+def test_estimate_matches_the_compiled_program_for_the_nx_example(strategy, mesh):
+    a = S((1024, 1024), jnp.float32)
+    prog = sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), P("i", "j")), strategy=strategy).trace(a, a)
+    key = lambda t: (t.kind, t.mesh_axes, t.shape, t.bytes)  # noqa: E731
+    assert sorted(map(key, prog.communication())) == sorted(map(key, prog.estimated_communication()))
+
+
+MLP = mlp.init_params((256, 512, 128))
+MLP_SPECS = ([{"w": P(None, "j"), "b": P("j")}, {"w": P("j", None), "b": P()}], P("i"), P("i"))
+MLP_ARGS = (MLP, S((256, 256), jnp.float32), S((256,), jnp.int32))
+BLOCK = attention.init_block(d_model=128, n_heads=4, d_ff=256)
+COL, ROW = P(None, "j"), P("j", None)
+BLOCK_SPECS = ({"wq": COL, "wk": COL, "wv": COL, "wo": ROW, "w1": COL, "b1": P("j"), "w2": ROW, "b2": None,
+                "ln1_g": None, "ln1_b": None, "ln2_g": None, "ln2_b": None}, P("i"))
+LN_ARGS = (S((256, 512), jnp.float32), S((512,), jnp.float32), S((512,), jnp.float32))
+
+# (id, function, in_specs, args): the shard_map doc's matmuls, the Nx example and the examples/ workloads.
+VERSUS_JIT = [
+    ("nx_example", nx_example, (P("i", "j"), P("i", "j")), (S((1024, 1024), jnp.float32),) * 2),
+    ("matmul_basic", lambda a, b: a @ b, (P("i", "j"), P("j", None)), (S((256, 512), jnp.float32),
+                                                                        S((512, 256), jnp.float32))),
+    ("matmul_reduce_scatter", lambda a, b, c: (a @ b) * c, (P("i", "j"), P("j", None), P("i", "j")),
+     (S((256, 512), jnp.float32), S((512, 256), jnp.float32), S((256, 256), jnp.float32))),
+    ("mlp_loss", mlp.loss, MLP_SPECS, MLP_ARGS),
+    ("mlp_grad", jax.grad(mlp.loss), MLP_SPECS, MLP_ARGS),
+    ("layer_norm_dp", layernorm.layer_norm, (P("i"), None, None), LN_ARGS),
+    ("layer_norm_2d", layernorm.layer_norm, (P("i", "j"), None, None), LN_ARGS),
+    ("transformer_block_tp", attention.transformer_block, BLOCK_SPECS, (BLOCK, S((16, 64, 128), jnp.float32))),
+]
+
+
+@pytest.mark.parametrize("name,f,specs,args", VERSUS_JIT, ids=[c[0] for c in VERSUS_JIT])
+def test_auto_moves_no_more_bytes_than_jax_jit(name, f, specs, args, mesh):
+    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+    # and our cost model, before compiling, saw the traffic XLA compiled (within 1%: XLA drops collectives
+    # whose results are dead, such as the loss's all-reduce in a gradient-only program)
+    estimate = total_moved(comparison.program.estimated_communication())
+    assert estimate == pytest.approx(comparison.shardprop_bytes, rel=0.01)
+
+
+def test_comparison_prints_both_programs_side_by_side(mesh):
+    text = str(sp.compare_with_jit(nx_example, mesh, (P("i", "j"), P("i", "j")), *(S((64, 64), jnp.float32),) * 2))
+    assert "shardprop" in text and "jax.jit" in text
+    assert text.count("all-reduce over") == 4
