@@ -45,7 +45,8 @@ def reproducer(program, mesh_name, specs, strategy) -> str:
         "import jax.numpy as jnp, numpy as np", "from jax import lax",
         "from jax.sharding import PartitionSpec as P", "import shardprop as sp", "", program.source,
         "rng = np.random.default_rng(0)", f"args = ({args},)", f"mesh = sp.make_mesh({shape}, {names})",
-        f"got = sp.autoshard(f, mesh=mesh, in_specs={specs!r}, strategy={strategy!r})(*args)", "want = f(*map(jnp.asarray, args))",
+        f"got = sp.autoshard(f, mesh=mesh, in_specs={specs!r}, strategy={strategy!r})(*args)",
+        "want = f(*map(jnp.asarray, args))",
         "for g, w in zip(got, want):", "    np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-4)", ""])
 
 
