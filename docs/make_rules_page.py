@@ -17,8 +17,9 @@ HEADER = """# The rule table
 
 FOOTER = """
 `scan` is sharded through when its body provably needs no communication (else it falls back, with a
-warning). Any other primitive (`while`, `cond`, FFTs, linear algebra, ...) uses the conservative rule (`rules/fallback.py`): every operand gathered, every output replicated, and one
-`FallbackWarning` per primitive name. The split pass cuts a stage before it.
+warning). Any other primitive (`while`, `cond`, FFTs, linear algebra, ...) uses the conservative rule
+(`rules/fallback.py`): every operand gathered, every output replicated, and one `FallbackWarning` per
+primitive name. The split pass cuts a stage before it.
 """
 
 
