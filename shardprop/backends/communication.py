@@ -120,7 +120,7 @@ def estimate(plan: Plan) -> list[Transfer]:
     seen = set()
     for stage in plan.stages:
         for i in stage.inputs:
-            produced = sharded.layout(i.value)
+            produced = plan.layout(i.value)
             if produced == i.layout or (i.value, i.layout) in seen:
                 continue
             seen.add((i.value, i.layout))
@@ -129,9 +129,9 @@ def estimate(plan: Plan) -> list[Transfer]:
         for n in stage.nodes:
             c = plan.collectives.get(n)
             if c is not None:
+                kind = "reduce-scatter" if c.kind == "psum_scatter" else "all-reduce"
                 for v in graph.nodes[n].outputs:
-                    kind = "all-reduce"
-                    out.append(_transfer(kind, c.mesh_axes, graph.avals[v], sharded.layout(v), mesh_shape))
+                    out.append(_transfer(kind, c.mesh_axes, graph.avals[v], plan.layout(v), mesh_shape))
     return out
 
 

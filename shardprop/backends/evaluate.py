@@ -22,13 +22,15 @@ from .blocks import BLOCK_EVAL, Blocks, bind_on_blocks, evaluate, local_slice
 
 def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layout], object],
               local: dict[int, object], mesh_shape: Mapping[str, int], needs=None,
-              collectives: Mapping | None = None) -> dict[int, object]:
+              collectives: Mapping | None = None, layout=None) -> dict[int, object]:
     """Evaluate ``node_ids`` of ``sharded.graph``; ``received`` holds blocks of values computed elsewhere,
     keyed by ``(value, layout)``; ``local`` (filled in place and returned) holds the values computed here,
     each in its own layout. ``needs(node_id)`` (default: ``sharded.needs``) gives the operand layouts a node
-    consumes; ``collectives[node_id]`` finishes a node's partial result across devices."""
+    consumes; ``collectives[node_id]`` finishes a node's partial result across devices; ``layout(value)``
+    (default: ``sharded.layout``) is the layout a value is held in once computed."""
     graph = sharded.graph
     needs = needs or sharded.needs.__getitem__
+    layout = layout or sharded.layout
     collectives = collectives or {}
     for node_id in node_ids:
         node = graph.nodes[node_id]
@@ -38,9 +40,9 @@ def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layo
         invals = []
         for v, need in zip(node.operands, needs(node_id), strict=True):
             if v in local:
-                have, x = sharded.layout(v), local[v]
+                have, x = layout(v), local[v]
             else:
-                have = common_layout(sharded.layout(v), need)
+                have = common_layout(layout(v), need)
                 x = received[(v, have)]
             invals.append(local_slice(x, have, need, mesh_shape))
         blocks = Blocks(
@@ -62,10 +64,15 @@ def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layo
                 f"{type(err).__name__}: {err}") from err
         collective = collectives.get(node_id)
         if collective is not None:  # each device holds a partial result: combine them
-            combine = {"psum": lax.psum, "pmax": lax.pmax, "pmin": lax.pmin}[collective.kind]
-            outs = [combine(x, collective.mesh_axes) for x in outs]
+            outs = [_combine(x, collective) for x in outs]
         local.update(zip(node.outputs, outs, strict=True))
     return local
+
+
+def _combine(x, collective):
+    if collective.kind == "psum_scatter":
+        return lax.psum_scatter(x, collective.mesh_axes, scatter_dimension=collective.dimension, tiled=True)
+    return {"psum": lax.psum, "pmax": lax.pmax, "pmin": lax.pmin}[collective.kind](x, collective.mesh_axes)
 
 
 def run_graph(sharded: ShardedGraph, input_blocks, mesh_shape: Mapping[str, int]) -> list:

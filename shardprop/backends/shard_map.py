@@ -29,7 +29,7 @@ class Program:
         mesh = as_auto_mesh(mesh)
         self.plan, self.mesh = plan, mesh
         self.graph = plan.sharded
-        self.stages = StageList(plan.stages, plan.sharded, plan.output_sources, plan.collectives)
+        self.stages = StageList(plan.stages, plan.sharded, plan.output_sources, plan.collectives, plan.layout)
         self._mesh_shape = dict(mesh.shape)
         self._stage_fns = [self._shard_map(stage) for stage in plan.stages]
         self._jitted_stages: dict[int, object] = {}
@@ -46,7 +46,7 @@ class Program:
         def body(*blocks):
             received = {(i.value, i.layout): blk for i, blk in zip(stage.inputs, blocks, strict=True)}
             local = run_nodes(sharded, stage.nodes, received, {}, mesh_shape, self.plan.needs,
-                              self.plan.collectives)
+                              self.plan.collectives, self.plan.layout)
             return tuple(local[v] for v in stage.outputs)
 
         # check_vma=False: we bind primitives directly, which skips JAX's automatic pcast insertion; the

@@ -23,10 +23,16 @@ COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin"}
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """Node output finished by ``kind`` (``psum``/``pmax``/``pmin``) over ``mesh_axes``."""
+    """Node output finished by ``kind`` (``psum``/``pmax``/``pmin``, or ``psum_scatter`` along
+    ``dimension``) over ``mesh_axes``."""
 
     kind: str
     mesh_axes: tuple[str, ...]
+    dimension: int | None = None
+
+    def __str__(self) -> str:
+        along = "" if self.dimension is None else f" along axis {self.dimension}"
+        return f"{self.kind} over {'*'.join(self.mesh_axes)}{along}"
 
 
 def _refines(produced: Layout, needed: Layout) -> bool:
@@ -106,3 +112,30 @@ def _contraction(sharded: ShardedGraph, node):
     if contracted & out_names or not _refines(lhs_have, tuple(lhs_need)) or not _refines(rhs_have, tuple(rhs_need)):
         return None
     return (tuple(lhs_need), tuple(rhs_need)), Collective("psum", tuple(mesh_axes))
+
+
+def scatter_where_consumers_slice(sharded: ShardedGraph, needs, collectives: dict[int, Collective]
+                                  ) -> dict[int, Layout]:
+    """Turn a ``psum`` into a ``psum_scatter`` (reduce-scatter: half the bytes of an all-reduce) when every
+    consumer of the summed value takes it sliced over the same mesh axes along one axis anyway, as in the
+    shard_map doc's ``matmul_reduce_scatter``. Returns the layouts such values are then held in; updates
+    ``collectives`` in place. Program outputs keep their propagated layout."""
+    graph = sharded.graph
+    held: dict[int, Layout] = {}
+    outputs = set(graph.outputs)
+    for node_id, collective in list(collectives.items()):
+        outs = graph.nodes[node_id].outputs
+        if collective.kind != "psum" or len(outs) != 1 or outs[0] in outputs:
+            continue
+        (v,) = outs
+        layout, shape = sharded.layout(v), graph.avals[v].shape
+        wants = [need for c in graph.consumers[v]
+                 for u, need in zip(graph.nodes[c].operands, needs(c), strict=True) if u == v]
+        for d in range(len(layout)):
+            target = layout[:d] + (layout[d] + collective.mesh_axes,) + layout[d + 1:]
+            if wants and shape[d] % shard_count(sharded.mesh_shape, target[d]) == 0 and all(
+                    _refines(target, want) for want in wants):
+                held[v] = target
+                collectives[node_id] = Collective("psum_scatter", collective.mesh_axes, d)
+                break
+    return held

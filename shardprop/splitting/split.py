@@ -14,7 +14,7 @@ from ..expr.graph import CONSTANT, PARAMETER
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, common_layout, is_refinement
 from ..errors import OptionError
-from .collectives import plan_collectives
+from .collectives import plan_collectives, scatter_where_consumers_slice
 from .stage import Plan, Source, Stage, StageInput
 
 
@@ -46,6 +46,11 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     def needs(node_id: int):
         return overrides.get(node_id) or sharded.needs[node_id]
 
+    held = scatter_where_consumers_slice(sharded, needs, collectives)
+
+    def layout(v: int) -> Layout:  # where a reduce-scatter leaves a value finer than propagation did
+        return held.get(v) or sharded.layout(v)
+
     stage_of: dict[int, int] = {}
     for node in nodes:
         if node.op in leaf_ops:
@@ -55,9 +60,9 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
             p = producer[v]
             if nodes[p].op in leaf_ops:
                 continue
-            level = max(level, stage_of[p] + needs_gather(sharded.layout(v), need))
+            level = max(level, stage_of[p] + needs_gather(layout(v), need))
         stage_of[node.id] = level
-    _sink_argument_only_nodes(sharded, stage_of, needs)
+    _sink_argument_only_nodes(sharded, stage_of, needs, layout)
 
     n_stages = max(stage_of.values(), default=-1) + 1
     if n_stages == 0 and any(nodes[producer[v]].op == CONSTANT for v in graph.outputs):
@@ -84,9 +89,9 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
             if nodes[p].op == CONSTANT:
                 constants[s].add(p)
             elif nodes[p].op == PARAMETER or stage_of[p] != s:
-                layout = common_layout(sharded.layout(v), need)
-                if (v, layout) not in inputs[s]:
-                    inputs[s][(v, layout)] = StageInput(v, layout, export(v))
+                layout_in = common_layout(layout(v), need)
+                if (v, layout_in) not in inputs[s]:
+                    inputs[s][(v, layout_in)] = StageInput(v, layout_in, export(v))
 
     output_sources = []
     for v in graph.outputs:
@@ -101,11 +106,11 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     for s in range(n_stages):
         body = tuple(sorted(constants[s]) + members[s])  # constants first, then graph order
         outs = tuple(outputs[s])
-        stages.append(Stage(s, body, tuple(inputs[s].values()), outs, tuple(sharded.layout(v) for v in outs)))
-    return Plan(sharded, tuple(stages), tuple(output_sources), strategy, overrides, collectives)
+        stages.append(Stage(s, body, tuple(inputs[s].values()), outs, tuple(layout(v) for v in outs)))
+    return Plan(sharded, tuple(stages), tuple(output_sources), strategy, overrides, collectives, held)
 
 
-def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int], needs) -> None:
+def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int], needs, layout) -> None:
     """Move nodes that depend on arguments and constants only (a broadcast bias, a cast of a weight) down
     to the first stage that uses them: computing them early would only ship their results between stages,
     while the arguments they read are available to every stage anyway."""
@@ -124,7 +129,7 @@ def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int], n
         latest = []
         for v in node.outputs:
             for c in consumers[v]:
-                cut = any(needs_gather(sharded.layout(v), need)
+                cut = any(needs_gather(layout(v), need)
                           for u, need in zip(nodes[c].operands, needs(c), strict=True) if u == v)
                 latest.append(stage_of[c] - cut)
         if latest:

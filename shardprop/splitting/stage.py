@@ -61,17 +61,23 @@ class Plan:
     # and the collective that finishes each of those nodes.
     need_overrides: Mapping[int, tuple[Layout, ...]] = field(default_factory=dict)
     collectives: Mapping[int, Any] = field(default_factory=dict)
+    # Values a reduce-scatter leaves more finely sharded than propagation laid them out.
+    held: Mapping[int, Layout] = field(default_factory=dict)
 
     def needs(self, node_id: int) -> tuple[Layout, ...]:
         """The layouts node ``node_id`` consumes its operands in, in this plan."""
         return self.need_overrides.get(node_id) or self.sharded.needs[node_id]
+
+    def layout(self, value: int) -> Layout:
+        """The layout ``value`` is held in, in this plan."""
+        return self.held.get(value) or self.sharded.layout(value)
 
     def stage_of(self) -> dict[int, int]:
         """``{node_id: stage_id}`` for every node that runs in a stage."""
         return {n: s.id for s in self.stages for n in s.nodes}
 
     def format_stages(self) -> str:
-        return format_stages(self.sharded, self.stages, self.output_sources, self.collectives)
+        return format_stages(self.sharded, self.stages, self.output_sources, self.collectives, self.layout)
 
     def __str__(self) -> str:
         return self.format_stages()
@@ -84,19 +90,21 @@ class StageList(tuple):
     output_sources: tuple[Source, ...]
     collectives: Mapping[int, Any]
 
-    def __new__(cls, stages, sharded, output_sources, collectives=None):
+    def __new__(cls, stages, sharded, output_sources, collectives=None, layout=None):
         self = super().__new__(cls, stages)
         self.sharded, self.output_sources, self.collectives = sharded, output_sources, collectives or {}
+        self.layout = layout or sharded.layout
         return self
 
     def __str__(self) -> str:
-        return format_stages(self.sharded, self, self.output_sources, self.collectives)
+        return format_stages(self.sharded, self, self.output_sources, self.collectives, self.layout)
 
 
-def format_stages(sharded: ShardedGraph, stages, output_sources, collectives=None) -> str:
+def format_stages(sharded: ShardedGraph, stages, output_sources, collectives=None, layout=None) -> str:
     """One block per stage: its ops, its inputs (value, layout, source), the collectives that finish
     partial results inside it, and its outputs (value, layout)."""
     collectives = collectives or {}
+    layout = layout or sharded.layout
     graph = sharded.graph
     lines = []
 
@@ -108,7 +116,7 @@ def format_stages(sharded: ShardedGraph, stages, output_sources, collectives=Non
         lines.append(f"stage {stage.id}: {len(ops)} ops ({', '.join(dict.fromkeys(ops))})")
         for i in stage.inputs:
             src = f"argument {i.source[1]}" if i.source[0] is None else f"stage {i.source[0]} output {i.source[1]}"
-            produced = sharded.layout(i.value)
+            produced = layout(i.value)
             moved = "" if produced == i.layout else \
                 f"  (gathered from [{format_layout(graph.avals[i.value].shape, produced)}])"
             lines.append(f"  in  {typ(i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {src}{moved}")
@@ -116,9 +124,9 @@ def format_stages(sharded: ShardedGraph, stages, output_sources, collectives=Non
             if n in collectives:
                 c, node = collectives[n], graph.nodes[n]
                 where = f" at {node.source.rsplit('/', 1)[-1]}" if node.source else ""
-                lines.append(f"  {c.kind} over {'*'.join(c.mesh_axes)} finishes `{node.op}`{where}")
-        for v, layout in zip(stage.outputs, stage.out_layouts, strict=True):
-            lines.append(f"  out {typ(v, layout)}  {layout_to_spec(layout)}")
+                lines.append(f"  {c} finishes `{node.op}`{where}")
+        for v, out_layout in zip(stage.outputs, stage.out_layouts, strict=True):
+            lines.append(f"  out {typ(v, out_layout)}  {layout_to_spec(out_layout)}")
     outs = ", ".join(f"argument {s[1]}" if s[0] is None else f"stage {s[0]} output {s[1]}" for s in output_sources)
     lines.append(f"program outputs: {outs}")
     return "\n".join(lines)

@@ -67,3 +67,19 @@ def test_workloads_under_the_collective_strategy(name, f, args, mesh_name, specs
     gathered = sp.autoshard(f, mesh=mesh, in_specs=specs, strategy="gather").trace(*args)
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy="collective", rtol=2e-4, atol=2e-5)
     assert len(prog.stages) <= len(gathered.stages)
+
+
+@pytest.mark.parametrize("mesh_name,specs", [
+    ("4x2", (P("i", "j"), P("j", None), P("i", "j"))),
+    ("2x2x2", (P("i", ("j", "k")), P(("j", "k")), P("i", ("j", "k")))),
+])
+def test_matmul_reduce_scatter_when_the_consumer_wants_the_result_sharded(mesh_name, specs, meshes):
+    """The shard_map doc's matmul_reduce_scatter: the product's consumer slices it over the contracted mesh
+    axes anyway, so the partial sums are reduce-scattered rather than all-reduced (half the bytes)."""
+    f = lambda a, b, c: (a @ b) * c  # noqa: E731
+    args = random_args([((16, 32), np.float32), ((32, 16), np.float32), ((16, 16), np.float32)])
+    prog = assert_same_as_unsharded(f, args, mesh=meshes[mesh_name], in_specs=specs, strategy="collective")
+    (collective,) = prog.plan.collectives.values()
+    assert collective.kind == "psum_scatter" and collective.dimension == 1
+    assert "reduce-scatter" in prog.hlo() and "all-reduce" not in prog.hlo()
+    assert [t.kind for t in prog.communication()] == [t.kind for t in prog.estimated_communication()]
