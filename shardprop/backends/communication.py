@@ -132,7 +132,16 @@ def estimate(plan: Plan) -> list[Transfer]:
                 kind = "reduce-scatter" if c.kind == "psum_scatter" else "all-reduce"
                 for v in graph.nodes[n].outputs:
                     out.append(_transfer(kind, c.mesh_axes, graph.avals[v], plan.layout(v), mesh_shape))
+                    if c.kind in ("argmax", "argmin"):  # the extreme values (and for floats a NaN flag) too
+                        operand_dtype = np.dtype(graph.avals[graph.nodes[n].operands[0]].dtype)
+                        extra = [operand_dtype] + ([np.dtype(np.int32)] if operand_dtype.kind == "f" else [])
+                        out.extend(_transfer(kind, c.mesh_axes, _like(graph.avals[v], dt), plan.layout(v), mesh_shape)
+                                   for dt in extra)
     return out
+
+
+def _like(aval, dtype):
+    return type(aval)(aval.shape, np.dtype(dtype))
 
 
 def _transfer(kind, mesh_axes, aval, layout, mesh_shape) -> Transfer:
@@ -140,7 +149,8 @@ def _transfer(kind, mesh_axes, aval, layout, mesh_shape) -> Transfer:
     nbytes = int(np.dtype(aval.dtype).itemsize * math.prod(shape))
     n = shard_count(mesh_shape, mesh_axes)
     dtype = {"float32": "f32", "int32": "s32", "bool": "pred"}.get(np.dtype(aval.dtype).name, np.dtype(aval.dtype).name)
-    return Transfer(kind, tuple(mesh_axes), n, shape, dtype, nbytes, moved(kind, n, nbytes))
+    in_mesh_order = tuple(name for name in mesh_shape if name in mesh_axes)  # as the HLO reports groups
+    return Transfer(kind, in_mesh_order, n, shape, dtype, nbytes, moved(kind, n, nbytes))
 
 
 def total_moved(transfers: Iterable[Transfer]) -> float:

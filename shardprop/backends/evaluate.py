@@ -17,7 +17,7 @@ from ..errors import LoweringError
 from ..expr.graph import CONSTANT, PARAMETER
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, block_shape, common_layout
-from .blocks import BLOCK_EVAL, Blocks, bind_on_blocks, evaluate, local_slice
+from .blocks import BLOCK_EVAL, Blocks, bind_on_blocks, block_index, evaluate, local_slice
 
 
 def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layout], object],
@@ -63,7 +63,11 @@ def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layo
                 f"evaluating `{node.op}` at {node.source} on per-device blocks failed: "
                 f"{type(err).__name__}: {err}") from err
         collective = collectives.get(node_id)
-        if collective is not None:  # each device holds a partial result: combine them
+        if collective is None:
+            pass
+        elif collective.kind in ("argmax", "argmin"):  # each device found its block's winner: pick the global one
+            outs = [_combine_arg(node, invals[0], outs[0], collective, mesh_shape)]
+        else:  # each device holds a partial result: combine them
             outs = [_combine(x, collective) for x in outs]
         local.update(zip(node.outputs, outs, strict=True))
     return local
@@ -73,6 +77,28 @@ def _combine(x, collective):
     if collective.kind == "psum_scatter":
         return lax.psum_scatter(x, collective.mesh_axes, scatter_dimension=collective.dimension, tiled=True)
     return {"psum": lax.psum, "pmax": lax.pmax, "pmin": lax.pmin}[collective.kind](x, collective.mesh_axes)
+
+
+def _combine_arg(node, block, local_index, collective, mesh_shape):
+    """The global argmax (argmin) from each device's: offset the local index by the block's start, then take
+    the smallest index among the devices holding the extreme value — or, as ``jnp.argmax`` does, the first
+    NaN if there is any."""
+    (axis,) = node.params["axes"]
+    is_max = node.op == "argmax"
+    index_dtype = local_index.dtype
+    index = local_index + (block_index(collective.mesh_axes, mesh_shape) * block.shape[axis]).astype(index_dtype)
+    value = (jnp.max if is_max else jnp.min)(block, axis=axis)
+    if jnp.issubdtype(block.dtype, jnp.floating):
+        nan = jnp.isnan(value)
+        any_nan = lax.pmax(nan.astype(jnp.int32), collective.mesh_axes) > 0
+        clean = jnp.where(nan, -jnp.inf if is_max else jnp.inf, value)
+    else:
+        nan = any_nan = jnp.zeros(value.shape, bool)
+        clean = value
+    best = (lax.pmax if is_max else lax.pmin)(clean, collective.mesh_axes)
+    winner = jnp.where(any_nan, nan, clean == best)
+    candidate = jnp.where(winner, index, jnp.iinfo(index_dtype).max)
+    return lax.pmin(candidate, collective.mesh_axes)
 
 
 def run_graph(sharded: ShardedGraph, input_blocks, mesh_shape: Mapping[str, int]) -> list:

@@ -18,7 +18,7 @@ import numpy as np
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, block_shape, common_layout, is_refinement, shard_count
 
-COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin"}
+COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin", "argmax": "argmax", "argmin": "argmin"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,9 @@ def plan_collectives(sharded: ShardedGraph, *, only_if_cheaper: bool = False
             (v,) = node.operands
             produced = sharded.layout(v)
             mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])
-            if mesh_axes:
+            # argmax/argmin combine (value, index) pairs: floats and ints, not bools
+            pairs_ok = node.op not in ("argmax", "argmin") or np.dtype(sharded.graph.avals[v].dtype).kind in "fiu"
+            if mesh_axes and pairs_ok:
                 found = (produced,), Collective(COMBINE[node.op], mesh_axes)
         elif node.op == "dot_general":
             found = _contraction(sharded, node)
@@ -83,7 +85,9 @@ def _gather_bytes(sharded: ShardedGraph, node) -> float:
 def _collective_bytes(sharded: ShardedGraph, node, collective: Collective) -> float:
     """Bytes one device moves in the ring all-reduce of the node's output blocks."""
     n = shard_count(sharded.mesh_shape, collective.mesh_axes)
-    return sum(2 * (n - 1) / n * _block_bytes(sharded, v, sharded.layout(v)) for v in node.outputs)
+    # argmax/argmin all-reduce the values, a NaN flag and the indices: about three times the output
+    rounds = 3 if collective.kind in ("argmax", "argmin") else 1
+    return rounds * sum(2 * (n - 1) / n * _block_bytes(sharded, v, sharded.layout(v)) for v in node.outputs)
 
 
 

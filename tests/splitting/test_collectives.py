@@ -48,10 +48,10 @@ def test_reductions_finish_with_the_matching_collective(f, expected_kind, mesh):
 
 
 def test_ops_without_a_combine_form_keep_their_gather(mesh):
-    f = lambda a: jnp.argmax(a, axis=1) + jnp.cumsum(a, axis=1).sum(axis=1)  # noqa: E731
+    f = lambda a: jnp.sort(a, axis=1)[:, 0] + jnp.cumsum(a, axis=1).sum(axis=1)  # noqa: E731
     prog = assert_same_as_unsharded(f, random_args([((16, 8), np.float32)]), mesh=mesh, in_specs=P("i", "j"),
                                     strategy="collective")
-    assert not prog.plan.collectives  # argmax and cumsum gather their axis; the final sum is local by then
+    assert not prog.plan.collectives  # sort and cumsum gather their axis; the final sum is local by then
     assert [i.layout for i in prog.stages[0].inputs] == [(("i",), ())]
 
 
@@ -62,9 +62,9 @@ def test_unknown_strategy_is_an_option_error(mesh):
 
 
 @pytest.mark.parametrize("name,f,args,mesh_name,specs", WORKLOADS, ids=[w[0] for w in WORKLOADS])
-def test_workloads_under_the_collective_strategy(name, f, args, mesh_name, specs, meshes):
+def test_workloads_under_the_gather_and_collective_strategies(name, f, args, mesh_name, specs, meshes):
     mesh = meshes[mesh_name]
-    gathered = sp.autoshard(f, mesh=mesh, in_specs=specs, strategy="gather").trace(*args)
+    gathered = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy="gather", rtol=2e-4, atol=2e-5)
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy="collective", rtol=2e-4, atol=2e-5)
     assert len(prog.stages) <= len(gathered.stages)
 
@@ -83,3 +83,23 @@ def test_matmul_reduce_scatter_when_the_consumer_wants_the_result_sharded(mesh_n
     assert collective.kind == "psum_scatter" and collective.dimension == 1
     assert "reduce-scatter" in prog.hlo() and "all-reduce" not in prog.hlo()
     assert [t.kind for t in prog.communication()] == [t.kind for t in prog.estimated_communication()]
+
+
+def _with_nans_and_ties(seed):
+    x = np.round(np.random.default_rng(seed).normal(size=(16, 8)) * 2).astype(np.float32) / 2  # many ties
+    x[3, 5] = x[7, 1] = x[7, 6] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("f", [lambda a: jnp.argmax(a, axis=1), lambda a: jnp.argmin(a, axis=0)],
+                         ids=["argmax", "argmin"])
+@pytest.mark.parametrize("x", [random_args([((16, 8), np.float32)])[0], _with_nans_and_ties(1),
+                               np.random.default_rng(2).integers(-3, 4, size=(16, 8)).astype(np.int32)],
+                         ids=["floats", "nans_and_ties", "ints"])
+@pytest.mark.parametrize("spec", [P("i", "j"), P(("i", "j")), P(None, ("j", "i"))])
+def test_argmax_and_argmin_combine_with_index_offsets(f, x, spec, mesh):
+    prog = sp.autoshard(f, mesh=mesh, in_specs=spec, strategy="collective").trace(x)
+    np.testing.assert_array_equal(prog(x), f(jnp.asarray(x)))  # exact: first index of the extreme, or of a NaN
+    assert any(c.kind in ("argmax", "argmin") for c in prog.plan.collectives.values()) or len(prog.stages) == 1
+    key = lambda t: (t.kind, t.mesh_axes, t.shape, t.bytes)  # noqa: E731
+    assert sorted(map(key, prog.communication())) == sorted(map(key, prog.estimated_communication()))
