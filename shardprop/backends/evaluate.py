@@ -45,12 +45,15 @@ def run_nodes(sharded: ShardedGraph, node_ids, received: Mapping[tuple[int, Layo
                 have = common_layout(layout(v), need)
                 x = received[(v, have)]
             invals.append(local_slice(x, have, need, mesh_shape))
+        # The layout the op computes its outputs in: the plan's, except that a collective's input is the
+        # partial result laid out as propagation said (a psum_scatter then makes it finer).
+        computed = {v: sharded.layout(v) if node_id in collectives else layout(v) for v in node.outputs}
         blocks = Blocks(
             in_global=tuple(graph.avals[v].shape for v in node.operands),
             in_blocks=tuple(x.shape for x in invals),
             out_global=tuple(graph.avals[v].shape for v in node.outputs),
-            out_blocks=tuple(block_shape(graph.avals[v].shape, sharded.layout(v), mesh_shape) for v in node.outputs),
-            out_layouts=tuple(sharded.layout(v) for v in node.outputs),
+            out_blocks=tuple(block_shape(graph.avals[v].shape, computed[v], mesh_shape) for v in node.outputs),
+            out_layouts=tuple(computed[v] for v in node.outputs),
             mesh_shape=mesh_shape,
             body=sharded.bodies.get(node_id),
         )

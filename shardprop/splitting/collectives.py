@@ -71,15 +71,8 @@ def _block_bytes(sharded: ShardedGraph, value: int, layout: Layout) -> int:
 
 def _gather_bytes(sharded: ShardedGraph, node) -> float:
     """Bytes one device receives when the operands are gathered into the layouts the node needs."""
-    total = 0.0
-    for v, need in zip(node.operands, sharded.needs[node.id], strict=True):
-        produced = sharded.layout(v)
-        moved_to = common_layout(produced, need)
-        gathered = tuple(name for p, t in zip(produced, moved_to, strict=True) for name in p[len(t):])
-        if gathered:
-            n = shard_count(sharded.mesh_shape, gathered)
-            total += (n - 1) / n * _block_bytes(sharded, v, moved_to)
-    return total
+    return sum(_gather_cost(sharded, v, sharded.layout(v), need)
+               for v, need in zip(node.operands, sharded.needs[node.id], strict=True))
 
 
 def _collective_bytes(sharded: ShardedGraph, node, collective: Collective) -> float:
@@ -143,3 +136,72 @@ def scatter_where_consumers_slice(sharded: ShardedGraph, needs, collectives: dic
                 collectives[node_id] = Collective("psum_scatter", collective.mesh_axes, d)
                 break
     return held
+
+
+def pull_gathers_back(sharded: ShardedGraph, needs, overrides: dict[int, tuple[Layout, ...]],
+                      held: dict[int, Layout]) -> None:
+    """Place each remaining gather where it moves the fewest bytes: when a gathered value is made by an
+    elementwise op or a broadcast that nothing else reads, gathering that op's operands instead and running
+    it on the gathered blocks can be cheaper (a broadcast row is smaller than the matrix it becomes). The
+    search follows such chains upwards and keeps the cheapest place. Updates ``overrides`` and ``held``."""
+    graph = sharded.graph
+    nodes, producer, consumers = graph.nodes, graph.producer, graph.consumers
+    outputs = set(graph.outputs)
+
+    def layout(v):
+        return held.get(v) or sharded.layout(v)
+
+    def cheapest(v: int, target: Layout) -> tuple[float, list]:
+        """Bytes to have ``v`` in ``target``, and the pulls (node, operand needs, value, layout) to get there."""
+        direct = _gather_cost(sharded, v, layout(v), target)
+        p = nodes[producer[v]]
+        if v in outputs or len(consumers[v]) != 1 or len(p.outputs) != 1 or p.id in overrides:
+            return direct, []
+        pulled = _operand_needs(sharded, p, target)
+        if pulled is None:
+            return direct, []
+        total, steps = 0.0, [(p.id, pulled, v, target)]
+        for u, need in zip(p.operands, pulled, strict=True):
+            if not _refines(layout(u), need):
+                cost, more = cheapest(u, common_layout(layout(u), need))
+                total += cost
+                steps += more
+        return (total, steps) if total < direct else (direct, [])
+
+    for consumer in reversed(nodes):
+        for v, need in zip(consumer.operands, needs(consumer.id), strict=True):
+            if not _refines(layout(v), need):
+                for node_id, pulled, value, target in cheapest(v, common_layout(layout(v), need))[1]:
+                    overrides[node_id], held[value] = pulled, target
+
+
+def _operand_needs(sharded: ShardedGraph, node, target: Layout):
+    """The operand layouts that give ``node``'s output in ``target``, for elementwise ops and broadcasts."""
+    from ..propagation.rules import RULES
+    from ..propagation.rules.elementwise import elementwise
+
+    avals = sharded.graph.avals
+    out_shape = avals[node.output].shape
+    if RULES.get(node.op) is elementwise:
+        needs = []
+        for u in node.operands:
+            shape = avals[u].shape
+            offset = len(out_shape) - len(shape)
+            needs.append(tuple(target[j + offset] if shape[j] == out_shape[j + offset] else ()
+                               for j in range(len(shape))))
+        return tuple(needs)
+    if node.op == "broadcast_in_dim" and len(node.operands) == 1:
+        (u,) = node.operands
+        shape = avals[u].shape
+        dims = node.params["broadcast_dimensions"]
+        return (tuple(target[d] if shape[k] == out_shape[d] else () for k, d in enumerate(dims)),)
+    return None
+
+
+def _gather_cost(sharded: ShardedGraph, value: int, have: Layout, want: Layout) -> float:
+    moved_to = common_layout(have, want)
+    gathered = tuple(name for h, t in zip(have, moved_to, strict=True) for name in h[len(t):])
+    if not gathered:
+        return 0.0
+    n = shard_count(sharded.mesh_shape, gathered)
+    return (n - 1) / n * _block_bytes(sharded, value, moved_to)

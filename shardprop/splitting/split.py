@@ -14,7 +14,7 @@ from ..expr.graph import CONSTANT, PARAMETER
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, common_layout, is_refinement
 from ..errors import OptionError
-from .collectives import plan_collectives, scatter_where_consumers_slice
+from .collectives import plan_collectives, pull_gathers_back, scatter_where_consumers_slice
 from .stage import Plan, Source, Stage, StageInput
 
 
@@ -47,6 +47,8 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
         return overrides.get(node_id) or sharded.needs[node_id]
 
     held = scatter_where_consumers_slice(sharded, needs, collectives)
+    if strategy == "auto":
+        pull_gathers_back(sharded, needs, overrides, held)
 
     def layout(v: int) -> Layout:  # where a reduce-scatter leaves a value finer than propagation did
         return held.get(v) or sharded.layout(v)

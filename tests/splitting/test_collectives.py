@@ -103,3 +103,20 @@ def test_argmax_and_argmin_combine_with_index_offsets(f, x, spec, mesh):
     assert any(c.kind in ("argmax", "argmin") for c in prog.plan.collectives.values()) or len(prog.stages) == 1
     key = lambda t: (t.kind, t.mesh_axes, t.shape, t.bytes)  # noqa: E731
     assert sorted(map(key, prog.communication())) == sorted(map(key, prog.estimated_communication()))
+
+
+def test_auto_places_a_gather_before_the_broadcast_that_would_make_it_bigger(mesh):
+    """sort needs its axis whole; gathering the 64-row column before it is broadcast to 64x64 moves 32x
+    fewer bytes than gathering the matrix. "gather" keeps the Nx placement."""
+    def f(r, m):
+        return jnp.sort(jnp.broadcast_to(jnp.exp(r)[:, None], (64, 64)) * 3.0, axis=0) + m
+
+    args = random_args([((64,), np.float32), ((64, 64), np.float32)])
+    specs = (P("i"), P("i", "j"))
+    nx_style = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy="gather")
+    auto = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy="auto")
+    gathered = {t.kind: t.bytes for t in auto.communication()}
+    assert gathered == {"all-gather": 64 * 4}          # the column, not the matrix
+    assert sum(t.bytes for t in nx_style.communication()) == 64 * 32 * 4
+    assert [(t.kind, t.bytes) for t in auto.communication()] == [
+        (t.kind, t.bytes) for t in auto.estimated_communication()]
