@@ -172,6 +172,11 @@ def is_refinement(coarse: tuple[str, ...], fine: tuple[str, ...]) -> bool:
     return fine[: len(coarse)] == coarse
 
 
+def layout_refines(produced: Layout, needed: Layout) -> bool:
+    """True when every axis of ``needed`` is a local slice of ``produced`` (no communication needed)."""
+    return all(is_refinement(p, n) for p, n in zip(produced, needed, strict=True))
+
+
 def common_layout(produced: Layout, needed: Layout) -> Layout:
     """Per axis, the longest common prefix: what must be moved so that ``needed`` is a local slice of it."""
     out = []

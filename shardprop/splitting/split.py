@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from ..expr.graph import CONSTANT, PARAMETER
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, common_layout, is_refinement
+from ..propagation.sharding import Layout, common_layout, layout_refines
 from ..errors import OptionError
-from .collectives import plan_collectives, pull_gathers_back, scatter_where_consumers_slice
+from .strategies import plan_collectives, pull_gathers_back, scatter_where_consumers_slice
 from .stage import Plan, Source, Stage, StageInput
 
 
 def needs_gather(produced: Layout, needed: Layout) -> bool:
     """True when some axis of ``needed`` is not a local slice of ``produced``."""
-    return not all(is_refinement(p, n) for p, n in zip(produced, needed, strict=True))
+    return not layout_refines(produced, needed)
 
 
 STRATEGIES = ("auto", "gather", "collective")

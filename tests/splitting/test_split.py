@@ -52,7 +52,7 @@ def test_auto_keeps_the_gather_when_it_moves_fewer_bytes(mesh):
     small = jax.ShapeDtypeStruct((8, 1), jnp.float32)
     plan = plan_of(f, (small, jax.ShapeDtypeStruct((16, 1), jnp.float32)), (P("i"), None), mesh, "auto")
     assert plan.strategy == "auto"
-    from shardprop.splitting.collectives import _collective_bytes, _gather_bytes, plan_collectives
+    from shardprop.splitting.strategies import _collective_bytes, _gather_bytes, plan_collectives
 
     _, every = plan_collectives(plan.sharded)
     for node_id, collective in every.items():

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 from ...errors import ShardingError
 from ...expr import trace_jaxpr
-from ..sharding import Sharded, TensorSharding, common_layout, is_refinement
+from ..sharding import Sharded, TensorSharding, common_layout, layout_refines
 from .fallback import conservative
 from .registry import RuleContext, RuleOutput, register
 
 
 def _needs_no_gather(body) -> bool:
-    for node in body.graph.nodes:
-        for v, need in zip(node.operands, body.needs[node.id], strict=True):
-            if not all(is_refinement(p, n) for p, n in zip(body.layout(v), need, strict=True)):
-                return False
-    return True
+    return all(layout_refines(body.layout(v), need) for node in body.graph.nodes
+               for v, need in zip(node.operands, body.needs[node.id], strict=True))
 
 
 def _sharded_like(ctx: RuleContext, shape, layout, operands) -> TensorSharding:
@@ -55,7 +52,7 @@ def scan(ctx: RuleContext, *operands: TensorSharding, jaxpr, num_consts, num_car
         if out == carry:
             break
         # Refine where the initial carry can be sliced locally; otherwise keep only what both agree on.
-        carry = [o if all(is_refinement(c, f) for c, f in zip(c_in, o, strict=True)) else common_layout(c_in, o)
+        carry = [o if layout_refines(c_in, o) else common_layout(c_in, o)
                  for c_in, o in zip(carry, out, strict=True)]
     else:
         body = None

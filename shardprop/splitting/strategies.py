@@ -1,24 +1,28 @@
-"""The ``"collective"`` strategy: finish reductions and contractions over sharded axes inside the stage.
+"""Communication strategies: how the split pass pays for data an op needs whole.
 
 Under ``"gather"`` (the Nx design) a reduction over a sharded axis cuts the graph: the next stage receives the
 operand gathered. Under ``"collective"`` each device reduces its own block and a collective over the mesh
-axes of the reduced axes (``psum`` for sums and contractions, ``pmax``/``pmin`` for maxima/minima) finishes
-the result, as in the shard_map design doc's ``matmul_basic``; the operand is consumed as it is, so no cut.
-Only ops with an exact local-then-combine form take part; everything else keeps its gather.
+axes of the reduced axes (``psum`` for sums and contractions, ``pmax``/``pmin`` for maxima/minima, index
+combining for ``argmax``/``argmin``) finishes the result, as in the shard_map design doc's ``matmul_basic``;
+the operand is consumed as it is, so no cut (:func:`plan_collectives`). A sum whose consumers slice it
+anyway becomes a reduce-scatter (:func:`scatter_where_consumers_slice`). ``"auto"`` uses the cost model to
+choose per node and to place the remaining gathers where they move the fewest bytes
+(:func:`pull_gathers_back`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, block_shape, common_layout, is_refinement, shard_count
+from ..propagation.sharding import Layout, block_shape, common_layout, layout_refines, shard_count
 
 COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin", "argmax": "argmax", "argmin": "argmin"}
+# dtype kinds each combination is exact for (no pmax over bools or complex numbers)
+COMBINABLE_KINDS = {"psum": "fiuc", "pmax": "fiu", "pmin": "fiu", "argmax": "fiu", "argmin": "fiu"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +39,6 @@ class Collective:
         return f"{self.kind} over {'*'.join(self.mesh_axes)}{along}"
 
 
-def _refines(produced: Layout, needed: Layout) -> bool:
-    return all(is_refinement(p, n) for p, n in zip(produced, needed, strict=True))
-
-
 def plan_collectives(sharded: ShardedGraph, *, only_if_cheaper: bool = False
                      ) -> tuple[dict[int, tuple[Layout, ...]], dict[int, Collective]]:
     """For every node that can be finished with a collective: the layouts it then consumes its operands in
@@ -52,10 +52,9 @@ def plan_collectives(sharded: ShardedGraph, *, only_if_cheaper: bool = False
             (v,) = node.operands
             produced = sharded.layout(v)
             mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])
-            # argmax/argmin combine (value, index) pairs: floats and ints, not bools
-            pairs_ok = node.op not in ("argmax", "argmin") or np.dtype(sharded.graph.avals[v].dtype).kind in "fiu"
-            if mesh_axes and pairs_ok:
-                found = (produced,), Collective(COMBINE[node.op], mesh_axes)
+            kind = COMBINE[node.op]
+            if mesh_axes and np.dtype(sharded.graph.avals[v].dtype).kind in COMBINABLE_KINDS[kind]:
+                found = (produced,), Collective(kind, mesh_axes)
         elif node.op == "dot_general":
             found = _contraction(sharded, node)
         if found is not None and (not only_if_cheaper or _collective_bytes(sharded, node, found[1])
@@ -106,7 +105,8 @@ def _contraction(sharded: ShardedGraph, node):
         others = [name for k, m in enumerate(need) if k not in axes for name in m]
         if contracted & set(others):
             return None  # a mesh axis would shard two axes of one operand
-    if contracted & out_names or not _refines(lhs_have, tuple(lhs_need)) or not _refines(rhs_have, tuple(rhs_need)):
+    if contracted & out_names or not (layout_refines(lhs_have, tuple(lhs_need))
+                                      and layout_refines(rhs_have, tuple(rhs_need))):
         return None
     return (tuple(lhs_need), tuple(rhs_need)), Collective("psum", tuple(mesh_axes))
 
@@ -131,7 +131,7 @@ def scatter_where_consumers_slice(sharded: ShardedGraph, needs, collectives: dic
         for d in range(len(layout)):
             target = layout[:d] + (layout[d] + collective.mesh_axes,) + layout[d + 1:]
             if wants and shape[d] % shard_count(sharded.mesh_shape, target[d]) == 0 and all(
-                    _refines(target, want) for want in wants):
+                    layout_refines(target, want) for want in wants):
                 held[v] = target
                 collectives[node_id] = Collective("psum_scatter", collective.mesh_axes, d)
                 break
@@ -162,7 +162,7 @@ def pull_gathers_back(sharded: ShardedGraph, needs, overrides: dict[int, tuple[L
             return direct, []
         total, steps = 0.0, [(p.id, pulled, v, target)]
         for u, need in zip(p.operands, pulled, strict=True):
-            if not _refines(layout(u), need):
+            if not layout_refines(layout(u), need):
                 cost, more = cheapest(u, common_layout(layout(u), need))
                 total += cost
                 steps += more
@@ -170,7 +170,7 @@ def pull_gathers_back(sharded: ShardedGraph, needs, overrides: dict[int, tuple[L
 
     for consumer in reversed(nodes):
         for v, need in zip(consumer.operands, needs(consumer.id), strict=True):
-            if not _refines(layout(v), need):
+            if not layout_refines(layout(v), need):
                 for node_id, pulled, value, target in cheapest(v, common_layout(layout(v), need))[1]:
                     overrides[node_id], held[value] = pulled, target
 
