@@ -8,6 +8,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import shardprop as sp  # noqa: E402
+from jax.sharding import PartitionSpec  # noqa: E402
+from shardprop.propagation.rules import RULES  # noqa: E402
 
 MESH_SHAPES = {
     "8": ((8,), ("i",)),
@@ -39,6 +41,18 @@ def random_args(shapes_dtypes, seed=0):
         else:
             out.append(rng.normal(size=shape).astype(dtype))
     return out
+
+
+def check_rule_case(f, args, *, mesh, in_specs, expected, primitive):
+    """One row of a rule table: the sharded result equals the unsharded one, the outputs are sharded as
+    ``expected`` (a spec or a tuple of specs), and ``primitive`` was sharded by its own rule."""
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=in_specs)
+    expected = (expected,) if isinstance(expected, PartitionSpec) else tuple(expected)
+    assert prog.graph.out_specs == expected
+    assert primitive in RULES
+    assert primitive in {n.op for n in prog.graph.graph.nodes}
+    assert not prog.graph.fallbacks
+    return prog
 
 
 def assert_same_as_unsharded(f, args, *, mesh, in_specs, strategy="auto", rtol=1e-5, atol=1e-5):

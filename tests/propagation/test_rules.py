@@ -9,8 +9,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from shardprop.propagation.rules import RULES
-from tests.conftest import assert_same_as_unsharded, random_args
+from tests.conftest import assert_same_as_unsharded, check_rule_case, random_args
 
 F32, I32, BOOL = np.float32, np.int32, np.bool_
 M = (16, 8)
@@ -78,15 +77,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_rule(case, meshes):
     _, f, arg_types, mesh_name, in_specs, expected, primitive = case
-    args = random_args(arg_types)
-    if arg_types[0][1] == BOOL and len(arg_types) == 1:
-        args = [args[0]]
-    prog = assert_same_as_unsharded(f, args, mesh=meshes[mesh_name], in_specs=in_specs)
-    expected = expected if isinstance(expected, tuple) and not isinstance(expected, P) else (expected,)
-    assert prog.graph.out_specs == expected
-    assert primitive in RULES
-    assert primitive in {n.op for n in prog.graph.graph.nodes}
-    assert not prog.graph.fallbacks
+    check_rule_case(f, random_args(arg_types), mesh=meshes[mesh_name], in_specs=in_specs, expected=expected,
+                    primitive=primitive)
 
 
 def test_reduction_needs_the_reduced_axis_whole(mesh):

@@ -8,8 +8,7 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from shardprop.propagation.rules import RULES
-from tests.conftest import assert_same_as_unsharded, random_args
+from tests.conftest import assert_same_as_unsharded, check_rule_case, random_args
 
 F32, I32 = np.float32, np.int32
 M = (16, 8)
@@ -97,12 +96,7 @@ def test_rule(case, meshes):
         args = [np.abs(args[0]) % 16] + args[1:]
     if len(arg_types) > 1 and arg_types[1][1] == I32:
         args = [args[0], np.abs(args[1]) % 16]
-    prog = assert_same_as_unsharded(f, args, mesh=meshes[mesh_name], in_specs=in_specs)
-    expected = expected if isinstance(expected, tuple) and not isinstance(expected, P) else (expected,)
-    assert prog.graph.out_specs == expected
-    assert primitive in RULES
-    assert primitive in {n.op for n in prog.graph.graph.nodes}
-    assert not prog.graph.fallbacks
+    check_rule_case(f, args, mesh=meshes[mesh_name], in_specs=in_specs, expected=expected, primitive=primitive)
 
 
 def test_random_bit_generation_is_conservative_and_exact(mesh):
