@@ -43,7 +43,7 @@ def plan_collectives(sharded: ShardedGraph, *, only_if_cheaper: bool = False
                      ) -> tuple[dict[int, tuple[Layout, ...]], dict[int, Collective]]:
     """For every node that can be finished with a collective: the layouts it then consumes its operands in
     (replacing ``sharded.needs``) and the collective. With ``only_if_cheaper`` (the ``"auto"`` strategy), a
-    node takes the collective only when the cost model says it moves fewer bytes than gathering."""
+    node takes the collective only when the cost model says it moves no more bytes than gathering."""
     needs: dict[int, tuple[Layout, ...]] = {}
     collectives: dict[int, Collective] = {}
     for node in sharded.graph.nodes:
@@ -57,8 +57,9 @@ def plan_collectives(sharded: ShardedGraph, *, only_if_cheaper: bool = False
                 found = (produced,), Collective(kind, mesh_axes)
         elif node.op == "dot_general":
             found = _contraction(sharded, node)
+        # On a tie the collective wins: it needs no cut, so the stage keeps its data where it is.
         if found is not None and (not only_if_cheaper or _collective_bytes(sharded, node, found[1])
-                                  < _gather_bytes(sharded, node)):
+                                  <= _gather_bytes(sharded, node)):
             needs[node.id], collectives[node.id] = found
     return needs, collectives
 
