@@ -15,7 +15,6 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -68,7 +67,7 @@ def main() -> None:
             program = comparison.program
             flat, tree = jax.tree_util.tree_flatten(inputs)
             shardings = [NamedSharding(mesh, s) for s in program.graph.in_specs]
-            placed = jax.tree_util.tree_unflatten(tree, [jax.device_put(x, s) for x, s in zip(flat, shardings)])
+            placed = jax.tree_util.tree_unflatten(tree, [jax.device_put(x, s) for x, s in zip(flat, shardings, strict=True)])
             jitted = jax.jit(f)
             timed(program, placed), timed(jitted, placed)  # compile and warm up both
             ours, theirs = [], []
