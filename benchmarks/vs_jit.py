@@ -67,7 +67,8 @@ def main() -> None:
             program = comparison.program
             flat, tree = jax.tree_util.tree_flatten(inputs)
             shardings = [NamedSharding(mesh, s) for s in program.graph.in_specs]
-            placed = jax.tree_util.tree_unflatten(tree, [jax.device_put(x, s) for x, s in zip(flat, shardings, strict=True)])
+            placed = jax.tree_util.tree_unflatten(
+                tree, [jax.device_put(x, s) for x, s in zip(flat, shardings, strict=True)])
             jitted = jax.jit(f)
             timed(program, placed), timed(jitted, placed)  # compile and warm up both
             ours, theirs = [], []
