@@ -36,6 +36,7 @@ from .errors import (
     UnsupportedDtypeError,
 )
 from .expr import Graph, Node, trace
+from .inspect import Lineage, lineage
 from .mesh import make_mesh
 from .propagation import Shard, ShardedGraph, TensorSharding, propagate
 from .splitting import Plan, Stage, StageInput, split
@@ -45,8 +46,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Comparison", "compare_with_jit",
     "AutoSharded", "DuplicateMeshAxisError", "FallbackWarning", "Graph", "IndivisibleAxisError",
-    "InputMismatchError", "LoweringError", "MeshError", "NoRuleError", "Node", "OptionError", "Plan", "Program",
+    "InputMismatchError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node", "OptionError", "Plan", "Program",
     "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError",
     "SpecTreeError", "Stage", "StageInput", "TensorSharding", "TraceError", "UnknownMeshAxisError",
-    "UnsupportedDtypeError", "autoshard", "compile_program", "lower", "make_mesh", "propagate", "split", "trace",
+    "UnsupportedDtypeError", "autoshard", "compile_program", "lineage", "lower", "make_mesh", "propagate", "split", "trace",
 ]

@@ -1,0 +1,118 @@
+"""Lineage — the Nx idea of tracing a section of an output back to the input elements it was computed from.
+
+``lineage(prog, output=0, block=(0, 1))`` takes one block of an output as laid out on the mesh and walks the
+graph backwards once: every node maps the boxes asked of its outputs to boxes of its operands with its rule
+from :data:`LINEAGE_RULES`. The answer is sound (no dependency is missed); it is exact when every rule on
+the way is exact (see :attr:`Lineage.exact`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import OptionError
+from ...expr.graph import CONSTANT, PARAMETER, Graph, value_name
+from ...propagation.sharding import shard_count
+from ..products import layout_of, products, resolve_value
+from . import contractions, elementwise, reductions, shapes, slicing  # noqa: F401  (fill the table)
+from .boxes import Box, full_box, mask, normalize
+from .registry import LINEAGE_RULES, LineageContext, lookup
+
+__all__ = ["LINEAGE_RULES", "Lineage", "block_box", "dependencies", "lineage", "mask"]
+
+
+class Lineage(dict):
+    """``{flat input index: [box, ...]}`` — the input elements a block depends on, as boxes (one
+    ``(start, stop)`` per axis) whose union is the set. ``value`` and ``box`` say which block was asked
+    about; ``exact`` is False when some rule on the way over-approximated (then the boxes are a superset)."""
+
+    value: int
+    box: Box
+    exact: bool
+
+    def __repr__(self) -> str:
+        flag = "" if self.exact else ", exact=False"
+        return f"Lineage({dict.__repr__(self)}{flag})"
+
+
+def block_box(prog: Any, value: int, block: Any) -> Box:
+    """The box of ``block`` (one block index per axis, as laid out on the mesh) of ``value``."""
+    sharded, plan = products(prog)
+    shape = sharded.graph.avals[value].shape
+    if block is None:
+        return full_box(shape)
+    block = (block,) if isinstance(block, int) else tuple(block)
+    layout = layout_of(sharded, plan, value)
+    if len(block) != len(shape):
+        raise OptionError(f"block {block} has {len(block)} entries but {value_name(value)} has rank {len(shape)}")
+    box = []
+    for axis, (index, size, mesh_axes) in enumerate(zip(block, shape, layout, strict=True)):
+        count = shard_count(sharded.mesh_shape, mesh_axes)
+        if not isinstance(index, int) or not 0 <= index < count:
+            laid = f"sharded over {'*'.join(mesh_axes)} into {count} blocks" if mesh_axes else "replicated (1 block)"
+            raise OptionError(f"block index {index!r} out of range on axis {axis} of {value_name(value)}: the "
+                              f"axis is {laid}")
+        length = size // count
+        box.append((index * length, (index + 1) * length))
+    return tuple(box)
+
+
+def dependencies(graph: Graph, value: int, boxes: list[Box]) -> tuple[dict[int, list[Box]], bool]:
+    """The input elements that ``boxes`` of ``value`` depend on: ``({flat input index: boxes}, exact)``.
+
+    One backward walk from ``value``'s producer, visiting each node at most once."""
+    regions: dict[int, list[Box]] = {value: normalize(list(boxes))[0]}
+    exact = True
+    producer, avals = graph.producer, graph.avals
+    found: dict[int, list[Box]] = {i: [] for i in range(len(graph.inputs))}
+    for node in reversed(graph.nodes[: producer[value] + 1]):
+        asked = [(k, regions.pop(v)) for k, v in enumerate(node.outputs) if v in regions]
+        if not asked:
+            continue
+        if node.op == PARAMETER:
+            found[node.params["index"]] = asked[0][1]
+            continue
+        if node.op == CONSTANT:
+            continue
+        ctx = LineageContext(tuple(avals[v].shape for v in node.operands),
+                             tuple(avals[v].shape for v in node.outputs))
+        registered = lookup(node.op)
+        per_operand: list[list[Box]] = [[] for _ in node.operands]
+        for k, out_boxes in asked:
+            for box in out_boxes:
+                for i, operand_boxes in enumerate(registered.rule(ctx, box, k, **node.params)):
+                    per_operand[i].extend(operand_boxes)
+        exact = exact and registered.exact and ctx.exact
+        for v, new in zip(node.operands, per_operand, strict=True):
+            if new:
+                merged, merged_exact = normalize(regions.get(v, []) + new)
+                regions[v] = merged
+                exact = exact and merged_exact
+    return found, exact
+
+
+def lineage(prog: Any, output: int = 0, block: Any = None, *, value: Any = None) -> Lineage:
+    """For every input (by flat index), the boxes of input elements that one block of an output depends on.
+
+    ``block`` indexes the output's blocks along each axis as laid out on the mesh (None: the whole output);
+    ``value`` (a printed name such as ``"e"`` or a value id) asks about an intermediate value instead of
+    output ``output``. For the Nx example on a (4, 2) mesh::
+
+        >>> sp.lineage(prog, output=0, block=(0, 1))                                # doctest: +SKIP
+        Lineage({0: [((0, 4), (0, 8)), ((0, 16), (4, 8))], 1: [((0, 4), (0, 8)), ((0, 16), (4, 8))]})
+
+    i.e. the output block needs ``a[0:4, :]`` and ``a[:, 4:8]`` (and the same of ``b``).
+    """
+    sharded, _ = products(prog)
+    graph = sharded.graph
+    if value is None:
+        if not isinstance(output, int) or not 0 <= output < len(graph.outputs):
+            raise OptionError(f"output {output!r} out of range: the function has {len(graph.outputs)} flat outputs")
+        value = graph.outputs[output]
+    else:
+        value = resolve_value(sharded, value)
+    box = block_box(prog, value, block)
+    found, exact = dependencies(graph, value, [box])
+    result = Lineage(found)
+    result.value, result.box, result.exact = value, box, exact
+    return result

@@ -1,0 +1,140 @@
+"""Shape ops move elements without combining them: broadcasts, squeezes, transposes, reshapes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from .boxes import Box, full_box, hull, product
+from .registry import LineageContext, register
+
+# A reshape box that crosses more rows than this is widened to its bounding box (sound, not exact).
+MAX_RUNS = 4096
+
+
+@register("broadcast_in_dim")
+def broadcast_in_dim(ctx: LineageContext, box: Box, output: int, *, broadcast_dimensions, **params):
+    shape, out_shape = ctx.in_shapes[0], ctx.out_shapes[0]
+    box_in = tuple((0, 1) if n == 1 and out_shape[d] != 1 else box[d]
+                   for n, d in zip(shape, broadcast_dimensions, strict=True))
+    return [[box_in]] + [[()] for _ in ctx.in_shapes[1:]]  # dynamic shape operands are scalars
+
+
+@register("squeeze")
+def squeeze(ctx: LineageContext, box: Box, output: int, *, dimensions, **params):
+    (shape,) = ctx.in_shapes
+    dropped = {d % len(shape) for d in dimensions}
+    kept = iter(box)
+    return [[tuple((0, 1) if k in dropped else next(kept) for k in range(len(shape)))]]
+
+
+@register("transpose")
+def transpose(ctx: LineageContext, box: Box, output: int, *, permutation, **params):
+    box_in = [None] * len(permutation)
+    for out_axis, in_axis in enumerate(permutation):
+        box_in[in_axis] = box[out_axis]
+    return [[tuple(box_in)]]
+
+
+def reshape_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
+    """Consecutive axis groups with equal element counts: ``(8, 6) → (2, 4, 3, 2)`` gives
+    ``[([0], [0, 1]), ([1], [2, 3])]``. Within a group, elements keep their row-major order."""
+    groups, i, j = [], 0, 0
+    while i < len(in_shape) or j < len(out_shape):
+        ins, outs, p, q = [], [], 1, 1
+        if i < len(in_shape):
+            ins.append(i)
+            p *= in_shape[i]
+            i += 1
+        if j < len(out_shape):
+            outs.append(j)
+            q *= out_shape[j]
+            j += 1
+        while p != q:
+            if p < q:
+                ins.append(i)
+                p *= in_shape[i]
+                i += 1
+            else:
+                outs.append(j)
+                q *= out_shape[j]
+                j += 1
+        groups.append((ins, outs))
+    return groups
+
+
+def run_boxes(lo: int, hi: int, shape: tuple[int, ...]) -> list[Box]:
+    """The row-major elements ``[lo, hi)`` of a tensor of ``shape`` as a few boxes."""
+    if lo >= hi:
+        return []
+    if not shape:
+        return [()]
+    inner = math.prod(shape[1:])
+    a, a_rest = divmod(lo, inner)
+    b, b_rest = divmod(hi, inner)
+    rest = shape[1:]
+    if a == b:
+        return [((a, a + 1),) + sub for sub in run_boxes(a_rest, b_rest, rest)]
+    out = []
+    if a_rest:
+        out += [((a, a + 1),) + sub for sub in run_boxes(a_rest, inner, rest)]
+        a += 1
+    if a < b:
+        out.append(((a, b),) + full_box(rest))
+    if b_rest:
+        out += [((b, b + 1),) + sub for sub in run_boxes(0, b_rest, rest)]
+    return out
+
+
+def _runs(box: Box, shape: tuple[int, ...]) -> list[tuple[int, int]] | None:
+    """The row-major element ranges a box covers, merged; None when there are more than MAX_RUNS."""
+    if not shape:
+        return [(0, 1)]
+    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+    # the innermost axes the box covers whole, plus the first partial one, form one contiguous run
+    k = len(shape) - 1
+    while k > 0 and box[k] == (0, shape[k]):
+        k -= 1
+    outer = box[:k]
+    if math.prod(e - s for s, e in outer) > MAX_RUNS:
+        return None
+    runs: list[tuple[int, int]] = []
+    for index in product([[(i, i + 1) for i in range(s, e)] for s, e in outer]) if outer else [()]:
+        base = sum(i[0] * st for i, st in zip(index, strides, strict=False))
+        lo, hi = base + box[k][0] * strides[k], base + box[k][1] * strides[k]
+        if runs and runs[-1][1] == lo:
+            runs[-1] = (runs[-1][0], hi)
+        else:
+            runs.append((lo, hi))
+    return runs
+
+
+@register("reshape")
+def reshape(ctx: LineageContext, box: Box, output: int, **params):
+    """Each axis group of the reshape maps its rows of the output box onto rows of the operand; groups are
+    independent, so the operand boxes are the product of the groups' boxes."""
+    shape, out_shape = ctx.in_shapes[0], ctx.out_shapes[0]
+    if 0 in shape:
+        return [[]]
+    per_group = []
+    for ins, outs in reshape_groups(shape, out_shape):
+        in_sub = tuple(shape[k] for k in ins)
+        sub_box, sub_shape = tuple(box[k] for k in outs), tuple(out_shape[k] for k in outs)
+        runs = _runs(sub_box, sub_shape)
+        if runs is None:  # too many rows: the bounding box of the first and last element
+            ctx.exact = False
+            runs = [(_row_major(tuple(s for s, _ in sub_box), sub_shape),
+                     _row_major(tuple(e - 1 for _, e in sub_box), sub_shape) + 1)]
+            per_group.append([hull(run_boxes(*runs[0], in_sub))])
+        else:
+            per_group.append([b for lo, hi in runs for b in run_boxes(lo, hi, in_sub)])
+    return [[sum(parts, ()) for parts in itertools.product(*per_group)]] + [[()] for _ in ctx.in_shapes[1:]]
+
+
+def _row_major(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    return sum(i * math.prod(shape[k + 1:]) for k, i in enumerate(index))
+
+
+@register("iota")
+def no_operands(ctx: LineageContext, box: Box, output: int, **params):
+    return [[()] for _ in ctx.in_shapes]
