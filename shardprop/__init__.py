@@ -11,7 +11,8 @@ The pipeline reads like the design: ``trace → propagate → split → lower``:
     print(prog.stages)              # stages with their in/out specs
 
 or step by step: ``sp.trace(f, *args)``, ``sp.propagate(graph, in_specs, mesh=mesh)``, ``sp.split(sharded)``,
-``sp.lower(plan, mesh)``.
+``sp.lower(plan, mesh)``. To look inside: ``sp.show(prog)``, ``sp.explain(prog, "e")``,
+``sp.lineage(prog, output=0, block=(0, 1))``, ``sp.to_dot(prog)``, ``sp.show_blocks(prog, "c")``.
 """
 
 from .api import AutoSharded, autoshard, compile_program
@@ -23,6 +24,7 @@ from .errors import (
     IndivisibleAxisError,
     InputMismatchError,
     LoweringError,
+    RenderError,
     MeshError,
     NoRuleError,
     OptionError,
@@ -36,7 +38,8 @@ from .errors import (
     UnsupportedDtypeError,
 )
 from .expr import Graph, Node, trace
-from .inspect import Lineage, lineage
+from .inspect import (Explanation, Lineage, blocks, explain, lineage, render, show, show_blocks, stage_table, to_dot,
+                      to_json)
 from .mesh import make_mesh
 from .propagation import Shard, ShardedGraph, TensorSharding, propagate
 from .splitting import Plan, Stage, StageInput, split
@@ -44,9 +47,10 @@ from .splitting import Plan, Stage, StageInput, split
 __version__ = "0.1.0"
 
 __all__ = [
-    "Comparison", "compare_with_jit",
+    "Comparison", "Explanation", "blocks", "compare_with_jit", "explain", "render", "show", "show_blocks",
+    "stage_table", "to_dot", "to_json",
     "AutoSharded", "DuplicateMeshAxisError", "FallbackWarning", "Graph", "IndivisibleAxisError",
-    "InputMismatchError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node", "OptionError", "Plan", "Program",
+    "InputMismatchError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node", "OptionError", "Plan", "Program", "RenderError",
     "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError",
     "SpecTreeError", "Stage", "StageInput", "TensorSharding", "TraceError", "UnknownMeshAxisError",
     "UnsupportedDtypeError", "autoshard", "compile_program", "lineage", "lower", "make_mesh", "propagate", "split", "trace",

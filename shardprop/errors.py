@@ -69,3 +69,7 @@ class FallbackWarning(UserWarning):
 
 class LoweringError(ShardingError):
     """An operation could not be evaluated on its per-device blocks (a shardprop bug: please report it)."""
+
+
+class RenderError(ShardingError):
+    """A picture could not be drawn (the graphviz ``dot`` program is missing, or failed)."""

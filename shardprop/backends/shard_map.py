@@ -13,7 +13,7 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
 from ..expr.trace import abstractify
 from ..mesh import as_auto_mesh
-from ..splitting import Plan, Stage, StageList
+from ..splitting import Plan, Stage, StagedGraph, StageList
 from .communication import Transfer, estimate, parse_hlo
 from .evaluate import run_nodes
 
@@ -28,7 +28,7 @@ class Program:
     def __init__(self, plan: Plan, mesh: Mesh):
         mesh = as_auto_mesh(mesh)
         self.plan, self.mesh = plan, mesh
-        self.graph = plan.sharded
+        self.graph = StagedGraph.of(plan)  # prints the annotated listing, stage by stage
         self.stages = StageList(plan.stages, plan.sharded, plan.output_sources, plan.collectives, plan.layout)
         self._mesh_shape = dict(mesh.shape)
         self._stage_fns = [self._shard_map(stage) for stage in plan.stages]

@@ -13,7 +13,7 @@ nested ``jit`` are already inlined). ``str(graph)`` prints a jaxpr-like listing:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -177,14 +177,17 @@ def render(
     graph: Graph,
     type_of: Callable[[int], str] | None = None,
     before_node: Callable[[Node], list[str]] | None = None,
+    order: Iterable[Node] | None = None,
+    note: Callable[[Node], str] | None = None,
 ) -> str:
     """The jaxpr-like listing. ``type_of(value)`` overrides how a value's type prints (shardings do this);
-    ``before_node(node)`` may return extra lines (stage headers) printed before a node."""
+    ``before_node(node)`` may return extra lines (stage headers) printed before a node; ``order`` lists the
+    nodes in another topological order (stage by stage); ``note(node)`` adds text after the source line."""
     type_of = type_of or (lambda v: str(graph.avals[v]))
     params = " ".join(f"{value_name(v)}:{type_of(v)}" for v in graph.inputs)
-    rows: list[tuple[str, str | None]] = []  # (equation text, source); extra lines have source None
+    rows: list[tuple[str, str | None]] = []  # (equation text, comment); extra lines have comment None
     extra_lines: set[int] = set()
-    for node in graph.nodes:
+    for node in graph.nodes if order is None else order:
         if node.op == PARAMETER:
             continue
         if before_node is not None:
@@ -196,11 +199,13 @@ def render(
             rhs = f"constant {format_constant(node, graph.avals[node.output])}"
         else:
             rhs = " ".join([node.op + format_params(node), *(value_name(v) for v in node.operands)])
-        rows.append((f"    {outs} = {rhs}", node.source))
+        comment = _short_source(node.source) if node.source else ""
+        extra = note(node) if note is not None else ""
+        rows.append((f"    {outs} = {rhs}", "  ".join(filter(None, [comment, extra])) or None))
     width = max((len(text) for k, (text, _) in enumerate(rows) if k not in extra_lines), default=0)
     lines = [f"{{ lambda ; {params}. let"]
     for text, source in rows:
-        lines.append(f"{text.ljust(width)}   # {_short_source(source)}" if source else text)
+        lines.append(f"{text.ljust(width)}   # {source}" if source else text)
     outs = " ".join(value_name(v) for v in graph.outputs)
     lines.append(f"  in ({outs},) }}" if len(graph.outputs) == 1 else f"  in ({outs}) }}")
     return "\n".join(lines)

@@ -1,8 +1,20 @@
-"""Inspection: read the products of the passes and show them.
+"""Inspection: read the products of the passes (a Program, Plan or ShardedGraph) and show them.
 
-* :func:`lineage` — which input elements one block of a value depends on (boxes, sound and mostly exact);
+* :func:`show` — the annotated listing, stage by stage, and the stage table (``str(prog.graph)`` is the listing);
+* :func:`lineage` — which input elements one block of a value depends on (boxes; sound, and exact where the
+  dependency is block-shaped);
+* :func:`explain` — for each axis of a value, the chain of rules, ops and source lines behind its sharding;
+* :func:`to_dot` / :func:`render` — graphviz pictures with stage clusters;
+* :func:`blocks` / :func:`show_blocks` — which device holds which block of any tensor (``rich``);
+* :func:`stage_table` — per stage: ops, inputs, outputs, collectives, bytes moved (``rich``);
+* :func:`to_json` — everything as JSON for tools, following :data:`SCHEMA`.
 """
 
+from .dot import render, to_dot
+from .explain import AxisWhy, Explanation, Step, explain
+from .export import SCHEMA, to_json
 from .lineage import Lineage, lineage
+from .pictures import as_text, blocks, show, show_blocks, stage_table
 
-__all__ = ["Lineage", "lineage"]
+__all__ = ["SCHEMA", "AxisWhy", "Explanation", "Lineage", "Step", "as_text", "blocks", "explain", "lineage",
+           "render", "show", "show_blocks", "stage_table", "to_dot", "to_json"]

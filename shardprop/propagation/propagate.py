@@ -155,7 +155,8 @@ class _Walk:
                     axes = tuple(CREATED if n > 1 else None for n in shape)
                 else:
                     axes = tuple(ctx.root(k, n, layout[k]) if layout[k] else None for k, n in enumerate(shape))
-                outputs, needs, rule_name = (TensorSharding(shape, axes),), (), "input spec"
+                rule_name = "input spec" if layout is not None else "unannotated input"
+                outputs, needs = (TensorSharding(shape, axes),), ()
             elif node.op == CONSTANT:
                 shape = out_avals[0].shape
                 outputs, needs, rule_name = (TensorSharding(shape, (None,) * len(shape)),), (), "constant"

@@ -58,8 +58,8 @@ def plan_collectives(sharded: ShardedGraph, *, only_if_cheaper: bool = False
         elif node.op == "dot_general":
             found = _contraction(sharded, node)
         # On a tie the collective wins: it needs no cut, so the stage keeps its data where it is.
-        if found is not None and (not only_if_cheaper or _collective_bytes(sharded, node, found[1])
-                                  <= _gather_bytes(sharded, node)):
+        if found is not None and (not only_if_cheaper or collective_bytes(sharded, node, found[1])
+                                  <= _node_gather_bytes(sharded, node)):
             needs[node.id], collectives[node.id] = found
     return needs, collectives
 
@@ -69,17 +69,18 @@ def _block_bytes(sharded: ShardedGraph, value: int, layout: Layout) -> int:
     return np.dtype(aval.dtype).itemsize * math.prod(block_shape(aval.shape, layout, sharded.mesh_shape))
 
 
-def _gather_bytes(sharded: ShardedGraph, node) -> float:
+def _node_gather_bytes(sharded: ShardedGraph, node) -> float:
     """Bytes one device receives when the operands are gathered into the layouts the node needs."""
-    return sum(_gather_cost(sharded, v, sharded.layout(v), need)
+    return sum(gather_bytes(sharded, v, sharded.layout(v), need)
                for v, need in zip(node.operands, sharded.needs[node.id], strict=True))
 
 
-def _collective_bytes(sharded: ShardedGraph, node, collective: Collective) -> float:
-    """Bytes one device moves in the ring all-reduce of the node's output blocks."""
+def collective_bytes(sharded: ShardedGraph, node, collective: Collective) -> float:
+    """Bytes one device moves in the ring all-reduce of the node's output blocks (a reduce-scatter moves
+    half of that)."""
     n = shard_count(sharded.mesh_shape, collective.mesh_axes)
     # argmax/argmin all-reduce the values, a NaN flag and the indices: about three times the output
-    rounds = 3 if collective.kind in ("argmax", "argmin") else 1
+    rounds = {"argmax": 3, "argmin": 3, "psum_scatter": 0.5}.get(collective.kind, 1)
     return rounds * sum(2 * (n - 1) / n * _block_bytes(sharded, v, sharded.layout(v)) for v in node.outputs)
 
 
@@ -154,7 +155,7 @@ def pull_gathers_back(sharded: ShardedGraph, needs, overrides: dict[int, tuple[L
 
     def cheapest(v: int, target: Layout) -> tuple[float, list]:
         """Bytes to have ``v`` in ``target``, and the pulls (node, operand needs, value, layout) to get there."""
-        direct = _gather_cost(sharded, v, layout(v), target)
+        direct = gather_bytes(sharded, v, layout(v), target)
         p = nodes[producer[v]]
         if v in outputs or len(consumers[v]) != 1 or len(p.outputs) != 1 or p.id in overrides:
             return direct, []
@@ -199,7 +200,9 @@ def _operand_needs(sharded: ShardedGraph, node, target: Layout):
     return None
 
 
-def _gather_cost(sharded: ShardedGraph, value: int, have: Layout, want: Layout) -> float:
+def gather_bytes(sharded: ShardedGraph, value: int, have: Layout, want: Layout) -> float:
+    """Bytes one device receives when ``value``, held as ``have``, is gathered so that ``want`` is a local
+    slice of it (ring all-gather: ``(n-1)/n`` of the gathered block)."""
     moved_to = common_layout(have, want)
     gathered = tuple(name for h, t in zip(have, moved_to, strict=True) for name in h[len(t):])
     if not gathered:

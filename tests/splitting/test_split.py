@@ -52,13 +52,13 @@ def test_auto_keeps_the_gather_when_it_moves_fewer_bytes(mesh):
     small = jax.ShapeDtypeStruct((8, 1), jnp.float32)
     plan = plan_of(f, (small, jax.ShapeDtypeStruct((16, 1), jnp.float32)), (P("i"), None), mesh, "auto")
     assert plan.strategy == "auto"
-    from shardprop.splitting.strategies import _collective_bytes, _gather_bytes, plan_collectives
+    from shardprop.splitting.strategies import _node_gather_bytes, collective_bytes, plan_collectives
 
     _, every = plan_collectives(plan.sharded)
     for node_id, collective in every.items():
         node = plan.sharded.graph.nodes[node_id]
         chosen = node_id in plan.collectives
-        assert chosen == (_collective_bytes(plan.sharded, node, collective) <= _gather_bytes(plan.sharded, node))
+        assert chosen == (collective_bytes(plan.sharded, node, collective) <= _node_gather_bytes(plan.sharded, node))
 
 
 def test_reduction_over_an_unsharded_axis_needs_no_cut(mesh):

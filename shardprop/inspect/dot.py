@@ -1,0 +1,134 @@
+"""Pictures of the graph: graphviz DOT text (:func:`to_dot`) and files drawn by ``dot`` (:func:`render`).
+
+Each stage is a cluster with its own colour; arguments are ellipses, constants plain text. An edge is
+labelled with the layout the value travels in; an edge that crosses into a later stage with a gather is
+red and says which mesh axes are gathered and the bytes each device receives.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ..errors import RenderError
+from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, value_name
+from ..propagation.sharding import common_layout, format_layout, layout_refines
+from ..splitting.listing import format_bytes
+from ..splitting.strategies import gather_bytes
+from .products import layout_of, products
+
+STAGE_COLOURS = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc")
+STAGE_BORDERS = ("#3d85c6", "#6aa84f", "#bf9000", "#cc0000", "#674ea7", "#e69138", "#45818e", "#a64d79")
+GATHER = "#cc0000"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def to_dot(prog: Any, *, title: str | None = None) -> str:
+    """The graph as graphviz DOT text, stage clusters coloured, edges labelled with shardings.
+
+    >>> print(sp.to_dot(prog))                                                  # doctest: +SKIP
+    digraph shardprop {
+      ...
+      subgraph cluster_stage_0 {
+        label="stage 0"; ...
+    """
+    sharded, plan = products(prog)
+    graph = sharded.graph
+    avals = graph.avals
+    mesh = ", ".join(f"{k}={n}" for k, n in sharded.mesh_shape.items())
+    heading = title or f"mesh {mesh}" + (f" · strategy {plan.strategy}" if plan is not None else "")
+    lines = ["digraph shardprop {",
+             f"  graph [rankdir=TB, fontname=Helvetica, fontsize=11, labelloc=t, label={_quote(heading)}];",
+             '  node [shape=box, style="rounded,filled", fontname=Helvetica, fontsize=10, fillcolor=white];',
+             "  edge [fontname=Helvetica, fontsize=9];"]
+
+    def typ(v: int) -> str:
+        return f"{short_dtype(avals[v].dtype)}[{format_layout(avals[v].shape, layout_of(sharded, plan, v))}]"
+
+    def node_line(node, indent: str, fill: str | None = None) -> str:
+        outs = " ".join(value_name(v) for v in node.outputs)
+        if node.op == PARAMETER:
+            index = node.params["index"]
+            spec = sharded.spec(node.output)
+            if sharded.rules[node.id] == "unannotated input":
+                spec = f"unannotated → {spec}"
+            label = f"{outs}: {typ(node.output)}\nargument {index} · {spec}"
+            return f"{indent}n{node.id} [label={_quote(label)}, shape=ellipse, fillcolor=\"#eeeeee\"];"
+        if node.op == CONSTANT:
+            label = f"{outs} = {format_constant(node, avals[node.output])}"
+            return f"{indent}n{node.id} [label={_quote(label)}, shape=plaintext, style=\"\"];"
+        types = "\n".join(f"{value_name(v)}: {typ(v)}" for v in node.outputs)
+        where = node.source.rsplit("/", 1)[-1] if node.source else ""
+        collective = plan.collectives.get(node.id) if plan is not None else None
+        extra = f"\n{collective}" if collective is not None else ""
+        label = f"{node.op}\n{types}" + (f"\n{where}" if where else "") + extra
+        colour = f", fillcolor={_quote(fill)}" if fill else ""
+        return f"{indent}n{node.id} [label={_quote(label)}{colour}];"
+
+    in_stage: set[int] = set()
+    for node in graph.nodes:
+        if node.op == PARAMETER:
+            lines.append(node_line(node, "  "))
+    if plan is not None:
+        for stage in plan.stages:
+            k = stage.id % len(STAGE_COLOURS)
+            lines += [f"  subgraph cluster_stage_{stage.id} {{",
+                      f"    label={_quote(f'stage {stage.id}')}; style=\"rounded,dashed\"; "
+                      f"color={_quote(STAGE_BORDERS[k])}; fontcolor={_quote(STAGE_BORDERS[k])};"]
+            for n in stage.nodes:
+                node = graph.nodes[n]
+                if n in in_stage or node.op == CONSTANT:
+                    continue
+                in_stage.add(n)
+                lines.append(node_line(node, "    ", STAGE_COLOURS[k]))
+            lines.append("  }")
+    for node in graph.nodes:
+        if node.op != PARAMETER and node.id not in in_stage:
+            lines.append(node_line(node, "  "))
+    producer = graph.producer
+    for node in graph.nodes:
+        if node.op in (PARAMETER, CONSTANT):
+            continue
+        needs = plan.needs(node.id) if plan is not None else sharded.needs[node.id]
+        for v, need in dict.fromkeys(zip(node.operands, needs, strict=True)):
+            have = layout_of(sharded, plan, v)
+            shape = avals[v].shape
+            if layout_refines(have, need):
+                lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(format_layout(shape, have))}];")
+                continue
+            moved_to = common_layout(have, need)
+            gathered = "*".join(name for h, t in zip(have, moved_to, strict=True) for name in h[len(t):])
+            label = (f"{format_layout(shape, have)} → {format_layout(shape, moved_to)}\ngather {gathered} · "
+                     f"{format_bytes(gather_bytes(sharded, v, have, need))}/device")
+            lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(label)}, color={_quote(GATHER)}, "
+                         f"fontcolor={_quote(GATHER)}, penwidth=2];")
+    for k, v in enumerate(graph.outputs):
+        lines.append(f"  out{k} [label={_quote(f'output {k}: {typ(v)}')}, shape=ellipse, fillcolor=\"#eeeeee\"];")
+        lines.append(f"  n{producer[v]} -> out{k};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def render(prog: Any, path: str | Path, *, format: str | None = None) -> Path:
+    """Draw :func:`to_dot` into ``path`` with graphviz's ``dot`` (format from the suffix: svg, png, pdf).
+
+    Raises :class:`~shardprop.RenderError` with install instructions when ``dot`` is not installed.
+    """
+    path = Path(path)
+    fmt = format or path.suffix.lstrip(".") or "svg"
+    dot = shutil.which("dot")
+    if dot is None:
+        raise RenderError("the graphviz `dot` program is not installed, so the graph cannot be drawn to "
+                          f"{path}. Install graphviz (Debian/Ubuntu: apt install graphviz; macOS: brew install "
+                          "graphviz; conda: conda install graphviz), or take the DOT text from sp.to_dot(prog) "
+                          "(shardprop inspect --format dot) and render it elsewhere.")
+    done = subprocess.run([dot, f"-T{fmt}", "-o", str(path)], input=to_dot(prog), text=True, capture_output=True,
+                          check=False)
+    if done.returncode != 0:
+        raise RenderError(f"`dot -T{fmt}` failed (exit {done.returncode}): {done.stderr.strip()}")
+    return path

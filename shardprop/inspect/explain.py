@@ -1,0 +1,282 @@
+"""Why — ``sp.explain(prog, "e")``: for each axis of a value, where its sharding came from.
+
+A sharded axis is followed back through shard parents (the Nx lineage of shards) to the input spec or the op
+that created it, one step per op, each with the rule that carried it and the user's source line. A
+replicated axis is followed back through the axes that feed it until the op that dropped the sharding
+(a reduction, a contraction, a scan, a conservative fallback) or the input spec that never had one. How the
+node consumes its operands (an axis taken whole, the gather or collective that pays for it) closes the story.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ..expr.graph import CONSTANT, PARAMETER, format_params, value_name
+from ..propagation import ShardedGraph
+from ..propagation.rules import RULES
+from ..propagation.sharding import Sharded, is_refinement, layout_to_spec
+from ..splitting import Plan
+from ..splitting.listing import format_bytes
+from ..splitting.strategies import collective_bytes, gather_bytes
+from .lineage.boxes import full_box, hull
+from .lineage.registry import LineageContext, lookup
+from .products import layout_of, products, resolve_value
+
+
+@dataclass(frozen=True)
+class Step:
+    """Op ``op`` (rule ``rule``, at ``source``) produced axis ``axis`` of ``value``."""
+
+    value: int
+    axis: int
+    op: str
+    rule: str
+    source: str | None
+
+    def __str__(self) -> str:
+        return f"{value_name(self.value)} axis {self.axis}: `{self.op}` at {_short(self.source)} (rule {self.rule})"
+
+
+@dataclass(frozen=True)
+class AxisWhy:
+    """The story of one axis: ``origin`` (where the sharding, or its absence, starts), the ``steps`` from
+    there to the value, and for a replicated axis the ``reason``."""
+
+    axis: int
+    size: int
+    mesh_axes: tuple[str, ...]
+    origin: str
+    steps: tuple[Step, ...]
+    reason: str | None = None
+
+    def lines(self, mesh_shape) -> list[str]:
+        if self.mesh_axes:
+            count = 1
+            for name in self.mesh_axes:
+                count *= mesh_shape[name]
+            head = (f"axis {self.axis} ({self.size}): sharded over {'*'.join(self.mesh_axes)}, {count} blocks of "
+                    f"{self.size // count}")
+        else:
+            head = f"axis {self.axis} ({self.size}): replicated"
+        out = [head, f"  origin: {self.origin}"]
+        out += [f"  -> {step}" for step in self.steps]
+        if self.reason:
+            out.append(f"  why: {self.reason}")
+        return out
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """``sp.explain``'s answer; ``str()`` is the readable form, the fields are for tools."""
+
+    value: int
+    equation: str
+    rule: str
+    axes: tuple[AxisWhy, ...]
+    consumes: tuple[str, ...]
+    mesh_shape: Any
+
+    def __str__(self) -> str:
+        lines = [self.equation, f"  rule: {self.rule}"]
+        for axis in self.axes:
+            lines += ["  " + line for line in axis.lines(self.mesh_shape)]
+        if self.consumes:
+            lines.append("  operands:")
+            lines += [f"    {c}" for c in self.consumes]
+        return "\n".join(lines)
+
+
+def explain(prog: Any, value: Any) -> Explanation:
+    """Why every axis of ``value`` (a printed name such as ``"e"``, or a value id) has its sharding.
+
+    >>> print(sp.explain(prog, "e"))                                          # doctest: +SKIP
+    e:f32[16@i] = reduce_sum[axes=(1,)] c   # f.py:10
+      rule: reductions.reduction
+      axis 0 (16): sharded over i, 4 blocks of 4
+        origin: argument 0 (a) has spec P('i', 'j'); this is its axis 0
+        -> c axis 0: `add` at f.py:8 (rule elementwise.elementwise)
+        -> e axis 0: `reduce_sum` at f.py:10 (rule reductions.reduction)
+      operands:
+        c: takes axis 1 (sharded over j) whole — Reductions drop sharding on the reduced axes ...
+    """
+    sharded, plan = products(prog)
+    v = resolve_value(sharded, value)
+    graph = sharded.graph
+    node = graph.nodes[graph.producer[v]]
+    sharding = sharded.shardings[v]
+    axes = []
+    for axis, (size, a) in enumerate(zip(sharding.shape, sharding.axes, strict=True)):
+        if isinstance(a, Sharded):
+            origin, steps = _sharded_origin(sharded, v, axis, a)
+            axes.append(AxisWhy(axis, size, a.mesh_axes, origin, steps))
+        else:
+            origin, steps, reason = _replicated_origin(sharded, v, axis)
+            axes.append(AxisWhy(axis, size, (), origin, steps, reason))
+    return Explanation(v, _equation(sharded, plan, node, v), sharded.rules[node.id], tuple(axes),
+                       tuple(_consumes(sharded, plan, node)), sharded.mesh_shape)
+
+
+def _equation(sharded: ShardedGraph, plan: Plan | None, node, v: int) -> str:
+    typ = f"{value_name(v)}:{sharded.value_type(v)}"
+    if node.op == PARAMETER:
+        return f"{typ} = argument {node.params['index']}"
+    if node.op == CONSTANT:
+        return f"{typ} = constant"
+    rhs = " ".join([node.op + format_params(node), *(value_name(u) for u in node.operands)])
+    stage = ""
+    if plan is not None:
+        stage = next((f"   [stage {s.id}]" for s in plan.stages if node.id in s.nodes), "")
+    return f"{typ} = {rhs}   # {_short(node.source)}{stage}"
+
+
+def _sharded_origin(sharded: ShardedGraph, v: int, axis: int, a: Sharded) -> tuple[str, tuple[Step, ...]]:
+    """Follow the first shard's first parent back to a shard without parents."""
+    graph = sharded.graph
+    shard, steps = a.shards[0], []
+    while True:
+        node = graph.nodes[graph.producer[v]]
+        if not shard.parents or node.op in (PARAMETER, CONSTANT):
+            break
+        steps.append(Step(v, axis, node.op, sharded.rules[node.id], node.source))
+        parent = shard.parents[0]
+        holder = next((u for u in node.operands if _holds(sharded, u, parent)), None)
+        if holder is None:
+            break
+        v, axis, shard = holder, parent.axis, parent
+    node = graph.nodes[graph.producer[v]]
+    names = "*".join(a.mesh_axes)
+    if node.op == PARAMETER:
+        index = node.params["index"]
+        if sharded.rules[node.id] == "unannotated input":
+            origin = (f"argument {index} ({value_name(v)}) is unannotated; its axis {axis} adopted {names} from the "
+                      "ops it meets")
+        else:
+            origin = f"argument {index} ({value_name(v)}) has spec {sharded.spec(v)}; this is its axis {axis}"
+    else:
+        origin = (f"`{node.op}` at {_short(node.source)} created {value_name(v)} axis {axis}, unannotated; it "
+                  f"adopted {names} from the ops it meets")
+    return origin, tuple(reversed(steps))
+
+
+def _holds(sharded: ShardedGraph, value: int, shard) -> bool:
+    axes = sharded.shardings[value].axes
+    a = axes[shard.axis] if shard.axis < len(axes) else None
+    return isinstance(a, Sharded) and any(s is shard for s in a.shards)
+
+
+def _replicated_origin(sharded: ShardedGraph, v: int, axis: int) -> tuple[str, tuple[Step, ...], str]:
+    """Walk back through the axes that feed this one until the op that dropped a sharding, or its start."""
+    graph = sharded.graph
+    steps: list[Step] = []
+    while True:
+        node = graph.nodes[graph.producer[v]]
+        size = graph.avals[v].shape[axis]
+        here = f"{value_name(v)} axis {axis}"
+        if size == 1:
+            origin, reason = f"{here} has size 1", "an axis of size 1 has nothing to shard"
+            break
+        if node.op == PARAMETER:
+            index = node.params["index"]
+            if sharded.rules[node.id] == "unannotated input":
+                origin = f"argument {index} ({value_name(v)}) is unannotated"
+                reason = (f"its axis {axis} met no sharding, or several different ones, so it stays replicated "
+                          "(replicated is compatible with every sharding)")
+            else:
+                origin = f"argument {index} ({value_name(v)}) has spec {sharded.spec(v)}"
+                reason = f"the spec does not shard its axis {axis}"
+            break
+        if node.op == CONSTANT:
+            origin, reason = f"{here} is a constant", "constants are replicated on every device"
+            break
+        step = Step(v, axis, node.op, sharded.rules[node.id], node.source)
+        if node.id in sharded.fallbacks:
+            origin, reason = f"`{node.op}` at {_short(node.source)}", _why_rule(node.op, fallback=True)
+            steps.append(step)
+            break
+        feeding = _feeding_axes(sharded, node, v, axis)
+        dropped = [(u, j) for u, j in feeding if sharded.layout(u)[j]]
+        if dropped:
+            u, j = dropped[0]
+            origin = (f"`{node.op}` at {_short(node.source)} takes {value_name(u)} axis {j} (sharded over "
+                      f"{'*'.join(sharded.layout(u)[j])}) and leaves {here} replicated")
+            reason = _why_rule(node.op)
+            steps.append(step)
+            break
+        if not feeding:
+            origin = f"`{node.op}` at {_short(node.source)} created {here}"
+            reason = ("a new axis starts unannotated; it met no sharding, or several different ones, so it stays "
+                      "replicated" if lookup(node.op).exact else _why_rule(node.op))
+            steps.append(step)
+            break
+        steps.append(step)
+        constant_free = [(u, j) for u, j in feeding if graph.nodes[graph.producer[u]].op != CONSTANT]
+        v, axis = (constant_free or feeding)[0]
+    return origin, tuple(reversed(steps)), reason
+
+
+def _feeding_axes(sharded: ShardedGraph, node, v: int, axis: int) -> list[tuple[int, int]]:
+    """The operand axes an output axis is computed from: the operand axes that narrow when only the first
+    element of that output axis is asked for (read off the lineage rule of the op)."""
+    avals = sharded.graph.avals
+    k = node.outputs.index(v)
+    shape = avals[v].shape
+    probe = full_box(shape)[:axis] + ((0, 1),) + full_box(shape)[axis + 1:]
+    ctx = LineageContext(tuple(avals[u].shape for u in node.operands), tuple(avals[o].shape for o in node.outputs))
+    feeding = []
+    for u, boxes in zip(node.operands, lookup(node.op).rule(ctx, probe, k, **node.params), strict=True):
+        if not boxes:
+            continue
+        bounds = hull(boxes)
+        feeding += [(u, j) for j, ((s, e), n) in enumerate(zip(bounds, avals[u].shape, strict=True))
+                    if n > 1 and (s, e) != (0, n)]
+    return feeding
+
+
+def _consumes(sharded: ShardedGraph, plan: Plan | None, node) -> list[str]:
+    """How the node consumes each operand whose sharding it does not keep: which axes it takes whole and
+    what pays for it (a gather at a stage boundary, or a collective that finishes the result)."""
+    if node.op in (PARAMETER, CONSTANT):
+        return []
+    needs = plan.needs(node.id) if plan is not None else sharded.needs[node.id]
+    collective = plan.collectives.get(node.id) if plan is not None else None
+    out = []
+    for u, need in dict.fromkeys(zip(node.operands, needs, strict=True)):
+        have = layout_of(sharded, plan, u)
+        whole = [j for j, (h, w) in enumerate(zip(have, need, strict=True)) if h and not is_refinement(h, w)]
+        if not whole:
+            continue
+        taken = ", ".join(f"axis {j} (sharded over {'*'.join(have[j])})" for j in whole)
+        line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need)}. {_why_rule(node.op)}"
+        if plan is not None:
+            nbytes = gather_bytes(sharded, u, have, need)
+            line += f" Paid for by gathering {value_name(u)} before this stage ({format_bytes(nbytes)} per device)."
+        out.append(line)
+    if collective is not None:
+        reduced = ", ".join(
+            f"{value_name(u)} axis {j} ({'*'.join(m)})" for u in dict.fromkeys(node.operands)
+            for j, m in enumerate(layout_of(sharded, plan, u)) if set(m) & set(collective.mesh_axes))
+        out.append(f"each device works on its own blocks of {reduced}; {collective} finishes the result "
+                   f"({format_bytes(collective_bytes(sharded, node, collective))} per device)")
+    return out
+
+
+def _why_rule(op: str, fallback: bool = False) -> str:
+    """The first sentence of the rule's docstring (or its family's): the why lives next to the rule."""
+    if fallback or op not in RULES:
+        from ..propagation.rules import fallback as module
+
+        return _first_sentence(module.__doc__) + " (no proven rule for this op here)"
+    rule = RULES[op]
+    return _first_sentence(sys.modules[rule.__module__].__doc__ or rule.__doc__ or "")
+
+
+def _first_sentence(text: str | None) -> str:
+    text = " ".join((text or "").split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
+
+
+def _short(source: str | None) -> str:
+    return source.rsplit("/", 1)[-1] if source else "an unknown line"

@@ -1,0 +1,140 @@
+"""The JSON form of a sharded program, for tools: values with their shards (and shard parents), nodes with
+their rules and stages, stages with their inputs, outputs and collectives. :data:`SCHEMA` is its JSON Schema
+(``shardprop inspect --schema`` prints it); ``docs/inspecting.md`` describes every field.
+
+Layouts are lists with one entry per tensor axis: the list of mesh axes the axis is laid out over, major
+first (``[]`` when replicated). Values are named as in the listing (``"a"``, ``"b"``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
+from ..propagation.sharding import Sharded
+from .products import layout_of, products
+
+SCHEMA_ID = "shardprop.inspect/1"
+
+
+def _layout(layout) -> list[list[str]]:
+    return [list(m) for m in layout]
+
+
+def to_json(prog: Any) -> dict[str, Any]:
+    """A JSON-ready dict of the program (see :data:`SCHEMA`)."""
+    sharded, plan = products(prog)
+    graph = sharded.graph
+    avals = graph.avals
+    stage_of = plan.stage_of() if plan is not None else {}
+    values = []
+    for v, sharding in enumerate(sharded.shardings):
+        axes = []
+        for k, a in enumerate(sharding.axes):
+            shards = [{"id": s.id, "start": s.start, "stop": s.stop, "parents": [p.id for p in s.parents]}
+                      for s in a.shards] if isinstance(a, Sharded) else []
+            axes.append({"axis": k, "mesh_axes": list(a.mesh_axes) if isinstance(a, Sharded) else [],
+                         "shards": shards})
+        values.append({"id": v, "name": value_name(v), "dtype": short_dtype(avals[v].dtype),
+                       "shape": list(avals[v].shape), "layout": _layout(layout_of(sharded, plan, v)),
+                       "producer": graph.producer[v], "axes": axes})
+    nodes = []
+    for node in graph.nodes:
+        needs = (plan.needs(node.id) if plan is not None else sharded.needs[node.id]) \
+            if node.op not in (PARAMETER, CONSTANT) else ()
+        collective = plan.collectives.get(node.id) if plan is not None else None
+        nodes.append({
+            "id": node.id, "op": node.op,
+            "operands": [value_name(v) for v in node.operands], "outputs": [value_name(v) for v in node.outputs],
+            "params": format_params(node), "source": node.source, "rule": sharded.rules[node.id],
+            "fallback": node.id in sharded.fallbacks, "stage": stage_of.get(node.id),
+            "needs": [_layout(n) for n in needs],
+            "collective": None if collective is None else {
+                "kind": collective.kind, "mesh_axes": list(collective.mesh_axes), "dimension": collective.dimension},
+        })
+    stages = []
+    for stage in plan.stages if plan is not None else ():
+        stages.append({
+            "id": stage.id, "nodes": list(stage.nodes),
+            "inputs": [{"value": value_name(i.value), "layout": _layout(i.layout),
+                        "source": _source(i.source)} for i in stage.inputs],
+            "outputs": [{"value": value_name(v), "layout": _layout(layout)}
+                        for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)],
+        })
+    return {
+        "schema": SCHEMA_ID,
+        "mesh": {"axis_names": list(sharded.mesh_shape), "shape": list(sharded.mesh_shape.values())},
+        "strategy": plan.strategy if plan is not None else None,
+        "inputs": [{"index": k, "value": value_name(v), "layout": _layout(sharded.layout(v))}
+                   for k, v in enumerate(graph.inputs)],
+        "outputs": [{"index": k, "value": value_name(v), "layout": _layout(layout_of(sharded, plan, v)),
+                     "source": _source(plan.output_sources[k]) if plan is not None else None}
+                    for k, v in enumerate(graph.outputs)],
+        "values": values, "nodes": nodes, "stages": stages,
+    }
+
+
+def _source(source) -> dict[str, int]:
+    stage, index = source
+    return {"argument": index} if stage is None else {"stage": stage, "output": index}
+
+
+_LAYOUT = {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}
+_SOURCE = {"oneOf": [
+    {"type": "object", "required": ["argument"], "additionalProperties": False,
+     "properties": {"argument": {"type": "integer", "minimum": 0}}},
+    {"type": "object", "required": ["stage", "output"], "additionalProperties": False,
+     "properties": {"stage": {"type": "integer", "minimum": 0}, "output": {"type": "integer", "minimum": 0}}},
+]}
+_NAME = {"type": "string", "pattern": "^[a-z]+$"}
+
+
+def _object(properties: dict, required: list[str] | None = None) -> dict:
+    return {"type": "object", "properties": properties, "required": required or list(properties),
+            "additionalProperties": False}
+
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://shardprop.dev/schema/inspect-1.json",
+    "title": "shardprop inspect output",
+    **_object({
+        "schema": {"const": SCHEMA_ID},
+        "mesh": _object({"axis_names": {"type": "array", "items": {"type": "string"}},
+                         "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}}}),
+        "strategy": {"type": ["string", "null"]},
+        "inputs": {"type": "array", "items": _object({"index": {"type": "integer"}, "value": _NAME,
+                                                      "layout": _LAYOUT})},
+        "outputs": {"type": "array", "items": _object({"index": {"type": "integer"}, "value": _NAME,
+                                                       "layout": _LAYOUT,
+                                                       "source": {"oneOf": [_SOURCE, {"type": "null"}]}})},
+        "values": {"type": "array", "items": _object({
+            "id": {"type": "integer", "minimum": 0}, "name": _NAME, "dtype": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "layout": _LAYOUT,
+            "producer": {"type": "integer", "minimum": 0},
+            "axes": {"type": "array", "items": _object({
+                "axis": {"type": "integer", "minimum": 0},
+                "mesh_axes": {"type": "array", "items": {"type": "string"}},
+                "shards": {"type": "array", "items": _object({
+                    "id": {"type": "integer", "minimum": 0}, "start": {"type": "integer", "minimum": 0},
+                    "stop": {"type": "integer", "minimum": 0},
+                    "parents": {"type": "array", "items": {"type": "integer", "minimum": 0}}})}})}})},
+        "nodes": {"type": "array", "items": _object({
+            "id": {"type": "integer", "minimum": 0}, "op": {"type": "string"},
+            "operands": {"type": "array", "items": _NAME}, "outputs": {"type": "array", "items": _NAME},
+            "params": {"type": "string"}, "source": {"type": ["string", "null"]}, "rule": {"type": "string"},
+            "fallback": {"type": "boolean"}, "stage": {"type": ["integer", "null"]},
+            "needs": {"type": "array", "items": _LAYOUT},
+            "collective": {"oneOf": [{"type": "null"}, _object({
+                "kind": {"enum": ["psum", "pmax", "pmin", "argmax", "argmin", "psum_scatter"]},
+                "mesh_axes": {"type": "array", "items": {"type": "string"}},
+                "dimension": {"type": ["integer", "null"]}})]}})},
+        "stages": {"type": "array", "items": _object({
+            "id": {"type": "integer", "minimum": 0},
+            "nodes": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "inputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT, "source": _SOURCE})},
+            "outputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT})}})},
+        "explain": {"type": "object"},
+        "lineage": {"type": "object"},
+    }, required=["schema", "mesh", "strategy", "inputs", "outputs", "values", "nodes", "stages"]),
+}

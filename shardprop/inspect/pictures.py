@@ -1,0 +1,185 @@
+"""Terminal pictures with ``rich``: per-tensor block pictures and the stage table.
+
+:func:`blocks` is ``jax.debug.visualize_array_sharding`` for any tensor of the graph — before it exists: any
+rank (a 2-D projection onto two axes; the other axes at one block index, said in the caption), replicated and
+partially sharded tensors (a replicated axis is one block held by several devices).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import OptionError
+from ..expr.graph import CONSTANT, short_dtype, value_name
+from ..propagation.sharding import format_layout, layout_to_spec, shard_count
+from ..splitting.listing import crossing, format_bytes, format_listing
+from ..splitting.strategies import collective_bytes
+from .products import layout_of, products, resolve_value
+
+PALETTE = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc", "#e6b8af",
+           "#c9daf8", "#b6d7a8", "#ffe599")
+
+
+def device_blocks(mesh, layout) -> dict[int, tuple[int, ...]]:
+    """``{device id: block index per tensor axis}``: which block of a tensor laid out as ``layout`` each
+    device of ``mesh`` holds (mesh axes listed for one tensor axis count major first)."""
+    names = tuple(mesh.axis_names)
+    sizes = dict(mesh.shape)
+    out = {}
+    for coords in itertools.product(*(range(sizes[n]) for n in names)):
+        position = dict(zip(names, coords, strict=True))
+        index = []
+        for mesh_axes in layout:
+            i = 0
+            for name in mesh_axes:
+                i = i * sizes[name] + position[name]
+            index.append(i)
+        out[int(mesh.devices[coords].id)] = tuple(index)
+    return out
+
+
+def _device_list(ids: list[int]) -> str:
+    ids = sorted(ids)
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))
+
+
+def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index: dict[int, int] | None = None
+           ) -> Table:
+    """A table of ``value``'s blocks: rows and columns are its blocks along two axes, each cell lists the
+    devices that hold that block (devices: ids on the mesh). ``axes`` picks the two axes shown (default: the
+    sharded ones first); ``index`` fixes the block shown along every other sharded axis (default 0)."""
+    sharded, plan = products(prog)
+    v = resolve_value(sharded, value)
+    aval = sharded.graph.avals[v]
+    shape, layout = aval.shape, layout_of(sharded, plan, v)
+    rank = len(shape)
+    if axes is None:
+        order = sorted(range(rank), key=lambda k: (not layout[k], k))
+        axes = tuple(sorted(order[:2]))
+    axes = tuple(axes)
+    if len(axes) > 2 or any(not 0 <= k < rank for k in axes) or len(set(axes)) != len(axes):
+        raise OptionError(f"axes {axes} must be at most two distinct axes of {value_name(v)} (rank {rank})")
+    index = dict(index or {})
+    mesh_shape = sharded.mesh_shape
+    counts = [shard_count(mesh_shape, m) for m in layout]
+    hidden = [k for k in range(rank) if k not in axes]
+    for k in hidden:
+        index.setdefault(k, 0)
+        if not 0 <= index[k] < counts[k]:
+            raise OptionError(f"block index {index[k]} out of range on axis {k} of {value_name(v)} ({counts[k]} blocks)")
+    held = device_blocks(sharded.mesh, layout)
+    row_axis = axes[0] if len(axes) == 2 else None
+    col_axis = axes[-1] if axes else None
+    n_rows = counts[row_axis] if row_axis is not None else 1
+    n_cols = counts[col_axis] if col_axis is not None else 1
+
+    def span(k, b):
+        length = shape[k] // counts[k]
+        return f"{b * length}:{(b + 1) * length}"
+
+    caption = [f"axis {k}{'@' + '*'.join(layout[k]) if layout[k] else ''}: block {index[k]} of {counts[k]}"
+               for k in hidden if counts[k] > 1]
+    title = f"{value_name(v)}: {short_dtype(aval.dtype)}[{format_layout(shape, layout)}]  {layout_to_spec(layout)}"
+    table = Table(title=title, caption="; ".join(caption) or None, box=box.SQUARE, show_lines=True,
+                  show_header=col_axis is not None)
+    corner = f"axis {row_axis} \\ axis {col_axis}" if row_axis is not None else (
+        f"axis {col_axis}" if col_axis is not None else "")
+    table.add_column(corner, justify="right", style="dim")
+    for c in range(n_cols):
+        table.add_column(span(col_axis, c) if col_axis is not None else "", justify="center")
+    colours: dict[str, str] = {}
+    for r in range(n_rows):
+        cells = []
+        for c in range(n_cols):
+            want = dict(index)
+            if row_axis is not None:
+                want[row_axis] = r
+            if col_axis is not None:
+                want[col_axis] = c
+            ids = [d for d, b in held.items() if all(b[k] == want[k] for k in want)]
+            label = _device_list(ids)
+            colour = colours.setdefault(label, PALETTE[len(colours) % len(PALETTE)])
+            cells.append(Text(f"dev {label}", style=f"black on {colour}", justify="center"))
+        table.add_row(span(row_axis, r) if row_axis is not None else "", *cells)
+    return table
+
+
+def stage_table(prog: Any) -> Table:
+    """Per stage: its ops, inputs (spec, source stage, what is gathered), outputs, collectives, and the
+    bytes each device receives (estimated, ring model)."""
+    sharded, plan = products(prog)
+    if plan is None:
+        raise OptionError("the stage table needs a split plan: pass a Program (fs.trace(...)) or sp.split(...)")
+    graph = sharded.graph
+    table = Table(title=f"{len(plan.stages)} stage(s), strategy {plan.strategy}", box=box.SIMPLE_HEAVY,
+                  show_lines=True)
+    for name in ("stage", "ops", "inputs", "outputs", "collectives", "moved / device"):
+        table.add_column(name, justify="right" if name in ("stage", "moved / device") else "left")
+    total = 0.0
+    for stage in plan.stages:
+        ops = [graph.nodes[n].op for n in stage.nodes if graph.nodes[n].op != CONSTANT]
+        counts = {op: ops.count(op) for op in dict.fromkeys(ops)}
+        moved = 0.0
+        inputs = []
+        for i in stage.inputs:
+            gathered, nbytes = crossing(plan, i)
+            moved += nbytes
+            src = f"arg {i.source[1]}" if i.source[0] is None else f"stage {i.source[0]}"
+            how = f", gather {'*'.join(gathered)} ({format_bytes(nbytes)})" if gathered else ""
+            inputs.append(f"{value_name(i.value)} {layout_to_spec(i.layout)} ← {src}{how}")
+        collectives = []
+        for n in stage.nodes:
+            c = plan.collectives.get(n)
+            if c is not None:
+                nbytes = collective_bytes(sharded, graph.nodes[n], c)
+                moved += nbytes
+                collectives.append(f"{c} → {','.join(value_name(v) for v in graph.nodes[n].outputs)} "
+                                   f"({format_bytes(nbytes)})")
+        outputs = [f"{value_name(v)} {layout_to_spec(layout)}" for v, layout in
+                   zip(stage.outputs, stage.out_layouts, strict=True)]
+        total += moved
+        table.add_row(str(stage.id), f"{len(ops)}: " + ", ".join(f"{op}×{k}" if k > 1 else op for op, k in counts.items()),
+                      "\n".join(inputs) or "-", "\n".join(outputs) or "-", "\n".join(collectives) or "-",
+                      format_bytes(moved))
+    table.caption = f"total ≈ {format_bytes(total)} moved per device"
+    return table
+
+
+def as_text(renderable, width: int = 120) -> str:
+    """A rich renderable as plain text (for files, tests and logs)."""
+    console = Console(width=width, record=True, file=_Null(), color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+class _Null:
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def show(prog: Any, *, console: Console | None = None) -> None:
+    """Print the annotated listing (stage by stage) and the stage table."""
+    sharded, plan = products(prog)
+    console = console or Console()
+    console.print(format_listing(plan) if plan is not None else sharded.render(), markup=False, highlight=False,
+                  soft_wrap=True)
+    if plan is not None:
+        console.print(stage_table(plan))
+
+
+def show_blocks(prog: Any, value: Any, *, console: Console | None = None, **options) -> None:
+    """Print :func:`blocks` of ``value``."""
+    (console or Console()).print(blocks(prog, value, **options))
+
+
