@@ -47,11 +47,11 @@ from .splitting import Plan, Stage, StageInput, split
 __version__ = "0.1.0"
 
 __all__ = [
-    "Comparison", "Explanation", "blocks", "compare_with_jit", "explain", "render", "show", "show_blocks",
-    "stage_table", "to_dot", "to_json",
-    "AutoSharded", "DuplicateMeshAxisError", "FallbackWarning", "Graph", "IndivisibleAxisError",
-    "InputMismatchError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node", "OptionError", "Plan", "Program", "RenderError",
-    "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError",
-    "SpecTreeError", "Stage", "StageInput", "TensorSharding", "TraceError", "UnknownMeshAxisError",
-    "UnsupportedDtypeError", "autoshard", "compile_program", "lineage", "lower", "make_mesh", "propagate", "split", "trace",
+    "AutoSharded", "Comparison", "DuplicateMeshAxisError", "Explanation", "FallbackWarning", "Graph",
+    "IndivisibleAxisError", "InputMismatchError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node",
+    "OptionError", "Plan", "Program", "RenderError", "Shard", "ShardedGraph", "ShardingConflictError",
+    "ShardingError", "SpecError", "SpecRankError", "SpecTreeError", "Stage", "StageInput", "TensorSharding",
+    "TraceError", "UnknownMeshAxisError", "UnsupportedDtypeError",
+    "autoshard", "blocks", "compare_with_jit", "compile_program", "explain", "lineage", "lower", "make_mesh",
+    "propagate", "render", "show", "show_blocks", "split", "stage_table", "to_dot", "to_json", "trace",
 ]

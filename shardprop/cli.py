@@ -1,9 +1,12 @@
-"""The ``shardprop`` command line (``shardprop demo``, or ``python -m shardprop demo``)."""
+"""The ``shardprop`` command line: ``shardprop demo`` and ``shardprop inspect`` (or ``python -m shardprop``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from . import inspect_cli
+from .errors import ShardingError
 
 
 def _configure_devices(count: int) -> None:
@@ -19,12 +22,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="shard the Nx example and a small MLP on 8 CPU devices and check them")
     demo.add_argument("--devices", type=int, default=8, help="number of virtual CPU devices (default 8)")
+    inspect_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
         _configure_devices(args.devices)
         from .demo import run
 
         return 0 if run() else 1
+    if args.command == "inspect":
+        try:
+            return inspect_cli.run(args, _configure_devices)
+        except ShardingError as err:
+            print(f"shardprop inspect: {type(err).__name__}: {err}", file=sys.stderr)
+            return 2
     return 2
 
 

@@ -78,6 +78,17 @@ class Explanation:
     consumes: tuple[str, ...]
     mesh_shape: Any
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: value names instead of ids."""
+        return {
+            "value": value_name(self.value), "equation": self.equation, "rule": self.rule,
+            "axes": [{"axis": a.axis, "size": a.size, "mesh_axes": list(a.mesh_axes), "origin": a.origin,
+                      "steps": [{"value": value_name(s.value), "axis": s.axis, "op": s.op, "rule": s.rule,
+                                 "source": s.source} for s in a.steps],
+                      "reason": a.reason} for a in self.axes],
+            "consumes": list(self.consumes),
+        }
+
     def __str__(self) -> str:
         lines = [self.equation, f"  rule: {self.rule}"]
         for axis in self.axes:

@@ -74,7 +74,8 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
     for k in hidden:
         index.setdefault(k, 0)
         if not 0 <= index[k] < counts[k]:
-            raise OptionError(f"block index {index[k]} out of range on axis {k} of {value_name(v)} ({counts[k]} blocks)")
+            raise OptionError(f"block index {index[k]} out of range on axis {k} of {value_name(v)} "
+                              f"({counts[k]} blocks)")
     held = device_blocks(sharded.mesh, layout)
     row_axis = axes[0] if len(axes) == 2 else None
     col_axis = axes[-1] if axes else None
@@ -146,7 +147,8 @@ def stage_table(prog: Any) -> Table:
         outputs = [f"{value_name(v)} {layout_to_spec(layout)}" for v, layout in
                    zip(stage.outputs, stage.out_layouts, strict=True)]
         total += moved
-        table.add_row(str(stage.id), f"{len(ops)}: " + ", ".join(f"{op}×{k}" if k > 1 else op for op, k in counts.items()),
+        summary = f"{len(ops)}: " + ", ".join(f"{op}×{k}" if k > 1 else op for op, k in counts.items())
+        table.add_row(str(stage.id), summary,
                       "\n".join(inputs) or "-", "\n".join(outputs) or "-", "\n".join(collectives) or "-",
                       format_bytes(moved))
     table.caption = f"total ≈ {format_bytes(total)} moved per device"
@@ -157,7 +159,7 @@ def as_text(renderable, width: int = 120) -> str:
     """A rich renderable as plain text (for files, tests and logs)."""
     console = Console(width=width, record=True, file=_Null(), color_system=None)
     console.print(renderable)
-    return console.export_text()
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines())
 
 
 class _Null:

@@ -1,0 +1,204 @@
+"""``shardprop inspect PATH.py:FUNC --mesh i=4,j=2 --arg 'f32[16,8]@P(i,j)' ...``: inspect a function from
+the command line (text, JSON, DOT or SVG), with optional ``--explain``, ``--lineage`` and ``--blocks``."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import OptionError
+
+DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8", "i16": "int16",
+          "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
+          "bool": "bool", "c64": "complex64", "c128": "complex128"}
+_ARG = re.compile(r"^\s*(?P<dtype>[a-z0-9]+)\[(?P<shape>[0-9,\s]*)\]\s*(?:@\s*(?P<spec>P\s*\(.*\)))?\s*$")
+
+
+def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``"i=4,j=2"`` → ``((4, 2), ("i", "j"))``."""
+    names, sizes = [], []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, size = part.partition("=")
+        if not name.strip().isidentifier() or not size.strip().isdigit() or int(size) < 1:
+            raise OptionError(f"--mesh {text!r}: expected name=size pairs such as i=4,j=2")
+        names.append(name.strip())
+        sizes.append(int(size))
+    if not names:
+        raise OptionError(f"--mesh {text!r}: expected name=size pairs such as i=4,j=2")
+    return tuple(sizes), tuple(names)
+
+
+def parse_spec(text: str):
+    """``"P(i,(j,k),None)"`` → ``PartitionSpec('i', ('j', 'k'), None)``."""
+    from jax.sharding import PartitionSpec
+
+    inner = text.strip()[1:].strip()[1:-1]  # drop "P(" and ")"
+    quoted = re.sub(r"\b(?!None\b)([A-Za-z_]\w*)\b", r"'\1'", inner)
+    try:
+        entries = ast.literal_eval(f"({quoted},)") if quoted.strip() else ()
+    except (SyntaxError, ValueError):
+        raise OptionError(f"cannot read the spec {text!r}: expected P(i,j), P(None,j), P((i,j)) or P()") from None
+    return PartitionSpec(*entries)
+
+
+def parse_arg(text: str):
+    """``"f32[16,8]@P(i,j)"`` → ``(ShapeDtypeStruct((16, 8), float32), PartitionSpec('i', 'j'))``; without
+    ``@...`` the argument is unannotated (spec None)."""
+    import jax
+    import numpy as np
+
+    m = _ARG.match(text)
+    if m is None:
+        raise OptionError(f"cannot read --arg {text!r}: expected DTYPE[SHAPE] or DTYPE[SHAPE]@P(...), such as "
+                          "f32[16,8]@P(i,j), f32[16,8] or i32[]")
+    dtype = DTYPES.get(m["dtype"], m["dtype"])
+    try:
+        dtype = jax.numpy.dtype(dtype)
+    except TypeError:
+        raise OptionError(f"--arg {text!r}: unknown dtype {m['dtype']!r} (known: {', '.join(DTYPES)})") from None
+    shape = tuple(int(d) for d in m["shape"].replace(" ", "").split(",") if d)
+    spec = parse_spec(m["spec"]) if m["spec"] else None
+    return jax.ShapeDtypeStruct(shape, np.dtype(dtype) if dtype != jax.numpy.bfloat16 else dtype), spec
+
+
+def parse_lineage(text: str) -> tuple[str, tuple[int, ...] | None]:
+    """``"0:0,1"`` (output 0, block (0, 1)), ``"e:1"`` (value e, block (1,)) or ``"0:"`` (the whole output)."""
+    target, sep, block = text.partition(":")
+    if not sep or not target.strip():
+        raise OptionError(f"--lineage {text!r}: expected OUT:BLOCK such as 0:0,1 (output 0, block (0, 1)) or e:1")
+    try:
+        blocks = tuple(int(b) for b in block.split(",") if b.strip()) if block.strip() else None
+    except ValueError:
+        raise OptionError(f"--lineage {text!r}: the block must be integers separated by commas") from None
+    return target.strip(), blocks
+
+
+def load_function(target: str):
+    """``"path/to/file.py:name"`` (or ``file.py:obj.attr``) → the function."""
+    path, sep, name = target.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        raise OptionError(f"{target!r}: expected PATH.py:FUNCTION")
+    file = Path(path)
+    if not file.is_file():
+        raise OptionError(f"{target!r}: no such file {path}")
+    sys.path.insert(0, str(file.resolve().parent))
+    spec = importlib.util.spec_from_file_location(f"_shardprop_inspect_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    obj = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise OptionError(f"{target!r}: {file.name} has no {name!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise OptionError(f"{target!r}: {name!r} is not a function")
+    return obj
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("inspect", help="trace, shard and split a function, and show what happened",
+                       description="Inspect how shardprop shards FUNC from PATH.py: the annotated listing and stage "
+                                   "table (text), the JSON form (json), a graphviz picture (dot, svg).")
+    p.add_argument("target", nargs="?", help="PATH.py:FUNC")
+    p.add_argument("--mesh", help="mesh axes and sizes, e.g. i=4,j=2")
+    p.add_argument("--arg", action="append", default=[], metavar="SPEC",
+                   help="one per positional argument: DTYPE[SHAPE] or DTYPE[SHAPE]@P(...), e.g. 'f32[16,8]@P(i,j)'")
+    p.add_argument("--strategy", default="auto", choices=("auto", "gather", "collective"))
+    p.add_argument("--format", default="text", choices=("text", "json", "dot", "svg"))
+    p.add_argument("--explain", action="append", default=[], metavar="NODE", help="explain a value, e.g. e")
+    p.add_argument("--lineage", action="append", default=[], metavar="OUT:BLOCK",
+                   help="input boxes a block depends on, e.g. 0:0,1 (output 0, block (0, 1)) or e:1")
+    p.add_argument("--blocks", action="append", default=[], metavar="VALUE",
+                   help="(text) picture of which device holds which block of VALUE")
+    p.add_argument("-o", "--output", help="write to this file instead of standard output")
+    p.add_argument("--devices", type=int, help="number of virtual CPU devices (default: the mesh size, at least 8)")
+    p.add_argument("--width", type=int, default=120, help="text width for tables (default 120)")
+    p.add_argument("--schema", action="store_true", help="print the JSON schema of --format json and exit")
+
+
+def run(args, configure_devices) -> int:
+    from .inspect.export import SCHEMA
+
+    if args.schema:
+        return _emit(json.dumps(SCHEMA, indent=2), args.output)
+    if not args.target or not args.mesh:
+        raise OptionError("inspect needs PATH.py:FUNC and --mesh (e.g. --mesh i=4,j=2)")
+    sizes, names = parse_mesh(args.mesh)
+    configure_devices(args.devices or max(8, math.prod(sizes)))
+
+    from . import api, inspect as sp_inspect
+    from .mesh import make_mesh
+
+    mesh = make_mesh(sizes, names)
+    parsed = [parse_arg(a) for a in args.arg]
+    lineages = [parse_lineage(text) for text in args.lineage]
+    f = load_function(args.target)
+    prog = api.compile_program(f, tuple(s for s, _ in parsed), mesh=mesh, in_specs=tuple(p for _, p in parsed),
+                               strategy=args.strategy)
+    explained = {name: sp_inspect.explain(prog, name) for name in args.explain}
+    traced = {text: _lineage(sp_inspect, prog, target, block) for text, (target, block) in zip(
+        args.lineage, lineages, strict=True)}
+    if args.format == "json":
+        doc = sp_inspect.to_json(prog)
+        if explained:
+            doc["explain"] = {name: e.to_dict() for name, e in explained.items()}
+        if traced:
+            doc["lineage"] = {text: _lineage_json(result) for text, result in traced.items()}
+        return _emit(json.dumps(doc, indent=2), args.output)
+    if args.format == "dot":
+        return _emit(sp_inspect.to_dot(prog), args.output)
+    if args.format == "svg":
+        if args.output:
+            sp_inspect.render(prog, args.output, format="svg")
+            return 0
+        with tempfile.TemporaryDirectory() as tmp:
+            path = sp_inspect.render(prog, Path(tmp) / "graph.svg", format="svg")
+            return _emit(path.read_text(), None)
+    parts = [str(prog.graph), sp_inspect.as_text(sp_inspect.stage_table(prog), width=args.width).rstrip()]
+    parts += [str(e) for e in explained.values()]
+    parts += [_lineage_text(prog, text, result) for text, result in traced.items()]
+    parts += [sp_inspect.as_text(sp_inspect.blocks(prog, v), width=args.width).rstrip() for v in args.blocks]
+    return _emit("\n\n".join(parts), args.output)
+
+
+def _lineage(sp_inspect, prog, target: str, block):
+    if target.isdigit():
+        return sp_inspect.lineage(prog, output=int(target), block=block)
+    return sp_inspect.lineage(prog, value=target, block=block)
+
+
+def _lineage_json(result) -> dict:
+    from .expr.graph import value_name
+
+    return {"value": value_name(result.value), "box": [list(b) for b in result.box], "exact": result.exact,
+            "inputs": {str(k): [[list(r) for r in box] for box in boxes] for k, boxes in result.items()}}
+
+
+def _lineage_text(prog, text: str, result) -> str:
+    from .expr.graph import value_name
+
+    graph = prog.graph.graph
+    box = ", ".join(f"{s}:{e}" for s, e in result.box)
+    lines = [f"lineage {text}: {value_name(result.value)}[{box}] depends on"
+             + ("" if result.exact else " (a superset: some rule on the way is not exact)")]
+    for k, boxes in result.items():
+        name = value_name(graph.inputs[k])
+        if not boxes:
+            lines.append(f"  argument {k} ({name}): nothing")
+        for b in boxes:
+            lines.append(f"  argument {k} ({name})[{', '.join(f'{s}:{e}' for s, e in b)}]")
+    return "\n".join(lines)
+
+
+def _emit(text: str, output: str | None) -> int:
+    if output:
+        Path(output).write_text(text + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+    return 0

@@ -1,0 +1,92 @@
+"""sp.explain: the chain of rules, ops and source lines behind every axis's sharding."""
+
+import warnings
+
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+
+from .nx_example import f as nx_example
+
+
+def program(f, args, in_specs, mesh, strategy="auto"):
+    return sp.autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
+
+
+def test_sharded_axis_is_traced_back_to_the_input_spec(mesh):
+    a = jnp.ones((16, 8))
+    why = sp.explain(program(nx_example, (a, a), (P("i", "j"), None), mesh, "gather"), "e")
+    (axis,) = why.axes
+    assert axis.mesh_axes == ("i",)
+    assert axis.origin == "argument 0 (a) has spec P('i', 'j'); this is its axis 0"
+    assert [(s.op, s.source.rsplit("/", 1)[-1]) for s in axis.steps] == [("add", "nx_example.py:7"),
+                                                                       ("reduce_sum", "nx_example.py:9")]
+    # the reduced axis: its sharding is dropped, and the gather that pays for it is named with its bytes
+    (consumed,) = why.consumes
+    assert consumed.startswith("c: takes axis 1 (sharded over j) whole") and "Reductions drop sharding" in consumed
+    assert "64 B per device" in consumed
+    text = str(why)
+    assert "sharded over i, 4 blocks of 4" in text and "[stage 1]" in text
+
+
+def test_unannotated_input_says_it_adopted_its_sharding(mesh):
+    a = jnp.ones((16, 8))
+    why = sp.explain(program(nx_example, (a, a), (P("i", "j"), None), mesh), "b")
+    assert all("unannotated" in axis.origin and "adopted" in axis.origin for axis in why.axes)
+
+
+def test_replicated_axis_names_the_op_that_dropped_it(mesh):
+    def f(x, w):
+        return jnp.cumsum(jnp.tanh(x @ w), axis=0)
+
+    prog = program(f, (jnp.ones((16, 8)), jnp.ones((8, 8))), (P("i", "j"), P("j")), mesh)
+    why = sp.explain(prog, prog.graph.graph.outputs[0])
+    scanned, other = why.axes
+    assert scanned.mesh_axes == () and "`cumsum`" in scanned.origin and "sharded over i" in scanned.origin
+    assert "scanned axis whole" in scanned.reason
+    # axis 1 was never sharded: the weight's spec leaves its columns whole, through the matmul and tanh
+    assert other.origin == "argument 1 (b) has spec P('j',)" and [s.op for s in other.steps] == [
+        "dot_general", "tanh", "cumsum"]
+    matmul = sp.explain(prog, "c")
+    assert any("psum over j finishes the result" in c for c in matmul.consumes)
+
+
+def test_fallback_is_named_as_the_reason(mesh):
+    def f(x):
+        return jnp.fft.fft(x, axis=0).real * 2.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        prog = program(f, (jnp.ones((16, 8)),), (P("i", "j"),), mesh)
+    fft_value = next(v for n in prog.graph.graph.nodes if n.op == "fft" for v in n.outputs)
+    why = sp.explain(prog, fft_value)
+    assert why.rule == "conservative fallback"
+    assert all("`fft`" in a.origin and "no proven rule" in a.reason for a in why.axes)
+
+
+def test_created_axis_that_met_no_sharding(mesh):
+    def f(x):
+        return jnp.broadcast_to(x[None], (4, 16)) * 3.0
+
+    prog = program(f, (jnp.ones((16,)),), (P("i"),), mesh)
+    why = sp.explain(prog, prog.graph.graph.outputs[0])
+    assert why.axes[1].mesh_axes == ("i",)
+    assert "`broadcast_in_dim`" in why.axes[0].origin and "new axis" in why.axes[0].reason
+
+
+def test_explain_rejects_unknown_values(mesh):
+    a = jnp.ones((16, 8))
+    with pytest.raises(sp.OptionError, match="no value 'zz'"):
+        sp.explain(program(nx_example, (a, a), (P("i", "j"), None), mesh), "zz")
+
+
+def test_explanation_is_json_ready(mesh):
+    import json
+
+    a = jnp.ones((16, 8))
+    data = sp.explain(program(nx_example, (a, a), (P("i", "j"), None), mesh, "gather"), "i").to_dict()
+    step = json.loads(json.dumps(data))["axes"][1]["steps"][0]
+    assert (step["value"], step["axis"], step["op"], step["rule"]) == ("d", 1, "sub", "elementwise.elementwise")
+    assert step["source"].endswith("nx_example.py:8")

@@ -1,0 +1,112 @@
+"""Block pictures (checked against JAX's own device→index map), the stage table (checked against the
+communication estimate) and the JSON export (validated against its schema)."""
+
+import json
+
+import jax.numpy as jnp
+import jsonschema
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.inspect import SCHEMA, as_text
+from shardprop.inspect.pictures import device_blocks
+from shardprop.propagation.sharding import layout_from_spec, shard_count
+
+from .nx_example import f as nx_example
+
+SPECS = [P("i", "j"), P(None, "j"), P("j", "i"), P(("i", "j")), P(), P(("j", "i"), None)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_device_blocks_agree_with_jax(spec, mesh):
+    """Independent oracle: JAX's ``devices_indices_map`` says which slice each device holds."""
+    shape = (16, 8)
+    layout = layout_from_spec(spec, shape, dict(mesh.shape), "x")
+    ours = device_blocks(mesh, layout)
+    theirs = NamedSharding(mesh, spec).devices_indices_map(shape)
+    for device, index in theirs.items():
+        block = ours[device.id]
+        for k, (s, n) in enumerate(zip(index, shape, strict=True)):
+            length = n // shard_count(dict(mesh.shape), layout[k])
+            start = 0 if s.start is None else s.start
+            assert (start, start + length) == (block[k] * length, (block[k] + 1) * length), (device, k)
+
+
+def test_block_picture_of_a_2d_tensor(mesh):
+    a = jnp.ones((16, 8))
+    prog = sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, a)
+    text = as_text(sp.blocks(prog, "c"))
+    theirs = NamedSharding(mesh, P("i", "j")).devices_indices_map((16, 8))
+    for device, (rows, cols) in theirs.items():  # every device appears in the cell of its block
+        row = next(line for line in text.splitlines() if line.strip().startswith(f"│") and
+                   f" {rows.start}:{rows.stop} │" in line)
+        cells = [c.strip() for c in row.split("│")[2:-1]]
+        assert f"dev {device.id}" == cells[cols.start // 4]
+    # a reduced value is replicated over j: each block is held by a pair of devices
+    e = as_text(sp.blocks(prog, "e"))
+    assert e.count("dev ") == 4 and all(f"dev {2 * k},{2 * k + 1}" in e or f"dev {2 * k}-{2 * k + 1}" in e
+                                        for k in range(4))
+
+
+def test_block_picture_of_a_3d_tensor_projects_and_says_so(meshes):
+    mesh = meshes["2x2x2"]
+    prog = sp.autoshard(jnp.sin, mesh=mesh, in_specs=(P("i", None, ("j", "k")),)).trace(jnp.ones((4, 4, 4)))
+    default = as_text(sp.blocks(prog, "a"))
+    assert "axis 0 \\ axis 2" in default  # the two sharded axes are shown
+    projected = as_text(sp.blocks(prog, "a", axes=(0, 1), index={2: 3}))
+    assert "axis 2@j*k: block 3 of 4" in projected
+    theirs = NamedSharding(mesh, P("i", None, ("j", "k"))).devices_indices_map((4, 4, 4))
+    holders = sorted(d.id for d, idx in theirs.items() if idx[2].start == 3)
+    assert [f"dev {d}" in projected for d in holders] == [True, True]
+
+
+def test_block_picture_of_scalars_and_bad_axes(mesh):
+    prog = sp.autoshard(lambda x: jnp.sum(x), mesh=mesh, in_specs=(P("i"),)).trace(jnp.ones(16))
+    out = prog.graph.graph.outputs[0]
+    assert "dev 0-7" in as_text(sp.blocks(prog, out))
+    with pytest.raises(sp.OptionError, match="at most two distinct axes"):
+        sp.blocks(prog, "a", axes=(0, 3))
+
+
+@pytest.mark.parametrize("strategy", ["gather", "collective", "auto"])
+def test_stage_table_bytes_agree_with_the_communication_estimate(strategy, mesh):
+    def f(x, w):
+        h = jnp.tanh(x @ w)
+        return jnp.cumsum(h, axis=0), jnp.max(h, axis=1)
+
+    prog = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), P("j")), strategy=strategy).trace(
+        jnp.ones((16, 8)), jnp.ones((8, 8)))
+    text = as_text(sp.stage_table(prog), width=200)
+    total = sum(t.moved_bytes for t in prog.estimated_communication())
+    assert f"total ≈ {total:.0f} B moved per device" in text
+    assert f"{len(prog.stages)} stage(s), strategy {strategy}" in text
+
+
+def test_json_follows_its_schema_and_shard_parents_resolve(mesh):
+    a = jnp.ones((16, 8))
+    prog = sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, a)
+    doc = json.loads(json.dumps(sp.to_json(prog)))
+    jsonschema.validate(doc, SCHEMA)
+    shard_ids = {s["id"] for v in doc["values"] for axis in v["axes"] for s in axis["shards"]}
+    assert all(p in shard_ids for v in doc["values"] for axis in v["axes"] for s in axis["shards"]
+               for p in s["parents"])
+    # the stage inputs say where they come from, in the layout they arrive in
+    stage1 = doc["stages"][1]
+    assert stage1["inputs"][0] == {"value": "c", "layout": [["i"], []], "source": {"stage": 0, "output": 0}}
+    assert doc["outputs"] == [{"index": 0, "value": "i", "layout": [["i"], ["j"]],
+                               "source": {"stage": 1, "output": 0}}]
+    assert [n["stage"] for n in doc["nodes"]] == [None, None, 0, 0, 1, 1, 1, 1, 1]
+
+
+def test_json_of_a_workload_with_collectives_and_scans_validates(mesh):
+    from examples.mlp import init_params, train_step
+
+    params = init_params((32, 64, 10))
+    x, labels = jnp.ones((16, 32)), jnp.zeros((16,), jnp.int32)
+    prog = sp.autoshard(train_step, mesh=mesh, in_specs=(P(), P("i"), P("i"))).trace(params, x, labels)
+    doc = sp.to_json(prog)
+    jsonschema.validate(json.loads(json.dumps(doc)), SCHEMA)
+    assert any(n["collective"] for n in doc["nodes"])
+    assert len(doc["values"]) == len(prog.graph.graph.avals)

@@ -1,0 +1,86 @@
+"""`shardprop inspect`, run as a user would (a subprocess), in every format."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from shardprop.inspect import SCHEMA
+
+EXAMPLE = Path(__file__).parent / "inspection" / "nx_example.py"
+BASE = [sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:f", "--mesh", "i=4,j=2",
+        "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--strategy", "gather"]
+
+
+def run(*extra, check=True):
+    result = subprocess.run([*BASE, *extra], capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_text_has_listing_stage_table_explanation_lineage_and_blocks():
+    out = run("--explain", "e", "--lineage", "0:0,1", "--blocks", "c").stdout
+    assert "c:f32[16@i,8@j] = add a b" in out and "── stage 1 ── receives:" in out   # listing
+    assert "2 stage(s), strategy gather" in out and "total ≈ 256 B moved per device" in out  # stage table
+    assert "origin: argument 0 (a) has spec P('i', 'j'); this is its axis 0" in out    # explain
+    assert "lineage 0:0,1: i[0:4, 4:8] depends on" in out                             # lineage
+    assert "argument 0 (a)[0:4, 0:8]" in out and "argument 0 (a)[0:16, 4:8]" in out
+    assert "│             0:4 │ dev 0 │ dev 1 │" in out                                 # blocks
+
+
+def test_json_is_valid_against_the_documented_schema(tmp_path):
+    out = tmp_path / "prog.json"
+    run("--format", "json", "--explain", "e", "--lineage", "0:0,1", "--lineage", "e:1", "-o", str(out))
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["lineage"]["0:0,1"]["inputs"]["0"] == [[[0, 4], [0, 8]], [[0, 16], [4, 8]]]
+    assert doc["lineage"]["e:1"]["inputs"]["1"] == [[[4, 8], [0, 8]]]
+    assert doc["explain"]["e"]["axes"][0]["mesh_axes"] == ["i"]
+
+
+def test_schema_flag_prints_the_schema():
+    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", "--schema"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and json.loads(result.stdout) == json.loads(json.dumps(SCHEMA))
+
+
+def test_dot_format():
+    out = run("--format", "dot").stdout
+    assert out.startswith("digraph shardprop {") and "subgraph cluster_stage_1" in out and "gather j" in out
+
+
+def test_svg_format(tmp_path):
+    target = tmp_path / "graph.svg"
+    result = run("--format", "svg", "-o", str(target), check=False)
+    if shutil.which("dot"):
+        assert result.returncode == 0, result.stderr
+        assert "<svg" in target.read_text()
+    else:
+        assert result.returncode == 2 and "RenderError" in result.stderr and "graphviz" in result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--arg", "f32[16,8]@P(i,q)", "--arg", "f32[16,8]"], "UnknownMeshAxisError: argument 0: spec P('i', 'q') names mesh axis 'q'"),
+    (["--arg", "x32[16,8]", "--arg", "f32[16,8]"], "unknown dtype 'x32'"),
+    (["--arg", "f32[16,8]@P(i,j)"], "TraceError: tracing 'f' failed: TypeError: f() missing 1 required positional"),
+    (["--explain", "zz"], "no value 'zz'"),
+    (["--lineage", "0:9,9"], "out of range on axis 0"),
+])
+def test_bad_input_is_a_one_line_error(args, message):
+    cmd = [sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:f", "--mesh", "i=4,j=2"]
+    if "--arg" not in args:
+        cmd += ["--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]"]
+    result = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_function_is_reported():
+    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:nope", "--mesh", "i=8"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "has no 'nope'" in result.stderr
