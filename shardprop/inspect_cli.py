@@ -116,6 +116,8 @@ def add_parser(sub) -> None:
                    help="input boxes a block depends on, e.g. 0:0,1 (output 0, block (0, 1)) or e:1")
     p.add_argument("--blocks", action="append", default=[], metavar="VALUE",
                    help="(text) picture of which device holds which block of VALUE")
+    p.add_argument("--brief", action="store_true",
+                   help="(text) leave out the listing and stage table: only what --explain/--lineage/--blocks ask for")
     p.add_argument("-o", "--output", help="write to this file instead of standard output")
     p.add_argument("--devices", type=int, help="number of virtual CPU devices (default: the mesh size, at least 8)")
     p.add_argument("--width", type=int, default=120, help="text width for tables (default 120)")
@@ -160,7 +162,8 @@ def run(args, configure_devices) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             path = sp_inspect.render(prog, Path(tmp) / "graph.svg", format="svg")
             return _emit(path.read_text(), None)
-    parts = [str(prog.graph), sp_inspect.as_text(sp_inspect.stage_table(prog), width=args.width).rstrip()]
+    parts = [] if args.brief else [str(prog.graph),
+                                   sp_inspect.as_text(sp_inspect.stage_table(prog), width=args.width).rstrip()]
     parts += [str(e) for e in explained.values()]
     parts += [_lineage_text(prog, text, result) for text, result in traced.items()]
     parts += [sp_inspect.as_text(sp_inspect.blocks(prog, v), width=args.width).rstrip() for v in args.blocks]

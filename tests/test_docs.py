@@ -25,3 +25,13 @@ def test_ci_runs_the_readme_test_command():
     command = 'python -m pip install ".[test]" && python -m pytest -q'
     assert command in readme
     assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_inspecting_page_is_current():
+    """docs/inspecting.md pastes the real output of the commands it shows."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_inspecting_page", ROOT / "docs" / "make_inspecting_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (ROOT / "docs" / "inspecting.md").read_text() == module.page(), "run `python docs/make_inspecting_page.py`"

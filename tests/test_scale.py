@@ -41,3 +41,29 @@ def test_hundred_thousand_nodes_in_seconds_and_linearly(mesh):
     for k in (2, 3):  # our passes: 10x the nodes may cost at most ~20x the time (linear, with noise)
         assert big[k] < 20 * max(small[k], 0.05)
     assert big[2] + big[3] < 60
+
+
+def inspection_seconds(mesh, layers):
+    from shardprop.splitting import format_listing
+
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    w = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+    graph = sp.trace(lambda x, w: deep(x, w, layers), x, w)
+    plan = sp.split(sp.propagate(graph, (P("i", "j"), None), mesh=mesh))
+    timings = []
+    for view in (format_listing, sp.to_json, sp.to_dot, lambda p: sp.lineage(p, output=0)):
+        t0 = time.perf_counter()
+        view(plan)
+        timings.append(time.perf_counter() - t0)
+    return len(graph.nodes), timings
+
+
+@pytest.mark.slow
+def test_inspection_is_linear(mesh):
+    small_nodes, small = inspection_seconds(mesh, 556)
+    big_nodes, big = inspection_seconds(mesh, 5556)
+    names = ("listing", "json", "dot", "lineage")
+    print("\n" + "\n".join(f"{n}: {s:.2f}s at {small_nodes} nodes, {b:.2f}s at {big_nodes}"
+                           for n, s, b in zip(names, small, big, strict=True)))
+    for s, b in zip(small, big, strict=True):
+        assert b < 20 * max(s, 0.05)

@@ -1,0 +1,179 @@
+"""Write docs/inspecting.md, pasting the real output of every command it shows:
+`python docs/make_inspecting_page.py` (tests/test_docs.py checks that the page is current)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NX = ["shardprop", "inspect", "examples/inspect_example.py:nx", "--mesh", "i=4,j=2",
+      "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--strategy", "gather"]
+MATMUL = ["shardprop", "inspect", "examples/inspect_example.py:scanned_matmul", "--mesh", "i=4,j=2",
+          "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[8,8]@P(j)"]
+
+
+def run(argv: list[str]) -> str:
+    done = subprocess.run([sys.executable, "-m", "shardprop", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
+                          check=True, timeout=300)
+    return done.stdout.rstrip().replace(str(ROOT) + "/", "")
+
+
+def shown(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) if a != argv[0] else a for a in argv)
+
+
+def block(argv: list[str], lang: str = "text", output: str | None = None) -> str:
+    return f"```bash\n{shown(argv)}\n```\n\n```{lang}\n{run(argv) if output is None else output}\n```\n"
+
+
+def json_excerpt() -> str:
+    doc = json.loads(run([*NX, "--format", "json", "--lineage", "0:0,1"]))
+    excerpt = {
+        "schema": doc["schema"], "mesh": doc["mesh"], "strategy": doc["strategy"], "inputs": doc["inputs"],
+        "outputs": doc["outputs"], "values": doc["values"][2:3], "nodes": doc["nodes"][4:5],
+        "stages": doc["stages"][1:2], "lineage": doc["lineage"],
+    }
+    return json.dumps(excerpt, indent=1)
+
+
+def page() -> str:
+    return f"""# Inspecting shard graphs
+
+shardprop's passes produce plain data — a sharded graph, a plan of stages — and everything on this page
+reads those products; nothing here changes them. Each view is a Python function (`import shardprop as sp`)
+and a `shardprop inspect` option:
+
+| question | Python | command line |
+|---|---|---|
+| what does every tensor look like, stage by stage? | `print(prog.graph)`, `sp.show(prog)` | `shardprop inspect F.py:f ...` |
+| what does each stage receive, compute and send? | `sp.stage_table(prog)` | (in the text output) |
+| why does this axis have this sharding? | `sp.explain(prog, "e")` | `--explain e` |
+| which input elements does this output block need? | `sp.lineage(prog, output=0, block=(0, 1))` | `--lineage 0:0,1` |
+| which device holds which block? | `sp.show_blocks(prog, "c")` | `--blocks c` |
+| a picture | `sp.to_dot(prog)`, `sp.render(prog, "graph.svg")` | `--format dot`, `--format svg` |
+| everything, for a tool | `sp.to_json(prog)` | `--format json` (schema: `--schema`) |
+
+`prog` is what `sp.autoshard(f, ...).trace(*args)` returns (a `Program`); a `Plan` from `sp.split` or a
+`ShardedGraph` from `sp.propagate` work too (without stages, the views that need them say so). `--brief` leaves the listing and the stage table out
+of the text output, keeping only what `--explain`, `--lineage` and `--blocks` ask for. Every output
+below was pasted by `docs/make_inspecting_page.py` from running the command shown, on
+[`examples/inspect_example.py`](../examples/inspect_example.py).
+
+## The annotated listing and the stage table
+
+Every value prints with its per-axis sharding: `16@i` is an axis of 16 elements laid out over mesh axis
+`i` (`@(i,j)` over both, major first; no `@` means replicated). Values are listed stage by stage; a stage
+header says what crosses into the stage — which value, from which stage, which mesh axes are gathered, and
+the bytes each device receives (ring all-gather model). A node finished by a collective says so after its
+source line. The stage table sums it up per stage.
+
+{block([*NX])}
+With the default strategy (`auto`) the cost model finishes both sums with collectives instead, and the whole
+function is one stage:
+
+{block([*NX[:-2], "--strategy", "auto"])}
+## Why: `sp.explain` / `--explain`
+
+For each axis of a value: if sharded, the chain of ops (with the rule that carried the sharding and the
+source line) back to the input spec that started it — followed through the shard parents; if replicated,
+the op that dropped the sharding and why (the first sentence of that rule's documentation), or the input
+spec that never had one. Then how the node consumes its operands: which sharded axes it takes whole, and the
+gather or collective that pays for it.
+
+{block([*NX, "--brief", "--explain", "e"])}
+A matmul whose result is scanned: the scan needs its axis whole, and the columns were never sharded.
+
+{block([*MATMUL, "--brief", "--explain", "e", "--explain", "c"])}
+## Lineage: `sp.lineage` / `--lineage`
+
+The Nx idea of following an output section back to the inputs. `sp.lineage(prog, output=0, block=(0, 1))`
+takes block `(0, 1)` of output 0 — blocks indexed along each axis as laid out on the mesh — and returns, for
+every flat input, a list of boxes (one `(start, stop)` per axis) whose union is the set of input elements
+that block depends on. `value="e"` asks about an intermediate value instead; `block=None` about all of it.
+
+```python
+>>> sp.lineage(prog, output=0, block=(0, 1))
+{sp_lineage_repr()}
+```
+
+so output block `(0, 1)` (rows 0:4, columns 4:8) needs `a[0:4, :]` and `a[:, 4:8]` — its rows' sums of `x`
+and its columns' sums of `y` — and the same of `b`.
+
+{block([*NX, "--brief", "--lineage", "0:0,1", "--lineage", "e:1"])}
+Lineage walks the graph backwards once, mapping boxes through one rule per primitive
+(`shardprop/inspect/lineage/`, grouped by family like the sharding rules). It is **sound** — it never misses
+a dependency — and **exact** wherever the dependency is block-shaped: elementwise ops, broadcasts,
+reductions, `dot_general`, transposes, reshapes, slices (strided too), pads, concatenation, reversal,
+cumulative ops, sorts and window reductions. Where an op reads data-dependent positions (`gather`,
+`dynamic_slice`, scatters, control flow) or has no lineage rule, its rule returns the whole operand and the
+result says `exact=False` (the CLI: "a superset"); a result that would need more than 64 boxes is widened to
+its bounding box, also flagged. `tests/inspection/test_lineage.py` checks both claims against the non-zero
+pattern of the Jacobian at a random point, block by block and on random boxes.
+
+## Which device holds what: `sp.show_blocks` / `--blocks`
+
+Like `jax.debug.visualize_array_sharding`, for any value of the graph and any rank: rows and columns are
+the value's blocks along two axes (by default its sharded ones), each cell lists the devices that hold that
+block. Replicated axes are one block held by several devices; for a rank > 2 tensor the other axes are
+fixed at one block (the caption says which; `index={{2: 3}}` picks another).
+
+{block([*NX, "--brief", "--blocks", "c", "--blocks", "e"])}
+## Pictures: `sp.to_dot`, `sp.render`, `--format dot|svg`
+
+Graphviz DOT text: one cluster per stage, nodes coloured by stage, edges labelled with the layout the value
+travels in; an edge that crosses a stage boundary with a gather is red and names the mesh axes and the
+bytes per device. `sp.render(prog, "graph.svg")` (or `.png`, `.pdf`) runs graphviz's `dot`; without it,
+it raises `sp.RenderError` saying how to install graphviz or to render the DOT text elsewhere.
+
+```bash
+{shown([*NX, "--format", "svg", "-o", "docs/img/nx_gather.svg"])}
+```
+
+![the Nx example's graph, two stages](img/nx_gather.svg)
+
+{block([*NX, "--format", "dot"], lang="dot")}
+## JSON for tools: `sp.to_json` / `--format json`
+
+A stable document, schema id `shardprop.inspect/1`; `shardprop inspect --schema` prints its JSON Schema
+(`shardprop.inspect.SCHEMA`), and the tests validate the output against it.
+
+| field | contents |
+|---|---|
+| `schema` | `"shardprop.inspect/1"` |
+| `mesh` | `axis_names` and `shape` |
+| `strategy` | `"gather"`, `"collective"` or `"auto"` (null for a sharded graph without a plan) |
+| `inputs`, `outputs` | per flat input/output: `index`, `value` (its name in the listing), `layout`; outputs also their `source` |
+| `values` | per value: `id`, `name`, `dtype`, `shape`, `layout`, `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards`, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt |
+| `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the layout each operand is consumed in), `collective` (`{{kind, mesh_axes, dimension}}` or null) |
+| `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it arrives in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`) |
+| `explain`, `lineage` | present when asked for with `--explain` / `--lineage`: `Explanation.to_dict()`, and `{{value, box, exact, inputs: {{index: boxes}}}}` |
+
+A *layout* is one list per tensor axis of the mesh axes it is laid out over (`[]`: replicated). An excerpt
+(one value, one node, one stage) of `{shown([*NX, "--format", "json", "--lineage", "0:0,1"])}`:
+
+```json
+{json_excerpt()}
+```
+"""
+
+
+def sp_lineage_repr() -> str:
+    code = ("import jax; jax.config.update('jax_num_cpu_devices', 8)\n"
+            "import jax.numpy as jnp, shardprop as sp\nfrom jax.sharding import PartitionSpec as P\n"
+            "from examples.inspect_example import nx\n"
+            "prog = sp.autoshard(nx, mesh=sp.make_mesh((4, 2), ('i', 'j')), in_specs=(P('i', 'j'), None),"
+            " strategy='gather').trace(jnp.ones((16, 8)), jnp.ones((16, 8)))\n"
+            "print(sp.lineage(prog, output=0, block=(0, 1)))")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                          timeout=300).stdout.strip()
+
+
+if __name__ == "__main__":
+    (ROOT / "docs" / "img").mkdir(exist_ok=True)
+    subprocess.run([sys.executable, "-m", "shardprop", *NX[1:], "--format", "svg", "-o", "docs/img/nx_gather.svg"],
+                   cwd=ROOT, check=True)
+    (ROOT / "docs" / "inspecting.md").write_text(page())
