@@ -65,9 +65,11 @@ def test_svg_format(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--arg", "f32[16,8]@P(i,q)", "--arg", "f32[16,8]"], "UnknownMeshAxisError: argument 0: spec P('i', 'q') names mesh axis 'q'"),
+    (["--arg", "f32[16,8]@P(i,q)", "--arg", "f32[16,8]"],
+     "UnknownMeshAxisError: argument 0: spec P('i', 'q') names mesh axis 'q'"),
     (["--arg", "x32[16,8]", "--arg", "f32[16,8]"], "unknown dtype 'x32'"),
-    (["--arg", "f32[16,8]@P(i,j)"], "TraceError: tracing 'f' failed: TypeError: f() missing 1 required positional"),
+    (["--arg", "f32[16,8]@P(i,j)"],
+     "TraceError: tracing 'f' failed: TypeError: f() missing 1 required positional"),
     (["--explain", "zz"], "no value 'zz'"),
     (["--lineage", "0:9,9"], "out of range on axis 0"),
 ])

@@ -40,7 +40,7 @@ def test_block_picture_of_a_2d_tensor(mesh):
     text = as_text(sp.blocks(prog, "c"))
     theirs = NamedSharding(mesh, P("i", "j")).devices_indices_map((16, 8))
     for device, (rows, cols) in theirs.items():  # every device appears in the cell of its block
-        row = next(line for line in text.splitlines() if line.strip().startswith(f"│") and
+        row = next(line for line in text.splitlines() if line.strip().startswith("│") and
                    f" {rows.start}:{rows.stop} │" in line)
         cells = [c.strip() for c in row.split("│")[2:-1]]
         assert f"dev {device.id}" == cells[cols.start // 4]
