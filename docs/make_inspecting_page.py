@@ -108,7 +108,10 @@ Lineage walks the graph backwards once, mapping boxes through one rule per primi
 (`shardprop/inspect/lineage/`, grouped by family like the sharding rules). It is **sound** — it never misses
 a dependency — and **exact** wherever the dependency is block-shaped: elementwise ops, broadcasts,
 reductions, `dot_general`, transposes, reshapes, slices (strided too), pads, concatenation, reversal,
-cumulative ops, sorts and window reductions. Where an op reads data-dependent positions (`gather`,
+cumulative ops, sorts and window reductions. (Exact in the data-flow sense: every element in the boxes can
+change the block. The Jacobian at one point can be sparser — for `max`, `select` or a sort only the winning
+elements have a non-zero derivative — so the test checks exactness on smooth functions and soundness on all.)
+Where an op reads data-dependent positions (`gather`,
 `dynamic_slice`, scatters, control flow) or has no lineage rule, its rule returns the whole operand and the
 result says `exact=False` (the CLI: "a superset"); a result that would need more than 64 boxes is widened to
 its bounding box, also flagged. `tests/inspection/test_lineage.py` checks both claims against the non-zero

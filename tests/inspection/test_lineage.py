@@ -161,3 +161,60 @@ def test_bad_blocks_raise_typed_errors(block, message, mesh):
         sp.lineage(prog, output=0, block=block)
     with pytest.raises(sp.OptionError, match="no value"):
         sp.lineage(prog, value="zz", block=None)
+
+
+# Edge cases of single rules. `smooth` marks functions whose derivative is non-zero wherever an input element
+# can change the output: for them the Jacobian pattern is the exact dependency set. For max, select, sort,
+# top_k and clip it is not (only the winning element has a non-zero derivative at a point, although every
+# element of the window could win), so there the oracle checks soundness only.
+EDGE_CASES = {
+    "negative_pad": (lambda x: jnp.sin(jax.lax.pad(x, 0.0, ((-2, 3, 0), (1, -1, 2)))), [(10, 6)], True),
+    "interior_pad_value": (lambda x, v: jax.lax.pad(x, v, ((1, 2, 1), (0, 0, 3))), [(5, 4), ()], True),
+    "strided_slice": (lambda x: x[1:9:3, ::2] * 2.0, [(10, 8)], True),
+    "reshape_split_merge": (lambda x: jnp.sin(x.reshape(2, 1, 3, 8, 1).transpose(3, 0, 2, 1, 4).reshape(4, 12)),
+                            [(6, 8)], True),
+    "reshape_size_one_axes": (lambda x: x.reshape(1, 4, 1, 6, 1) * 2.0, [(4, 6)], True),
+    "flip_reshape_slice": (lambda x: jnp.flip(x.reshape(4, 6), 1).reshape(24)[3:20], [(2, 12)], True),
+    "transpose_rank3": (lambda x: jnp.transpose(x, (2, 0, 1)) ** 2, [(3, 4, 5)], True),
+    "window_same_padding": (lambda x: jax.lax.reduce_window(x, 0.0, jax.lax.add, (3, 2), (2, 3), "SAME"),
+                            [(9, 10)], True),
+    "window_max": (lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 2), (1, 1), ((1, 0), (0, 1))),
+                   [(6, 5)], False),
+    "dot_batch": (lambda a, b: jnp.einsum("bij,bjk->bik", a, b), [(3, 4, 5), (3, 5, 2)], True),
+    "dot_batch_permuted": (lambda a, b: jnp.einsum("ibj,kjb->bik", a, b), [(4, 3, 5), (2, 5, 3)], True),
+    "concatenate_three": (lambda a, b, c: jnp.concatenate([a, b, c], axis=1) ** 2, [(3, 2), (3, 4), (3, 1)], True),
+    "split": (lambda x: jnp.split(x, [2, 5], axis=1)[1] * 2.0, [(3, 7)], True),
+    "cumsum_reverse": (lambda x: jax.lax.cumsum(x, axis=1, reverse=True) ** 2, [(4, 6)], True),
+    "cumprod": (lambda x: jnp.cumprod(x, axis=0), [(5, 3)], True),
+    "broadcast_scalar": (lambda x, s: jnp.broadcast_to(x[:, None, :], (4, 3, 5)) * s, [(4, 5), ()], True),
+    "squeeze": (lambda x: jnp.squeeze(x, axis=(0, 2)) ** 2, [(1, 4, 1, 3)], True),
+    "convolution": (lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME"), [(2, 3, 6, 6), (4, 3, 3, 3)], True),
+    "sort_with_payload": (lambda x, y: jax.lax.sort((x, y), dimension=1, num_keys=1)[1] * 1.0, [(3, 5), (3, 5)],
+                          False),
+    "top_k": (lambda x: jax.lax.top_k(x, 2)[0], [(4, 6)], False),
+    "max_over_two_axes": (lambda x: jnp.max(x, axis=(0, 2)), [(3, 4, 5)], False),
+    "select": (lambda x, y: jnp.where(x > 0, x, y), [(4, 4), (4, 4)], False),
+    "clip": (lambda x, a: jnp.clip(x, a, 2.0), [(4, 4), ()], False),
+}
+
+
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_rule_edge_cases_against_jacobian_pattern(name):
+    f, shapes, smooth = EDGE_CASES[name]
+    rng = np.random.default_rng(2)
+    args = [jnp.asarray(rng.normal(size=s), dtype=jnp.float32) for s in shapes]
+    graph = sp.trace(f, *args)
+    out = graph.outputs[0]
+    shape = graph.avals[out].shape
+    for _ in range(10):
+        box = []
+        for n in shape:
+            start = int(rng.integers(0, n))
+            box.append((start, int(rng.integers(start + 1, n + 1))))
+        found, exact = dependencies(graph, out, [tuple(box)])
+        want = jacobian_dependencies(f, args, tuple(box))
+        for index, arg in enumerate(args):
+            got = mask(arg.shape, found[index])
+            assert not (want[index] & ~got).any(), f"{name} box {box}: lineage misses part of input {index}"
+            if exact and smooth:
+                np.testing.assert_array_equal(got, want[index], err_msg=f"{name} box {box} input {index}")
