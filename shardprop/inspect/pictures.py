@@ -7,6 +7,7 @@ partially sharded tensors (a replicated axis is one block held by several device
 
 from __future__ import annotations
 
+import io
 import itertools
 from typing import Any
 
@@ -157,17 +158,9 @@ def stage_table(prog: Any) -> Table:
 
 def as_text(renderable, width: int = 120) -> str:
     """A rich renderable as plain text (for files, tests and logs)."""
-    console = Console(width=width, record=True, file=_Null(), color_system=None)
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(renderable)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines())
-
-
-class _Null:
-    def write(self, text):
-        return len(text)
-
-    def flush(self):
-        pass
 
 
 def show(prog: Any, *, console: Console | None = None) -> None:
