@@ -37,7 +37,7 @@ class AutoSharded:
     def trace(self, *args) -> Program:
         """The compiled plan for these arguments (arrays or ShapeDtypeStructs), for inspection."""
         avals, tree = abstractify(args)
-        key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in avals))
+        key = (tree, tuple((tuple(a.shape), str(a.dtype), a.weak_type) for a in avals))
         program = self._programs.get(key)
         if program is None:
             program = self._programs[key] = compile_program(self.f, args, mesh=self.mesh, in_specs=self.in_specs,

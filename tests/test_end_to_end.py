@@ -90,6 +90,29 @@ def test_nx_example_output_is_sharded_like_its_inputs(mesh):
     assert len(prog.stages) == 2
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int32])
+def test_python_scalar_arguments_are_weakly_typed_like_under_jit(dtype, mesh):
+    """``f(x, 2.0, 3)`` works as under ``jax.jit``: the scalars are weakly typed, so ``x``'s dtype wins."""
+    import shardprop as sp
+
+    (x,) = random_args([((16, 8), dtype)])
+
+    def f(x, scale, shift, flag):
+        return jnp.where(flag, x * scale + shift, x)
+
+    args = (x, 2.0, 3, True)
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=(P("i", "j"), None, None, None),
+                                    rtol=1e-3, atol=1e-3)
+    want = jax.jit(f)(*args).dtype
+    assert prog(*args).dtype == want
+    assert want == (dtype if np.dtype(dtype).kind == "f" else np.float32)  # int * 2.0 promotes, f16 stays
+    assert "f32[]" in str(prog.graph).splitlines()[0]
+    # a strongly typed scalar is a different signature: autoshard retraces instead of reusing the weak plan
+    fs = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None, None, None))
+    assert fs.trace(*args) is not fs.trace(x, np.float32(2.0), 3, True)
+    assert fs.lower(*args).compile().as_text()
+
+
 def test_prng_keys_as_arguments_and_constants(mesh):
     import warnings
 

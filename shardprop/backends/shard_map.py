@@ -64,7 +64,8 @@ class Program:
         return [flat_args[i] if s is None else results[s][i] for s, i in self.plan.output_sources]
 
     # -- calling --------------------------------------------------------------------------------------
-    def _flat_args(self, args: tuple) -> list:
+    def _flat_args(self, args: tuple) -> tuple[list, list[jax.ShapeDtypeStruct]]:
+        """The argument leaves and their abstract values, checked against the traced ones."""
         try:
             avals, tree = abstractify(args)
         except ShardingError as err:
@@ -81,10 +82,10 @@ class Program:
             raise InputMismatchError(
                 "arguments differ from the traced ones (trace again, or call the autoshard function, which "
                 "retraces per shape):\n" + "\n".join(problems))
-        return jax.tree_util.tree_leaves(args)
+        return jax.tree_util.tree_leaves(args), avals
 
     def __call__(self, *args):
-        flat = self._flat_args(args)
+        flat, _ = self._flat_args(args)
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
             raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
         flat = [jax.device_put(x, s) for x, s in zip(flat, self._in_shardings, strict=True)]
@@ -93,9 +94,9 @@ class Program:
 
     def lower(self, *args) -> jax.stages.Lowered:
         """``jax.jit(...).lower`` of the whole program: ``.compile().as_text()`` shows its HLO."""
-        flat = self._flat_args(args)
-        shaped = [jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=s)
-                  for x, s in zip(flat, self._in_shardings, strict=True)]
+        _, avals = self._flat_args(args)
+        shaped = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=a.weak_type)
+                  for a, s in zip(avals, self._in_shardings, strict=True)]
         return _internal_errors_as_lowering_errors(self._jitted.lower, *shaped)
 
     def _shaped_args(self) -> list[jax.ShapeDtypeStruct]:

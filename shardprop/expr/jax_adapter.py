@@ -103,6 +103,13 @@ def as_dtype(dtype) -> Any:
         return dtype
 
 
+def python_scalar_aval(value: bool | int | float | complex) -> jax.ShapeDtypeStruct:
+    """The abstract value ``jax.jit`` gives a Python scalar argument: rank 0, weakly typed (except bool).
+    Raises OverflowError for an int that does not fit the default integer dtype."""
+    aval = jax.typeof(value)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
 def is_array_dtype(dtype) -> bool:
     """True for the dtypes a JAX array can hold (numeric, bool, and extended dtypes such as PRNG keys)."""
     try:

@@ -18,7 +18,9 @@ from .graph import CONSTANT, PARAMETER, Aval, Graph, Node
 
 
 def abstractify(args: tuple) -> tuple[list[jax.ShapeDtypeStruct], Any]:
-    """Flatten ``args`` to ShapeDtypeStructs; arrays and ShapeDtypeStructs are accepted as leaves."""
+    """Flatten ``args`` to ShapeDtypeStructs; arrays, ShapeDtypeStructs and Python scalars are accepted as
+    leaves. A Python scalar is a weakly typed rank-0 array, as under ``jax.jit`` (``x * 2.0`` keeps the dtype
+    of an ``f16`` ``x``); weak types of arrays are kept too."""
     leaves, tree = jax.tree_util.tree_flatten(args)
     avals = []
 
@@ -26,16 +28,23 @@ def abstractify(args: tuple) -> tuple[list[jax.ShapeDtypeStruct], Any]:
         return "argument" + jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(args)[0][i][0])
 
     for i, leaf in enumerate(leaves):
+        if isinstance(leaf, (bool, int, float, complex)):
+            try:
+                leaf = jx.python_scalar_aval(leaf)
+            except OverflowError as err:
+                raise TraceError(f"{where(i)}: {err} (pass an array with an explicit dtype)") from None
         if not (isinstance(leaf, jax.ShapeDtypeStruct) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype"))):
             raise TraceError(
                 f"{where(i)} is a {type(leaf).__name__}, not an array: shardprop shards array arguments "
-                "only (pass jax/numpy arrays or jax.ShapeDtypeStruct; close over static values instead)"
+                "only (pass jax/numpy arrays, Python scalars or jax.ShapeDtypeStruct; close over other static "
+                "values instead)"
             )
         if not jx.is_array_dtype(leaf.dtype):
             raise UnsupportedDtypeError(
                 f"{where(i)} has dtype {leaf.dtype}, which a JAX array cannot hold, so it cannot be sharded "
                 "(use numeric, bool or PRNG key arrays)")
-        avals.append(jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype))
+        avals.append(jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype,
+                                          weak_type=bool(getattr(leaf, "weak_type", False))))
     return avals, tree
 
 
