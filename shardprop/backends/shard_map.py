@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding
 
+from ..gc_pause import gc_paused
 from ..errors import InputMismatchError, LoweringError, MeshError, ShardingError
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
@@ -139,6 +140,7 @@ def _internal_errors_as_lowering_errors(fn, *args):
             "(this is a shardprop bug: please report it with the function and in_specs)") from err
 
 
+@gc_paused
 def lower(plan: Plan, mesh: Mesh | None = None) -> Program:
     """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on)."""
     mesh = plan.sharded.mesh if mesh is None else mesh

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from ..gc_pause import gc_paused
 from ..errors import TraceError, UnsupportedDtypeError
 from . import jax_adapter as jx
 from .graph import CONSTANT, PARAMETER, Aval, Graph, Node
@@ -48,6 +49,7 @@ def abstractify(args: tuple) -> tuple[list[jax.ShapeDtypeStruct], Any]:
     return avals, tree
 
 
+@gc_paused
 def trace(f: Callable, *args) -> Graph:
     """Trace ``f`` on ``args`` (arrays, ShapeDtypeStructs, or pytrees of them) into a :class:`Graph`.
 

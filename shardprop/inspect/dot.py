@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ..gc_pause import gc_paused
 from ..errors import RenderError
 from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, value_name
 from ..propagation.sharding import common_layout, format_layout, layout_refines
@@ -28,6 +29,7 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+@gc_paused
 def to_dot(prog: Any, *, title: str | None = None) -> str:
     """The graph as graphviz DOT text, stage clusters coloured, edges labelled with shardings.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..gc_pause import gc_paused
 from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
 from ..propagation.sharding import Sharded
 from .products import layout_of, products
@@ -21,6 +22,7 @@ def _layout(layout) -> list[list[str]]:
     return [list(m) for m in layout]
 
 
+@gc_paused
 def to_json(prog: Any) -> dict[str, Any]:
     """A JSON-ready dict of the program (see :data:`SCHEMA`)."""
     sharded, plan = products(prog)

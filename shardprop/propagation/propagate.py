@@ -17,6 +17,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
+from ..gc_pause import gc_paused
 from ..errors import FallbackWarning, NoRuleError, ShardingConflictError, ShardingError, SpecTreeError
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name
@@ -50,6 +51,7 @@ def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
     return flat
 
 
+@gc_paused
 def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 

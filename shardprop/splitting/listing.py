@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..gc_pause import gc_paused
 from ..expr.graph import PARAMETER, render, short_dtype, value_name
 from ..propagation import ShardedGraph
 from ..propagation.sharding import format_layout
@@ -40,6 +41,7 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+@gc_paused
 def format_listing(plan: Plan) -> str:
     """The listing of ``plan``'s graph, stage by stage (see the module docstring)."""
     sharded = plan.sharded

@@ -10,6 +10,7 @@ layout it needs; moving it there is the gather) and each stage embeds the consta
 
 from __future__ import annotations
 
+from ..gc_pause import gc_paused
 from ..expr.graph import CONSTANT, PARAMETER
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, common_layout, layout_refines
@@ -26,6 +27,7 @@ def needs_gather(produced: Layout, needed: Layout) -> bool:
 STRATEGIES = ("auto", "gather", "collective")
 
 
+@gc_paused
 def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     """Assign every node to a stage; see the module docstring.
 

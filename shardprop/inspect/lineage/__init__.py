@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...gc_pause import gc_paused
 from ...errors import OptionError
 from ...expr.graph import CONSTANT, PARAMETER, Graph, value_name
 from ...propagation.sharding import shard_count
@@ -91,6 +92,7 @@ def dependencies(graph: Graph, value: int, boxes: list[Box]) -> tuple[dict[int, 
     return found, exact
 
 
+@gc_paused
 def lineage(prog: Any, output: int = 0, block: Any = None, *, value: Any = None) -> Lineage:
     """For every input (by flat index), the boxes of input elements that one block of an output depends on.
 
