@@ -65,9 +65,11 @@ CASES = [
 ]
 
 
-def jacobian_dependencies(f, args, out_box):
-    """Per input, the boolean mask of elements some output element in ``out_box`` depends on."""
-    jac = jax.jacrev(f, argnums=tuple(range(len(args))))(*args)
+def jacobian_dependencies(f, args, out_box, jac=None):
+    """Per input, the boolean mask of elements some output element in ``out_box`` depends on (``jac``: the
+    Jacobian of ``f`` at ``args`` if already computed)."""
+    if jac is None:
+        jac = jax.jacrev(f, argnums=tuple(range(len(args))))(*args)
     index = tuple(slice(s, e) for s, e in out_box)
     deps = []
     for arg, j in zip(args, jac, strict=True):
@@ -218,3 +220,79 @@ def test_rule_edge_cases_against_jacobian_pattern(name):
             assert not (want[index] & ~got).any(), f"{name} box {box}: lineage misses part of input {index}"
             if exact and smooth:
                 np.testing.assert_array_equal(got, want[index], err_msg=f"{name} box {box} input {index}")
+
+
+def _scan_cumulative(c0, xs):
+    def body(c, x):
+        c = c * 0.5 + x
+        return c, jnp.sin(c)
+    return jax.lax.scan(body, c0, xs)
+
+
+def _scan_reverse(c0, xs):
+    def body(c, x):
+        return c + x[:2], x * 2.0 + c[0]
+    return jax.lax.scan(body, c0, xs, reverse=True)
+
+
+def _scan_shared_carries(c0, xs):
+    def body(carry, x):
+        a, b = carry
+        return (b, b + x), a * x
+    return jax.lax.scan(body, (c0, c0), xs)
+
+
+def _scan_consts_and_nested(w, c0, xs):
+    def inner(c, x):
+        return c + x, c * x
+
+    def body(c, x):
+        c2, ys = jax.lax.scan(inner, c, x)
+        return jnp.tanh(c2 @ w), ys[::-1] * 2.0
+    return jax.lax.scan(body, c0, xs)
+
+
+SCANS = {
+    # name: (function, argument shapes, iterations of xs a block of ys may read: "prefix", "suffix", "same")
+    "map": (lambda w, xs: jax.lax.map(lambda x: jnp.tanh(x @ w), xs), [(4, 4), (6, 3, 4)], "same"),
+    "cumulative": (_scan_cumulative, [(3,), (6, 3)], "prefix"),
+    "reverse": (_scan_reverse, [(2,), (5, 2)], "suffix"),
+    "shared_carries": (_scan_shared_carries, [(3,), (6, 3)], "prefix"),
+    "consts_and_nested": (_scan_consts_and_nested, [(3, 3), (3,), (4, 2, 3)], "prefix"),
+}
+
+
+@pytest.mark.parametrize("name", list(SCANS))
+def test_scan_lineage_looks_inside_the_body(name):
+    """Every output of a scan against the Jacobian pattern; a block of ``ys`` never reads iterations of
+    ``xs`` the scan has not reached yet (causality), and a ``map`` is exact."""
+    f, shapes, reads = SCANS[name]
+    rng = np.random.default_rng(4)
+    args = [jnp.asarray(rng.normal(size=s), dtype=jnp.float32) for s in shapes]
+    graph = sp.trace(f, *args)
+    xs_index, length = len(args) - 1, shapes[-1][0]
+    for k, out in enumerate(graph.outputs):
+        shape = graph.avals[out].shape
+        is_y = k == len(graph.outputs) - 1  # every scan here has its ys last
+        output_k = jax.jit(lambda *a, k=k: jax.tree_util.tree_leaves(f(*a))[k])
+        jac = jax.jacrev(output_k, argnums=tuple(range(len(args))))(*args)
+        for _ in range(8):
+            box = []
+            for n in shape:
+                start = int(rng.integers(0, n))
+                box.append((start, int(rng.integers(start + 1, n + 1))))
+            found, exact = dependencies(graph, out, [tuple(box)])
+            want = jacobian_dependencies(output_k, args, tuple(box), jac)
+            for index, arg in enumerate(args):
+                got = mask(arg.shape, found[index])
+                assert not (want[index] & ~got).any(), f"{name} output {k} box {box}: misses input {index}"
+                if exact:
+                    np.testing.assert_array_equal(got, want[index], err_msg=f"{name} output {k} box {box}")
+            if is_y:
+                (start, stop) = box[0]
+                allowed = {"same": (start, stop), "prefix": (0, stop), "suffix": (start, length)}[reads]
+                read = np.flatnonzero(mask(args[xs_index].shape, found[xs_index]).any(
+                    axis=tuple(range(1, len(shapes[-1])))))
+                assert read.size and allowed[0] <= read.min() and read.max() < allowed[1], (name, box, read)
+        if name == "map":
+            assert exact

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...gc_pause import gc_paused
 from ...errors import OptionError
-from ...expr.graph import CONSTANT, PARAMETER, Graph, value_name
+from ...expr.graph import value_name
+from ...gc_pause import gc_paused
 from ...propagation.sharding import shard_count
 from ..products import layout_of, products, resolve_value
-from . import contractions, elementwise, reductions, shapes, slicing  # noqa: F401  (fill the table)
-from .boxes import Box, full_box, mask, normalize
-from .registry import LINEAGE_RULES, LineageContext, lookup
+from . import contractions, control_flow, elementwise, reductions, shapes, slicing  # noqa: F401  (fill the table)
+from .boxes import Box, full_box, mask
+from .registry import LINEAGE_RULES
+from .walk import dependencies, seeded_dependencies
 
-__all__ = ["LINEAGE_RULES", "Lineage", "block_box", "dependencies", "lineage", "mask"]
+__all__ = ["LINEAGE_RULES", "Lineage", "block_box", "dependencies", "lineage", "mask", "seeded_dependencies"]
 
 
 class Lineage(dict):
@@ -56,40 +57,6 @@ def block_box(prog: Any, value: int, block: Any) -> Box:
         length = size // count
         box.append((index * length, (index + 1) * length))
     return tuple(box)
-
-
-def dependencies(graph: Graph, value: int, boxes: list[Box]) -> tuple[dict[int, list[Box]], bool]:
-    """The input elements that ``boxes`` of ``value`` depend on: ``({flat input index: boxes}, exact)``.
-
-    One backward walk from ``value``'s producer, visiting each node at most once."""
-    regions: dict[int, list[Box]] = {value: normalize(list(boxes))[0]}
-    exact = True
-    producer, avals = graph.producer, graph.avals
-    found: dict[int, list[Box]] = {i: [] for i in range(len(graph.inputs))}
-    for node in reversed(graph.nodes[: producer[value] + 1]):
-        asked = [(k, regions.pop(v)) for k, v in enumerate(node.outputs) if v in regions]
-        if not asked:
-            continue
-        if node.op == PARAMETER:
-            found[node.params["index"]] = asked[0][1]
-            continue
-        if node.op == CONSTANT:
-            continue
-        ctx = LineageContext(tuple(avals[v].shape for v in node.operands),
-                             tuple(avals[v].shape for v in node.outputs))
-        registered = lookup(node.op)
-        per_operand: list[list[Box]] = [[] for _ in node.operands]
-        for k, out_boxes in asked:
-            for box in out_boxes:
-                for i, operand_boxes in enumerate(registered.rule(ctx, box, k, **node.params)):
-                    per_operand[i].extend(operand_boxes)
-        exact = exact and registered.exact and ctx.exact
-        for v, new in zip(node.operands, per_operand, strict=True):
-            if new:
-                merged, merged_exact = normalize(regions.get(v, []) + new)
-                regions[v] = merged
-                exact = exact and merged_exact
-    return found, exact
 
 
 @gc_paused
