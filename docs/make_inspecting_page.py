@@ -108,7 +108,7 @@ Lineage walks the graph backwards once, mapping boxes through one rule per primi
 (`shardprop/inspect/lineage/`, grouped by family like the sharding rules). It is **sound** — it never misses
 a dependency — and **exact** wherever the dependency is block-shaped: elementwise ops, broadcasts,
 reductions, `dot_general`, transposes, reshapes, slices (strided too), pads, concatenation, reversal,
-cumulative ops, sorts and window reductions. (Exact in the data-flow sense: every element in the boxes can
+cumulative ops, sorts and (undilated, single-operand) window reductions. (Exact in the data-flow sense: every element in the boxes can
 change the block. The Jacobian at one point can be sparser — for `max`, `select` or a sort only the winning
 elements have a non-zero derivative — so the test checks exactness on smooth functions and soundness on all.)
 `scan` is followed into its body: a block of `ys` reads the same iterations of `xs` and, if the body passes
@@ -154,7 +154,7 @@ A stable document, schema id `shardprop.inspect/1`; `shardprop inspect --schema`
 | `mesh` | `axis_names` and `shape` |
 | `strategy` | `"gather"`, `"collective"` or `"auto"` (null for a sharded graph without a plan) |
 | `inputs`, `outputs` | per flat input/output: `index`, `value` (its name in the listing), `layout`; outputs also their `source` |
-| `values` | per value: `id`, `name`, `dtype`, `shape`, `layout`, `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards`, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt |
+| `values` | per value: `id`, `name`, `dtype`, `shape`, `layout` (as the plan holds it), `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards` as propagation made them, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt. The two differ only where a reduce-scatter holds a value finer than its shards (`layout` over `j`, the shards replicated) |
 | `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the layout each operand is consumed in), `collective` (`{{kind, mesh_axes, dimension}}` or null) |
 | `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it arrives in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`) |
 | `explain`, `lineage` | present when asked for with `--explain` / `--lineage`: `Explanation.to_dict()`, and `{{value, box, exact, inputs: {{index: boxes}}}}` |

@@ -38,8 +38,9 @@ from .errors import (
     UnsupportedDtypeError,
 )
 from .expr import Graph, Node, trace
-from .inspect import (Explanation, Lineage, blocks, explain, lineage, render, show, show_blocks, stage_table, to_dot,
-                      to_json)
+from .inspect import Explanation, Lineage, blocks, render, show, show_blocks, stage_table, to_dot, to_json
+from .inspect.explain import explain
+from .inspect.lineage import lineage
 from .mesh import make_mesh
 from .propagation import Shard, ShardedGraph, TensorSharding, propagate
 from .splitting import Plan, Stage, StageInput, split

@@ -39,6 +39,7 @@ def parse_spec(text: str):
     from jax.sharding import PartitionSpec
 
     inner = text.strip()[1:].strip()[1:-1]  # drop "P(" and ")"
+    inner = inner.replace('"', "").replace("'", "")  # P("i", 'j') as typed in Python: names either way
     quoted = re.sub(r"\b(?!None\b)([A-Za-z_]\w*)\b", r"'\1'", inner)
     try:
         entries = ast.literal_eval(f"({quoted},)") if quoted.strip() else ()
@@ -90,7 +91,11 @@ def load_function(target: str):
     sys.path.insert(0, str(file.resolve().parent))
     spec = importlib.util.spec_from_file_location(f"_shardprop_inspect_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # the user's module does not import: say so in one line, no traceback
+        where = f" (line {err.lineno})" if isinstance(err, SyntaxError) and err.lineno else ""
+        raise OptionError(f"{target!r}: importing {file.name} failed{where}: {type(err).__name__}: {err}") from err
     obj = module
     for part in name.split("."):
         if not hasattr(obj, part):
@@ -131,10 +136,18 @@ def run(args, configure_devices) -> int:
         return _emit(json.dumps(SCHEMA, indent=2), args.output)
     if not args.target or not args.mesh:
         raise OptionError("inspect needs PATH.py:FUNC and --mesh (e.g. --mesh i=4,j=2)")
+    asked = {"--explain": args.explain, "--lineage": args.lineage, "--blocks": args.blocks, "--brief": args.brief}
+    shown_in = {"--explain": ("text", "json"), "--lineage": ("text", "json"), "--blocks": ("text",),
+                "--brief": ("text",)}
+    for flag, value in asked.items():
+        if value and args.format not in shown_in[flag]:
+            raise OptionError(f"{flag} is shown only with --format {' or '.join(shown_in[flag])}, not "
+                              f"--format {args.format}")
     sizes, names = parse_mesh(args.mesh)
     configure_devices(args.devices or max(8, math.prod(sizes)))
 
     from . import api, inspect as sp_inspect
+    from .inspect.explain import explain
     from .mesh import make_mesh
 
     mesh = make_mesh(sizes, names)
@@ -143,8 +156,8 @@ def run(args, configure_devices) -> int:
     f = load_function(args.target)
     prog = api.compile_program(f, tuple(s for s, _ in parsed), mesh=mesh, in_specs=tuple(p for _, p in parsed),
                                strategy=args.strategy)
-    explained = {name: sp_inspect.explain(prog, name) for name in args.explain}
-    traced = {text: _lineage(sp_inspect, prog, target, block) for text, (target, block) in zip(
+    explained = {name: explain(prog, name) for name in args.explain}
+    traced = {text: _lineage(prog, target, block) for text, (target, block) in zip(
         args.lineage, lineages, strict=True)}
     if args.format == "json":
         doc = sp_inspect.to_json(prog)
@@ -170,10 +183,12 @@ def run(args, configure_devices) -> int:
     return _emit("\n\n".join(parts), args.output)
 
 
-def _lineage(sp_inspect, prog, target: str, block):
+def _lineage(prog, target: str, block):
+    from .inspect.lineage import lineage
+
     if target.isdigit():
-        return sp_inspect.lineage(prog, output=int(target), block=block)
-    return sp_inspect.lineage(prog, value=target, block=block)
+        return lineage(prog, output=int(target), block=block)
+    return lineage(prog, value=target, block=block)
 
 
 def _lineage_json(result) -> dict:

@@ -16,8 +16,10 @@ BASE = [sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:f", "--mesh", 
         "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--strategy", "gather"]
 
 
-def run(*extra, check=True):
-    result = subprocess.run([*BASE, *extra], capture_output=True, text=True, timeout=300)
+def run(*extra, check=True, base=True):
+    """``shardprop inspect`` on the Nx example; ``base=False`` leaves the two ``--arg`` out of BASE."""
+    cmd = BASE if base else [x for k, x in enumerate(BASE) if x != "--arg" and BASE[k - 1] != "--arg"]
+    result = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -41,6 +43,14 @@ def test_json_is_valid_against_the_documented_schema(tmp_path):
     assert doc["lineage"]["0:0,1"]["inputs"]["0"] == [[[0, 4], [0, 8]], [[0, 16], [4, 8]]]
     assert doc["lineage"]["e:1"]["inputs"]["1"] == [[[4, 8], [0, 8]]]
     assert doc["explain"]["e"]["axes"][0]["mesh_axes"] == ["i"]
+    # the schema describes those sections too: a malformed box or a missing field does not pass
+    broken = json.loads(out.read_text())
+    broken["lineage"]["e:1"]["inputs"]["1"] = [[[4, 8, 1], [0, 8]]]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCHEMA)
+    del doc["explain"]["e"]["axes"][0]["origin"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, SCHEMA)
 
 
 def test_schema_flag_prints_the_schema():
@@ -72,6 +82,8 @@ def test_svg_format(tmp_path):
      "TraceError: tracing 'f' failed: TypeError: f() missing 1 required positional"),
     (["--explain", "zz"], "no value 'zz'"),
     (["--lineage", "0:9,9"], "out of range on axis 0"),
+    (["--format", "dot", "--explain", "e"], "--explain is shown only with --format text or json, not --format dot"),
+    (["--format", "json", "--blocks", "c"], "--blocks is shown only with --format text, not --format json"),
 ])
 def test_bad_input_is_a_one_line_error(args, message):
     cmd = [sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:f", "--mesh", "i=4,j=2"]
@@ -86,3 +98,18 @@ def test_missing_function_is_reported():
     result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:nope", "--mesh", "i=8"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "has no 'nope'" in result.stderr
+
+
+def test_a_module_that_does_not_import_is_a_one_line_error(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(a):\n    return a +\n")
+    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{broken}:f", "--mesh", "i=8",
+                             "--arg", "f32[8]@P(i)"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "importing broken.py failed (line 2): SyntaxError" in result.stderr
+
+
+def test_specs_may_quote_mesh_axis_names_as_in_python():
+    quoted = run("--arg", "f32[16,8]@P(\"i\", 'j')", "--arg", "f32[16,8]", "--format", "json", base=False).stdout
+    plain = run("--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--format", "json", base=False).stdout
+    assert json.loads(quoted) == json.loads(plain)

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from ..gc_pause import gc_paused
 from ..errors import InputMismatchError, LoweringError, MeshError, ShardingError
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
 from ..expr.trace import abstractify
+from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..splitting import Plan, Stage, StagedGraph, StageList
 from .communication import Transfer, estimate, parse_hlo

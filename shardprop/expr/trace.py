@@ -12,8 +12,8 @@ from typing import Any
 
 import jax
 
-from ..gc_pause import gc_paused
 from ..errors import TraceError, UnsupportedDtypeError
+from ..gc_pause import gc_paused
 from . import jax_adapter as jx
 from .graph import CONSTANT, PARAMETER, Aval, Graph, Node
 

@@ -1,9 +1,10 @@
 """Inspection: read the products of the passes (a Program, Plan or ShardedGraph) and show them.
 
 * :func:`show` — the annotated listing, stage by stage, and the stage table (``str(prog.graph)`` is the listing);
-* :func:`lineage` — which input elements one block of a value depends on (boxes; sound, and exact where the
-  dependency is block-shaped);
-* :func:`explain` — for each axis of a value, the chain of rules, ops and source lines behind its sharding;
+* ``sp.lineage`` (:func:`shardprop.inspect.lineage.lineage`) — which input elements one block of a value depends
+  on (boxes; sound, and exact where the dependency is block-shaped);
+* ``sp.explain`` (:func:`shardprop.inspect.explain.explain`) — for each axis of a value, the chain of rules, ops
+  and source lines behind its sharding;
 * :func:`to_dot` / :func:`render` — graphviz pictures with stage clusters;
 * :func:`blocks` / :func:`show_blocks` — which device holds which block of any tensor (``rich``);
 * :func:`stage_table` — per stage: ops, inputs, outputs, collectives, bytes moved (``rich``);
@@ -11,10 +12,12 @@
 """
 
 from .dot import render, to_dot
-from .explain import AxisWhy, Explanation, Step, explain
+# ``explain`` and ``lineage`` are not re-exported here: the names would shadow their modules
+# (``import shardprop.inspect.lineage`` must give the package of lineage rules). ``shardprop`` exports them.
+from .explain import AxisWhy, Explanation, Step
 from .export import SCHEMA, to_json
-from .lineage import Lineage, lineage
+from .lineage import Lineage
 from .pictures import as_text, blocks, show, show_blocks, stage_table
 
-__all__ = ["SCHEMA", "AxisWhy", "Explanation", "Lineage", "Step", "as_text", "blocks", "explain", "lineage",
-           "render", "show", "show_blocks", "stage_table", "to_dot", "to_json"]
+__all__ = ["SCHEMA", "AxisWhy", "Explanation", "Lineage", "Step", "as_text", "blocks", "render", "show",
+           "show_blocks", "stage_table", "to_dot", "to_json"]

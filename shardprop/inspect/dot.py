@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..gc_pause import gc_paused
 from ..errors import RenderError
 from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, value_name
+from ..gc_pause import gc_paused
 from ..propagation.sharding import common_layout, format_layout, layout_refines
 from ..splitting.listing import format_bytes
 from ..splitting.strategies import gather_bytes

@@ -13,10 +13,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..expr.graph import CONSTANT, PARAMETER, format_params, value_name
+from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
 from ..propagation import ShardedGraph
 from ..propagation.rules import RULES
-from ..propagation.sharding import Sharded, is_refinement, layout_to_spec
+from ..propagation.sharding import Sharded, format_layout, is_refinement, layout_to_spec
 from ..splitting import Plan
 from ..splitting.listing import format_bytes
 from ..splitting.strategies import collective_bytes, gather_bytes
@@ -117,9 +117,13 @@ def explain(prog: Any, value: Any) -> Explanation:
     graph = sharded.graph
     node = graph.nodes[graph.producer[v]]
     sharding = sharded.shardings[v]
+    held = plan.layout(v) if plan is not None else sharded.layout(v)
     axes = []
     for axis, (size, a) in enumerate(zip(sharding.shape, sharding.axes, strict=True)):
-        if isinstance(a, Sharded):
+        propagated = a.mesh_axes if isinstance(a, Sharded) else ()
+        if held[axis] != propagated:  # the plan holds it differently (a reduce-scatter leaves it finer)
+            axes.append(AxisWhy(axis, size, held[axis], _held_origin(plan, node, axis, held[axis], propagated), ()))
+        elif isinstance(a, Sharded):
             origin, steps = _sharded_origin(sharded, v, axis, a)
             axes.append(AxisWhy(axis, size, a.mesh_axes, origin, steps))
         else:
@@ -129,8 +133,19 @@ def explain(prog: Any, value: Any) -> Explanation:
                        tuple(_consumes(sharded, plan, node)), sharded.mesh_shape)
 
 
+def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated: tuple[str, ...]) -> str:
+    was = f"sharded over {'*'.join(propagated)}" if propagated else "replicated"
+    collective = plan.collectives.get(node.id)
+    if collective is not None and collective.kind == "psum_scatter" and collective.dimension == axis:
+        return (f"`{node.op}` at {_short(node.source)} is finished by {collective}: each device keeps only its "
+                f"block over {'*'.join(held)} of the sum (propagation alone left this axis {was}; the consumers "
+                "slice it anyway)")
+    return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
+
+
 def _equation(sharded: ShardedGraph, plan: Plan | None, node, v: int) -> str:
-    typ = f"{value_name(v)}:{sharded.value_type(v)}"
+    aval, layout = sharded.graph.avals[v], plan.layout(v) if plan is not None else sharded.layout(v)
+    typ = f"{value_name(v)}:{short_dtype(aval.dtype)}[{format_layout(aval.shape, layout)}]"
     if node.op == PARAMETER:
         return f"{typ} = argument {node.params['index']}"
     if node.op == CONSTANT:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..gc_pause import gc_paused
 from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
+from ..gc_pause import gc_paused
 from ..propagation.sharding import Sharded
 from .products import layout_of, products
 
@@ -89,6 +89,8 @@ _SOURCE = {"oneOf": [
      "properties": {"stage": {"type": "integer", "minimum": 0}, "output": {"type": "integer", "minimum": 0}}},
 ]}
 _NAME = {"type": "string", "pattern": "^[a-z]+$"}
+_BOX = {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                                   "minItems": 2, "maxItems": 2}}
 
 
 def _object(properties: dict, required: list[str] | None = None) -> dict:
@@ -136,7 +138,21 @@ SCHEMA: dict[str, Any] = {
             "nodes": {"type": "array", "items": {"type": "integer", "minimum": 0}},
             "inputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT, "source": _SOURCE})},
             "outputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT})}})},
-        "explain": {"type": "object"},
-        "lineage": {"type": "object"},
+        # --explain NAME: {NAME: Explanation.to_dict()}
+        "explain": {"type": "object", "additionalProperties": _object({
+            "value": _NAME, "equation": {"type": "string"}, "rule": {"type": "string"},
+            "axes": {"type": "array", "items": _object({
+                "axis": {"type": "integer", "minimum": 0}, "size": {"type": "integer", "minimum": 0},
+                "mesh_axes": {"type": "array", "items": {"type": "string"}}, "origin": {"type": "string"},
+                "steps": {"type": "array", "items": _object({
+                    "value": _NAME, "axis": {"type": "integer", "minimum": 0}, "op": {"type": "string"},
+                    "rule": {"type": "string"}, "source": {"type": ["string", "null"]}})},
+                "reason": {"type": ["string", "null"]}})},
+            "consumes": {"type": "array", "items": {"type": "string"}}})},
+        # --lineage OUT:BLOCK: {OUT:BLOCK: {value, box, exact, inputs: {flat input index: [box, ...]}}}
+        "lineage": {"type": "object", "additionalProperties": _object({
+            "value": _NAME, "box": _BOX, "exact": {"type": "boolean"},
+            "inputs": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                       "additionalProperties": {"type": "array", "items": _BOX}}})},
     }, required=["schema", "mesh", "strategy", "inputs", "outputs", "values", "nodes", "stages"]),
 }

@@ -17,8 +17,8 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..gc_pause import gc_paused
 from ..errors import FallbackWarning, NoRuleError, ShardingConflictError, ShardingError, SpecTreeError
+from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name
 from .product import ShardedGraph

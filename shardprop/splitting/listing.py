@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..gc_pause import gc_paused
 from ..expr.graph import PARAMETER, render, short_dtype, value_name
+from ..gc_pause import gc_paused
 from ..propagation import ShardedGraph
 from ..propagation.sharding import format_layout
 from .stage import Plan, StageInput

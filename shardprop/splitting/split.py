@@ -10,8 +10,10 @@ layout it needs; moving it there is the gather) and each stage embeds the consta
 
 from __future__ import annotations
 
-from ..gc_pause import gc_paused
+from dataclasses import fields
+
 from ..expr.graph import CONSTANT, PARAMETER
+from ..gc_pause import gc_paused
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, common_layout, layout_refines
 from ..errors import OptionError
@@ -37,6 +39,8 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     has one stage; ``"auto"`` (the default) takes, node by node, whichever the cost model says moves fewer
     bytes.
     """
+    if type(sharded) is not ShardedGraph:  # a StagedGraph (``prog.graph``) would carry its old plan along
+        sharded = ShardedGraph(**{f.name: getattr(sharded, f.name) for f in fields(ShardedGraph)})
     if strategy not in STRATEGIES:
         raise OptionError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     overrides, collectives = ({}, {}) if strategy == "gather" else \

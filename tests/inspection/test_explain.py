@@ -90,3 +90,26 @@ def test_explanation_is_json_ready(mesh):
     step = json.loads(json.dumps(data))["axes"][1]["steps"][0]
     assert (step["value"], step["axis"], step["op"], step["rule"]) == ("d", 1, "sub", "elementwise.elementwise")
     assert step["source"].endswith("nx_example.py:8")
+
+
+def test_a_value_held_finer_by_a_reduce_scatter_is_explained_as_the_plan_holds_it(mesh):
+    """``x @ w`` summed over j and then sliced by the next contraction: the plan keeps only each device's
+    block of the sum (psum_scatter), so explain, the listing and the block picture all say axis 1 is over j."""
+    args = (jnp.ones((16, 8)), jnp.ones((8, 8)), jnp.ones((8, 8)))
+    prog = program(lambda x, w, v: (x @ w) @ v, args, (P("i", "j"), P("j", None), P("j")), mesh, "collective")
+    assert prog.plan.collectives[prog.graph.graph.producer[3]].kind == "psum_scatter"
+    why = sp.explain(prog, "d")
+    assert why.equation.startswith("d:f32[16@i,8@j] = dot_general")
+    assert "d:f32[16@i,8@j] = dot_general" in str(prog.graph)
+    assert [a.mesh_axes for a in why.axes] == [("i",), ("j",)] == [tuple(m) for m in prog.plan.layout(3)]
+    assert "finished by psum_scatter over j along axis 1" in why.axes[1].origin
+
+
+def test_splitting_a_printed_graph_again_forgets_the_old_plan(mesh):
+    a = jnp.ones((16, 8))
+    prog = program(nx_example, (a, a), (P("i", "j"), None), mesh, "collective")
+    assert len(prog.stages) == 1
+    again = sp.split(prog.graph, strategy="gather")
+    assert len(again.stages) == 2 and type(again.sharded) is sp.ShardedGraph
+    assert sp.to_json(again)["strategy"] == "gather" and len(sp.to_json(again)["stages"]) == 2
+    assert sp.to_json(again.sharded)["strategy"] is None  # a bare ShardedGraph has no plan to report

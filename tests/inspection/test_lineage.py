@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from shardprop.inspect.lineage import block_box, dependencies, mask
+from shardprop.inspect.lineage.boxes import MAX_BOXES
 
 
 def nx_example(a, b):
@@ -197,6 +198,13 @@ EDGE_CASES = {
     "max_over_two_axes": (lambda x: jnp.max(x, axis=(0, 2)), [(3, 4, 5)], False),
     "select": (lambda x, y: jnp.where(x > 0, x, y), [(4, 4), (4, 4)], False),
     "clip": (lambda x, a: jnp.clip(x, a, 2.0), [(4, 4), ()], False),
+    "reshape_order_f": (lambda x: jnp.reshape(x, (8, 4), order="F") * 2.0, [(4, 8)], True),
+    "ravel_order_f": (lambda x: jnp.ravel(x, order="F")[3:17] ** 2, [(3, 2, 4)], True),
+    "reshape_with_dimensions": (lambda x: jax.lax.reshape(x, (4, 6), dimensions=(2, 0, 1)) * 3.0, [(2, 3, 4)],
+                                True),
+    "window_dilated": (lambda x: jax.lax.reduce_window(x, 0.0, jax.lax.add, (2, 3), (1, 1), "VALID",
+                                                       window_dilation=(3, 2)), [(9, 8)], True),
+    "large_strided_slice": (lambda x: x[::2, 1::3] * 2.0, [(96, 99)], True),
 }
 
 
@@ -296,3 +304,23 @@ def test_scan_lineage_looks_inside_the_body(name):
                 assert read.size and allowed[0] <= read.min() and read.max() < allowed[1], (name, box, read)
         if name == "map":
             assert exact
+
+
+def test_many_pieces_are_widened_before_they_are_built():
+    """A strided slice of a large tensor would read one piece per element: the rule widens to a hull before
+    building the product, so lineage stays small (and says it is not exact)."""
+    graph = sp.trace(lambda x: x[::2, ::2] * 2.0, jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
+    found, exact = dependencies(graph, graph.outputs[0], [((0, 2048), (0, 2048))])
+    assert not exact and 1 <= len(found[0]) <= MAX_BOXES
+    assert mask((4096, 4096), found[0])[::2, ::2].all()  # still sound: every element read is covered
+
+
+def test_variadic_window_reads_every_operand_and_says_it_may_over_approximate():
+    def f(a, b):
+        return jax.lax.reduce_window((a, b), (0.0, 0.0), lambda x, y: (x[0] + y[0], x[1] * y[1]), (2,), (1,),
+                                     "VALID")[1]
+
+    graph = sp.trace(f, jnp.ones(6), jnp.ones(6))
+    found, exact = dependencies(graph, graph.outputs[0], [((1, 3),)])
+    assert not exact
+    assert found[1] == [((1, 4),)]  # the windows of outputs 1 and 2: b[1:4]

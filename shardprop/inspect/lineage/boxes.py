@@ -36,9 +36,24 @@ def hull(boxes: list[Box]) -> Box:
     return tuple((min(b[k][0] for b in boxes), max(b[k][1] for b in boxes)) for k in range(len(boxes[0])))
 
 
-def product(per_axis: list[list[tuple[int, int]]]) -> list[Box]:
-    """Every box of the cartesian product of per-axis interval lists."""
-    return [tuple(combo) for combo in itertools.product(*per_axis)]
+def product(per_axis: list[list[tuple[int, int]]]) -> tuple[list[Box], bool]:
+    """Every box of the cartesian product of per-axis interval lists: ``(boxes, exact)``, widened as
+    :func:`bounded_product` does."""
+    return bounded_product([[(interval,) for interval in intervals] for intervals in per_axis])
+
+
+def bounded_product(parts: list[list[Box]]) -> tuple[list[Box], bool]:
+    """Every concatenation of one piece per part (each part a list of boxes over some consecutive axes):
+    ``(boxes, exact)``. Past :data:`MAX_BOXES` boxes the part with the most pieces is widened to its hull
+    until the product is small again — before it is built, so a strided slice of a large tensor stays
+    cheap — and ``exact`` is False."""
+    parts = [list(part) for part in parts]
+    exact = True
+    while math.prod(len(part) for part in parts) > MAX_BOXES:
+        widest = max(range(len(parts)), key=lambda k: len(parts[k]))
+        parts[widest] = [hull(parts[widest])]
+        exact = False
+    return [sum(combo, ()) for combo in itertools.product(*parts)], exact
 
 
 def _merge_pair(a: Box, b: Box) -> Box | None:
@@ -61,6 +76,8 @@ def normalize(boxes: list[Box]) -> tuple[list[Box], bool]:
     boxes = [b for b in dict.fromkeys(boxes) if not is_empty(b)]
     if len(boxes) <= 1:
         return boxes, True
+    if len(boxes) > 8 * MAX_BOXES:  # merging is quadratic: far too many pieces go straight to the hull
+        return [hull(boxes)], False
     changed = True
     while changed:
         changed = False

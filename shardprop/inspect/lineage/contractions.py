@@ -35,7 +35,7 @@ def dot_general(ctx: LineageContext, box: Box, output: int, *, dimension_numbers
 def reduce_window(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides, padding,
                   base_dilation=None, window_dilation=None, **params):
     """Output ``o`` reads operand ``[o·stride − lo, o·stride − lo + (w − 1)·dilation]``; where windows
-    leave gaps (stride > window) or are dilated, the answer is the hull of the windows."""
+    leave gaps (stride > window) or are dilated, the answer is the hull of the windows (flagged inexact)."""
     n_operands = len(ctx.in_shapes) // 2 if len(ctx.in_shapes) > 1 else 1
     shape = ctx.in_shapes[0]
     base_dilation = base_dilation or (1,) * len(shape)
@@ -46,10 +46,12 @@ def reduce_window(ctx: LineageContext, box: Box, output: int, *, window_dimensio
     box_in = []
     for n, w, st, (lo, _), wd, (s, e) in zip(shape, window_dimensions, window_strides, padding, window_dilation,
                                              box, strict=True):
-        if (st > w or wd != 1) and e - s > 1:
+        if (st > w and e - s > 1) or (wd != 1 and w > 1):  # gaps between windows, or inside a dilated one
             ctx.exact = False
         first, last = s * st - lo, (e - 1) * st - lo + (w - 1) * wd + 1
         box_in.append((max(0, first), min(n, last)))
+    if n_operands > 1:  # a variadic window's reducer may pair operands any way: each output reads them all
+        ctx.exact = False
     operand_boxes = [[tuple(box_in)] if all(a < b for a, b in box_in) else [] for _ in range(n_operands)]
     return operand_boxes + [[()] for _ in ctx.in_shapes[n_operands:]]
 

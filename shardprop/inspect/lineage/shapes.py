@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from .boxes import Box, full_box, hull, product
+from .boxes import Box, bounded_product, full_box, hull
 from .registry import LineageContext, register
 
 # A reshape box that crosses more rows than this is widened to its bounding box (sound, not exact).
@@ -99,8 +99,8 @@ def _runs(box: Box, shape: tuple[int, ...]) -> list[tuple[int, int]] | None:
     if math.prod(e - s for s, e in outer) > MAX_RUNS:
         return None
     runs: list[tuple[int, int]] = []
-    for index in product([[(i, i + 1) for i in range(s, e)] for s, e in outer]) if outer else [()]:
-        base = sum(i[0] * st for i, st in zip(index, strides, strict=False))
+    for index in itertools.product(*(range(s, e) for s, e in outer)):
+        base = sum(i * st for i, st in zip(index, strides, strict=False))
         lo, hi = base + box[k][0] * strides[k], base + box[k][1] * strides[k]
         if runs and runs[-1][1] == lo:
             runs[-1] = (runs[-1][0], hi)
@@ -110,12 +110,23 @@ def _runs(box: Box, shape: tuple[int, ...]) -> list[tuple[int, int]] | None:
 
 
 @register("reshape")
-def reshape(ctx: LineageContext, box: Box, output: int, **params):
+def reshape(ctx: LineageContext, box: Box, output: int, *, dimensions=None, **params):
     """Each axis group of the reshape maps its rows of the output box onto rows of the operand; groups are
-    independent, so the operand boxes are the product of the groups' boxes."""
+    independent, so the operand boxes are the product of the groups' boxes. With ``dimensions`` (an
+    ``order="F"`` reshape) the operand is transposed first, so the boxes are transposed back."""
     shape, out_shape = ctx.in_shapes[0], ctx.out_shapes[0]
     if 0 in shape:
         return [[]]
+    if dimensions is None:
+        boxes = _reshape_boxes(ctx, box, shape, out_shape)
+    else:
+        inverse = [list(dimensions).index(k) for k in range(len(shape))]
+        transposed = _reshape_boxes(ctx, box, tuple(shape[d] for d in dimensions), out_shape)
+        boxes = [tuple(b[inverse[k]] for k in range(len(shape))) for b in transposed]
+    return [boxes] + [[()] for _ in ctx.in_shapes[1:]]
+
+
+def _reshape_boxes(ctx: LineageContext, box: Box, shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[Box]:
     per_group = []
     for ins, outs in reshape_groups(shape, out_shape):
         in_sub = tuple(shape[k] for k in ins)
@@ -128,7 +139,9 @@ def reshape(ctx: LineageContext, box: Box, output: int, **params):
             per_group.append([hull(run_boxes(*runs[0], in_sub))])
         else:
             per_group.append([b for lo, hi in runs for b in run_boxes(lo, hi, in_sub)])
-    return [[sum(parts, ()) for parts in itertools.product(*per_group)]] + [[()] for _ in ctx.in_shapes[1:]]
+    boxes, exact = bounded_product(per_group)
+    ctx.exact = ctx.exact and exact
+    return boxes
 
 
 def _row_major(index: tuple[int, ...], shape: tuple[int, ...]) -> int:

@@ -24,8 +24,10 @@ def _strided(ctx: LineageContext, start: int, stride: int, lo: int, hi: int) -> 
 @register("slice")
 def slice_(ctx: LineageContext, box: Box, output: int, *, start_indices, limit_indices, strides=None, **params):
     strides = strides or (1,) * len(box)
-    return [product([_strided(ctx, s, st, lo, hi) for s, st, (lo, hi) in zip(start_indices, strides, box,
-                                                                              strict=True)])]
+    boxes, exact = product([_strided(ctx, s, st, lo, hi) for s, st, (lo, hi) in zip(start_indices, strides, box,
+                                                                                      strict=True)])
+    ctx.exact = ctx.exact and exact
+    return [boxes]
 
 
 @register("pad")
@@ -43,7 +45,9 @@ def pad(ctx: LineageContext, box: Box, output: int, *, padding_config, **params)
     box_volume = 1
     for s, e in box:
         box_volume *= e - s
-    return [product(per_axis) if all(per_axis) else [], [()] if covered < box_volume else []]
+    boxes, exact = product(per_axis) if all(per_axis) else ([], True)
+    ctx.exact = ctx.exact and exact
+    return [boxes, [()] if covered < box_volume else []]
 
 
 @register("rev")
