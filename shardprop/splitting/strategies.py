@@ -2,7 +2,8 @@
 
 Under ``"gather"`` (the Nx design) a reduction over a sharded axis cuts the graph: the next stage receives the
 operand gathered. Under ``"collective"`` each device reduces its own block and a collective over the mesh
-axes of the reduced axes (``psum`` for sums and contractions, ``pmax``/``pmin`` for maxima/minima, index
+axes of the reduced axes (``psum`` for sums and contractions, ``pmax``/``pmin`` for maxima/minima and for
+``any``/``all`` over bools, index
 combining for ``argmax``/``argmin``) finishes the result, as in the shard_map design doc's ``matmul_basic``;
 the operand is consumed as it is, so no cut (:func:`plan_collectives`). A sum whose consumers slice it
 anyway becomes a reduce-scatter (:func:`scatter_where_consumers_slice`). ``"auto"`` uses the cost model to
@@ -20,9 +21,12 @@ import numpy as np
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, block_shape, common_layout, layout_refines, shard_count
 
-COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin", "argmax": "argmax", "argmin": "argmin"}
-# dtype kinds each combination is exact for (no pmax over bools or complex numbers)
-COMBINABLE_KINDS = {"psum": "fiuc", "pmax": "fiu", "pmin": "fiu", "argmax": "fiu", "argmin": "fiu"}
+COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin", "reduce_or": "pmax", "reduce_and": "pmin",
+           "argmax": "argmax", "argmin": "argmin"}
+# The operand dtype kinds each reduction's collective is exact for: no max over complex numbers, and `and`/`or`
+# are a min/max only over bools (over integers they are bitwise).
+COMBINABLE_KINDS = {"reduce_sum": "fiuc", "reduce_max": "fiub", "reduce_min": "fiub", "reduce_or": "b",
+                    "reduce_and": "b", "argmax": "fiu", "argmin": "fiu"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,7 @@ def plan_collectives(sharded: ShardedGraph, *, only_if_cheaper: bool = False
             produced = sharded.layout(v)
             mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])
             kind = COMBINE[node.op]
-            if mesh_axes and np.dtype(sharded.graph.avals[v].dtype).kind in COMBINABLE_KINDS[kind]:
+            if mesh_axes and np.dtype(sharded.graph.avals[v].dtype).kind in COMBINABLE_KINDS[node.op]:
                 found = (produced,), Collective(kind, mesh_axes)
         elif node.op == "dot_general":
             found = _contraction(sharded, node)

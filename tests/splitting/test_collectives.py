@@ -47,6 +47,31 @@ def test_reductions_finish_with_the_matching_collective(f, expected_kind, mesh):
     assert {c.kind for c in prog.plan.collectives.values()} == {expected_kind}
 
 
+@pytest.mark.parametrize("f,expected_kind", [
+    (lambda a: jnp.any(a > 1.0, axis=1), "pmax"),
+    (lambda a: jnp.all(a > -1.0, axis=0), "pmin"),
+    (lambda a: jnp.max(a > 0.0, axis=1), "pmax"),
+    (lambda a: jnp.min(a > 0.0), "pmin"),
+])
+def test_any_and_all_over_bools_finish_with_pmax_and_pmin(f, expected_kind, mesh):
+    x = random_args([((16, 8), np.float32)], seed=3)[0]
+    x[3, :] = 2.0  # one row all above 1, so any/all are neither all-True nor all-False
+    prog = assert_same_as_unsharded(f, (x,), mesh=mesh, in_specs=P("i", "j"), strategy="collective")
+    assert len(prog.stages) == 1
+    assert {c.kind for c in prog.plan.collectives.values()} == {expected_kind}
+    assert {t.kind for t in prog.communication()} == {"all-reduce"}  # in the compiled HLO too
+
+
+def test_bitwise_and_or_over_integers_keep_their_gather(mesh):
+    """``reduce_and``/``reduce_or`` over integers are bitwise: a min/max would be wrong, so they gather."""
+    from jax import lax
+
+    x = np.arange(16 * 8, dtype=np.int32).reshape(16, 8) * 37 % 101
+    f = lambda a: (lax.reduce_and(a, (1,)), lax.reduce_or(a, (0,)))  # noqa: E731
+    prog = assert_same_as_unsharded(f, (x,), mesh=mesh, in_specs=P("i", "j"), strategy="collective")
+    assert not prog.plan.collectives
+
+
 def test_ops_without_a_combine_form_keep_their_gather(mesh):
     f = lambda a: jnp.sort(a, axis=1)[:, 0] + jnp.cumsum(a, axis=1).sum(axis=1)  # noqa: E731
     prog = assert_same_as_unsharded(f, random_args([((16, 8), np.float32)]), mesh=mesh, in_specs=P("i", "j"),
