@@ -79,6 +79,15 @@ def jacobian_dependencies(f, args, out_box, jac=None):
     return deps
 
 
+def random_box(rng, shape):
+    """A random non-empty box of ``shape``: one ``(start, stop)`` per axis."""
+    box = []
+    for n in shape:
+        start = int(rng.integers(0, n))
+        box.append((start, int(rng.integers(start + 1, n + 1))))
+    return tuple(box)
+
+
 @pytest.mark.parametrize("name,f,shapes,in_specs", CASES, ids=[c[0] for c in CASES])
 def test_lineage_matches_jacobian_pattern(name, f, shapes, in_specs, mesh):
     rng = np.random.default_rng(0)
@@ -112,11 +121,7 @@ def test_lineage_of_random_boxes_matches_jacobian_pattern(name, f, shapes, in_sp
     shape = graph.avals[out].shape
     exact_boxes = 0
     for _ in range(12):
-        box = []
-        for n in shape:
-            start = int(rng.integers(0, n))
-            box.append((start, int(rng.integers(start + 1, n + 1))))
-        box = tuple(box)
+        box = random_box(rng, shape)
         found, exact = dependencies(graph, out, [box])
         want = jacobian_dependencies(f, args, box)
         for index, arg in enumerate(args):
@@ -217,12 +222,9 @@ def test_rule_edge_cases_against_jacobian_pattern(name):
     out = graph.outputs[0]
     shape = graph.avals[out].shape
     for _ in range(10):
-        box = []
-        for n in shape:
-            start = int(rng.integers(0, n))
-            box.append((start, int(rng.integers(start + 1, n + 1))))
-        found, exact = dependencies(graph, out, [tuple(box)])
-        want = jacobian_dependencies(f, args, tuple(box))
+        box = random_box(rng, shape)
+        found, exact = dependencies(graph, out, [box])
+        want = jacobian_dependencies(f, args, box)
         for index, arg in enumerate(args):
             got = mask(arg.shape, found[index])
             assert not (want[index] & ~got).any(), f"{name} box {box}: lineage misses part of input {index}"
@@ -285,12 +287,9 @@ def test_scan_lineage_looks_inside_the_body(name):
         output_k = jax.jit(lambda *a, k=k: jax.tree_util.tree_leaves(f(*a))[k])
         jac = jax.jacrev(output_k, argnums=tuple(range(len(args))))(*args)
         for _ in range(8):
-            box = []
-            for n in shape:
-                start = int(rng.integers(0, n))
-                box.append((start, int(rng.integers(start + 1, n + 1))))
-            found, exact = dependencies(graph, out, [tuple(box)])
-            want = jacobian_dependencies(output_k, args, tuple(box), jac)
+            box = random_box(rng, shape)
+            found, exact = dependencies(graph, out, [box])
+            want = jacobian_dependencies(output_k, args, box, jac)
             for index, arg in enumerate(args):
                 got = mask(arg.shape, found[index])
                 assert not (want[index] & ~got).any(), f"{name} output {k} box {box}: misses input {index}"
