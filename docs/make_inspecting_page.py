@@ -108,16 +108,17 @@ Lineage walks the graph backwards once, mapping boxes through one rule per primi
 (`shardprop/inspect/lineage/`, grouped by family like the sharding rules). It is **sound** — it never misses
 a dependency — and **exact** wherever the dependency is block-shaped: elementwise ops, broadcasts,
 reductions, `dot_general`, transposes, reshapes, slices (strided too), pads, concatenation, reversal,
-cumulative ops, sorts and (undilated, single-operand) window reductions. (Exact in the data-flow sense: every element in the boxes can
-change the block. The Jacobian at one point can be sparser — for `max`, `select` or a sort only the winning
+cumulative ops, sorts and (undilated, single-operand) window reductions. (Exact in the data-flow sense:
+every element in the boxes can change the block. The Jacobian at one point can be sparser — for `max`, `select` or a sort only the winning
 elements have a non-zero derivative — so the test checks exactness on smooth functions and soundness on all.)
 `scan` is followed into its body: a block of `ys` reads the same iterations of `xs` and, if the body passes
 anything through the carry, every earlier iteration too (later ones for `reverse=True`) — the carry regions
 are grown to a fixed point, so the answer is sound; a scan that needs nothing of its carry (a `lax.map`) is
-exact. Where an op reads data-dependent positions (`gather`, `dynamic_slice`, scatters), is `cond` or
-`while`, or has no lineage rule, its rule returns the whole operand and the result says `exact=False` (the
-CLI: "a superset"); a result that would need more than 64 boxes is widened to its bounding box, also
-flagged. `tests/inspection/test_lineage.py` checks both claims against the non-zero pattern of the Jacobian
+exact. Where an op reads data-dependent positions (`gather`, `dynamic_slice`, scatters) its rule returns
+the whole of every axis the index values move — a block of an embedding lookup reads its own ids and every
+row of the table, but only the block's columns — and the result says `exact=False` (the CLI: "a
+superset"); `cond`, `while` and ops without a lineage rule return whole operands, also flagged; a result
+that would need more than 64 boxes is widened to its bounding box, also flagged. `tests/inspection/test_lineage.py` checks both claims against the non-zero pattern of the Jacobian
 at a random point, block by block and on random boxes, and for scans also that a block never reads
 iterations the scan has not reached.
 

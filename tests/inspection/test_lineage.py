@@ -210,6 +210,15 @@ EDGE_CASES = {
     "window_dilated": (lambda x: jax.lax.reduce_window(x, 0.0, jax.lax.add, (2, 3), (1, 1), "VALID",
                                                        window_dilation=(3, 2)), [(9, 8)], True),
     "large_strided_slice": (lambda x: x[::2, 1::3] * 2.0, [(96, 99)], True),
+    "gather_rows": (lambda x: x[jnp.array([4, 0, 2])] * 2.0, [(5, 6)], True),
+    "gather_rows_and_slice": (lambda x: x[jnp.array([[0, 2], [1, 3]]), :, 1:3] ** 2, [(5, 6, 7)], True),
+    "gather_point": (lambda x: x[jnp.array([3, 1]), jnp.array([0, 4])] * 1.5, [(4, 5)], True),
+    "take_along_axis": (lambda x: jnp.take_along_axis(x, jnp.array([[[0], [3]], [[2], [2]]]), axis=1) * 2.0,
+                        [(2, 4, 3)], True),
+    "scatter_add_rows": (lambda x, u: x.at[jnp.array([1, 3])].add(u), [(5, 4), (2, 4)], True),
+    "scatter_set_column_window": (lambda x, u: x.at[jnp.array([0, 2]), 1:3].set(u * 2.0), [(4, 5), (2, 2)], False),
+    "scatter_mul_points": (lambda x, u: x.at[jnp.array([2, 0]), jnp.array([1, 1])].multiply(u, unique_indices=True), [(3, 3), (2,)],
+                           False),
 }
 
 
@@ -323,3 +332,24 @@ def test_variadic_window_reads_every_operand_and_says_it_may_over_approximate():
     found, exact = dependencies(graph, graph.outputs[0], [((1, 3),)])
     assert not exact
     assert found[1] == [((1, 4),)]  # the windows of outputs 1 and 2: b[1:4]
+
+
+def test_gather_and_scatter_narrow_the_axes_the_indices_do_not_move():
+    """An embedding lookup: a block of rows reads its own indices and, of the table, every row (the indices
+    choose) but only the block's columns; a scatter-add block reads the operand under it and only the
+    update columns that land there."""
+    def embed(table, ids):
+        return table[ids]
+
+    graph = sp.trace(embed, jax.ShapeDtypeStruct((50, 8), jnp.float32), jax.ShapeDtypeStruct((6,), jnp.int32))
+    found, exact = dependencies(graph, graph.outputs[0], [((2, 4), (0, 4))])
+    assert not exact
+    assert found[0] == [((0, 50), (0, 4))] and found[1] == [((2, 4),)]
+
+    def add_rows(x, ids, u):
+        return x.at[ids].add(u)
+
+    graph = sp.trace(add_rows, jax.ShapeDtypeStruct((10, 8), jnp.float32), jax.ShapeDtypeStruct((3,), jnp.int32),
+                     jax.ShapeDtypeStruct((3, 8), jnp.float32))
+    found, _ = dependencies(graph, graph.outputs[0], [((0, 5), (6, 8))])
+    assert found[0] == [((0, 5), (6, 8))] and found[1] == [((0, 3),)] and found[2] == [((0, 3), (6, 8))]

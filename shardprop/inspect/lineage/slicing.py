@@ -89,3 +89,47 @@ def dynamic_update_slice(ctx: LineageContext, box: Box, output: int, **params):
     """An element is the operand's or, wherever the update landed, the update's."""
     operand, update = ctx.in_shapes[:2]
     return [[box], [full_box(update)]] + [[()] for _ in ctx.in_shapes[2:]]
+
+
+@register("gather", exact=False)
+def gather(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, slice_sizes, **params):
+    """Each output batch element reads its own index vector; the operand axes the indices choose a start on
+    may be read anywhere, the others are read where the output box says (a window that starts at 0, or a
+    batching axis matched with the indices')."""
+    operand_shape, indices_shape = ctx.in_shapes
+    dn = dimension_numbers
+    batch_positions = [d for d in range(len(box)) if d not in dn.offset_dims]  # ↔ indices axes but the last
+    if len(indices_shape) != len(batch_positions) + 1:
+        return [[full_box(operand_shape)], [full_box(indices_shape)]]
+    indices_box = tuple(box[p] for p in batch_positions) + ((0, indices_shape[-1]),)
+    window_axes = [d for d in range(len(operand_shape))
+                   if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
+    operand_box = []
+    for d, n in enumerate(operand_shape):
+        if d in dn.start_index_map:  # where the slice starts depends on index values
+            operand_box.append((0, n))
+        elif d in dn.operand_batching_dims:
+            t = dn.start_indices_batching_dims[list(dn.operand_batching_dims).index(d)]
+            operand_box.append(box[batch_positions[t]])
+        elif d in dn.collapsed_slice_dims:  # not indexed: the size-1 slice starts at 0
+            operand_box.append((0, 1))
+        else:  # a window axis starting at 0: output offset j reads element j
+            operand_box.append(box[dn.offset_dims[window_axes.index(d)]])
+    return [[tuple(operand_box)], [indices_box]]
+
+
+@register("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max", exact=False)
+def scatter(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, **params):
+    """An output element reads the operand element at its position and whichever updates land there: where
+    they land depends on index values on the indexed axes, so every update (and index) may, except along
+    window axes the indices do not move, where update offset j lands on element j."""
+    operand_shape, indices_shape, updates_shape = ctx.in_shapes[:3]
+    dn = dimension_numbers
+    window_axes = [d for d in range(len(operand_shape))
+                   if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
+    updates_box = list(full_box(updates_shape))
+    for k, u in enumerate(dn.update_window_dims):
+        d = window_axes[k]
+        if d not in dn.scatter_dims_to_operand_dims:
+            updates_box[u] = box[d]
+    return [[box], [full_box(indices_shape)], [tuple(updates_box)]] + [[()] for _ in ctx.in_shapes[3:]]
