@@ -217,8 +217,8 @@ EDGE_CASES = {
                         [(2, 4, 3)], True),
     "scatter_add_rows": (lambda x, u: x.at[jnp.array([1, 3])].add(u), [(5, 4), (2, 4)], True),
     "scatter_set_column_window": (lambda x, u: x.at[jnp.array([0, 2]), 1:3].set(u * 2.0), [(4, 5), (2, 2)], False),
-    "scatter_mul_points": (lambda x, u: x.at[jnp.array([2, 0]), jnp.array([1, 1])].multiply(u, unique_indices=True), [(3, 3), (2,)],
-                           False),
+    "scatter_mul_points": (lambda x, u: x.at[jnp.array([2, 0]), jnp.array([1, 1])].multiply(u, unique_indices=True),
+                           [(3, 3), (2,)], False),
 }
 
 
