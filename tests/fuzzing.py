@@ -1,9 +1,10 @@
 """Random well-typed jax.numpy programs for differential fuzzing (see tests/test_fuzz.py).
 
 A program is plain source code (so a failure prints as a reproducer): ``def f(x0, x1): ...`` built from
-elementwise ops with broadcasting, reductions, ``dot_general`` with random dimension numbers, reshape,
-transpose, slice, pad, concatenate, cumsum, select, iota and gather, over float32 values whose shapes are
-tracked as the program grows. Shapes mix sizes that the meshes divide and sizes they do not.
+elementwise ops with broadcasting, reductions (``any``/``all`` of comparisons too), ``dot_general`` with
+random dimension numbers, reshape, transpose, slice, pad, concatenate, cumsum, select, iota and gather, over
+float32 values whose shapes are tracked as the program grows. Shapes mix sizes that the meshes divide and
+sizes they do not.
 """
 
 from __future__ import annotations
@@ -81,8 +82,12 @@ def reduce(draw, pool):
     if not v.shape:
         return None
     axis = draw(st.integers(0, len(v.shape) - 1))
-    kind = draw(st.sampled_from(["sum", "max", "min", "mean", "argmax"]))
+    kind = draw(st.sampled_from(["sum", "max", "min", "mean", "argmax", "any", "all"]))
     keep = draw(st.booleans())
+    if kind in ("any", "all"):  # over bools: reduce_or / reduce_and
+        shape = v.shape[:axis] + ((1,) if keep else ()) + v.shape[axis + 1:]
+        return ("reduction", f"jnp.{kind}({v.name} > 0.25, axis={axis}, keepdims={keep}).astype(jnp.float32)",
+                shape)
     if kind == "argmax":
         shape = v.shape[:axis] + v.shape[axis + 1:]
         return "argmax", f"jnp.argmax({v.name}, axis={axis}).astype(jnp.float32)", shape
