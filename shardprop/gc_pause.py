@@ -4,7 +4,9 @@ Why: a pass allocates a few objects per node (shards, layouts, nodes) and frees 
 returns, so on a 10^5-node graph the collector keeps rescanning an ever larger heap for cycles that do not
 exist — at 10^5 nodes it costs more than the pass itself (propagation 3.9 s → 1.5 s, JSON export
 5.4 s → 2.0 s without it). Our products hold no reference cycles, so nothing is kept alive longer; the
-collector resumes when the outermost paused call returns (or raises).
+collector resumes when the outermost paused call returns (or raises). Only our own code runs paused: user
+code (the traced function) runs with the collector on. Pausing is process-wide, so other threads' cyclic
+garbage waits for the pass to end too.
 
     >>> @gc_paused
     ... def walk(graph): ...

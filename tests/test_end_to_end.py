@@ -113,6 +113,43 @@ def test_python_scalar_arguments_are_weakly_typed_like_under_jit(dtype, mesh):
     assert fs.lower(*args).compile().as_text()
 
 
+def test_outputs_keep_the_weak_types_jit_gives_them(mesh):
+    """A result computed only from Python scalars is weakly typed under ``jax.jit``; so is ours, and a
+    program keeps its traced weak types when called with a strongly typed scalar (as a compiled jit does)."""
+    import shardprop as sp
+
+    (x,) = random_args([((16, 8), np.float16)])
+
+    def f(x, s):
+        return x * s, s * 2, s, jnp.float32(1.5) * s
+
+    fs = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None))
+    ours, want = fs(x, 3.0), jax.jit(f)(x, 3.0)
+    for o, w in zip(ours, want, strict=True):
+        np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=1e-3)
+        assert (o.dtype, o.weak_type) == (w.dtype, w.weak_type)
+    assert [o.weak_type for o in ours] == [False, True, True, False]
+
+    prog, compiled = fs.trace(x, 3.0), jax.jit(f).lower(x, 3.0).compile()
+    strong = np.float32(3.0)
+    for o, w in zip(prog(x, strong), compiled(x, strong), strict=True):
+        np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=1e-3)
+        assert (o.dtype, o.weak_type) == (w.dtype, w.weak_type)
+
+
+def test_numpy_int64_arguments_are_canonicalized_like_under_jit(mesh):
+    """Without ``jax_enable_x64``, ``jax.jit`` turns a numpy int64 argument into int32; so do we."""
+    import shardprop as sp
+
+    assert not jax.config.jax_enable_x64
+    x = np.arange(16 * 8, dtype=np.int64).reshape(16, 8)
+    fs = sp.autoshard(lambda x: jnp.cumsum(x * 3, axis=0), mesh=mesh, in_specs=(P("i", "j"),))
+    out, want = fs(x), jax.jit(lambda x: jnp.cumsum(x * 3, axis=0))(x)
+    assert out.dtype == want.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    assert fs.trace(x)(x.astype(np.int32)).dtype == np.int32  # the same signature
+
+
 def test_prng_keys_as_arguments_and_constants(mesh):
     import warnings
 

@@ -36,3 +36,19 @@ def test_collector_left_off_when_the_caller_turned_it_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_tracing_leaves_the_collector_on_while_the_users_function_runs():
+    """Only our own graph building is paused: the user's function may make cyclic garbage."""
+    import jax.numpy as jnp
+
+    import shardprop as sp
+
+    seen = []
+
+    def f(x):
+        seen.append(gc.isenabled())
+        return x + 1
+
+    sp.trace(f, jnp.ones(4))
+    assert seen == [True] and gc.isenabled()

@@ -62,11 +62,18 @@ class Program:
             args = [flat_args[i.source[1]] if i.source[0] is None else results[i.source[0]][i.source[1]]
                     for i in stage.inputs]
             results.append(fn(*args))
-        return [flat_args[i] if s is None else results[s][i] for s, i in self.plan.output_sources]
+        outs = [flat_args[i] if s is None else results[s][i] for s, i in self.plan.output_sources]
+        # Our constants are strongly typed numpy arrays, so `s * 2` of a Python scalar `s` comes out strong;
+        # give each output the weak type jax.jit gives it.
+        weak = self.graph.graph.weak_outputs
+        return [jx.with_weak_type(x, w) for x, w in zip(outs, weak, strict=True)]
 
     # -- calling --------------------------------------------------------------------------------------
-    def _flat_args(self, args: tuple) -> tuple[list, list[jax.ShapeDtypeStruct]]:
-        """The argument leaves and their abstract values, checked against the traced ones."""
+    def _flat_args(self, args: tuple) -> list:
+        """The argument leaves, checked against the traced shapes and dtypes.
+
+        Shapes and (canonical) dtypes must match; weak types need not, as for a compiled ``jax.jit``
+        function: the program keeps the weak types it was traced with."""
         try:
             avals, tree = abstractify(args)
         except ShardingError as err:
@@ -83,26 +90,25 @@ class Program:
             raise InputMismatchError(
                 "arguments differ from the traced ones (trace again, or call the autoshard function, which "
                 "retraces per shape):\n" + "\n".join(problems))
-        return jax.tree_util.tree_leaves(args), avals
+        return jax.tree_util.tree_leaves(args)
 
     def __call__(self, *args):
-        flat, _ = self._flat_args(args)
+        flat = self._flat_args(args)
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
             raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
-        flat = [jax.device_put(x, s) for x, s in zip(flat, self._in_shardings, strict=True)]
+        flat = [jx.with_weak_type(jax.device_put(x, s), w)
+                for x, s, w in zip(flat, self._in_shardings, self.graph.graph.weak_inputs, strict=True)]
         out = _internal_errors_as_lowering_errors(self._jitted, *flat)
         return jax.tree_util.tree_unflatten(self.graph.graph.out_tree, out)
 
     def lower(self, *args) -> jax.stages.Lowered:
         """``jax.jit(...).lower`` of the whole program: ``.compile().as_text()`` shows its HLO."""
-        _, avals = self._flat_args(args)
-        shaped = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=a.weak_type)
-                  for a, s in zip(avals, self._in_shardings, strict=True)]
-        return _internal_errors_as_lowering_errors(self._jitted.lower, *shaped)
+        self._flat_args(args)
+        return _internal_errors_as_lowering_errors(self._jitted.lower, *self._shaped_args())
 
     def _shaped_args(self) -> list[jax.ShapeDtypeStruct]:
-        return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in
-                zip(self._in_avals, self._in_shardings, strict=True)]
+        return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=w) for a, s, w in
+                zip(self._in_avals, self._in_shardings, self.graph.graph.weak_inputs, strict=True)]
 
     def hlo(self) -> str:
         """The compiled program's HLO text (for the traced shapes)."""

@@ -65,7 +65,12 @@ class Node:
 
 @dataclass(frozen=True, eq=False)
 class Graph:
-    """A traced function. ``inputs``/``outputs`` are flat value ids; the trees rebuild the user's pytrees."""
+    """A traced function. ``inputs``/``outputs`` are flat value ids; the trees rebuild the user's pytrees.
+
+    ``weak_inputs``/``weak_outputs`` say which inputs and outputs are weakly typed, as under ``jax.jit`` (a
+    Python scalar argument, or a result computed only from such scalars): a program returns its outputs with
+    the same weak types ``jax.jit`` would.
+    """
 
     nodes: tuple[Node, ...]
     avals: tuple[Aval, ...]
@@ -73,6 +78,8 @@ class Graph:
     outputs: tuple[int, ...]
     in_tree: Any
     out_tree: Any
+    weak_inputs: tuple[bool, ...] = ()
+    weak_outputs: tuple[bool, ...] = ()
 
     @cached_property
     def producer(self) -> tuple[int, ...]:

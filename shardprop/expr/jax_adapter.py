@@ -19,6 +19,7 @@ from jax.extend import core as jex_core
 
 # Private imports are confined to this block; they are the adapter's reason to exist.
 from jax._src import source_info_util as _source_info_util
+from jax._src.lax import lax as _lax_internal  # _convert_element_type: the only way to set a weak type
 
 Primitive = jex_core.Primitive
 
@@ -94,6 +95,26 @@ def aval_of(var) -> tuple[tuple[int, ...], Any]:
     """Shape and dtype; the dtype is a numpy dtype, or JAX's own for extended types (PRNG keys)."""
     aval = var.aval
     return tuple(int(d) for d in aval.shape), as_dtype(aval.dtype)
+
+
+def is_weakly_typed(var) -> bool:
+    """True when a jaxpr variable or literal is weakly typed (its dtype yields to the other operand's)."""
+    return bool(getattr(var.aval, "weak_type", False))
+
+
+def with_weak_type(x, weak: bool):
+    """``x`` with its weak type set to ``weak`` (same dtype and values); ``x`` itself if it already is."""
+    if bool(jax.typeof(x).weak_type) == weak:
+        return x
+    return _lax_internal._convert_element_type(x, weak_type=weak)
+
+
+def canonical_dtype(dtype) -> Any:
+    """The dtype JAX stores ``dtype`` as: ``int64`` becomes ``int32`` unless ``jax_enable_x64`` is set, as
+    ``jax.jit`` does with a numpy argument. Extended dtypes (PRNG keys) are kept."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def as_dtype(dtype) -> Any:

@@ -44,12 +44,12 @@ def abstractify(args: tuple) -> tuple[list[jax.ShapeDtypeStruct], Any]:
             raise UnsupportedDtypeError(
                 f"{where(i)} has dtype {leaf.dtype}, which a JAX array cannot hold, so it cannot be sharded "
                 "(use numeric, bool or PRNG key arrays)")
-        avals.append(jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype,
+        # Canonical dtype: a numpy int64 argument is an int32 under jax.jit unless x64 is enabled.
+        avals.append(jax.ShapeDtypeStruct(tuple(leaf.shape), jx.canonical_dtype(leaf.dtype),
                                           weak_type=bool(getattr(leaf, "weak_type", False))))
     return avals, tree
 
 
-@gc_paused
 def trace(f: Callable, *args) -> Graph:
     """Trace ``f`` on ``args`` (arrays, ShapeDtypeStructs, or pytrees of them) into a :class:`Graph`.
 
@@ -99,6 +99,9 @@ class _GraphBuilder:
         value = jx.as_constant(value)
         return self._add_node(CONSTANT, (), [(value.shape, value.dtype)], {"value": value}, None).output
 
+    # GC is paused while our graph is built, not while the user's function runs under make_jaxpr: their
+    # cyclic garbage must still be collected.
+    @gc_paused
     def build(self, closed, in_tree, out_tree) -> Graph:
         body = jx.closed_body(closed)
         env: dict = {}
@@ -111,7 +114,9 @@ class _GraphBuilder:
             env[var] = self._constant(value)
         self._inline(body.equations, env, None)
         outputs = tuple(self._read(env, var) for var in body.outvars)
-        return Graph(tuple(self.nodes), tuple(self.avals), tuple(inputs), outputs, in_tree, out_tree)
+        return Graph(tuple(self.nodes), tuple(self.avals), tuple(inputs), outputs, in_tree, out_tree,
+                     weak_inputs=tuple(map(jx.is_weakly_typed, body.invars)),
+                     weak_outputs=tuple(map(jx.is_weakly_typed, body.outvars)))
 
     def _read(self, env, var) -> int:
         if jx.is_literal(var):
