@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import shardprop as sp  # noqa: E402
 from examples import attention, layernorm, mlp  # noqa: E402
-from shardprop.demo import nx_example  # noqa: E402
+from shardprop.cli.demo import nx_example  # noqa: E402
 
 
 def workloads():

@@ -16,13 +16,13 @@ or step by step: ``sp.trace(f, *args)``, ``sp.propagate(graph, in_specs, mesh=me
 """
 
 from .api import AutoSharded, autoshard, compile_program
-from .compare import Comparison, compare_with_jit
-from .backends import Program, lower
+from .program import Program, lower
 from .errors import (
     DuplicateMeshAxisError,
     FallbackWarning,
     IndivisibleAxisError,
     InputMismatchError,
+    InvariantError,
     LoweringError,
     RenderError,
     MeshError,
@@ -39,20 +39,23 @@ from .errors import (
 )
 from .expr import Graph, Node, trace
 from .inspect import Explanation, Lineage, blocks, render, show, show_blocks, stage_table, to_dot, to_json
+from .inspect.compare import Comparison, compare_with_jit
 from .inspect.explain import explain
 from .inspect.lineage import lineage
 from .mesh import make_mesh
+from .ops import OpDef
 from .propagation import Shard, ShardedGraph, TensorSharding, propagate
-from .splitting import Plan, Stage, StageInput, split
+from .splitting import Collective, Decisions, Plan, Stage, StageInput, Strategy, split
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AutoSharded", "Comparison", "DuplicateMeshAxisError", "Explanation", "FallbackWarning", "Graph",
-    "IndivisibleAxisError", "InputMismatchError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node",
-    "OptionError", "Plan", "Program", "RenderError", "Shard", "ShardedGraph", "ShardingConflictError",
-    "ShardingError", "SpecError", "SpecRankError", "SpecTreeError", "Stage", "StageInput", "TensorSharding",
-    "TraceError", "UnknownMeshAxisError", "UnsupportedDtypeError",
+    "AutoSharded", "Collective", "Comparison", "Decisions", "DuplicateMeshAxisError", "Explanation",
+    "FallbackWarning", "Graph", "IndivisibleAxisError", "InputMismatchError", "InvariantError", "Lineage",
+    "LoweringError", "MeshError", "NoRuleError", "Node", "OpDef", "OptionError", "Plan", "Program", "RenderError",
+    "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError",
+    "SpecTreeError", "Stage", "StageInput", "Strategy", "TensorSharding", "TraceError", "UnknownMeshAxisError",
+    "UnsupportedDtypeError",
     "autoshard", "blocks", "compare_with_jit", "compile_program", "explain", "lineage", "lower", "make_mesh",
     "propagate", "render", "show", "show_blocks", "split", "stage_table", "to_dot", "to_json", "trace",
 ]

@@ -13,9 +13,9 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from .backends import Program, lower
 from .expr import trace
 from .expr.trace import abstractify
+from .program import Program, lower
 from .propagation import propagate
 from .splitting import split
 
@@ -23,7 +23,10 @@ from .splitting import split
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
                     strategy: str = "auto") -> Program:
     """``trace → propagate → split → lower`` for one set of argument shapes."""
-    return lower(split(propagate(trace(f, *args), in_specs, mesh=mesh, strict=strict), strategy=strategy), mesh)
+    graph = trace(f, *args)
+    sharded = propagate(graph, in_specs, mesh=mesh, strict=strict)
+    plan = split(sharded, strategy=strategy)
+    return lower(plan, mesh)
 
 
 class AutoSharded:

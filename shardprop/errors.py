@@ -71,5 +71,9 @@ class LoweringError(ShardingError):
     """An operation could not be evaluated on its per-device blocks (a shardprop bug: please report it)."""
 
 
+class InvariantError(LoweringError):
+    """A pass produced an inconsistent product (see ``shardprop/checks.py``): a shardprop bug."""
+
+
 class RenderError(ShardingError):
     """A picture could not be drawn (the graphviz ``dot`` program is missing, or failed)."""

@@ -1,15 +1,21 @@
 """Eight virtual CPU devices, set once before JAX initialises its backend; shared meshes and helpers."""
 
+import os
+
 import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
+os.environ["SHARDPROP_CHECKS"] = "1"  # every pass checks the invariants of its product (shardprop/checks.py)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import shardprop as sp  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
-from shardprop.propagation.rules import RULES  # noqa: E402
+from shardprop import checks  # noqa: E402
+from shardprop.ops import has_record  # noqa: E402
+
+checks.enable()  # in case shardprop was imported before the variable was set
 
 MESH_SHAPES = {
     "8": ((8,), ("i",)),
@@ -49,7 +55,7 @@ def check_rule_case(f, args, *, mesh, in_specs, expected, primitive):
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=in_specs)
     expected = (expected,) if isinstance(expected, PartitionSpec) else tuple(expected)
     assert prog.graph.out_specs == expected
-    assert primitive in RULES
+    assert has_record(primitive)
     assert primitive in {n.op for n in prog.graph.graph.nodes}
     assert not prog.graph.fallbacks
     return prog

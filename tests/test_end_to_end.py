@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from shardprop.demo import mlp, nx_example
+from tests.functions import mlp, nx_example
 from tests.conftest import assert_same_as_unsharded, random_args
 
 

@@ -44,7 +44,7 @@ def test_hundred_thousand_nodes_in_seconds_and_linearly(mesh):
 
 
 def inspection_seconds(mesh, layers):
-    from shardprop.splitting import format_listing
+    from shardprop.inspect.listing import format_listing
 
     x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
     w = jax.ShapeDtypeStruct((32, 32), jnp.float32)

@@ -7,7 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from examples import attention, convnet, layernorm, mlp
-from shardprop.propagation.rules import RULES
+from shardprop.ops import Family, has_record, lookup
 from tests.conftest import assert_same_as_unsharded
 
 RNG = np.random.default_rng(7)
@@ -94,7 +94,7 @@ def test_every_primitive_in_the_examples_has_a_real_rule():
         used.update(n.op for n in sp.trace(f, *args).nodes)
     used -= {"parameter", "constant"}
     assert used, "no primitives collected"
-    missing = sorted(p for p in used if p not in RULES)
+    missing = sorted(p for p in used if not has_record(p))
     assert not missing, f"primitives without a rule: {missing}"
-    conservative = sorted(p for p in used if RULES[p].__name__ == "conservative")
+    conservative = sorted(p for p in used if lookup(p).family is Family.RANDOM)
     assert not conservative, f"primitives with only the conservative rule: {conservative}"

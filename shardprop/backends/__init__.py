@@ -1,5 +1,9 @@
-"""Lowering (start with :func:`lower`): each stage becomes a ``jax.shard_map``, the program one ``jax.jit``."""
+"""Lowering: each stage becomes a ``jax.shard_map`` (:func:`stage_function`), the program the stages in order
+(:func:`program_function`); :class:`shardprop.Program` puts them under one ``jax.jit``. ``hlo.py`` reads a
+compiled program's collectives back."""
 
-from .shard_map import Program, lower
+from .evaluate import run_graph, run_nodes
+from .hlo import parse_hlo
+from .shard_map import program_function, stage_function
 
-__all__ = ["Program", "lower"]
+__all__ = ["parse_hlo", "program_function", "run_graph", "run_nodes", "stage_function"]

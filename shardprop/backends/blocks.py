@@ -1,11 +1,12 @@
-"""Per-block evaluation for the shard_map body.
+"""What a primitive's ``per_block`` piece sees: :class:`Blocks`, and the helpers to evaluate on blocks.
 
-Inside ``shard_map`` every value is a per-device block, but equation params that carry shapes are global:
-``BLOCK_PARAMS[primitive]`` rewrites them for the block (``broadcast_in_dim.shape`` becomes the output's
-block shape). Ops whose block is not just the op applied to the operand blocks (``iota``, whose values on a
-sharded axis start at the block's offset) have an evaluator in ``BLOCK_EVAL``. Operands that a node
-consumes more finely sharded than they are held (a replicated operand meeting a sharded one) are cut
-locally with :func:`local_slice` — no communication.
+Inside ``shard_map`` every value is a per-device block, but equation params that carry shapes are global.
+A primitive whose params carry no global shape is evaluated with :func:`bind_as_is`; one whose params do
+rewrites them for the block (:func:`bind_with`: ``broadcast_in_dim.shape`` becomes the output's block
+shape); one whose block is not the op applied to the operand blocks (``iota``, whose values on a sharded
+axis start at the block's offset) has its own evaluator. Operands that a node consumes more finely sharded
+than they are held (a replicated operand meeting a sharded one) are cut locally with :func:`local_slice` —
+no communication.
 """
 
 from __future__ import annotations
@@ -36,75 +37,34 @@ class Blocks:
     body: Any = None  # the sharded body of a scan, when its rule proved one
 
 
-BLOCK_PARAMS: dict[str, Callable[[Mapping[str, Any], Blocks], dict]] = {}
-BLOCK_EVAL: dict[str, Callable[[Node, list, Blocks], list]] = {}
+def bind_as_is(node: Node, invals: list, blocks: Blocks) -> list:
+    """The primitive itself on the operand blocks: its params carry no global shape."""
+    return jx.bind(node.primitive, invals, dict(node.params))
 
 
-def _broadcast_in_dim(params, blocks: Blocks) -> dict:
-    return {**params, "shape": blocks.out_blocks[0], "sharding": None}
+def bind_with(rewrite: Callable[[Mapping[str, Any], Blocks], dict]) -> Callable[[Node, list, Blocks], list]:
+    """A ``per_block`` piece that binds the primitive with its shape-carrying params rewritten for the blocks
+    (``rewrite(params, blocks) -> params``)."""
+
+    def per_block(node: Node, invals: list, blocks: Blocks) -> list:
+        return jx.bind(node.primitive, invals, rewrite(node.params, blocks))
+
+    per_block.__name__ = f"bind_with_{rewrite.__name__.lstrip('_')}"
+    per_block.__doc__ = rewrite.__doc__
+    return per_block
 
 
-def _reshape(params, blocks: Blocks) -> dict:
-    return {**params, "new_sizes": blocks.out_blocks[0], "sharding": None}
-
-
-def _slice(params, blocks: Blocks) -> dict:
-    # Only whole axes (start 0, full limit, stride 1) keep their sharding: their limit is the block size.
-    limits = tuple(b if b != g else lim for lim, b, g in
-                   zip(params["limit_indices"], blocks.out_blocks[0], blocks.out_global[0], strict=True))
-    return {**params, "limit_indices": limits}
-
-
-def _dynamic_slice(params, blocks: Blocks) -> dict:
-    return {**params, "slice_sizes": tuple(
-        b if b != g else s for s, b, g in
-        zip(params["slice_sizes"], blocks.out_blocks[0], blocks.out_global[0], strict=True))}
-
-
-def _gather(params, blocks: Blocks) -> dict:
-    # A pass-through operand axis (sliced whole) that is sharded is sliced whole *within the block*.
-    return {**params, "slice_sizes": tuple(
-        b if s == g else s for s, b, g in
-        zip(params["slice_sizes"], blocks.in_blocks[0], blocks.in_global[0], strict=True))}
-
-
-BLOCK_PARAMS.update({
-    "broadcast_in_dim": _broadcast_in_dim,
-    "reshape": _reshape,
-    "slice": _slice,
-    "dynamic_slice": _dynamic_slice,
-    "gather": _gather,
-})
-
-
-def _iota(node: Node, invals: list, blocks: Blocks) -> list:
-    params = node.params
-    dimension = params["dimension"]
-    block = blocks.out_blocks[0]
-    (out,) = jx.bind(node.primitive, [], {**params, "shape": block, "sharding": None})
-    mesh_axes = blocks.out_layouts[0][dimension]
-    if mesh_axes:  # values along a sharded axis start at this block's offset
-        index = block_index(mesh_axes, blocks.mesh_shape)
-        out = out + (index * block[dimension]).astype(out.dtype)
-    return [out]
-
-
-BLOCK_EVAL["iota"] = _iota
-
-
-def evaluate(node: Node, invals: list, blocks: Blocks) -> list:
-    """The node's output blocks from its operand blocks."""
-    custom = BLOCK_EVAL.get(node.op)
-    if custom is not None:
-        return custom(node, invals, blocks)
-    return bind_on_blocks(node, invals, blocks)
-
-
-def bind_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
-    """The primitive itself, with shape-carrying params rewritten for the blocks."""
-    rewrite = BLOCK_PARAMS.get(node.op)
-    params = dict(node.params) if rewrite is None else rewrite(node.params, blocks)
-    return jx.bind(node.primitive, invals, params)
+def cut_to_blocks(node: Node, invals: list, blocks: Blocks) -> list:
+    """The primitive on the operand blocks, then each output cut to this device's block along the axes it
+    computed whole but holds sharded (axes it *created*, such as a split piece's split axis)."""
+    outs = jx.bind(node.primitive, invals, dict(node.params))
+    cut = []
+    for x, block, layout in zip(outs, blocks.out_blocks, blocks.out_layouts, strict=True):
+        for axis, (have, want) in enumerate(zip(x.shape, block, strict=True)):
+            if have != want:
+                x = lax.dynamic_slice_in_dim(x, block_index(layout[axis], blocks.mesh_shape) * want, want, axis)
+        cut.append(x)
+    return cut
 
 
 def block_index(mesh_axes: tuple[str, ...], mesh_shape: Mapping[str, int]):

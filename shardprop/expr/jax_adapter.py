@@ -124,6 +124,16 @@ def as_dtype(dtype) -> Any:
         return dtype
 
 
+def is_extended_dtype(dtype) -> bool:
+    """True for JAX's extended dtypes (PRNG keys), which numpy cannot hold."""
+    return not isinstance(dtype, np.dtype) and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+def itemsize(dtype) -> int:
+    """Bytes per element, extended dtypes included (a threefry key is two uint32 words: 8 bytes)."""
+    return int(dtype.itemsize)
+
+
 def python_scalar_aval(value: bool | int | float | complex) -> jax.ShapeDtypeStruct:
     """The abstract value ``jax.jit`` gives a Python scalar argument: rank 0, weakly typed (except bool).
     Raises OverflowError for an int that does not fit the default integer dtype."""

@@ -1,5 +1,8 @@
 """Inspection: read the products of the passes (a Program, Plan or ShardedGraph) and show them.
 
+Everything here reads one :class:`~shardprop.Plan` (``products.as_plan``) through its view methods and
+changes nothing:
+
 * :func:`show` — the annotated listing, stage by stage, and the stage table (``str(prog.graph)`` is the listing);
 * ``sp.lineage`` (:func:`shardprop.inspect.lineage.lineage`) — which input elements one block of a value depends
   on (boxes; sound, and exact where the dependency is block-shaped);
@@ -13,11 +16,15 @@
 
 from .dot import render, to_dot
 # ``explain`` and ``lineage`` are not re-exported here: the names would shadow their modules
-# (``import shardprop.inspect.lineage`` must give the package of lineage rules). ``shardprop`` exports them.
+# (``import shardprop.inspect.lineage`` must give the lineage package). ``compare`` compiles the function
+# (it imports the pipeline, which imports the listing from here), so it is not imported here either.
+# ``shardprop`` exports all three.
 from .explain import AxisWhy, Explanation, Step
 from .export import SCHEMA, to_json
 from .lineage import Lineage
+from .listing import AnnotatedGraph, StageTable, format_listing, format_stages
 from .pictures import as_text, blocks, show, show_blocks, stage_table
 
-__all__ = ["SCHEMA", "AxisWhy", "Explanation", "Lineage", "Step", "as_text", "blocks", "render", "show",
-           "show_blocks", "stage_table", "to_dot", "to_json"]
+__all__ = ["SCHEMA", "AnnotatedGraph", "AxisWhy", "Explanation", "Lineage", "StageTable", "Step", "as_text",
+           "blocks", "format_listing", "format_stages", "render", "show", "show_blocks", "stage_table", "to_dot",
+           "to_json"]

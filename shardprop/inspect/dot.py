@@ -16,9 +16,9 @@ from ..errors import RenderError
 from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, value_name
 from ..gc_pause import gc_paused
 from ..propagation.sharding import common_layout, format_layout, layout_refines
-from ..splitting.listing import format_bytes
-from ..splitting.strategies import gather_bytes
-from .products import layout_of, products
+from ..splitting.cost import gather_bytes, gathered_axes
+from .listing import format_bytes
+from .products import as_plan
 
 STAGE_COLOURS = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc")
 STAGE_BORDERS = ("#3d85c6", "#6aa84f", "#bf9000", "#cc0000", "#674ea7", "#e69138", "#45818e", "#a64d79")
@@ -39,25 +39,25 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
       subgraph cluster_stage_0 {
         label="stage 0"; ...
     """
-    sharded, plan = products(prog)
-    graph = sharded.graph
+    plan = as_plan(prog)
+    sharded, graph = plan.sharded, plan.graph
     avals = graph.avals
-    mesh = ", ".join(f"{k}={n}" for k, n in sharded.mesh_shape.items())
-    heading = title or f"mesh {mesh}" + (f" · strategy {plan.strategy}" if plan is not None else "")
+    mesh = ", ".join(f"{k}={n}" for k, n in plan.mesh_shape.items())
+    heading = title or f"mesh {mesh}" + (f" · strategy {plan.strategy}" if plan.strategy is not None else "")
     lines = ["digraph shardprop {",
              f"  graph [rankdir=TB, fontname=Helvetica, fontsize=11, labelloc=t, label={_quote(heading)}];",
              '  node [shape=box, style="rounded,filled", fontname=Helvetica, fontsize=10, fillcolor=white];',
              "  edge [fontname=Helvetica, fontsize=9];"]
 
     def typ(v: int) -> str:
-        return f"{short_dtype(avals[v].dtype)}[{format_layout(avals[v].shape, layout_of(sharded, plan, v))}]"
+        return f"{short_dtype(avals[v].dtype)}[{format_layout(avals[v].shape, plan.layout(v))}]"
 
     def node_line(node, indent: str, fill: str | None = None) -> str:
         outs = " ".join(value_name(v) for v in node.outputs)
         if node.op == PARAMETER:
             index = node.params["index"]
             spec = sharded.spec(node.output)
-            if sharded.rules[node.id] == "unannotated input":
+            if sharded.is_unannotated_input(node.output):
                 spec = f"unannotated → {spec}"
             label = f"{outs}: {typ(node.output)}\nargument {index} · {spec}"
             return f"{indent}n{node.id} [label={_quote(label)}, shape=ellipse, fillcolor=\"#eeeeee\"];"
@@ -66,7 +66,7 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
             return f"{indent}n{node.id} [label={_quote(label)}, shape=plaintext, style=\"\"];"
         types = "\n".join(f"{value_name(v)}: {typ(v)}" for v in node.outputs)
         where = node.source.rsplit("/", 1)[-1] if node.source else ""
-        collective = plan.collectives.get(node.id) if plan is not None else None
+        collective = plan.collective(node.id)
         extra = f"\n{collective}" if collective is not None else ""
         label = f"{node.op}\n{types}" + (f"\n{where}" if where else "") + extra
         colour = f", fillcolor={_quote(fill)}" if fill else ""
@@ -76,8 +76,7 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
     for node in graph.nodes:
         if node.op == PARAMETER:
             lines.append(node_line(node, "  "))
-    if plan is not None:
-        for stage in plan.stages:
+    for stage in plan.stages:
             k = stage.id % len(STAGE_COLOURS)
             lines += [f"  subgraph cluster_stage_{stage.id} {{",
                       f"    label={_quote(f'stage {stage.id}')}; style=\"rounded,dashed\"; "
@@ -96,17 +95,16 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
     for node in graph.nodes:
         if node.op in (PARAMETER, CONSTANT):
             continue
-        needs = plan.needs(node.id) if plan is not None else sharded.needs[node.id]
-        for v, need in dict.fromkeys(zip(node.operands, needs, strict=True)):
-            have = layout_of(sharded, plan, v)
+        for v, need in dict.fromkeys(plan.edges(node)):
+            have = plan.layout(v)
             shape = avals[v].shape
             if layout_refines(have, need):
                 lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(format_layout(shape, have))}];")
                 continue
             moved_to = common_layout(have, need)
-            gathered = "*".join(name for h, t in zip(have, moved_to, strict=True) for name in h[len(t):])
-            label = (f"{format_layout(shape, have)} → {format_layout(shape, moved_to)}\ngather {gathered} · "
-                     f"{format_bytes(gather_bytes(sharded, v, have, need))}/device")
+            nbytes = format_bytes(gather_bytes(plan, v, have, need))
+            label = (f"{format_layout(shape, have)} → {format_layout(shape, moved_to)}\ngather "
+                     f"{'*'.join(gathered_axes(have, need))} · {nbytes}/device")
             lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(label)}, color={_quote(GATHER)}, "
                          f"fontcolor={_quote(GATHER)}, penwidth=2];")
     for k, v in enumerate(graph.outputs):

@@ -9,20 +9,19 @@ node consumes its operands (an axis taken whole, the gather or collective that p
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
-from ..propagation import ShardedGraph
-from ..propagation.rules import RULES
-from ..propagation.sharding import Sharded, format_layout, is_refinement, layout_to_spec
-from ..splitting import Plan
-from ..splitting.listing import format_bytes
-from ..splitting.strategies import collective_bytes, gather_bytes
-from .lineage.boxes import full_box, hull
-from .lineage.registry import LineageContext, lookup
-from .products import layout_of, products, resolve_value
+from ..expr.graph import CONSTANT, PARAMETER, format_params, value_name
+from ..ops import lookup
+from ..ops.fallback import fallback_for
+from ..propagation.origins import trace_origin
+from ..propagation.sharding import Sharded, is_refinement, layout_to_spec
+from ..splitting import CollectiveKind, Plan
+from ..splitting.cost import collective_bytes, gather_bytes
+from .lineage.boxes import LineageContext, full_box, hull
+from .listing import format_bytes, typed_name
+from .products import as_plan, resolve_value
 
 
 @dataclass(frozen=True)
@@ -112,89 +111,71 @@ def explain(prog: Any, value: Any) -> Explanation:
       operands:
         c: takes axis 1 (sharded over j) whole — Reductions drop sharding on the reduced axes ...
     """
-    sharded, plan = products(prog)
-    v = resolve_value(sharded, value)
-    graph = sharded.graph
+    plan = as_plan(prog)
+    v = resolve_value(plan, value)
+    sharded, graph = plan.sharded, plan.graph
     node = graph.nodes[graph.producer[v]]
     sharding = sharded.shardings[v]
-    held = plan.layout(v) if plan is not None else sharded.layout(v)
+    held = plan.layout(v)
     axes = []
     for axis, (size, a) in enumerate(zip(sharding.shape, sharding.axes, strict=True)):
         propagated = a.mesh_axes if isinstance(a, Sharded) else ()
         if held[axis] != propagated:  # the plan holds it differently (a reduce-scatter leaves it finer)
             axes.append(AxisWhy(axis, size, held[axis], _held_origin(plan, node, axis, held[axis], propagated), ()))
         elif isinstance(a, Sharded):
-            origin, steps = _sharded_origin(sharded, v, axis, a)
+            origin, steps = _sharded_origin(plan, v, axis, a)
             axes.append(AxisWhy(axis, size, a.mesh_axes, origin, steps))
         else:
-            origin, steps, reason = _replicated_origin(sharded, v, axis)
+            origin, steps, reason = _replicated_origin(plan, v, axis)
             axes.append(AxisWhy(axis, size, (), origin, steps, reason))
-    return Explanation(v, _equation(sharded, plan, node, v), sharded.rules[node.id], tuple(axes),
-                       tuple(_consumes(sharded, plan, node)), sharded.mesh_shape)
+    return Explanation(v, _equation(plan, node, v), sharded.rules[node.id], tuple(axes),
+                       tuple(_consumes(plan, node)), plan.mesh_shape)
 
 
 def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated: tuple[str, ...]) -> str:
     was = f"sharded over {'*'.join(propagated)}" if propagated else "replicated"
-    collective = plan.collectives.get(node.id)
-    if collective is not None and collective.kind == "psum_scatter" and collective.dimension == axis:
+    collective = plan.collective(node.id)
+    if collective is not None and collective.kind is CollectiveKind.PSUM_SCATTER and collective.dimension == axis:
         return (f"`{node.op}` at {_short(node.source)} is finished by {collective}: each device keeps only its "
                 f"block over {'*'.join(held)} of the sum (propagation alone left this axis {was}; the consumers "
                 "slice it anyway)")
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
 
 
-def _equation(sharded: ShardedGraph, plan: Plan | None, node, v: int) -> str:
-    aval, layout = sharded.graph.avals[v], plan.layout(v) if plan is not None else sharded.layout(v)
-    typ = f"{value_name(v)}:{short_dtype(aval.dtype)}[{format_layout(aval.shape, layout)}]"
+def _equation(plan: Plan, node, v: int) -> str:
+    typ = typed_name(plan, v)
     if node.op == PARAMETER:
         return f"{typ} = argument {node.params['index']}"
     if node.op == CONSTANT:
         return f"{typ} = constant"
     rhs = " ".join([node.op + format_params(node), *(value_name(u) for u in node.operands)])
-    stage = ""
-    if plan is not None:
-        stage = next((f"   [stage {s.id}]" for s in plan.stages if node.id in s.nodes), "")
-    return f"{typ} = {rhs}   # {_short(node.source)}{stage}"
+    stage = plan.stage_of(node.id)
+    return f"{typ} = {rhs}   # {_short(node.source)}" + ("" if stage is None else f"   [stage {stage}]")
 
 
-def _sharded_origin(sharded: ShardedGraph, v: int, axis: int, a: Sharded) -> tuple[str, tuple[Step, ...]]:
-    """Follow the first shard's first parent back to a shard without parents."""
-    graph = sharded.graph
-    shard, steps = a.shards[0], []
-    while True:
-        node = graph.nodes[graph.producer[v]]
-        if not shard.parents or node.op in (PARAMETER, CONSTANT):
-            break
-        steps.append(Step(v, axis, node.op, sharded.rules[node.id], node.source))
-        parent = shard.parents[0]
-        holder = next((u for u in node.operands if _holds(sharded, u, parent)), None)
-        if holder is None:
-            break
-        v, axis, shard = holder, parent.axis, parent
-    node = graph.nodes[graph.producer[v]]
-    names = "*".join(a.mesh_axes)
-    if node.op == PARAMETER:
-        index = node.params["index"]
-        if sharded.rules[node.id] == "unannotated input":
-            origin = (f"argument {index} ({value_name(v)}) is unannotated; its axis {axis} adopted {names} from the "
-                      "ops it meets")
+def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded) -> tuple[str, tuple[Step, ...]]:
+    """The origin walk (shard parents back to a shard without parents), told as steps."""
+    sharded = plan.sharded
+    origin = trace_origin(plan.graph, sharded.shardings, v, axis)
+    steps = tuple(Step(u, k, n.op, sharded.rules[n.id], n.source) for u, k, n in origin.steps)
+    root, names = origin.value, "*".join(a.mesh_axes)
+    if origin.is_argument:
+        index = origin.node.params["index"]
+        if sharded.is_unannotated_input(root):
+            text = (f"argument {index} ({value_name(root)}) is unannotated; its axis {origin.axis} adopted {names} "
+                    "from the ops it meets")
         else:
-            origin = f"argument {index} ({value_name(v)}) has spec {sharded.spec(v)}; this is its axis {axis}"
+            text = (f"argument {index} ({value_name(root)}) has spec {sharded.spec(root)}; this is its axis "
+                    f"{origin.axis}")
     else:
-        origin = (f"`{node.op}` at {_short(node.source)} created {value_name(v)} axis {axis}, unannotated; it "
-                  f"adopted {names} from the ops it meets")
-    return origin, tuple(reversed(steps))
+        text = (f"`{origin.node.op}` at {_short(origin.node.source)} created {value_name(root)} axis "
+                f"{origin.axis}, unannotated; it adopted {names} from the ops it meets")
+    return text, steps
 
 
-def _holds(sharded: ShardedGraph, value: int, shard) -> bool:
-    axes = sharded.shardings[value].axes
-    a = axes[shard.axis] if shard.axis < len(axes) else None
-    return isinstance(a, Sharded) and any(s is shard for s in a.shards)
-
-
-def _replicated_origin(sharded: ShardedGraph, v: int, axis: int) -> tuple[str, tuple[Step, ...], str]:
+def _replicated_origin(plan: Plan, v: int, axis: int) -> tuple[str, tuple[Step, ...], str]:
     """Walk back through the axes that feed this one until the op that dropped a sharding, or its start."""
-    graph = sharded.graph
+    sharded, graph = plan.sharded, plan.graph
     steps: list[Step] = []
     while True:
         node = graph.nodes[graph.producer[v]]
@@ -205,7 +186,7 @@ def _replicated_origin(sharded: ShardedGraph, v: int, axis: int) -> tuple[str, t
             break
         if node.op == PARAMETER:
             index = node.params["index"]
-            if sharded.rules[node.id] == "unannotated input":
+            if sharded.is_unannotated_input(v):
                 origin = f"argument {index} ({value_name(v)}) is unannotated"
                 reason = (f"its axis {axis} met no sharding, or several different ones, so it stays replicated "
                           "(replicated is compatible with every sharding)")
@@ -221,7 +202,7 @@ def _replicated_origin(sharded: ShardedGraph, v: int, axis: int) -> tuple[str, t
             origin, reason = f"`{node.op}` at {_short(node.source)}", _why_rule(node.op, fallback=True)
             steps.append(step)
             break
-        feeding = _feeding_axes(sharded, node, v, axis)
+        feeding = _feeding_axes(plan, node, v, axis)
         dropped = [(u, j) for u, j in feeding if sharded.layout(u)[j]]
         if dropped:
             u, j = dropped[0]
@@ -233,7 +214,7 @@ def _replicated_origin(sharded: ShardedGraph, v: int, axis: int) -> tuple[str, t
         if not feeding:
             origin = f"`{node.op}` at {_short(node.source)} created {here}"
             reason = ("a new axis starts unannotated; it met no sharding, or several different ones, so it stays "
-                      "replicated" if lookup(node.op).exact else _why_rule(node.op))
+                      "replicated" if lookup(node.op).lineage_exact else _why_rule(node.op))
             steps.append(step)
             break
         steps.append(step)
@@ -242,16 +223,16 @@ def _replicated_origin(sharded: ShardedGraph, v: int, axis: int) -> tuple[str, t
     return origin, tuple(reversed(steps)), reason
 
 
-def _feeding_axes(sharded: ShardedGraph, node, v: int, axis: int) -> list[tuple[int, int]]:
+def _feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:
     """The operand axes an output axis is computed from: the operand axes that narrow when only the first
     element of that output axis is asked for (read off the lineage rule of the op)."""
-    avals = sharded.graph.avals
+    avals = plan.graph.avals
     k = node.outputs.index(v)
     shape = avals[v].shape
     probe = full_box(shape)[:axis] + ((0, 1),) + full_box(shape)[axis + 1:]
     ctx = LineageContext(tuple(avals[u].shape for u in node.operands), tuple(avals[o].shape for o in node.outputs))
     feeding = []
-    for u, boxes in zip(node.operands, lookup(node.op).rule(ctx, probe, k, **node.params), strict=True):
+    for u, boxes in zip(node.operands, lookup(node.op).lineage(ctx, probe, k, **node.params), strict=True):
         if not boxes:
             continue
         bounds = hull(boxes)
@@ -260,48 +241,39 @@ def _feeding_axes(sharded: ShardedGraph, node, v: int, axis: int) -> list[tuple[
     return feeding
 
 
-def _consumes(sharded: ShardedGraph, plan: Plan | None, node) -> list[str]:
+def _consumes(plan: Plan, node) -> list[str]:
     """How the node consumes each operand whose sharding it does not keep: which axes it takes whole and
     what pays for it (a gather at a stage boundary, or a collective that finishes the result)."""
     if node.op in (PARAMETER, CONSTANT):
         return []
-    needs = plan.needs(node.id) if plan is not None else sharded.needs[node.id]
-    collective = plan.collectives.get(node.id) if plan is not None else None
+    collective = plan.collective(node.id)
     out = []
-    for u, need in dict.fromkeys(zip(node.operands, needs, strict=True)):
-        have = layout_of(sharded, plan, u)
+    for u, need in dict.fromkeys(plan.edges(node)):
+        have = plan.layout(u)
         whole = [j for j, (h, w) in enumerate(zip(have, need, strict=True)) if h and not is_refinement(h, w)]
         if not whole:
             continue
         taken = ", ".join(f"axis {j} (sharded over {'*'.join(have[j])})" for j in whole)
         line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need)}. {_why_rule(node.op)}"
-        if plan is not None:
-            nbytes = gather_bytes(sharded, u, have, need)
+        if plan.strategy is not None:  # a split plan: a stage boundary pays for it
+            nbytes = gather_bytes(plan, u, have, need)
             line += f" Paid for by gathering {value_name(u)} before this stage ({format_bytes(nbytes)} per device)."
         out.append(line)
     if collective is not None:
         reduced = ", ".join(
             f"{value_name(u)} axis {j} ({'*'.join(m)})" for u in dict.fromkeys(node.operands)
-            for j, m in enumerate(layout_of(sharded, plan, u)) if set(m) & set(collective.mesh_axes))
+            for j, m in enumerate(plan.layout(u)) if set(m) & set(collective.mesh_axes))
         out.append(f"each device works on its own blocks of {reduced}; {collective} finishes the result "
-                   f"({format_bytes(collective_bytes(sharded, node, collective))} per device)")
+                   f"({format_bytes(collective_bytes(plan, node, collective))} per device)")
     return out
 
 
 def _why_rule(op: str, fallback: bool = False) -> str:
     """The first sentence of the rule's docstring (or its family's): the why lives next to the rule."""
-    if fallback or op not in RULES:
-        from ..propagation.rules import fallback as module
-
-        return _first_sentence(module.__doc__) + " (no proven rule for this op here)"
-    rule = RULES[op]
-    return _first_sentence(sys.modules[rule.__module__].__doc__ or rule.__doc__ or "")
-
-
-def _first_sentence(text: str | None) -> str:
-    text = " ".join((text or "").split())
-    end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
+    record = lookup(op)
+    if fallback or record.is_fallback:
+        return fallback_for(op).why + " (no proven rule for this op here)"
+    return record.why
 
 
 def _short(source: str | None) -> str:

@@ -13,7 +13,8 @@ from typing import Any
 from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
 from ..gc_pause import gc_paused
 from ..propagation.sharding import Sharded
-from .products import layout_of, products
+from ..splitting import CollectiveKind, Source
+from .products import as_plan
 
 SCHEMA_ID = "shardprop.inspect/1"
 
@@ -25,10 +26,9 @@ def _layout(layout) -> list[list[str]]:
 @gc_paused
 def to_json(prog: Any) -> dict[str, Any]:
     """A JSON-ready dict of the program (see :data:`SCHEMA`)."""
-    sharded, plan = products(prog)
-    graph = sharded.graph
+    plan = as_plan(prog)
+    sharded, graph = plan.sharded, plan.graph
     avals = graph.avals
-    stage_of = plan.stage_of() if plan is not None else {}
     values = []
     for v, sharding in enumerate(sharded.shardings):
         axes = []
@@ -38,24 +38,24 @@ def to_json(prog: Any) -> dict[str, Any]:
             axes.append({"axis": k, "mesh_axes": list(a.mesh_axes) if isinstance(a, Sharded) else [],
                          "shards": shards})
         values.append({"id": v, "name": value_name(v), "dtype": short_dtype(avals[v].dtype),
-                       "shape": list(avals[v].shape), "layout": _layout(layout_of(sharded, plan, v)),
+                       "shape": list(avals[v].shape), "layout": _layout(plan.layout(v)),
                        "producer": graph.producer[v], "axes": axes})
     nodes = []
     for node in graph.nodes:
-        needs = (plan.needs(node.id) if plan is not None else sharded.needs[node.id]) \
-            if node.op not in (PARAMETER, CONSTANT) else ()
-        collective = plan.collectives.get(node.id) if plan is not None else None
+        needs = plan.needs(node.id) if node.op not in (PARAMETER, CONSTANT) else ()
+        collective = plan.collective(node.id)
         nodes.append({
             "id": node.id, "op": node.op,
             "operands": [value_name(v) for v in node.operands], "outputs": [value_name(v) for v in node.outputs],
-            "params": format_params(node), "source": node.source, "rule": sharded.rules[node.id],
-            "fallback": node.id in sharded.fallbacks, "stage": stage_of.get(node.id),
+            "params": format_params(node), "source": node.source, "rule": str(sharded.rules[node.id]),
+            "fallback": node.id in sharded.fallbacks, "stage": plan.stage_of(node.id),
             "needs": [_layout(n) for n in needs],
             "collective": None if collective is None else {
-                "kind": collective.kind, "mesh_axes": list(collective.mesh_axes), "dimension": collective.dimension},
+                "kind": str(collective.kind), "mesh_axes": list(collective.mesh_axes),
+                "dimension": collective.dimension},
         })
     stages = []
-    for stage in plan.stages if plan is not None else ():
+    for stage in plan.stages:
         stages.append({
             "id": stage.id, "nodes": list(stage.nodes),
             "inputs": [{"value": value_name(i.value), "layout": _layout(i.layout),
@@ -63,22 +63,22 @@ def to_json(prog: Any) -> dict[str, Any]:
             "outputs": [{"value": value_name(v), "layout": _layout(layout)}
                         for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)],
         })
+    split = plan.strategy is not None
     return {
         "schema": SCHEMA_ID,
-        "mesh": {"axis_names": list(sharded.mesh_shape), "shape": list(sharded.mesh_shape.values())},
-        "strategy": plan.strategy if plan is not None else None,
+        "mesh": {"axis_names": list(plan.mesh_shape), "shape": list(plan.mesh_shape.values())},
+        "strategy": str(plan.strategy) if split else None,
         "inputs": [{"index": k, "value": value_name(v), "layout": _layout(sharded.layout(v))}
                    for k, v in enumerate(graph.inputs)],
-        "outputs": [{"index": k, "value": value_name(v), "layout": _layout(layout_of(sharded, plan, v)),
-                     "source": _source(plan.output_sources[k]) if plan is not None else None}
+        "outputs": [{"index": k, "value": value_name(v), "layout": _layout(plan.layout(v)),
+                     "source": _source(plan.output_sources[k]) if split else None}
                     for k, v in enumerate(graph.outputs)],
         "values": values, "nodes": nodes, "stages": stages,
     }
 
 
-def _source(source) -> dict[str, int]:
-    stage, index = source
-    return {"argument": index} if stage is None else {"stage": stage, "output": index}
+def _source(source: Source) -> dict[str, int]:
+    return {"argument": source.index} if source.is_argument else {"stage": source.stage, "output": source.index}
 
 
 _LAYOUT = {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}
@@ -130,7 +130,7 @@ SCHEMA: dict[str, Any] = {
             "fallback": {"type": "boolean"}, "stage": {"type": ["integer", "null"]},
             "needs": {"type": "array", "items": _LAYOUT},
             "collective": {"oneOf": [{"type": "null"}, _object({
-                "kind": {"enum": ["psum", "pmax", "pmin", "argmax", "argmin", "psum_scatter"]},
+                "kind": {"enum": [kind.value for kind in CollectiveKind]},
                 "mesh_axes": {"type": "array", "items": {"type": "string"}},
                 "dimension": {"type": ["integer", "null"]}})]}})},
         "stages": {"type": "array", "items": _object({

@@ -19,9 +19,9 @@ from rich.text import Text
 from ..errors import OptionError
 from ..expr.graph import CONSTANT, short_dtype, value_name
 from ..propagation.sharding import format_layout, layout_to_spec, shard_count
-from ..splitting.listing import crossing, format_bytes, format_listing
-from ..splitting.strategies import collective_bytes
-from .products import layout_of, products, resolve_value
+from ..splitting.cost import collective_bytes
+from .listing import crossing, format_bytes, format_listing
+from .products import as_plan, resolve_value
 
 PALETTE = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc", "#e6b8af",
            "#c9daf8", "#b6d7a8", "#ffe599")
@@ -57,10 +57,10 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
     """A table of ``value``'s blocks: rows and columns are its blocks along two axes, each cell lists the
     devices that hold that block (devices: ids on the mesh). ``axes`` picks the two axes shown (default: the
     sharded ones first); ``index`` fixes the block shown along every other sharded axis (default 0)."""
-    sharded, plan = products(prog)
-    v = resolve_value(sharded, value)
-    aval = sharded.graph.avals[v]
-    shape, layout = aval.shape, layout_of(sharded, plan, v)
+    plan = as_plan(prog)
+    v = resolve_value(plan, value)
+    aval = plan.graph.avals[v]
+    shape, layout = aval.shape, plan.layout(v)
     rank = len(shape)
     if axes is None:
         order = sorted(range(rank), key=lambda k: (not layout[k], k))
@@ -69,7 +69,7 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
     if len(axes) > 2 or any(not 0 <= k < rank for k in axes) or len(set(axes)) != len(axes):
         raise OptionError(f"axes {axes} must be at most two distinct axes of {value_name(v)} (rank {rank})")
     index = dict(index or {})
-    mesh_shape = sharded.mesh_shape
+    mesh_shape = plan.mesh_shape
     counts = [shard_count(mesh_shape, m) for m in layout]
     hidden = [k for k in range(rank) if k not in axes]
     for k in hidden:
@@ -77,7 +77,7 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
         if not 0 <= index[k] < counts[k]:
             raise OptionError(f"block index {index[k]} out of range on axis {k} of {value_name(v)} "
                               f"({counts[k]} blocks)")
-    held = device_blocks(sharded.mesh, layout)
+    held = device_blocks(plan.sharded.mesh, layout)
     row_axis = axes[0] if len(axes) == 2 else None
     col_axis = axes[-1] if axes else None
     n_rows = counts[row_axis] if row_axis is not None else 1
@@ -117,10 +117,10 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
 def stage_table(prog: Any) -> Table:
     """Per stage: its ops, inputs (spec, source stage, what is gathered), outputs, collectives, and the
     bytes each device receives (estimated, ring model)."""
-    sharded, plan = products(prog)
-    if plan is None:
+    plan = as_plan(prog)
+    if plan.strategy is None:
         raise OptionError("the stage table needs a split plan: pass a Program (fs.trace(...)) or sp.split(...)")
-    graph = sharded.graph
+    graph = plan.graph
     table = Table(title=f"{len(plan.stages)} stage(s), strategy {plan.strategy}", box=box.SIMPLE_HEAVY,
                   show_lines=True)
     for name in ("stage", "ops", "inputs", "outputs", "collectives", "moved / device"):
@@ -134,14 +134,14 @@ def stage_table(prog: Any) -> Table:
         for i in stage.inputs:
             gathered, nbytes = crossing(plan, i)
             moved += nbytes
-            src = f"arg {i.source[1]}" if i.source[0] is None else f"stage {i.source[0]}"
+            src = i.source.brief()
             how = f", gather {'*'.join(gathered)} ({format_bytes(nbytes)})" if gathered else ""
             inputs.append(f"{value_name(i.value)} {layout_to_spec(i.layout)} ← {src}{how}")
         collectives = []
         for n in stage.nodes:
-            c = plan.collectives.get(n)
+            c = plan.collective(n)
             if c is not None:
-                nbytes = collective_bytes(sharded, graph.nodes[n], c)
+                nbytes = collective_bytes(plan, graph.nodes[n], c)
                 moved += nbytes
                 collectives.append(f"{c} → {','.join(value_name(v) for v in graph.nodes[n].outputs)} "
                                    f"({format_bytes(nbytes)})")
@@ -165,11 +165,10 @@ def as_text(renderable, width: int = 120) -> str:
 
 def show(prog: Any, *, console: Console | None = None) -> None:
     """Print the annotated listing (stage by stage) and the stage table."""
-    sharded, plan = products(prog)
+    plan = as_plan(prog)
     console = console or Console()
-    console.print(format_listing(plan) if plan is not None else sharded.render(), markup=False, highlight=False,
-                  soft_wrap=True)
-    if plan is not None:
+    console.print(format_listing(plan), markup=False, highlight=False, soft_wrap=True)
+    if plan.strategy is not None:
         console.print(stage_table(plan))
 
 

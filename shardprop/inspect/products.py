@@ -1,4 +1,4 @@
-"""What inspection reads: the products of the passes, whichever one the user hands over."""
+"""What inspection reads: one :class:`~shardprop.Plan`, whichever product the user hands over."""
 
 from __future__ import annotations
 
@@ -10,24 +10,23 @@ from ..propagation import ShardedGraph
 from ..splitting import Plan
 
 
-def products(prog: Any) -> tuple[ShardedGraph, Plan | None]:
-    """``(sharded graph, plan or None)`` from a :class:`~shardprop.Program`, a :class:`~shardprop.Plan` or a
-    :class:`~shardprop.ShardedGraph`."""
-    plan = getattr(prog, "plan", None)
-    if isinstance(plan, Plan):
-        return plan.sharded, plan
+def as_plan(prog: Any) -> Plan:
+    """The plan behind a :class:`~shardprop.Program` (or its ``prog.graph``), a :class:`~shardprop.Plan`, or
+    a :class:`~shardprop.ShardedGraph` (propagation's view, no stages: :meth:`Plan.unsplit`)."""
     if isinstance(prog, Plan):
-        return prog.sharded, prog
+        return prog
     if isinstance(prog, ShardedGraph):
-        staged_plan = getattr(prog, "plan", None)
-        return prog, staged_plan if isinstance(staged_plan, Plan) else None
+        return Plan.unsplit(prog)
+    plan = getattr(prog, "plan", None)  # a Program, or the annotated graph view it prints
+    if isinstance(plan, Plan):
+        return plan
     raise OptionError(f"expected a Program, Plan or ShardedGraph to inspect, got {type(prog).__name__}; "
                       "use fs.trace(*args) to get the Program of an autoshard function")
 
 
-def resolve_value(sharded: ShardedGraph, ref: Any) -> int:
+def resolve_value(plan: Plan, ref: Any) -> int:
     """A value id from what the user typed: its printed name (``"c"``) or its id."""
-    count = len(sharded.graph.avals)
+    count = len(plan.graph.avals)
     if isinstance(ref, bool):
         ref = None  # not a value id
     if isinstance(ref, int) and 0 <= ref < count:
@@ -49,8 +48,3 @@ def _value_of_name(name: str) -> int | None:
     for ch in name:
         value = value * 26 + (ord(ch) - ord("a"))
     return value if value_name(value) == name else None
-
-
-def layout_of(sharded: ShardedGraph, plan: Plan | None, value: int):
-    """The layout ``value`` is held in: the plan's (a reduce-scatter may hold it finer) or propagation's."""
-    return plan.layout(value) if plan is not None else sharded.layout(value)

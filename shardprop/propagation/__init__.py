@@ -1,7 +1,12 @@
-"""Shard propagation (start with :func:`propagate`): every value gets per-axis shards with parents."""
+"""Shard propagation (start with :func:`propagate`): every value gets per-axis shards with parents.
 
-from .product import ShardedGraph
+``sharding.py`` is the Nx data model, ``context.py`` what a rule sees, ``propagate.py`` the pass,
+``product.py`` its product (:class:`ShardedGraph`), ``origins.py`` the walk back through shard parents. The
+rules themselves are the primitives' records in :mod:`shardprop.ops`.
+"""
+
+from .product import RuleName, ShardedGraph
 from .propagate import propagate
 from .sharding import Layout, Open, Shard, Sharded, TensorSharding
 
-__all__ = ["Layout", "Open", "Shard", "Sharded", "ShardedGraph", "TensorSharding", "propagate"]
+__all__ = ["Layout", "Open", "RuleName", "Shard", "Sharded", "ShardedGraph", "TensorSharding", "propagate"]

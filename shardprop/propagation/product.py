@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 
 from jax.sharding import Mesh, PartitionSpec
@@ -12,14 +13,23 @@ from ..expr.graph import Graph, Node, render, short_dtype
 from .sharding import Layout, Shard, Sharded, TensorSharding
 
 
+class RuleName(StrEnum):
+    """What :attr:`ShardedGraph.rules` says of a node that no primitive's own rule sharded."""
+
+    INPUT_SPEC = "input spec"                # an argument laid out by its PartitionSpec
+    UNANNOTATED_INPUT = "unannotated input"  # an argument whose spec was None: it adopted what it met
+    CONSTANT = "constant"                    # a literal or closed-over array: replicated
+    FALLBACK = "conservative fallback"       # no rule applied: operands gathered, outputs replicated
+
+
 @dataclass(frozen=True, eq=False)
 class ShardedGraph:
     """``graph`` with per-value shardings on ``mesh``.
 
     ``needs[node_id][i]`` is the layout in which node ``node_id`` consumes its ``i``-th operand; where it is
     coarser than the operand's own layout the data must be gathered (the split pass cuts there).
-    ``rules[node_id]`` names the rule that sharded the node; ``fallbacks`` are the nodes that had no rule and
-    got the conservative one.
+    ``rules[node_id]`` names the rule that sharded the node (``family.function``, or a :class:`RuleName`);
+    ``fallbacks`` are the nodes that had no rule and got the conservative one.
     """
 
     graph: Graph
@@ -79,3 +89,7 @@ class ShardedGraph:
 
     def node(self, node_id: int) -> Node:
         return self.graph.nodes[node_id]
+
+    def is_unannotated_input(self, value: int) -> bool:
+        """True for an argument whose spec was None (it adopted the shardings it met)."""
+        return self.rules[self.graph.producer[value]] == RuleName.UNANNOTATED_INPUT

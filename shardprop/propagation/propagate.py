@@ -1,6 +1,7 @@
 """``propagate(graph, in_specs, mesh=mesh) -> ShardedGraph``: the shard propagation pass.
 
-Walks the graph in order and applies each node's rule from :data:`RULES`. Unannotated inputs (spec
+Walks the graph in order and applies each node's sharding rule (the ``propagate`` piece of its primitive's
+record, :func:`shardprop.ops.lookup`). Unannotated inputs (spec
 ``None``) and axes created by broadcasts start *open* and adopt the sharding they first meet; this takes
 two walks: the first learns what every open axis meets, the second runs with those choices fixed and builds
 the real shards. An open axis that met nothing, or several different shardings, is replicated — replicated
@@ -21,8 +22,11 @@ from ..errors import FallbackWarning, NoRuleError, ShardingConflictError, Shardi
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name
-from .product import ShardedGraph
-from .rules import CREATED, RULES, OpenTracker, RuleConflict, RuleContext, conservative
+from ..ops import has_record, lookup
+from .context import CREATED, OpenTracker, RuleConflict, RuleContext
+from .invariants import checked
+from .origins import trace_origin
+from .product import RuleName, ShardedGraph
 from .sharding import Layout, Open, Sharded, TensorSharding, layout_from_spec, shard_count
 
 _warned_fallbacks: set[str] = set()
@@ -80,7 +84,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) 
         warnings.warn(
             f"shardprop: no sharding rule for primitive `{name}` (or none that applies here); using the "
             "conservative rule (operands gathered, result replicated)", FallbackWarning, stacklevel=2)
-    return sharded
+    return checked(sharded)
 
 
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
@@ -89,7 +93,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     shard sub-computations such as scan bodies."""
     mesh_shape = dict(mesh.shape)
     if strict:
-        missing = [n for n in graph.nodes if n.op not in (PARAMETER, CONSTANT) and n.op not in RULES]
+        missing = [n for n in graph.nodes if n.op not in (PARAMETER, CONSTANT) and not has_record(n.op)]
         if missing:
             node = missing[0]
             raise NoRuleError(
@@ -146,7 +150,6 @@ class _Walk:
         # One context for the whole walk (its avals are set per node): 10^5-node graphs are the norm.
         ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.resolve is not None,
                           propagate_body=self.propagate_body)
-        rule_names: dict[str, str] = {}
         for node in self.graph.nodes:
             out_avals = ctx.out_avals = tuple([avals[v] for v in node.outputs])
             ctx.in_avals = tuple([avals[v] for v in node.operands])
@@ -157,31 +160,25 @@ class _Walk:
                     axes = tuple(CREATED if n > 1 else None for n in shape)
                 else:
                     axes = tuple(ctx.root(k, n, layout[k]) if layout[k] else None for k, n in enumerate(shape))
-                rule_name = "input spec" if layout is not None else "unannotated input"
+                rule_name = RuleName.INPUT_SPEC if layout is not None else RuleName.UNANNOTATED_INPUT
                 outputs, needs = (TensorSharding(shape, axes),), ()
             elif node.op == CONSTANT:
                 shape = out_avals[0].shape
-                outputs, needs, rule_name = (TensorSharding(shape, (None,) * len(shape)),), (), "constant"
+                outputs, needs, rule_name = (TensorSharding(shape, (None,) * len(shape)),), (), RuleName.CONSTANT
             else:
-                operands = [self.shardings[v] for v in node.operands]
-                rule = RULES.get(node.op)
-                if rule is None:
-                    rule, rule_name = conservative, "conservative fallback"
-                    self.fallbacks.append(node.id)
-                else:
-                    rule_name = rule_names.get(node.op)
-                    if rule_name is None:
-                        rule_name = rule_names[node.op] = f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}"
+                op = lookup(node.op)
                 try:
-                    result = rule(ctx, *operands, **node.params)
+                    result = op.propagate(ctx, *[self.shardings[v] for v in node.operands], **node.params)
                 except RuleConflict as conflict:
                     raise self._conflict(node, conflict) from None
                 outputs, needs = result.outputs, result.needs
                 if result.body is not None:
                     self.bodies[node.id] = result.body
-                if result.fallback:
-                    rule_name = "conservative fallback"
+                if op.is_fallback or result.fallback:
+                    rule_name = RuleName.FALLBACK
                     self.fallbacks.append(node.id)
+                else:
+                    rule_name = op.rule_name
             for value, sharding in zip(node.outputs, outputs, strict=True):
                 sharding = self._settle(ctx, value, sharding)
                 self._check_mesh_axes_once(node, sharding)
@@ -235,38 +232,28 @@ class _Walk:
             if self.resolve is not None:  # shards exist: say where each sharded axis came from
                 for axis, a in enumerate(sharding.axes):
                     if isinstance(a, Sharded):
-                        lines.append(f"    axis {axis} @{'*'.join(a.mesh_axes)}: {self._origin(v, a)}")
+                        lines.append(f"    axis {axis} @{'*'.join(a.mesh_axes)}: {self._origin(v, axis)}")
         where = f"output axis {conflict.axis}: " if conflict.axis is not None else ""
         lines.append(f"  {where}{conflict.detail}")
         lines.append("  fix: change one of those input specs so the shardings agree, or replicate one side "
                      "(P()) so that it is gathered")
         return ShardingConflictError("\n".join(lines))
 
-    def _origin(self, value: int, axis_sharding: Sharded) -> str:
-        """Follow the first shard's parents back to its root: the input spec (or the op that created the
+    def _origin(self, value: int, axis: int) -> str:
+        """Where the sharding of ``value``'s ``axis`` came from: the input spec (or the op that created the
         axis), and the ops in between, in program order."""
-        graph = self.graph
-        shard, v, via = axis_sharding.shards[0], value, []
-        while True:
-            node = graph.nodes[graph.producer[v]]
-            if not shard.parents:
-                break
-            via.append(node)
-            shard = shard.parents[0]
-            v = next(u for u in node.operands if self._holds(u, shard))
-        if node.op == PARAMETER:
-            index = node.params["index"]
-            root = f"argument {index} ({value_name(v)}) has spec {self.shardings[v].spec}"
+        origin = trace_origin(self.graph, self.shardings, value, axis)
+        node = origin.node
+        if origin.is_argument:
+            root = (f"argument {node.params['index']} ({value_name(origin.value)}) has spec "
+                    f"{self.shardings[origin.value].spec}")
         else:
             root = f"`{node.op}` at {_short(node.source)} adopted it"
-        steps = " -> ".join(f"`{n.op}` at {_short(n.source)}" for n in reversed(via[-4:]))
-        more = f"... {len(via) - 4} more ops ... -> " if len(via) > 4 else ""
-        return root + (f", via {more}{steps}" if via else "")
-
-    def _holds(self, value: int, shard) -> bool:
-        axes = self.shardings[value].axes
-        a = axes[shard.axis] if shard.axis < len(axes) else None
-        return isinstance(a, Sharded) and any(s is shard for s in a.shards)
+        ops = [f"`{n.op}` at {_short(n.source)}" for _, _, n in origin.steps]
+        if not ops:
+            return root
+        more = f" -> ... {len(ops) - 4} more ops" if len(ops) > 4 else ""
+        return f"{root}, via {' -> '.join(ops[:4])}{more}"
 
 
 def _short(source: str | None) -> str:

@@ -1,8 +1,14 @@
-"""Graph splitting (start with :func:`split`): stages with in/out specs, cut where data must be gathered."""
+"""Graph splitting (start with :func:`split`): stages with in/out specs, cut where data must be gathered.
 
-from .listing import StagedGraph, format_listing
+``collectives.py`` holds the words (:class:`Strategy`, :class:`Collective`), ``decisions.py`` the plan view
+(:class:`Decisions`: which layout each node consumes, each value is held in), ``strategies.py`` the steps
+that revise it, ``cost.py`` the one cost model, ``split.py`` the pass and ``plan.py`` its product.
+"""
+
+from .collectives import Collective, CollectiveKind, Strategy
+from .decisions import Decisions
+from .plan import Plan, Source, Stage, StageInput
 from .split import needs_gather, split
-from .stage import Plan, Source, Stage, StageInput, StageList, format_stages
 
-__all__ = ["Plan", "Source", "Stage", "StageInput", "StageList", "StagedGraph", "format_listing", "format_stages",
+__all__ = ["Collective", "CollectiveKind", "Decisions", "Plan", "Source", "Stage", "StageInput", "Strategy",
            "needs_gather", "split"]

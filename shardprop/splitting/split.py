@@ -1,32 +1,40 @@
 """``split(sharded_graph) -> Plan``: cut the graph into stages where data must be gathered.
 
-An edge *needs a gather* when the consumer wants an axis coarser than the producer laid it out (a reduction
+An edge *needs a gather* when the consumer wants an axis coarser than the producer holds it (a reduction
 over a sharded axis, a contraction, a conservative fallback). Each node goes to the earliest stage after
 every producer it must gather from: ``stage(n) = max(stage(p) + gathers(p → n))``. That is one linear walk,
 and every node lands in exactly one stage, so shared subexpressions are computed once; later stages receive
 them as inputs. Arguments and constants are not computations: any stage may read an argument (in whatever
 layout it needs; moving it there is the gather) and each stage embeds the constants it uses.
+
+The pipeline, one product to the next::
+
+    Decisions.propagated(sharded)      propagation's layouts
+    -> finish_with_collectives         (collective, auto) sums, maxima, contractions finished in place
+    -> scatter_where_consumers_slice   psum -> psum_scatter where every consumer slices the sum anyway
+    -> pull_gathers_back               (auto) each remaining gather where it moves the fewest bytes
+    -> stages                          the cut, then the Plan
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
-
+from ..errors import OptionError
 from ..expr.graph import CONSTANT, PARAMETER
 from ..gc_pause import gc_paused
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, common_layout, layout_refines
-from ..errors import OptionError
-from .strategies import plan_collectives, pull_gathers_back, scatter_where_consumers_slice
-from .stage import Plan, Source, Stage, StageInput
+from .collectives import Strategy
+from .decisions import Decisions
+from .invariants import checked
+from .plan import Plan, Source, Stage, StageInput
+from .strategies import finish_with_collectives, pull_gathers_back, scatter_where_consumers_slice
+
+STRATEGIES = tuple(s.value for s in Strategy)
 
 
 def needs_gather(produced: Layout, needed: Layout) -> bool:
     """True when some axis of ``needed`` is not a local slice of ``produced``."""
     return not layout_refines(produced, needed)
-
-
-STRATEGIES = ("auto", "gather", "collective")
 
 
 @gc_paused
@@ -39,38 +47,40 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     has one stage; ``"auto"`` (the default) takes, node by node, whichever the cost model says moves fewer
     bytes.
     """
-    if type(sharded) is not ShardedGraph:  # a StagedGraph (``prog.graph``) would carry its old plan along
-        sharded = ShardedGraph(**{f.name: getattr(sharded, f.name) for f in fields(ShardedGraph)})
-    if strategy not in STRATEGIES:
-        raise OptionError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
-    overrides, collectives = ({}, {}) if strategy == "gather" else \
-        plan_collectives(sharded, only_if_cheaper=strategy == "auto")
-    graph = sharded.graph
+    if not isinstance(sharded, ShardedGraph):
+        raise OptionError(f"split takes a ShardedGraph (sp.propagate(...), or prog.sharded of a Program), got "
+                          f"{type(sharded).__name__}")
+    strategy = Strategy.parse(strategy)
+    decisions = Decisions.propagated(sharded)
+    if strategy is not Strategy.GATHER:
+        decisions = finish_with_collectives(decisions, only_if_cheaper=strategy is Strategy.AUTO)
+    decisions = scatter_where_consumers_slice(decisions)
+    if strategy is Strategy.AUTO:
+        decisions = pull_gathers_back(decisions)
+    stages, output_sources = cut_into_stages(decisions)
+    return checked(Plan(sharded=sharded, need_overrides=decisions.need_overrides,
+                        collectives=decisions.collectives, held=decisions.held, stages=stages,
+                        output_sources=output_sources, strategy=strategy))
+
+
+def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Source, ...]]:
+    """The stages, and where each program output comes from."""
+    graph = decisions.graph
     nodes, producer = graph.nodes, graph.producer
     leaf_ops = (PARAMETER, CONSTANT)
-
-    def needs(node_id: int):
-        return overrides.get(node_id) or sharded.needs[node_id]
-
-    held = scatter_where_consumers_slice(sharded, needs, collectives)
-    if strategy == "auto":
-        pull_gathers_back(sharded, needs, overrides, held)
-
-    def layout(v: int) -> Layout:  # where a reduce-scatter leaves a value finer than propagation did
-        return held.get(v) or sharded.layout(v)
 
     stage_of: dict[int, int] = {}
     for node in nodes:
         if node.op in leaf_ops:
             continue
         level = 0
-        for v, need in zip(node.operands, needs(node.id), strict=True):
+        for v, need in decisions.edges(node):
             p = producer[v]
             if nodes[p].op in leaf_ops:
                 continue
-            level = max(level, stage_of[p] + needs_gather(layout(v), need))
+            level = max(level, stage_of[p] + needs_gather(decisions.layout(v), need))
         stage_of[node.id] = level
-    _sink_argument_only_nodes(sharded, stage_of, needs, layout)
+    _sink_argument_only_nodes(decisions, stage_of)
 
     n_stages = max(stage_of.values(), default=-1) + 1
     if n_stages == 0 and any(nodes[producer[v]].op == CONSTANT for v in graph.outputs):
@@ -83,46 +93,45 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     def export(v: int) -> Source:
         p = producer[v]
         if nodes[p].op == PARAMETER:
-            return (None, nodes[p].params["index"])
+            return Source(None, nodes[p].params["index"])
         s = stage_of[p]
-        return (s, outputs[s].setdefault(v, len(outputs[s])))
+        return Source(s, outputs[s].setdefault(v, len(outputs[s])))
 
     for node in nodes:
         if node.op in leaf_ops:
             continue
         s = stage_of[node.id]
         members[s].append(node.id)
-        for v, need in zip(node.operands, needs(node.id), strict=True):
+        for v, need in decisions.edges(node):
             p = producer[v]
             if nodes[p].op == CONSTANT:
                 constants[s].add(p)
             elif nodes[p].op == PARAMETER or stage_of[p] != s:
-                layout_in = common_layout(layout(v), need)
+                layout_in = common_layout(decisions.layout(v), need)
                 if (v, layout_in) not in inputs[s]:
                     inputs[s][(v, layout_in)] = StageInput(v, layout_in, export(v))
 
     output_sources = []
     for v in graph.outputs:
         p = producer[v]
-        if nodes[p].op == CONSTANT:
-            last = n_stages - 1
-            stage_of[p] = last
-            constants[last].add(p)
+        if nodes[p].op == CONSTANT:  # built by the last stage, which outputs it
+            stage_of[p] = n_stages - 1
+            constants[n_stages - 1].add(p)
         output_sources.append(export(v))
 
     stages = []
     for s in range(n_stages):
         body = tuple(sorted(constants[s]) + members[s])  # constants first, then graph order
         outs = tuple(outputs[s])
-        stages.append(Stage(s, body, tuple(inputs[s].values()), outs, tuple(layout(v) for v in outs)))
-    return Plan(sharded, tuple(stages), tuple(output_sources), strategy, overrides, collectives, held)
+        stages.append(Stage(s, body, tuple(inputs[s].values()), outs, tuple(decisions.layout(v) for v in outs)))
+    return tuple(stages), tuple(output_sources)
 
 
-def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int], needs, layout) -> None:
+def _sink_argument_only_nodes(decisions: Decisions, stage_of: dict[int, int]) -> None:
     """Move nodes that depend on arguments and constants only (a broadcast bias, a cast of a weight) down
     to the first stage that uses them: computing them early would only ship their results between stages,
     while the arguments they read are available to every stage anyway."""
-    graph = sharded.graph
+    graph = decisions.graph
     nodes, producer, consumers = graph.nodes, graph.producer, graph.consumers
     argument_only: set[int] = set()
     for node in nodes:
@@ -137,8 +146,7 @@ def _sink_argument_only_nodes(sharded: ShardedGraph, stage_of: dict[int, int], n
         latest = []
         for v in node.outputs:
             for c in consumers[v]:
-                cut = any(needs_gather(layout(v), need)
-                          for u, need in zip(nodes[c].operands, needs(c), strict=True) if u == v)
+                cut = any(needs_gather(decisions.layout(v), need) for u, need in decisions.edges(nodes[c]) if u == v)
                 latest.append(stage_of[c] - cut)
         if latest:
             stage_of[node.id] = max(stage_of[node.id], min(latest))

@@ -7,8 +7,9 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from examples import attention, layernorm, mlp
-from shardprop.backends.communication import _groups, parse_hlo, total_moved
-from shardprop.demo import nx_example
+from shardprop.backends.hlo import _groups, parse_hlo
+from shardprop.splitting.cost import total_moved
+from tests.functions import nx_example
 
 S = jax.ShapeDtypeStruct
 

@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from shardprop.demo import nx_example
+from tests.functions import nx_example
 from tests.conftest import random_args
 
 

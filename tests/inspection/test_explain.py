@@ -105,11 +105,13 @@ def test_a_value_held_finer_by_a_reduce_scatter_is_explained_as_the_plan_holds_i
     assert "finished by psum_scatter over j along axis 1" in why.axes[1].origin
 
 
-def test_splitting_a_printed_graph_again_forgets_the_old_plan(mesh):
+def test_splitting_a_program_again_starts_from_its_propagated_graph(mesh):
     a = jnp.ones((16, 8))
     prog = program(nx_example, (a, a), (P("i", "j"), None), mesh, "collective")
     assert len(prog.stages) == 1
-    again = sp.split(prog.graph, strategy="gather")
+    with pytest.raises(sp.OptionError, match=r"prog.sharded"):  # prog.graph is the printed view, not a product
+        sp.split(prog.graph, strategy="gather")
+    again = sp.split(prog.sharded, strategy="gather")
     assert len(again.stages) == 2 and type(again.sharded) is sp.ShardedGraph
     assert sp.to_json(again)["strategy"] == "gather" and len(sp.to_json(again)["stages"]) == 2
     assert sp.to_json(again.sharded)["strategy"] is None  # a bare ShardedGraph has no plan to report

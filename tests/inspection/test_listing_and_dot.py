@@ -115,10 +115,9 @@ def test_dot_structure_agrees_with_the_graph_and_the_plan(workload, strategy, me
             for v in node.operands}
     assert {(int(a), int(b)) for a, b, _ in edges} == want and len(edges) == len(want)
 
-    stage_of = plan.stage_of()
     gathered = {(i.value, stage.id) for stage in plan.stages for i in stage.inputs if i.layout != plan.layout(i.value)}
     red = {(int(a), int(b)) for a, b, red in edges if red}
-    red_into = {(v, stage_of[b]) for a, b in red
+    red_into = {(v, plan.stage_of(b)) for a, b in red
                 for v in set(graph.nodes[a].outputs) & set(graph.nodes[b].operands)}
     assert red_into == gathered
     if strategy == "gather":

@@ -6,7 +6,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from shardprop.demo import nx_example
+from tests.functions import nx_example
 from tests.conftest import assert_same_as_unsharded, random_args
 
 A = jax.ShapeDtypeStruct((16, 8), jnp.float32)

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from shardprop.demo import nx_example
+from tests.functions import nx_example
 from tests.conftest import assert_same_as_unsharded, random_args
 from tests.test_workloads import WORKLOADS
 

@@ -1,9 +1,9 @@
 """Lineage — the Nx idea of tracing a section of an output back to the input elements it was computed from.
 
 ``lineage(prog, output=0, block=(0, 1))`` takes one block of an output as laid out on the mesh and walks the
-graph backwards once: every node maps the boxes asked of its outputs to boxes of its operands with its rule
-from :data:`LINEAGE_RULES`. The answer is sound (no dependency is missed); it is exact when every rule on
-the way is exact (see :attr:`Lineage.exact`).
+graph backwards once: every node maps the boxes asked of its outputs to boxes of its operands with the
+lineage rule of its primitive's record (:mod:`shardprop.ops`). The answer is sound (no dependency is
+missed); it is exact when every rule on the way is exact (see :attr:`Lineage.exact`).
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ from ...errors import OptionError
 from ...expr.graph import value_name
 from ...gc_pause import gc_paused
 from ...propagation.sharding import shard_count
-from ..products import layout_of, products, resolve_value
-from . import contractions, control_flow, elementwise, reductions, shapes, slicing  # noqa: F401  (fill the table)
+from ..products import as_plan, resolve_value
 from .boxes import Box, full_box, mask
-from .registry import LINEAGE_RULES
 from .walk import dependencies, seeded_dependencies
 
-__all__ = ["LINEAGE_RULES", "Lineage", "block_box", "dependencies", "lineage", "mask", "seeded_dependencies"]
+__all__ = ["Lineage", "block_box", "dependencies", "lineage", "mask", "seeded_dependencies"]
 
 
 class Lineage(dict):
@@ -39,17 +37,17 @@ class Lineage(dict):
 
 def block_box(prog: Any, value: int, block: Any) -> Box:
     """The box of ``block`` (one block index per axis, as laid out on the mesh) of ``value``."""
-    sharded, plan = products(prog)
-    shape = sharded.graph.avals[value].shape
+    plan = as_plan(prog)
+    shape = plan.graph.avals[value].shape
     if block is None:
         return full_box(shape)
     block = (block,) if isinstance(block, int) else tuple(block)
-    layout = layout_of(sharded, plan, value)
+    layout = plan.layout(value)
     if len(block) != len(shape):
         raise OptionError(f"block {block} has {len(block)} entries but {value_name(value)} has rank {len(shape)}")
     box = []
     for axis, (index, size, mesh_axes) in enumerate(zip(block, shape, layout, strict=True)):
-        count = shard_count(sharded.mesh_shape, mesh_axes)
+        count = shard_count(plan.mesh_shape, mesh_axes)
         if not isinstance(index, int) or not 0 <= index < count:
             laid = f"sharded over {'*'.join(mesh_axes)} into {count} blocks" if mesh_axes else "replicated (1 block)"
             raise OptionError(f"block index {index!r} out of range on axis {axis} of {value_name(value)}: the "
@@ -72,14 +70,14 @@ def lineage(prog: Any, output: int = 0, block: Any = None, *, value: Any = None)
 
     i.e. the output block needs ``a[0:4, :]`` and ``a[:, 4:8]`` (and the same of ``b``).
     """
-    sharded, _ = products(prog)
-    graph = sharded.graph
+    plan = as_plan(prog)
+    graph = plan.graph
     if value is None:
         if not isinstance(output, int) or not 0 <= output < len(graph.outputs):
             raise OptionError(f"output {output!r} out of range: the function has {len(graph.outputs)} flat outputs")
         value = graph.outputs[output]
     else:
-        value = resolve_value(sharded, value)
+        value = resolve_value(plan, value)
     box = block_box(prog, value, block)
     found, exact = dependencies(graph, value, [box])
     result = Lineage(found)

@@ -13,6 +13,23 @@ import math
 
 Box = tuple[tuple[int, int], ...]
 
+
+class LineageContext:
+    """What a lineage rule may know besides its params: the shapes of the node's operands and outputs. A rule
+    that has to widen its answer past the exact set (too many pieces) sets ``exact = False``.
+
+    A lineage rule (the ``lineage`` piece of a primitive's :class:`~shardprop.ops.OpDef`) has one signature::
+
+        rule(ctx: LineageContext, box: Box, output: int, **params) -> list[list[Box]]
+
+    It gets one box of output ``output`` and returns, per operand, the boxes that box reads.
+    """
+
+    __slots__ = ("in_shapes", "out_shapes", "exact")
+
+    def __init__(self, in_shapes: tuple[tuple[int, ...], ...], out_shapes: tuple[tuple[int, ...], ...]):
+        self.in_shapes, self.out_shapes, self.exact = in_shapes, out_shapes, True
+
 MAX_BOXES = 64
 
 

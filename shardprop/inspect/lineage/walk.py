@@ -1,10 +1,11 @@
-"""The backward walk: from boxes of some values to the input elements they depend on."""
+"""The backward walk: from boxes of some values to the input elements they depend on, one node at a time with
+the ``lineage`` piece of each primitive's record (:func:`shardprop.ops.lookup`)."""
 
 from __future__ import annotations
 
 from ...expr.graph import CONSTANT, PARAMETER, Graph
-from .boxes import Box, normalize
-from .registry import LineageContext, lookup
+from ...ops import lookup
+from .boxes import Box, LineageContext, normalize
 
 
 def dependencies(graph: Graph, value: int, boxes: list[Box]) -> tuple[dict[int, list[Box]], bool]:
@@ -37,13 +38,13 @@ def seeded_dependencies(graph: Graph, seeds: dict[int, list[Box]]) -> tuple[dict
             continue
         ctx = LineageContext(tuple(avals[v].shape for v in node.operands),
                              tuple(avals[v].shape for v in node.outputs))
-        registered = lookup(node.op)
+        op = lookup(node.op)
         per_operand: list[list[Box]] = [[] for _ in node.operands]
         for k, out_boxes in asked:
             for box in out_boxes:
-                for i, operand_boxes in enumerate(registered.rule(ctx, box, k, **node.params)):
+                for i, operand_boxes in enumerate(op.lineage(ctx, box, k, **node.params)):
                     per_operand[i].extend(operand_boxes)
-        exact = exact and registered.exact and ctx.exact
+        exact = exact and op.lineage_exact and ctx.exact
         for v, new in zip(node.operands, per_operand, strict=True):
             if new:
                 merged, merged_exact = normalize(regions.get(v, []) + new)

@@ -10,10 +10,11 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .api import autoshard
-from .backends.communication import Transfer, parse_hlo, total_moved
-from .backends.shard_map import Program
-from .mesh import as_auto_mesh
+from ..api import autoshard
+from ..backends import parse_hlo
+from ..mesh import as_auto_mesh
+from ..program import Program
+from ..splitting.cost import Transfer, total_moved
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .api import autoshard
-from .mesh import make_mesh
+from ..api import autoshard
+from ..mesh import make_mesh
 
 
 def nx_example(a, b):

@@ -1,43 +1,78 @@
-"""Shape ops move elements without combining them: broadcasts, squeezes, transposes, reshapes."""
+"""``reshape``: within each group of axes that reshape merges or splits, the sharding of the group's major
+input axis survives on the group's major output axis when the shard count divides that axis: every block is
+then one contiguous run of the flattened group. Every other axis of the group is needed whole.
+
+Lineage: each axis group maps its rows of the output box onto rows of the operand. On blocks:
+``new_sizes`` becomes the output's block shape.
+"""
 
 from __future__ import annotations
 
 import itertools
 import math
 
-from .boxes import Box, bounded_product, full_box, hull
-from .registry import LineageContext, register
+from ..backends.blocks import Blocks, bind_with
+from ..inspect.lineage.boxes import Box, LineageContext, bounded_product, full_box, hull
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import Sharded, TensorSharding, shard_count
+from .fallback import conservative
+from .opdef import Family, OpDef
 
 # A reshape box that crosses more rows than this is widened to its bounding box (sound, not exact).
 MAX_RUNS = 4096
 
 
-@register("broadcast_in_dim")
-def broadcast_in_dim(ctx: LineageContext, box: Box, output: int, *, broadcast_dimensions, **params):
-    shape, out_shape = ctx.in_shapes[0], ctx.out_shapes[0]
-    box_in = tuple((0, 1) if n == 1 and out_shape[d] != 1 else box[d]
-                   for n, d in zip(shape, broadcast_dimensions, strict=True))
-    return [[box_in]] + [[()] for _ in ctx.in_shapes[1:]]  # dynamic shape operands are scalars
-
-
-@register("squeeze")
-def squeeze(ctx: LineageContext, box: Box, output: int, *, dimensions, **params):
-    (shape,) = ctx.in_shapes
-    dropped = {d % len(shape) for d in dimensions}
-    kept = iter(box)
-    return [[tuple((0, 1) if k in dropped else next(kept) for k in range(len(shape)))]]
-
-
-@register("transpose")
-def transpose(ctx: LineageContext, box: Box, output: int, *, permutation, **params):
-    box_in = [None] * len(permutation)
-    for out_axis, in_axis in enumerate(permutation):
-        box_in[in_axis] = box[out_axis]
-    return [[tuple(box_in)]]
-
-
 def reshape_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
-    """Consecutive axis groups with equal element counts: ``(8, 6) → (2, 4, 3, 2)`` gives
+    """Pair up contiguous groups of input and output axes with equal element counts (size-1 axes aside).
+
+    >>> reshape_groups((16, 8), (128,))
+    [([0, 1], [0])]
+    >>> reshape_groups((6, 4), (2, 3, 4))
+    [([0], [0, 1]), ([1], [2])]
+    """
+    ins = [k for k, n in enumerate(in_shape) if n != 1]
+    outs = [k for k, n in enumerate(out_shape) if n != 1]
+    groups, i, j = [], 0, 0
+    while i < len(ins) and j < len(outs):
+        group_in, group_out = [ins[i]], [outs[j]]
+        size_in, size_out = in_shape[ins[i]], out_shape[outs[j]]
+        i, j = i + 1, j + 1
+        while size_in != size_out:
+            if size_in < size_out:
+                group_in.append(ins[i])
+                size_in *= in_shape[ins[i]]
+                i += 1
+            else:
+                group_out.append(outs[j])
+                size_out *= out_shape[outs[j]]
+                j += 1
+        groups.append((group_in, group_out))
+    return groups
+
+
+def reshape(ctx: RuleContext, operand: TensorSharding, *dynamic, new_sizes, dimensions, **params) -> RuleOutput:
+    """Within each group of axes that reshape merges or splits, the sharding of the group's major input
+    axis survives on the group's major output axis when the shard count divides that axis: every block is
+    then one contiguous run of the flattened group. Every other axis of the group is needed whole."""
+    if dimensions is not None or dynamic:
+        return conservative(ctx, operand, *dynamic)
+    out_shape = tuple(new_sizes)
+    axes: list = [None] * len(out_shape)
+    need = [()] * len(operand.shape)
+    for group_in, group_out in reshape_groups(operand.shape, out_shape):
+        major, target = operand.axes[group_in[0]], group_out[0]
+        if isinstance(major, Sharded) and out_shape[target] % shard_count(ctx.mesh_shape, major.mesh_axes):
+            continue  # blocks would not line up with the output axis: gather it
+        if major is not None:
+            axes[target] = ctx.carry(target, out_shape[target], major)
+            need[group_in[0]] = operand.layout[group_in[0]]
+    return RuleOutput((TensorSharding(out_shape, tuple(axes)),), (tuple(need),))
+
+
+
+def _element_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
+    """Consecutive axis groups with equal element counts, size-1 axes included (unlike :func:`reshape_groups`,
+    which only needs the axes that can carry a sharding): ``(8, 6) → (2, 4, 3, 2)`` gives
     ``[([0], [0, 1]), ([1], [2, 3])]``. Within a group, elements keep their row-major order."""
     groups, i, j = [], 0, 0
     while i < len(in_shape) or j < len(out_shape):
@@ -109,8 +144,7 @@ def _runs(box: Box, shape: tuple[int, ...]) -> list[tuple[int, int]] | None:
     return runs
 
 
-@register("reshape")
-def reshape(ctx: LineageContext, box: Box, output: int, *, dimensions=None, **params):
+def reshape_lineage(ctx: LineageContext, box: Box, output: int, *, dimensions=None, **params):
     """Each axis group of the reshape maps its rows of the output box onto rows of the operand; groups are
     independent, so the operand boxes are the product of the groups' boxes. With ``dimensions`` (an
     ``order="F"`` reshape) the operand is transposed first, so the boxes are transposed back."""
@@ -128,7 +162,7 @@ def reshape(ctx: LineageContext, box: Box, output: int, *, dimensions=None, **pa
 
 def _reshape_boxes(ctx: LineageContext, box: Box, shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[Box]:
     per_group = []
-    for ins, outs in reshape_groups(shape, out_shape):
+    for ins, outs in _element_groups(shape, out_shape):
         in_sub = tuple(shape[k] for k in ins)
         sub_box, sub_shape = tuple(box[k] for k in outs), tuple(out_shape[k] for k in outs)
         runs = _runs(sub_box, sub_shape)
@@ -148,6 +182,12 @@ def _row_major(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
     return sum(i * math.prod(shape[k + 1:]) for k, i in enumerate(index))
 
 
-@register("iota")
-def no_operands(ctx: LineageContext, box: Box, output: int, **params):
-    return [[()] for _ in ctx.in_shapes]
+def _reshape_block_params(params, blocks: Blocks) -> dict:
+    """``new_sizes`` becomes the output's block shape."""
+    return {**params, "new_sizes": blocks.out_blocks[0], "sharding": None}
+
+
+OPS = [
+    OpDef("reshape", Family.SHAPE, propagate=reshape, lineage=reshape_lineage, lineage_exact=True,
+          per_block=bind_with(_reshape_block_params), finish=None, pull=None),
+]

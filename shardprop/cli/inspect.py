@@ -12,7 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import OptionError
+from ..errors import OptionError
+from ..splitting.collectives import Strategy
 
 DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8", "i16": "int16",
           "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
@@ -114,7 +115,7 @@ def add_parser(sub) -> None:
     p.add_argument("--mesh", help="mesh axes and sizes, e.g. i=4,j=2")
     p.add_argument("--arg", action="append", default=[], metavar="SPEC",
                    help="one per positional argument: DTYPE[SHAPE] or DTYPE[SHAPE]@P(...), e.g. 'f32[16,8]@P(i,j)'")
-    p.add_argument("--strategy", default="auto", choices=("auto", "gather", "collective"))
+    p.add_argument("--strategy", default="auto", choices=tuple(s.value for s in Strategy))
     p.add_argument("--format", default="text", choices=("text", "json", "dot", "svg"))
     p.add_argument("--explain", action="append", default=[], metavar="NODE", help="explain a value, e.g. e")
     p.add_argument("--lineage", action="append", default=[], metavar="OUT:BLOCK",
@@ -130,7 +131,7 @@ def add_parser(sub) -> None:
 
 
 def run(args, configure_devices) -> int:
-    from .inspect.export import SCHEMA
+    from ..inspect.export import SCHEMA
 
     if args.schema:
         return _emit(json.dumps(SCHEMA, indent=2), args.output)
@@ -146,9 +147,9 @@ def run(args, configure_devices) -> int:
     sizes, names = parse_mesh(args.mesh)
     configure_devices(args.devices or max(8, math.prod(sizes)))
 
-    from . import api, inspect as sp_inspect
-    from .inspect.explain import explain
-    from .mesh import make_mesh
+    from .. import api, inspect as sp_inspect
+    from ..inspect.explain import explain
+    from ..mesh import make_mesh
 
     mesh = make_mesh(sizes, names)
     parsed = [parse_arg(a) for a in args.arg]
@@ -184,7 +185,7 @@ def run(args, configure_devices) -> int:
 
 
 def _lineage(prog, target: str, block):
-    from .inspect.lineage import lineage
+    from ..inspect.lineage import lineage
 
     if target.isdigit():
         return lineage(prog, output=int(target), block=block)
@@ -192,16 +193,16 @@ def _lineage(prog, target: str, block):
 
 
 def _lineage_json(result) -> dict:
-    from .expr.graph import value_name
+    from ..expr.graph import value_name
 
     return {"value": value_name(result.value), "box": [list(b) for b in result.box], "exact": result.exact,
             "inputs": {str(k): [[list(r) for r in box] for box in boxes] for k, boxes in result.items()}}
 
 
 def _lineage_text(prog, text: str, result) -> str:
-    from .expr.graph import value_name
+    from ..expr.graph import value_name
 
-    graph = prog.graph.graph
+    graph = prog.sharded.graph
     box = ", ".join(f"{s}:{e}" for s, e in result.box)
     lines = [f"lineage {text}: {value_name(result.value)}[{box}] depends on"
              + ("" if result.exact else " (a superset: some rule on the way is not exact)")]

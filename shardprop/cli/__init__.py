@@ -1,12 +1,16 @@
-"""The ``shardprop`` command line: ``shardprop demo`` and ``shardprop inspect`` (or ``python -m shardprop``)."""
+"""The ``shardprop`` command line: ``shardprop demo`` and ``shardprop inspect`` (or ``python -m shardprop``).
+
+Applications built on the library, kept out of its top level: ``demo.py`` (the Nx example and a small MLP,
+sharded and checked) and ``inspect.py`` (the ``inspect`` front end).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import inspect_cli
-from .errors import ShardingError
+from ..errors import ShardingError
+from . import inspect as inspect_cli
 
 
 def _configure_devices(count: int) -> None:

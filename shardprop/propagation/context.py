@@ -1,6 +1,6 @@
-"""The sharding rule table and what a rule sees.
+"""What a sharding rule sees and returns: :class:`RuleContext`, :class:`RuleOutput`, :class:`RuleConflict`.
 
-A rule has one signature::
+A rule (the ``propagate`` piece of a primitive's :class:`~shardprop.ops.OpDef`) has one signature::
 
     rule(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput
 
@@ -8,20 +8,14 @@ It receives the operands' shardings and the equation's params, and returns the o
 layout in which it *consumes* each operand (``needs``). A need coarser than what the operand has (a sharded
 axis the op wants whole) is where the splitting pass cuts; a finer need is a local slice. Rules are pure:
 they raise :class:`RuleConflict` and the dispatcher adds the op, the source line and the operands.
-
-Rules are registered by primitive name, filled by family helpers (``register_elementwise(...)``) the way JAX
-fills ``primitive_batchers``::
-
-    RULES["reduce_sum"]  # -> the reduction rule
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ...expr.graph import Aval
-from ..sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding, shard_count
+from ..expr.graph import Aval
+from .sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding, shard_count
 
 
 class RuleOutput(NamedTuple):
@@ -52,21 +46,6 @@ class _Created:
 
 
 CREATED = _Created()
-
-Rule = Callable[..., RuleOutput]
-RULES: dict[str, Rule] = {}
-
-
-def register(*names: str) -> Callable[[Rule], Rule]:
-    """Register one rule for the primitives ``names``."""
-
-    def wrap(rule: Rule) -> Rule:
-        for name in names:
-            RULES[name] = rule
-        return rule
-
-    return wrap
-
 
 class OpenTracker:
     """Union-find over open axes, and the shardings each class of open axes has met (pass 1 only)."""

@@ -1,0 +1,77 @@
+"""What a compiled program communicates: its collectives, read from the HLO text.
+
+:func:`parse_hlo` turns every collective of ``compiled.as_text()`` into a :class:`~shardprop.splitting.cost.Transfer`
+(kind, mesh axes, per-device result shape and dtype, bytes, bytes moved by the ring model), the records the
+cost model's estimate is made of, so estimate, measurement and ``jax.jit``'s program compare field by field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from ..splitting.cost import Transfer, TransferKind, moved
+
+_HLO_DTYPES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4,
+               "s64": 8, "u64": 8, "pred": 1, "c64": 8, "c128": 16}
+_INSTRUCTION = re.compile(
+    r"=\s*(?P<shape>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
+_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
+
+
+def _groups(line: str, mesh_names: tuple[str, ...], mesh_sizes: tuple[int, ...]) -> tuple[tuple[str, ...], int]:
+    """Mesh axes and group size from ``replica_groups=`` in its spellings: explicit ``{{0,1},...}``, iota
+    ``[G,S]<=[dims]T(perm)``, and the mesh form ``mesh['axis_0'=4,...] [device_ids=(iota)] {'axis_k',...}``.
+    Device ids are positions in the mesh, so the first group's ids tell which of our mesh axes it spans."""
+    total = math.prod(mesh_sizes)
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}", line)
+    if m:
+        names = [k.strip().strip("'") for k, _ in (p.split("=") for p in m.group(1).split(","))]
+        sizes = [int(v) for _, v in (p.split("=") for p in m.group(1).split(","))]
+        ids = _iota(m.group(2), total).reshape(sizes) if m.group(2) else np.arange(total).reshape(sizes)
+        listed = [names.index(a.strip().strip("'")) for a in m.group(3).split(",") if a.strip()]
+        rest = [k for k in range(len(sizes)) if k not in listed]
+        group = ids.transpose(rest + listed).reshape(-1, math.prod(sizes[k] for k in listed))[0]
+    elif (m := re.search(r"replica_groups=(\[[0-9,]+\]<=\[[0-9,]+\](?:T\([0-9,]+\))?)", line)):
+        group = _iota(m.group(1), total)[0]
+    elif (m := re.search(r"replica_groups=\{\{([0-9,]*)\}", line)):
+        group = np.array([int(d) for d in m.group(1).split(",")])
+    else:
+        return mesh_names, total
+    coords = np.array(np.unravel_index(np.asarray(group), mesh_sizes))
+    axes = tuple(name for name, c in zip(mesh_names, coords, strict=True) if len(set(c.tolist())) > 1)
+    return axes, len(group)
+
+
+def _iota(text: str, total: int) -> np.ndarray:
+    """``[G,S]<=[d0,d1,...]T(perm)`` (or ``[d0,d1]T(perm)``): device ids, shaped ``[G,S]``."""
+    m = re.fullmatch(r"\s*(?:\[([0-9,]+)\]<=)?\[([0-9,]+)\](?:T\(([0-9,]+)\))?\s*", text)
+    reshape = [int(d) for d in m.group(2).split(",")]
+    ids = np.arange(total).reshape(reshape)
+    if m.group(3):
+        ids = ids.transpose([int(d) for d in m.group(3).split(",")])
+    out = [int(d) for d in m.group(1).split(",")] if m.group(1) else [-1]
+    return ids.reshape(out if len(out) > 1 else (-1,) if m.group(1) is None else out)
+
+
+def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
+    """The collectives in a compiled module's text (``compiled.as_text()``), asynchronous ones once."""
+    names, sizes = tuple(mesh.axis_names), tuple(mesh.shape[n] for n in mesh.axis_names)
+    out = []
+    for line in hlo_text.splitlines():
+        m = _INSTRUCTION.search(line)
+        if m is None:
+            continue
+        arrays = _ARRAY.findall(m.group("shape"))
+        if m.group("start") and len(arrays) > 1:
+            arrays = arrays[-1:]  # an async start returns (operand, result): count the result
+        nbytes = sum(_HLO_DTYPES.get(dt, 4) * math.prod(int(d) for d in dims.split(",") if d) for dt, dims in arrays)
+        dtype, dims = arrays[0]
+        shape = tuple(int(d) for d in dims.split(",") if d)
+        mesh_axes, n = _groups(line, names, sizes)
+        kind = TransferKind(m.group("kind"))
+        out.append(Transfer(kind, mesh_axes, n, shape, dtype, nbytes, moved(kind, n, nbytes)))
+    return out

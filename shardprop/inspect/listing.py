@@ -1,0 +1,164 @@
+"""The text forms of a plan: the annotated listing, stage by stage, and the stage table.
+
+``str(prog.graph)`` (and ``sp.show(prog)``) print the listing::
+
+    { lambda ; a:f32[16@i,8@j] b:f32[16@i,8@j]. let
+      ── stage 0 ──
+        c:f32[16@i,8@j] = add a b                       # f.py:8
+        ...
+      ── stage 1 ── receives:
+         c from stage 0, gathered over j: [16@i,8@j] -> [16@i,8], 64 B per device
+        e:f32[16@i] = reduce_sum[axes=(1,)] c           # f.py:10
+      in (i,) }
+
+Every value prints with its per-axis sharding (``16@i``: 16 elements laid out over mesh axis ``i``), in the
+layout the plan holds it in. A node finished by a collective says so after its source line.
+``str(prog.stages)`` prints the stage table: per stage its ops, inputs (with their sources), the collectives
+inside it and its outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..expr.graph import CONSTANT, PARAMETER, render, short_dtype, value_name
+from ..gc_pause import gc_paused
+from ..propagation.sharding import format_layout, layout_to_spec
+from ..splitting import Plan, Stage, StageInput
+from ..splitting.cost import collective_bytes, gather_bytes, gathered_axes
+
+
+def crossing(plan: Plan, stage_input: StageInput) -> tuple[tuple[str, ...], float]:
+    """What moving ``stage_input`` into its stage costs: the mesh axes gathered, and bytes per device."""
+    have = plan.layout(stage_input.value)
+    return gathered_axes(have, stage_input.layout), gather_bytes(plan, stage_input.value, have, stage_input.layout)
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def typed_name(plan: Plan, value: int, layout=None) -> str:
+    """``c:f32[16@i,8@j]`` in ``layout`` (default: the layout the plan holds the value in)."""
+    aval = plan.graph.avals[value]
+    layout = plan.layout(value) if layout is None else layout
+    return f"{value_name(value)}:{short_dtype(aval.dtype)}[{format_layout(aval.shape, layout)}]"
+
+
+@gc_paused
+def format_listing(plan: Plan) -> str:
+    """The listing of ``plan``'s graph, stage by stage (see the module docstring)."""
+    graph = plan.graph
+    avals = graph.avals
+
+    def type_of(v: int) -> str:
+        return f"{short_dtype(avals[v].dtype)}[{format_layout(avals[v].shape, plan.layout(v))}]"
+
+    order, headers, printed = [], {}, set()
+    for stage in plan.stages:
+        first = True
+        for n in stage.nodes:
+            if n in printed:
+                continue  # a constant embedded in several stages prints once
+            printed.add(n)
+            if first:
+                headers[n] = _stage_header(plan, stage)
+                first = False
+            order.append(graph.nodes[n])
+    order += [node for node in graph.nodes if node.id not in printed and node.op != PARAMETER]
+
+    def note(node) -> str:
+        collective = plan.collective(node.id)
+        if collective is None:
+            return ""
+        return f"finished by {collective} ({format_bytes(collective_bytes(plan, node, collective))} per device)"
+
+    return render(graph, type_of=type_of, before_node=lambda node: headers.get(node.id, []), order=order, note=note)
+
+
+def _stage_header(plan: Plan, stage: Stage) -> list[str]:
+    graph = plan.graph
+    arriving = []
+    for i in stage.inputs:
+        gathered, nbytes = crossing(plan, i)
+        if i.source.is_argument and not gathered:
+            continue  # arguments are readable by every stage; only moving them costs anything
+        shape = graph.avals[i.value].shape
+        where = f"argument {i.source.index}" if i.source.is_argument else f"stage {i.source.stage}"
+        if gathered:
+            how = (f"gathered over {'*'.join(gathered)}: [{format_layout(shape, plan.layout(i.value))}] -> "
+                   f"[{format_layout(shape, i.layout)}], {format_bytes(nbytes)} per device")
+        else:
+            how = f"as [{format_layout(shape, i.layout)}], no communication"
+        arriving.append(f"   {value_name(i.value)} from {where}, {how}")
+    if not arriving:
+        return [f"── stage {stage.id} ──"]
+    return [f"── stage {stage.id} ── receives:", *arriving]
+
+
+def format_stages(plan: Plan) -> str:
+    """One block per stage: its ops, its inputs (value, layout, source), the collectives that finish
+    partial results inside it, and its outputs (value, layout)."""
+    graph = plan.graph
+    lines = []
+    for stage in plan.stages:
+        ops = [graph.nodes[n].op for n in stage.nodes if graph.nodes[n].op != CONSTANT]
+        lines.append(f"stage {stage.id}: {len(ops)} ops ({', '.join(dict.fromkeys(ops))})")
+        for i in stage.inputs:
+            produced = plan.layout(i.value)
+            moved = "" if produced == i.layout else \
+                f"  (gathered from [{format_layout(graph.avals[i.value].shape, produced)}])"
+            lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- "
+                         f"{i.source}{moved}")
+        for n in stage.nodes:
+            collective = plan.collective(n)
+            if collective is not None:
+                node = graph.nodes[n]
+                where = f" at {node.source.rsplit('/', 1)[-1]}" if node.source else ""
+                lines.append(f"  {collective} finishes `{node.op}`{where}")
+        for v, out_layout in zip(stage.outputs, stage.out_layouts, strict=True):
+            lines.append(f"  out {typed_name(plan, v, out_layout)}  {layout_to_spec(out_layout)}")
+    lines.append(f"program outputs: {', '.join(str(s) for s in plan.output_sources)}")
+    return "\n".join(lines)
+
+
+class StageTable(tuple):
+    """``prog.stages``: the plan's stages (a tuple of :class:`~shardprop.Stage`) that prints as the table."""
+
+    plan: Plan
+
+    def __new__(cls, plan: Plan):
+        self = super().__new__(cls, plan.stages)
+        self.plan = plan
+        return self
+
+    def __str__(self) -> str:
+        return format_stages(self.plan)
+
+
+class AnnotatedGraph:
+    """``prog.graph``: the program's sharded graph as the plan holds it. ``print`` it for the annotated
+    listing, stage by stage; every other attribute reads the propagated graph (:class:`~shardprop.ShardedGraph`:
+    ``.graph``, ``.in_specs``, ``.describe(v)``, ...). Kept for ``print(prog.graph)``; code that wants a
+    product takes ``prog.sharded`` or ``prog.plan``."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.plan.sharded, name)
+
+    def __dir__(self):
+        return sorted(set(dir(type(self))) | set(dir(self.plan.sharded)))
+
+    def __str__(self) -> str:
+        return format_listing(self.plan)
+
+    def __repr__(self) -> str:
+        graph = self.plan.graph
+        return f"<AnnotatedGraph {len(graph.nodes)} nodes, {len(self.plan.stages)} stages>"

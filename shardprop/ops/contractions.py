@@ -1,0 +1,110 @@
+"""``dot_general``: batch axes merge like elementwise axes, free axes keep their operand's sharding, and
+contracting axes are a reduction — the op needs them whole, so their sharding is dropped.
+
+When a free axis would reuse a mesh axis already sharding another output axis (``a @ b.T`` with both
+sharded on rows), that free axis is consumed whole instead (its operand is gathered along it): one mesh
+axis can shard only one axis of the result, and gathering is always correct.
+
+Lineage: an output element reads whole contracted axes. Finish: contracting axes sharded alike on both sides
+(or on one side, the other replicated there and cut locally) can be multiplied per block and finished by a
+``psum``, as in the shard_map design doc's ``matmul_basic``.
+"""
+
+from __future__ import annotations
+
+from ..backends.blocks import bind_as_is
+from ..expr.graph import Node
+from ..inspect.lineage.boxes import Box, LineageContext
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import Sharded, TensorSharding, layout_refines
+from ..splitting.collectives import Collective, CollectiveKind
+from .opdef import Family, OpDef
+
+
+def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, dimension_numbers,
+                **params) -> RuleOutput:
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    out_shape = ctx.out_avals[0].shape
+    lhs_free = [k for k in range(len(lhs.shape)) if k not in lhs_contract and k not in lhs_batch]
+    rhs_free = [k for k in range(len(rhs.shape)) if k not in rhs_contract and k not in rhs_batch]
+    axes = []
+    for lb, rb in zip(lhs_batch, rhs_batch, strict=True):
+        axes.append(ctx.merge(len(axes), lhs.shape[lb], [lhs.axes[lb], rhs.axes[rb]]))
+    used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
+    for operand, free in ((lhs, lhs_free), (rhs, rhs_free)):
+        for k in free:
+            source = operand.axes[k]
+            if isinstance(source, Sharded) and used.intersection(source.mesh_axes):
+                source = None
+            axes.append(ctx.carry(len(axes), operand.shape[k], source))
+            if isinstance(source, Sharded):
+                used.update(source.mesh_axes)
+    out = TensorSharding(out_shape, tuple(axes))
+    layout = out.layout
+    nb = len(lhs_batch)
+    lhs_need = [()] * len(lhs.shape)
+    rhs_need = [()] * len(rhs.shape)
+    for i, (lb, rb) in enumerate(zip(lhs_batch, rhs_batch, strict=True)):
+        lhs_need[lb] = rhs_need[rb] = layout[i]
+    for i, k in enumerate(lhs_free):
+        lhs_need[k] = layout[nb + i]
+    for i, k in enumerate(rhs_free):
+        rhs_need[k] = layout[nb + len(lhs_free) + i]
+    return RuleOutput((out,), (tuple(lhs_need), tuple(rhs_need)))
+
+
+def dot_general_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, **params):
+    """Output axes are the batch axes, then the lhs free axes, then the rhs free axes (``lax.dot_general``)."""
+    (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
+    lhs_shape, rhs_shape = ctx.in_shapes
+    n_batch = len(lhs_b)
+    lhs_free = [k for k in range(len(lhs_shape)) if k not in lhs_c and k not in lhs_b]
+    rhs_free = [k for k in range(len(rhs_shape)) if k not in rhs_c and k not in rhs_b]
+
+    def operand_box(shape, contracting, batch, free, first_free):
+        out = []
+        for k, n in enumerate(shape):
+            if k in contracting:
+                out.append((0, n))
+            elif k in batch:
+                out.append(box[list(batch).index(k)])
+            else:
+                out.append(box[first_free + free.index(k)])
+        return tuple(out)
+
+    return [[operand_box(lhs_shape, lhs_c, lhs_b, lhs_free, n_batch)],
+            [operand_box(rhs_shape, rhs_c, rhs_b, rhs_free, n_batch + len(lhs_free))]]
+
+
+def finish_contraction(decisions, node: Node):
+    """Contracting axes sharded alike on both sides (or on one side, the other replicated there and cut
+    locally): each device multiplies its blocks and a ``psum`` adds the partial products."""
+    (lhs_c, rhs_c), _ = node.params["dimension_numbers"]
+    lhs, rhs = node.operands
+    lhs_have, rhs_have = decisions.layout(lhs), decisions.layout(rhs)
+    lhs_need, rhs_need = (list(n) for n in decisions.needs(node.id))
+    mesh_axes: list[str] = []
+    for a, b in zip(lhs_c, rhs_c, strict=True):
+        if lhs_have[a] and rhs_have[b] and lhs_have[a] != rhs_have[b]:
+            return None
+        names = lhs_have[a] or rhs_have[b]
+        lhs_need[a] = rhs_need[b] = names
+        mesh_axes.extend(names)
+    if not mesh_axes:
+        return None
+    contracted = set(mesh_axes)
+    out_names = {name for m in decisions.layout(node.outputs[0]) for name in m}
+    for need, axes in ((lhs_need, lhs_c), (rhs_need, rhs_c)):
+        others = [name for k, m in enumerate(need) if k not in axes for name in m]
+        if contracted & set(others):
+            return None  # a mesh axis would shard two axes of one operand
+    if contracted & out_names or not (layout_refines(lhs_have, tuple(lhs_need))
+                                      and layout_refines(rhs_have, tuple(rhs_need))):
+        return None
+    return (tuple(lhs_need), tuple(rhs_need)), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
+
+
+OPS = [
+    OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage,
+          lineage_exact=True, per_block=bind_as_is, finish=finish_contraction, pull=None),
+]

@@ -1,0 +1,101 @@
+"""Convolutions and windowed reductions.
+
+``conv_general_dilated``: the batch axis and the output-feature axis propagate (from the input and the
+kernel); spatial and input-feature axes are needed whole. Windowed reductions keep the sharding of axes
+whose window is a single element with stride 1 and no padding or dilation.
+
+Lineage: a window reduction's output reads the windows it covers; a convolution reads whole spatial and
+input-feature axes (sound, not exact).
+"""
+
+from __future__ import annotations
+
+from ..backends.blocks import bind_as_is
+from ..inspect.lineage.boxes import Box, LineageContext, full_box
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import TensorSharding
+from .opdef import Family, OpDef, defs
+
+
+def conv_general_dilated(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, dimension_numbers,
+                         feature_group_count, batch_group_count, **params) -> RuleOutput:
+    lhs_spec, rhs_spec, out_spec = dimension_numbers
+    out_shape = ctx.out_avals[0].shape
+    axes: list = [None] * len(out_shape)
+    lhs_need = [()] * len(lhs.shape)
+    rhs_need = [()] * len(rhs.shape)
+    if batch_group_count == 1:
+        axes[out_spec[0]] = ctx.carry(out_spec[0], out_shape[out_spec[0]], lhs.axes[lhs_spec[0]])
+    if feature_group_count == 1 and batch_group_count == 1:
+        axes[out_spec[1]] = ctx.carry(out_spec[1], out_shape[out_spec[1]], rhs.axes[rhs_spec[0]])
+    out = TensorSharding(out_shape, tuple(axes))
+    lhs_need[lhs_spec[0]] = out.layout[out_spec[0]]
+    rhs_need[rhs_spec[0]] = out.layout[out_spec[1]]
+    return RuleOutput((out,), (tuple(lhs_need), tuple(rhs_need)))
+
+
+def conv_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, feature_group_count=1,
+                 batch_group_count=1, **params):
+    """An output batch row reads the same lhs batch row; an output feature reads its rhs output-feature
+    slice when there are no feature groups. Everything else is read whole."""
+    lhs_shape, rhs_shape = ctx.in_shapes
+    lhs_spec, rhs_spec, out_spec = dimension_numbers.lhs_spec, dimension_numbers.rhs_spec, dimension_numbers.out_spec
+    lhs_box = list(full_box(lhs_shape))
+    rhs_box = list(full_box(rhs_shape))
+    if batch_group_count == 1:
+        lhs_box[lhs_spec[0]] = box[out_spec[0]]
+    if feature_group_count == 1 and batch_group_count == 1:
+        rhs_box[rhs_spec[0]] = box[out_spec[1]]
+    return [[tuple(lhs_box)], [tuple(rhs_box)]]
+
+
+def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions, window_strides, padding,
+                  base_dilation, window_dilation, **params) -> RuleOutput:
+    n_arrays = len(ctx.out_avals)  # generic reduce_window takes operands then as many init values
+    arrays, inits = operands[:n_arrays], operands[n_arrays:]
+    shape = arrays[0].shape
+    keep = [w == 1 and s == 1 and tuple(p) == (0, 0) and b == 1 and d == 1
+            for w, s, p, b, d in zip(window_dimensions, window_strides, padding, base_dilation, window_dilation,
+                                     strict=True)]
+    out_shape = ctx.out_avals[0].shape
+    outputs = tuple(
+        TensorSharding(out_shape, tuple(ctx.merge(k, out_shape[k], [a.axes[k] for a in arrays]) if kept else None
+                                        for k, kept in enumerate(keep)))
+        for _ in range(n_arrays)
+    )
+    need = outputs[0].layout if shape == out_shape else tuple(
+        m if kept else () for m, kept in zip(outputs[0].layout, keep, strict=True))
+    return RuleOutput(outputs, (need,) * n_arrays + tuple(((),) * len(i.shape) for i in inits))
+
+
+def reduce_window_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
+                          padding, base_dilation=None, window_dilation=None, **params):
+    """Output ``o`` reads operand ``[o·stride − lo, o·stride − lo + (w − 1)·dilation]``; where windows
+    leave gaps (stride > window) or are dilated, the answer is the hull of the windows (flagged inexact)."""
+    n_operands = len(ctx.in_shapes) // 2 if len(ctx.in_shapes) > 1 else 1
+    shape = ctx.in_shapes[0]
+    base_dilation = base_dilation or (1,) * len(shape)
+    window_dilation = window_dilation or (1,) * len(shape)
+    if any(d != 1 for d in base_dilation):
+        ctx.exact = False
+        return [[full_box(s)] for s in ctx.in_shapes]
+    box_in = []
+    for n, w, st, (lo, _), wd, (s, e) in zip(shape, window_dimensions, window_strides, padding, window_dilation,
+                                             box, strict=True):
+        if (st > w and e - s > 1) or (wd != 1 and w > 1):  # gaps between windows, or inside a dilated one
+            ctx.exact = False
+        first, last = s * st - lo, (e - 1) * st - lo + (w - 1) * wd + 1
+        box_in.append((max(0, first), min(n, last)))
+    if n_operands > 1:  # a variadic window's reducer may pair operands any way: each output reads them all
+        ctx.exact = False
+    operand_boxes = [[tuple(box_in)] if all(a < b for a, b in box_in) else [] for _ in range(n_operands)]
+    return operand_boxes + [[()] for _ in ctx.in_shapes[n_operands:]]
+
+
+OPS = [
+    OpDef("conv_general_dilated", Family.WINDOW, propagate=conv_general_dilated, lineage=conv_lineage,
+          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
+    *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
+          propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=bind_as_is,
+          finish=None, pull=None),
+]

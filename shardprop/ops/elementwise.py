@@ -1,0 +1,121 @@
+"""Elementwise ops: unary, n-ary with numpy broadcasting (size-1 axes and scalars), comparisons, select.
+
+Sharding: each output axis merges the operand axes aligned with it. Lineage: an output element reads the same
+element of every operand (a size-1 or missing axis reads its one element). On blocks: the op itself.
+"""
+
+from __future__ import annotations
+
+from ..backends.blocks import bind_as_is
+from ..expr.graph import Graph, Node
+from ..inspect.lineage.boxes import Box, LineageContext
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import Layout, TensorSharding
+from .fallback import conservative
+from .opdef import Family, OpDef, defs
+
+UNARY = (
+    "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh",
+    "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "sqrt", "rsqrt", "cbrt", "abs", "not", "erf", "erfc", "erf_inv", "lgamma", "digamma", "real", "imag",
+    "conj", "integer_pow", "convert_element_type", "reduce_precision", "copy", "square",
+    "population_count", "clz", "bessel_i0e", "bessel_i1e", "stop_gradient",
+)
+NARY = (
+    "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or",
+    "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "complex", "igamma", "igammac",
+    "igamma_grad_a", "polygamma", "zeta", "regularized_incomplete_beta",
+    "eq", "ne", "lt", "le", "gt", "ge", "eq_to", "le_to", "lt_to",
+    "select_n", "clamp",
+    "threefry2x32",
+)
+
+
+def operand_needs(out_shape: tuple[int, ...], out_layout: Layout, operand_shapes) -> tuple[Layout, ...]:
+    """The layout each operand is consumed in for an output laid out as ``out_layout``: aligned axes (numpy
+    broadcasting, right-aligned) take the output axis's layout; an axis of size 1 broadcast to a larger size
+    is taken whole."""
+    rank = len(out_shape)
+    needs = []
+    for shape in operand_shapes:
+        offset = rank - len(shape)
+        needs.append(tuple(out_layout[j + offset] if shape[j] == out_shape[j + offset] else ()
+                           for j in range(len(shape))))
+    return tuple(needs)
+
+
+def elementwise(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
+    """Each output axis merges the operand axes aligned with it (numpy rules, right-aligned); an operand
+    axis of size 1 broadcast to a larger size, or missing (a scalar), takes no part and is never sharded."""
+    out_shape = ctx.out_avals[0].shape
+    rank = len(out_shape)
+    if all(operand.shape == out_shape for operand in operands):  # the common case: no broadcasting
+        out = TensorSharding(out_shape, tuple(
+            ctx.merge(k, size, [operand.axes[k] for operand in operands]) for k, size in enumerate(out_shape)))
+        return RuleOutput((out,) * len(ctx.out_avals), (out.layout,) * len(operands))
+    axes = []
+    for k, size in enumerate(out_shape):
+        candidates = []
+        for operand in operands:
+            j = k - (rank - len(operand.shape))
+            if j >= 0 and operand.shape[j] == size:
+                candidates.append(operand.axes[j])
+        axes.append(ctx.merge(k, size, candidates))
+    out = TensorSharding(out_shape, tuple(axes))
+    return RuleOutput((out,) * len(ctx.out_avals), operand_needs(out_shape, out.layout,
+                                                                 [op.shape for op in operands]))
+
+
+def pull_elementwise(graph: Graph, node: Node, target: Layout) -> tuple[Layout, ...]:
+    """The operand layouts that give the output in ``target``."""
+    avals = graph.avals
+    return operand_needs(avals[node.outputs[0]].shape, target, [avals[u].shape for u in node.operands])
+
+
+def _aligned(box: Box, out_shape, shape) -> Box:
+    offset = len(out_shape) - len(shape)
+    return tuple((0, 1) if n == 1 and out_shape[k + offset] != 1 else box[k + offset] for k, n in enumerate(shape))
+
+
+def elementwise_lineage(ctx: LineageContext, box: Box, output: int, **params):
+    out_shape = ctx.out_shapes[output]
+    return [[_aligned(box, out_shape, shape)] for shape in ctx.in_shapes]
+
+
+def bitcast_convert_type(ctx: RuleContext, operand: TensorSharding, **params) -> RuleOutput:
+    """Elementwise between types of one width; a width change adds or drops a minor axis: conservative."""
+    if ctx.out_avals[0].shape == operand.shape:
+        return elementwise(ctx, operand)
+    return conservative(ctx, operand)
+
+
+def bitcast_lineage(ctx: LineageContext, box: Box, output: int, **params):
+    if ctx.in_shapes[0] == ctx.out_shapes[0]:
+        return [[box]]
+    # a width change adds or drops a minor axis: the leading axes map one to one
+    (shape,) = ctx.in_shapes
+    common = min(len(shape), len(box))
+    return [[box[:common] + tuple((0, n) for n in shape[common:])]]
+
+
+def identity(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
+    """Each output is its operand, unchanged."""
+    outputs = tuple(
+        TensorSharding(op.shape, tuple(ctx.carry(k, n, op.axes[k]) for k, n in enumerate(op.shape)))
+        for op in operands)
+    return RuleOutput(outputs, tuple(op.layout for op in operands))
+
+
+def identity_lineage(ctx: LineageContext, box: Box, output: int, **params):
+    return [[box] if k == output else [] for k in range(len(ctx.in_shapes))]
+
+
+OPS = [
+    *defs(UNARY + NARY, Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage,
+          lineage_exact=True, per_block=bind_as_is, finish=None, pull=pull_elementwise),
+    OpDef("bitcast_convert_type", Family.ELEMENTWISE, propagate=bitcast_convert_type, lineage=bitcast_lineage,
+          lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
+    # Values that pass through unchanged: a barrier, a checkpoint name.
+    *defs(("optimization_barrier", "name"), Family.ELEMENTWISE, propagate=identity, lineage=identity_lineage,
+          lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
+]

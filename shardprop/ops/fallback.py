@@ -1,0 +1,29 @@
+"""The conservative rule for primitives without a proven one: every operand gathered, outputs replicated.
+
+Always correct, never fast; the propagation pass warns once per primitive name when it uses it. Its lineage is
+every element of every operand (sound, not exact), and it runs on the gathered blocks as it is.
+"""
+
+from __future__ import annotations
+
+from ..backends.blocks import bind_as_is
+from ..inspect.lineage.boxes import Box, LineageContext, full_box
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import TensorSharding
+from .opdef import Family, OpDef
+
+
+def conservative(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
+    outputs = tuple(TensorSharding(a.shape, (None,) * len(a.shape)) for a in ctx.out_avals)
+    return RuleOutput(outputs, tuple(((),) * len(op.shape) for op in operands))
+
+
+def whole_operands(ctx: LineageContext, box: Box, output: int, **params) -> list[list[Box]]:
+    """Every element of every operand (always sound)."""
+    return [[full_box(shape)] for shape in ctx.in_shapes]
+
+
+def fallback_for(name: str) -> OpDef:
+    """The record used for primitive ``name`` when it has none of its own."""
+    return OpDef(name, Family.FALLBACK, propagate=conservative, lineage=whole_operands, lineage_exact=False,
+                 per_block=bind_as_is, finish=None, pull=None)

@@ -1,0 +1,128 @@
+"""Indexing: gather and the scatter family. Axes the op does not index keep their sharding; the indexed
+axes (and the index vectors themselves) are needed whole, since any index may point anywhere.
+
+Lineage: an output element reads its own index vector and, on the axes the indices choose a start on, any
+operand element (so not exact); along axes the indices do not move it reads its own position. On blocks: a
+gather's pass-through axis that is sharded is sliced whole within the block.
+"""
+
+from __future__ import annotations
+
+from ..backends.blocks import Blocks, bind_as_is, bind_with
+from ..inspect.lineage.boxes import Box, LineageContext, full_box
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import TensorSharding
+from .opdef import Family, OpDef, defs
+
+SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max")
+
+
+def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *, dimension_numbers, slice_sizes,
+           **params) -> RuleOutput:
+    """Output axes are the indices' batch axes (in order, at the positions not in ``offset_dims``) and the
+    operand's sliced axes (at ``offset_dims``). A sliced operand axis that is not indexed and is sliced
+    whole passes through with its sharding; operand batching axes pair with the indices' batching axes
+    like the batch axes of ``dot_general``."""
+    dn = dimension_numbers
+    out_shape = ctx.out_avals[0].shape
+    axes: list = [None] * len(out_shape)
+    operand_need = [()] * len(operand.shape)
+    indices_need = [()] * len(indices.shape)
+    batch_out = [d for d in range(len(out_shape)) if d not in dn.offset_dims]
+    index_batch_dims = list(range(len(indices.shape) - 1))  # the last indices axis is the index vector
+    out_of_index_dim = dict(zip(index_batch_dims, batch_out, strict=True))
+    paired = dict(zip(dn.start_indices_batching_dims, dn.operand_batching_dims, strict=True))
+    for j in index_batch_dims:
+        d = out_of_index_dim[j]
+        candidates = [indices.axes[j]] + ([operand.axes[paired[j]]] if j in paired else [])
+        axes[d] = ctx.merge(d, out_shape[d], candidates)
+    sliced = [k for k in range(len(operand.shape))
+              if k not in dn.collapsed_slice_dims and k not in dn.operand_batching_dims]
+    for k, d in zip(sliced, dn.offset_dims, strict=True):
+        if k not in dn.start_index_map and slice_sizes[k] == operand.shape[k]:
+            axes[d] = ctx.carry(d, out_shape[d], operand.axes[k])
+    out = TensorSharding(out_shape, tuple(axes))
+    layout = out.layout
+    for j in index_batch_dims:
+        indices_need[j] = layout[out_of_index_dim[j]]
+        if j in paired:
+            operand_need[paired[j]] = layout[out_of_index_dim[j]]
+    for k, d in zip(sliced, dn.offset_dims, strict=True):
+        operand_need[k] = layout[d]
+    return RuleOutput((out,), (tuple(operand_need), tuple(indices_need)))
+
+
+def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, updates: TensorSharding, *,
+            dimension_numbers, **params) -> RuleOutput:
+    """An operand axis that is not indexed and that the update windows cover whole keeps its sharding,
+    merged with the matching update window axis; every other axis, the updates' scatter axes and the
+    indices are needed whole."""
+    dn = dimension_numbers
+    axes: list = [None] * len(operand.shape)
+    updates_need = [()] * len(updates.shape)
+    window = [k for k in range(len(operand.shape))
+              if k not in dn.inserted_window_dims and k not in dn.operand_batching_dims]
+    for k, u in zip(window, dn.update_window_dims, strict=True):
+        if k not in dn.scatter_dims_to_operand_dims and updates.shape[u] == operand.shape[k]:
+            axes[k] = ctx.merge(k, operand.shape[k], [operand.axes[k], updates.axes[u]])
+    out = TensorSharding(operand.shape, tuple(axes))
+    for k, u in zip(window, dn.update_window_dims, strict=True):
+        updates_need[u] = out.layout[k]
+    return RuleOutput((out,), (out.layout, ((),) * len(indices.shape), tuple(updates_need)))
+
+
+def gather_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, slice_sizes, **params):
+    """Each output batch element reads its own index vector; the operand axes the indices choose a start on
+    may be read anywhere, the others are read where the output box says (a window that starts at 0, or a
+    batching axis matched with the indices')."""
+    operand_shape, indices_shape = ctx.in_shapes
+    dn = dimension_numbers
+    batch_positions = [d for d in range(len(box)) if d not in dn.offset_dims]  # ↔ indices axes but the last
+    if len(indices_shape) != len(batch_positions) + 1:
+        return [[full_box(operand_shape)], [full_box(indices_shape)]]
+    indices_box = tuple(box[p] for p in batch_positions) + ((0, indices_shape[-1]),)
+    window_axes = [d for d in range(len(operand_shape))
+                   if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
+    operand_box = []
+    for d, n in enumerate(operand_shape):
+        if d in dn.start_index_map:  # where the slice starts depends on index values
+            operand_box.append((0, n))
+        elif d in dn.operand_batching_dims:
+            t = dn.start_indices_batching_dims[list(dn.operand_batching_dims).index(d)]
+            operand_box.append(box[batch_positions[t]])
+        elif d in dn.collapsed_slice_dims:  # not indexed: the size-1 slice starts at 0
+            operand_box.append((0, 1))
+        else:  # a window axis starting at 0: output offset j reads element j
+            operand_box.append(box[dn.offset_dims[window_axes.index(d)]])
+    return [[tuple(operand_box)], [indices_box]]
+
+
+def scatter_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, **params):
+    """An output element reads the operand element at its position and whichever updates land there: where
+    they land depends on index values on the indexed axes, so every update (and index) may, except along
+    window axes the indices do not move, where update offset j lands on element j."""
+    operand_shape, indices_shape, updates_shape = ctx.in_shapes[:3]
+    dn = dimension_numbers
+    window_axes = [d for d in range(len(operand_shape))
+                   if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
+    updates_box = list(full_box(updates_shape))
+    for k, u in enumerate(dn.update_window_dims):
+        d = window_axes[k]
+        if d not in dn.scatter_dims_to_operand_dims:
+            updates_box[u] = box[d]
+    return [[box], [full_box(indices_shape)], [tuple(updates_box)]] + [[()] for _ in ctx.in_shapes[3:]]
+
+
+def _gather_block_params(params, blocks: Blocks) -> dict:
+    """A pass-through operand axis (sliced whole) that is sharded is sliced whole *within the block*."""
+    return {**params, "slice_sizes": tuple(
+        b if s == g else s for s, b, g in
+        zip(params["slice_sizes"], blocks.in_blocks[0], blocks.in_global[0], strict=True))}
+
+
+OPS = [
+    OpDef("gather", Family.INDEXING, propagate=gather, lineage=gather_lineage, lineage_exact=False,
+          per_block=bind_with(_gather_block_params), finish=None, pull=None),
+    *defs(SCATTERS, Family.INDEXING, propagate=scatter, lineage=scatter_lineage, lineage_exact=False,
+          per_block=bind_as_is, finish=None, pull=None),
+]

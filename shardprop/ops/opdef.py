@@ -1,0 +1,87 @@
+"""One record per primitive: :class:`OpDef` holds every piece of knowledge shardprop has about a primitive.
+
+    propagate      how shardings flow through it (the propagation pass)
+    lineage        which operand elements one box of an output reads (``sp.lineage``, ``sp.explain``)
+    per_block      how to evaluate it on per-device blocks inside ``shard_map`` (lowering)
+    finish         the collective that finishes a partial result computed on blocks, or None: the op is
+                   given its operands whole instead (the split pass cuts or gathers before it)
+    pull           which operand layouts give its output in a wanted layout, or None (the ``"auto"`` strategy
+                   moves gathers upwards through ops that have one)
+
+Every field is required: a family module that defines an op says what each piece is, or that it has none
+(``finish=None``), so a missing piece is a construction error rather than a silent default. The signatures::
+
+    propagate(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput
+    lineage(ctx: LineageContext, box: Box, output: int, **params) -> list[list[Box]]   # per operand
+    per_block(node: Node, invals: list, blocks: Blocks) -> list                      # output blocks
+    finish(decisions: Decisions, node: Node) -> (operand needs, Collective) | None
+    pull(graph: Graph, node: Node, target: Layout) -> operand needs | None
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from enum import StrEnum
+from typing import Any
+
+
+class Family(StrEnum):
+    """Op families: the vocabulary passes and docs group primitives by."""
+
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    SCAN = "scan and sort"          # cumulative ops, sorts, top-k: an axis needed whole, the others kept
+    SHAPE = "shape"
+    SLICING = "slicing"
+    INDEXING = "indexing"
+    CONTRACTION = "contraction"
+    WINDOW = "window"               # convolutions and windowed reductions
+    LINALG = "linear algebra"       # batched matrix and FFT ops: leading batch axes kept, core axes whole
+    CONTROL_FLOW = "control flow"
+    RANDOM = "random"
+    FALLBACK = "no rule"            # the record of a primitive shardprop knows nothing about
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything shardprop knows about primitive ``name`` (see the module docstring)."""
+
+    name: str
+    family: Family
+    propagate: Callable[..., Any]
+    lineage: Callable[..., Any]
+    lineage_exact: bool
+    per_block: Callable[..., list]
+    finish: Callable[..., Any] | None
+    pull: Callable[..., Any] | None
+
+    @property
+    def is_fallback(self) -> bool:
+        """True for the conservative record of a primitive without one of its own."""
+        return self.family is Family.FALLBACK
+
+    @cached_property
+    def rule_name(self) -> str:
+        """``family_module.function`` of the propagation rule, as listings and ``sp.explain`` print it."""
+        return f"{self.propagate.__module__.rsplit('.', 1)[-1]}.{self.propagate.__name__}"
+
+    @property
+    def why(self) -> str:
+        """The first sentence of the propagation rule's module docstring (or its own): the why lives next to
+        the rule."""
+        return first_sentence(sys.modules[self.propagate.__module__].__doc__ or self.propagate.__doc__)
+
+
+def defs(names: Iterable[str], family: Family, **pieces) -> list[OpDef]:
+    """One :class:`OpDef` per name, all with the same pieces (a family helper, like JAX's
+    ``defvectorized``)."""
+    return [OpDef(name, family, **pieces) for name in names]
+
+
+def first_sentence(text: str | None) -> str:
+    text = " ".join((text or "").split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]

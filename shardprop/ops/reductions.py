@@ -1,0 +1,79 @@
+"""Reductions drop sharding on the reduced axes: the op needs those axes whole (the split pass cuts there)
+and the other axes keep their sharding.
+
+Lineage: an output element reads the whole reduced axes. Finish: a sum, maximum or minimum over sharded
+axes can instead be computed per block and finished by ``psum``/``pmax``/``pmin`` over their mesh axes
+(``any``/``all`` over bools are a max/min; ``argmax``/``argmin`` combine offset indices), for the dtypes the
+collective is exact for; a product or an ``xor`` has no collective, so it is given its axes whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backends.blocks import bind_as_is
+from ..expr import jax_adapter as jx
+from ..expr.graph import Node
+from ..inspect.lineage.boxes import Box, LineageContext
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import TensorSharding
+from ..splitting.collectives import Collective, CollectiveKind
+from .opdef import Family, OpDef
+
+
+def reduction(ctx: RuleContext, operand: TensorSharding, *, axes, **params) -> RuleOutput:
+    reduced = set(axes)
+    kept = [k for k in range(len(operand.shape)) if k not in reduced]
+    out_shape = ctx.out_avals[0].shape
+    out = TensorSharding(out_shape, tuple(
+        ctx.carry(i, out_shape[i], operand.axes[k]) for i, k in enumerate(kept)
+    ))
+    need = tuple(() if k in reduced else m for k, m in enumerate(operand.layout))
+    return RuleOutput((out,), (need,))
+
+
+def reduction_lineage(ctx: LineageContext, box: Box, output: int, *, axes, **params):
+    (shape,) = ctx.in_shapes
+    kept = iter(box)
+    return [[tuple((0, n) if k in axes else next(kept) for k, n in enumerate(shape))]]
+
+
+@dataclass(frozen=True)
+class FinishReduction:
+    """Finish a reduction over sharded axes with ``kind`` over their mesh axes, for operand dtypes of the
+    numpy kinds in ``exact_for`` (no max over complex numbers; ``and``/``or`` are a min/max only over bools)."""
+
+    kind: CollectiveKind
+    exact_for: str
+
+    def __call__(self, decisions, node: Node):
+        (v,) = node.operands
+        dtype = decisions.graph.avals[v].dtype
+        if jx.is_extended_dtype(dtype) or np.dtype(dtype).kind not in self.exact_for:
+            return None
+        produced = decisions.layout(v)
+        mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])
+        if not mesh_axes:
+            return None
+        return (produced,), Collective(self.kind, mesh_axes)
+
+
+def _reduction(name: str, finish: FinishReduction | None) -> OpDef:
+    return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage, lineage_exact=True,
+                 per_block=bind_as_is, finish=finish, pull=None)
+
+
+OPS = [
+    _reduction("reduce_sum", FinishReduction(CollectiveKind.PSUM, "fiuc")),
+    _reduction("reduce_max", FinishReduction(CollectiveKind.PMAX, "fiub")),
+    _reduction("reduce_min", FinishReduction(CollectiveKind.PMIN, "fiub")),
+    _reduction("reduce_or", FinishReduction(CollectiveKind.PMAX, "b")),
+    _reduction("reduce_and", FinishReduction(CollectiveKind.PMIN, "b")),
+    _reduction("argmax", FinishReduction(CollectiveKind.ARGMAX, "fiu")),
+    _reduction("argmin", FinishReduction(CollectiveKind.ARGMIN, "fiu")),
+    # No collective multiplies or xors partial results: these are given their reduced axes whole.
+    _reduction("reduce_prod", None),
+    _reduction("reduce_xor", None),
+]

@@ -1,0 +1,73 @@
+"""Axis-wise scans and sorts need the scanned axis whole; the other axes keep their sharding.
+
+Lineage: a cumulative op reads the prefix (or, reversed, the suffix) of the scanned axis; a sort reads its
+keys and itself whole along the sorted axis; ``top_k`` reads the whole axis it picks from.
+"""
+
+from __future__ import annotations
+
+from ..backends.blocks import bind_as_is
+from ..inspect.lineage.boxes import Box, LineageContext
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import TensorSharding
+from .opdef import Family, OpDef, defs
+
+
+def cumulative(ctx: RuleContext, operand: TensorSharding, *, axis, **params) -> RuleOutput:
+    axes = tuple(None if k == axis else ctx.carry(k, n, a)
+                 for k, (n, a) in enumerate(zip(operand.shape, operand.axes, strict=True)))
+    out = TensorSharding(operand.shape, axes)
+    return RuleOutput((out,), (out.layout,))
+
+
+def cumulative_lineage(ctx: LineageContext, box: Box, output: int, *, axis, reverse=False, **params):
+    (shape,) = ctx.in_shapes
+    start, stop = box[axis]
+    scanned = (start, shape[axis]) if reverse else (0, stop)
+    return [[box[:axis] + (scanned,) + box[axis + 1:]]]
+
+
+def sort(ctx: RuleContext, *operands: TensorSharding, dimension, **params) -> RuleOutput:
+    """All operands are sorted together along ``dimension``: their other axes merge like elementwise axes."""
+    shape = operands[0].shape
+    outputs = tuple(
+        TensorSharding(shape, tuple(None if k == dimension else ctx.merge(k, n, [op.axes[k] for op in operands])
+                                    for k, n in enumerate(shape)))
+        for _ in operands
+    )
+    return RuleOutput(outputs, (outputs[0].layout,) * len(operands))
+
+
+def sort_lineage(ctx: LineageContext, box: Box, output: int, *, dimension, num_keys=1, **params):
+    """Output ``k`` is operand ``k`` permuted along ``dimension`` by the order of the first ``num_keys``
+    operands: it reads those keys and itself, whole along ``dimension``."""
+    n = ctx.in_shapes[0][dimension]
+    whole = box[:dimension] + ((0, n),) + box[dimension + 1:]
+    return [[whole] if k < num_keys or k == output else [] for k in range(len(ctx.in_shapes))]
+
+
+def top_k(ctx: RuleContext, operand: TensorSharding, *, k, axis=-1, **params) -> RuleOutput:
+    axis %= len(operand.shape)
+    out_shape = ctx.out_avals[0].shape
+    outputs = tuple(
+        TensorSharding(out_shape, tuple(None if d == axis else ctx.carry(d, n, operand.axes[d])
+                                        for d, n in enumerate(out_shape)))
+        for _ in ctx.out_avals
+    )
+    return RuleOutput(outputs, (outputs[0].layout,))
+
+
+def top_k_lineage(ctx: LineageContext, box: Box, output: int, *, axis=-1, **params):
+    (shape,) = ctx.in_shapes
+    axis %= len(shape)
+    return [[box[:axis] + ((0, shape[axis]),) + box[axis + 1:]]]
+
+
+OPS = [
+    *defs(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), Family.SCAN, propagate=cumulative,
+          lineage=cumulative_lineage, lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
+    OpDef("sort", Family.SCAN, propagate=sort, lineage=sort_lineage, lineage_exact=True, per_block=bind_as_is,
+          finish=None, pull=None),
+    OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=bind_as_is,
+          finish=None, pull=None),
+]

@@ -1,0 +1,120 @@
+"""Shape ops: broadcast_in_dim, squeeze, transpose, iota (reshape has its own module).
+
+Sharding: mapped axes keep their operand's sharding; axes a broadcast creates start unannotated and adopt
+what they meet. Lineage: shape ops move elements without combining them. On blocks: a broadcast's and an
+iota's ``shape`` param becomes the block shape, and an iota's values on a sharded axis start at the block's
+offset.
+"""
+
+from __future__ import annotations
+
+from ..backends.blocks import Blocks, bind_as_is, bind_with, block_index
+from ..expr import jax_adapter as jx
+from ..expr.graph import Graph, Node
+from ..inspect.lineage.boxes import Box, LineageContext
+from ..propagation.context import CREATED, RuleContext, RuleOutput
+from ..propagation.sharding import Layout, TensorSharding
+from .opdef import Family, OpDef
+
+
+def broadcast_in_dim(ctx: RuleContext, operand: TensorSharding, *dynamic_shape, shape, broadcast_dimensions,
+                     **params) -> RuleOutput:
+    """Mapped axes keep the operand's sharding; new axes and size-1 axes broadcast to a larger size are
+    *created*: they start unannotated and adopt the sharding of what they meet (each device then builds only
+    its block)."""
+    source_of = {d: k for k, d in enumerate(broadcast_dimensions)}
+    axes = []
+    for d, size in enumerate(shape):
+        k = source_of.get(d)
+        if k is not None and operand.shape[k] == size:
+            axes.append(ctx.carry(d, size, operand.axes[k]))
+        else:
+            axes.append(CREATED if size > 1 else None)
+    return RuleOutput((TensorSharding(tuple(shape), tuple(axes)),), (operand.layout,) + tuple(
+        ((),) * len(t.shape) for t in dynamic_shape))
+
+
+def pull_broadcast(graph: Graph, node: Node, target: Layout) -> tuple[Layout, ...] | None:
+    """The operand layout that gives the broadcast in ``target`` (mapped axes take the target's layout)."""
+    if len(node.operands) != 1:  # a dynamic shape: leave the gather where it is
+        return None
+    (u,) = node.operands
+    shape, out_shape = graph.avals[u].shape, graph.avals[node.outputs[0]].shape
+    dims = node.params["broadcast_dimensions"]
+    return (tuple(target[d] if shape[k] == out_shape[d] else () for k, d in enumerate(dims)),)
+
+
+def broadcast_in_dim_lineage(ctx: LineageContext, box: Box, output: int, *, broadcast_dimensions, **params):
+    shape, out_shape = ctx.in_shapes[0], ctx.out_shapes[0]
+    box_in = tuple((0, 1) if n == 1 and out_shape[d] != 1 else box[d]
+                   for n, d in zip(shape, broadcast_dimensions, strict=True))
+    return [[box_in]] + [[()] for _ in ctx.in_shapes[1:]]  # dynamic shape operands are scalars
+
+
+def _broadcast_block_params(params, blocks: Blocks) -> dict:
+    """``shape`` becomes the output's block shape."""
+    return {**params, "shape": blocks.out_blocks[0], "sharding": None}
+
+
+def squeeze(ctx: RuleContext, operand: TensorSharding, *, dimensions, **params) -> RuleOutput:
+    dropped = {d % len(operand.shape) for d in dimensions}
+    kept = [k for k in range(len(operand.shape)) if k not in dropped]
+    out = TensorSharding(tuple(operand.shape[k] for k in kept), tuple(
+        ctx.carry(i, operand.shape[k], operand.axes[k]) for i, k in enumerate(kept)))
+    return RuleOutput((out,), (operand.layout,))
+
+
+def squeeze_lineage(ctx: LineageContext, box: Box, output: int, *, dimensions, **params):
+    (shape,) = ctx.in_shapes
+    dropped = {d % len(shape) for d in dimensions}
+    kept = iter(box)
+    return [[tuple((0, 1) if k in dropped else next(kept) for k in range(len(shape)))]]
+
+
+def transpose(ctx: RuleContext, operand: TensorSharding, *, permutation, **params) -> RuleOutput:
+    out = TensorSharding(tuple(operand.shape[k] for k in permutation), tuple(
+        ctx.carry(d, operand.shape[k], operand.axes[k]) for d, k in enumerate(permutation)))
+    return RuleOutput((out,), (operand.layout,))
+
+
+def transpose_lineage(ctx: LineageContext, box: Box, output: int, *, permutation, **params):
+    box_in = [None] * len(permutation)
+    for out_axis, in_axis in enumerate(permutation):
+        box_in[in_axis] = box[out_axis]
+    return [[tuple(box_in)]]
+
+
+def iota(ctx: RuleContext, *, shape, **params) -> RuleOutput:
+    """Every axis is created: it adopts what it meets and each device builds its own block (values on a
+    sharded axis are offset by the block's start)."""
+    return RuleOutput((TensorSharding(tuple(shape), tuple(CREATED if n > 1 else None for n in shape)),), ())
+
+
+def no_operands(ctx: LineageContext, box: Box, output: int, **params):
+    """An op without operands reads nothing."""
+    return [[()] for _ in ctx.in_shapes]
+
+
+def iota_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
+    """The block's own iota: the block shape, values offset by the block's start along a sharded axis."""
+    params = node.params
+    dimension = params["dimension"]
+    block = blocks.out_blocks[0]
+    (out,) = jx.bind(node.primitive, [], {**params, "shape": block, "sharding": None})
+    mesh_axes = blocks.out_layouts[0][dimension]
+    if mesh_axes:  # values along a sharded axis start at this block's offset
+        index = block_index(mesh_axes, blocks.mesh_shape)
+        out = out + (index * block[dimension]).astype(out.dtype)
+    return [out]
+
+
+OPS = [
+    OpDef("broadcast_in_dim", Family.SHAPE, propagate=broadcast_in_dim, lineage=broadcast_in_dim_lineage,
+          lineage_exact=True, per_block=bind_with(_broadcast_block_params), finish=None, pull=pull_broadcast),
+    OpDef("squeeze", Family.SHAPE, propagate=squeeze, lineage=squeeze_lineage, lineage_exact=True,
+          per_block=bind_as_is, finish=None, pull=None),
+    OpDef("transpose", Family.SHAPE, propagate=transpose, lineage=transpose_lineage, lineage_exact=True,
+          per_block=bind_as_is, finish=None, pull=None),
+    OpDef("iota", Family.SHAPE, propagate=iota, lineage=no_operands, lineage_exact=True,
+          per_block=iota_on_blocks, finish=None, pull=None),
+]

@@ -1,0 +1,196 @@
+"""Slicing ops: slice, pad, concatenate, split, rev, dynamic_slice, dynamic_update_slice.
+
+An axis the op takes whole and unchanged (a full slice, no padding, not the concatenation axis) keeps its
+sharding; an axis it cuts, pads, reverses or joins is needed whole and comes out replicated — except the
+pieces of a ``split``, whose split axis each device can cut its own block of (it starts unannotated and
+adopts what it meets).
+
+Lineage: each output element reads the operand element it was cut from (the data-dependent slices: any
+element of a sliced axis, so not exact). On blocks: ``slice``'s limits and ``dynamic_slice``'s sizes of
+sharded axes become block sizes.
+"""
+
+from __future__ import annotations
+
+from ..backends.blocks import Blocks, bind_as_is, bind_with, cut_to_blocks
+from ..inspect.lineage.boxes import Box, LineageContext, full_box, product
+from ..propagation.context import CREATED, RuleContext, RuleOutput
+from ..propagation.sharding import TensorSharding
+from .opdef import Family, OpDef
+
+
+def _keep_axes(ctx: RuleContext, operand: TensorSharding, keep: list[bool], out_shape) -> RuleOutput:
+    axes = tuple(ctx.carry(k, out_shape[k], operand.axes[k]) if kept else None for k, kept in enumerate(keep))
+    need = tuple(m if kept else () for m, kept in zip(operand.layout, keep, strict=True))
+    return RuleOutput((TensorSharding(tuple(out_shape), axes),), (need,))
+
+
+def _scalar_needs(operands) -> tuple:
+    return tuple(((),) * len(op.shape) for op in operands)
+
+
+def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_indices, strides, **params):
+    keep = [s == 0 and lim == n and (strides is None or strides[k] == 1)
+            for k, (s, lim, n) in enumerate(zip(start_indices, limit_indices, operand.shape, strict=True))]
+    return _keep_axes(ctx, operand, keep, ctx.out_avals[0].shape)
+
+
+def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding, *, padding_config, **params):
+    keep = [tuple(cfg) == (0, 0, 0) for cfg in padding_config]
+    out = _keep_axes(ctx, operand, keep, ctx.out_avals[0].shape)
+    return RuleOutput(out.outputs, out.needs + _scalar_needs([padding_value]))
+
+
+def rev(ctx: RuleContext, operand: TensorSharding, *, dimensions, **params):
+    keep = [k not in dimensions for k in range(len(operand.shape))]
+    return _keep_axes(ctx, operand, keep, operand.shape)
+
+
+def dynamic_slice(ctx: RuleContext, operand: TensorSharding, *indices: TensorSharding, slice_sizes, **params):
+    # A slice as long as its axis starts at 0 whatever the index (indices are clamped), so it stays whole.
+    keep = [s == n for s, n in zip(slice_sizes, operand.shape, strict=True)]
+    out = _keep_axes(ctx, operand, keep, ctx.out_avals[0].shape)
+    return RuleOutput(out.outputs, out.needs + _scalar_needs(indices))
+
+
+def dynamic_update_slice(ctx: RuleContext, operand: TensorSharding, update: TensorSharding,
+                         *indices: TensorSharding, **params):
+    axes = []
+    for k, n in enumerate(operand.shape):
+        if update.shape[k] == n:  # the update covers the axis: operand and update blocks line up
+            axes.append(ctx.merge(k, n, [operand.axes[k], update.axes[k]]))
+        else:
+            axes.append(None)
+    out = TensorSharding(operand.shape, tuple(axes))
+    return RuleOutput((out,), (out.layout, out.layout) + _scalar_needs(indices))
+
+
+def concatenate(ctx: RuleContext, *operands: TensorSharding, dimension, **params):
+    out_shape = ctx.out_avals[0].shape
+    axes = tuple(None if k == dimension else ctx.merge(k, n, [op.axes[k] for op in operands])
+                 for k, n in enumerate(out_shape))
+    out = TensorSharding(out_shape, axes)
+    return RuleOutput((out,), (out.layout,) * len(operands))
+
+
+def split(ctx: RuleContext, operand: TensorSharding, *, sizes, axis, **params):
+    """The split axis is needed whole; each piece's split axis is *created*: it adopts what it meets, and each
+    device cuts its own block of the piece out of the whole axis. The other axes keep their sharding."""
+    out_avals = ctx.out_avals
+    outputs = tuple(TensorSharding(a.shape, tuple(
+        (CREATED if n > 1 else None) if k == axis else ctx.carry(k, n, operand.axes[k])
+        for k, n in enumerate(a.shape))) for a in out_avals)
+    need = tuple(() if k == axis else m for k, m in enumerate(operand.layout))
+    return RuleOutput(outputs, (need,))
+
+
+# A strided slice reads single elements; more than this many on one axis are widened to their hull.
+MAX_STRIDED = 256
+
+
+def _strided(ctx: LineageContext, start: int, stride: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Operand intervals read by output range ``[lo, hi)`` of ``start + k·stride``."""
+    if lo >= hi:
+        return []
+    if stride == 1:
+        return [(start + lo, start + hi)]
+    if hi - lo > MAX_STRIDED:
+        ctx.exact = False
+        return [(start + lo * stride, start + (hi - 1) * stride + 1)]
+    return [(start + k * stride, start + k * stride + 1) for k in range(lo, hi)]
+
+
+def slice_lineage(ctx: LineageContext, box: Box, output: int, *, start_indices, limit_indices, strides=None,
+                  **params):
+    strides = strides or (1,) * len(box)
+    boxes, exact = product([_strided(ctx, s, st, lo, hi) for s, st, (lo, hi) in zip(start_indices, strides, box,
+                                                                                      strict=True)])
+    ctx.exact = ctx.exact and exact
+    return [boxes]
+
+
+def pad_lineage(ctx: LineageContext, box: Box, output: int, *, padding_config, **params):
+    """Operand element ``j`` lands at ``lo + j·(interior + 1)``; the padding value is read where the box
+    covers a position no operand element lands on."""
+    shape = ctx.in_shapes[0]
+    per_axis, covered = [], 1
+    for n, (lo, _, interior), (s, e) in zip(shape, padding_config, box, strict=True):
+        step = interior + 1
+        first = max(0, -(-(s - lo) // step))
+        last = min(n, -(-(e - lo) // step))  # exclusive
+        per_axis.append([(first, last)] if first < last else [])
+        covered *= max(0, last - first)
+    box_volume = 1
+    for s, e in box:
+        box_volume *= e - s
+    boxes, exact = product(per_axis) if all(per_axis) else ([], True)
+    ctx.exact = ctx.exact and exact
+    return [boxes, [()] if covered < box_volume else []]
+
+
+def rev_lineage(ctx: LineageContext, box: Box, output: int, *, dimensions, **params):
+    (shape,) = ctx.in_shapes
+    return [[tuple((n - e, n - s) if k in dimensions else (s, e) for k, (n, (s, e)) in enumerate(zip(shape, box,
+                                                                                                    strict=True)))]]
+
+
+def concatenate_lineage(ctx: LineageContext, box: Box, output: int, *, dimension, **params):
+    out, offset = [], 0
+    s, e = box[dimension]
+    for shape in ctx.in_shapes:
+        n = shape[dimension]
+        lo, hi = max(s - offset, 0), min(e - offset, n)
+        out.append([box[:dimension] + ((lo, hi),) + box[dimension + 1:]] if lo < hi else [])
+        offset += n
+    return out
+
+
+def split_lineage(ctx: LineageContext, box: Box, output: int, *, sizes, axis, **params):
+    offset = sum(int(n) for n in sizes[:output])
+    s, e = box[axis]
+    return [[box[:axis] + ((s + offset, e + offset),) + box[axis + 1:]]]
+
+
+def dynamic_slice_lineage(ctx: LineageContext, box: Box, output: int, *, slice_sizes, **params):
+    """Where the slice starts depends on index values: a sliced axis may read any of its elements."""
+    shape = ctx.in_shapes[0]
+    box_in = tuple((0, n) if size != n else b for n, size, b in zip(shape, slice_sizes, box, strict=True))
+    return [[box_in]] + [[()] for _ in ctx.in_shapes[1:]]
+
+
+def dynamic_update_slice_lineage(ctx: LineageContext, box: Box, output: int, **params):
+    """An element is the operand's or, wherever the update landed, the update's."""
+    operand, update = ctx.in_shapes[:2]
+    return [[box], [full_box(update)]] + [[()] for _ in ctx.in_shapes[2:]]
+
+
+def _slice_block_params(params, blocks: Blocks) -> dict:
+    """Only whole axes (start 0, full limit, stride 1) keep their sharding: their limit is the block size."""
+    limits = tuple(b if b != g else lim for lim, b, g in
+                   zip(params["limit_indices"], blocks.out_blocks[0], blocks.out_global[0], strict=True))
+    return {**params, "limit_indices": limits}
+
+
+def _dynamic_slice_block_params(params, blocks: Blocks) -> dict:
+    """A sharded axis is sliced whole: its slice size is the block size."""
+    return {**params, "slice_sizes": tuple(
+        b if b != g else s for s, b, g in
+        zip(params["slice_sizes"], blocks.out_blocks[0], blocks.out_global[0], strict=True))}
+
+
+def _slicing(name, propagate, lineage, *, exact=True, per_block=bind_as_is) -> OpDef:
+    return OpDef(name, Family.SLICING, propagate=propagate, lineage=lineage, lineage_exact=exact,
+                 per_block=per_block, finish=None, pull=None)
+
+
+OPS = [
+    _slicing("slice", slice_, slice_lineage, per_block=bind_with(_slice_block_params)),
+    _slicing("pad", pad, pad_lineage),
+    _slicing("rev", rev, rev_lineage),
+    _slicing("concatenate", concatenate, concatenate_lineage),
+    _slicing("split", split, split_lineage, per_block=cut_to_blocks),
+    # Where these slices start depends on index values: any element of a sliced axis may be read.
+    _slicing("dynamic_slice", dynamic_slice, dynamic_slice_lineage, exact=False,
+             per_block=bind_with(_dynamic_slice_block_params)),
+    _slicing("dynamic_update_slice", dynamic_update_slice, dynamic_update_slice_lineage, exact=False),
+]

@@ -1,0 +1,140 @@
+"""``lower(plan, mesh) -> Program``: a split plan made callable — every stage a ``jax.shard_map``, the program
+one ``jax.jit`` of them, so XLA moves data between stages (the gathers) and can overlap work.
+
+A :class:`Program` holds the products of the passes, newest first: ``prog.plan`` (the split plan, which holds
+``prog.sharded``, which holds the traced graph ``prog.sharded.graph``). ``prog.graph`` prints the annotated
+listing and ``prog.stages`` the stage table.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+
+from .backends import parse_hlo, program_function, stage_function
+from .errors import InputMismatchError, LoweringError, MeshError, ShardingError
+from .expr import jax_adapter as jx
+from .expr.graph import Aval
+from .expr.trace import abstractify
+from .gc_pause import gc_paused
+from .inspect.listing import AnnotatedGraph, StageTable
+from .mesh import as_auto_mesh
+from .propagation import ShardedGraph
+from .splitting import Plan
+from .splitting.cost import Transfer, estimate
+
+
+class Program:
+    """A compiled plan. Call it like the original function; ``lower`` gives JAX's ``Lowered``.
+
+    ``plan`` and ``sharded`` are the products of splitting and propagation; ``graph`` prints the annotated
+    listing (and reads like ``sharded``); ``stages`` is the stage table; ``stage(k)`` one stage as its own
+    jitted callable (its inputs in ``stages[k].inputs`` order).
+    """
+
+    def __init__(self, plan: Plan, mesh: Mesh):
+        mesh = as_auto_mesh(mesh)
+        self.plan, self.mesh = plan, mesh
+        self.graph = AnnotatedGraph(plan)
+        self.stages = StageTable(plan)
+        self._stage_fns = [stage_function(plan, stage, mesh) for stage in plan.stages]
+        self._jitted_stages: dict[int, object] = {}
+        self._jitted = jax.jit(program_function(plan, self._stage_fns))
+        graph = plan.graph
+        self._in_avals = tuple(graph.avals[v] for v in graph.inputs)
+        self._in_shardings = tuple(NamedSharding(mesh, spec) for spec in plan.sharded.in_specs)
+
+    @property
+    def sharded(self) -> ShardedGraph:
+        """The product of propagation (every value's shards)."""
+        return self.plan.sharded
+
+    # -- calling --------------------------------------------------------------------------------------
+    def _flat_args(self, args: tuple) -> list:
+        """The argument leaves, checked against the traced shapes and dtypes.
+
+        Shapes and (canonical) dtypes must match; weak types need not, as for a compiled ``jax.jit``
+        function: the program keeps the weak types it was traced with."""
+        try:
+            avals, tree = abstractify(args)
+        except ShardingError as err:
+            raise InputMismatchError(str(err)) from None
+        graph = self.plan.graph
+        if tree != graph.in_tree:
+            raise InputMismatchError(f"arguments have structure {tree}, but the program was traced with "
+                                     f"{graph.in_tree}")
+        problems = [
+            f"  argument leaf {k}: got {Aval(tuple(a.shape), jx.as_dtype(a.dtype))}, traced with {want}"
+            for k, (a, want) in enumerate(zip(avals, self._in_avals, strict=True))
+            if tuple(a.shape) != want.shape or jx.as_dtype(a.dtype) != want.dtype
+        ]
+        if problems:
+            raise InputMismatchError(
+                "arguments differ from the traced ones (trace again, or call the autoshard function, which "
+                "retraces per shape):\n" + "\n".join(problems))
+        return jax.tree_util.tree_leaves(args)
+
+    def __call__(self, *args):
+        flat = self._flat_args(args)
+        if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
+            raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
+        graph = self.plan.graph
+        flat = [jx.with_weak_type(jax.device_put(x, s), w)
+                for x, s, w in zip(flat, self._in_shardings, graph.weak_inputs, strict=True)]
+        out = _internal_errors_as_lowering_errors(self._jitted, *flat)
+        return jax.tree_util.tree_unflatten(graph.out_tree, out)
+
+    def lower(self, *args) -> jax.stages.Lowered:
+        """``jax.jit(...).lower`` of the whole program: ``.compile().as_text()`` shows its HLO."""
+        self._flat_args(args)
+        return _internal_errors_as_lowering_errors(self._jitted.lower, *self._shaped_args())
+
+    def _shaped_args(self) -> list[jax.ShapeDtypeStruct]:
+        return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=w) for a, s, w in
+                zip(self._in_avals, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
+
+    # -- looking at it --------------------------------------------------------------------------------
+    def hlo(self) -> str:
+        """The compiled program's HLO text (for the traced shapes)."""
+        return _internal_errors_as_lowering_errors(self._jitted.lower, *self._shaped_args()).compile().as_text()
+
+    def communication(self) -> list[Transfer]:
+        """The collectives of the compiled program, read from its HLO."""
+        return parse_hlo(self.hlo(), self.mesh)
+
+    def estimated_communication(self) -> list[Transfer]:
+        """The collectives the cost model expects, before compiling."""
+        return estimate(self.plan)
+
+    def stage(self, k: int):
+        """Stage ``k`` alone, jitted: call it with its inputs (``prog.stages[k].inputs`` order)."""
+        if k not in self._jitted_stages:
+            self._jitted_stages[k] = jax.jit(self._stage_fns[k])
+        return self._jitted_stages[k]
+
+    def __repr__(self) -> str:
+        n = len(self.plan.stages)
+        return f"<Program {n} stage{'' if n == 1 else 's'} on mesh {dict(self.mesh.shape)}>"
+
+
+def _internal_errors_as_lowering_errors(fn, *args):
+    """User mistakes are caught before this point; anything JAX or XLA raises now is shardprop's fault and
+    is reported as a :class:`LoweringError`, not as a raw traceback from deep inside the lowering."""
+    try:
+        return fn(*args)
+    except ShardingError:
+        raise
+    except Exception as err:
+        raise LoweringError(
+            f"compiling or running the sharded program failed: {type(err).__name__}: {err}\n"
+            "(this is a shardprop bug: please report it with the function and in_specs)") from err
+
+
+@gc_paused
+def lower(plan: Plan, mesh: Mesh | None = None) -> Program:
+    """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on)."""
+    mesh = plan.sharded.mesh if mesh is None else mesh
+    if dict(mesh.shape) != plan.mesh_shape:
+        raise MeshError(
+            f"the plan was propagated on mesh {plan.mesh_shape}, it cannot be lowered on {dict(mesh.shape)}")
+    return Program(plan, mesh)

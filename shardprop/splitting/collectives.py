@@ -1,0 +1,52 @@
+"""The words the split pass decides in: a :class:`Strategy`, and the :class:`Collective` that finishes a node.
+
+Both are enums of strings, so ``strategy="gather"`` and ``collective.kind == "psum"`` keep working, while
+code compares against members (``Strategy.GATHER``) and a typo is an error, not a silent ``False``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..errors import OptionError
+
+
+class Strategy(StrEnum):
+    """How the split pass pays for an axis an op needs whole (see :func:`shardprop.split`)."""
+
+    AUTO = "auto"              # per node, whichever the cost model says moves fewer bytes
+    GATHER = "gather"          # the Nx design: cut, and the next stage receives the operand gathered
+    COLLECTIVE = "collective"  # finish sums, maxima, minima and contractions with a collective, no cut
+
+    @classmethod
+    def parse(cls, value: str) -> Strategy:
+        """``value`` as a member; an unknown name is an :class:`~shardprop.OptionError`."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise OptionError(f"unknown strategy {value!r}; expected one of {tuple(s.value for s in cls)}") from None
+
+
+class CollectiveKind(StrEnum):
+    """The collective that finishes a node whose devices each hold a partial result."""
+
+    PSUM = "psum"
+    PMAX = "pmax"
+    PMIN = "pmin"
+    ARGMAX = "argmax"              # each device's winning index, offset, then agreed with pmax/pmin
+    ARGMIN = "argmin"
+    PSUM_SCATTER = "psum_scatter"  # a psum whose result each device keeps only a block of (reduce-scatter)
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """Node output finished by ``kind`` over ``mesh_axes`` (``psum_scatter``: scattered along ``dimension``)."""
+
+    kind: CollectiveKind
+    mesh_axes: tuple[str, ...]
+    dimension: int | None = None
+
+    def __str__(self) -> str:
+        along = "" if self.dimension is None else f" along axis {self.dimension}"
+        return f"{self.kind} over {'*'.join(self.mesh_axes)}{along}"

@@ -1,0 +1,166 @@
+"""The cost model: what moving data costs, in one place.
+
+Everything that counts bytes — the strategies choosing between a gather and a collective, the listing and the
+stage table, ``Program.estimated_communication()`` — builds :class:`Transfer`s here and sums their
+``moved_bytes``, and the HLO reader (``backends/hlo.py``) builds the same records from a compiled program, so
+estimate and measurement compare field by field. ``moved_bytes`` is the ring model of what one device sends:
+``2(n-1)/n·size`` for an all-reduce, ``(n-1)/n·size`` of the gathered result for an all-gather,
+``(n-1)·size`` of the scattered result for a reduce-scatter, ``(n-1)/n·size`` for an all-to-all and ``size``
+for a collective-permute, ``n`` being the number of devices in a group.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from ..expr import jax_adapter as jx
+from ..expr.graph import Aval, Node
+from ..propagation.sharding import Layout, block_shape, common_layout, shard_count
+from .collectives import Collective, CollectiveKind
+from .decisions import Decisions
+
+
+class TransferKind(StrEnum):
+    """The collectives XLA prints, as it spells them."""
+
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+    COLLECTIVE_PERMUTE = "collective-permute"
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One collective: ``kind`` over ``mesh_axes`` (groups of ``group_size`` devices), producing a per-device
+    result of ``shape``/``dtype`` (``bytes`` of it); ``moved_bytes`` per device (ring model)."""
+
+    kind: TransferKind
+    mesh_axes: tuple[str, ...]
+    group_size: int
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    moved_bytes: float
+
+    def __str__(self) -> str:
+        axes = "*".join(self.mesh_axes) or "?"
+        return f"{self.kind} over {axes} (groups of {self.group_size}): {self.dtype}{list(self.shape)}, " \
+               f"{self.bytes} B result, ~{self.moved_bytes:.0f} B moved per device"
+
+
+def moved(kind: TransferKind, n: int, size: int) -> float:
+    """Bytes one device sends in ``kind`` over groups of ``n`` devices with a per-device result of ``size``."""
+    if n <= 1:
+        return 0.0
+    return {TransferKind.ALL_REDUCE: 2 * (n - 1) / n * size, TransferKind.ALL_GATHER: (n - 1) / n * size,
+            TransferKind.REDUCE_SCATTER: (n - 1) * size, TransferKind.ALL_TO_ALL: (n - 1) / n * size,
+            TransferKind.COLLECTIVE_PERMUTE: float(size)}[TransferKind(kind)]
+
+
+def total_moved(transfers: Iterable[Transfer]) -> float:
+    return sum(t.moved_bytes for t in transfers)
+
+
+def gathered_axes(have: Layout, want: Layout) -> tuple[str, ...]:
+    """The mesh axes a value held as ``have`` is gathered over so that ``want`` is a local slice of it.
+
+    >>> gathered_axes((("i",), ("j",)), (("i",), ()))
+    ('j',)
+    """
+    moved_to = common_layout(have, want)
+    return tuple(name for h, t in zip(have, moved_to, strict=True) for name in h[len(t):])
+
+
+_HLO_DTYPE = {"bool": "pred", "bfloat16": "bf16"}
+_HLO_KIND = {"float": "f", "int": "s", "uint": "u", "complex": "c"}
+
+
+def hlo_dtype_name(dtype) -> str:
+    """The dtype as XLA prints it (``f32``, ``s32``, ``pred``, ``bf16``)."""
+    if jx.is_extended_dtype(dtype):
+        return str(dtype)
+    name = np.dtype(dtype).name
+    m = re.fullmatch(r"(float|int|uint|complex)(\d+)", name)
+    return _HLO_DTYPE.get(name) or (_HLO_KIND[m[1]] + m[2] if m else name)
+
+
+def transfer(kind: TransferKind, mesh_axes: tuple[str, ...], aval: Aval, layout: Layout,
+             mesh_shape: Mapping[str, int]) -> Transfer:
+    """``kind`` over ``mesh_axes`` whose per-device result is a block of ``aval`` laid out as ``layout``."""
+    shape = block_shape(aval.shape, layout, mesh_shape)
+    nbytes = int(jx.itemsize(aval.dtype) * math.prod(shape))
+    n = shard_count(mesh_shape, mesh_axes)
+    in_mesh_order = tuple(name for name in mesh_shape if name in mesh_axes)  # as the HLO reports groups
+    return Transfer(kind, in_mesh_order, n, shape, hlo_dtype_name(aval.dtype), nbytes, moved(kind, n, nbytes))
+
+
+def gather_transfer(view: Decisions, value: int, have: Layout, want: Layout) -> Transfer | None:
+    """The all-gather that brings ``value`` from ``have`` to a layout ``want`` is a local slice of (None:
+    nothing to gather)."""
+    axes = gathered_axes(have, want)
+    if not axes:
+        return None
+    return transfer(TransferKind.ALL_GATHER, axes, view.graph.avals[value], common_layout(have, want),
+                    view.mesh_shape)
+
+
+def gather_bytes(view: Decisions, value: int, have: Layout, want: Layout) -> float:
+    """Bytes one device receives when ``value``, held as ``have``, is gathered so that ``want`` is a local
+    slice of it (ring all-gather: ``(n-1)/n`` of the gathered block)."""
+    found = gather_transfer(view, value, have, want)
+    return 0.0 if found is None else found.moved_bytes
+
+
+def node_gather_bytes(view: Decisions, node: Node) -> float:
+    """Bytes one device receives to bring every operand of ``node`` into the layout ``view`` says it needs."""
+    return sum(gather_bytes(view, v, view.layout(v), need) for v, need in view.edges(node))
+
+
+def collective_transfers(view: Decisions, node: Node, collective: Collective) -> list[Transfer]:
+    """The collectives that finish ``node``: an all-reduce (a reduce-scatter for ``psum_scatter``) of each
+    output's block; ``argmax``/``argmin`` also all-reduce the extreme values and, for floats, a NaN flag."""
+    graph = view.graph
+    kind = TransferKind.REDUCE_SCATTER if collective.kind is CollectiveKind.PSUM_SCATTER else TransferKind.ALL_REDUCE
+    # A reduce-scatter's result is the finer block the plan holds; an all-reduce's the block it computed.
+    layout = view.layout if kind is TransferKind.REDUCE_SCATTER else view.computed_layout
+    out = []
+    for v in node.outputs:
+        aval = graph.avals[v]
+        out.append(transfer(kind, collective.mesh_axes, aval, layout(v), view.mesh_shape))
+        if collective.kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):
+            operand_dtype = graph.avals[node.operands[0]].dtype
+            extra = [operand_dtype] + ([np.dtype(np.int32)] if np.dtype(operand_dtype).kind == "f" else [])
+            out += [transfer(kind, collective.mesh_axes, Aval(aval.shape, np.dtype(dt)), layout(v), view.mesh_shape)
+                    for dt in extra]
+    return out
+
+
+def collective_bytes(view: Decisions, node: Node, collective: Collective) -> float:
+    """Bytes one device moves in the collectives that finish ``node`` (see :func:`collective_transfers`)."""
+    return total_moved(collective_transfers(view, node, collective))
+
+
+def estimate(plan) -> list[Transfer]:
+    """The cost model's view of a :class:`~shardprop.Plan` before compiling: an all-gather for every stage
+    input that arrives coarser than it is held (the same value and layout once), and the collectives that
+    finish nodes, stage by stage."""
+    out: list[Transfer] = []
+    seen = set()
+    for stage in plan.stages:
+        for i in stage.inputs:
+            found = gather_transfer(plan, i.value, plan.layout(i.value), i.layout)
+            if found is not None and (i.value, i.layout) not in seen:
+                seen.add((i.value, i.layout))
+                out.append(found)
+        for n in stage.nodes:
+            collective = plan.collective(n)
+            if collective is not None:
+                out += collective_transfers(plan, plan.graph.nodes[n], collective)
+    return out

@@ -1,0 +1,113 @@
+"""The plan view: for every node, the layouts it consumes its operands in and the collective that finishes it;
+for every value, the layout it is held in.
+
+Propagation answers those questions first (:attr:`ShardedGraph.needs`, :meth:`ShardedGraph.layout`); a
+communication strategy revises some answers (a sum finished by a ``psum`` consumes its operand as it is; a
+reduce-scatter holds its result more finely). :class:`Decisions` holds propagation's product and the
+revisions, and answers with the revised value where there is one — the one place that question is answered.
+The strategies take one ``Decisions`` and return the next; :class:`~shardprop.splitting.plan.Plan` is the
+last one, with its stages; lowering, inspection and the debugger read a Plan through these methods::
+
+    plan.needs(node_id)        # operand layouts, in operand order
+    plan.layout(value)         # the layout the value is held in once computed
+    plan.collective(node_id)   # the Collective that finishes the node, or None
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from ..expr.graph import Graph, Node
+from ..propagation import ShardedGraph
+from ..propagation.sharding import Layout
+from .collectives import Collective
+
+_EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Decisions:
+    """Propagation's layouts with a strategy's revisions (see the module docstring)."""
+
+    sharded: ShardedGraph
+    # node id -> operand layouts, where they differ from ``sharded.needs``
+    need_overrides: Mapping[int, tuple[Layout, ...]] = field(default_factory=lambda: _EMPTY)
+    # node id -> the collective that finishes it
+    collectives: Mapping[int, Collective] = field(default_factory=lambda: _EMPTY)
+    # value -> the layout it is held in, where it differs from ``sharded.layout`` (a reduce-scatter's result)
+    held: Mapping[int, Layout] = field(default_factory=lambda: _EMPTY)
+
+    @classmethod
+    def propagated(cls, sharded: ShardedGraph) -> Decisions:
+        """Propagation's answers, unrevised (the ``"gather"`` strategy, and every scan body)."""
+        return cls(sharded=sharded)
+
+    @property
+    def graph(self) -> Graph:
+        return self.sharded.graph
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        return self.sharded.mesh_shape
+
+    def needs(self, node_id: int) -> tuple[Layout, ...]:
+        """The layouts node ``node_id`` consumes its operands in (one per operand)."""
+        override = self.need_overrides.get(node_id)
+        return self.sharded.needs[node_id] if override is None else override
+
+    def layout(self, value: int) -> Layout:
+        """The layout ``value`` is held in once its producer (and the collective finishing it) has run."""
+        held = self.held.get(value)
+        return self.sharded.layout(value) if held is None else held
+
+    def collective(self, node_id: int) -> Collective | None:
+        """The collective that finishes node ``node_id``, or None."""
+        return self.collectives.get(node_id)
+
+    def computed_layout(self, value: int) -> Layout:
+        """The layout ``value``'s producer computes it in: before a collective finishes it, each device holds
+        a partial result laid out as propagation said (a ``psum_scatter`` then holds it finer)."""
+        if self.graph.producer[value] in self.collectives:
+            return self.sharded.layout(value)
+        return self.layout(value)
+
+    def edges(self, node: Node):
+        """``(operand value, layout the node consumes it in)`` for each operand, in operand order."""
+        return zip(node.operands, self.needs(node.id), strict=True)
+
+    def revised(self, *, needs: Mapping[int, tuple[Layout, ...]] | None = None,
+                collectives: Mapping[int, Collective] | None = None,
+                held: Mapping[int, Layout] | None = None) -> Decisions:
+        """A new ``Decisions`` with these entries added (or replaced); this one is unchanged."""
+        return replace(
+            self,
+            need_overrides=MappingProxyType({**self.need_overrides, **(needs or {})}),
+            collectives=MappingProxyType({**self.collectives, **(collectives or {})}),
+            held=MappingProxyType({**self.held, **(held or {})}),
+        )
+
+
+class Draft(Decisions):
+    """A pass's scratch copy of :class:`Decisions` whose revisions it fills in place, answering through the
+    same methods as it goes; :meth:`frozen` is the immutable product the pass returns."""
+
+    @classmethod
+    def of(cls, decisions: Decisions) -> Draft:
+        return cls(sharded=decisions.sharded, need_overrides=dict(decisions.need_overrides),
+                   collectives=dict(decisions.collectives), held=dict(decisions.held))
+
+    def set_needs(self, node_id: int, needs: tuple[Layout, ...]) -> None:
+        self.need_overrides[node_id] = needs  # type: ignore[index]
+
+    def finish(self, node_id: int, collective: Collective) -> None:
+        self.collectives[node_id] = collective  # type: ignore[index]
+
+    def hold(self, value: int, layout: Layout) -> None:
+        self.held[value] = layout  # type: ignore[index]
+
+    def frozen(self) -> Decisions:
+        return Decisions(sharded=self.sharded, need_overrides=MappingProxyType(dict(self.need_overrides)),
+                         collectives=MappingProxyType(dict(self.collectives)),
+                         held=MappingProxyType(dict(self.held)))
