@@ -6,6 +6,8 @@ the operation, the user's source line and the shardings involved, never as a raw
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class ShardingError(Exception):
     """Base class of every error shardprop raises."""
@@ -56,7 +58,17 @@ class SpecTreeError(SpecError):
 
 
 class ShardingConflictError(ShardingError):
-    """Two operands of one operation are sharded incompatibly."""
+    """Two operands of one operation are sharded incompatibly.
+
+    ``op`` and ``source`` name the operation and the user's line, ``axis`` the output axis that cannot be given
+    one sharding, and ``layouts`` the per-axis layouts (tuples of mesh axes) that clash: operands sharded over
+    different mesh axes along one axis (``kind="mismatch"``), or one mesh axis that would shard two axes of the
+    result (``kind="reuse"``)."""
+
+    def __init__(self, message: str, *, op: str | None = None, source: str | None = None, axis: int | None = None,
+                 layouts: tuple[tuple[str, ...], ...] = (), kind: Literal["mismatch", "reuse"] = "mismatch"):
+        super().__init__(message)
+        self.op, self.source, self.axis, self.layouts, self.kind = op, source, axis, layouts, kind
 
 
 class InputMismatchError(ShardingError):

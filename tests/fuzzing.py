@@ -257,6 +257,28 @@ def specs_for(draw, shape: tuple[int, ...], mesh_shape: dict[str, int]):
     return P(*entries)
 
 
+@st.composite
+def related_spec(draw, spec, shape: tuple[int, ...], mesh_shape: dict[str, int]):
+    """A spec for an input of ``shape`` made from another input's ``spec``: per axis its mesh axes kept, cut to
+    a prefix, or extended by an unused mesh axis (where that divides the axis) — layouts that refine one
+    another, which must never conflict."""
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    names = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries[: len(shape)]]
+    used = {x for n in names for x in n}
+    out = []
+    for n, axes in zip(shape, names, strict=True):
+        choice = draw(st.sampled_from(["keep", "prefix", "extend"]))
+        if choice == "prefix" and axes:
+            axes = axes[: draw(st.integers(0, len(axes) - 1))]
+        elif choice == "extend":
+            extra = [x for x in mesh_shape if x not in used and n % math.prod(mesh_shape[y] for y in (*axes, x)) == 0]
+            if extra:
+                axes = (*axes, draw(st.sampled_from(extra)))
+                used.add(axes[-1])
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return P(*out)
+
+
 def random_inputs(program: Program, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.normal(size=v.shape).astype(np.float32) for v in program.inputs]

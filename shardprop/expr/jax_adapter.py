@@ -9,6 +9,7 @@ touch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,19 +24,25 @@ from jax._src.lax import lax as _lax_internal  # _convert_element_type: the only
 
 Primitive = jex_core.Primitive
 
-# Primitives that are pure calls of a sub-jaxpr: their body is inlined into our graph, so sharding rules
-# see the ops inside (a `jnp.where` is a `jit` around `select_n`, `relu` is a `custom_jvp_call`).
-_CALL_JAXPR_PARAM = {
+# Primitives that are calls of a sub-jaxpr: their body is inlined into our graph, so sharding rules see the
+# ops inside (a `jnp.where` is a `jit` around `select_n`, `relu` is a `custom_jvp_call`, `jax.checkpoint` is a
+# `remat2`). Only the forward computation matters here: custom derivatives were applied before we trace.
+CALL_JAXPR_PARAM = {
     "jit": "jaxpr",
-    "pjit": "jaxpr",
+    "call": "call_jaxpr",
     "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "remat": "jaxpr",
-    "checkpoint": "jaxpr",
+    "custom_jvp_call_jaxpr": "fun_jaxpr",
+    "custom_vmap_call": "call",
+    "linear_call": "callee",
+    "remat2": "jaxpr",
+    "composite": "jaxpr",
 }
+# ``custom_linear_solve`` (``jnp.linalg.solve``) computes ``solve(*solve_consts, *b)``: its forward is the
+# ``solve`` jaxpr applied to its own constants and the right-hand side.
+LINEAR_SOLVE = "custom_linear_solve"
+INLINED_CALLS = frozenset(CALL_JAXPR_PARAM) | {LINEAR_SOLVE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +78,27 @@ def closed_body(closed_jaxpr) -> Body:
     return _body(jaxpr, list(closed_jaxpr.consts))
 
 
-def call_body(equation: Equation) -> Body | None:
-    """If ``equation`` is a call to inline (nested jit, custom_jvp/vjp, ...), its body, else None."""
-    name = _CALL_JAXPR_PARAM.get(equation.primitive.name)
-    if name is None or name not in equation.params:
-        return None
-    sub = equation.params[name]
+def call_body(equation: Equation) -> tuple[Body, tuple[int, ...]] | None:
+    """If ``equation`` is a call to inline (nested jit, custom_jvp/vjp, checkpoint, ...): its body and which of
+    the equation's operands feed the body's inputs, in order; else None."""
+    name = equation.primitive.name
+    if name == LINEAR_SOLVE:
+        lengths = equation.params["const_lengths"]
+        start = lengths.matvec + lengths.vecmat
+        feeding = (*range(start, start + lengths.solve), *range(sum(lengths), len(equation.invars)))
+        body = _as_body(equation.params["jaxprs"].solve)
+    else:
+        param = CALL_JAXPR_PARAM.get(name)
+        if param is None or param not in equation.params:
+            return None
+        feeding = tuple(range(len(equation.invars)))
+        body = _as_body(equation.params[param])
+    if body is None or len(body.invars) != len(feeding) or len(body.outvars) != len(equation.outvars):
+        return None  # not the shape of call we know how to inline: leave it a primitive
+    return body, feeding
+
+
+def _as_body(sub) -> Body | None:
     if isinstance(sub, jex_core.ClosedJaxpr):
         return _body(sub.jaxpr, list(sub.consts))
     if isinstance(sub, jex_core.Jaxpr):
@@ -189,3 +211,43 @@ def bind(primitive: Primitive, invals: Sequence[Any], params: dict) -> list:
     subfuns = bind_params.pop("subfuns", ())  # call primitives take their body as leading arguments
     out = primitive.bind(*subfuns, *invals, **bind_params)
     return list(out) if primitive.multiple_results else [out]
+
+
+# Modules of kernel languages and accelerator back ends: their primitives never appear in a traced jax.numpy
+# program, and importing them can need an accelerator's libraries.
+_NOT_SCANNED = ("test_util", "internal_test", "test_loader", "test_multiprocess", "mosaic", "pallas", "triton",
+                "tpu_custom", "mlir.dialects", "lib.", "export.serialization")
+
+
+@functools.cache
+def defined_primitives() -> frozenset[str]:
+    """The name of every primitive the installed JAX defines (every ``Primitive`` object found in JAX's own
+    modules, kernel languages aside): the list a completeness check compares shardprop's records with."""
+    import importlib
+    import pkgutil
+    import warnings
+
+    import jax._src as source
+
+    names = set()
+    for info in pkgutil.walk_packages(source.__path__, "jax._src.", onerror=lambda name: None):
+        if any(part in info.name for part in _NOT_SCANNED):
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module = importlib.import_module(info.name)
+        except Exception:  # an optional dependency is missing: its primitives cannot be emitted either
+            continue
+        names.update(v.name for v in vars(module).values() if isinstance(v, Primitive))
+    return frozenset(names)
+
+
+def public_primitives() -> frozenset[str]:
+    """The primitives ``jax.lax``, ``jax.lax.linalg`` and ``jax.extend.core.primitives`` export."""
+    import jax.extend.core.primitives as extended
+    import jax.lax
+    import jax.lax.linalg
+
+    return frozenset(v.name for module in (jax.lax, jax.lax.linalg, extended) for v in vars(module).values()
+                     if isinstance(v, Primitive))

@@ -128,10 +128,11 @@ class _GraphBuilder:
             # Ops inside library calls (relu, where) often have no user frame: report the call's line.
             source = eqn.source or outer_source
             operands = [self._read(env, var) for var in eqn.invars]
-            body = jx.call_body(eqn)
-            if body is not None:
+            call = jx.call_body(eqn)
+            if call is not None:
+                body, feeding = call
                 sub_env = {var: self._constant(c) for var, c in body.consts}
-                sub_env.update(zip(body.invars, operands, strict=True))
+                sub_env.update(zip(body.invars, [operands[k] for k in feeding], strict=True))
                 self._inline(body.equations, sub_env, source)
                 for outer, inner in zip(eqn.outvars, body.outvars, strict=True):
                     if not jx.is_drop_var(outer):

@@ -143,7 +143,7 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
 
 
 def _equation(plan: Plan, node, v: int) -> str:
-    typ = typed_name(plan, v)
+    typ = typed_name(plan, v, plan.layout(v))
     if node.op == PARAMETER:
         return f"{typ} = argument {node.params['index']}"
     if node.op == CONSTANT:

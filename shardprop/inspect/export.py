@@ -68,7 +68,7 @@ def to_json(prog: Any) -> dict[str, Any]:
         "schema": SCHEMA_ID,
         "mesh": {"axis_names": list(plan.mesh_shape), "shape": list(plan.mesh_shape.values())},
         "strategy": str(plan.strategy) if split else None,
-        "inputs": [{"index": k, "value": value_name(v), "layout": _layout(sharded.layout(v))}
+        "inputs": [{"index": k, "value": value_name(v), "layout": _layout(plan.layout(v))}
                    for k, v in enumerate(graph.inputs)],
         "outputs": [{"index": k, "value": value_name(v), "layout": _layout(plan.layout(v)),
                      "source": _source(plan.output_sources[k]) if split else None}

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..expr.graph import CONSTANT, PARAMETER, render, short_dtype, value_name
 from ..gc_pause import gc_paused
-from ..propagation.sharding import format_layout, layout_to_spec
+from ..propagation.sharding import Layout, format_layout, layout_to_spec
 from ..splitting import Plan, Stage, StageInput
 from ..splitting.cost import collective_bytes, gather_bytes, gathered_axes
 
@@ -41,10 +41,9 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def typed_name(plan: Plan, value: int, layout=None) -> str:
-    """``c:f32[16@i,8@j]`` in ``layout`` (default: the layout the plan holds the value in)."""
+def typed_name(plan: Plan, value: int, layout: Layout) -> str:
+    """``c:f32[16@i,8@j]``: the value's name and type with ``layout``."""
     aval = plan.graph.avals[value]
-    layout = plan.layout(value) if layout is None else layout
     return f"{value_name(value)}:{short_dtype(aval.dtype)}[{format_layout(aval.shape, layout)}]"
 
 

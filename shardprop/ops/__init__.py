@@ -23,7 +23,7 @@ from types import MappingProxyType
 from .opdef import Family, OpDef, defs, first_sentence
 
 FAMILY_MODULES = ("elementwise", "reductions", "scans", "shapes", "reshape", "slicing", "indexing",
-                  "contractions", "convolutions", "control_flow", "random")
+                  "contractions", "convolutions", "linalg", "control_flow", "random", "placement")
 
 
 @functools.cache

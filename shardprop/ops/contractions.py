@@ -5,6 +5,9 @@ When a free axis would reuse a mesh axis already sharding another output axis (`
 sharded on rows), that free axis is consumed whole instead (its operand is gathered along it): one mesh
 axis can shard only one axis of the result, and gathering is always correct.
 
+``ragged_dot_general`` (a grouped matmul: which group of ``rhs`` a row of ``lhs`` meets depends on the group
+sizes) keeps only the sharding of the ``rhs`` free axes; everything else is needed whole.
+
 Lineage: an output element reads whole contracted axes. Finish: contracting axes sharded alike on both sides
 (or on one side, the other replicated there and cut locally) can be multiplied per block and finished by a
 ``psum``, as in the shard_map design doc's ``matmul_basic``.
@@ -18,6 +21,7 @@ from ..inspect.lineage.boxes import Box, LineageContext
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Sharded, TensorSharding, layout_refines
 from ..splitting.collectives import Collective, CollectiveKind
+from .fallback import conservative, whole_operands
 from .opdef import Family, OpDef
 
 
@@ -104,7 +108,32 @@ def finish_contraction(decisions, node: Node):
     return (tuple(lhs_need), tuple(rhs_need)), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
 
 
+def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, group_sizes: TensorSharding, *,
+                       ragged_dot_dimension_numbers, **params) -> RuleOutput:
+    """The free axes of ``rhs`` (not contracted, batch or group axes) keep their sharding, as the last axes of
+    the output; every other axis is needed whole."""
+    dn = ragged_dot_dimension_numbers
+    (lhs_c, rhs_c), (lhs_b, rhs_b) = dn.dot_dimension_numbers
+    out_shape = ctx.out_avals[0].shape
+    lhs_free = [k for k in range(len(lhs.shape)) if k not in lhs_c and k not in lhs_b]
+    rhs_free = [k for k in range(len(rhs.shape)) if k not in rhs_c and k not in rhs_b
+                and k not in dn.rhs_group_dimensions]
+    if len(out_shape) != len(lhs_b) + len(lhs_free) + len(rhs_free):
+        return conservative(ctx, lhs, rhs, group_sizes)
+    first = len(out_shape) - len(rhs_free)
+    axes = [None] * len(out_shape)
+    rhs_need = [()] * len(rhs.shape)
+    for i, k in enumerate(rhs_free):
+        axes[first + i] = ctx.carry(first + i, out_shape[first + i], rhs.axes[k])
+    out = TensorSharding(out_shape, tuple(axes))
+    for i, k in enumerate(rhs_free):
+        rhs_need[k] = out.layout[first + i]
+    return RuleOutput((out,), (((),) * len(lhs.shape), tuple(rhs_need), ((),) * len(group_sizes.shape)))
+
+
 OPS = [
     OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage,
           lineage_exact=True, per_block=bind_as_is, finish=finish_contraction, pull=None),
+    OpDef("ragged_dot_general", Family.CONTRACTION, propagate=ragged_dot_general, lineage=whole_operands,
+          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
 ]

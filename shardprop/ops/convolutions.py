@@ -2,10 +2,11 @@
 
 ``conv_general_dilated``: the batch axis and the output-feature axis propagate (from the input and the
 kernel); spatial and input-feature axes are needed whole. Windowed reductions keep the sharding of axes
-whose window is a single element with stride 1 and no padding or dilation.
+whose window is a single element with stride 1 and no padding or dilation; so do the ``select_and_*`` ops
+that differentiate a max-pool (their operands merge on those axes).
 
 Lineage: a window reduction's output reads the windows it covers; a convolution reads whole spatial and
-input-feature axes (sound, not exact).
+input-feature axes, and a scatter into windows the windows that overlap the box (sound, not exact).
 """
 
 from __future__ import annotations
@@ -92,10 +93,66 @@ def reduce_window_lineage(ctx: LineageContext, box: Box, output: int, *, window_
     return operand_boxes + [[()] for _ in ctx.in_shapes[n_operands:]]
 
 
+def _trivial_windows(window_dimensions, window_strides, padding, base_dilation=None, window_dilation=None):
+    """Per axis: True where the window is one element with stride 1 and no padding or dilation."""
+    ones = (1,) * len(window_dimensions)
+    return [w == 1 and s == 1 and tuple(p) == (0, 0) and b == 1 and d == 1 for w, s, p, b, d in zip(
+        window_dimensions, window_strides, padding, base_dilation or ones, window_dilation or ones, strict=True)]
+
+
+def select_and_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions, window_strides, padding,
+                      base_dilation=None, window_dilation=None, **params) -> RuleOutput:
+    """Axes with a trivial window merge the two operands and keep the sharding; the others are needed whole."""
+    keep = _trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
+    out_shape = ctx.out_avals[0].shape
+    axes = tuple(ctx.merge(k, n, [op.axes[k] for op in operands]) if kept else None
+                 for k, (n, kept) in enumerate(zip(out_shape, keep, strict=True)))
+    out = TensorSharding(out_shape, axes)
+    need = tuple(m if kept else () for m, kept in zip(out.layout, keep, strict=True))
+    return RuleOutput((out,), (need,) * len(operands))
+
+
+def _windows_over(s: int, e: int, n_windows: int, n: int, w: int, stride: int, lo: int):
+    """The windows (``[first, last)``) that overlap operand range ``[s, e)``, and the operand range they cover."""
+    first = max(0, -(-(s + lo - w + 1) // stride))
+    last = min(n_windows, (e - 1 + lo) // stride + 1)
+    return (first, last), (max(0, first * stride - lo), min(n, (last - 1) * stride - lo + w))
+
+
+def select_and_scatter_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
+                               padding, **params):
+    """An output element (operand-shaped) receives the source values of the windows that contain it, chosen
+    by comparing those windows of the operand."""
+    source_shape, operand_shape = ctx.in_shapes  # select_and_scatter_add(source, operand)
+    source_box, operand_box = [], []
+    for (s, e), n, m, w, st, (lo, _) in zip(box, operand_shape, source_shape, window_dimensions, window_strides,
+                                            padding, strict=True):
+        windows, covered = _windows_over(s, e, m, n, w, st, lo)
+        source_box.append(windows)
+        operand_box.append(covered)
+    return [[tuple(source_box)] if all(a < b for a, b in source_box) else [], [tuple(operand_box)]]
+
+
+def select_and_gather_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
+                              padding, **params):
+    """An output element reads its window of the operand (to select) and of the tangents."""
+    shape = ctx.in_shapes[0]
+    window = []
+    for n, w, st, (lo, _), (s, e) in zip(shape, window_dimensions, window_strides, padding, box, strict=True):
+        window.append((max(0, s * st - lo), min(n, (e - 1) * st - lo + w)))
+    return [[tuple(window)], [tuple(window)]]
+
+
 OPS = [
     OpDef("conv_general_dilated", Family.WINDOW, propagate=conv_general_dilated, lineage=conv_lineage,
           lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
     *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
           propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None),
+    # The max-pool's derivatives: a scatter of the source into the selected element of each window, and a
+    # gather of the tangent at it.
+    OpDef("select_and_scatter_add", Family.WINDOW, propagate=select_and_window,
+          lineage=select_and_scatter_lineage, lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
+    OpDef("select_and_gather_add", Family.WINDOW, propagate=select_and_window, lineage=select_and_gather_lineage,
+          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
 ]

@@ -6,6 +6,9 @@ element of every operand (a size-1 or missing axis reads its one element). On bl
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+from jax import lax
+
 from ..backends.blocks import bind_as_is
 from ..expr.graph import Graph, Node
 from ..inspect.lineage.boxes import Box, LineageContext
@@ -82,6 +85,26 @@ def elementwise_lineage(ctx: LineageContext, box: Box, output: int, **params):
     return [[_aligned(box, out_shape, shape)] for shape in ctx.in_shapes]
 
 
+def mulhi_on_blocks(node: Node, invals: list, blocks) -> list:
+    """``lax.mulhi`` (the high half of the product) from half-width products: JAX 0.10.2 cannot lower the
+    primitive itself inside ``shard_map``. Unsigned: schoolbook on halves; signed: the unsigned result of the
+    same bits, corrected by the operands' signs."""
+    a, b = invals
+    dtype = a.dtype
+    unsigned = jnp.dtype(f"uint{dtype.itemsize * 8}")
+    ua, ub = lax.bitcast_convert_type(a, unsigned), lax.bitcast_convert_type(b, unsigned)
+    half = dtype.itemsize * 4
+    mask = unsigned.type((1 << half) - 1)
+    a0, a1, b0, b1 = ua & mask, ua >> half, ub & mask, ub >> half
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
+    mid = (p00 >> half) + (p01 & mask) + (p10 & mask)
+    high = p11 + (p01 >> half) + (p10 >> half) + (mid >> half)
+    if jnp.issubdtype(dtype, jnp.signedinteger):  # two's complement: subtract the other operand per negative sign
+        zero = unsigned.type(0)
+        high = high - jnp.where(a < 0, ub, zero) - jnp.where(b < 0, ua, zero)
+    return [lax.bitcast_convert_type(high, dtype)]
+
+
 def bitcast_convert_type(ctx: RuleContext, operand: TensorSharding, **params) -> RuleOutput:
     """Elementwise between types of one width; a width change adds or drops a minor axis: conservative."""
     if ctx.out_avals[0].shape == operand.shape:
@@ -110,12 +133,27 @@ def identity_lineage(ctx: LineageContext, box: Box, output: int, **params):
     return [[box] if k == output else [] for k in range(len(ctx.in_shapes))]
 
 
+def sink(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
+    """No outputs: the operands are read where they are."""
+    return RuleOutput((), tuple(op.layout for op in operands))
+
+
+def nothing_read(ctx: LineageContext, box: Box, output: int, **params):
+    """Never asked: the op has no outputs."""
+    return [[] for _ in ctx.in_shapes]
+
+
 OPS = [
     *defs(UNARY + NARY, Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage,
           lineage_exact=True, per_block=bind_as_is, finish=None, pull=pull_elementwise),
+    OpDef("mulhi", Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage, lineage_exact=True,
+          per_block=mulhi_on_blocks, finish=None, pull=pull_elementwise),
     OpDef("bitcast_convert_type", Family.ELEMENTWISE, propagate=bitcast_convert_type, lineage=bitcast_lineage,
           lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
     # Values that pass through unchanged: a barrier, a checkpoint name.
-    *defs(("optimization_barrier", "name"), Family.ELEMENTWISE, propagate=identity, lineage=identity_lineage,
-          lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
+    *defs(("optimization_barrier", "name"), Family.ELEMENTWISE, propagate=identity,
+          lineage=identity_lineage, lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
+    # Keeps its operands alive against dead-code elimination; computes nothing.
+    OpDef("dce_sink", Family.ELEMENTWISE, propagate=sink, lineage=nothing_read, lineage_exact=True,
+          per_block=bind_as_is, finish=None, pull=None),
 ]

@@ -42,6 +42,7 @@ class Family(StrEnum):
     LINALG = "linear algebra"       # batched matrix and FFT ops: leading batch axes kept, core axes whole
     CONTROL_FLOW = "control flow"
     RANDOM = "random"
+    PLACEMENT = "placement"         # device_put and sharding constraints
     FALLBACK = "no rule"            # the record of a primitive shardprop knows nothing about
 
 

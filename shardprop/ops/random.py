@@ -1,6 +1,9 @@
 """Random bit generation: conservative on purpose (keys and bits replicated) so that every device draws
 exactly the numbers the unsharded program draws. ``threefry2x32`` itself is elementwise.
 
+(``random_gamma`` too: each element's draw depends on its position in the whole array, which a block does not
+know.)
+
 Lineage: every element of the keys (sound; not claimed exact). On blocks: as it is, on the replicated keys.
 """
 
@@ -11,5 +14,6 @@ from .fallback import conservative, whole_operands
 from .opdef import Family, defs
 
 OPS = defs(("random_bits", "random_seed", "random_wrap", "random_unwrap", "random_split", "random_fold_in",
-            "rng_bit_generator", "rng_uniform"), Family.RANDOM, propagate=conservative, lineage=whole_operands,
-           lineage_exact=False, per_block=bind_as_is, finish=None, pull=None)
+            "random_clone", "random_gamma", "rng_bit_generator", "rng_uniform"), Family.RANDOM,
+           propagate=conservative, lineage=whole_operands, lineage_exact=False, per_block=bind_as_is, finish=None,
+           pull=None)

@@ -40,6 +40,35 @@ def reduction_lineage(ctx: LineageContext, box: Box, output: int, *, axes, **par
     return [[tuple((0, n) if k in axes else next(kept) for k, n in enumerate(shape))]]
 
 
+def reduce(ctx: RuleContext, *operands: TensorSharding, dimensions, **params) -> RuleOutput:
+    """``lax.reduce`` with a computation of its own, over several operands at once: their kept axes merge like
+    elementwise axes, the reduced ones are needed whole; the init values are scalars."""
+    n_arrays = len(ctx.out_avals)  # operands, then as many init values
+    arrays = operands[:n_arrays]
+    reduced = set(dimensions)
+    kept = [k for k in range(len(arrays[0].shape)) if k not in reduced]
+    out_shape = ctx.out_avals[0].shape
+    axes = tuple(ctx.merge(i, out_shape[i], [a.axes[k] for a in arrays]) for i, k in enumerate(kept))
+    outputs = tuple(TensorSharding(aval.shape, axes) for aval in ctx.out_avals)
+    need = [()] * len(arrays[0].shape)
+    for i, k in enumerate(kept):
+        need[k] = outputs[0].layout[i]
+    return RuleOutput(outputs, (tuple(need),) * n_arrays + tuple(() for _ in operands[n_arrays:]))
+
+
+def reduce_lineage(ctx: LineageContext, box: Box, output: int, *, dimensions, **params):
+    """Every operand, whole along the reduced axes (the computation may combine them any way: not exact
+    with more than one)."""
+    n_arrays = len(ctx.out_shapes)
+    if n_arrays > 1:
+        ctx.exact = False
+    kept = list(box)
+    operand_box = []
+    for k, n in enumerate(ctx.in_shapes[0]):
+        operand_box.append((0, n) if k in dimensions else kept.pop(0))
+    return [[tuple(operand_box)] for _ in range(n_arrays)] + [[()] for _ in ctx.in_shapes[n_arrays:]]
+
+
 @dataclass(frozen=True)
 class FinishReduction:
     """Finish a reduction over sharded axes with ``kind`` over their mesh axes, for operand dtypes of the
@@ -76,4 +105,6 @@ OPS = [
     # No collective multiplies or xors partial results: these are given their reduced axes whole.
     _reduction("reduce_prod", None),
     _reduction("reduce_xor", None),
+    OpDef("reduce", Family.REDUCTION, propagate=reduce, lineage=reduce_lineage, lineage_exact=True,
+          per_block=bind_as_is, finish=None, pull=None),
 ]

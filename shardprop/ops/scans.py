@@ -63,6 +63,15 @@ def top_k_lineage(ctx: LineageContext, box: Box, output: int, *, axis=-1, **para
     return [[box[:axis] + ((0, shape[axis]),) + box[axis + 1:]]]
 
 
+def approx_top_k(ctx: RuleContext, operand: TensorSharding, *, reduction_dimension, **params) -> RuleOutput:
+    """``top_k`` along ``reduction_dimension``: that axis is needed whole, the others keep their sharding."""
+    return top_k(ctx, operand, k=None, axis=reduction_dimension)
+
+
+def approx_top_k_lineage(ctx: LineageContext, box: Box, output: int, *, reduction_dimension, **params):
+    return top_k_lineage(ctx, box, output, axis=reduction_dimension)
+
+
 OPS = [
     *defs(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), Family.SCAN, propagate=cumulative,
           lineage=cumulative_lineage, lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
@@ -70,4 +79,6 @@ OPS = [
           finish=None, pull=None),
     OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None),
+    OpDef("approx_top_k", Family.SCAN, propagate=approx_top_k, lineage=approx_top_k_lineage, lineage_exact=True,
+          per_block=bind_as_is, finish=None, pull=None),
 ]

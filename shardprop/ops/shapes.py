@@ -1,17 +1,19 @@
-"""Shape ops: broadcast_in_dim, squeeze, transpose, iota (reshape has its own module).
+"""Shape ops: broadcast_in_dim, squeeze, transpose, stack, unstack, tile, iota, empty (reshape has its own
+module).
 
-Sharding: mapped axes keep their operand's sharding; axes a broadcast creates start unannotated and adopt
-what they meet. Lineage: shape ops move elements without combining them. On blocks: a broadcast's and an
-iota's ``shape`` param becomes the block shape, and an iota's values on a sharded axis start at the block's
-offset.
+Sharding: mapped axes keep their operand's sharding; axes an op creates (a broadcast's new axes, a stack's
+new axis, a tiled axis) start unannotated and adopt what they meet. Lineage: shape ops move elements without
+combining them. On blocks: a broadcast's and an iota's ``shape`` param becomes the block shape, an iota's
+values on a sharded axis start at the block's offset, and a created axis the op computes whole is cut to the
+device's block.
 """
 
 from __future__ import annotations
 
-from ..backends.blocks import Blocks, bind_as_is, bind_with, block_index
+from ..backends.blocks import Blocks, bind_as_is, bind_with, block_index, cut_to_blocks
 from ..expr import jax_adapter as jx
 from ..expr.graph import Graph, Node
-from ..inspect.lineage.boxes import Box, LineageContext
+from ..inspect.lineage.boxes import Box, LineageContext, product
 from ..propagation.context import CREATED, RuleContext, RuleOutput
 from ..propagation.sharding import Layout, TensorSharding
 from .opdef import Family, OpDef
@@ -108,6 +110,75 @@ def iota_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
     return [out]
 
 
+def stack(ctx: RuleContext, *operands: TensorSharding, axis, **params) -> RuleOutput:
+    """The operands' axes merge like elementwise axes; the new axis is *created*: each device stacks all
+    operands and keeps its block of them."""
+    out_shape = ctx.out_avals[0].shape
+    others = [k for k in range(len(out_shape)) if k != axis]
+    axes: list = [CREATED if out_shape[axis] > 1 else None] * len(out_shape)
+    for j, k in enumerate(others):
+        axes[k] = ctx.merge(k, out_shape[k], [op.axes[j] for op in operands])
+    out = TensorSharding(out_shape, tuple(axes))
+    need = tuple(m for k, m in enumerate(out.layout) if k != axis) if operands else ()
+    return RuleOutput((out,), (need,) * len(operands))
+
+
+def stack_lineage(ctx: LineageContext, box: Box, output: int, *, axis, **params):
+    start, stop = box[axis]
+    rest = box[:axis] + box[axis + 1:]
+    return [[rest] if start <= k < stop else [] for k in range(len(ctx.in_shapes))]
+
+
+def unstack(ctx: RuleContext, operand: TensorSharding, *, axis, **params) -> RuleOutput:
+    """Each output is one index of ``axis``, which is needed whole; the other axes keep their sharding."""
+    kept = [k for k in range(len(operand.shape)) if k != axis]
+    outputs = tuple(TensorSharding(tuple(operand.shape[k] for k in kept), tuple(
+        ctx.carry(i, operand.shape[k], operand.axes[k]) for i, k in enumerate(kept))) for _ in ctx.out_avals)
+    need = tuple(() if k == axis else m for k, m in enumerate(operand.layout))
+    return RuleOutput(outputs, (need,))
+
+
+def unstack_lineage(ctx: LineageContext, box: Box, output: int, *, axis, **params):
+    return [[box[:axis] + ((output, output + 1),) + box[axis:]]]
+
+
+def tile(ctx: RuleContext, operand: TensorSharding, *, reps, **params) -> RuleOutput:
+    """An axis repeated once keeps its sharding; a repeated axis is needed whole and *created* in the output:
+    each device tiles the whole axis and keeps its block."""
+    out_shape = ctx.out_avals[0].shape
+    axes = tuple(ctx.carry(k, n, operand.axes[k]) if r == 1 else (CREATED if n > 1 else None)
+                 for k, (n, r) in enumerate(zip(out_shape, reps, strict=True)))
+    need = tuple(m if r == 1 else () for m, r in zip(operand.layout, reps, strict=True))
+    return RuleOutput((TensorSharding(out_shape, axes),), (need,))
+
+
+def tile_lineage(ctx: LineageContext, box: Box, output: int, *, reps, **params):
+    """Output element ``j`` of a tiled axis of length ``n`` reads element ``j % n``: one or two intervals, or
+    the whole axis when the range covers a full period."""
+    (shape,) = ctx.in_shapes
+    per_axis = []
+    for n, (s, e) in zip(shape, box, strict=True):
+        if e - s >= n:
+            per_axis.append([(0, n)])
+        elif s // n == (e - 1) // n:
+            per_axis.append([(s % n, (e - 1) % n + 1)])
+        else:
+            per_axis.append([(s % n, n), (0, (e - 1) % n + 1)])
+    boxes, exact = product(per_axis)
+    ctx.exact = ctx.exact and exact
+    return [boxes]
+
+
+def empty(ctx: RuleContext, *, shape, **params) -> RuleOutput:
+    """Uninitialised memory: every axis is created, each device makes its own block."""
+    return RuleOutput((TensorSharding(tuple(shape), tuple(CREATED if n > 1 else None for n in shape)),), ())
+
+
+def _empty_block_params(params, blocks: Blocks) -> dict:
+    """``shape`` becomes the block shape."""
+    return {**params, "shape": blocks.out_blocks[0], "out_sharding": None}
+
+
 OPS = [
     OpDef("broadcast_in_dim", Family.SHAPE, propagate=broadcast_in_dim, lineage=broadcast_in_dim_lineage,
           lineage_exact=True, per_block=bind_with(_broadcast_block_params), finish=None, pull=pull_broadcast),
@@ -117,4 +188,12 @@ OPS = [
           per_block=bind_as_is, finish=None, pull=None),
     OpDef("iota", Family.SHAPE, propagate=iota, lineage=no_operands, lineage_exact=True,
           per_block=iota_on_blocks, finish=None, pull=None),
+    OpDef("empty", Family.SHAPE, propagate=empty, lineage=no_operands, lineage_exact=True,
+          per_block=bind_with(_empty_block_params), finish=None, pull=None),
+    OpDef("stack", Family.SHAPE, propagate=stack, lineage=stack_lineage, lineage_exact=True,
+          per_block=cut_to_blocks, finish=None, pull=None),
+    OpDef("unstack", Family.SHAPE, propagate=unstack, lineage=unstack_lineage, lineage_exact=True,
+          per_block=bind_as_is, finish=None, pull=None),
+    OpDef("tile", Family.SHAPE, propagate=tile, lineage=tile_lineage, lineage_exact=True,
+          per_block=cut_to_blocks, finish=None, pull=None),
 ]

@@ -12,10 +12,10 @@ they raise :class:`RuleConflict` and the dispatcher adds the op, the source line
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from ..expr.graph import Aval
-from .sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding, shard_count
+from .sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding, is_refinement, shard_count
 
 
 class RuleOutput(NamedTuple):
@@ -28,11 +28,13 @@ class RuleOutput(NamedTuple):
 
 
 class RuleConflict(Exception):
-    """Raised by a rule: output ``axis`` cannot be given one sharding (``detail`` says why)."""
+    """Raised by a rule: output ``axis`` cannot be given one sharding (``detail`` says why); ``layouts`` are
+    the per-axis layouts (mesh axes) that clash, ``kind`` as in :class:`~shardprop.ShardingConflictError`."""
 
-    def __init__(self, axis: int | None, detail: str):
+    def __init__(self, axis: int | None, detail: str, layouts: tuple[tuple[str, ...], ...] = (),
+                 kind: Literal["mismatch", "reuse"] = "mismatch"):
         super().__init__(detail)
-        self.axis, self.detail = axis, detail
+        self.axis, self.detail, self.layouts, self.kind = axis, detail, layouts, kind
 
 
 class _Created:
@@ -106,18 +108,23 @@ class RuleContext:
         return Sharded(mesh_axes, tuple([Shard(next(ids), axis, i * length, length, ()) for i in range(count)]))
 
     def derive(self, axis: int, size: int, sources: list[Sharded]) -> Sharded:
-        """New shards on output ``axis`` whose block ``i`` was computed from block ``i`` of every source."""
-        first = sources[0]
+        """New shards on output ``axis``, laid out like the finest source (the others are coarser prefixes of
+        it): block ``i`` was computed from the block of every source that contains it."""
+        finest = max(sources, key=lambda src: len(src.mesh_axes))
         if not self.lineage:
-            return first
-        length = size // len(first.shards)
+            return finest
+        count = len(finest.shards)
+        length = size // count
         ids = self._ids
         if len(sources) == 1:
-            shards = [Shard(next(ids), axis, i * length, length, (p,)) for i, p in enumerate(first.shards)]
-        else:
+            shards = [Shard(next(ids), axis, i * length, length, (p,)) for i, p in enumerate(finest.shards)]
+        elif all(len(src.shards) == count for src in sources):
             shards = [Shard(next(ids), axis, i * length, length, parents)
                       for i, parents in enumerate(zip(*(src.shards for src in sources), strict=True))]
-        return Sharded(first.mesh_axes, tuple(shards))
+        else:
+            shards = [Shard(next(ids), axis, i * length, length,
+                            tuple(src.shards[i * len(src.shards) // count] for src in sources)) for i in range(count)]
+        return Sharded(finest.mesh_axes, tuple(shards))
 
     def carry(self, axis: int, size: int, source: AxisSharding) -> AxisSharding:
         """One operand axis passes to output ``axis`` unchanged (new shards, the operand's as parents)."""
@@ -129,21 +136,22 @@ class RuleContext:
         """The Nx elementwise rule for one output axis, given the operand axes that map onto it.
 
         Sharded + open → the sharded side's ranges, both as parents; sharded + sharded over the same mesh
-        axes → both as parents; replicated is compatible with anything (a local slice); sharded over
-        different mesh axes is a conflict.
+        axes → both as parents; sharded over ``i`` + sharded over ``(i, j)`` → the finer, the coarser operand
+        cut locally (its blocks contain the finer ones); replicated is compatible with anything (a local
+        slice); sharded over mesh axes neither of which refines the other is a conflict.
         """
         if all(c is None for c in candidates):
             return None
         sharded = [c for c in candidates if isinstance(c, Sharded)]
         opens = [c for c in candidates if isinstance(c, Open)]
         if sharded:
-            first = sharded[0].mesh_axes
-            for other in sharded[1:]:
-                if other.mesh_axes != first:
-                    raise RuleConflict(axis, f"one operand is sharded over {_names(first)}, another over "
-                                             f"{_names(other.mesh_axes)}")
+            finest = max((c.mesh_axes for c in sharded), key=len)
+            for other in sharded:
+                if not is_refinement(other.mesh_axes, finest):
+                    raise RuleConflict(axis, f"one operand is sharded over {_names(finest)}, another over "
+                                             f"{_names(other.mesh_axes)}", (finest, other.mesh_axes))
             for open_axis in opens:
-                self._opens.request(open_axis, first)
+                self._opens.request(open_axis, finest)
             return self.derive(axis, size, sharded)
         if opens:
             return self._opens.union(opens)

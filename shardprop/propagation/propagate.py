@@ -220,7 +220,8 @@ class _Walk:
                     if name in seen:
                         raise self._conflict(node, RuleConflict(
                             k, f"mesh axis {name!r} would shard both output axes {seen[name]} and {k}; a mesh axis "
-                               "may shard at most one axis of a tensor"))
+                               "may shard at most one axis of a tensor", (sharding.layout[seen[name]], a.mesh_axes),
+                            kind="reuse"))
                     seen[name] = k
 
     def _conflict(self, node: Node, conflict: RuleConflict) -> ShardingConflictError:
@@ -237,7 +238,8 @@ class _Walk:
         lines.append(f"  {where}{conflict.detail}")
         lines.append("  fix: change one of those input specs so the shardings agree, or replicate one side "
                      "(P()) so that it is gathered")
-        return ShardingConflictError("\n".join(lines))
+        return ShardingConflictError("\n".join(lines), op=node.op, source=node.source, axis=conflict.axis,
+                                     layouts=conflict.layouts, kind=conflict.kind)
 
     def _origin(self, value: int, axis: int) -> str:
         """Where the sharding of ``value``'s ``axis`` came from: the input spec (or the op that created the

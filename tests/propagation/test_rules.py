@@ -27,6 +27,11 @@ CASES = [
      P("i"), "add"),
     ("add_complementary_axes", lambda a, b: a + b, [(M, F32), (M, F32)], "4x2", (P("i", None), P(None, "j")),
      P("i", "j"), "add"),
+    # one layout refines the other: the coarser operand is cut locally, no conflict (and no communication)
+    ("add_refined_compound", lambda a, b: a + b, [(M, F32), (M, F32)], "4x2", (P(("i", "j")), P("i")),
+     P(("i", "j")), "add"),
+    ("add_refined_both_axes", lambda a, b: a + b, [(M, F32), (M, F32)], "2x2x2", (P("i", ("j", "k")), P(None, "j")),
+     P("i", ("j", "k")), "add"),
     ("mul_scalar_broadcast", lambda a: a * 3.0, [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "mul"),
     ("sub_row_vector_broadcast", lambda a, r: a - r, [(M, F32), ((8,), F32)], "4x2", (P("i", "j"), None),
      P("i", "j"), "sub"),
@@ -79,6 +84,15 @@ def test_rule(case, meshes):
     _, f, arg_types, mesh_name, in_specs, expected, primitive = case
     check_rule_case(f, random_args(arg_types), mesh=meshes[mesh_name], in_specs=in_specs, expected=expected,
                     primitive=primitive)
+
+
+@pytest.mark.parametrize("mesh_name,specs", [("4x2", (P(("i", "j")), P("i"))),
+                                             ("2x2x2", (P("i", ("j", "k")), P(None, "j")))])
+def test_a_refining_layout_is_a_local_slice_with_no_communication(mesh_name, specs, meshes):
+    a = jax.ShapeDtypeStruct(M, F32)
+    prog = sp.autoshard(lambda x, y: x * y + x, mesh=meshes[mesh_name], in_specs=specs).trace(a, a)
+    assert len(prog.stages) == 1 and prog.graph.out_specs == (specs[0],)
+    assert prog.communication() == []  # measured in the compiled HLO
 
 
 def test_reduction_needs_the_reduced_axis_whole(mesh):

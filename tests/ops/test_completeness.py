@@ -1,0 +1,92 @@
+"""Every primitive the installed JAX defines is accounted for, and every record is complete and works.
+
+* the records, the calls the tracer inlines and the list of primitives without a record cover what JAX
+  defines, without overlap, and name nothing it does not define;
+* every record has every piece (or says it has none), and the public primitives of ``jax.lax`` that have no
+  record are the kinds that cannot have one yet;
+* every record has an example program (``examples.py``) that runs on sharded inputs without a fallback, meets
+  a sharded value at the primitive, and equals the unsharded function.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import shardprop as sp
+from shardprop.expr import jax_adapter as jx
+from shardprop.ops import Family, lookup, table
+from shardprop.ops.without_record import (AD, COLLECTIVE, CONTROL_FLOW, MEMORY, NO_FUNCTION, NOT_IN_TRACES, STATE,
+                                          TOKEN, WITHOUT_RECORD)
+from tests.conftest import assert_same_as_unsharded, random_args
+from tests.ops.examples import DEFERRED, EXAMPLES
+
+
+def test_every_primitive_jax_defines_is_accounted_for_once():
+    defined = jx.defined_primitives()
+    recorded, inlined, without = set(table()), set(jx.INLINED_CALLS), set(WITHOUT_RECORD)
+    assert not (recorded & inlined) and not (recorded & without) and not (inlined & without)
+    assert sorted(defined - recorded - inlined - without) == [], "primitives nobody has decided about"
+    assert sorted((recorded | inlined | without) - defined) == [], "names JAX 0.10.2 does not define"
+
+
+def test_every_record_has_every_piece():
+    for name, op in table().items():
+        assert op.name == name and isinstance(op.family, Family) and not op.is_fallback
+        assert callable(op.propagate) and callable(op.lineage) and callable(op.per_block), name
+        assert op.finish is None or callable(op.finish), name
+        assert op.pull is None or callable(op.pull), name
+        assert isinstance(op.lineage_exact, bool), name
+        assert op.why and op.rule_name.count(".") == 1, name
+    reductions_with_a_finish = {n for n, op in table().items() if op.family is Family.REDUCTION and op.finish}
+    assert reductions_with_a_finish == {"reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or",
+                                        "argmax", "argmin"}
+
+
+def test_public_primitives_without_a_record_are_those_that_cannot_have_one_yet():
+    public = jx.public_primitives() - set(table()) - jx.INLINED_CALLS
+    reasons = {WITHOUT_RECORD[name] for name in public}
+    assert reasons <= {COLLECTIVE, CONTROL_FLOW, MEMORY, STATE, TOKEN, AD, NOT_IN_TRACES, NO_FUNCTION}, sorted(public)
+    assert {"cond", "while"} <= public  # loops and branches: issue #15
+
+
+def test_an_unknown_primitive_gets_the_conservative_record():
+    op = lookup("no_such_primitive")
+    assert op.is_fallback and op.finish is None and not op.lineage_exact
+
+
+def test_every_record_has_an_example():
+    covered = set().union(*(e.primitives for e in EXAMPLES + DEFERRED))
+    assert sorted(set(table()) - covered) == []
+    assert sorted(covered - set(table())) == []
+
+
+def _args(example):
+    args = random_args(example.args, seed=3)
+    if example.positive:
+        args = [np.abs(a) + np.asarray(0.5, a.dtype) if a.dtype.kind == "f" else a for a in args]
+    return args
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_record_runs_on_sharded_inputs(example, meshes):
+    prog = assert_same_as_unsharded(example.fn, _args(example), mesh=meshes[example.mesh], in_specs=example.specs,
+                                    rtol=2e-5, atol=2e-5)
+    plan = prog.plan
+    nodes = [n for n in plan.graph.nodes if n.op in example.primitives]
+    assert example.primitives == {n.op for n in nodes}, "the example must emit every primitive it names"
+    assert not plan.sharded.fallbacks, [plan.graph.nodes[n].op for n in plan.sharded.fallbacks]
+    for node in nodes:
+        if lookup(node.op).family is Family.RANDOM:
+            continue  # keys are replicated on purpose
+        touched = [plan.layout(v) for v in (*node.operands, *node.outputs)]
+        assert any(any(m) for m in touched), f"`{node.op}` met no sharded value"
+
+
+@pytest.mark.parametrize("example", DEFERRED, ids=[e.name for e in DEFERRED])
+def test_deferred_records_fall_back_and_stay_correct(example, meshes):
+    mesh = meshes[example.mesh]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        prog = assert_same_as_unsharded(example.fn(mesh), _args(example), mesh=mesh, in_specs=example.specs)
+    assert {prog.plan.graph.nodes[n].op for n in prog.sharded.fallbacks} == set(example.primitives)
