@@ -82,11 +82,28 @@ def test_axis_not_divisible_by_the_mesh_axis(mesh):
         compile(lambda a, b: a, (None, P("i")), mesh, A, jax.ShapeDtypeStruct((6, 8), jnp.float32))
 
 
-def test_every_error_is_a_sharding_error():
-    for error in (sp.ShardingConflictError, sp.UnknownMeshAxisError, sp.SpecRankError, sp.IndivisibleAxisError,
-                  sp.DuplicateMeshAxisError, sp.SpecTreeError, sp.TraceError, sp.InputMismatchError,
-                  sp.MeshError, sp.LoweringError):
-        assert issubclass(error, sp.ShardingError)
+def test_every_error_is_a_sharding_error_and_exported():
+    import inspect
+
+    import shardprop.errors as errors
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    exceptions = [c for c in classes if issubclass(c, BaseException)]
+    warnings_ = {c for c in exceptions if issubclass(c, Warning)}
+    assert {c.__name__ for c in warnings_} == {"FallbackWarning"}
+    assert len(exceptions) >= 18
+    for error in set(exceptions) - warnings_:
+        assert issubclass(error, sp.ShardingError), error
+        assert getattr(sp, error.__name__) is error, f"{error.__name__} is not exported as sp.{error.__name__}"
+
+
+def test_a_conflict_error_carries_the_op_the_line_and_the_layouts(mesh):
+    a = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+    with pytest.raises(sp.ShardingConflictError) as caught:
+        sp.propagate(sp.trace(lambda x, y: x + y, a, a), (P("i", "j"), P("j", "i")), mesh=mesh)
+    err = caught.value
+    assert err.op == "add" and err.source.rsplit("/", 1)[-1].startswith("test_errors.py:")
+    assert err.kind == "mismatch" and sorted(err.layouts) == [("i",), ("j",)]
 
 
 def test_mesh_errors():

@@ -1,0 +1,49 @@
+"""The golden texts of the Nx example: what produces each file in ``golden/``.
+
+The tests only compare (``test_listing_and_dot.py``). After a deliberate change, regenerate the files with
+``python -m tests.inspection.goldens`` and read the diff before committing it.
+"""
+
+from pathlib import Path
+
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+
+from .nx_example import f
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def nx_program(mesh, strategy):
+    a = jnp.ones((16, 8))
+    return sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None), strategy=strategy).trace(a, a)
+
+
+def _shards(mesh) -> str:
+    sharded = nx_program(mesh, "gather").sharded
+    return "\n".join(sharded.describe(v) for v in range(len(sharded.graph.avals)))
+
+
+# file name -> the text it holds, from the (4, 2) mesh
+GOLDENS = {
+    "nx_listing_gather.txt": lambda mesh: str(nx_program(mesh, "gather").graph),
+    "nx_listing_auto.txt": lambda mesh: str(nx_program(mesh, "auto").graph),
+    "nx_shards.txt": _shards,
+    "nx_gather.dot": lambda mesh: sp.to_dot(nx_program(mesh, "gather")),
+}
+
+
+def main() -> None:
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 8)
+    mesh = sp.make_mesh((4, 2), ("i", "j"))
+    for name, produce in GOLDENS.items():
+        (GOLDEN / name).write_text(produce(mesh) + "\n")
+        print(f"wrote {GOLDEN / name}")
+
+
+if __name__ == "__main__":
+    main()
