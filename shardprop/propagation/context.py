@@ -110,7 +110,10 @@ class RuleContext:
     def derive(self, axis: int, size: int, sources: list[Sharded]) -> Sharded:
         """New shards on output ``axis``, laid out like the finest source (the others are coarser prefixes of
         it): block ``i`` was computed from the block of every source that contains it."""
-        finest = max(sources, key=lambda src: len(src.mesh_axes))
+        finest = sources[0]
+        for src in sources[1:]:
+            if len(src.mesh_axes) > len(finest.mesh_axes):
+                finest = src
         if not self.lineage:
             return finest
         count = len(finest.shards)
@@ -145,11 +148,15 @@ class RuleContext:
         sharded = [c for c in candidates if isinstance(c, Sharded)]
         opens = [c for c in candidates if isinstance(c, Open)]
         if sharded:
-            finest = max((c.mesh_axes for c in sharded), key=len)
-            for other in sharded:
-                if not is_refinement(other.mesh_axes, finest):
+            finest = sharded[0].mesh_axes
+            for other in sharded[1:]:
+                axes = other.mesh_axes
+                if axes == finest or is_refinement(axes, finest):
+                    continue
+                if not is_refinement(finest, axes):
                     raise RuleConflict(axis, f"one operand is sharded over {_names(finest)}, another over "
-                                             f"{_names(other.mesh_axes)}", (finest, other.mesh_axes))
+                                             f"{_names(axes)}", (finest, axes))
+                finest = axes
             for open_axis in opens:
                 self._opens.request(open_axis, finest)
             return self.derive(axis, size, sharded)

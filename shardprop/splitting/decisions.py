@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 
 from ..expr.graph import Graph, Node
@@ -54,13 +55,26 @@ class Decisions:
 
     def needs(self, node_id: int) -> tuple[Layout, ...]:
         """The layouts node ``node_id`` consumes its operands in (one per operand)."""
-        override = self.need_overrides.get(node_id)
-        return self.sharded.needs[node_id] if override is None else override
+        return self._needs[node_id]
 
     def layout(self, value: int) -> Layout:
         """The layout ``value`` is held in once its producer (and the collective finishing it) has run."""
-        held = self.held.get(value)
-        return self.sharded.layout(value) if held is None else held
+        return self._layouts[value]
+
+    # Both answered from tables built once: the passes ask on every edge of 10^5-node graphs.
+    @cached_property
+    def _needs(self) -> tuple[tuple[Layout, ...], ...]:
+        table = list(self.sharded.needs)
+        for node_id, needs in self.need_overrides.items():
+            table[node_id] = needs
+        return tuple(table)
+
+    @cached_property
+    def _layouts(self) -> tuple[Layout, ...]:
+        table = [sharding.layout for sharding in self.sharded.shardings]
+        for value, layout in self.held.items():
+            table[value] = layout
+        return tuple(table)
 
     def collective(self, node_id: int) -> Collective | None:
         """The collective that finishes node ``node_id``, or None."""
@@ -97,6 +111,15 @@ class Draft(Decisions):
     def of(cls, decisions: Decisions) -> Draft:
         return cls(sharded=decisions.sharded, need_overrides=dict(decisions.need_overrides),
                    collectives=dict(decisions.collectives), held=dict(decisions.held))
+
+    # A draft changes as the pass fills it: answer from the revisions directly, not from tables.
+    def needs(self, node_id: int) -> tuple[Layout, ...]:
+        override = self.need_overrides.get(node_id)
+        return self.sharded.needs[node_id] if override is None else override
+
+    def layout(self, value: int) -> Layout:
+        held = self.held.get(value)
+        return self.sharded.layout(value) if held is None else held
 
     def set_needs(self, node_id: int, needs: tuple[Layout, ...]) -> None:
         self.need_overrides[node_id] = needs  # type: ignore[index]
