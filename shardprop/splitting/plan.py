@@ -88,9 +88,12 @@ class Plan(Decisions):
                 first.setdefault(n, stage.id)
         return first
 
-    def stage_of(self, node_id: int) -> int | None:
+    def stage_of(self, node_id: int | None = None):
         """The stage that runs node ``node_id`` (a constant: the first stage that embeds it); None for
-        arguments, and for every node of an unsplit plan."""
+        arguments, and for every node of an unsplit plan. Called without a node (as before 0.2): the whole
+        ``{node_id: stage_id}`` map."""
+        if node_id is None:
+            return dict(self._stage_of)
         return self._stage_of.get(node_id)
 
     def __str__(self) -> str:
@@ -98,3 +101,7 @@ class Plan(Decisions):
         from ..inspect.listing import format_stages
 
         return format_stages(self)
+
+    def format_stages(self) -> str:
+        """The stage table (``str(plan)``)."""
+        return str(self)

@@ -21,6 +21,17 @@ from .walk import dependencies, seeded_dependencies
 __all__ = ["Lineage", "block_box", "dependencies", "lineage", "mask", "seeded_dependencies"]
 
 
+def __getattr__(name: str):
+    # Kept for code written before the primitives' records (0.2): a read-only view of the lineage rules.
+    if name == "LINEAGE_RULES":
+        from types import MappingProxyType
+
+        from ...ops import table
+
+        return MappingProxyType({op_name: (op.lineage, op.lineage_exact) for op_name, op in table().items()})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class Lineage(dict):
     """``{flat input index: [box, ...]}`` — the input elements a block depends on, as boxes (one
     ``(start, stop)`` per axis) whose union is the set. ``value`` and ``box`` say which block was asked
