@@ -35,7 +35,8 @@ warning); `sharding_constraint` is not followed yet (issue #14) and falls back w
 ## Primitives without a record
 
 Calls are inlined by the tracer, so their bodies' primitives are what the rules see:
-{inlined}.
+{inlined}. `platform_index` is folded while tracing to the branch for the platform the program runs on, and
+the `cond` it selects with (`jnp.linalg.det`, `jnp.diag`, ...) is inlined as that branch.
 
 Every other primitive the installed JAX defines is listed below with the reason it has no record
 (`shardprop/ops/without_record.py`); `tests/ops/test_completeness.py` checks that records, inlined calls and this

@@ -43,6 +43,11 @@ CALL_JAXPR_PARAM = {
 # ``solve`` jaxpr applied to its own constants and the right-hand side.
 LINEAR_SOLVE = "custom_linear_solve"
 INLINED_CALLS = frozenset(CALL_JAXPR_PARAM) | {LINEAR_SOLVE}
+# ``platform_index`` picks a branch of the ``cond`` that follows it by the platform the program is lowered for
+# (``jnp.linalg.det``, ``jnp.diag``, ``jax.nn.initializers.orthogonal``): the tracer folds it to a constant,
+# and a ``cond`` whose index is a constant is inlined as that branch.
+PLATFORM_INDEX = "platform_index"
+FOLDED_AT_TRACE = frozenset({PLATFORM_INDEX})
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,30 @@ def call_body(equation: Equation) -> tuple[Body, tuple[int, ...]] | None:
     if body is None or len(body.invars) != len(feeding) or len(body.outvars) != len(equation.outvars):
         return None  # not the shape of call we know how to inline: leave it a primitive
     return body, feeding
+
+
+def static_platform_index(equation: Equation) -> int:
+    """The branch ``platform_index`` selects on this process's default backend (``cpu``; ``gpu`` matches
+    ``cuda`` and ``rocm``): the first branch naming the platform, else the default (None) branch."""
+    backend = jax.default_backend()
+    names = {backend} | ({"cuda", "rocm"} if backend == "gpu" else set())
+    default = None
+    for index, platforms in enumerate(equation.params["platforms"]):
+        if platforms is None:
+            default = index
+        elif names.intersection(platforms):
+            return index
+    if default is None:
+        raise ValueError(f"platform_index has no branch for platform {backend!r}")
+    return default
+
+
+def cond_branch(equation: Equation, index: int) -> tuple[Body, tuple[int, ...]]:
+    """The body of branch ``index`` (clamped, as ``lax.switch`` does) of a ``cond`` and the operands that
+    feed it (all but the index)."""
+    branches = equation.params["branches"]
+    body = _as_body(branches[min(max(index, 0), len(branches) - 1)])
+    return body, tuple(range(1, len(equation.invars)))
 
 
 def _as_body(sub) -> Body | None:

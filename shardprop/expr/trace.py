@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 import jax
+import numpy as np
 
 from ..errors import TraceError, UnsupportedDtypeError
 from ..gc_pause import gc_paused
@@ -84,6 +85,7 @@ class _GraphBuilder:
     def __init__(self):
         self.nodes: list[Node] = []
         self.avals: list[Aval] = []
+        self.scalar_constants: dict[int, int] = {}  # value -> its integer, for constant cond indices
 
     def _new_value(self, shape, dtype) -> int:
         self.avals.append(Aval(tuple(shape), jx.as_dtype(dtype)))
@@ -97,7 +99,10 @@ class _GraphBuilder:
 
     def _constant(self, value) -> int:
         value = jx.as_constant(value)
-        return self._add_node(CONSTANT, (), [(value.shape, value.dtype)], {"value": value}, None).output
+        out = self._add_node(CONSTANT, (), [(value.shape, value.dtype)], {"value": value}, None).output
+        if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
+            self.scalar_constants[out] = int(value)
+        return out
 
     # GC is paused while our graph is built, not while the user's function runs under make_jaxpr: their
     # cyclic garbage must still be collected.
@@ -128,7 +133,12 @@ class _GraphBuilder:
             # Ops inside library calls (relu, where) often have no user frame: report the call's line.
             source = eqn.source or outer_source
             operands = [self._read(env, var) for var in eqn.invars]
+            if eqn.primitive.name == jx.PLATFORM_INDEX:  # folded: the platform is known now
+                env[eqn.outvars[0]] = self._constant(np.int32(jx.static_platform_index(eqn)))
+                continue
             call = jx.call_body(eqn)
+            if call is None and eqn.primitive.name == "cond" and operands[0] in self.scalar_constants:
+                call = jx.cond_branch(eqn, self.scalar_constants[operands[0]])
             if call is not None:
                 body, feeding = call
                 sub_env = {var: self._constant(c) for var, c in body.consts}

@@ -37,12 +37,7 @@ def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, d
     used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
     for operand, free in ((lhs, lhs_free), (rhs, rhs_free)):
         for k in free:
-            source = operand.axes[k]
-            if isinstance(source, Sharded) and used.intersection(source.mesh_axes):
-                source = None
-            axes.append(ctx.carry(len(axes), operand.shape[k], source))
-            if isinstance(source, Sharded):
-                used.update(source.mesh_axes)
+            axes.append(ctx.carry_unused(len(axes), operand.shape[k], operand.axes[k], used))
     out = TensorSharding(out_shape, tuple(axes))
     layout = out.layout
     nb = len(lhs_batch)

@@ -25,10 +25,11 @@ def conv_general_dilated(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShard
     axes: list = [None] * len(out_shape)
     lhs_need = [()] * len(lhs.shape)
     rhs_need = [()] * len(rhs.shape)
+    used: set[str] = set()
     if batch_group_count == 1:
-        axes[out_spec[0]] = ctx.carry(out_spec[0], out_shape[out_spec[0]], lhs.axes[lhs_spec[0]])
+        axes[out_spec[0]] = ctx.carry_unused(out_spec[0], out_shape[out_spec[0]], lhs.axes[lhs_spec[0]], used)
     if feature_group_count == 1 and batch_group_count == 1:
-        axes[out_spec[1]] = ctx.carry(out_spec[1], out_shape[out_spec[1]], rhs.axes[rhs_spec[0]])
+        axes[out_spec[1]] = ctx.carry_unused(out_spec[1], out_shape[out_spec[1]], rhs.axes[rhs_spec[0]], used)
     out = TensorSharding(out_shape, tuple(axes))
     lhs_need[lhs_spec[0]] = out.layout[out_spec[0]]
     rhs_need[rhs_spec[0]] = out.layout[out_spec[1]]
@@ -55,9 +56,7 @@ def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions
     n_arrays = len(ctx.out_avals)  # generic reduce_window takes operands then as many init values
     arrays, inits = operands[:n_arrays], operands[n_arrays:]
     shape = arrays[0].shape
-    keep = [w == 1 and s == 1 and tuple(p) == (0, 0) and b == 1 and d == 1
-            for w, s, p, b, d in zip(window_dimensions, window_strides, padding, base_dilation, window_dilation,
-                                     strict=True)]
+    keep = _trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
     out_shape = ctx.out_avals[0].shape
     outputs = tuple(
         TensorSharding(out_shape, tuple(ctx.merge(k, out_shape[k], [a.axes[k] for a in arrays]) if kept else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..backends.blocks import Blocks, bind_as_is, bind_with
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
+from ..propagation.sharding import Sharded, TensorSharding
 from .opdef import Family, OpDef, defs
 
 SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max")
@@ -38,9 +38,10 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
         axes[d] = ctx.merge(d, out_shape[d], candidates)
     sliced = [k for k in range(len(operand.shape))
               if k not in dn.collapsed_slice_dims and k not in dn.operand_batching_dims]
+    used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
     for k, d in zip(sliced, dn.offset_dims, strict=True):
         if k not in dn.start_index_map and slice_sizes[k] == operand.shape[k]:
-            axes[d] = ctx.carry(d, out_shape[d], operand.axes[k])
+            axes[d] = ctx.carry_unused(d, out_shape[d], operand.axes[k], used)
     out = TensorSharding(out_shape, tuple(axes))
     layout = out.layout
     for j in index_batch_dims:

@@ -1,10 +1,10 @@
 """The primitives of the installed JAX that have no record here, and why.
 
 Every primitive JAX defines is either one with a record (:func:`shardprop.ops.table`), a call the tracer
-inlines (``jax_adapter.INLINED_CALLS``), or listed here with the reason it has no record. Those listed get the
-conservative record if they ever appear (every operand gathered, outputs replicated, a ``FallbackWarning``).
-``tests/ops/test_completeness.py`` checks that the three lists cover what the installed JAX defines and that
-none of them names a primitive it does not.
+inlines (``jax_adapter.INLINED_CALLS``) or folds (``jax_adapter.FOLDED_AT_TRACE``), or listed here with the
+reason it has no record. Those listed get the conservative record if they ever appear (every operand
+gathered, outputs replicated, a ``FallbackWarning``). ``tests/ops/test_completeness.py`` checks that these
+lists cover what the installed JAX defines and that none of them names a primitive it does not.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ WITHOUT_RECORD: dict[str, str] = {
                      "inspect_sharding", "check"), OPAQUE),
     **dict.fromkeys(("iota_2x32_shape", "philox2x32", "philox4x32", "threefry4x32"), PRNG),
     **dict.fromkeys(("empty2", "tie", "layout_constraint", "compute_on", "xla_metadata_value"), MEMORY),
-    **dict.fromkeys(("cond", "while", "platform_index"), CONTROL_FLOW),
+    **dict.fromkeys(("cond", "while"), CONTROL_FLOW),
     **dict.fromkeys(("eval_jaxpr", "from_edtype", "to_edtype", "scaled_dot", "custom_partitioning", "shard_alike",
                      "geqrf", "geqp3"), INTERNAL),
     "select_and_scatter": NO_FUNCTION,

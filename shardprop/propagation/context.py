@@ -135,6 +135,17 @@ class RuleContext:
             return self.derive(axis, size, [source])
         return source
 
+    def carry_unused(self, axis: int, size: int, source: AxisSharding, used: set[str]) -> AxisSharding:
+        """:meth:`carry`, unless ``source`` is laid out over a mesh axis that an earlier output axis already
+        uses (``used``, updated): one mesh axis shards at most one axis of a tensor, so this axis is then
+        consumed whole (None) — its operand is gathered along it, which is always correct (``a @ b.T`` with
+        both operands sharded on rows; a gather whose indices and table rows share a mesh axis)."""
+        if isinstance(source, Sharded):
+            if used.intersection(source.mesh_axes):
+                return None
+            used.update(source.mesh_axes)
+        return self.carry(axis, size, source)
+
     def merge(self, axis: int, size: int, candidates: list[AxisSharding]) -> AxisSharding:
         """The Nx elementwise rule for one output axis, given the operand axes that map onto it.
 

@@ -118,6 +118,13 @@ CASES = [
     ("fft_over_the_last_axis", lambda a: jnp.fft.rfft(a), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "fft"),
     ("fft2_keeps_the_batch", lambda a: jnp.fft.fft2(a).real, [((4, 8, 8), F32)], "4x2", (P("i", "j"),), P("i"),
      "fft"),
+    ("batched_det_platform_branch_folded", jnp.linalg.det, [((8, 4, 4), F32)], "4x2", (P(("i", "j")),),
+     P(("i", "j")), "lu"),
+    ("gather_indices_and_rows_share_a_mesh_axis", lambda a, i: jnp.take(a, i, axis=1), [(M, F32), ((16,), I32)],
+     "4x2", (P("i"), P("i")), P(None, "i"), "gather"),
+    ("conv_batch_and_kernel_share_a_mesh_axis", lambda x, w: lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW")), [((8, 3, 6, 6), F32), ((8, 3, 3, 3), F32)],
+     "4x2", (P("i"), P("i")), P("i"), "conv_general_dilated"),
     ("device_put_passes_through", lambda a: jax.device_put(a) * 2, [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"),
      "device_put"),
 ]
