@@ -18,6 +18,7 @@ or step by step: ``sp.trace(f, *args)``, ``sp.propagate(graph, in_specs, mesh=me
 from .api import AutoSharded, autoshard, compile_program
 from .program import Program, lower
 from .errors import (
+    ConflictKind,
     DuplicateMeshAxisError,
     FallbackWarning,
     IndivisibleAxisError,
@@ -50,7 +51,7 @@ from .splitting import Collective, Decisions, Plan, Stage, StageInput, Strategy,
 __version__ = "0.1.0"
 
 __all__ = [
-    "AutoSharded", "Collective", "Comparison", "Decisions", "DuplicateMeshAxisError", "Explanation",
+    "AutoSharded", "Collective", "Comparison", "ConflictKind", "Decisions", "DuplicateMeshAxisError", "Explanation",
     "FallbackWarning", "Graph", "IndivisibleAxisError", "InputMismatchError", "InvariantError", "Lineage",
     "LoweringError", "MeshError", "NoRuleError", "Node", "OpDef", "OptionError", "Plan", "Program", "RenderError",
     "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError",

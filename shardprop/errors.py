@@ -6,7 +6,7 @@ the operation, the user's source line and the shardings involved, never as a raw
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
 
 
 class ShardingError(Exception):
@@ -57,16 +57,23 @@ class SpecTreeError(SpecError):
     """``in_specs`` is not a pytree prefix of the arguments."""
 
 
+class ConflictKind(StrEnum):
+    """Why two shardings cannot be reconciled."""
+
+    MISMATCH = "mismatch"  # operands laid out over different mesh axes along one axis, neither refining the other
+    REUSE = "reuse"        # one mesh axis would shard two axes of the result
+
+
 class ShardingConflictError(ShardingError):
     """Two operands of one operation are sharded incompatibly.
 
     ``op`` and ``source`` name the operation and the user's line, ``axis`` the output axis that cannot be given
     one sharding, and ``layouts`` the per-axis layouts (tuples of mesh axes) that clash: operands sharded over
-    different mesh axes along one axis (``kind="mismatch"``), or one mesh axis that would shard two axes of the
-    result (``kind="reuse"``)."""
+    different mesh axes along one axis (``ConflictKind.MISMATCH``), or one mesh axis that would shard two axes of
+    the result (``ConflictKind.REUSE``)."""
 
     def __init__(self, message: str, *, op: str | None = None, source: str | None = None, axis: int | None = None,
-                 layouts: tuple[tuple[str, ...], ...] = (), kind: Literal["mismatch", "reuse"] = "mismatch"):
+                 layouts: tuple[tuple[str, ...], ...] = (), kind: ConflictKind = ConflictKind.MISMATCH):
         super().__init__(message)
         self.op, self.source, self.axis, self.layouts, self.kind = op, source, axis, layouts, kind
 

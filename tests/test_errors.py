@@ -90,6 +90,7 @@ def test_every_error_is_a_sharding_error_and_exported():
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
     exceptions = [c for c in classes if issubclass(c, BaseException)]
     warnings_ = {c for c in exceptions if issubclass(c, Warning)}
+    assert sp.ConflictKind.REUSE == "reuse"  # an enum of strings, not an exception
     assert {c.__name__ for c in warnings_} == {"FallbackWarning"}
     assert len(exceptions) >= 18
     for error in set(exceptions) - warnings_:
@@ -103,7 +104,7 @@ def test_a_conflict_error_carries_the_op_the_line_and_the_layouts(mesh):
         sp.propagate(sp.trace(lambda x, y: x + y, a, a), (P("i", "j"), P("j", "i")), mesh=mesh)
     err = caught.value
     assert err.op == "add" and err.source.rsplit("/", 1)[-1].startswith("test_errors.py:")
-    assert err.kind == "mismatch" and sorted(err.layouts) == [("i",), ("j",)]
+    assert err.kind is sp.ConflictKind.MISMATCH and sorted(err.layouts) == [("i",), ("j",)]
 
 
 def test_mesh_errors():

@@ -12,14 +12,12 @@ import re
 
 import numpy as np
 
-from ..splitting.cost import Transfer, TransferKind, moved
+from ..splitting.cost import Transfer, TransferKind, hlo_itemsize, moved
 
-_HLO_DTYPES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4,
-               "s64": 8, "u64": 8, "pred": 1, "c64": 8, "c128": 16}
 _INSTRUCTION = re.compile(
     r"=\s*(?P<shape>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
     r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
-_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
 
 
 def _groups(line: str, mesh_names: tuple[str, ...], mesh_sizes: tuple[int, ...]) -> tuple[tuple[str, ...], int]:
@@ -68,7 +66,7 @@ def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
         arrays = _ARRAY.findall(m.group("shape"))
         if m.group("start") and len(arrays) > 1:
             arrays = arrays[-1:]  # an async start returns (operand, result): count the result
-        nbytes = sum(_HLO_DTYPES.get(dt, 4) * math.prod(int(d) for d in dims.split(",") if d) for dt, dims in arrays)
+        nbytes = int(sum(hlo_itemsize(dt) * math.prod(int(d) for d in dims.split(",") if d) for dt, dims in arrays))
         dtype, dims = arrays[0]
         shape = tuple(int(d) for d in dims.split(",") if d)
         mesh_axes, n = _groups(line, names, sizes)

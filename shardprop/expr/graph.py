@@ -206,7 +206,7 @@ def render(
             rhs = f"constant {format_constant(node, graph.avals[node.output])}"
         else:
             rhs = " ".join([node.op + format_params(node), *(value_name(v) for v in node.operands)])
-        comment = _short_source(node.source) if node.source else ""
+        comment = short_source(node.source)
         extra = note(node) if note is not None else ""
         rows.append((f"    {outs} = {rhs}", "  ".join(filter(None, [comment, extra])) or None))
     width = max((len(text) for k, (text, _) in enumerate(rows) if k not in extra_lines), default=0)
@@ -218,6 +218,7 @@ def render(
     return "\n".join(lines)
 
 
-def _short_source(source: str) -> str:
-    """``path/to/file.py:12`` → ``file.py:12``: the listing stays readable, the Node keeps the full path."""
-    return source.rsplit("/", 1)[-1]
+def short_source(source: str | None, unknown: str = "") -> str:
+    """``path/to/file.py:12`` → ``file.py:12``: listings and messages stay readable, the Node keeps the full
+    path. ``unknown`` is said when JAX recorded no user line."""
+    return source.rsplit("/", 1)[-1] if source else unknown

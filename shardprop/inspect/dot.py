@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RenderError
-from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, value_name
+from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, short_source, value_name
 from ..gc_pause import gc_paused
 from ..propagation.sharding import common_layout, format_layout, layout_refines
 from ..splitting.cost import gather_bytes, gathered_axes
@@ -43,7 +43,7 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
     sharded, graph = plan.sharded, plan.graph
     avals = graph.avals
     mesh = ", ".join(f"{k}={n}" for k, n in plan.mesh_shape.items())
-    heading = title or f"mesh {mesh}" + (f" · strategy {plan.strategy}" if plan.strategy is not None else "")
+    heading = title or f"mesh {mesh}" + (f" · strategy {plan.strategy}" if plan.is_split else "")
     lines = ["digraph shardprop {",
              f"  graph [rankdir=TB, fontname=Helvetica, fontsize=11, labelloc=t, label={_quote(heading)}];",
              '  node [shape=box, style="rounded,filled", fontname=Helvetica, fontsize=10, fillcolor=white];',
@@ -65,7 +65,7 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
             label = f"{outs} = {format_constant(node, avals[node.output])}"
             return f"{indent}n{node.id} [label={_quote(label)}, shape=plaintext, style=\"\"];"
         types = "\n".join(f"{value_name(v)}: {typ(v)}" for v in node.outputs)
-        where = node.source.rsplit("/", 1)[-1] if node.source else ""
+        where = short_source(node.source)
         collective = plan.collective(node.id)
         extra = f"\n{collective}" if collective is not None else ""
         label = f"{node.op}\n{types}" + (f"\n{where}" if where else "") + extra

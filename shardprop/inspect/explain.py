@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..expr.graph import CONSTANT, PARAMETER, format_params, value_name
+from ..expr.graph import CONSTANT, PARAMETER, format_params, short_source, value_name
 from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
@@ -35,7 +35,7 @@ class Step:
     source: str | None
 
     def __str__(self) -> str:
-        return f"{value_name(self.value)} axis {self.axis}: `{self.op}` at {_short(self.source)} (rule {self.rule})"
+        return f"{value_name(self.value)} axis {self.axis}: `{self.op}` at {_where(self.source)} (rule {self.rule})"
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
     was = f"sharded over {'*'.join(propagated)}" if propagated else "replicated"
     collective = plan.collective(node.id)
     if collective is not None and collective.kind is CollectiveKind.PSUM_SCATTER and collective.dimension == axis:
-        return (f"`{node.op}` at {_short(node.source)} is finished by {collective}: each device keeps only its "
+        return (f"`{node.op}` at {_where(node.source)} is finished by {collective}: each device keeps only its "
                 f"block over {'*'.join(held)} of the sum (propagation alone left this axis {was}; the consumers "
                 "slice it anyway)")
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
@@ -150,7 +150,7 @@ def _equation(plan: Plan, node, v: int) -> str:
         return f"{typ} = constant"
     rhs = " ".join([node.op + format_params(node), *(value_name(u) for u in node.operands)])
     stage = plan.stage_of(node.id)
-    return f"{typ} = {rhs}   # {_short(node.source)}" + ("" if stage is None else f"   [stage {stage}]")
+    return f"{typ} = {rhs}   # {_where(node.source)}" + ("" if stage is None else f"   [stage {stage}]")
 
 
 def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded) -> tuple[str, tuple[Step, ...]]:
@@ -168,7 +168,7 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded) -> tuple[str, tup
             text = (f"argument {index} ({value_name(root)}) has spec {sharded.spec(root)}; this is its axis "
                     f"{origin.axis}")
     else:
-        text = (f"`{origin.node.op}` at {_short(origin.node.source)} created {value_name(root)} axis "
+        text = (f"`{origin.node.op}` at {_where(origin.node.source)} created {value_name(root)} axis "
                 f"{origin.axis}, unannotated; it adopted {names} from the ops it meets")
     return text, steps
 
@@ -199,20 +199,22 @@ def _replicated_origin(plan: Plan, v: int, axis: int) -> tuple[str, tuple[Step, 
             break
         step = Step(v, axis, node.op, sharded.rules[node.id], node.source)
         if node.id in sharded.fallbacks:
-            origin, reason = f"`{node.op}` at {_short(node.source)}", _why_rule(node.op, fallback=True)
+            origin, reason = f"`{node.op}` at {_where(node.source)}", _why_rule(node.op, fallback=True)
             steps.append(step)
             break
         feeding = _feeding_axes(plan, node, v, axis)
+        # Propagation's layouts on purpose: this walk tells why propagation left the axis replicated (the plan
+        # may hold an operand differently afterwards; the listing and `consumes` show that).
         dropped = [(u, j) for u, j in feeding if sharded.layout(u)[j]]
         if dropped:
             u, j = dropped[0]
-            origin = (f"`{node.op}` at {_short(node.source)} takes {value_name(u)} axis {j} (sharded over "
+            origin = (f"`{node.op}` at {_where(node.source)} takes {value_name(u)} axis {j} (sharded over "
                       f"{'*'.join(sharded.layout(u)[j])}) and leaves {here} replicated")
             reason = _why_rule(node.op)
             steps.append(step)
             break
         if not feeding:
-            origin = f"`{node.op}` at {_short(node.source)} created {here}"
+            origin = f"`{node.op}` at {_where(node.source)} created {here}"
             reason = ("a new axis starts unannotated; it met no sharding, or several different ones, so it stays "
                       "replicated" if lookup(node.op).lineage_exact else _why_rule(node.op))
             steps.append(step)
@@ -255,7 +257,7 @@ def _consumes(plan: Plan, node) -> list[str]:
             continue
         taken = ", ".join(f"axis {j} (sharded over {'*'.join(have[j])})" for j in whole)
         line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need)}. {_why_rule(node.op)}"
-        if plan.strategy is not None:  # a split plan: a stage boundary pays for it
+        if plan.is_split:  # a stage boundary pays for it
             nbytes = gather_bytes(plan, u, have, need)
             line += f" Paid for by gathering {value_name(u)} before this stage ({format_bytes(nbytes)} per device)."
         out.append(line)
@@ -276,5 +278,5 @@ def _why_rule(op: str, fallback: bool = False) -> str:
     return record.why
 
 
-def _short(source: str | None) -> str:
-    return source.rsplit("/", 1)[-1] if source else "an unknown line"
+def _where(source: str | None) -> str:
+    return short_source(source, "an unknown line")

@@ -63,7 +63,7 @@ def to_json(prog: Any) -> dict[str, Any]:
             "outputs": [{"value": value_name(v), "layout": _layout(layout)}
                         for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)],
         })
-    split = plan.strategy is not None
+    split = plan.is_split
     return {
         "schema": SCHEMA_ID,
         "mesh": {"axis_names": list(plan.mesh_shape), "shape": list(plan.mesh_shape.values())},

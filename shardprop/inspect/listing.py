@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..expr.graph import CONSTANT, PARAMETER, render, short_dtype, value_name
+from ..expr.graph import CONSTANT, PARAMETER, render, short_dtype, short_source, value_name
 from ..gc_pause import gc_paused
 from ..propagation.sharding import Layout, format_layout, layout_to_spec
 from ..splitting import Plan, Stage, StageInput
@@ -116,7 +116,7 @@ def format_stages(plan: Plan) -> str:
             collective = plan.collective(n)
             if collective is not None:
                 node = graph.nodes[n]
-                where = f" at {node.source.rsplit('/', 1)[-1]}" if node.source else ""
+                where = f" at {short_source(node.source)}" if node.source else ""
                 lines.append(f"  {collective} finishes `{node.op}`{where}")
         for v, out_layout in zip(stage.outputs, stage.out_layouts, strict=True):
             lines.append(f"  out {typed_name(plan, v, out_layout)}  {layout_to_spec(out_layout)}")
@@ -148,6 +148,11 @@ class AnnotatedGraph:
 
     def __init__(self, plan: Plan):
         self.plan = plan
+
+    @classmethod
+    def of(cls, plan: Plan) -> AnnotatedGraph:
+        """The view of ``plan`` (the constructor's name before 0.2, as ``StagedGraph.of``)."""
+        return cls(plan)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.plan.sharded, name)

@@ -118,7 +118,7 @@ def stage_table(prog: Any) -> Table:
     """Per stage: its ops, inputs (spec, source stage, what is gathered), outputs, collectives, and the
     bytes each device receives (estimated, ring model)."""
     plan = as_plan(prog)
-    if plan.strategy is None:
+    if not plan.is_split:
         raise OptionError("the stage table needs a split plan: pass a Program (fs.trace(...)) or sp.split(...)")
     graph = plan.graph
     table = Table(title=f"{len(plan.stages)} stage(s), strategy {plan.strategy}", box=box.SIMPLE_HEAVY,
@@ -168,7 +168,7 @@ def show(prog: Any, *, console: Console | None = None) -> None:
     plan = as_plan(prog)
     console = console or Console()
     console.print(format_listing(plan), markup=False, highlight=False, soft_wrap=True)
-    if plan.strategy is not None:
+    if plan.is_split:
         console.print(stage_table(plan))
 
 

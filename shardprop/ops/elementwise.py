@@ -52,21 +52,20 @@ def elementwise(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOu
     axis of size 1 broadcast to a larger size, or missing (a scalar), takes no part and is never sharded."""
     out_shape = ctx.out_avals[0].shape
     rank = len(out_shape)
-    if all(operand.shape == out_shape for operand in operands):  # the common case: no broadcasting
+    same_shapes = all(operand.shape == out_shape for operand in operands)
+    if same_shapes and len(ctx.out_avals) == 1:  # the common case, kept lean: 10^5-node graphs are the norm
         out = TensorSharding(out_shape, tuple(
             ctx.merge(k, size, [operand.axes[k] for operand in operands]) for k, size in enumerate(out_shape)))
-        return RuleOutput((out,) * len(ctx.out_avals), (out.layout,) * len(operands))
-    axes = []
+        return RuleOutput((out,), (out.layout,) * len(operands))
+    candidates = []
     for k, size in enumerate(out_shape):
-        candidates = []
-        for operand in operands:
-            j = k - (rank - len(operand.shape))
-            if j >= 0 and operand.shape[j] == size:
-                candidates.append(operand.axes[j])
-        axes.append(ctx.merge(k, size, candidates))
-    out = TensorSharding(out_shape, tuple(axes))
-    return RuleOutput((out,) * len(ctx.out_avals), operand_needs(out_shape, out.layout,
-                                                                 [op.shape for op in operands]))
+        aligned = [(operand, k - (rank - len(operand.shape))) for operand in operands]
+        candidates.append([op.axes[j] for op, j in aligned if j >= 0 and op.shape[j] == size])
+    # each output its own shards (an op with several outputs, such as threefry2x32, computes each from all)
+    outputs = tuple(TensorSharding(out_shape, tuple(ctx.merge(k, size, candidates[k])
+                                                    for k, size in enumerate(out_shape)))
+                    for _ in ctx.out_avals)
+    return RuleOutput(outputs, operand_needs(out_shape, outputs[0].layout, [op.shape for op in operands]))
 
 
 def pull_elementwise(graph: Graph, node: Node, target: Layout) -> tuple[Layout, ...]:

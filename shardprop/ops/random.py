@@ -10,8 +10,16 @@ Lineage: every element of the keys (sound; not claimed exact). On blocks: as it 
 from __future__ import annotations
 
 from ..backends.blocks import bind_as_is
-from .fallback import conservative, whole_operands
+from ..propagation.context import RuleContext, RuleOutput
+from ..propagation.sharding import TensorSharding
+from .fallback import conservative as _conservative
+from .fallback import whole_operands
 from .opdef import Family, defs
+
+
+def conservative(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
+    """Keys and bits replicated, on purpose (see the module docstring)."""
+    return _conservative(ctx, *operands)
 
 OPS = defs(("random_bits", "random_seed", "random_wrap", "random_unwrap", "random_split", "random_fold_in",
             "random_clone", "random_gamma", "rng_bit_generator", "rng_uniform"), Family.RANDOM,

@@ -48,8 +48,8 @@ def reduce(ctx: RuleContext, *operands: TensorSharding, dimensions, **params) ->
     reduced = set(dimensions)
     kept = [k for k in range(len(arrays[0].shape)) if k not in reduced]
     out_shape = ctx.out_avals[0].shape
-    axes = tuple(ctx.merge(i, out_shape[i], [a.axes[k] for a in arrays]) for i, k in enumerate(kept))
-    outputs = tuple(TensorSharding(aval.shape, axes) for aval in ctx.out_avals)
+    outputs = tuple(TensorSharding(aval.shape, tuple(ctx.merge(i, out_shape[i], [a.axes[k] for a in arrays])
+                                                     for i, k in enumerate(kept))) for aval in ctx.out_avals)
     need = [()] * len(arrays[0].shape)
     for i, k in enumerate(kept):
         need[k] = outputs[0].layout[i]
@@ -105,6 +105,7 @@ OPS = [
     # No collective multiplies or xors partial results: these are given their reduced axes whole.
     _reduction("reduce_prod", None),
     _reduction("reduce_xor", None),
-    OpDef("reduce", Family.REDUCTION, propagate=reduce, lineage=reduce_lineage, lineage_exact=True,
+    # not exact with several operands: the computation may combine them any way
+    OpDef("reduce", Family.REDUCTION, propagate=reduce, lineage=reduce_lineage, lineage_exact=False,
           per_block=bind_as_is, finish=None, pull=None),
 ]

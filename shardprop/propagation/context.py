@@ -12,8 +12,9 @@ they raise :class:`RuleConflict` and the dispatcher adds the op, the source line
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
+from ..errors import ConflictKind
 from ..expr.graph import Aval
 from .sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding, is_refinement, shard_count
 
@@ -32,7 +33,7 @@ class RuleConflict(Exception):
     the per-axis layouts (mesh axes) that clash, ``kind`` as in :class:`~shardprop.ShardingConflictError`."""
 
     def __init__(self, axis: int | None, detail: str, layouts: tuple[tuple[str, ...], ...] = (),
-                 kind: Literal["mismatch", "reuse"] = "mismatch"):
+                 kind: ConflictKind = ConflictKind.MISMATCH):
         super().__init__(detail)
         self.axis, self.detail, self.layouts, self.kind = axis, detail, layouts, kind
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..checks import enabled
 from ..errors import InvariantError
 from .product import ShardedGraph
-from .sharding import Layout, Sharded, shard_count
+from .sharding import Layout, Sharded, shard_count, uses_mesh_axes_once
 
 
 def checked(sharded: ShardedGraph) -> ShardedGraph:
@@ -57,9 +57,9 @@ def check_sharded(sharded: ShardedGraph) -> None:
         check_sharded(body)
 
 
+
 def _check_layout(layout: Layout, what: str) -> None:
-    names = [name for m in layout for name in m]
-    if len(names) != len(set(names)):
+    if not uses_mesh_axes_once(layout):
         _fail(f"{what} uses a mesh axis twice: {layout}")
 
 

@@ -18,16 +18,16 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..errors import FallbackWarning, NoRuleError, ShardingConflictError, ShardingError, SpecTreeError
+from ..errors import ConflictKind, FallbackWarning, NoRuleError, ShardingConflictError, ShardingError, SpecTreeError
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
-from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name
+from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, short_source, value_name
 from ..ops import has_record, lookup
 from .context import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
-from .sharding import Layout, Open, Sharded, TensorSharding, layout_from_spec, shard_count
+from .sharding import Layout, Open, Sharded, TensorSharding, layout_from_spec, shard_count, uses_mesh_axes_once
 
 _warned_fallbacks: set[str] = set()
 
@@ -150,6 +150,7 @@ class _Walk:
         # One context for the whole walk (its avals are set per node): 10^5-node graphs are the norm.
         ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.resolve is not None,
                           propagate_body=self.propagate_body)
+        records: dict = {}  # primitive name -> its record, looked up once per walk
         for node in self.graph.nodes:
             out_avals = ctx.out_avals = tuple([avals[v] for v in node.outputs])
             ctx.in_avals = tuple([avals[v] for v in node.operands])
@@ -166,7 +167,9 @@ class _Walk:
                 shape = out_avals[0].shape
                 outputs, needs, rule_name = (TensorSharding(shape, (None,) * len(shape)),), (), RuleName.CONSTANT
             else:
-                op = lookup(node.op)
+                op = records.get(node.op)
+                if op is None:
+                    op = records[node.op] = lookup(node.op)
                 try:
                     result = op.propagate(ctx, *[self.shardings[v] for v in node.operands], **node.params)
                 except RuleConflict as conflict:
@@ -210,8 +213,7 @@ class _Walk:
         return TensorSharding(sharding.shape, tuple(axes))
 
     def _check_mesh_axes_once(self, node: Node, sharding: TensorSharding) -> None:
-        names = [name for m in sharding.layout for name in m]
-        if len(names) == len(set(names)):
+        if uses_mesh_axes_once(sharding.layout):
             return
         seen: dict[str, int] = {}
         for k, a in enumerate(sharding.axes):
@@ -221,7 +223,7 @@ class _Walk:
                         raise self._conflict(node, RuleConflict(
                             k, f"mesh axis {name!r} would shard both output axes {seen[name]} and {k}; a mesh axis "
                                "may shard at most one axis of a tensor", (sharding.layout[seen[name]], a.mesh_axes),
-                            kind="reuse"))
+                            kind=ConflictKind.REUSE))
                     seen[name] = k
 
     def _conflict(self, node: Node, conflict: RuleConflict) -> ShardingConflictError:
@@ -250,13 +252,13 @@ class _Walk:
             root = (f"argument {node.params['index']} ({value_name(origin.value)}) has spec "
                     f"{self.shardings[origin.value].spec}")
         else:
-            root = f"`{node.op}` at {_short(node.source)} adopted it"
-        ops = [f"`{n.op}` at {_short(n.source)}" for _, _, n in origin.steps]
+            root = f"`{node.op}` at {_where(node.source)} adopted it"
+        ops = [f"`{n.op}` at {_where(n.source)}" for _, _, n in origin.steps]
         if not ops:
             return root
         more = f" -> ... {len(ops) - 4} more ops" if len(ops) > 4 else ""
         return f"{root}, via {' -> '.join(ops[:4])}{more}"
 
 
-def _short(source: str | None) -> str:
-    return source.rsplit("/", 1)[-1] if source else "an unknown line"
+def _where(source: str | None) -> str:
+    return short_source(source, "an unknown line")

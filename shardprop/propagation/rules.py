@@ -7,6 +7,10 @@ from __future__ import annotations
 from types import MappingProxyType
 
 
+from ..ops.fallback import conservative  # noqa: E402, F401  (the names rule authors imported from here)
+from .context import CREATED, OpenTracker, RuleConflict, RuleContext, RuleOutput  # noqa: E402, F401
+
+
 def __getattr__(name: str):
     if name == "RULES":
         from ..ops import table

@@ -179,6 +179,12 @@ def layout_refines(produced: Layout, needed: Layout) -> bool:
     return all(n[: len(p)] == p for p, n in zip(produced, needed, strict=True))
 
 
+def uses_mesh_axes_once(layout: Layout) -> bool:
+    """True when no mesh axis shards two axes of the tensor (a layout must)."""
+    names = [name for m in layout for name in m]
+    return len(names) == len(set(names))
+
+
 def common_layout(produced: Layout, needed: Layout) -> Layout:
     """Per axis, the longest common prefix: what must be moved so that ``needed`` is a local slice of it."""
     out = []

@@ -91,6 +91,17 @@ def hlo_dtype_name(dtype) -> str:
     return _HLO_DTYPE.get(name) or (_HLO_KIND[m[1]] + m[2] if m else name)
 
 
+def hlo_itemsize(name: str) -> float:
+    """Bytes per element of an XLA element type: ``pred`` is a byte; the others carry their bit width in the
+    name (``f32``, ``bf16``, ``f8e4m3fn``, ``s4``, ``c64``)."""
+    if name == "pred":
+        return 1
+    m = re.match(r"[a-z]+?(\d+)", name)
+    if m is None:
+        raise ValueError(f"unknown XLA element type {name!r}")
+    return int(m[1]) / 8
+
+
 def transfer(kind: TransferKind, mesh_axes: tuple[str, ...], aval: Aval, layout: Layout,
              mesh_shape: Mapping[str, int]) -> Transfer:
     """``kind`` over ``mesh_axes`` whose per-device result is a block of ``aval`` laid out as ``layout``."""

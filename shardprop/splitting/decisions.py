@@ -6,7 +6,7 @@ communication strategy revises some answers (a sum finished by a ``psum`` consum
 reduce-scatter holds its result more finely). :class:`Decisions` holds propagation's product and the
 revisions, and answers with the revised value where there is one — the one place that question is answered.
 The strategies take one ``Decisions`` and return the next; :class:`~shardprop.splitting.plan.Plan` is the
-last one, with its stages; lowering, inspection and the debugger read a Plan through these methods::
+last one, with its stages; lowering and inspection read a Plan through these methods::
 
     plan.needs(node_id)        # operand layouts, in operand order
     plan.layout(value)         # the layout the value is held in once computed
@@ -91,15 +91,14 @@ class Decisions:
         """``(operand value, layout the node consumes it in)`` for each operand, in operand order."""
         return zip(node.operands, self.needs(node.id), strict=True)
 
-    def revised(self, *, needs: Mapping[int, tuple[Layout, ...]] | None = None,
-                collectives: Mapping[int, Collective] | None = None,
-                held: Mapping[int, Layout] | None = None) -> Decisions:
+    def revised(self, *, needs: Mapping[int, tuple[Layout, ...]] = _EMPTY,
+                collectives: Mapping[int, Collective] = _EMPTY, held: Mapping[int, Layout] = _EMPTY) -> Decisions:
         """A new ``Decisions`` with these entries added (or replaced); this one is unchanged."""
         return replace(
             self,
-            need_overrides=MappingProxyType({**self.need_overrides, **(needs or {})}),
-            collectives=MappingProxyType({**self.collectives, **(collectives or {})}),
-            held=MappingProxyType({**self.held, **(held or {})}),
+            need_overrides=MappingProxyType({**self.need_overrides, **needs}),
+            collectives=MappingProxyType({**self.collectives, **collectives}),
+            held=MappingProxyType({**self.held, **held}),
         )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..checks import enabled
 from ..errors import InvariantError
 from ..expr.graph import CONSTANT, PARAMETER
-from ..propagation.sharding import Layout, layout_refines
+from ..propagation.sharding import Layout, layout_refines, uses_mesh_axes_once
 from .plan import Plan, Source
 
 
@@ -77,9 +77,9 @@ def _check_source(plan: Plan, source: Source, value: int, *, before: int, what: 
         _fail(f"{what} {value} names output {source.index} of stage {source.stage}, which is not that value")
 
 
+
 def _check_layout(layout: Layout, what: str) -> None:
-    names = [name for m in layout for name in m]
-    if len(names) != len(set(names)):
+    if not uses_mesh_axes_once(layout):
         _fail(f"{what} uses a mesh axis twice: {layout}")
 
 

@@ -75,6 +75,11 @@ class Plan(Decisions):
     output_sources: tuple[Source, ...]
     strategy: Strategy | None
 
+    @property
+    def is_split(self) -> bool:
+        """False for :meth:`unsplit` plans: propagation's view, with no stages and no strategy."""
+        return self.strategy is not None
+
     @classmethod
     def unsplit(cls, sharded: ShardedGraph) -> Plan:
         """Propagation's answers and no stages: what inspection shows for a ShardedGraph."""

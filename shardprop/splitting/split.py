@@ -48,8 +48,13 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     bytes.
     """
     if not isinstance(sharded, ShardedGraph):
-        raise OptionError(f"split takes a ShardedGraph (sp.propagate(...), or prog.sharded of a Program), got "
-                          f"{type(sharded).__name__}")
+        # prog.graph (the printed view of a plan) or a Program: split the graph it was propagated from afresh,
+        # as sp.split(prog.graph) did before the products stopped pointing at each other
+        plan = getattr(sharded, "plan", None)
+        if not isinstance(plan, Plan):
+            raise OptionError(f"split takes a ShardedGraph (sp.propagate(...), or prog.sharded of a Program), got "
+                              f"{type(sharded).__name__}")
+        sharded = plan.sharded
     strategy = Strategy.parse(strategy)
     decisions = Decisions.propagated(sharded)
     if strategy is not Strategy.GATHER:

@@ -32,7 +32,7 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
     collectives: dict[int, Collective] = {}
     for node in decisions.graph.nodes:
         op = lookup(node.op)
-        found = op.finish(decisions, node) if op is not None and op.finish is not None else None
+        found = op.finish(decisions, node) if op.finish is not None else None
         if found is not None and (not only_if_cheaper or collective_bytes(decisions, node, found[1])
                                   <= node_gather_bytes(decisions, node)):
             needs[node.id], collectives[node.id] = found
@@ -82,7 +82,7 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
         p = nodes[producer[v]]
         op = lookup(p.op)
         if (v in outputs or len(consumers[v]) != 1 or len(p.outputs) != 1 or p.id in draft.need_overrides
-                or op is None or op.pull is None):
+                or op.pull is None):
             return direct, []
         pulled = op.pull(graph, p, target)
         if pulled is None:

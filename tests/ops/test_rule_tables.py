@@ -11,6 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
+from shardprop.errors import ConflictKind
 from shardprop.expr.graph import Aval, Graph, Node
 from shardprop.ops import lookup
 from shardprop.propagation import ShardedGraph
@@ -108,7 +109,7 @@ def test_rule_table(row):
 def test_rule_conflicts(op, operands, out_shapes, params):
     with pytest.raises(RuleConflict) as caught:
         apply(op, operands, out_shapes, **params)
-    assert caught.value.kind == "mismatch" and len(caught.value.layouts) == 2
+    assert caught.value.kind is ConflictKind.MISMATCH and len(caught.value.layouts) == 2
 
 
 def _decisions(shapes, layouts, op, params, out_shape, dtype=F32):
