@@ -76,8 +76,25 @@ def finish(node: Node, invals: list, outs: list, collective: Collective, mesh_sh
     if kind is CollectiveKind.PSUM_SCATTER:
         return [lax.psum_scatter(x, collective.mesh_axes, scatter_dimension=collective.dimension, tiled=True)
                 for x in outs]
-    combine = {CollectiveKind.PSUM: lax.psum, CollectiveKind.PMAX: lax.pmax, CollectiveKind.PMIN: lax.pmin}[kind]
-    return [combine(x, collective.mesh_axes) for x in outs]
+    if kind is CollectiveKind.PSUM:
+        return [lax.psum(x, collective.mesh_axes) for x in outs]
+    return [_extreme(x, kind is CollectiveKind.PMAX, collective.mesh_axes) for x in outs]
+
+
+def _extreme(x, is_max: bool, mesh_axes):
+    """The maximum (minimum) of every device's ``x``, as ``jnp.max`` (``jnp.min``) would give it over the whole
+    array: XLA's cross-device max and min neither propagate NaN nor tell -0 from +0, so for floats a NaN on any
+    device wins, and a zero result takes the sign the unsharded reduction gives it (+0 for max, -0 for min)."""
+    combine = lax.pmax if is_max else lax.pmin
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return combine(x, mesh_axes)
+    nan = jnp.isnan(x)
+    best = combine(jnp.where(nan, -jnp.inf if is_max else jnp.inf, x), mesh_axes)
+    any_nan = lax.pmax(nan.astype(jnp.int8), mesh_axes) > 0
+    wanted_zero = (x == 0) & (jnp.signbit(x) != is_max)  # +0 for a max, -0 for a min
+    any_wanted_zero = lax.pmax(wanted_zero.astype(jnp.int8), mesh_axes) > 0
+    best = jnp.where((best == 0) & any_wanted_zero, jnp.where(is_max, 0.0, -0.0).astype(x.dtype), best)
+    return jnp.where(any_nan, jnp.array(jnp.nan, x.dtype), best)
 
 
 def _combine_arg(node, block, local_index, collective, mesh_shape):

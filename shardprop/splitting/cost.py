@@ -136,7 +136,8 @@ def node_gather_bytes(view: Decisions, node: Node) -> float:
 
 def collective_transfers(view: Decisions, node: Node, collective: Collective) -> list[Transfer]:
     """The collectives that finish ``node``: an all-reduce (a reduce-scatter for ``psum_scatter``) of each
-    output's block; ``argmax``/``argmin`` also all-reduce the extreme values and, for floats, a NaN flag."""
+    output's block; ``argmax``/``argmin`` also all-reduce the extreme values and, for floats, a NaN flag; a float
+    ``pmax``/``pmin`` also a NaN flag and a signed-zero flag (one byte each)."""
     graph = view.graph
     kind = TransferKind.REDUCE_SCATTER if collective.kind is CollectiveKind.PSUM_SCATTER else TransferKind.ALL_REDUCE
     # A reduce-scatter's result is the finer block the plan holds; an all-reduce's the block it computed.
@@ -145,12 +146,19 @@ def collective_transfers(view: Decisions, node: Node, collective: Collective) ->
     for v in node.outputs:
         aval = graph.avals[v]
         out.append(transfer(kind, collective.mesh_axes, aval, layout(v), view.mesh_shape))
+        extra = []
         if collective.kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):
             operand_dtype = graph.avals[node.operands[0]].dtype
             extra = [operand_dtype] + ([np.dtype(np.int32)] if np.dtype(operand_dtype).kind == "f" else [])
-            out += [transfer(kind, collective.mesh_axes, Aval(aval.shape, np.dtype(dt)), layout(v), view.mesh_shape)
-                    for dt in extra]
+        elif collective.kind in (CollectiveKind.PMAX, CollectiveKind.PMIN) and _is_float(aval.dtype):
+            extra = [np.dtype(np.int8)] * 2
+        out += [transfer(kind, collective.mesh_axes, Aval(aval.shape, np.dtype(dt)), layout(v), view.mesh_shape)
+                for dt in extra]
     return out
+
+
+def _is_float(dtype) -> bool:
+    return not jx.is_extended_dtype(dtype) and np.dtype(dtype).kind == "f"
 
 
 def collective_bytes(view: Decisions, node: Node, collective: Collective) -> float:

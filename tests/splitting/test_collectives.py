@@ -145,3 +145,23 @@ def test_auto_places_a_gather_before_the_broadcast_that_would_make_it_bigger(mes
     assert sum(t.bytes for t in nx_style.communication()) == 64 * 32 * 4
     assert [(t.kind, t.bytes) for t in auto.communication()] == [
         (t.kind, t.bytes) for t in auto.estimated_communication()]
+
+
+@pytest.mark.parametrize("strategy", ["auto", "collective"])
+@pytest.mark.parametrize("name,f,spec", [
+    ("min_all", jnp.min, P(None, "j")),
+    ("max_rows", lambda a: jnp.max(a, axis=0), P("i")),
+    ("min_rows", lambda a: jnp.min(a, axis=0), P("i")),
+])
+def test_max_and_min_finishes_keep_nan_and_signed_zero_as_jnp_does(name, f, spec, strategy, mesh):
+    # XLA's cross-device max/min drop NaN and ignore the sign of zero; the result must still be jnp's.
+    with_nan = np.arange(128, dtype=np.float32).reshape(16, 8)
+    with_nan[9, 1] = np.nan
+    zeros = np.zeros((16, 8), np.float32)
+    zeros[5] = -0.0
+    for x in (with_nan, zeros, -zeros):
+        fs = sp.autoshard(f, mesh=mesh, in_specs=spec, strategy=strategy)
+        assert fs.trace(x).plan.collectives, "the point is the collective finish"
+        got, want = np.asarray(fs(x)), np.asarray(f(jnp.asarray(x)))
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
