@@ -157,7 +157,7 @@ A stable document, schema id `shardprop.inspect/1`; `shardprop inspect --schema`
 | `inputs`, `outputs` | per flat input/output: `index`, `value` (its name in the listing), `layout`; outputs also their `source` |
 | `values` | per value: `id`, `name`, `dtype`, `shape`, `layout` (as the plan holds it), `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards` as propagation made them, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt. The two differ only where a reduce-scatter holds a value finer than its shards (`layout` over `j`, the shards replicated) |
 | `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the layout each operand is consumed in), `collective` (`{{kind, mesh_axes, dimension}}` or null) |
-| `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it arrives in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`) |
+| `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it arrives in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`); `"outside_shard_map": true` for a stage that runs a primitive without a record on whole arrays under the program's `jax.jit` |
 | `explain`, `lineage` | present when asked for with `--explain` / `--lineage`: `Explanation.to_dict()`, and `{{value, box, exact, inputs: {{index: boxes}}}}` |
 
 A *layout* is one list per tensor axis of the mesh axes it is laid out over (`[]`: replicated). An excerpt

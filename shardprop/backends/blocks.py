@@ -42,6 +42,14 @@ def bind_as_is(node: Node, invals: list, blocks: Blocks) -> list:
     return jx.bind(node.primitive, invals, dict(node.params))
 
 
+def bind_globally(node: Node, invals: list, blocks: Blocks) -> list:
+    """The ``per_block`` piece of a primitive that must not run inside ``shard_map`` (one shardprop has no
+    record for: a ``shard_map`` of the user's, a host callback, an op JAX cannot lower under manual sharding).
+    Its stage runs outside ``shard_map``, on whole arrays, under the program's ``jax.jit``; its operands are
+    gathered (the conservative record), so its blocks are the whole arrays and binding is the same call."""
+    return jx.bind(node.primitive, invals, dict(node.params))
+
+
 def bind_with(rewrite: Callable[[Mapping[str, Any], Blocks], dict]) -> Callable[[Node, list, Blocks], list]:
     """A ``per_block`` piece that binds the primitive with its shape-carrying params rewritten for the blocks
     (``rewrite(params, blocks) -> params``)."""

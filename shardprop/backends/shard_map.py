@@ -18,12 +18,16 @@ from .evaluate import run_nodes
 
 def stage_function(plan: Plan, stage: Stage, mesh: Mesh) -> Callable:
     """Stage ``stage`` as a ``shard_map``: called with its inputs (``stage.inputs`` order), it returns its
-    outputs (``stage.outputs`` order), each laid out as the stage's specs say."""
+    outputs (``stage.outputs`` order), each laid out as the stage's specs say. A stage ``outside_shard_map``
+    runs its nodes on the whole arrays as they are (its layouts are replicated), under the caller's jit."""
 
     def body(*blocks):
         received = {(i.value, i.layout): blk for i, blk in zip(stage.inputs, blocks, strict=True)}
         local = run_nodes(plan, stage.nodes, received, {})
         return tuple(local[v] for v in stage.outputs)
+
+    if stage.outside_shard_map:
+        return body
 
     # check_vma=False: we bind primitives directly, which skips JAX's automatic pcast insertion; the
     # replication claims in out_specs hold by construction (replicated outputs are computed from gathered or

@@ -236,9 +236,9 @@ def _source_of(eqn) -> str | None:
 
 def bind(primitive: Primitive, invals: Sequence[Any], params: dict) -> list:
     """Apply ``primitive`` to ``invals`` with an equation's params; always returns a list of outputs."""
-    bind_params = dict(primitive.get_bind_params(params))
-    subfuns = bind_params.pop("subfuns", ())  # call primitives take their body as leading arguments
-    out = primitive.bind(*subfuns, *invals, **bind_params)
+    # As jax 0.10.2's own eval_jaxpr does: a call-like primitive (shard_map) keeps its body in the params
+    # ("subfuns"), which its bind pops itself.
+    out = primitive.bind(*invals, **primitive.get_bind_params(params))
     return list(out) if primitive.multiple_results else [out]
 
 

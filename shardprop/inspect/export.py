@@ -56,8 +56,9 @@ def to_json(prog: Any) -> dict[str, Any]:
         })
     stages = []
     for stage in plan.stages:
+        extra = {"outside_shard_map": True} if stage.outside_shard_map else {}  # only then: say what is unusual
         stages.append({
-            "id": stage.id, "nodes": list(stage.nodes),
+            "id": stage.id, "nodes": list(stage.nodes), **extra,
             "inputs": [{"value": value_name(i.value), "layout": _layout(i.layout),
                         "source": _source(i.source)} for i in stage.inputs],
             "outputs": [{"value": value_name(v), "layout": _layout(layout)}
@@ -136,8 +137,10 @@ SCHEMA: dict[str, Any] = {
         "stages": {"type": "array", "items": _object({
             "id": {"type": "integer", "minimum": 0},
             "nodes": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "outside_shard_map": {"const": True},  # present only for a stage that runs outside shard_map
             "inputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT, "source": _SOURCE})},
-            "outputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT})}})},
+            "outputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT})}},
+            required=["id", "nodes", "inputs", "outputs"])},
         # --explain NAME: {NAME: Explanation.to_dict()}
         "explain": {"type": "object", "additionalProperties": _object({
             "value": _NAME, "equation": {"type": "string"}, "rule": {"type": "string"},

@@ -93,9 +93,10 @@ def _stage_header(plan: Plan, stage: Stage) -> list[str]:
         else:
             how = f"as [{format_layout(shape, i.layout)}], no communication"
         arriving.append(f"   {value_name(i.value)} from {where}, {how}")
+    where = " (outside shard_map)" if stage.outside_shard_map else ""
     if not arriving:
-        return [f"── stage {stage.id} ──"]
-    return [f"── stage {stage.id} ── receives:", *arriving]
+        return [f"── stage {stage.id}{where} ──"]
+    return [f"── stage {stage.id}{where} ── receives:", *arriving]
 
 
 def format_stages(plan: Plan) -> str:
@@ -105,7 +106,8 @@ def format_stages(plan: Plan) -> str:
     lines = []
     for stage in plan.stages:
         ops = [graph.nodes[n].op for n in stage.nodes if graph.nodes[n].op != CONSTANT]
-        lines.append(f"stage {stage.id}: {len(ops)} ops ({', '.join(dict.fromkeys(ops))})")
+        where = ", outside shard_map" if stage.outside_shard_map else ""
+        lines.append(f"stage {stage.id}: {len(ops)} ops ({', '.join(dict.fromkeys(ops))}){where}")
         for i in stage.inputs:
             produced = plan.layout(i.value)
             moved = "" if produced == i.layout else \

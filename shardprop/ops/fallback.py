@@ -1,12 +1,15 @@
 """The conservative rule for primitives without a proven one: every operand gathered, outputs replicated.
 
 Always correct, never fast; the propagation pass warns once per primitive name when it uses it. Its lineage is
-every element of every operand (sound, not exact), and it runs on the gathered blocks as it is.
+every element of every operand (sound, not exact). A primitive without a record runs outside ``shard_map``, in a
+stage of its own under the program's ``jax.jit``, on the whole (gathered) arrays: whatever it is — a
+``shard_map`` of the user's, a host callback, an op JAX cannot lower under manual sharding — it then runs as it
+would under ``jax.jit``.
 """
 
 from __future__ import annotations
 
-from ..backends.blocks import bind_as_is
+from ..backends.blocks import bind_globally
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
@@ -26,4 +29,4 @@ def whole_operands(ctx: LineageContext, box: Box, output: int, **params) -> list
 def fallback_for(name: str) -> OpDef:
     """The record used for primitive ``name`` when it has none of its own."""
     return OpDef(name, Family.FALLBACK, propagate=conservative, lineage=whole_operands, lineage_exact=False,
-                 per_block=bind_as_is, finish=None, pull=None)
+                 per_block=bind_globally, finish=None, pull=None)

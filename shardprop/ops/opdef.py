@@ -64,6 +64,13 @@ class OpDef:
         """True for the conservative record of a primitive without one of its own."""
         return self.family is Family.FALLBACK
 
+    @property
+    def runs_outside_shard_map(self) -> bool:
+        """True when the primitive runs on whole arrays in a stage of its own outside ``shard_map``."""
+        from ..backends.blocks import bind_globally
+
+        return self.per_block is bind_globally
+
     @cached_property
     def rule_name(self) -> str:
         """``family_module.function`` of the propagation rule, as listings and ``sp.explain`` print it."""

@@ -5,6 +5,7 @@
   embeds, or a stage input in a layout the node's need is a local slice of;
 * every stage input, and every program output, comes from a source that exists earlier (an argument, or an
   output of an earlier stage that is that value);
+* a stage outside ``shard_map`` holds only primitives that run there, and no other stage holds one;
 * stage outputs are held in the plan's layout; no layout uses a mesh axis twice.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from ..checks import enabled
 from ..errors import InvariantError
 from ..expr.graph import CONSTANT, PARAMETER
+from ..ops import lookup
 from ..propagation.sharding import Layout, layout_refines, uses_mesh_axes_once
 from .plan import Plan, Source
 
@@ -45,6 +47,9 @@ def check_plan(plan: Plan) -> None:
                 continue
             if n in placed:
                 _fail(f"node {n} (`{node.op}`) runs in stages {placed[n]} and {stage.id}")
+            if lookup(node.op).runs_outside_shard_map != stage.outside_shard_map:
+                _fail(f"node {n} (`{node.op}`) runs {'outside' if stage.outside_shard_map else 'inside'} shard_map "
+                      f"in stage {stage.id}, but its record says otherwise")
             placed[n] = stage.id
             for v, need in plan.edges(node):
                 _check_layout(need, f"node {n} (`{node.op}`) need")

@@ -45,7 +45,8 @@ class StageInput:
 @dataclass(frozen=True, eq=False)
 class Stage:
     """A piece of the graph that runs as one ``shard_map`` with no gather inside (collectives may finish
-    nodes inside it).
+    nodes inside it) — or, with ``outside_shard_map``, one primitive without a record that runs on whole
+    arrays under the program's ``jax.jit``.
 
     ``nodes`` are node ids (constants first, then graph order); ``outputs`` are the values later stages or
     the program need, each in the layout the plan holds it in.
@@ -56,6 +57,7 @@ class Stage:
     inputs: tuple[StageInput, ...]
     outputs: tuple[int, ...]
     out_layouts: tuple[Layout, ...]
+    outside_shard_map: bool = False
 
     @property
     def in_specs(self) -> tuple[PartitionSpec, ...]:

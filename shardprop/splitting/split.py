@@ -25,6 +25,7 @@ from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, common_layout, layout_refines
 from .collectives import Strategy
 from .decisions import Decisions
+from ..ops import lookup
 from .invariants import checked
 from .plan import Plan, Source, Stage, StageInput
 from .strategies import finish_with_collectives, pull_gathers_back, scatter_where_consumers_slice
@@ -74,7 +75,13 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
     nodes, producer = graph.nodes, graph.producer
     leaf_ops = (PARAMETER, CONSTANT)
 
-    stage_of: dict[int, int] = {}
+    # Primitives without a record run outside shard_map, on whole arrays: a stage boundary on either side.
+    outside = {n.id for n in nodes if n.op not in leaf_ops and lookup(n.op).runs_outside_shard_map}
+
+    def boundary(v: int, need: Layout, consumer: int) -> bool:
+        return needs_gather(decisions.layout(v), need) or producer[v] in outside or consumer in outside
+
+    level_of: dict[int, int] = {}
     for node in nodes:
         if node.op in leaf_ops:
             continue
@@ -83,13 +90,20 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
             p = producer[v]
             if nodes[p].op in leaf_ops:
                 continue
-            level = max(level, stage_of[p] + needs_gather(decisions.layout(v), need))
-        stage_of[node.id] = level
-    _sink_argument_only_nodes(decisions, stage_of)
+            level = max(level, level_of[p] + boundary(v, need, node.id))
+        level_of[node.id] = level
+    _sink_argument_only_nodes(decisions, level_of, boundary)
+    # Each level is a shard_map stage, followed by a stage outside shard_map when the level holds such nodes
+    # (they neither read nor feed the shard_map stage of their own level).
+    kinds = sorted({(level, n in outside) for n, level in level_of.items()})
+    stage_number = {kind: k for k, kind in enumerate(kinds)}
+    stage_of = {n: stage_number[(level, n in outside)] for n, level in level_of.items()}
+    runs_outside = [is_outside for _, is_outside in kinds]
 
-    n_stages = max(stage_of.values(), default=-1) + 1
+    n_stages = len(kinds)
     if n_stages == 0 and any(nodes[producer[v]].op == CONSTANT for v in graph.outputs):
         n_stages = 1  # a function returning only constants still needs a stage to build them
+        runs_outside = [False]
     members: list[list[int]] = [[] for _ in range(n_stages)]
     inputs: list[dict[tuple[int, Layout], StageInput]] = [{} for _ in range(n_stages)]
     outputs: list[dict[int, int]] = [{} for _ in range(n_stages)]  # value -> output index
@@ -128,11 +142,12 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
     for s in range(n_stages):
         body = tuple(sorted(constants[s]) + members[s])  # constants first, then graph order
         outs = tuple(outputs[s])
-        stages.append(Stage(s, body, tuple(inputs[s].values()), outs, tuple(decisions.layout(v) for v in outs)))
+        stages.append(Stage(s, body, tuple(inputs[s].values()), outs, tuple(decisions.layout(v) for v in outs),
+                            outside_shard_map=runs_outside[s]))
     return tuple(stages), tuple(output_sources)
 
 
-def _sink_argument_only_nodes(decisions: Decisions, stage_of: dict[int, int]) -> None:
+def _sink_argument_only_nodes(decisions: Decisions, stage_of: dict[int, int], boundary) -> None:
     """Move nodes that depend on arguments and constants only (a broadcast bias, a cast of a weight) down
     to the first stage that uses them: computing them early would only ship their results between stages,
     while the arguments they read are available to every stage anyway."""
@@ -151,7 +166,7 @@ def _sink_argument_only_nodes(decisions: Decisions, stage_of: dict[int, int]) ->
         latest = []
         for v in node.outputs:
             for c in consumers[v]:
-                cut = any(needs_gather(decisions.layout(v), need) for u, need in decisions.edges(nodes[c]) if u == v)
+                cut = any(boundary(v, need, c) for u, need in decisions.edges(nodes[c]) if u == v)
                 latest.append(stage_of[c] - cut)
         if latest:
             stage_of[node.id] = max(stage_of[node.id], min(latest))

@@ -102,3 +102,32 @@ def test_a_mesh_with_explicit_axes_works_too():
 def test_something_other_than_a_mesh_is_a_mesh_error():
     with pytest.raises(sp.MeshError, match="expected a jax.sharding.Mesh"):
         sp.autoshard(nx_example, mesh=(4, 2), in_specs=None).trace(*random_args([((16, 8), np.float32)] * 2))
+
+
+def test_what_has_no_record_runs_as_under_jit(mesh, capsys):
+    """A shard_map of the user's, a host callback, jax.debug.print: run outside shard_map, on whole arrays,
+    they behave as under jax.jit (before, they were bound on every device's block, or failed to lower)."""
+    import warnings
+
+    from jax import lax
+
+    a = np.arange(128, dtype=np.float32).reshape(16, 8)
+
+    def kernel(x):
+        return jax.shard_map(lambda u: lax.psum(u, "i"), mesh=mesh, in_specs=P("i"), out_specs=P())(x) * 3
+
+    def callback(x):
+        return jax.pure_callback(lambda y: np.asarray(y) * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), x) + x
+
+    def printing(x):
+        jax.debug.print("total {}", x.sum())
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        for f in (kernel, callback, printing):
+            prog = sp.autoshard(f, mesh=mesh, in_specs=(P("i"),)).trace(a)
+            np.testing.assert_allclose(prog(a), f(jnp.asarray(a)), rtol=1e-6)
+            assert any(s.outside_shard_map for s in prog.stages)
+    jax.effects_barrier()
+    assert capsys.readouterr().out.count("total 8128.0") == 2  # once for shardprop's run, once for jnp's

@@ -110,3 +110,20 @@ def test_json_of_a_workload_with_collectives_and_scans_validates(mesh):
     jsonschema.validate(json.loads(json.dumps(doc)), SCHEMA)
     assert any(n["collective"] for n in doc["nodes"])
     assert len(doc["values"]) == len(prog.graph.graph.avals)
+
+
+def test_json_marks_a_stage_outside_shard_map_and_still_validates(mesh):
+    import warnings
+
+    from jax import lax
+
+    def f(a):
+        return lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 2.0), (0, jnp.exp(a)))[1] + 1.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        prog = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"),)).trace(jnp.ones((16, 8)))
+    doc = sp.to_json(prog)
+    jsonschema.validate(json.loads(json.dumps(doc)), SCHEMA)
+    assert [s.get("outside_shard_map", False) for s in doc["stages"]] == [False, True, False]
+    assert "── stage 1 (outside shard_map) ──" in str(prog.graph)
