@@ -107,14 +107,33 @@ class Program:
         return estimate(self.plan)
 
     def stage(self, k: int):
-        """Stage ``k`` alone, jitted: call it with its inputs (``prog.stages[k].inputs`` order)."""
+        """Stage ``k`` alone, jitted: call it with its inputs in ``prog.stages[k].inputs`` order (whole arrays;
+        other shapes or dtypes are an :class:`~shardprop.InputMismatchError` naming what the stage expects)."""
         if k not in self._jitted_stages:
-            self._jitted_stages[k] = jax.jit(self._stage_fns[k])
+            self._jitted_stages[k] = _checked_stage(self.plan, self.plan.stages[k], jax.jit(self._stage_fns[k]))
         return self._jitted_stages[k]
 
     def __repr__(self) -> str:
         n = len(self.plan.stages)
         return f"<Program {n} stage{'' if n == 1 else 's'} on mesh {dict(self.mesh.shape)}>"
+
+
+def _checked_stage(plan: Plan, stage, jitted):
+    """``jitted`` (stage ``stage``), checking its arguments against the stage's inputs first."""
+    from .inspect.listing import typed_name
+
+    avals = [plan.graph.avals[i.value] for i in stage.inputs]
+    wanted = ", ".join(typed_name(plan, i.value, i.layout) for i in stage.inputs)
+
+    def call(*args):
+        got = [Aval(tuple(getattr(a, "shape", ())), jx.as_dtype(getattr(a, "dtype", None))) for a in args]
+        if len(args) != len(avals) or any(g.shape != w.shape or g.dtype != w.dtype
+                                          for g, w in zip(got, avals, strict=True)):
+            raise InputMismatchError(f"stage {stage.id} takes ({wanted}) — whole arrays, in prog.stages["
+                                     f"{stage.id}].inputs order — but was called with ({', '.join(map(str, got))})")
+        return _internal_errors_as_lowering_errors(jitted, *args)
+
+    return call
 
 
 def _internal_errors_as_lowering_errors(fn, *args):

@@ -48,6 +48,9 @@ INLINED_CALLS = frozenset(CALL_JAXPR_PARAM) | {LINEAR_SOLVE}
 # and a ``cond`` whose index is a constant is inlined as that branch.
 PLATFORM_INDEX = "platform_index"
 FOLDED_AT_TRACE = frozenset({PLATFORM_INDEX})
+# Integer scalar arithmetic on constants is folded too, so that ``lax.switch(1, ...)``'s clamped index is known.
+FOLDABLE_INDEX_ARITHMETIC = frozenset({"clamp", "convert_element_type", "add", "sub", "mul", "max", "min", "rem",
+                                       "div", "neg"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,6 +123,12 @@ class _GraphBuilder:
                      weak_inputs=tuple(map(jx.is_weakly_typed, body.invars)),
                      weak_outputs=tuple(map(jx.is_weakly_typed, body.outvars)))
 
+    def _folds(self, eqn, operands) -> bool:
+        if eqn.primitive.name not in jx.FOLDABLE_INDEX_ARITHMETIC or len(eqn.outvars) != 1:
+            return False
+        shape, dtype = jx.aval_of(eqn.outvars[0])
+        return shape == () and getattr(dtype, "kind", "") in "iu" and all(o in self.scalar_constants for o in operands)
+
     def _read(self, env, var) -> int:
         if jx.is_literal(var):
             return self._constant(jx.literal_value(var))
@@ -135,6 +141,10 @@ class _GraphBuilder:
             operands = [self._read(env, var) for var in eqn.invars]
             if eqn.primitive.name == jx.PLATFORM_INDEX:  # folded: the platform is known now
                 env[eqn.outvars[0]] = self._constant(np.int32(jx.static_platform_index(eqn)))
+                continue
+            if self._folds(eqn, operands):  # index arithmetic on constants (lax.switch clamps its index)
+                (value,) = jx.bind(eqn.primitive, [np.asarray(self.scalar_constants[o]) for o in operands], eqn.params)
+                env[eqn.outvars[0]] = self._constant(np.asarray(value))
                 continue
             call = jx.call_body(eqn)
             if call is None and eqn.primitive.name == "cond" and operands[0] in self.scalar_constants:

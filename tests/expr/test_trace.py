@@ -86,3 +86,19 @@ def test_jax_errors_while_tracing_become_trace_errors():
             return a @ b
 
         sp.trace(bad, X, X)
+
+
+def test_static_branches_are_inlined_while_tracing():
+    """``platform_index`` (``jnp.linalg.det``) is folded to the branch for this platform, and a ``cond`` whose
+    index is a constant — including ``lax.switch``'s clamped index — is inlined as that branch."""
+    from jax import lax
+
+    x = jax.ShapeDtypeStruct((4, 5, 5), jnp.float32)  # (3x3 and smaller have a closed form)
+    ops = {n.op for n in sp.trace(jnp.linalg.det, x).nodes}
+    assert "platform_index" not in ops and "cond" not in ops and "lu" in ops
+    for index, branch in ((0, "sin"), (1, "cos"), (7, "tanh"), (-2, "sin")):
+        graph = sp.trace(lambda a, i=index: lax.switch(i, [jnp.sin, jnp.cos, jnp.tanh], a), x)
+        assert [n.op for n in graph.nodes if n.op not in (PARAMETER, CONSTANT)] == [branch]
+    # a predicate computed from data stays a cond
+    data_dependent = sp.trace(lambda a: lax.cond(a.sum() > 0, jnp.sin, jnp.cos, a), x)
+    assert "cond" in {n.op for n in data_dependent.nodes}
