@@ -41,8 +41,9 @@ the `cond` it selects with (`jnp.linalg.det`, `jnp.diag`, ...) is inlined as tha
 Every other primitive the installed JAX defines is listed below with the reason it has no record
 (`shardprop/ops/without_record.py`); `tests/ops/test_completeness.py` checks that records, inlined calls and this
 list cover exactly what JAX defines. Should one appear, it gets the conservative record (`ops/fallback.py`):
-every operand gathered, every output replicated, one `FallbackWarning` per primitive name, and the split pass
-cuts a stage before it.
+every operand gathered, every output replicated, one `FallbackWarning` per primitive name, and it runs in a
+stage of its own outside `shard_map`, on the whole arrays under the program's `jax.jit` — so a `shard_map` of
+the user's, a `pure_callback` or `jax.debug.print` behave as they do under `jax.jit`.
 
 | why | primitives |
 |---|---|

@@ -3,20 +3,22 @@
 Every primitive JAX defines is either one with a record (:func:`shardprop.ops.table`), a call the tracer
 inlines (``jax_adapter.INLINED_CALLS``) or folds (``jax_adapter.FOLDED_AT_TRACE``), or listed here with the
 reason it has no record. Those listed get the conservative record if they ever appear (every operand
-gathered, outputs replicated, a ``FallbackWarning``). ``tests/ops/test_completeness.py`` checks that these
+gathered, outputs replicated, a ``FallbackWarning``) and run in a stage of their own outside ``shard_map``, on
+whole arrays under the program's ``jax.jit``. ``tests/ops/test_completeness.py`` checks that these
 lists cover what the installed JAX defines and that none of them names a primitive it does not.
 """
 
 from __future__ import annotations
 
 COLLECTIVE = ("a named-axis collective: it appears only inside shard_map or pmap, whose bodies chose their "
-              "layouts already")
+              "layouts already (a shard_map of the user's runs outside shardprop's, on whole arrays)")
 STATE = "a mutable reference or state primitive (jax.experimental mutable arrays, hijax): not sharded yet"
 TOKEN = "an ordering token: carries no data"
 AD = "an automatic-differentiation internal: it never appears in a traced program"
 SHAPE_POLY = "shape polymorphism of jax.export: the traced program has concrete shapes"
 GPU = "a GPU-only kernel (cuDNN)"
-OPAQUE = "a host callback or foreign function: opaque to sharding, it runs on gathered operands"
+OPAQUE = ("a host callback or foreign function: opaque to sharding, it runs outside shard_map on the whole "
+          "(gathered) arrays, as under jax.jit")
 PRNG = "a PRNG implementation internal: it runs inside random_bits, never in a traced program"
 MEMORY = "memory spaces, layouts and compiler metadata: nothing to shard"
 CONTROL_FLOW = "control flow that is not a scan: conservative until loops and branches are sharded (issue #15)"
