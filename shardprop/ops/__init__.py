@@ -5,7 +5,7 @@ rule, the lineage rule, the per-block evaluation, the collective that may finish
 lists its records in ``OPS``. :func:`table` collects those lists (no import side effects; a name defined
 twice is an error); every pass reads a primitive's knowledge through :func:`lookup`::
 
-    lookup("reduce_sum").finish        # FinishReduction(kind=psum, exact_for='fiuc')
+    lookup("reduce_sum").finish.kind   # CollectiveKind.PSUM: a sum over sharded axes can finish with a psum
     lookup("while").is_fallback        # True: the conservative record
 
 The family modules import the vocabulary each piece speaks (``propagation.context``, ``inspect.lineage.boxes``,
