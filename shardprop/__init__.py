@@ -16,8 +16,10 @@ or step by step: ``sp.trace(f, *args)``, ``sp.propagate(graph, in_specs, mesh=me
 """
 
 from .api import AutoSharded, autoshard, compile_program
+from .debug import Debugger
 from .program import Program, lower
 from .errors import (
+    ArtifactError,
     ConflictKind,
     DuplicateMeshAxisError,
     FallbackWarning,
@@ -28,14 +30,17 @@ from .errors import (
     RenderError,
     MeshError,
     NoRuleError,
+    NotComputedError,
     OptionError,
     ShardingConflictError,
     ShardingError,
     SpecError,
     SpecRankError,
     SpecTreeError,
+    StageIndexError,
     TraceError,
     UnknownMeshAxisError,
+    UnknownValueError,
     UnsupportedDtypeError,
 )
 from .expr import Graph, Node, trace
@@ -51,12 +56,13 @@ from .splitting import Collective, Decisions, Plan, Stage, StageInput, Strategy,
 __version__ = "0.1.0"
 
 __all__ = [
-    "AutoSharded", "Collective", "Comparison", "ConflictKind", "Decisions", "DuplicateMeshAxisError", "Explanation",
-    "FallbackWarning", "Graph", "IndivisibleAxisError", "InputMismatchError", "InvariantError", "Lineage",
-    "LoweringError", "MeshError", "NoRuleError", "Node", "OpDef", "OptionError", "Plan", "Program", "RenderError",
-    "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError",
-    "SpecTreeError", "Stage", "StageInput", "Strategy", "TensorSharding", "TraceError", "UnknownMeshAxisError",
-    "UnsupportedDtypeError",
-    "autoshard", "blocks", "compare_with_jit", "compile_program", "explain", "lineage", "lower", "make_mesh",
-    "propagate", "render", "show", "show_blocks", "split", "stage_table", "to_dot", "to_json", "trace",
+    "ArtifactError", "AutoSharded", "Collective", "Comparison", "ConflictKind", "Debugger", "Decisions",
+    "DuplicateMeshAxisError", "Explanation", "FallbackWarning", "Graph", "IndivisibleAxisError",
+    "InputMismatchError", "InvariantError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node",
+    "NotComputedError", "OpDef", "OptionError", "Plan", "Program", "RenderError", "Shard", "ShardedGraph",
+    "ShardingConflictError", "ShardingError", "SpecError", "SpecRankError", "SpecTreeError", "Stage",
+    "StageIndexError", "StageInput", "Strategy", "TensorSharding", "TraceError", "UnknownMeshAxisError",
+    "UnknownValueError", "UnsupportedDtypeError", "autoshard", "blocks", "compare_with_jit", "compile_program",
+    "explain", "lineage", "lower", "make_mesh", "propagate", "render", "show", "show_blocks", "split", "stage_table",
+    "to_dot", "to_json", "trace",
 ]

@@ -29,6 +29,22 @@ class OptionError(ShardingError, ValueError):
     """An option has a value shardprop does not know (an unknown strategy)."""
 
 
+class UnknownValueError(OptionError):
+    """A node or value name that the graph does not have (close names are suggested)."""
+
+
+class StageIndexError(OptionError, IndexError):
+    """A stage number outside the program's stages."""
+
+
+class NotComputedError(ShardingError):
+    """The debugger was asked for a value whose stage has not run yet."""
+
+
+class ArtifactError(ShardingError):
+    """A debugging artifact (a saved stage) could not be written or made."""
+
+
 class MeshError(ShardingError):
     """The mesh is malformed (wrong device count, duplicate axis names, ...)."""
 

@@ -74,20 +74,30 @@ class Program:
                 "retraces per shape):\n" + "\n".join(problems))
         return jax.tree_util.tree_leaves(args)
 
-    def __call__(self, *args):
+    def placed_args(self, args: tuple) -> list[jax.Array]:
+        """The argument leaves checked (see ``__call__``) and placed on the mesh in the program's input
+        shardings, with the weak types it was traced with: what its first stage reads."""
         flat = self._flat_args(args)
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
             raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
-        graph = self.plan.graph
-        flat = [jx.with_weak_type(jax.device_put(x, s), w)
-                for x, s, w in zip(flat, self._in_shardings, graph.weak_inputs, strict=True)]
-        out = _internal_errors_as_lowering_errors(self._jitted, *flat)
-        return jax.tree_util.tree_unflatten(graph.out_tree, out)
+        return [jx.with_weak_type(jax.device_put(x, s), w)
+                for x, s, w in zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
+
+    def __call__(self, *args):
+        out = as_lowering_errors(self._jitted, *self.placed_args(args))
+        return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
+
+    def debug(self, *args, keep: str = "outputs"):
+        """A :class:`~shardprop.Debugger` on this program and these arguments: step its stages, look at every
+        device's blocks, compare with the unsharded function (``sp.Debugger(prog, *args)``)."""
+        from .debug import Debugger
+
+        return Debugger(self, *args, keep=keep)
 
     def lower(self, *args) -> jax.stages.Lowered:
         """``jax.jit(...).lower`` of the whole program: ``.compile().as_text()`` shows its HLO."""
         self._flat_args(args)
-        return _internal_errors_as_lowering_errors(self._jitted.lower, *self._shaped_args())
+        return as_lowering_errors(self._jitted.lower, *self._shaped_args())
 
     def _shaped_args(self) -> list[jax.ShapeDtypeStruct]:
         return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=w) for a, s, w in
@@ -96,7 +106,7 @@ class Program:
     # -- looking at it --------------------------------------------------------------------------------
     def hlo(self) -> str:
         """The compiled program's HLO text (for the traced shapes)."""
-        return _internal_errors_as_lowering_errors(self._jitted.lower, *self._shaped_args()).compile().as_text()
+        return as_lowering_errors(self._jitted.lower, *self._shaped_args()).compile().as_text()
 
     def communication(self) -> list[Transfer]:
         """The collectives of the compiled program, read from its HLO."""
@@ -131,12 +141,12 @@ def _checked_stage(plan: Plan, stage, jitted):
                                           for g, w in zip(got, avals, strict=True)):
             raise InputMismatchError(f"stage {stage.id} takes ({wanted}) — whole arrays, in prog.stages["
                                      f"{stage.id}].inputs order — but was called with ({', '.join(map(str, got))})")
-        return _internal_errors_as_lowering_errors(jitted, *args)
+        return as_lowering_errors(jitted, *args)
 
     return call
 
 
-def _internal_errors_as_lowering_errors(fn, *args):
+def as_lowering_errors(fn, *args):
     """User mistakes are caught before this point; anything JAX or XLA raises now is shardprop's fault and
     is reported as a :class:`LoweringError`, not as a raw traceback from deep inside the lowering."""
     try:

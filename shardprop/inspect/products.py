@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
-from ..errors import OptionError
-from ..expr.graph import value_name
+from ..errors import OptionError, UnknownValueError
+from ..expr.graph import Node, value_name
 from ..propagation import ShardedGraph
 from ..splitting import Plan
 
@@ -25,19 +26,31 @@ def as_plan(prog: Any) -> Plan:
 
 
 def resolve_value(plan: Plan, ref: Any) -> int:
-    """A value id from what the user typed: its printed name (``"c"``) or its id."""
-    count = len(plan.graph.avals)
+    """A value id from what the user typed: its printed name (``"c"``), its id, or the :class:`~shardprop.Node`
+    that computes it (a node with several outputs must be named by the output wanted)."""
+    graph = plan.graph
+    count = len(graph.avals)
+    if isinstance(ref, Node):
+        if 0 <= ref.id < len(graph.nodes) and graph.nodes[ref.id].outputs == ref.outputs:
+            if len(ref.outputs) == 1:
+                return ref.output
+            raise UnknownValueError(f"node `{ref.op}` has {len(ref.outputs)} outputs "
+                                    f"({', '.join(map(value_name, ref.outputs))}): name the one you want")
+        raise UnknownValueError(f"node {ref.id} (`{ref.op}`) is not a node of this graph")
     if isinstance(ref, bool):
         ref = None  # not a value id
     if isinstance(ref, int) and 0 <= ref < count:
         return ref
+    close = ""
     if isinstance(ref, str):
         name = ref.strip()
         value = _value_of_name(name)
         if value is not None and value < count:
             return value
-    raise OptionError(f"no value {ref!r} in this graph: give a name as printed in the listing ('a' ... "
-                      f"{value_name(count - 1)!r}) or a value id below {count}")
+        near = difflib.get_close_matches(name.lower(), [value_name(v) for v in range(count)], n=3, cutoff=0.5)
+        close = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    raise UnknownValueError(f"no value {ref!r} in this graph{close} (give a name as printed in the listing, 'a' "
+                            f"... {value_name(count - 1)!r}, a value id below {count}, or a Node)")
 
 
 def _value_of_name(name: str) -> int | None:

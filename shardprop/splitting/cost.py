@@ -171,15 +171,25 @@ def estimate(plan) -> list[Transfer]:
     input that arrives coarser than it is held (the same value and layout once), and the collectives that
     finish nodes, stage by stage."""
     out: list[Transfer] = []
-    seen = set()
+    seen: set = set()
     for stage in plan.stages:
-        for i in stage.inputs:
-            found = gather_transfer(plan, i.value, plan.layout(i.value), i.layout)
-            if found is not None and (i.value, i.layout) not in seen:
-                seen.add((i.value, i.layout))
-                out.append(found)
-        for n in stage.nodes:
-            collective = plan.collective(n)
-            if collective is not None:
-                out += collective_transfers(plan, plan.graph.nodes[n], collective)
+        out += stage_estimate(plan, stage, seen)
+    return out
+
+
+def stage_estimate(plan, stage, seen: set | None = None) -> list[Transfer]:
+    """The transfers of one stage: the gathers of its inputs (a ``(value, layout)`` already in ``seen`` is not
+    gathered again; ``seen`` is updated) and the collectives that finish its nodes. Without ``seen``: the
+    stage run on its own, as the debugger runs it."""
+    seen = set() if seen is None else seen
+    out: list[Transfer] = []
+    for i in stage.inputs:
+        found = gather_transfer(plan, i.value, plan.layout(i.value), i.layout)
+        if found is not None and (i.value, i.layout) not in seen:
+            seen.add((i.value, i.layout))
+            out.append(found)
+    for n in stage.nodes:
+        collective = plan.collective(n)
+        if collective is not None:
+            out += collective_transfers(plan, plan.graph.nodes[n], collective)
     return out

@@ -1,0 +1,87 @@
+"""Stage-by-stage debugging of a compiled :class:`~shardprop.Program`.
+
+    dbg = sp.Debugger(prog, a, b)          # or prog.debug(a, b)
+    dbg.step()                             # stage 0 on its own: ops, specs, wall time, bytes moved
+    dbg.value("e"); dbg.blocks("e")        # the global value; every device's block with its index ranges
+    dbg.run()                              # to the end (or the next breakpoint: dbg.break_at("e"))
+    dbg.check()                            # replicated data equal on every device, blocks where shards say
+    dbg.compare(); dbg.first_divergence()  # against the unsharded graph, node by node
+    dbg.first_nonfinite(); dbg.profile(); dbg.save_stage(1, "repro/")
+
+Module by module: ``session`` (stepping, values, blocks), ``findings`` (the program's promises checked),
+``reference`` (the unsharded oracle), ``profile``, ``reproducer`` (a stage as a ``jax.export`` artifact).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import findings as _findings
+from . import profile as _profile
+from . import reference as _reference
+from . import reproducer as _reproducer
+from .findings import Finding, FindingKind, NonFinite, Where
+from .profile import Profile, StageProfile
+from .reference import Divergence, ErrorTable, NodeError, Tolerance
+from .session import DeviceBlock, Session, StageReport
+
+
+class Debugger(Session):
+    """Run a program stage by stage, read every device's blocks, check the plan's promises, compare with
+    the unsharded function and find the first node that goes wrong. Nodes are named as in the listing
+    (``"e"``), by value id, or by :class:`~shardprop.Node`. ``keep="all"`` keeps every intermediate as
+    stages run; ``"outputs"`` (the default) keeps stage outputs and recomputes an intermediate when asked.
+
+    The program itself is never changed: ``prog(*args)`` returns what it returned before.
+
+    >>> dbg = sp.Debugger(prog, a, b)                                           # doctest: +SKIP
+    >>> dbg.run(); print(dbg.first_divergence())
+    None
+    """
+
+    def _ensure_run(self) -> None:
+        if not self.stages_run:  # nothing run yet: an analysis covers the whole program
+            self.run_to(len(self.plan.stages))
+
+    def check(self) -> list[Finding]:
+        """Every promise the program breaks among the values computed so far: a replicated axis whose devices
+        hold different data, a block that is not the slice its shard ranges name. Empty when all hold."""
+        return _findings.check(self)
+
+    def first_nonfinite(self) -> NonFinite | None:
+        """The first NaN or infinity in program order (arguments first), or None. Runs the whole program
+        first when no stage has run yet; otherwise covers the stages run so far."""
+        self._ensure_run()
+        return _findings.first_nonfinite(self)
+
+    def compare(self, rtol: float | None = None, atol: float | None = None) -> ErrorTable:
+        """Per value computed so far, max abs / relative error against the unsharded graph evaluated node by
+        node on the same inputs (see :class:`Tolerance` for the defaults). Runs the whole program first when no
+        stage has run yet."""
+        self._ensure_run()
+        return _reference.compare(self, Tolerance(rtol, atol))
+
+    def first_divergence(self, rtol: float | None = None, atol: float | None = None) -> Divergence | None:
+        """The first node in program order whose sharded value differs while its operands agree (its rule or
+        its lowering is at fault), or None when every value agrees."""
+        self._ensure_run()
+        return _reference.first_divergence(self, Tolerance(rtol, atol))
+
+    def profile(self, repeats: int = 10) -> Profile:
+        """Per stage: median wall time over ``repeats`` runs, bytes moved per its compiled HLO and the cost
+        model's estimate. Runs the program to the end first."""
+        return _profile.profile(self, repeats)
+
+    def save_stage(self, k: int, directory: str | Path) -> Path:
+        """Write stage ``k`` as a standalone reproducer (a ``jax.export`` artifact, its inputs and outputs, and
+        a script needing only JAX); returns the script's path. Runs the stages up to ``k`` if needed."""
+        return _reproducer.save_stage(self, k, directory)
+
+    def __repr__(self) -> str:
+        count = len(self.plan.stages)
+        where = "finished" if self.done else f"next stage {self._next}"
+        return f"<Debugger {count} stage{'' if count == 1 else 's'}, {where}, keep={self.keep!r}>"
+
+
+__all__ = ["Debugger", "DeviceBlock", "Divergence", "ErrorTable", "Finding", "FindingKind", "NodeError", "NonFinite",
+           "Profile", "StageProfile", "StageReport", "Tolerance", "Where"]

@@ -1,0 +1,358 @@
+"""The debugger's state: which stages have run, what each returned, and every device's block of any value.
+
+A :class:`Debugger` runs a :class:`~shardprop.Program` the way it runs — stage after stage, each the same
+``shard_map`` the program is made of (``backends.stage_function``), but each jitted on its own so it can be
+stopped between, timed and read. Intermediates of a stage are the same stage function asked for extra outputs,
+each in the layout the plan holds it in: there is no second evaluator of the sharded graph.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from ..backends import parse_hlo, stage_function
+from ..errors import NotComputedError, OptionError, StageIndexError
+from ..expr import jax_adapter as jx
+from ..expr.graph import CONSTANT, PARAMETER, value_name
+from ..inspect.listing import crossing, format_bytes, typed_name
+from ..inspect.pictures import device_blocks
+from ..inspect.products import resolve_value
+from ..program import Program, as_lowering_errors
+from ..propagation.sharding import Sharded, layout_to_spec
+from ..splitting import Stage
+from ..splitting.cost import Transfer, total_moved
+
+KEEP = ("outputs", "all")
+
+
+@dataclass(frozen=True)
+class DeviceBlock:
+    """One device's block of a value: the device ``id``, its mesh ``coords``, the global ``index`` ranges
+    (``(start, stop)`` per axis, from the value's shards) and the block ``data``."""
+
+    device: int
+    coords: dict[str, int]
+    index: tuple[tuple[int, int], ...]
+    data: Any
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        """``index`` as slices: ``value[block.slices]`` is the part of the global value this block holds."""
+        return tuple(slice(start, stop) for start, stop in self.index)
+
+    def where(self) -> str:
+        """``device 3 (i=1, j=1) [4:8, 0:4]``."""
+        coords = ", ".join(f"{k}={v}" for k, v in self.coords.items())
+        return f"device {self.device} ({coords}) [{', '.join(f'{a}:{b}' for a, b in self.index)}]"
+
+    def __str__(self) -> str:
+        return f"{self.where()}\n{self.data}"
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """What one step did: the stage, its ops, inputs and outputs (typed names with specs), wall time of the
+    run (compiling excluded: ``compile_time``), and the collectives in its compiled HLO."""
+
+    stage: int
+    ops: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    wall_time: float
+    compile_time: float
+    transfers: tuple[Transfer, ...] = field(repr=False)
+    outside_shard_map: bool = False
+
+    @property
+    def collective_bytes(self) -> float:
+        """Bytes one device moves in this stage's collectives (the gathers of its inputs included)."""
+        return total_moved(self.transfers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "ops": list(self.ops), "inputs": list(self.inputs), "outputs": list(self.outputs),
+                "wall_time_s": self.wall_time, "compile_time_s": self.compile_time,
+                "collective_bytes": self.collective_bytes, "transfers": [str(t) for t in self.transfers]}
+
+    def __repr__(self) -> str:
+        return (f"<StageReport stage {self.stage}: {len(self.ops)} ops, {_ms(self.wall_time)}, "
+                f"{format_bytes(self.collective_bytes)} moved>")
+
+    def __str__(self) -> str:
+        where = ", outside shard_map" if self.outside_shard_map else ""
+        counts = {op: self.ops.count(op) for op in dict.fromkeys(self.ops)}
+        ops = ", ".join(f"{op}×{k}" if k > 1 else op for op, k in counts.items())
+        lines = [f"stage {self.stage}: {len(self.ops)} ops ({ops}){where} — ran in {_ms(self.wall_time)} "
+                 f"(compiled in {_ms(self.compile_time)}), {format_bytes(self.collective_bytes)} moved per device"]
+        lines += [f"  in  {text}" for text in self.inputs]
+        lines += [f"  out {text}" for text in self.outputs]
+        return "\n".join(lines)
+
+
+def _stages(count: int) -> str:
+    return "1 stage (stage 0)" if count == 1 else f"{count} stages (0 to {count - 1})"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+class Session:
+    """Running a program's stages one at a time and reading their values (the base of :class:`Debugger`)."""
+
+    def __init__(self, prog: Program, *args, keep: str = "outputs"):
+        if not isinstance(prog, Program):
+            raise OptionError(f"the debugger runs a Program (fs.trace(*args) or sp.lower(plan)), not "
+                              f"{type(prog).__name__}")
+        if keep not in KEEP:
+            raise OptionError(f"keep={keep!r}: expected 'outputs' (stage outputs only; intermediates are "
+                              "recomputed when asked for) or 'all' (every value of every stage run)")
+        self.program, self.plan, self.mesh, self.keep = prog, prog.plan, prog.mesh, keep
+        self.args = prog.placed_args(args)  # InputMismatchError for arguments the program was not traced with
+        self._compiled: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._breakpoints: dict[int, list[str]] = {}
+        names = tuple(self.mesh.axis_names)
+        self._coords = {int(d.id): dict(zip(names, (int(c) for c in pos), strict=True))
+                        for pos, d in np.ndenumerate(self.mesh.devices)}
+        self.reset()
+
+    # -- where we are ---------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every result: the next step runs stage 0 again (breakpoints are kept)."""
+        self._next = 0
+        self._results: dict[int, tuple[jax.Array, ...]] = {}
+        self._kept: dict[int, jax.Array] = {}
+        self.reports: list[StageReport] = []
+
+    @property
+    def stage(self) -> int | None:
+        """The id of the next stage to run (``prog.stages[dbg.stage]`` is the Stage), or None when done."""
+        return None if self.done else self._next
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self.plan.stages)
+
+    @property
+    def stages_run(self) -> tuple[Stage, ...]:
+        return self.plan.stages[: self._next]
+
+    # -- stepping -------------------------------------------------------------------------------------
+    def step(self) -> StageReport:
+        """Run the next stage on its own (its own jitted ``shard_map``) and say what it did."""
+        if self.done:
+            raise NotComputedError(f"all {len(self.plan.stages)} stages have run; dbg.reset() starts again")
+        stage = self.plan.stages[self._next]
+        extras = self._all_extras(stage) if self.keep == "all" else ()
+        outs, values, seconds, compiled, compile_time = self._run(stage, extras)
+        self._results[stage.id] = outs
+        self._kept.update(zip(extras, values, strict=True))
+        report = self._report(stage, seconds, compiled, compile_time)
+        self.reports.append(report)
+        self._next += 1
+        return report
+
+    def run_to(self, k: int) -> list[StageReport]:
+        """Run every stage before stage ``k`` (``dbg.stage == k`` afterwards; ``k = len(prog.stages)`` runs to
+        the end). A ``k`` behind the current stage starts again from stage 0."""
+        count = len(self.plan.stages)
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k <= count:
+            raise StageIndexError(f"no stage {k!r}: this program has {_stages(count)} (run_to({count}) runs to "
+                                  "the end)")
+        if k < self._next:
+            self.reset()
+        return [self.step() for _ in range(self._next, k)]
+
+    def run(self) -> list[StageReport]:
+        """Run stages to the end, or until the next stage is one with a breakpoint (at least one stage runs,
+        unless every stage has run already: then nothing runs)."""
+        if self.done:
+            return []
+        reports = [self.step()]
+        while not self.done and self._next not in self._breakpoints:
+            reports.append(self.step())
+        return reports
+
+    def break_at(self, name: Any) -> int:
+        """Stop ``run()`` before the stage that computes ``name`` (a listing name such as ``"e"``, a value id or
+        a Node); returns that stage's id."""
+        v = resolve_value(self.plan, name)
+        node = self.plan.graph.nodes[self.plan.graph.producer[v]]
+        if node.op == PARAMETER:
+            raise OptionError(f"{value_name(v)} is argument {node.params['index']}: no stage computes it (it is "
+                              "readable before stage 0)")
+        stage = self.plan.stage_of(node.id)
+        self._breakpoints.setdefault(stage, []).append(value_name(v))
+        return stage
+
+    def clear_breakpoints(self) -> None:
+        self._breakpoints.clear()
+
+    @property
+    def breakpoints(self) -> dict[int, list[str]]:
+        """``{stage id: [names]}``: the stages ``run()`` stops before, and the names that put them there."""
+        return {k: list(v) for k, v in self._breakpoints.items()}
+
+    @property
+    def outputs(self) -> Any:
+        """The program's outputs once every stage has run: what ``prog(*args)`` returns (pytree, shardings)."""
+        if not self.done:
+            raise NotComputedError(f"stages {self._next} to {len(self.plan.stages) - 1} have not run yet; "
+                                   "dbg.run() runs them")
+        graph = self.plan.graph
+        flat = [self.args[s.index] if s.is_argument else self._results[s.stage][s.index]
+                for s in self.plan.output_sources]
+        flat = [jx.with_weak_type(x, w) for x, w in zip(flat, graph.weak_outputs, strict=True)]
+        return jax.tree_util.tree_unflatten(graph.out_tree, flat)
+
+    # -- values and blocks ----------------------------------------------------------------------------
+    def value(self, name: Any) -> jax.Array:
+        """The global value of ``name`` (stage output or intermediate) as the program holds it on the mesh."""
+        return self._held(resolve_value(self.plan, name))
+
+    def blocks(self, name: Any) -> list[DeviceBlock]:
+        """Every device's block of ``name``, in mesh order: device id, mesh coordinates, the global index
+        ranges its shards name, and the block itself (they reassemble to ``value(name)``)."""
+        v = resolve_value(self.plan, name)
+        return self.device_blocks(v, self._held(v))
+
+    def device_blocks(self, v: int, array: jax.Array) -> list[DeviceBlock]:
+        """``array`` (value ``v``) cut into the blocks each device holds, as the plan lays it out."""
+        layout = self.plan.layout(v)
+        wanted = NamedSharding(self.mesh, layout_to_spec(layout))
+        if not (isinstance(array.sharding, NamedSharding) and array.sharding.mesh == self.mesh
+                and array.sharding.is_equivalent_to(wanted, array.ndim)):
+            array = jax.device_put(array, wanted)  # a stage outside shard_map leaves layout to XLA
+        held = {int(s.device.id): s for s in array.addressable_shards}
+        index_of = device_blocks(self.mesh, layout)
+        out = []
+        for device in self.mesh.devices.flat:
+            d = int(device.id)
+            shard = held.get(d)
+            if shard is None:
+                continue  # another process's device (multi-process)
+            data = shard.data
+            out.append(DeviceBlock(d, self._coords[d], self.block_ranges(v, index_of[d]),
+                                   data if jx.is_extended_dtype(data.dtype) else np.asarray(data)))
+        return out
+
+    def block_ranges(self, v: int, block: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """The global ``(start, stop)`` per axis of block ``block`` of value ``v``: from its shards where the
+        plan holds it as propagated, else equal blocks of the layout it is held in (a reduce-scatter's)."""
+        sharding = self.plan.sharded.shardings[v]
+        layout = self.plan.layout(v)
+        ranges = []
+        for size, axis, mesh_axes, b in zip(sharding.shape, sharding.axes, layout, block, strict=True):
+            if isinstance(axis, Sharded) and axis.mesh_axes == mesh_axes:
+                shard = axis.shards[b]
+                ranges.append((shard.start, shard.stop))
+            else:
+                count = size if not mesh_axes else int(np.prod([self.mesh.shape[m] for m in mesh_axes]))
+                length = size // count if mesh_axes else size
+                ranges.append((b * length, (b + 1) * length))
+        return tuple(ranges)
+
+    def computed(self) -> Iterator[tuple[int, jax.Array]]:
+        """``(value, array)`` for every value computed so far, in program order: the arguments, then each stage
+        run, node by node. Intermediates not kept are recomputed a stage at a time (one extra compile each)."""
+        yield from zip(self.plan.graph.inputs, self.args, strict=True)
+        for stage in self.stages_run:
+            values = self.stage_values(stage)
+            graph = self.plan.graph
+            for n in stage.nodes:
+                for v in graph.nodes[n].outputs:
+                    yield v, values[v]
+
+    def stage_values(self, stage: Stage) -> dict[int, jax.Array]:
+        """Every value stage ``stage`` computes (it must have run), kept or recomputed."""
+        outs = dict(zip(stage.outputs, self._results[stage.id], strict=True))
+        missing = [v for v in self._all_extras(stage) if v not in outs and v not in self._kept]
+        if missing:
+            _, values, *_ = self._run(stage, tuple(missing))
+            outs.update(zip(missing, values, strict=True))
+        outs.update((v, self._kept[v]) for v in self._all_extras(stage) if v in self._kept)
+        return outs
+
+    def stage_at(self, k: Any) -> Stage:
+        """Stage ``k`` of the program (a :class:`StageIndexError` naming the range otherwise)."""
+        count = len(self.plan.stages)
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k < count:
+            raise StageIndexError(f"no stage {k!r}: this program has {_stages(count)}")
+        return self.plan.stages[int(k)]
+
+    def stage_outputs(self, stage: Stage) -> tuple[jax.Array, ...]:
+        """What stage ``stage`` returned (it must have run)."""
+        if stage.id not in self._results:
+            raise NotComputedError(f"stage {stage.id} has not run yet (next: stage {self._next})")
+        return self._results[stage.id]
+
+    # -- inside -----------------------------------------------------------------------------------------
+    def stage_inputs(self, stage: Stage) -> list[jax.Array]:
+        """The arrays stage ``stage`` reads (its inputs in order, as the earlier stages left them)."""
+        missing = sorted({i.source.stage for i in stage.inputs if not i.source.is_argument} - set(self._results))
+        if missing:
+            raise NotComputedError(f"stage {stage.id} reads stage {missing[0]}, which has not run yet")
+        return [self.args[i.source.index] if i.source.is_argument else self._results[i.source.stage][i.source.index]
+                for i in stage.inputs]
+
+    def _held(self, v: int) -> jax.Array:
+        graph = self.plan.graph
+        node = graph.nodes[graph.producer[v]]
+        if node.op == PARAMETER:
+            return self.args[node.params["index"]]
+        stage_id = self.plan.stage_of(node.id)
+        if stage_id >= self._next:
+            raise NotComputedError(f"{value_name(v)} is computed by stage {stage_id}, which has not run yet "
+                                   f"(next: stage {self._next}; dbg.run_to({stage_id + 1}) runs it)")
+        stage = self.plan.stages[stage_id]
+        if v in stage.outputs:
+            return self._results[stage_id][stage.outputs.index(v)]
+        if v not in self._kept:
+            _, (value,), *_ = self._run(stage, (v,))
+            self._kept[v] = value  # asked for once, kept
+        return self._kept[v]
+
+    def _all_extras(self, stage: Stage) -> tuple[int, ...]:
+        graph = self.plan.graph
+        return tuple(v for n in stage.nodes for v in graph.nodes[n].outputs if v not in stage.outputs)
+
+    def compiled_stage(self, stage: Stage, extras: tuple[int, ...] = ()):
+        """Stage ``stage`` (with ``extras`` as extra outputs) compiled for its inputs; ``(compiled, seconds)``."""
+        key = (stage.id, extras)
+        if key not in self._compiled:
+            inputs = self.stage_inputs(stage)
+            start = time.perf_counter()
+            fn = jax.jit(stage_function(self.plan, stage, self.mesh, extras))
+            compiled = as_lowering_errors(lambda: fn.lower(*inputs).compile())
+            self._compiled[key] = (compiled, time.perf_counter() - start)
+        return self._compiled[key]
+
+    def _run(self, stage: Stage, extras: tuple[int, ...]):
+        compiled, compile_time = self.compiled_stage(stage, extras)
+        inputs = self.stage_inputs(stage)
+        start = time.perf_counter()
+        results = as_lowering_errors(compiled, *inputs)
+        jax.block_until_ready(results)
+        seconds = time.perf_counter() - start
+        count = len(stage.outputs)
+        return tuple(results[:count]), tuple(results[count:]), seconds, compiled, compile_time
+
+    def _report(self, stage: Stage, seconds: float, compiled, compile_time: float) -> StageReport:
+        plan, graph = self.plan, self.plan.graph
+        inputs = []
+        for i in stage.inputs:
+            gathered, nbytes = crossing(plan, i)
+            moved = f", gathered over {'*'.join(gathered)} ({format_bytes(nbytes)})" if gathered else ""
+            inputs.append(f"{typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {i.source}{moved}")
+        outputs = [f"{typed_name(plan, v, layout)}  {layout_to_spec(layout)}"
+                   for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]
+        ops = tuple(graph.nodes[n].op for n in stage.nodes if graph.nodes[n].op != CONSTANT)
+        transfers = tuple(parse_hlo(compiled.as_text(), self.mesh))
+        return StageReport(stage.id, ops, tuple(inputs), tuple(outputs), seconds, compile_time, transfers,
+                           stage.outside_shard_map)
