@@ -1,7 +1,8 @@
-"""The ``shardprop`` command line: ``shardprop demo`` and ``shardprop inspect`` (or ``python -m shardprop``).
+"""The ``shardprop`` command line: ``shardprop demo``, ``shardprop inspect`` and ``shardprop debug`` (or
+``python -m shardprop``).
 
 Applications built on the library, kept out of its top level: ``demo.py`` (the Nx example and a small MLP,
-sharded and checked) and ``inspect.py`` (the ``inspect`` front end).
+sharded and checked), ``inspect.py`` (the ``inspect`` front end) and ``debug.py`` (the ``debug`` front end).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import sys
 
 from ..errors import ShardingError
+from . import debug as debug_cli
 from . import inspect as inspect_cli
 
 
@@ -27,17 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="shard the Nx example and a small MLP on 8 CPU devices and check them")
     demo.add_argument("--devices", type=int, default=8, help="number of virtual CPU devices (default 8)")
     inspect_cli.add_parser(sub)
+    debug_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
         _configure_devices(args.devices)
         from .demo import run
 
         return 0 if run() else 1
-    if args.command == "inspect":
+    runs = {"inspect": inspect_cli.run, "debug": debug_cli.run}
+    if args.command in runs:
         try:
-            return inspect_cli.run(args, _configure_devices)
+            return runs[args.command](args, _configure_devices)
         except ShardingError as err:
-            print(f"shardprop inspect: {type(err).__name__}: {err}", file=sys.stderr)
+            print(f"shardprop {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
             return 2
     return 2
 

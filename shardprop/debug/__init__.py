@@ -59,13 +59,19 @@ class Debugger(Session):
         node on the same inputs (see :class:`Tolerance` for the defaults). Runs the whole program first when no
         stage has run yet."""
         self._ensure_run()
-        return _reference.compare(self, Tolerance(rtol, atol))
+        return self._comparer(Tolerance(rtol, atol)).table()
 
     def first_divergence(self, rtol: float | None = None, atol: float | None = None) -> Divergence | None:
         """The first node in program order whose sharded value differs while its operands agree (its rule or
         its lowering is at fault), or None when every value agrees."""
         self._ensure_run()
-        return _reference.first_divergence(self, Tolerance(rtol, atol))
+        return self._comparer(Tolerance(rtol, atol)).first_divergence()
+
+    def _comparer(self, tolerance: Tolerance) -> _reference.Comparer:
+        # One per tolerance, advanced as stages run; reset() forgets them with the results.
+        if self._comparers.get(tolerance) is None:
+            self._comparers[tolerance] = _reference.Comparer(self, tolerance)
+        return self._comparers[tolerance]
 
     def profile(self, repeats: int = 10) -> Profile:
         """Per stage: median wall time over ``repeats`` runs, bytes moved per its compiled HLO and the cost

@@ -8,7 +8,6 @@ in any of them shows up as a difference.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +139,10 @@ class ErrorTable:
     def disagreeing(self) -> tuple[NodeError, ...]:
         return tuple(r for r in self.rows if not r.agrees)
 
+    def for_stage(self, k: int) -> ErrorTable:
+        """The rows of stage ``k`` only."""
+        return ErrorTable(tuple(r for r in self.rows if r.where.stage == k), self.tolerance, 1)
+
     def summary(self) -> str:
         bad = self.disagreeing
         worst = max((r.max_abs for r in self.rows), default=0.0)
@@ -198,43 +201,52 @@ class Divergence:
                 "blocks": list(self.blocks)}
 
 
-def compared(session, tolerance: Tolerance) -> Iterator[tuple[int, NodeError, np.ndarray, Any]]:
-    """``(value, error, reference, sharded array)`` for every value computed so far (constants and arguments
-    left out: they are the same on both sides), in program order."""
-    plan = session.plan
-    graph = plan.graph
-    reference = Reference(plan, session.args)
-    for stage in session.stages_run:
-        refs = reference.evaluate(stage)
-        values = session.stage_values(stage)
-        for n in stage.nodes:
-            node = graph.nodes[n]
-            if node.op in (CONSTANT, PARAMETER):
-                continue
-            for v in node.outputs:
-                ref, got = as_numpy(refs[v]), as_numpy(values[v])
-                max_abs, max_rel, agrees = errors(got, ref, tolerance)
-                yield v, NodeError(Where.of(plan, v), max_abs, max_rel, agrees), ref, values[v]
+class Comparer:
+    """The comparison of a session's stages with the reference, made once per stage as stages run (so comparing
+    after every step costs one reference evaluation per stage in all). Values are compared in program order;
+    the reference value is kept only for values that differ (to show their blocks)."""
 
+    def __init__(self, session, tolerance: Tolerance):
+        self.session, self.tolerance = session, tolerance
+        self.reference = Reference(session.plan, session.args)
+        self.rows: list[NodeError] = []
+        self.differing: dict[int, np.ndarray] = {}
+        self.stages = 0
 
-def compare(session, tolerance: Tolerance) -> ErrorTable:
-    rows = tuple(error for _, error, _, _ in compared(session, tolerance))
-    return ErrorTable(rows, tolerance, len(session.stages_run))
+    def advance(self) -> None:
+        """Compare the stages run since the last call."""
+        session, plan = self.session, self.session.plan
+        graph = plan.graph
+        for stage in session.stages_run[self.stages:]:
+            refs = self.reference.evaluate(stage)
+            values = session.stage_values(stage)
+            for n in stage.nodes:
+                node = graph.nodes[n]
+                if node.op in (CONSTANT, PARAMETER):
+                    continue  # the same on both sides
+                for v in node.outputs:
+                    ref, got = as_numpy(refs[v]), as_numpy(values[v])
+                    max_abs, max_rel, agrees = errors(got, ref, self.tolerance)
+                    self.rows.append(NodeError(Where.of(plan, v), max_abs, max_rel, agrees))
+                    if not agrees:
+                        self.differing[v] = ref
+            self.stages += 1
 
+    def table(self) -> ErrorTable:
+        self.advance()
+        return ErrorTable(tuple(self.rows), self.tolerance, self.stages)
 
-def first_divergence(session, tolerance: Tolerance) -> Divergence | None:
-    agreed: set[int] = set(session.plan.graph.inputs)
-    graph = session.plan.graph
-    for v, error, ref, array in compared(session, tolerance):
+    def first_divergence(self) -> Divergence | None:
+        self.advance()
+        session, graph = self.session, self.session.plan.graph
+        first = next((r for r in self.rows if not r.agrees), None)
+        if first is None:
+            return None
+        v = first.where.value
         node = graph.nodes[graph.producer[v]]
-        if error.agrees:
-            agreed.add(v)
-            continue
-        # Program order is a topological order: every operand was compared before, and agreed.
-        assert all(u in agreed or graph.nodes[graph.producer[u]].op == CONSTANT for u in node.operands)
-        return Divergence(error, tuple(_operands(session.plan, node)), tuple(decision(session.plan, node)),
-                          tuple(_differing_blocks(session, v, array, ref, tolerance)))
-    return None
+        # Program order is a topological order: every operand was compared before this value, and agreed.
+        return Divergence(first, tuple(_operands(session.plan, node)), tuple(decision(session.plan, node)),
+                          tuple(_differing_blocks(session, v, session.value(v), self.differing[v], self.tolerance)))
 
 
 def _operands(plan: Plan, node) -> list[str]:

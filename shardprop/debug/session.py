@@ -128,6 +128,7 @@ class Session:
         self._next = 0
         self._results: dict[int, tuple[jax.Array, ...]] = {}
         self._kept: dict[int, jax.Array] = {}
+        self._comparers: dict = {}
         self.reports: list[StageReport] = []
 
     @property
