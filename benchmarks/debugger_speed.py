@@ -189,7 +189,7 @@ def main() -> None:
             f" {results[s]['step' + suffix] + results[s]['compare' + suffix]:13.2f}"
             f" {(results[s]['step' + suffix] + results[s]['compare' + suffix]) / results[s]['compile']:9.1f}"
             for s in opts.strategies))
-    print(f"\nheadline (step + compare) / whole-program compile: "
+    print("\nheadline (step + compare) / whole-program compile: "
           + ", ".join(f"{s} {(results[s]['step'] + results[s]['compare']) / results[s]['compile']:.1f}x"
                       for s in opts.strategies)
           + f"   (script total {time.perf_counter() - start:.0f}s)")

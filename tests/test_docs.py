@@ -35,3 +35,14 @@ def test_inspecting_page_is_current():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert (ROOT / "docs" / "inspecting.md").read_text() == module.page(), "run `python docs/make_inspecting_page.py`"
+
+
+def test_debugging_page_is_current():
+    """docs/debugging.md pastes the real output of the snippets and commands it shows (timings aside)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_debugging_page", ROOT / "docs" / "make_debugging_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = module.normalized((ROOT / "docs" / "debugging.md").read_text())
+    assert written == module.normalized(module.page()), "run `python docs/make_debugging_page.py`"

@@ -1,0 +1,243 @@
+"""Write docs/debugging.md, pasting the real output of every snippet and command it shows:
+`python docs/make_debugging_page.py` (tests/test_docs.py checks that the page is current, timings aside)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CLI = ["shardprop", "debug", "examples/debug_example.py:nx", "--mesh", "i=4,j=2", "--arg", "f32[16,8]@P(i,j)",
+       "--arg", "f32[16,8]", "--strategy", "gather", "--repeats", "3"]
+SPEED = ROOT / "docs" / "debugging_speed.txt"
+PROMPT_INPUT = "break e\ncontinue\nprint e\nnext\nwhere\nquit\n"
+
+SETUP = """
+import numpy as np
+from jax.sharding import PartitionSpec as P
+import shardprop as sp
+from examples.debug_example import nx, log_returns
+
+mesh = sp.make_mesh((4, 2), ("i", "j"))
+a = np.arange(128, dtype=np.float32).reshape(16, 8)
+b = np.linspace(-1, 1, 128, dtype=np.float32).reshape(16, 8)
+"""
+
+
+class Session:
+    """Runs snippets in one namespace; each returns its code and what it printed."""
+
+    def __init__(self):
+        sys.path.insert(0, str(ROOT))
+        self.namespace: dict = {}
+        self.run(SETUP)
+
+    def run(self, code: str) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(textwrap.dedent(code), self.namespace)  # noqa: S102  (our own snippets)
+        return out.getvalue().rstrip().replace(str(ROOT) + "/", "")
+
+    def block(self, code: str) -> str:
+        code = textwrap.dedent(code).strip()
+        output = self.run(code)
+        return f"```python\n{code}\n```\n\n```text\n{output}\n```\n"
+
+
+def run_cli(argv: list[str], stdin: str | None = None) -> str:
+    done = subprocess.run([sys.executable, "-m", "shardprop", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
+                          check=True, timeout=300, input=stdin)
+    return done.stdout.rstrip().replace(str(ROOT) + "/", "")
+
+
+def cli_block(argv: list[str], stdin: str | None = None) -> str:
+    shown = " ".join(shlex.quote(a) if a != argv[0] else a for a in argv)
+    if stdin is not None:
+        typed = stdin.strip().replace("\n", "\\n")
+        shown = f"printf '{typed}\\n' | {shown}"
+    return f"```bash\n{shown}\n```\n\n```text\n{run_cli(argv, stdin)}\n```\n"
+
+
+def saved_stage(s: Session) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        s.namespace["repro_dir"] = tmp
+        code = """
+            prog = sp.autoshard(nx, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, b)
+            script = prog.debug(a, b).save_stage(1, repro_dir)
+            print(sorted(p.name for p in script.parent.iterdir()))
+        """
+        text = s.block(code).replace(tmp, "repro")
+        run = subprocess.run([sys.executable, "-I", str(pathlib.Path(tmp) / "run_stage_1.py")], capture_output=True,
+                             text=True, check=True, timeout=300)
+    return text + f"\n```bash\npython repro/run_stage_1.py   # a fresh process: jax and numpy only\n```\n\n" \
+                  f"```text\n{run.stdout.rstrip()}\n```\n"
+
+
+def speed() -> str:
+    if not SPEED.exists():
+        return "(run `python benchmarks/debugger_speed.py > docs/debugging_speed.txt`)"
+    return f"```text\n{SPEED.read_text().rstrip()}\n```"
+
+
+def page() -> str:
+    s = Session()
+    return f"""# Debugging a sharded program, stage by stage
+
+A `Program` runs as stages — each one `jax.shard_map` — under one `jax.jit`. When its result is wrong, NaN or
+slow, `sp.Debugger` (or `prog.debug(*args)`) walks the same program the way it runs: one stage at a time, each
+stage the same `shard_map` the program is made of but jitted on its own, so you can stop between stages, read
+every device's block of any value, check that the devices hold what the plan says, compare every value with the
+unsharded function and find the first node that goes wrong.
+
+| question | Python | command line |
+|---|---|---|
+| run one stage and see what it did | `dbg.step()`, `dbg.run_to(k)`, `dbg.run()`, `dbg.reset()` | `shardprop debug F.py:f ...` |
+| stop before the stage computing `e` | `dbg.break_at("e")` | `--interactive`: `break e`, `continue` |
+| the value of `e`, and each device's block | `dbg.value("e")`, `dbg.blocks("e")` | `print e`, `blocks e` |
+| does every device hold what the plan says? | `dbg.check()` | (in the text output) |
+| where does the first NaN appear? | `dbg.first_nonfinite()` | (in the text output) |
+| which node goes wrong first? | `dbg.compare()`, `dbg.first_divergence()` | (after every stage, and at the end) |
+| which stage is slow or chatty? | `dbg.profile()` | (at the end) |
+| a stage for a bug report | `dbg.save_stage(k, "repro/")` | `--save-stage K DIR` |
+
+Values are named as in the listing (`"e"`), by value id, or by the `Node`. `keep="outputs"` (the default) keeps
+stage outputs and recomputes an intermediate when asked for it (its stage run once more with it as an extra
+output); `keep="all"` keeps every value as stages run. The debugger never changes the program: `prog(*args)`
+returns what it returned before. Every output below was pasted by `docs/make_debugging_page.py` from running
+it, on [`examples/debug_example.py`](../examples/debug_example.py) with
+
+```python
+{SETUP.strip()}
+```
+
+## Stepping
+
+`dbg.step()` runs the next stage and returns its summary: its ops, what it reads (and the gathers that bring it
+in) and returns, the wall time of the run (compiling excluded) and the bytes its compiled HLO moves per device.
+
+{s.block('''
+prog = sp.autoshard(nx, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, b)
+print(prog.graph)
+dbg = prog.debug(a, b)
+print(dbg.step())
+''')}
+`dbg.value(name)` is the global value as the program holds it on the mesh (a `jax.Array` with its sharding);
+`dbg.blocks(name)` lists, in mesh order, each device's id, its mesh coordinates, the global index ranges its
+block covers (from the value's shards) and the block. They reassemble to the value.
+
+{s.block('''
+print(dbg.value("c").sharding.spec)
+for block in dbg.blocks("c")[:3]:
+    print(block.where(), "holds", block.data.shape)
+print(dbg.blocks("c")[1].data)
+''')}
+`dbg.break_at("i")` stops `dbg.run()` before the stage that computes `i`; `dbg.run()` without breakpoints
+runs to the end, and `dbg.outputs` is then exactly what `prog(a, b)` returns.
+
+{s.block('''
+print(dbg.break_at("i"), dbg.stage)
+dbg.run()
+print(dbg.done, np.array_equal(dbg.outputs, prog(a, b)), dbg.outputs.sharding.spec)
+''')}
+## Comparing with the unsharded function
+
+`dbg.compare()` evaluates the traced graph unsharded, on one device, node by node on the same inputs — each
+node's own JAX primitive on whole arrays; no shardprop rule, plan or lowering takes part — and reports each
+value's error. The default tolerance is 100 ulps relative, and the same relative to the value's largest
+magnitude absolute (a sum finished by a collective adds in another order).
+
+{s.block('''
+print(dbg.compare())
+print(dbg.first_divergence(), dbg.check(), dbg.first_nonfinite())
+''')}
+## Finding a planted bug
+
+Here is what a lowering bug looks like. We plant one — the step that finishes a partial sum with a `psum`
+forgets to — and debug the `collective` strategy's program, where both sums are finished that way.
+`first_divergence()` names the first node whose value differs while all its operands agree: the fault is that
+node's rule or its lowering. `check()` sees the same bug from the other side: the plan says `e` is replicated
+over `j`, but the two devices of each `j` pair hold different partial sums.
+
+{s.block('''
+from shardprop.backends import evaluate
+real_finish = evaluate.finish
+evaluate.finish = lambda node, invals, outs, collective, mesh_shape: outs   # the planted bug
+
+buggy = sp.autoshard(nx, mesh=mesh, in_specs=(P("i", "j"), None), strategy="collective").trace(a, b)
+dbg = buggy.debug(a, b)
+print(dbg.first_divergence())
+for finding in dbg.check()[:2]:
+    print(finding)
+evaluate.finish = real_finish
+''')}
+## The first NaN
+
+`dbg.first_nonfinite()` finds the first NaN or infinity in program order — arguments first, then stage by
+stage, node by node — and names the node, its source line, the device and the element.
+
+{s.block('''
+prices = np.linspace(1, 2, 128, dtype=np.float32).reshape(16, 8)
+prices[5, 3] = -1.0                                   # a bad tick
+prog = sp.autoshard(log_returns, mesh=mesh, in_specs=(P("i"),)).trace(prices)
+print(prog.debug(prices).first_nonfinite())
+''')}
+## Profiling
+
+`dbg.profile(repeats=10)` runs every stage on its own `repeats` times: the median wall time, the collectives in
+its compiled HLO and the bytes they move per device, next to the cost model's estimate.
+
+{s.block('''
+dbg = prog.debug(prices)
+print(dbg.profile(repeats=5))
+''')}
+## A stage as a standalone reproducer
+
+`dbg.save_stage(k, directory)` writes stage `k` as a serialized `jax.export` artifact, its inputs and the
+outputs it gave (`.npz`, with a JSON manifest of specs and dtypes) and a short script that needs only JAX: it
+builds a mesh of the same shape, places the inputs as they were held, runs the stage and compares. Something to
+attach to a bug report, without the model code.
+
+{saved_stage(s)}
+## From the command line
+
+`shardprop debug` takes the `inspect` arguments (arrays are filled from `--seed`, or read with
+`--arg @x.npy@P(i,j)`), steps every stage printing its summary and its comparison with the unsharded function,
+and ends with the first divergence (or "all N values agree"), the promises checked, the first non-finite value
+if any, and the profile. `--format json` gives the same for tools; `--save-stage K DIR` saves a stage.
+
+{cli_block(CLI)}
+`--interactive` stops at a prompt between stages: `next`, `print NAME`, `blocks NAME`, `break NAME`,
+`continue`, `compare`, `where`, `quit`.
+
+{cli_block([*CLI, "--interactive"], stdin=PROMPT_INPUT)}
+## Speed
+
+Stepping runs each stage on its own: one compile per stage (and, with `keep="outputs"`, one more per stage when
+its intermediates are first asked for), so debugging costs a small multiple of compiling the whole program.
+`benchmarks/debugger_speed.py` measures it on a program of about 10^4 nodes (2-core machine):
+
+{speed()}
+"""
+
+
+def normalized(text: str) -> str:
+    """The page with what changes from run to run masked: timings, shares and table widths."""
+    text = re.sub(r"\d+(\.\d+)? ms", "T ms", text)
+    text = re.sub(r"\d+%", "P%", text)
+    text = re.sub(r"━+", "━", text)
+    return re.sub(r"[ \t]+", " ", text)
+
+
+if __name__ == "__main__":
+    (ROOT / "docs" / "debugging.md").write_text(page())
