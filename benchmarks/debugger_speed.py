@@ -10,7 +10,8 @@ stages. Per strategy it measures, in seconds and as a multiple of one whole-prog
   compile    ``prog.lower(*args).compile()``: the whole program, once (the yardstick)
   step       ``sp.Debugger(prog, *args).run()``: every stage jitted, compiled and run on its own
   compare    ``dbg.compare()``: every value against the unsharded reference (``table.agree`` must be True)
-  first div  ``dbg.first_divergence()`` right after ``compare()``
+  first div  ``dbg.first_divergence()`` right after ``compare()`` (the debugger keeps the comparison made by
+             ``compare()``, so this is the cost of a second question, not of a fresh comparison)
   step/cmp   the same two with ``keep="all"`` (every intermediate kept while stepping)
 
 The headline figure is (step + compare) / compile. Each debugger phase is also broken down (``Session.
@@ -60,7 +61,8 @@ def program(x, w, blocks: int, steps: int):
 
 # -- where the time goes ------------------------------------------------------------------------------------
 class Breakdown:
-    """Seconds spent inside a few debugger functions (and in XLA's backend compile), while ``active``."""
+    """Seconds spent inside a few debugger functions, and in XLA's backend compile attributed to the innermost of
+    them running (wrappers installed once, on the classes; ``measure`` starts a fresh count)."""
 
     WRAPPED = ((Session, "compiled_stage", "stage compile"), (Session, "_run", "stage run"),
                (reference_module.Reference, "evaluate", "reference evaluate"),

@@ -329,7 +329,13 @@ class Session:
         if key not in self._compiled:
             inputs = self.stage_inputs(stage)
             start = time.perf_counter()
-            fn = jax.jit(stage_function(self.plan, stage, self.mesh, extras))
+            out_shardings = None
+            if stage.outside_shard_map:
+                # Left to itself, XLA places what a stage outside shard_map returns as it likes (a host
+                # callback's result on one device, claimed on all): hold it as the plan says, on the mesh.
+                layouts = stage.out_layouts + tuple(self.plan.layout(v) for v in extras)
+                out_shardings = tuple(NamedSharding(self.mesh, layout_to_spec(layout)) for layout in layouts)
+            fn = jax.jit(stage_function(self.plan, stage, self.mesh, extras), out_shardings=out_shardings)
             compiled = as_lowering_errors(lambda: fn.lower(*inputs).compile())
             self._compiled[key] = (compiled, time.perf_counter() - start)
         return self._compiled[key]

@@ -1,0 +1,97 @@
+"""The debugger on programs with the less common parts: a reduce-scatter (a value held finer than propagated),
+a stage outside shard_map (a while loop, a host callback), PRNG keys, bfloat16, weak types, an argument
+returned as is. For each: the outputs are what ``prog(*args)`` returns, every value agrees with the unsharded
+reference, every promise holds, and every value's blocks reassemble to it."""
+
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.debug.findings import as_numpy
+
+RNG = np.random.default_rng(2)
+X = RNG.normal(size=(16, 8)).astype(np.float32)
+W = RNG.normal(size=(8, 8)).astype(np.float32)
+
+
+def _loop(x):
+    return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2), (0, x))[1].sum(0)
+
+
+def _callback(x):
+    y = jax.pure_callback(lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return y, y.sum()
+
+
+def _keys(key, x):
+    keys = jax.random.split(key, 2)
+    return keys, x + jax.random.normal(keys[0], x.shape)
+
+
+CASES = [
+    ("reduce_scatter", lambda x, w, v: (x @ w) @ v, (X, W, W), (P("i", "j"), P("j", None), P("j")), "collective"),
+    ("while_loop", _loop, (X,), (P("i", "j"),), "auto"),
+    ("host_callback", _callback, (X,), (P("i", "j"),), "auto"),
+    ("prng_keys", _keys, (jax.random.key(0), X), (None, P("i", "j")), "auto"),
+    ("bfloat16", lambda x: (x * 2).sum(1), (X.astype(jnp.bfloat16),), (P("i", "j"),), "auto"),
+    ("weak_and_identity", lambda x, s: (x, s * 2, x.sum()), (X, 3.0), (P("i", "j"), None), "auto"),
+]
+
+
+def _compile(f, args, specs, strategy, mesh):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)  # the loop and the callback have no rule
+        return sp.autoshard(f, mesh=mesh, in_specs=specs, strategy=strategy).trace(*args)
+
+
+@pytest.mark.parametrize("name,f,args,specs,strategy", CASES, ids=[c[0] for c in CASES])
+def test_debugger_on_uncommon_programs(name, f, args, specs, strategy, mesh):
+    prog = _compile(f, args, specs, strategy, mesh)
+    whole = prog(*args)
+    dbg = prog.debug(*args)
+    dbg.run()
+    for g, w in zip(jax.tree_util.tree_leaves(dbg.outputs), jax.tree_util.tree_leaves(whole), strict=True):
+        assert g.sharding.is_equivalent_to(w.sharding, g.ndim) and g.dtype == w.dtype
+        assert jax.typeof(g).weak_type == jax.typeof(w).weak_type
+        np.testing.assert_array_equal(as_numpy(g), as_numpy(w))
+    assert dbg.compare().agree, str(dbg.compare())
+    assert dbg.check() == []
+    for v in range(len(prog.sharded.graph.avals)):
+        value = as_numpy(dbg.value(v))
+        for block in dbg.blocks(v):
+            np.testing.assert_array_equal(as_numpy(block.data), value[block.slices])
+
+
+def test_held_finer_than_propagated_blocks_follow_the_plan(mesh):
+    prog = _compile(*CASES[0][1:4], "collective", mesh)
+    dbg = prog.debug(X, W, W)
+    dbg.run()
+    d = prog.sharded.graph.producer[3]
+    assert prog.plan.collective(d).kind == "psum_scatter"
+    ranges = {b.index for b in dbg.blocks("d")}
+    assert ranges == {((4 * i, 4 * i + 4), (4 * j, 4 * j + 4)) for i in range(4) for j in range(2)}
+
+
+def test_a_stage_with_keys_and_bfloat16_is_saved_and_rerun(tmp_path, mesh):
+    def f(key, x):
+        return jax.random.split(key, 2), (x * jax.random.uniform(key, x.shape, jnp.bfloat16)).sum(0)
+
+    args = (jax.random.key(1), X.astype(jnp.bfloat16))
+    prog = _compile(f, args, (None, P("i", "j")), "auto", mesh)
+    script = prog.debug(*args).save_stage(len(prog.stages) - 1, tmp_path)
+    run = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "uint32[2, 2] matches" in run.stdout and "bfloat16[8] matches" in run.stdout
+
+
+def test_a_stage_that_calls_back_to_python_cannot_be_exported(tmp_path, mesh):
+    prog = _compile(_callback, (X,), (P("i", "j"),), "auto", mesh)
+    with pytest.raises(sp.ArtifactError, match="stage 0 cannot be saved with jax.export"):
+        prog.debug(X).save_stage(0, tmp_path)
