@@ -7,38 +7,94 @@ The program runs under one ``jax.jit`` (see :class:`shardprop.Program`), so XLA 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import jax
 from jax.sharding import Mesh
 
 from ..expr import jax_adapter as jx
-from ..propagation.sharding import layout_to_spec
-from ..splitting import Plan, Stage
+from ..propagation.sharding import common_layout, layout_to_spec
+from ..splitting import Plan, Stage, StageInput
 from .evaluate import run_nodes
 
 
-def stage_function(plan: Plan, stage: Stage, mesh: Mesh, extra: Sequence[int] = ()) -> Callable:
+def stage_function(plan: Plan, stage: Stage, mesh: Mesh) -> Callable:
     """Stage ``stage`` as a ``shard_map``: called with its inputs (``stage.inputs`` order), it returns its
     outputs (``stage.outputs`` order), each laid out as the stage's specs say. A stage ``outside_shard_map``
-    runs its nodes on the whole arrays as they are (its layouts are replicated), under the caller's jit.
+    runs its nodes on the whole arrays as they are (its layouts are replicated), under the caller's jit."""
+    return _stage_part(plan, stage, mesh, stage.nodes, stage.inputs, (), stage.outputs)
 
-    ``extra`` (values computed in the stage; the debugger's intermediates) are returned after the outputs,
-    each in the layout the plan holds it in."""
-    extra = tuple(extra)
+
+def _stage_part(plan: Plan, stage: Stage, mesh: Mesh, nodes: Sequence[int], inputs: Sequence[StageInput],
+                carried: Sequence[int], outputs: Sequence[int]) -> Callable:
+    """Nodes ``nodes`` of ``stage`` as a ``shard_map`` that reads ``inputs`` (stage inputs, as delivered) and
+    ``carried`` (values computed earlier in the stage, as held) and returns ``outputs`` as held."""
 
     def body(*blocks):
-        received = {(i.value, i.layout): blk for i, blk in zip(stage.inputs, blocks, strict=True)}
-        local = run_nodes(plan, stage.nodes, received, {})
-        return tuple(local[v] for v in stage.outputs + extra)
+        received = {(i.value, i.layout): blk for i, blk in zip(inputs, blocks, strict=True)}
+        local = run_nodes(plan, nodes, received, dict(zip(carried, blocks[len(inputs):], strict=True)))
+        return tuple(local[v] for v in outputs)
 
     if stage.outside_shard_map:
         return body
-    out_specs = stage.out_specs + tuple(layout_to_spec(plan.layout(v)) for v in extra)
+    in_specs = (*(layout_to_spec(i.layout) for i in inputs), *(layout_to_spec(plan.layout(v)) for v in carried))
+    out_specs = tuple(layout_to_spec(plan.layout(v)) for v in outputs)
 
     # check_vma=False: we bind primitives directly, which skips JAX's automatic pcast insertion; the
     # replication claims in out_specs hold by construction (replicated outputs are computed from gathered or
     # replicated data only).
-    return jax.shard_map(body, mesh=mesh, in_specs=stage.in_specs, out_specs=out_specs, check_vma=False)
+    return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+# Nodes per read-out segment. XLA's compile time grows faster than linearly with the number of values one
+# computation returns (on CPU: ~0.5 ms a value up to a few thousand, then much more), and reading every value
+# of a 10^4-node stage out of one computation took minutes; segments keep it linear.
+READOUT_NODES = 512
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of a stage's nodes that returns every value it computes: it reads ``inputs`` (the stage inputs
+    it needs) and ``carried`` (values of earlier segments, as held) and returns ``outputs``, as held."""
+
+    nodes: tuple[int, ...]
+    inputs: tuple[StageInput, ...]
+    carried: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+def readout_segments(plan: Plan, stage: Stage, size: int = READOUT_NODES) -> list[Segment]:
+    """Stage ``stage`` cut into segments of at most ``size`` nodes whose outputs are every value it computes
+    (the debugger's intermediates), each in the layout the plan holds it in."""
+    graph = plan.graph
+    delivered = {(i.value, i.layout): i for i in stage.inputs}
+    produced_in: dict[int, int] = {}
+    chunks = [stage.nodes[k:k + size] for k in range(0, len(stage.nodes), size)] or [()]
+    segments = []
+    for k, chunk in enumerate(chunks):
+        inputs: dict[tuple, StageInput] = {}
+        carried: dict[int, None] = {}
+        outputs = []
+        for n in chunk:
+            node = graph.nodes[n]
+            for v, need in plan.edges(node):
+                where = produced_in.get(v)
+                if where is None:
+                    key = (v, common_layout(plan.layout(v), need))
+                    inputs.setdefault(key, delivered[key])
+                elif where < k:
+                    carried.setdefault(v)
+            for v in node.outputs:
+                produced_in[v] = k
+                outputs.append(v)
+        segments.append(Segment(tuple(chunk), tuple(inputs.values()), tuple(carried), tuple(outputs)))
+    return segments
+
+
+def segment_function(plan: Plan, stage: Stage, segment: Segment, mesh: Mesh) -> Callable:
+    """``segment`` of ``stage`` as a ``shard_map`` (see :class:`Segment`); called with its inputs, then its
+    carried values."""
+    return _stage_part(plan, stage, mesh, segment.nodes, segment.inputs, segment.carried, segment.outputs)
 
 
 def program_function(plan: Plan, stage_fns: Sequence[Callable]) -> Callable:

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import OptionError
+
 from . import findings as _findings
 from . import profile as _profile
-from . import reference as _reference
+from . import comparison as _comparison
 from . import reproducer as _reproducer
 from .findings import Finding, FindingKind, NonFinite, Where
 from .profile import Profile, StageProfile
-from .reference import Divergence, ErrorTable, NodeError, Tolerance
+from .comparison import Divergence, ErrorTable, NodeError
+from .reference import Tolerance
 from .session import DeviceBlock, Session, StageReport
 
 
@@ -62,20 +65,23 @@ class Debugger(Session):
         return self._comparer(Tolerance(rtol, atol)).table()
 
     def first_divergence(self, rtol: float | None = None, atol: float | None = None) -> Divergence | None:
-        """The first node in program order whose sharded value differs while its operands agree (its rule or
-        its lowering is at fault), or None when every value agrees."""
+        """The first node in program order at fault: its value differs from the unsharded function's, and
+        re-computed unsharded from its own sharded operands it gives another value (so its rule or its lowering
+        is wrong, not what it was given). None when no node is at fault."""
         self._ensure_run()
         return self._comparer(Tolerance(rtol, atol)).first_divergence()
 
-    def _comparer(self, tolerance: Tolerance) -> _reference.Comparer:
+    def _comparer(self, tolerance: Tolerance) -> _comparison.Comparer:
         # One per tolerance, advanced as stages run; reset() forgets them with the results.
         if self._comparers.get(tolerance) is None:
-            self._comparers[tolerance] = _reference.Comparer(self, tolerance)
+            self._comparers[tolerance] = _comparison.Comparer(self, tolerance)
         return self._comparers[tolerance]
 
     def profile(self, repeats: int = 10) -> Profile:
         """Per stage: median wall time over ``repeats`` runs, bytes moved per its compiled HLO and the cost
         model's estimate. Runs the program to the end first."""
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise OptionError(f"repeats={repeats!r}: expected a whole number of runs, at least 1")
         return _profile.profile(self, repeats)
 
     def save_stage(self, k: int, directory: str | Path) -> Path:

@@ -104,7 +104,7 @@ class NonFinite:
 
 
 def as_numpy(x) -> np.ndarray:
-    """A block as numpy (PRNG keys as their key data)."""
+    """A value or block as numpy (PRNG keys as their key data)."""
     if jx.is_extended_dtype(x.dtype):
         x = jax.random.key_data(x)
     return np.asarray(x)

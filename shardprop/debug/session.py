@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ..backends import parse_hlo, stage_function
+from ..backends.shard_map import readout_segments, segment_function
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, value_name
@@ -129,6 +130,7 @@ class Session:
         self._results: dict[int, tuple[jax.Array, ...]] = {}
         self._kept: dict[int, jax.Array] = {}
         self._comparers: dict = {}
+        self._last_readout: tuple[int | None, dict[int, jax.Array]] = (None, {})
         self.reports: list[StageReport] = []
 
     @property
@@ -150,10 +152,10 @@ class Session:
         if self.done:
             raise NotComputedError(f"all {len(self.plan.stages)} stages have run; dbg.reset() starts again")
         stage = self.plan.stages[self._next]
-        extras = self._all_extras(stage) if self.keep == "all" else ()
-        outs, values, seconds, compiled, compile_time = self._run(stage, extras)
+        outs, seconds, compiled, compile_time = self._run(stage)
         self._results[stage.id] = outs
-        self._kept.update(zip(extras, values, strict=True))
+        if self.keep == "all":
+            self._kept.update(self.readout(stage))
         report = self._report(stage, seconds, compiled, compile_time)
         self.reports.append(report)
         self._next += 1
@@ -214,14 +216,15 @@ class Session:
 
     # -- values and blocks ----------------------------------------------------------------------------
     def value(self, name: Any) -> jax.Array:
-        """The global value of ``name`` (stage output or intermediate) as the program holds it on the mesh."""
-        return self._held(resolve_value(self.plan, name))
+        """The global value of ``name`` (stage output or intermediate) as the program holds it on the mesh: a
+        ``jax.Array`` laid out as the plan says, each device holding the block it computed."""
+        return self.held(resolve_value(self.plan, name))
 
     def blocks(self, name: Any) -> list[DeviceBlock]:
         """Every device's block of ``name``, in mesh order: device id, mesh coordinates, the global index
         ranges its shards name, and the block itself (they reassemble to ``value(name)``)."""
         v = resolve_value(self.plan, name)
-        return self.device_blocks(v, self._held(v))
+        return self.device_blocks(v, self.held(v))
 
     def device_blocks(self, v: int, array: jax.Array) -> list[DeviceBlock]:
         """``array`` (value ``v``) cut into the blocks each device holds, as the plan lays it out."""
@@ -271,14 +274,34 @@ class Session:
                     yield v, values[v]
 
     def stage_values(self, stage: Stage) -> dict[int, jax.Array]:
-        """Every value stage ``stage`` computes (it must have run), kept or recomputed."""
-        outs = dict(zip(stage.outputs, self._results[stage.id], strict=True))
-        missing = [v for v in self._all_extras(stage) if v not in outs and v not in self._kept]
-        if missing:
-            _, values, *_ = self._run(stage, tuple(missing))
-            outs.update(zip(missing, values, strict=True))
-        outs.update((v, self._kept[v]) for v in self._all_extras(stage) if v in self._kept)
-        return outs
+        """Every value stage ``stage`` computes (it must have run): kept (``keep="all"``), or read out again."""
+        if stage.id not in self._results:
+            raise NotComputedError(f"stage {stage.id} has not run yet (next: stage {self._next})")
+        if self.keep == "all":
+            return {v: self._kept[v] for v in self.readout_values(stage)}
+        if self._last_readout[0] != stage.id:  # one stage's intermediates at a time
+            self._last_readout = (stage.id, self.readout(stage))
+        return self._last_readout[1]
+
+    def readout_values(self, stage: Stage) -> tuple[int, ...]:
+        """The values stage ``stage`` computes (every output of its nodes), in program order."""
+        graph = self.plan.graph
+        return tuple(v for n in stage.nodes for v in graph.nodes[n].outputs)
+
+    def readout(self, stage: Stage) -> dict[int, jax.Array]:
+        """Run stage ``stage`` again as segments (``backends.readout_segments``) that return every value it
+        computes, each laid out as the plan holds it; its inputs are the arrays earlier stages left."""
+        inputs = dict(zip(stage.inputs, self.stage_inputs(stage), strict=True))
+        values: dict[int, jax.Array] = {}
+        for k, segment in enumerate(readout_segments(self.plan, stage)):
+            args = [inputs[i] for i in segment.inputs] + [values[v] for v in segment.carried]
+            key = ("readout", stage.id, k)
+            if key not in self._compiled:
+                fn = self._jit(stage, segment_function(self.plan, stage, segment, self.mesh), segment.outputs)
+                self._compiled[key] = (as_lowering_errors(lambda f=fn, a=args: f.lower(*a).compile()), 0.0)
+            results = as_lowering_errors(self._compiled[key][0], *args)
+            values.update(zip(segment.outputs, results, strict=True))
+        return values
 
     def stage_at(self, k: Any) -> Stage:
         """Stage ``k`` of the program (a :class:`StageIndexError` naming the range otherwise)."""
@@ -302,7 +325,8 @@ class Session:
         return [self.args[i.source.index] if i.source.is_argument else self._results[i.source.stage][i.source.index]
                 for i in stage.inputs]
 
-    def _held(self, v: int) -> jax.Array:
+    def held(self, v: int):
+        """Value ``v`` as the debugger holds it (an intermediate not kept: its stage read out again)."""
         graph = self.plan.graph
         node = graph.nodes[graph.producer[v]]
         if node.op == PARAMETER:
@@ -314,41 +338,34 @@ class Session:
         stage = self.plan.stages[stage_id]
         if v in stage.outputs:
             return self._results[stage_id][stage.outputs.index(v)]
-        if v not in self._kept:
-            _, (value,), *_ = self._run(stage, (v,))
-            self._kept[v] = value  # asked for once, kept
-        return self._kept[v]
+        return self.stage_values(stage)[v]
 
-    def _all_extras(self, stage: Stage) -> tuple[int, ...]:
-        graph = self.plan.graph
-        return tuple(v for n in stage.nodes for v in graph.nodes[n].outputs if v not in stage.outputs)
+    def _jit(self, stage: Stage, fn, outputs: Sequence[int]):
+        if not stage.outside_shard_map:
+            return jax.jit(fn)
+        # Left to itself, XLA places what a stage outside shard_map returns as it likes (a host callback's
+        # result on one device, claimed on all): hold it as the plan says, on the mesh.
+        return jax.jit(fn, out_shardings=tuple(NamedSharding(self.mesh, layout_to_spec(self.plan.layout(v)))
+                                               for v in outputs))
 
-    def compiled_stage(self, stage: Stage, extras: tuple[int, ...] = ()):
-        """Stage ``stage`` (with ``extras`` as extra outputs) compiled for its inputs; ``(compiled, seconds)``."""
-        key = (stage.id, extras)
-        if key not in self._compiled:
+    def compiled_stage(self, stage: Stage):
+        """Stage ``stage`` compiled for its inputs: ``(compiled, seconds it took)``."""
+        if stage.id not in self._compiled:
             inputs = self.stage_inputs(stage)
             start = time.perf_counter()
-            out_shardings = None
-            if stage.outside_shard_map:
-                # Left to itself, XLA places what a stage outside shard_map returns as it likes (a host
-                # callback's result on one device, claimed on all): hold it as the plan says, on the mesh.
-                layouts = stage.out_layouts + tuple(self.plan.layout(v) for v in extras)
-                out_shardings = tuple(NamedSharding(self.mesh, layout_to_spec(layout)) for layout in layouts)
-            fn = jax.jit(stage_function(self.plan, stage, self.mesh, extras), out_shardings=out_shardings)
+            fn = self._jit(stage, stage_function(self.plan, stage, self.mesh), stage.outputs)
             compiled = as_lowering_errors(lambda: fn.lower(*inputs).compile())
-            self._compiled[key] = (compiled, time.perf_counter() - start)
-        return self._compiled[key]
+            self._compiled[stage.id] = (compiled, time.perf_counter() - start)
+        return self._compiled[stage.id]
 
-    def _run(self, stage: Stage, extras: tuple[int, ...]):
-        compiled, compile_time = self.compiled_stage(stage, extras)
+    def _run(self, stage: Stage):
+        """Run ``stage``: ``(outputs, seconds, compiled, compile_time)``."""
+        compiled, compile_time = self.compiled_stage(stage)
         inputs = self.stage_inputs(stage)
         start = time.perf_counter()
         results = as_lowering_errors(compiled, *inputs)
         jax.block_until_ready(results)
-        seconds = time.perf_counter() - start
-        count = len(stage.outputs)
-        return tuple(results[:count]), tuple(results[count:]), seconds, compiled, compile_time
+        return tuple(results), time.perf_counter() - start, compiled, compile_time
 
     def _report(self, stage: Stage, seconds: float, compiled, compile_time: float) -> StageReport:
         plan, graph = self.plan, self.plan.graph

@@ -54,7 +54,8 @@ def test_first_divergence_names_the_node_a_planted_lowering_bug_produced(monkeyp
     # later nodes differ too, but only because d does: the table shows them all
     table = dbg.compare()
     assert [r.where.name for r in table.disagreeing][0] == "d"
-    assert not table.agree and "DIFFERS" in str(table)
+    assert not table.agree and "FAULT" in str(table) and "differs" in str(table)
+    assert table.fault.where.name == "d"
 
 
 def test_a_missing_psum_is_found_by_first_divergence_and_by_check(monkeypatch, meshes):

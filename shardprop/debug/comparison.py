@@ -1,0 +1,265 @@
+"""``compare()`` and ``first_divergence()``: every sharded value against the unsharded reference.
+
+Two questions, two yardsticks. *Does a value agree with the unsharded function?* — its error against the
+reference (:mod:`.reference`), within the tolerance for its scale. *Which node is at fault?* — a value can
+differ only because what it was computed from differs (rounding carried through a gradient), so the first value
+that differs is then re-computed unsharded from its *sharded* operands: if that gives another value, the node's
+own rule or lowering is at fault (the planted-bug tests check exactly this); if not, the difference was carried
+in, and the search goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from rich import box
+from rich.table import Table
+
+from ..expr import jax_adapter as jx
+from ..expr.graph import CONSTANT, PARAMETER, value_name
+from ..inspect.listing import typed_name
+from ..propagation.sharding import is_refinement, layout_to_spec
+from ..splitting import Plan
+from ..splitting.cost import gathered_axes
+from .findings import Where, as_numpy
+from .reference import Reference, Tolerance, bind_whole, errors, magnitude
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """One value against the reference: max abs and max relative error, whether it agrees, and — for the
+    value found at fault — ``fault``."""
+
+    where: Where
+    max_abs: float
+    max_rel: float
+    agrees: bool
+    fault: bool = False
+
+    @property
+    def status(self) -> str:
+        return "FAULT" if self.fault else ("ok" if self.agrees else "differs")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.where.to_dict(), "max_abs": self.max_abs, "max_rel": self.max_rel, "agrees": self.agrees,
+                "fault": self.fault}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+@dataclass(frozen=True)
+class ErrorTable:
+    """``dbg.compare()``: per value computed so far, its error against the unsharded reference. A rich
+    renderable; ``str()`` is the same table as plain text."""
+
+    rows: tuple[NodeError, ...]
+    tolerance: Tolerance
+    stages: int
+
+    @property
+    def agree(self) -> bool:
+        return all(r.agrees for r in self.rows)
+
+    @property
+    def disagreeing(self) -> tuple[NodeError, ...]:
+        return tuple(r for r in self.rows if not r.agrees)
+
+    @property
+    def fault(self) -> NodeError | None:
+        """The value whose own node is at fault (``first_divergence()``'s), if the comparison found one."""
+        return next((r for r in self.rows if r.fault), None)
+
+    def for_stage(self, k: int) -> ErrorTable:
+        """The rows of stage ``k`` only."""
+        return ErrorTable(tuple(r for r in self.rows if r.where.stage == k), self.tolerance, 1)
+
+    def summary(self) -> str:
+        bad, n = self.disagreeing, len(self.rows)
+        worst = max((r.max_abs for r in self.rows), default=0.0)
+        if not bad:
+            every = "the value agrees" if n == 1 else f"all {n} values agree"
+            return f"{every} with the unsharded reference (max abs error {worst:g}; {self.tolerance})"
+        head = f"{len(bad)} of {_plural(n, 'value')} differ from the unsharded reference ({self.tolerance})"
+        fault = self.fault
+        if fault is not None:
+            return f"{head}; the first at fault: {fault.where.name} (`{fault.where.op}`)"
+        return f"{head}; no node is at fault so far: computed from its sharded operands, each gives its own " \
+               "value (the differences are rounding carried through)"
+
+    def __rich__(self) -> Table:
+        table = Table(title=f"sharded vs unsharded, {_plural(self.stages, 'stage')}", caption=self.summary(),
+                      box=box.SIMPLE_HEAVY)
+        for name in ("stage", "value", "op", "max abs err", "max rel err", ""):
+            table.add_column(name, justify="right" if "err" in name or name == "stage" else "left")
+        for r in self.rows:
+            w = r.where
+            table.add_row(str(w.stage), w.typed, w.op, f"{r.max_abs:.3g}", f"{r.max_rel:.3g}", r.status)
+        return table
+
+    def __str__(self) -> str:
+        from ..inspect.pictures import as_text
+
+        return as_text(self, width=140)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"agree": self.agree, "tolerance": str(self.tolerance), "stages": self.stages,
+                "values": [r.to_dict() for r in self.rows]}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first node at fault: its value differs from the reference, and computed unsharded from its own
+    sharded operands it gives another value — so its rule or its lowering is wrong. Its value and node, its
+    operands' shardings, the plan's decision for it and the blocks that differ."""
+
+    error: NodeError
+    own_error: float
+    operands: tuple[str, ...]
+    decision: tuple[str, ...]
+    blocks: tuple[str, ...]
+
+    @property
+    def where(self) -> Where:
+        return self.error.where
+
+    def __str__(self) -> str:
+        e = self.error
+        lines = [f"first divergence: {e.where}",
+                 f"  max abs error {e.max_abs:.3g} (max rel {e.max_rel:.3g}) against the unsharded function; "
+                 f"computed unsharded from its own sharded operands it differs by {self.own_error:.3g}, so the "
+                 "fault is this node's (its operands agree)",
+                 "  operands:", *([f"    {o}" for o in self.operands] or ["    (none)"]),
+                 "  the plan:", *(f"    {d}" for d in self.decision),
+                 f"  blocks that differ ({len(self.blocks)}):", *(f"    {b}" for b in self.blocks)]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.error.to_dict(), "own_error": self.own_error, "operands": list(self.operands),
+                "decision": list(self.decision), "blocks": list(self.blocks)}
+
+
+class Comparer:
+    """The comparison of a session's stages with the reference, made once per stage as stages run (comparing
+    after every step costs one reference evaluation per stage in all), for one tolerance."""
+
+    def __init__(self, session, tolerance: Tolerance):
+        self.session, self.tolerance = session, tolerance
+        self.reference = Reference(session.plan, session.args)
+        self.rows: list[NodeError] = []
+        self.scales: dict[int, float] = {}  # per value: the largest magnitude it and its ancestors reach
+        self.divergence: Divergence | None = None
+        self.stages = 0
+
+    def advance(self) -> None:
+        """Compare the stages run since the last call."""
+        session, plan = self.session, self.session.plan
+        graph = plan.graph
+        for stage in session.stages_run[self.stages:]:
+            refs = self.reference.evaluate(stage)
+            values = session.stage_values(stage)
+            for n in stage.nodes:
+                node = graph.nodes[n]
+                if node.op in (CONSTANT, PARAMETER):
+                    continue  # the same on both sides
+                inherited = max((self._scale(u) for u in node.operands), default=0.0)
+                first = len(self.rows)
+                for v in node.outputs:
+                    ref, got = as_numpy(refs[v]), as_numpy(values[v])
+                    self.scales[v] = max(magnitude(ref), inherited)
+                    self.rows.append(NodeError(Where.of(plan, v), *errors(got, ref, self.tolerance, self.scales[v])))
+                if self.divergence is None and not all(r.agrees for r in self.rows[first:]):
+                    self._look_for_fault(node, values, first)
+            self.stages += 1
+
+    def _scale(self, u: int) -> float:
+        if u not in self.scales:  # an argument or a constant: the same on both sides, never compared
+            graph = self.session.plan.graph
+            node = graph.nodes[graph.producer[u]]
+            held = node.params["value"] if node.op == CONSTANT else self.session.held(u)
+            self.scales[u] = 0.0 if jx.is_extended_dtype(held.dtype) else magnitude(held)
+        return self.scales[u]
+
+    def _look_for_fault(self, node, values: dict, first: int) -> None:
+        """Is ``node`` itself at fault? Re-compute it unsharded from its sharded operands and compare."""
+        session, plan = self.session, self.session.plan
+        device = self.reference.device
+        operands = [np.asarray(node.params["value"]) if plan.graph.nodes[plan.graph.producer[u]].op == CONSTANT
+                    else jax.device_put(values[u] if u in values else session.held(u), device)
+                    for u in node.operands]
+        local = bind_whole(node, operands)
+        scale = max((magnitude(as_numpy(x)) for x in operands), default=0.0)
+        worst, culprit = 0.0, None
+        for k, (v, ref) in enumerate(zip(node.outputs, local, strict=True)):
+            ref = as_numpy(ref)
+            own_abs, _, agrees = errors(as_numpy(values[v]), ref, self.tolerance, max(scale, magnitude(ref)))
+            if not agrees and culprit is None:
+                culprit, culprit_ref = k, ref
+                tolerance = Tolerance(*self.tolerance.for_value(ref, max(scale, magnitude(ref))))
+            worst = max(worst, own_abs)
+        if culprit is None:
+            return  # computed right from what it was given: the difference was carried in
+        row = self.rows[first + culprit] = _with_fault(self.rows[first + culprit])
+        v = row.where.value
+        self.divergence = Divergence(row, worst, tuple(_operands(plan, node)), tuple(decision(plan, node)),
+                                     tuple(_differing_blocks(session, v, values[v], culprit_ref, tolerance)))
+
+    def table(self) -> ErrorTable:
+        self.advance()
+        return ErrorTable(tuple(self.rows), self.tolerance, self.stages)
+
+    def first_divergence(self) -> Divergence | None:
+        self.advance()
+        return self.divergence
+
+
+def _with_fault(row: NodeError) -> NodeError:
+    return NodeError(row.where, row.max_abs, row.max_rel, row.agrees, fault=True)
+
+
+def _operands(plan: Plan, node) -> list[str]:
+    return [f"{typed_name(plan, u, plan.layout(u))}  {layout_to_spec(plan.layout(u))}, consumed as "
+            f"{layout_to_spec(need)}" for u, need in plan.edges(node)]
+
+
+def decision(plan: Plan, node) -> list[str]:
+    """What the plan decided for ``node``: how each operand reaches it and what finishes it."""
+    stage = plan.stage_of(node.id)
+    lines = []
+    for u, need in plan.edges(node):
+        have, name = plan.layout(u), value_name(u)
+        here = plan.stage_of(plan.graph.producer[u]) == stage
+        gathered = () if here else gathered_axes(have, need)
+        if have == need:
+            lines.append(f"{name}: used as held, {layout_to_spec(need)}")
+        elif gathered:
+            lines.append(f"{name}: gathered over {'*'.join(gathered)} before stage {stage} "
+                         f"({layout_to_spec(have)} -> {layout_to_spec(need)})")
+        elif all(is_refinement(h, w) for h, w in zip(have, need, strict=True)):
+            lines.append(f"{name}: local slice {layout_to_spec(have)} -> {layout_to_spec(need)}, no communication")
+        else:
+            lines.append(f"{name}: consumed as {layout_to_spec(need)} from {layout_to_spec(have)}")
+    collective = plan.collective(node.id)
+    if collective is not None:
+        lines.append(f"finished by {collective} inside stage {stage}")
+    else:
+        lines.append(f"computed on each device's blocks (rule {plan.sharded.rules[node.id]}), no collective")
+    return lines
+
+
+def _differing_blocks(session, v: int, array, ref: np.ndarray, tolerance: Tolerance) -> list[str]:
+    """The blocks of ``v`` that differ from their slice of ``ref`` (``tolerance``: the value's, resolved)."""
+    out = []
+    for block in session.device_blocks(v, array):
+        want, got = ref[block.slices], as_numpy(block.data)
+        if got.shape != want.shape:
+            out.append(f"{block.where()}: holds shape {got.shape}, the slice has {want.shape}")
+            continue
+        max_abs, _, agrees = errors(got, want, tolerance)
+        if not agrees:
+            out.append(f"{block.where()}: max abs error {max_abs:.3g}")
+    return out

@@ -1,0 +1,45 @@
+"""Property: on random programs (the differential fuzzer's), random meshes, specs and strategies, stepping the
+debugger reproduces the program, every value agrees with the unsharded reference, every promise holds and
+every value's blocks are the slices their shard ranges name."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import HealthCheck, given, note, settings
+from jax import lax
+
+import shardprop as sp
+from tests.fuzzing import random_inputs
+from tests.test_fuzz import cases, reproducer
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(case=cases())
+def test_the_debugger_agrees_with_the_program_and_the_reference(case, meshes):
+    program, mesh_name, specs, strategy = case
+    note(reproducer(program, mesh_name, specs, strategy))
+    namespace = {"jnp": jnp, "np": np, "lax": lax}
+    exec(program.source, namespace)  # noqa: S102  the generated program
+    args = random_inputs(program)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sp.FallbackWarning)
+            prog = sp.autoshard(namespace["f"], mesh=meshes[mesh_name], in_specs=specs, strategy=strategy).trace(*args)
+    except (sp.IndivisibleAxisError, sp.ShardingConflictError):
+        return  # bad inputs, as the fuzzer counts them
+    dbg = prog.debug(*args, keep="all")
+    dbg.run()
+    for g, w in zip(jax.tree_util.tree_leaves(dbg.outputs), jax.tree_util.tree_leaves(prog(*args)), strict=True):
+        assert g.sharding.is_equivalent_to(w.sharding, g.ndim)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+    table = dbg.compare()
+    assert table.agree, str(table)
+    assert dbg.check() == []
+    want = namespace["f"](*map(jnp.asarray, args))
+    for g, w in zip(jax.tree_util.tree_leaves(dbg.outputs), jax.tree_util.tree_leaves(want), strict=True):
+        w = np.asarray(w)
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + float(np.max(np.abs(w), initial=0))))
