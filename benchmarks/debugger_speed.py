@@ -15,8 +15,8 @@ stages. Per strategy it measures, in seconds and as a multiple of one whole-prog
   step/cmp   the same two with ``keep="all"`` (every intermediate kept while stepping)
 
 The headline figure is (step + compare) / compile. Each debugger phase is also broken down (``Session.
-compiled_stage``, ``Session._run``, ``Reference.evaluate``, the device-to-host copies and the numpy error
-computation, and XLA's backend compile time from ``jax.monitoring``) to show where the time goes.
+compiled_stage``, ``Session._run``, ``Session.readout``, ``Reference.evaluate``, the device-to-host copies and
+the numpy error computation, and XLA's backend compile time from ``jax.monitoring``) to show where the time goes.
 
     python benchmarks/debugger_speed.py [--blocks 8] [--steps 180] [--strategies auto gather]
 """
@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import shardprop as sp  # noqa: E402
 from shardprop.backends import parse_hlo  # noqa: E402
+from shardprop.debug import comparison as comparison_module  # noqa: E402
 from shardprop.debug import reference as reference_module  # noqa: E402
 from shardprop.debug.session import Session  # noqa: E402
 
@@ -65,8 +66,9 @@ class Breakdown:
     them running (wrappers installed once, on the classes; ``measure`` starts a fresh count)."""
 
     WRAPPED = ((Session, "compiled_stage", "stage compile"), (Session, "_run", "stage run"),
+               (Session, "readout", "stage read-out"),
                (reference_module.Reference, "evaluate", "reference evaluate"),
-               (reference_module, "as_numpy", "device-to-host"), (reference_module, "errors", "numpy errors"))
+               (comparison_module, "as_numpy", "device-to-host"), (comparison_module, "errors", "numpy errors"))
 
     def __init__(self):
         self.seconds: collections.Counter[str] = collections.Counter()
@@ -111,6 +113,7 @@ class Breakdown:
         compile_ = s["stage compile"]
         parts = [("stage compiles (Session.compiled_stage)", compile_, self.calls["stage compile"]),
                  ("stage runs (Session._run minus compiles)", s["stage run"] - compile_, self.calls["stage run"]),
+                 ("intermediates read out (Session.readout)", s["stage read-out"], self.calls["stage read-out"]),
                  ("reference (Reference.evaluate)", s["reference evaluate"], self.calls["reference evaluate"]),
                  ("device-to-host copies (as_numpy)", s["device-to-host"], self.calls["device-to-host"]),
                  ("numpy error computation (errors)", s["numpy errors"], self.calls["numpy errors"])]

@@ -142,11 +142,15 @@ for block in dbg.blocks("c")[:3]:
     print(block.where(), "holds", block.data.shape)
 print(dbg.blocks("c")[1].data)
 ''')}
-`dbg.break_at("i")` stops `dbg.run()` before the stage that computes `i`; `dbg.run()` without breakpoints
-runs to the end, and `dbg.outputs` is then exactly what `prog(a, b)` returns.
+`dbg.break_at("i")` makes `dbg.run()` stop before the stage that computes `i` (as in pdb, `run()` always runs
+the stage it stands before); `dbg.run()` with no breakpoint ahead runs to the end, and `dbg.outputs` is then
+exactly what `prog(a, b)` returns.
 
 {s.block('''
-print(dbg.break_at("i"), dbg.stage)
+dbg = prog.debug(a, b)                  # a fresh debugger
+print(dbg.break_at("i"))                # the stage that computes i
+dbg.run()
+print(dbg.stage, dbg.done)
 dbg.run()
 print(dbg.done, np.array_equal(dbg.outputs, prog(a, b)), dbg.outputs.sharding.spec)
 ''')}

@@ -60,14 +60,15 @@ def test_save_stage(tmp_path):
 
 
 def test_interactive_prompt():
-    commands = "\n".join(["break e", "continue", "print c", "blocks e", "print zz", "next", "where", "compare",
-                          "quit"]) + "\n"
+    commands = "\n".join(["break e", "break", "continue", "print c", "blocks e", "print zz", "print", "print 4",
+                          "next", "where", "compare", "quit"]) + "\n"
     out = run(*ARGS, "--interactive", stdin=commands).stdout
     assert "breakpoint before stage 1" in out
     assert "stage 0: 2 ops (add, sub)" in out and "next: stage 1 of 2" in out
     assert "c =\n" in out
     assert "NotComputedError: e is computed by stage 1, which has not run yet" in out
     assert "UnknownValueError: no value 'zz'" in out
+    assert "before stage 1: e" in out and "usage: print NAME" in out
     assert "stage 1: 5 ops" in out and "finished" in out
     assert "all 7 values agree" in out
 
@@ -77,6 +78,7 @@ def test_interactive_prompt():
     (["--arg", "@/no/such/file.npy@P(i)", "--arg", "f32[16,8]"], "cannot read '/no/such/file.npy'"),
     ([*ARGS, "--save-stage", "7", "/tmp/x"], "StageIndexError: no stage 7: this program has 2 stages"),
     ([*ARGS, "--repeats", "0"], "--repeats 0"),
+    ([*ARGS, "--interactive", "--format", "json"], "--interactive is a text prompt"),
 ])
 def test_bad_input_is_a_one_line_error(extra, message):
     result = run(*extra, check=False)

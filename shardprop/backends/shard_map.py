@@ -31,7 +31,7 @@ def _stage_part(plan: Plan, stage: Stage, mesh: Mesh, nodes: Sequence[int], inpu
     ``carried`` (values computed earlier in the stage, as held) and returns ``outputs`` as held."""
 
     def body(*blocks):
-        received = {(i.value, i.layout): blk for i, blk in zip(inputs, blocks, strict=True)}
+        received = {(i.value, i.layout): blk for i, blk in zip(inputs, blocks[:len(inputs)], strict=True)}
         local = run_nodes(plan, nodes, received, dict(zip(carried, blocks[len(inputs):], strict=True)))
         return tuple(local[v] for v in outputs)
 
@@ -63,10 +63,11 @@ class Segment:
     outputs: tuple[int, ...]
 
 
-def readout_segments(plan: Plan, stage: Stage, size: int = READOUT_NODES) -> list[Segment]:
-    """Stage ``stage`` cut into segments of at most ``size`` nodes whose outputs are every value it computes
-    (the debugger's intermediates), each in the layout the plan holds it in."""
+def readout_segments(plan: Plan, stage: Stage, size: int | None = None) -> list[Segment]:
+    """Stage ``stage`` cut into segments of at most ``size`` nodes (default :data:`READOUT_NODES`) whose
+    outputs are every value it computes (the debugger's intermediates), each in the layout the plan holds it in."""
     graph = plan.graph
+    size = size or READOUT_NODES
     delivered = {(i.value, i.layout): i for i in stage.inputs}
     produced_in: dict[int, int] = {}
     chunks = [stage.nodes[k:k + size] for k in range(0, len(stage.nodes), size)] or [()]

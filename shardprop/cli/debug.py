@@ -74,6 +74,8 @@ def run(args, configure_devices) -> int:
 
     if args.repeats < 1:
         raise OptionError(f"--repeats {args.repeats}: expected at least 1")
+    if args.interactive and args.format != "text":
+        raise OptionError("--interactive is a text prompt; --format json is for a whole run without it")
     rng = np.random.default_rng(args.seed)
     parsed = [parse_value_arg(a, rng) for a in args.arg]
     f = load_function(args.target)
@@ -169,34 +171,47 @@ class Prompt(cmd.Cmd):
     def emptyline(self):
         return False
 
+    def _show(self, step) -> None:
+        compared = self.dbg.compare(rtol=self.args.rtol, atol=self.args.atol).for_stage(step.stage)
+        self._say(f"{step}\n  vs unsharded: {compared.summary()}")
+
     def do_next(self, _):
         """next: run the next stage and show it, with its comparison."""
         if self.dbg.done:
             self._say("the program has finished (quit, or compare)")
             return False
-        step = self.dbg.step()
-        compared = self.dbg.compare(rtol=self.args.rtol, atol=self.args.atol).for_stage(step.stage)
-        self._say(f"{step}\n  vs unsharded: {compared.summary()}")
+        self._show(self.dbg.step())
         return False
 
     def do_continue(self, _):
-        """continue: run to the end or the next breakpoint."""
+        """continue: run to the end or the next breakpoint, showing each stage with its comparison."""
         for step in self.dbg.run():
-            self._say(str(step))
+            self._show(step)
         self.do_where("")
 
-    def do_print(self, name):
-        """print NAME: the global value of NAME (a listing name such as e)."""
-        self._say(f"{name.strip()} =\n{self.dbg.value(name.strip())}")
+    def _name(self, arg: str, command: str):
+        name = arg.strip()
+        if not name:
+            raise OptionError(f"usage: {command} NAME (a value as the listing names it, such as e, or its id)")
+        return int(name) if name.isdigit() else name
 
-    def do_blocks(self, name):
+    def do_print(self, arg):
+        """print NAME: the global value of NAME (a listing name such as e, or a value id)."""
+        self._say(f"{arg.strip()} =\n{self.dbg.value(self._name(arg, 'print'))}")
+
+    def do_blocks(self, arg):
         """blocks NAME: every device's block of NAME with its index ranges."""
-        for block in self.dbg.blocks(name.strip()):
+        for block in self.dbg.blocks(self._name(arg, "blocks")):
             self._say(str(block))
 
-    def do_break(self, name):
-        """break NAME: stop before the stage that computes NAME."""
-        self._say(f"breakpoint before stage {self.dbg.break_at(name.strip())}")
+    def do_break(self, arg):
+        """break NAME: stop before the stage that computes NAME; break alone lists the breakpoints."""
+        if not arg.strip():
+            points = self.dbg.breakpoints
+            self._say("\n".join(f"before stage {k}: {', '.join(names)}" for k, names in sorted(points.items()))
+                      or "no breakpoints")
+            return
+        self._say(f"breakpoint before stage {self.dbg.break_at(self._name(arg, 'break'))}")
 
     def do_compare(self, _):
         """compare: every value computed so far against the unsharded function."""

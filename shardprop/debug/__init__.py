@@ -26,7 +26,7 @@ from .findings import Finding, FindingKind, NonFinite, Where
 from .profile import Profile, StageProfile
 from .comparison import Divergence, ErrorTable, NodeError
 from .reference import Tolerance
-from .session import DeviceBlock, Session, StageReport
+from .session import DeviceBlock, Port, Session, StageReport
 
 
 class Debugger(Session):
@@ -51,11 +51,12 @@ class Debugger(Session):
         hold different data, a block that is not the slice its shard ranges name. Empty when all hold."""
         return _findings.check(self)
 
-    def first_nonfinite(self) -> NonFinite | None:
-        """The first NaN or infinity in program order (arguments first), or None. Runs the whole program
-        first when no stage has run yet; otherwise covers the stages run so far."""
+    def first_nonfinite(self, arguments: bool = True) -> NonFinite | None:
+        """The first NaN or infinity in program order (the arguments first, unless ``arguments=False``: then
+        the first a node produces), or None. Runs the whole program first when no stage has run yet; otherwise
+        covers the stages run so far."""
         self._ensure_run()
-        return _findings.first_nonfinite(self)
+        return _findings.first_nonfinite(self, arguments=arguments)
 
     def compare(self, rtol: float | None = None, atol: float | None = None) -> ErrorTable:
         """Per value computed so far, max abs / relative error against the unsharded graph evaluated node by
@@ -96,4 +97,4 @@ class Debugger(Session):
 
 
 __all__ = ["Debugger", "DeviceBlock", "Divergence", "ErrorTable", "Finding", "FindingKind", "NodeError", "NonFinite",
-           "Profile", "StageProfile", "StageReport", "Tolerance", "Where"]
+           "Port", "Profile", "StageProfile", "StageReport", "Tolerance", "Where"]

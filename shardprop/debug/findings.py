@@ -8,7 +8,6 @@ devices really hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -180,12 +179,15 @@ def check(session) -> list[Finding]:
     return findings
 
 
-def first_nonfinite(session, values: Iterable | None = None) -> NonFinite | None:
+def first_nonfinite(session, arguments: bool = True) -> NonFinite | None:
     """The first NaN or infinity among the values computed so far, in program order (constants are the
-    user's own literals and are skipped), or None."""
+    user's own literals and are skipped; the arguments too, unless ``arguments``), or None."""
     plan = session.plan
     graph = plan.graph
-    for v, array in session.computed() if values is None else values:
+    inputs = set(graph.inputs)
+    for v, array in session.computed():
+        if not arguments and v in inputs:
+            continue
         if jx.is_extended_dtype(array.dtype) or np.dtype(array.dtype).kind not in "fc":
             continue
         if graph.nodes[graph.producer[v]].op == CONSTANT:

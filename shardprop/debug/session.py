@@ -58,14 +58,41 @@ class DeviceBlock:
 
 
 @dataclass(frozen=True)
+class Port:
+    """A stage input or output: the value, its type as laid out (``c:f32[16@i,8]``), its spec, and for an
+    input its source and the mesh axes gathered to bring it in (with the bytes per device)."""
+
+    value: str
+    type: str
+    spec: str
+    source: str | None = None
+    gathered_over: tuple[str, ...] = ()
+    gathered_bytes: float = 0.0
+
+    def __str__(self) -> str:
+        text = f"{self.type}  {self.spec}"
+        if self.source is not None:
+            text += f"  <- {self.source}"
+        if self.gathered_over:
+            text += f", gathered over {'*'.join(self.gathered_over)} ({format_bytes(self.gathered_bytes)})"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"value": self.value, "type": self.type, "spec": self.spec}
+        if self.source is not None:
+            out.update(source=self.source, gathered_over=list(self.gathered_over), gathered_bytes=self.gathered_bytes)
+        return out
+
+
+@dataclass(frozen=True)
 class StageReport:
     """What one step did: the stage, its ops, inputs and outputs (typed names with specs), wall time of the
     run (compiling excluded: ``compile_time``), and the collectives in its compiled HLO."""
 
     stage: int
     ops: tuple[str, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
     wall_time: float
     compile_time: float
     transfers: tuple[Transfer, ...] = field(repr=False)
@@ -77,9 +104,13 @@ class StageReport:
         return total_moved(self.transfers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "ops": list(self.ops), "inputs": list(self.inputs), "outputs": list(self.outputs),
+        return {"stage": self.stage, "ops": list(self.ops), "outside_shard_map": self.outside_shard_map,
+                "inputs": [p.to_dict() for p in self.inputs], "outputs": [p.to_dict() for p in self.outputs],
                 "wall_time_s": self.wall_time, "compile_time_s": self.compile_time,
-                "collective_bytes": self.collective_bytes, "transfers": [str(t) for t in self.transfers]}
+                "collective_bytes": self.collective_bytes,
+                "transfers": [{"kind": str(t.kind), "mesh_axes": list(t.mesh_axes), "group_size": t.group_size,
+                               "shape": list(t.shape), "dtype": t.dtype, "bytes": t.bytes,
+                               "moved_bytes": t.moved_bytes} for t in self.transfers]}
 
     def __repr__(self) -> str:
         return (f"<StageReport stage {self.stage}: {len(self.ops)} ops, {_ms(self.wall_time)}, "
@@ -91,12 +122,14 @@ class StageReport:
         ops = ", ".join(f"{op}×{k}" if k > 1 else op for op, k in counts.items())
         lines = [f"stage {self.stage}: {len(self.ops)} ops ({ops}){where} — ran in {_ms(self.wall_time)} "
                  f"(compiled in {_ms(self.compile_time)}), {format_bytes(self.collective_bytes)} moved per device"]
-        lines += [f"  in  {text}" for text in self.inputs]
-        lines += [f"  out {text}" for text in self.outputs]
+        lines += [f"  in  {port}" for port in self.inputs]
+        lines += [f"  out {port}" for port in self.outputs]
         return "\n".join(lines)
 
 
 def _stages(count: int) -> str:
+    if count == 0:
+        return "no stages (its outputs are its arguments)"
     return "1 stage (stage 0)" if count == 1 else f"{count} stages (0 to {count - 1})"
 
 
@@ -149,8 +182,10 @@ class Session:
     # -- stepping -------------------------------------------------------------------------------------
     def step(self) -> StageReport:
         """Run the next stage on its own (its own jitted ``shard_map``) and say what it did."""
+        if not self.plan.stages:
+            raise NotComputedError("this program has no stages: its outputs are its arguments")
         if self.done:
-            raise NotComputedError(f"all {len(self.plan.stages)} stages have run; dbg.reset() starts again")
+            raise NotComputedError(f"all {_stages(len(self.plan.stages))} have run; dbg.reset() starts again")
         stage = self.plan.stages[self._next]
         outs, seconds, compiled, compile_time = self._run(stage)
         self._results[stage.id] = outs
@@ -184,7 +219,8 @@ class Session:
 
     def break_at(self, name: Any) -> int:
         """Stop ``run()`` before the stage that computes ``name`` (a listing name such as ``"e"``, a value id or
-        a Node); returns that stage's id."""
+        a Node); returns that stage's id. As in pdb, ``run()`` always runs the stage it stands before: a
+        breakpoint on the stage about to run stops the *next* time it is reached (after ``reset()``)."""
         v = resolve_value(self.plan, name)
         node = self.plan.graph.nodes[self.plan.graph.producer[v]]
         if node.op == PARAMETER:
@@ -334,7 +370,7 @@ class Session:
         stage_id = self.plan.stage_of(node.id)
         if stage_id >= self._next:
             raise NotComputedError(f"{value_name(v)} is computed by stage {stage_id}, which has not run yet "
-                                   f"(next: stage {self._next}; dbg.run_to({stage_id + 1}) runs it)")
+                                   f"(the next stage to run is stage {self._next})")
         stage = self.plan.stages[stage_id]
         if v in stage.outputs:
             return self._results[stage_id][stage.outputs.index(v)]
@@ -372,9 +408,9 @@ class Session:
         inputs = []
         for i in stage.inputs:
             gathered, nbytes = crossing(plan, i)
-            moved = f", gathered over {'*'.join(gathered)} ({format_bytes(nbytes)})" if gathered else ""
-            inputs.append(f"{typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {i.source}{moved}")
-        outputs = [f"{typed_name(plan, v, layout)}  {layout_to_spec(layout)}"
+            inputs.append(Port(value_name(i.value), typed_name(plan, i.value, i.layout), str(layout_to_spec(i.layout)),
+                               str(i.source), gathered, nbytes))
+        outputs = [Port(value_name(v), typed_name(plan, v, layout), str(layout_to_spec(layout)))
                    for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]
         ops = tuple(graph.nodes[n].op for n in stage.nodes if graph.nodes[n].op != CONSTANT)
         transfers = tuple(parse_hlo(compiled.as_text(), self.mesh))

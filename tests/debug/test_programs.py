@@ -95,3 +95,25 @@ def test_a_stage_that_calls_back_to_python_cannot_be_exported(tmp_path, mesh):
     prog = _compile(_callback, (X,), (P("i", "j"),), "auto", mesh)
     with pytest.raises(sp.ArtifactError, match="stage 0 cannot be saved with jax.export"):
         prog.debug(X).save_stage(0, tmp_path)
+
+
+@pytest.mark.parametrize("keep", ["outputs", "all"])
+def test_intermediates_read_out_in_small_segments_are_the_same(monkeypatch, meshes, keep):
+    """A stage's intermediates are read out in segments of READOUT_NODES nodes, values crossing from one
+    segment to the next as held: with 3-node segments, everything is as with one."""
+    from examples import mlp
+    from shardprop.backends import shard_map
+
+    args = (mlp.init_params(), np.random.default_rng(4).normal(size=(16, 32)).astype(np.float32),
+            np.arange(16, dtype=np.int32) % 10)
+    specs = ([{"w": P(None, "k"), "b": P("k")}, {"w": P("k", None), "b": P()}], P(("i", "j")), P(("i", "j")))
+    prog = sp.autoshard(mlp.train_step, mesh=meshes["2x2x2"], in_specs=specs).trace(*args)
+    whole = sp.Debugger(prog, *args, keep="all")
+    whole.run()
+    monkeypatch.setattr(shard_map, "READOUT_NODES", 3)
+    assert len(shard_map.readout_segments(prog.plan, prog.stages[0])) > 5
+    dbg = sp.Debugger(prog, *args, keep=keep)
+    dbg.run()
+    assert dbg.compare().agree and dbg.check() == []
+    for v in range(len(prog.sharded.graph.avals)):
+        np.testing.assert_array_equal(np.asarray(dbg.value(v)), np.asarray(whole.value(v)))

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -103,3 +104,56 @@ def test_stepping_past_the_end_and_breaking_at_an_argument(prog):
     dbg.run()
     with pytest.raises(sp.NotComputedError, match="reset"):
         dbg.step()
+
+
+@pytest.mark.parametrize("options", [{"rtol": "x"}, {"rtol": -1}, {"atol": float("nan")}, {"rtol": True}])
+def test_tolerances_are_checked(prog, options):
+    with pytest.raises(sp.OptionError, match="expected a finite number >= 0"):
+        sp.Debugger(prog, A, B).compare(**options)
+
+
+@pytest.mark.parametrize("repeats", [0, -1, 2.5, True])
+def test_profile_repeats_are_checked(prog, repeats):
+    with pytest.raises(sp.OptionError, match="at least 1"):
+        sp.Debugger(prog, A, B).profile(repeats)
+
+
+def test_a_program_without_stages(meshes):
+    prog = sp.autoshard(lambda x: x, mesh=meshes["4x2"], in_specs=(P("i"),)).trace(A)
+    dbg = sp.Debugger(prog, A)
+    assert dbg.done and dbg.run() == []
+    with pytest.raises(sp.NotComputedError, match="no stages: its outputs are its arguments"):
+        dbg.step()
+    with pytest.raises(sp.StageIndexError, match="has no stages"):
+        dbg.save_stage(0, "/tmp/never")
+    np.testing.assert_array_equal(np.asarray(dbg.outputs), A)
+    assert dbg.compare().rows == () and dbg.first_divergence() is None
+
+
+def test_first_nonfinite_can_skip_the_arguments(meshes):
+    x = A.copy()
+    x[0, 0] = np.nan
+    prog = sp.autoshard(lambda x: jnp.sqrt(x - 1), mesh=meshes["4x2"], in_specs=(P("i"),)).trace(x)
+    dbg = sp.Debugger(prog, x)
+    assert dbg.first_nonfinite().where.op == "parameter"
+    found = dbg.first_nonfinite(arguments=False)
+    assert found.where.op == "sub" and found.index == (0, 0)
+
+
+def test_relative_error_is_infinite_where_the_reference_is_zero():
+    from shardprop.debug.reference import Tolerance, errors
+
+    got, ref = np.array([1e-9, 2.0], np.float32), np.array([0.0, 2.0], np.float32)
+    max_abs, max_rel, agrees = errors(got, ref, Tolerance())
+    assert max_rel == float("inf") and max_abs == pytest.approx(1e-9)
+    assert errors(np.array([np.nan]), np.array([1.0]), Tolerance())[2] is False
+    assert errors(np.array([np.nan, np.inf]), np.array([np.nan, np.inf]), Tolerance()) == (0.0, 0.0, True)
+
+
+def test_the_readme_walk(prog):
+    dbg = prog.debug(A, B)
+    assert dbg.break_at("i") == 1
+    dbg.run()
+    assert dbg.stage == 1 and not dbg.done
+    assert dbg.step().stage == 1 and dbg.done
+    np.testing.assert_array_equal(np.asarray(dbg.outputs), np.asarray(prog(A, B)))
