@@ -158,8 +158,9 @@ print(dbg.done, np.array_equal(dbg.outputs, prog(a, b)), dbg.outputs.sharding.sp
 
 `dbg.compare()` evaluates the traced graph unsharded, on one device, node by node on the same inputs — each
 node's own JAX primitive on whole arrays; no shardprop rule, plan or lowering takes part — and reports each
-value's error. The default tolerance is 100 ulps relative, and the same relative to the value's largest
-magnitude absolute (a sum finished by a collective adds in another order).
+value's error. The default tolerance is 100 ulps relative, and as much absolute relative to the value's *scale*:
+the largest magnitude it and everything it was computed from reach (a sum finished by a collective adds in
+another order; a gradient carries the rounding of all that came before). `rtol=` and `atol=` override both.
 
 {s.block('''
 print(dbg.compare())
@@ -169,9 +170,12 @@ print(dbg.first_divergence(), dbg.check(), dbg.first_nonfinite())
 
 Here is what a lowering bug looks like. We plant one — the step that finishes a partial sum with a `psum`
 forgets to — and debug the `collective` strategy's program, where both sums are finished that way.
-`first_divergence()` names the first node whose value differs while all its operands agree: the fault is that
-node's rule or its lowering. `check()` sees the same bug from the other side: the plan says `e` is replicated
-over `j`, but the two devices of each `j` pair hold different partial sums.
+`first_divergence()` names the first node at fault: its value differs from the unsharded function's, and
+computed unsharded from its own *sharded* operands it gives another value — so what it was given is right and
+what it made of it is not: the fault is that node's rule or its lowering. (A value that differs only because
+its operands do — rounding carried through — is not blamed: the table marks every value whose own node is at
+fault `FAULT`, and those that only inherit a difference `differs`.) `check()` sees the same bug from the other side: the plan says `e` is
+replicated over `j`, but the two devices of each `j` pair hold different partial sums.
 
 {s.block('''
 from shardprop.backends import evaluate
@@ -180,6 +184,7 @@ evaluate.finish = lambda node, invals, outs, collective, mesh_shape: outs   # th
 
 buggy = sp.autoshard(nx, mesh=mesh, in_specs=(P("i", "j"), None), strategy="collective").trace(a, b)
 dbg = buggy.debug(a, b)
+print(dbg.compare())
 print(dbg.first_divergence())
 for finding in dbg.check()[:2]:
     print(finding)

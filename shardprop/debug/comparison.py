@@ -24,14 +24,14 @@ from ..inspect.listing import typed_name
 from ..propagation.sharding import is_refinement, layout_to_spec
 from ..splitting import Plan
 from ..splitting.cost import gathered_axes
-from .findings import Where, as_numpy
+from .findings import FindingKind, Where, as_numpy, check_value
 from .reference import Reference, Tolerance, bind_whole, errors, magnitude
 
 
 @dataclass(frozen=True)
 class NodeError:
-    """One value against the reference: max abs and max relative error, whether it agrees, and — for the
-    value found at fault — ``fault``."""
+    """One value against the reference: max abs and max relative error, whether it agrees, and whether its
+    own node is at fault (``fault``: re-computed unsharded from its sharded operands, it still differs)."""
 
     where: Where
     max_abs: float
@@ -172,7 +172,7 @@ class Comparer:
                     ref, got = as_numpy(refs[v]), as_numpy(values[v])
                     self.scales[v] = max(magnitude(ref), inherited)
                     self.rows.append(NodeError(Where.of(plan, v), *errors(got, ref, self.tolerance, self.scales[v])))
-                if self.divergence is None and not all(r.agrees for r in self.rows[first:]):
+                if not all(r.agrees for r in self.rows[first:]):
                     self._look_for_fault(node, values, first)
             self.stages += 1
 
@@ -187,10 +187,13 @@ class Comparer:
     def _look_for_fault(self, node, values: dict, first: int) -> None:
         """Is ``node`` itself at fault? Re-compute it unsharded from its sharded operands and compare."""
         session, plan = self.session, self.session.plan
-        device = self.reference.device
-        operands = [np.asarray(node.params["value"]) if plan.graph.nodes[plan.graph.producer[u]].op == CONSTANT
-                    else jax.device_put(values[u] if u in values else session.held(u), device)
-                    for u in node.operands]
+        graph = plan.graph
+        held = {u: values[u] if u in values else session.held(u) for u in node.operands
+                if graph.nodes[graph.producer[u]].op != CONSTANT}
+        if any(f.kind is FindingKind.REPLICAS_DIFFER for u, x in held.items() for f in check_value(session, u, x)):
+            return  # an operand's devices disagree on what it is: the difference was carried in (check() says)
+        operands = [jax.device_put(held[u], self.reference.device) if u in held else
+                    np.asarray(graph.nodes[graph.producer[u]].params["value"]) for u in node.operands]
         local = bind_whole(node, operands)
         scale = max((magnitude(as_numpy(x)) for x in operands), default=0.0)
         worst, culprit = 0.0, None
@@ -204,6 +207,8 @@ class Comparer:
         if culprit is None:
             return  # computed right from what it was given: the difference was carried in
         row = self.rows[first + culprit] = _with_fault(self.rows[first + culprit])
+        if self.divergence is not None:
+            return  # a later fault: marked in the table; the first is the divergence
         v = row.where.value
         self.divergence = Divergence(row, worst, tuple(_operands(plan, node)), tuple(decision(plan, node)),
                                      tuple(_differing_blocks(session, v, values[v], culprit_ref, tolerance)))

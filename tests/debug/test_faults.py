@@ -72,6 +72,10 @@ def test_a_missing_psum_is_found_by_first_divergence_and_by_check(monkeypatch, m
     assert found.where.name == "e" and found.where.op == "reduce_sum"
     assert found.where.source.endswith(f"nx_example.py:{_line_of('z = jnp.sum(x, axis=1)')}")
     assert any("psum over j" in line for line in found.decision)
+    # both sums are at fault; what is computed from them only inherits the difference
+    table = dbg.compare()
+    assert [r.where.name for r in table.rows if r.fault] == ["e", "f"]
+    assert [r.status for r in table.rows] == ["ok", "ok", "FAULT", "FAULT", "differs", "differs", "differs"]
     findings = dbg.check()
     assert findings, "the false replication claim went unnoticed"
     first = findings[0]
