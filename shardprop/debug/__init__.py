@@ -9,7 +9,8 @@
     dbg.first_nonfinite(); dbg.profile(); dbg.save_stage(1, "repro/")
 
 Module by module: ``session`` (stepping, values, blocks), ``findings`` (the program's promises checked),
-``reference`` (the unsharded oracle), ``profile``, ``reproducer`` (a stage as a ``jax.export`` artifact).
+``reference`` (the unsharded oracle, the tolerance), ``comparison`` (per-value errors, blame, the first
+divergence), ``profile``, ``reproducer`` (a stage as a ``jax.export`` artifact).
 """
 
 from __future__ import annotations
