@@ -1,14 +1,7 @@
-"""Small functions for docs/debugging.md: the Nx design note's example, and one that takes a logarithm."""
+"""A function for docs/debugging.md that takes a logarithm (the page debugs the Nx example from
+``inspect_example.py`` too)."""
 
 import jax.numpy as jnp
-
-
-def nx(a, b):
-    x = a + b
-    y = a - b
-    z = jnp.sum(x, axis=1)
-    w = jnp.sum(y, axis=0)
-    return z[:, None] + w[None, :]
 
 
 def log_returns(prices):

@@ -41,6 +41,11 @@ class NotComputedError(ShardingError):
     """The debugger was asked for a value whose stage has not run yet."""
 
 
+class ReferenceEvaluationError(ShardingError):
+    """The debugger's unsharded evaluation of a node failed (the node's own primitive on whole arrays: a host
+    callback of the user's that raises, say)."""
+
+
 class ArtifactError(ShardingError):
     """A debugging artifact (a saved stage) could not be written or made."""
 

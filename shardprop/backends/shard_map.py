@@ -22,13 +22,14 @@ def stage_function(plan: Plan, stage: Stage, mesh: Mesh) -> Callable:
     """Stage ``stage`` as a ``shard_map``: called with its inputs (``stage.inputs`` order), it returns its
     outputs (``stage.outputs`` order), each laid out as the stage's specs say. A stage ``outside_shard_map``
     runs its nodes on the whole arrays as they are (its layouts are replicated), under the caller's jit."""
-    return _stage_part(plan, stage, mesh, stage.nodes, stage.inputs, (), stage.outputs)
+    return _stage_part(plan, stage, mesh, stage.nodes, stage.inputs, (), stage.outputs, stage.out_layouts)
 
 
 def _stage_part(plan: Plan, stage: Stage, mesh: Mesh, nodes: Sequence[int], inputs: Sequence[StageInput],
-                carried: Sequence[int], outputs: Sequence[int]) -> Callable:
+                carried: Sequence[int], outputs: Sequence[int], out_layouts: Sequence) -> Callable:
     """Nodes ``nodes`` of ``stage`` as a ``shard_map`` that reads ``inputs`` (stage inputs, as delivered) and
-    ``carried`` (values computed earlier in the stage, as held) and returns ``outputs`` as held."""
+    ``carried`` (values computed earlier in the stage, as held) and returns ``outputs`` laid out as
+    ``out_layouts``."""
 
     def body(*blocks):
         received = {(i.value, i.layout): blk for i, blk in zip(inputs, blocks[:len(inputs)], strict=True)}
@@ -38,7 +39,7 @@ def _stage_part(plan: Plan, stage: Stage, mesh: Mesh, nodes: Sequence[int], inpu
     if stage.outside_shard_map:
         return body
     in_specs = (*(layout_to_spec(i.layout) for i in inputs), *(layout_to_spec(plan.layout(v)) for v in carried))
-    out_specs = tuple(layout_to_spec(plan.layout(v)) for v in outputs)
+    out_specs = tuple(layout_to_spec(layout) for layout in out_layouts)
 
     # check_vma=False: we bind primitives directly, which skips JAX's automatic pcast insertion; the
     # replication claims in out_specs hold by construction (replicated outputs are computed from gathered or
@@ -95,7 +96,8 @@ def readout_segments(plan: Plan, stage: Stage, size: int | None = None) -> list[
 def segment_function(plan: Plan, stage: Stage, segment: Segment, mesh: Mesh) -> Callable:
     """``segment`` of ``stage`` as a ``shard_map`` (see :class:`Segment`); called with its inputs, then its
     carried values."""
-    return _stage_part(plan, stage, mesh, segment.nodes, segment.inputs, segment.carried, segment.outputs)
+    return _stage_part(plan, stage, mesh, segment.nodes, segment.inputs, segment.carried, segment.outputs,
+                       [plan.layout(v) for v in segment.outputs])
 
 
 def program_function(plan: Plan, stage_fns: Sequence[Callable]) -> Callable:

@@ -7,12 +7,10 @@ from __future__ import annotations
 import cmd
 import json
 import math
-import sys
-from pathlib import Path
 
 from ..errors import OptionError, ShardingError
 from ..splitting.collectives import Strategy
-from .inspect import load_function, parse_arg, parse_mesh, parse_spec
+from .inspect import emit, load_function, parse_arg, parse_mesh, parse_spec
 
 
 def add_parser(sub) -> None:
@@ -49,9 +47,12 @@ def parse_value_arg(text: str, rng):
         at = body.rfind("@P")
         path, spec = (body[:at], parse_spec(body[at + 1:])) if at >= 0 else (body, None)
         try:
-            return np.load(path, allow_pickle=False), spec
+            loaded = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as err:
             raise OptionError(f"--arg {text!r}: cannot read {path!r}: {err}") from None
+        if not isinstance(loaded, np.ndarray):
+            raise OptionError(f"--arg {text!r}: {path!r} holds several arrays (an .npz); give one .npy per argument")
+        return loaded, spec
     shaped, spec = parse_arg(text)
     dtype = np.dtype(shaped.dtype)
     if dtype == np.bool_:
@@ -92,9 +93,21 @@ def run(args, configure_devices) -> int:
             raise OptionError(f"--save-stage {k!r}: expected a stage number")
         report["saved"] = str(dbg.save_stage(int(k), directory))
     if args.format == "json":
-        return _emit(json.dumps(report["json"], indent=2), args.output)
+        return emit(json.dumps(_finite(report["json"]), indent=2, allow_nan=False), args.output)
     text = report["text"] + (f"\nstage {args.save_stage[0]} saved: python {report['saved']}" if args.save_stage else "")
-    return _emit(text, args.output)
+    return emit(text, args.output)
+
+
+def _finite(doc):
+    """``doc`` with every non-finite float spelled as a string ("inf", "nan"): strict JSON has no such numbers,
+    and an infinite relative error (a reference of 0) is exactly when the JSON is wanted."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return str(doc)
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [_finite(v) for v in doc]
+    return doc
 
 
 def walk(dbg, args) -> dict:
@@ -226,11 +239,3 @@ class Prompt(cmd.Cmd):
         return True
 
     do_n, do_p, do_b, do_c, do_q, do_EOF = do_next, do_print, do_break, do_continue, do_quit, do_quit
-
-
-def _emit(text: str, output: str | None) -> int:
-    if output:
-        Path(output).write_text(text + "\n")
-    else:
-        sys.stdout.write(text + "\n")
-    return 0

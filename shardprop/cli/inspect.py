@@ -134,7 +134,7 @@ def run(args, configure_devices) -> int:
     from ..inspect.export import SCHEMA
 
     if args.schema:
-        return _emit(json.dumps(SCHEMA, indent=2), args.output)
+        return emit(json.dumps(SCHEMA, indent=2), args.output)
     if not args.target or not args.mesh:
         raise OptionError("inspect needs PATH.py:FUNC and --mesh (e.g. --mesh i=4,j=2)")
     asked = {"--explain": args.explain, "--lineage": args.lineage, "--blocks": args.blocks, "--brief": args.brief}
@@ -166,22 +166,22 @@ def run(args, configure_devices) -> int:
             doc["explain"] = {name: e.to_dict() for name, e in explained.items()}
         if traced:
             doc["lineage"] = {text: _lineage_json(result) for text, result in traced.items()}
-        return _emit(json.dumps(doc, indent=2), args.output)
+        return emit(json.dumps(doc, indent=2), args.output)
     if args.format == "dot":
-        return _emit(sp_inspect.to_dot(prog), args.output)
+        return emit(sp_inspect.to_dot(prog), args.output)
     if args.format == "svg":
         if args.output:
             sp_inspect.render(prog, args.output, format="svg")
             return 0
         with tempfile.TemporaryDirectory() as tmp:
             path = sp_inspect.render(prog, Path(tmp) / "graph.svg", format="svg")
-            return _emit(path.read_text(), None)
+            return emit(path.read_text(), None)
     parts = [] if args.brief else [str(prog.graph),
                                    sp_inspect.as_text(sp_inspect.stage_table(prog), width=args.width).rstrip()]
     parts += [str(e) for e in explained.values()]
     parts += [_lineage_text(prog, text, result) for text, result in traced.items()]
     parts += [sp_inspect.as_text(sp_inspect.blocks(prog, v), width=args.width).rstrip() for v in args.blocks]
-    return _emit("\n\n".join(parts), args.output)
+    return emit("\n\n".join(parts), args.output)
 
 
 def _lineage(prog, target: str, block):
@@ -215,7 +215,8 @@ def _lineage_text(prog, text: str, result) -> str:
     return "\n".join(lines)
 
 
-def _emit(text: str, output: str | None) -> int:
+def emit(text: str, output: str | None) -> int:
+    """Write ``text`` to the file ``output``, or to standard output."""
     if output:
         Path(output).write_text(text + "\n")
     else:

@@ -15,6 +15,7 @@ divergence), ``profile``, ``reproducer`` (a stage as a ``jax.export`` artifact).
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 from ..errors import OptionError
@@ -82,9 +83,9 @@ class Debugger(Session):
     def profile(self, repeats: int = 10) -> Profile:
         """Per stage: median wall time over ``repeats`` runs, bytes moved per its compiled HLO and the cost
         model's estimate. Runs the program to the end first."""
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
             raise OptionError(f"repeats={repeats!r}: expected a whole number of runs, at least 1")
-        return _profile.profile(self, repeats)
+        return _profile.profile(self, int(repeats))
 
     def save_stage(self, k: int, directory: str | Path) -> Path:
         """Write stage ``k`` as a standalone reproducer (a ``jax.export`` artifact, its inputs and outputs, and

@@ -18,7 +18,6 @@ import numpy as np
 from rich import box
 from rich.table import Table
 
-from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, value_name
 from ..inspect.listing import typed_name
 from ..propagation.sharding import is_refinement, layout_to_spec
@@ -171,7 +170,8 @@ class Comparer:
                 for v in node.outputs:
                     ref, got = as_numpy(refs[v]), as_numpy(values[v])
                     self.scales[v] = max(magnitude(ref), inherited)
-                    self.rows.append(NodeError(Where.of(plan, v), *errors(got, ref, self.tolerance, self.scales[v])))
+                    self.rows.append(NodeError(Where.of(plan, v), *errors(got, ref, self.tolerance, self.scales[v],
+                                                                          graph.avals[v].dtype)))
                 if not all(r.agrees for r in self.rows[first:]):
                     self._look_for_fault(node, values, first)
             self.stages += 1
@@ -181,7 +181,7 @@ class Comparer:
             graph = self.session.plan.graph
             node = graph.nodes[graph.producer[u]]
             held = node.params["value"] if node.op == CONSTANT else self.session.held(u)
-            self.scales[u] = 0.0 if jx.is_extended_dtype(held.dtype) else magnitude(held)
+            self.scales[u] = magnitude(as_numpy(held)) if hasattr(held, "dtype") else magnitude(np.asarray(held))
         return self.scales[u]
 
     def _look_for_fault(self, node, values: dict, first: int) -> None:
@@ -196,22 +196,18 @@ class Comparer:
                     np.asarray(graph.nodes[graph.producer[u]].params["value"]) for u in node.operands]
         local = bind_whole(node, operands)
         scale = max((magnitude(as_numpy(x)) for x in operands), default=0.0)
-        worst, culprit = 0.0, None
         for k, (v, ref) in enumerate(zip(node.outputs, local, strict=True)):
-            ref = as_numpy(ref)
-            own_abs, _, agrees = errors(as_numpy(values[v]), ref, self.tolerance, max(scale, magnitude(ref)))
-            if not agrees and culprit is None:
-                culprit, culprit_ref = k, ref
-                tolerance = Tolerance(*self.tolerance.for_value(ref, max(scale, magnitude(ref))))
-            worst = max(worst, own_abs)
-        if culprit is None:
-            return  # computed right from what it was given: the difference was carried in
-        row = self.rows[first + culprit] = _with_fault(self.rows[first + culprit])
-        if self.divergence is not None:
-            return  # a later fault: marked in the table; the first is the divergence
-        v = row.where.value
-        self.divergence = Divergence(row, worst, tuple(_operands(plan, node)), tuple(decision(plan, node)),
-                                     tuple(_differing_blocks(session, v, values[v], culprit_ref, tolerance)))
+            if self.rows[first + k].agrees:
+                continue  # only an output that differs from the reference can be at fault
+            ref, dtype = as_numpy(ref), graph.avals[v].dtype
+            own_abs, _, agrees = errors(as_numpy(values[v]), ref, self.tolerance, max(scale, magnitude(ref)), dtype)
+            if agrees:
+                continue  # computed right from what it was given: the difference was carried in
+            row = self.rows[first + k] = _with_fault(self.rows[first + k])
+            if self.divergence is None:  # a later fault is marked in the table; the first is the divergence
+                tolerance = Tolerance(*self.tolerance.for_value(ref, max(scale, magnitude(ref)), dtype))
+                self.divergence = Divergence(row, own_abs, tuple(_operands(plan, node)), tuple(decision(plan, node)),
+                                             tuple(_differing_blocks(session, v, values[v], ref, tolerance)))
 
     def table(self) -> ErrorTable:
         self.advance()

@@ -13,12 +13,14 @@ from enum import StrEnum
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, short_source, value_name
 from ..inspect.listing import typed_name
 from ..splitting import Plan
+from .session import format_device, format_ranges
 
 
 class FindingKind(StrEnum):
@@ -87,7 +89,6 @@ class NonFinite:
     element: Any
 
     def __str__(self) -> str:
-        coords = ", ".join(f"{k}={v}" for k, v in self.coords.items())
         at = f"[{', '.join(map(str, self.index))}]"
         w = self.where
         if w.op == PARAMETER:
@@ -95,18 +96,28 @@ class NonFinite:
         else:
             stage = "" if w.stage is None else f" (stage {w.stage})"
             head = f"`{w.op}` at {short_source(w.source, 'an unknown line')}{stage} produced {self.element}"
-        return f"{head}: {w.name}{at} on device {self.device} ({coords}); {w.typed}, sharding by rule {w.rule}"
+        return f"{head}: {w.name}{at} on {format_device(self.device, self.coords)}; {w.typed}, sharding by rule " \
+               f"{w.rule}"
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.where.to_dict(), "device": self.device, "coords": self.coords, "index": list(self.index),
                 "element": str(self.element)}
 
 
+def is_inexact(dtype) -> bool:
+    """Floating or complex (bfloat16 and the float8s too, which numpy calls kind ``V``); not a PRNG key."""
+    return not jx.is_extended_dtype(dtype) and bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
 def as_numpy(x) -> np.ndarray:
-    """A value or block as numpy (PRNG keys as their key data)."""
+    """A value or block as numpy, for comparing: PRNG keys as their key data, and floats numpy has no arithmetic
+    kind for (bfloat16, float8) as float32, which holds them exactly."""
     if jx.is_extended_dtype(x.dtype):
         x = jax.random.key_data(x)
-    return np.asarray(x)
+    a = np.asarray(x)
+    if a.dtype.kind == "V" and is_inexact(a.dtype):
+        a = a.astype(np.float32)
+    return a
 
 
 def same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -157,7 +168,7 @@ def check_value(session, v: int, array) -> list[Finding]:
             findings.append(Finding(
                 FindingKind.BLOCK_MISPLACED, Where.of(plan, v), (block.device,),
                 f"{block.where()} holds a block of shape {data.shape} that is not the global value's slice "
-                f"{_format_index(block.index)} (max abs difference {max_difference(expected, data):g})"))
+                f"{format_ranges(block.index)} (max abs difference {max_difference(expected, data):g})"))
     return findings
 
 
@@ -165,10 +176,6 @@ def _replicated_over(plan: Plan, v: int) -> list[str]:
     """The mesh axes ``v`` is replicated over (those its layout does not use)."""
     used = {m for axes in plan.layout(v) for m in axes}
     return [name for name in plan.mesh_shape if name not in used]
-
-
-def _format_index(index) -> str:
-    return f"[{', '.join(f'{a}:{b}' for a, b in index)}]"
 
 
 def check(session) -> list[Finding]:
@@ -188,12 +195,12 @@ def first_nonfinite(session, arguments: bool = True) -> NonFinite | None:
     for v, array in session.computed():
         if not arguments and v in inputs:
             continue
-        if jx.is_extended_dtype(array.dtype) or np.dtype(array.dtype).kind not in "fc":
+        if not is_inexact(array.dtype):
             continue
         if graph.nodes[graph.producer[v]].op == CONSTANT:
             continue
         for block in session.device_blocks(v, array):
-            bad = np.argwhere(~np.isfinite(block.data))
+            bad = np.argwhere(~np.isfinite(as_numpy(block.data)))
             if bad.size:
                 local = tuple(int(i) for i in bad[0])
                 index = tuple(start + i for (start, _), i in zip(block.index, local, strict=True))

@@ -13,7 +13,8 @@ from rich import box
 from rich.table import Table
 
 from ..backends import parse_hlo
-from ..inspect.listing import format_bytes
+from ..inspect.listing import format_bytes, format_ms, stage_ops
+from ..program import as_lowering_errors
 from ..splitting.cost import stage_estimate, total_moved
 
 
@@ -43,14 +44,14 @@ class Profile:
     def __rich__(self) -> Table:
         total = sum(r.median_time for r in self.rows)
         table = Table(title=f"per-stage profile (median of {self.repeats} runs, each stage on its own)",
-                      box=box.SIMPLE_HEAVY, caption=f"total {total * 1e3:.2f} ms; moved per device: measured "
+                      box=box.SIMPLE_HEAVY, caption=f"total {format_ms(total)}; moved per device: measured "
                       f"{format_bytes(sum(r.measured_bytes for r in self.rows))}, estimated "
                       f"{format_bytes(sum(r.estimated_bytes for r in self.rows))}")
         for name in ("stage", "ops", "median", "share", "collectives", "moved (HLO)", "moved (estimate)"):
             table.add_column(name, justify="right")
         for r in self.rows:
             share = f"{100 * r.median_time / total:.0f}%" if total else "-"
-            table.add_row(str(r.stage), str(r.ops), f"{r.median_time * 1e3:.3f} ms", share, str(r.collectives),
+            table.add_row(str(r.stage), str(r.ops), format_ms(r.median_time, 3), share, str(r.collectives),
                           format_bytes(r.measured_bytes), format_bytes(r.estimated_bytes))
         return table
 
@@ -72,14 +73,14 @@ def profile(session, repeats: int) -> Profile:
     for stage in plan.stages:
         compiled, _ = session.compiled_stage(stage)
         inputs = session.stage_inputs(stage)
-        jax.block_until_ready(compiled(*inputs))  # warm
+        jax.block_until_ready(as_lowering_errors(compiled, *inputs))  # warm
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            jax.block_until_ready(compiled(*inputs))
+            jax.block_until_ready(as_lowering_errors(compiled, *inputs))
             times.append(time.perf_counter() - start)
         measured = parse_hlo(compiled.as_text(), session.mesh)
-        ops = sum(1 for n in stage.nodes if plan.graph.nodes[n].op != "constant")
+        ops = len(stage_ops(plan, stage))
         rows.append(StageProfile(stage.id, ops, statistics.median(times), tuple(times), total_moved(measured),
                                  total_moved(stage_estimate(plan, stage)), len(measured)))
     return Profile(tuple(rows), repeats)

@@ -8,15 +8,17 @@ piece takes part, so a bug in any of them shows up as a difference.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import OptionError, ReferenceEvaluationError
 from ..expr import jax_adapter as jx
-from ..expr.graph import CONSTANT, Node
+from ..expr.graph import CONSTANT, Node, short_source
 from ..splitting import Plan, Stage
 
 
@@ -36,16 +38,18 @@ class Tolerance:
             given = getattr(self, name)
             if given is None:
                 continue
-            if isinstance(given, bool) or not isinstance(given, int | float) or not math.isfinite(given) \
+            if isinstance(given, bool) or not isinstance(given, numbers.Real) or not math.isfinite(given) \
                     or given < 0:
                 raise OptionError(f"{name}={given!r}: expected a finite number >= 0 (or None for the default)")
+            object.__setattr__(self, name, float(given))
 
-    def for_value(self, ref: np.ndarray, scale: float | None = None) -> tuple[float, float]:
+    def for_value(self, ref: np.ndarray, scale: float | None = None, dtype=None) -> tuple[float, float]:
         """``(rtol, atol)`` for a value whose reference is ``ref``; ``scale`` (default: ``magnitude(ref)``)
-        sets the default ``atol``."""
+        sets the default ``atol``; ``dtype`` (default ``ref.dtype``) the default ``rtol`` (a bfloat16 value
+        compared as float32 keeps bfloat16's precision)."""
         if ref.dtype.kind not in "fc":
             return 0.0, 0.0
-        rtol = self.rtol if self.rtol is not None else 100 * float(np.finfo(ref.dtype).eps)
+        rtol = self.rtol if self.rtol is not None else 100 * float(jnp.finfo(ref.dtype if dtype is None else dtype).eps)
         if self.atol is not None:
             return rtol, self.atol
         return rtol, rtol * (magnitude(ref) if scale is None else scale)
@@ -68,11 +72,12 @@ def magnitude(x) -> float:
     return float(a[np.isfinite(a)].max(initial=0.0))
 
 
-def errors(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, scale: float | None = None
+def errors(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, scale: float | None = None, dtype=None
            ) -> tuple[float, float, bool]:
-    """``(max abs, max relative, agrees)`` of ``got`` against ``ref``. NaN agrees with NaN and an infinity
-    with the same infinity; a NaN or infinity on one side only is an infinite error. The relative error of an
-    element whose reference is 0 is infinite unless it is 0 too. ``scale`` as :meth:`Tolerance.for_value`."""
+    """``(max abs, max relative, agrees)`` of ``got`` against ``ref`` (as :func:`~.findings.as_numpy` gives
+    them). NaN agrees with NaN and an infinity with the same infinity; a NaN or infinity on one side only is an
+    infinite error. The relative error of an element whose reference is 0 is infinite unless it is 0 too.
+    ``scale`` and ``dtype`` as :meth:`Tolerance.for_value` takes them."""
     if got.shape != ref.shape:
         return math.inf, math.inf, False
     if np.array_equal(got, ref):  # the common case, in one pass
@@ -82,7 +87,7 @@ def errors(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, scale: float 
             return 1.0, math.inf, False
         diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
         return float(diff.max()), _relative(diff, np.abs(ref.astype(np.float64))), False
-    rtol, atol = tolerance.for_value(ref, scale)
+    rtol, atol = tolerance.for_value(ref, scale, dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(got - ref)
     size = np.abs(ref)
@@ -105,11 +110,18 @@ def _relative(diff: np.ndarray, size: np.ndarray) -> float:
     return float((diff[nonzero] / size[nonzero]).max())
 
 
-def bind_whole(node: Node, operands: list) -> list:
-    """``node`` evaluated unsharded on ``operands`` (whole arrays): its own primitive, bound eagerly."""
+def bind_whole(node: Node, operands: list, reference: bool = False) -> list:
+    """``node`` evaluated unsharded on ``operands`` (whole arrays): its own primitive, bound eagerly. Its
+    failure (a host callback of the user's raising, say) is a :class:`ReferenceEvaluationError` naming it."""
     if node.op == CONSTANT:
         return [np.asarray(node.params["value"])]
-    return jx.bind(node.primitive, operands, dict(node.params))
+    try:
+        return jx.bind(node.primitive, operands, dict(node.params))
+    except Exception as err:
+        what = "the unsharded reference" if reference else "re-computing it from its sharded operands"
+        raise ReferenceEvaluationError(
+            f"evaluating `{node.op}` at {short_source(node.source, 'an unknown line')} for {what} failed: "
+            f"{type(err).__name__}: {err}") from err
 
 
 class Reference:
@@ -134,7 +146,7 @@ class Reference:
         results: dict[int, Any] = {}
         for n in stage.nodes:
             node = graph.nodes[n]
-            outs = bind_whole(node, [env[u] for u in node.operands])
+            outs = bind_whole(node, [env[u] for u in node.operands], reference=True)
             env.update(zip(node.outputs, outs, strict=True))
             results.update(zip(node.outputs, outs, strict=True))
         for v in [v for v in env if self._last_read.get(v, -1) <= stage.id]:

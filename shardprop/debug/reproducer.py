@@ -8,6 +8,7 @@ inputs as they were, runs the artifact and compares with the saved outputs (exit
 from __future__ import annotations
 
 import json
+from os import PathLike
 from pathlib import Path
 
 import jax
@@ -56,7 +57,8 @@ outputs = exported.call(*args)
 ok = True
 for entry, got in zip(MANIFEST["outputs"], outputs):
     want, got = load(entry), np.asarray(got)
-    same = got.shape == want.shape and np.array_equal(got, want, equal_nan=got.dtype.kind in "fc")
+    # bit for bit (NaN included; bfloat16 has no numpy arithmetic, its bytes compare all the same)
+    same = got.shape == want.shape and got.dtype == want.dtype and got.tobytes() == want.tobytes()
     ok &= bool(same)
     verdict = "matches" if same else "DIFFERS from"
     print(f"{{entry['name']}}: {{got.dtype}}{{list(got.shape)}} {{verdict}} the saved output")
@@ -84,6 +86,8 @@ def save_stage(session, k: int, directory) -> Path:
     """Write stage ``k`` (with the inputs the debugger holds for it) into ``directory``; returns the script."""
     plan, mesh = session.plan, session.mesh
     stage = session.stage_at(k)
+    if not isinstance(directory, str | PathLike):
+        raise ArtifactError(f"save_stage({k}, {directory!r}): the directory must be a path (a str or Path)")
     if session.stage is not None and session.stage <= k:
         session.run_to(k + 1)  # its inputs, and the outputs it gives
     directory = Path(directory)

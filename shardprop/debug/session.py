@@ -21,16 +21,26 @@ from ..backends import parse_hlo, stage_function
 from ..backends.shard_map import readout_segments, segment_function
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
-from ..expr.graph import CONSTANT, PARAMETER, value_name
-from ..inspect.listing import crossing, format_bytes, typed_name
-from ..inspect.pictures import device_blocks
+from ..expr.graph import PARAMETER, value_name
+from ..inspect.listing import crossing, format_bytes, format_ms, stage_ops, typed_name
+from ..inspect.pictures import device_blocks, device_coords
 from ..inspect.products import resolve_value
 from ..program import Program, as_lowering_errors
-from ..propagation.sharding import Sharded, layout_to_spec
+from ..propagation.sharding import Sharded, layout_to_spec, shard_count
 from ..splitting import Stage
 from ..splitting.cost import Transfer, total_moved
 
 KEEP = ("outputs", "all")
+
+
+def format_device(device: int, coords: dict[str, int]) -> str:
+    """``device 3 (i=1, j=1)``."""
+    return f"device {device} ({', '.join(f'{k}={v}' for k, v in coords.items())})"
+
+
+def format_ranges(index) -> str:
+    """``[4:8, 0:4]``: global index ranges, one ``start:stop`` per axis."""
+    return f"[{', '.join(f'{a}:{b}' for a, b in index)}]"
 
 
 @dataclass(frozen=True)
@@ -50,8 +60,7 @@ class DeviceBlock:
 
     def where(self) -> str:
         """``device 3 (i=1, j=1) [4:8, 0:4]``."""
-        coords = ", ".join(f"{k}={v}" for k, v in self.coords.items())
-        return f"device {self.device} ({coords}) [{', '.join(f'{a}:{b}' for a, b in self.index)}]"
+        return f"{format_device(self.device, self.coords)} {format_ranges(self.index)}"
 
     def __str__(self) -> str:
         return f"{self.where()}\n{self.data}"
@@ -113,15 +122,16 @@ class StageReport:
                                "moved_bytes": t.moved_bytes} for t in self.transfers]}
 
     def __repr__(self) -> str:
-        return (f"<StageReport stage {self.stage}: {len(self.ops)} ops, {_ms(self.wall_time)}, "
+        return (f"<StageReport stage {self.stage}: {len(self.ops)} ops, {format_ms(self.wall_time)}, "
                 f"{format_bytes(self.collective_bytes)} moved>")
 
     def __str__(self) -> str:
         where = ", outside shard_map" if self.outside_shard_map else ""
         counts = {op: self.ops.count(op) for op in dict.fromkeys(self.ops)}
         ops = ", ".join(f"{op}×{k}" if k > 1 else op for op, k in counts.items())
-        lines = [f"stage {self.stage}: {len(self.ops)} ops ({ops}){where} — ran in {_ms(self.wall_time)} "
-                 f"(compiled in {_ms(self.compile_time)}), {format_bytes(self.collective_bytes)} moved per device"]
+        lines = [f"stage {self.stage}: {len(self.ops)} ops ({ops}){where} — ran in {format_ms(self.wall_time)} "
+                 f"(compiled in {format_ms(self.compile_time)}), {format_bytes(self.collective_bytes)} moved per "
+                 "device"]
         lines += [f"  in  {port}" for port in self.inputs]
         lines += [f"  out {port}" for port in self.outputs]
         return "\n".join(lines)
@@ -131,10 +141,6 @@ def _stages(count: int) -> str:
     if count == 0:
         return "no stages (its outputs are its arguments)"
     return "1 stage (stage 0)" if count == 1 else f"{count} stages (0 to {count - 1})"
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms"
 
 
 class Session:
@@ -151,9 +157,7 @@ class Session:
         self.args = prog.placed_args(args)  # InputMismatchError for arguments the program was not traced with
         self._compiled: dict[tuple[int, tuple[int, ...]], Any] = {}
         self._breakpoints: dict[int, list[str]] = {}
-        names = tuple(self.mesh.axis_names)
-        self._coords = {int(d.id): dict(zip(names, (int(c) for c in pos), strict=True))
-                        for pos, d in np.ndenumerate(self.mesh.devices)}
+        self._coords = device_coords(self.mesh)
         self.reset()
 
     # -- where we are ---------------------------------------------------------------------------------
@@ -188,10 +192,10 @@ class Session:
             raise NotComputedError(f"all {_stages(len(self.plan.stages))} have run; dbg.reset() starts again")
         stage = self.plan.stages[self._next]
         outs, seconds, compiled, compile_time = self._run(stage)
-        self._results[stage.id] = outs
-        if self.keep == "all":
-            self._kept.update(self.readout(stage))
+        kept = self.readout(stage, dict(zip(stage.outputs, outs, strict=True))) if self.keep == "all" else {}
         report = self._report(stage, seconds, compiled, compile_time)
+        self._results[stage.id] = outs
+        self._kept.update(kept)
         self.reports.append(report)
         self._next += 1
         return report
@@ -293,8 +297,7 @@ class Session:
                 shard = axis.shards[b]
                 ranges.append((shard.start, shard.stop))
             else:
-                count = size if not mesh_axes else int(np.prod([self.mesh.shape[m] for m in mesh_axes]))
-                length = size // count if mesh_axes else size
+                length = size // shard_count(self.plan.mesh_shape, mesh_axes)
                 ranges.append((b * length, (b + 1) * length))
         return tuple(ranges)
 
@@ -324,19 +327,24 @@ class Session:
         graph = self.plan.graph
         return tuple(v for n in stage.nodes for v in graph.nodes[n].outputs)
 
-    def readout(self, stage: Stage) -> dict[int, jax.Array]:
+    def readout(self, stage: Stage, outputs: dict[int, jax.Array] | None = None) -> dict[int, jax.Array]:
         """Run stage ``stage`` again as segments (``backends.readout_segments``) that return every value it
-        computes, each laid out as the plan holds it; its inputs are the arrays earlier stages left."""
+        computes, each laid out as the plan holds it; its inputs are the arrays earlier stages left. The stage's
+        outputs are those its step returned (``outputs``; default: the kept ones), also where a later segment
+        reads them, so every analysis sees what ``value()`` shows."""
+        if outputs is None:
+            outputs = dict(zip(stage.outputs, self.stage_outputs(stage), strict=True))
         inputs = dict(zip(stage.inputs, self.stage_inputs(stage), strict=True))
         values: dict[int, jax.Array] = {}
         for k, segment in enumerate(readout_segments(self.plan, stage)):
-            args = [inputs[i] for i in segment.inputs] + [values[v] for v in segment.carried]
+            args = [inputs[i] for i in segment.inputs] + [outputs.get(v, values.get(v)) for v in segment.carried]
             key = ("readout", stage.id, k)
             if key not in self._compiled:
                 fn = self._jit(stage, segment_function(self.plan, stage, segment, self.mesh), segment.outputs)
                 self._compiled[key] = (as_lowering_errors(lambda f=fn, a=args: f.lower(*a).compile()), 0.0)
             results = as_lowering_errors(self._compiled[key][0], *args)
             values.update(zip(segment.outputs, results, strict=True))
+        values.update(outputs)
         return values
 
     def stage_at(self, k: Any) -> Stage:
@@ -404,7 +412,7 @@ class Session:
         return tuple(results), time.perf_counter() - start, compiled, compile_time
 
     def _report(self, stage: Stage, seconds: float, compiled, compile_time: float) -> StageReport:
-        plan, graph = self.plan, self.plan.graph
+        plan = self.plan
         inputs = []
         for i in stage.inputs:
             gathered, nbytes = crossing(plan, i)
@@ -412,7 +420,7 @@ class Session:
                                str(i.source), gathered, nbytes))
         outputs = [Port(value_name(v), typed_name(plan, v, layout), str(layout_to_spec(layout)))
                    for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]
-        ops = tuple(graph.nodes[n].op for n in stage.nodes if graph.nodes[n].op != CONSTANT)
+        ops = tuple(stage_ops(plan, stage))
         transfers = tuple(parse_hlo(compiled.as_text(), self.mesh))
         return StageReport(stage.id, ops, tuple(inputs), tuple(outputs), seconds, compile_time, transfers,
                            stage.outside_shard_map)

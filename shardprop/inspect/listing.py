@@ -41,6 +41,17 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def format_ms(seconds: float, digits: int = 2) -> str:
+    """``1.25 ms``: a duration in milliseconds."""
+    return f"{seconds * 1e3:.{digits}f} ms"
+
+
+def stage_ops(plan: Plan, stage: Stage) -> list[str]:
+    """The ops a stage runs, in order (its embedded constants are not ops)."""
+    nodes = plan.graph.nodes
+    return [nodes[n].op for n in stage.nodes if nodes[n].op != CONSTANT]
+
+
 def typed_name(plan: Plan, value: int, layout: Layout) -> str:
     """``c:f32[16@i,8@j]``: the value's name and type with ``layout``."""
     aval = plan.graph.avals[value]
@@ -105,7 +116,7 @@ def format_stages(plan: Plan) -> str:
     graph = plan.graph
     lines = []
     for stage in plan.stages:
-        ops = [graph.nodes[n].op for n in stage.nodes if graph.nodes[n].op != CONSTANT]
+        ops = stage_ops(plan, stage)
         where = ", outside shard_map" if stage.outside_shard_map else ""
         lines.append(f"stage {stage.id}: {len(ops)} ops ({', '.join(dict.fromkeys(ops))}){where}")
         for i in stage.inputs:

@@ -17,31 +17,36 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import OptionError
-from ..expr.graph import CONSTANT, short_dtype, value_name
+from ..expr.graph import short_dtype, value_name
 from ..propagation.sharding import format_layout, layout_to_spec, shard_count
 from ..splitting.cost import collective_bytes
-from .listing import crossing, format_bytes, format_listing
+from .listing import crossing, format_bytes, format_listing, stage_ops
 from .products import as_plan, resolve_value
 
 PALETTE = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc", "#e6b8af",
            "#c9daf8", "#b6d7a8", "#ffe599")
 
 
+def device_coords(mesh) -> dict[int, dict[str, int]]:
+    """``{device id: {mesh axis: position}}``, in mesh order."""
+    names, sizes = tuple(mesh.axis_names), dict(mesh.shape)
+    return {int(mesh.devices[coords].id): dict(zip(names, coords, strict=True))
+            for coords in itertools.product(*(range(sizes[n]) for n in names))}
+
+
 def device_blocks(mesh, layout) -> dict[int, tuple[int, ...]]:
     """``{device id: block index per tensor axis}``: which block of a tensor laid out as ``layout`` each
     device of ``mesh`` holds (mesh axes listed for one tensor axis count major first)."""
-    names = tuple(mesh.axis_names)
     sizes = dict(mesh.shape)
     out = {}
-    for coords in itertools.product(*(range(sizes[n]) for n in names)):
-        position = dict(zip(names, coords, strict=True))
+    for device, position in device_coords(mesh).items():
         index = []
         for mesh_axes in layout:
             i = 0
             for name in mesh_axes:
                 i = i * sizes[name] + position[name]
             index.append(i)
-        out[int(mesh.devices[coords].id)] = tuple(index)
+        out[device] = tuple(index)
     return out
 
 
@@ -127,7 +132,7 @@ def stage_table(prog: Any) -> Table:
         table.add_column(name, justify="right" if name in ("stage", "moved / device") else "left")
     total = 0.0
     for stage in plan.stages:
-        ops = [graph.nodes[n].op for n in stage.nodes if graph.nodes[n].op != CONSTANT]
+        ops = stage_ops(plan, stage)
         counts = {op: ops.count(op) for op in dict.fromkeys(ops)}
         moved = 0.0
         inputs = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import numbers
 from typing import Any
 
 from ..errors import OptionError, UnknownValueError
@@ -39,8 +40,8 @@ def resolve_value(plan: Plan, ref: Any) -> int:
         raise UnknownValueError(f"node {ref.id} (`{ref.op}`) is not a node of this graph")
     if isinstance(ref, bool):
         ref = None  # not a value id
-    if isinstance(ref, int) and 0 <= ref < count:
-        return ref
+    if isinstance(ref, numbers.Integral) and 0 <= ref < count:
+        return int(ref)
     close = ""
     if isinstance(ref, str):
         name = ref.strip()

@@ -3,8 +3,10 @@
 monkeypatch in these tests only."""
 
 import dataclasses
+import warnings
 import inspect
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -121,3 +123,73 @@ def test_first_nonfinite_is_none_when_everything_is_finite(meshes):
     x = np.abs(RNG.normal(size=(16, 8))).astype(np.float32) + 0.5
     prog = sp.autoshard(_logs, mesh=meshes["4x2"], in_specs=(P("i", "j"),)).trace(x)
     assert sp.Debugger(prog, x).first_nonfinite() is None
+
+
+def test_bfloat16_values_are_compared_as_floats_with_their_own_precision(meshes):
+    x = np.abs(RNG.normal(size=(16, 8))).astype(jnp.bfloat16) + 1
+    x[3, 5] = -1
+    prog = sp.autoshard(lambda x: jnp.sqrt(x) * 2, mesh=meshes["4x2"], in_specs=(P("i", "j"),)).trace(x)
+    dbg = prog.debug(x)
+    assert dbg.first_divergence() is None and dbg.compare().agree  # NaN in both: agrees
+    found = dbg.first_nonfinite()
+    assert found.where.op == "sqrt" and found.index == (3, 5)
+    assert dbg.check() == []  # NaN replicas are equal replicas
+    from shardprop.debug.reference import Tolerance, errors
+
+    got, want = np.array([100.0, 1.0], np.float32), np.array([100.5, 1.0], np.float32)
+    assert errors(got, want, Tolerance(rtol=0.1))[2]
+    assert errors(got, want, Tolerance(), dtype=jnp.bfloat16)[2]       # 0.5% is within 100 bfloat16 ulps
+    assert not errors(got, want, Tolerance(), dtype=np.float32)[2]     # ... but not within 100 float32 ulps
+
+
+def test_check_finds_a_block_that_is_not_where_its_shard_ranges_say(monkeypatch, meshes):
+    prog = sp.autoshard(nx_example, mesh=meshes["4x2"], in_specs=(P("i", "j"), None)).trace(A, B)
+    dbg = sp.Debugger(prog, A, B)
+    dbg.run()
+    real = dbg.block_ranges
+
+    def swapped(v, block):  # a shard model that puts c's row blocks 0 and 1 the wrong way round
+        if v == 2 and block[0] in (0, 1):
+            block = (1 - block[0], *block[1:])
+        return real(v, block)
+
+    monkeypatch.setattr(dbg, "block_ranges", swapped)
+    findings = dbg.check()
+    assert {f.kind for f in findings} == {FindingKind.BLOCK_MISPLACED}
+    assert {f.where.name for f in findings} == {"c"} and len(findings) == 4
+    assert "is not the global value's slice [4:8, 0:4]" in findings[0].detail
+
+
+def test_analyses_read_what_the_step_returned(meshes):
+    calls = []
+
+    def flaky(v):  # a host callback that gives NaN from its second call on
+        calls.append(1)
+        return np.asarray(v) * 2 + (np.nan if len(calls) > 1 else 0)
+
+    def f(x):
+        return jax.pure_callback(flaky, jax.ShapeDtypeStruct(x.shape, x.dtype), x).sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        prog = sp.autoshard(f, mesh=meshes["4x2"], in_specs=(P("i", "j"),)).trace(A)
+    dbg = sp.Debugger(prog, A)
+    dbg.run()
+    assert not np.isnan(np.asarray(dbg.value("b"))).any()
+    assert dbg.first_nonfinite() is None  # the read-out re-runs the stage, but keeps the step's outputs
+
+
+@pytest.mark.parametrize("keep", ["outputs", "all"])
+def test_comparisons_follow_reset_and_running_backwards(meshes, keep):
+    prog = sp.autoshard(nx_example, mesh=meshes["4x2"], in_specs=(P("i", "j"), None), strategy="gather").trace(A, B)
+    dbg = sp.Debugger(prog, A, B, keep=keep)
+    dbg.step()
+    assert [r.where.name for r in dbg.compare().rows] == ["c", "d"]
+    assert len(dbg.compare(rtol=1e-3).rows) == 2
+    dbg.run_to(2)
+    assert len(dbg.compare().rows) == 7 and len(dbg.compare(rtol=1e-3).rows) == 7
+    dbg.run_to(1)   # behind: starts again
+    assert [r.where.name for r in dbg.compare().rows] == ["c", "d"]
+    dbg.reset()
+    assert len(dbg.compare().rows) == 7  # nothing run: the whole program first
+    assert dbg.compare().agree and dbg.check() == []

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 from jax import lax
 
 import shardprop as sp
@@ -18,8 +19,8 @@ from tests.test_fuzz import cases, reproducer
 @settings(max_examples=25, deadline=None, derandomize=True, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
-@given(case=cases())
-def test_the_debugger_agrees_with_the_program_and_the_reference(case, meshes):
+@given(case=cases(), keep=st.sampled_from(["outputs", "all"]))
+def test_the_debugger_agrees_with_the_program_and_the_reference(case, keep, meshes):
     program, mesh_name, specs, strategy = case
     note(reproducer(program, mesh_name, specs, strategy))
     namespace = {"jnp": jnp, "np": np, "lax": lax}
@@ -31,7 +32,7 @@ def test_the_debugger_agrees_with_the_program_and_the_reference(case, meshes):
             prog = sp.autoshard(namespace["f"], mesh=meshes[mesh_name], in_specs=specs, strategy=strategy).trace(*args)
     except (sp.IndivisibleAxisError, sp.ShardingConflictError):
         return  # bad inputs, as the fuzzer counts them
-    dbg = prog.debug(*args, keep="all")
+    dbg = prog.debug(*args, keep=keep)
     dbg.run()
     for g, w in zip(jax.tree_util.tree_leaves(dbg.outputs), jax.tree_util.tree_leaves(prog(*args)), strict=True):
         assert g.sharding.is_equivalent_to(w.sharding, g.ndim)

@@ -157,7 +157,6 @@ def test_keep_all_holds_intermediates_and_outputs_recomputes_them(meshes):
     lazy, eager = sp.Debugger(prog, A, B), sp.Debugger(prog, A, B, keep="all")
     lazy.run()
     eager.run()
-    assert not lazy._kept and set(eager._kept) >= {2, 3, 4, 5}
     for name in "cdefgh":
         np.testing.assert_array_equal(np.asarray(lazy.value(name)), np.asarray(eager.value(name)))
         assert lazy.value(name).sharding.is_equivalent_to(eager.value(name).sharding, lazy.value(name).ndim)
