@@ -54,6 +54,12 @@ class AutoSharded:
         """``jax.stages.Lowered`` of the program for these arguments."""
         return self.trace(*args).lower(*args)
 
+    def __repr__(self) -> str:
+        name = getattr(self.f, "__qualname__", None) or getattr(self.f, "__name__", None) or repr(self.f)
+        traced = len(self._programs)
+        return (f"<autoshard {name} on mesh {dict(self.mesh.shape)}, in_specs={self.in_specs!r}, "
+                f"strategy={self.strategy!r}; {traced} program{'' if traced == 1 else 's'} traced>")
+
 
 def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False,
               strategy: str = "auto") -> AutoSharded:

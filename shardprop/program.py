@@ -125,7 +125,11 @@ class Program:
 
     def __repr__(self) -> str:
         n = len(self.plan.stages)
-        return f"<Program {n} stage{'' if n == 1 else 's'} on mesh {dict(self.mesh.shape)}>"
+        graph = self.plan.graph
+        inputs = ", ".join(f"{graph.avals[v]}@{spec}"
+                           for v, spec in zip(graph.inputs, self.plan.sharded.in_specs, strict=True))
+        return (f"<Program {n} stage{'' if n == 1 else 's'}, {len(graph.nodes)} nodes, strategy "
+                f"{self.plan.strategy}, on mesh {dict(self.mesh.shape)}; inputs {inputs}>")
 
 
 def _checked_stage(plan: Plan, stage, jitted):

@@ -113,3 +113,22 @@ def test_specs_may_quote_mesh_axis_names_as_in_python():
     quoted = run("--arg", "f32[16,8]@P(\"i\", 'j')", "--arg", "f32[16,8]", "--format", "json", base=False).stdout
     plain = run("--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--format", "json", base=False).stdout
     assert json.loads(quoted) == json.loads(plain)
+
+
+def test_the_output_suffix_picks_the_format_or_a_mismatch_is_refused(tmp_path):
+    run("-o", str(tmp_path / "prog.json"))
+    assert json.loads((tmp_path / "prog.json").read_text())["strategy"] == "gather"
+    run("-o", str(tmp_path / "prog.dot"))
+    assert (tmp_path / "prog.dot").read_text().startswith("digraph")
+    mismatch = run("--format", "svg", "-o", str(tmp_path / "graph.png"), check=False)
+    assert mismatch.returncode == 2 and "--format svg but -o" in mismatch.stderr and "says png" in mismatch.stderr
+    assert not (tmp_path / "graph.png").exists()
+    if shutil.which("dot"):
+        run("-o", str(tmp_path / "graph.png"))
+        assert (tmp_path / "graph.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # a real PNG
+
+
+def test_version():
+    result = subprocess.run([sys.executable, "-m", "shardprop", "--version"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("shardprop 0.")

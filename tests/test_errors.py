@@ -112,3 +112,18 @@ def test_mesh_errors():
         sp.make_mesh((4, 4), ("i", "j"))
     with pytest.raises(sp.MeshError, match="distinct"):
         sp.make_mesh((2, 2), ("i", "i"))
+
+
+def test_autoshard_and_program_say_what_they_are(mesh):
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def scaled(a, b):
+        return a * b
+
+    fs = sp.autoshard(scaled, mesh=mesh, in_specs=(P("i", "j"), None))
+    assert repr(fs).startswith("<autoshard ") and "scaled" in repr(fs) and "0 programs traced" in repr(fs)
+    prog = fs.trace(jnp.ones((16, 8)), jnp.ones((16, 8)))
+    assert "1 program traced" in repr(fs) and "{'i': 4, 'j': 2}" in repr(fs)
+    assert repr(prog) == ("<Program 1 stage, 3 nodes, strategy auto, on mesh {'i': 4, 'j': 2}; inputs "
+                          "f32[16,8]@P('i', 'j'), f32[16,8]@P('i', 'j')>")

@@ -25,6 +25,9 @@ def _configure_devices(count: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="shardprop", description="shardprop: symbolic sharding propagation for JAX functions.")
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"shardprop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="shard the Nx example and a small MLP on 8 CPU devices and check them")
     demo.add_argument("--devices", type=int, default=8, help="number of virtual CPU devices (default 8)")

@@ -116,7 +116,8 @@ def add_parser(sub) -> None:
     p.add_argument("--arg", action="append", default=[], metavar="SPEC",
                    help="one per positional argument: DTYPE[SHAPE] or DTYPE[SHAPE]@P(...), e.g. 'f32[16,8]@P(i,j)'")
     p.add_argument("--strategy", default="auto", choices=tuple(s.value for s in Strategy))
-    p.add_argument("--format", default="text", choices=("text", "json", "dot", "svg"))
+    p.add_argument("--format", choices=FORMATS,
+                   help="default: from the suffix of -o (.txt .json .dot .gv .svg .png .pdf), else text")
     p.add_argument("--explain", action="append", default=[], metavar="NODE", help="explain a value, e.g. e")
     p.add_argument("--lineage", action="append", default=[], metavar="OUT:BLOCK",
                    help="input boxes a block depends on, e.g. 0:0,1 (output 0, block (0, 1)) or e:1")
@@ -130,9 +131,28 @@ def add_parser(sub) -> None:
     p.add_argument("--schema", action="store_true", help="print the JSON schema of --format json and exit")
 
 
+FORMATS = ("text", "json", "dot", "svg", "png", "pdf")
+SUFFIXES = {".txt": "text", ".text": "text", ".json": "json", ".dot": "dot", ".gv": "dot", ".svg": "svg",
+            ".png": "png", ".pdf": "pdf"}
+
+
+def output_format(fmt: str | None, output: str | None) -> str:
+    """The format asked for: ``--format``, else the suffix of ``-o``, else text; a ``--format`` that the suffix of
+    ``-o`` contradicts (``--format svg -o graph.png``) is an :class:`OptionError`, not a mislabelled file."""
+    by_suffix = SUFFIXES.get(Path(output).suffix.lower()) if output else None
+    if fmt is None:
+        return by_suffix or "text"
+    if by_suffix is not None and by_suffix != fmt:
+        raise OptionError(f"--format {fmt} but -o {output} says {by_suffix}: drop one, or make them agree")
+    if fmt in ("png", "pdf") and not output:
+        raise OptionError(f"--format {fmt} is binary: give -o FILE.{fmt}")
+    return fmt
+
+
 def run(args, configure_devices) -> int:
     from ..inspect.export import SCHEMA
 
+    args.format = output_format(args.format, args.output)
     if args.schema:
         return emit(json.dumps(SCHEMA, indent=2), args.output)
     if not args.target or not args.mesh:
@@ -169,9 +189,9 @@ def run(args, configure_devices) -> int:
         return emit(json.dumps(doc, indent=2), args.output)
     if args.format == "dot":
         return emit(sp_inspect.to_dot(prog), args.output)
-    if args.format == "svg":
+    if args.format in ("svg", "png", "pdf"):
         if args.output:
-            sp_inspect.render(prog, args.output, format="svg")
+            sp_inspect.render(prog, args.output, format=args.format)
             return 0
         with tempfile.TemporaryDirectory() as tmp:
             path = sp_inspect.render(prog, Path(tmp) / "graph.svg", format="svg")

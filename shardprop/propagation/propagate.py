@@ -29,9 +29,6 @@ from .origins import trace_origin
 from .product import RuleName, ShardedGraph
 from .sharding import Layout, Open, Sharded, TensorSharding, layout_from_spec, shard_count, uses_mesh_axes_once
 
-_warned_fallbacks: set[str] = set()
-
-
 def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
     """Broadcast ``in_specs`` — a pytree prefix of the argument tuple, as in ``shard_map`` — to one entry
     (a PartitionSpec, or None for unannotated) per flat input."""
@@ -79,12 +76,30 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) 
         node = graph.nodes[min(sharded.fallbacks)]
         raise NoRuleError(f"no sharding rule applies to `{node.op}` at {node.source or 'an unknown source line'} "
                           "(strict=True; without it the conservative rule would gather its operands)")
-    for name in sorted({graph.nodes[i].op for i in sharded.fallbacks} - _warned_fallbacks):
-        _warned_fallbacks.add(name)
-        warnings.warn(
-            f"shardprop: no sharding rule for primitive `{name}` (or none that applies here); using the "
-            "conservative rule (operands gathered, result replicated)", FallbackWarning, stacklevel=2)
+    warn_fallbacks(graph, sharded.fallbacks)
     return checked(sharded)
+
+
+def warn_fallbacks(graph: Graph, fallbacks) -> None:
+    """One :class:`FallbackWarning` per primitive that fell back in this program, attributed to the user's line
+    of its first use (so that Python's warning filters, and the printed location, name the user's code)."""
+    uses: dict[str, list[Node]] = {}
+    for node_id in sorted(fallbacks):
+        node = graph.nodes[node_id]
+        uses.setdefault(node.op, []).append(node)
+    for name, nodes in sorted(uses.items()):
+        first = nodes[0]
+        more = "" if len(nodes) == 1 else f" (and {len(nodes) - 1} more use(s))"
+        where = short_source(first.source, "an unknown line")
+        message = (f"shardprop: no sharding rule for primitive `{name}` at {where}{more} (or none that applies "
+                   "here); using the conservative rule (operands gathered, result replicated)")
+        filename, _, line = (first.source or "").rpartition(":")
+        if filename and line.isdigit():
+            # a fresh registry: shown once per traced program, not once per process (a second function that uses
+            # the same primitive is warned about too)
+            warnings.warn_explicit(message, FallbackWarning, filename, int(line), registry={})
+        else:
+            warnings.warn(message, FallbackWarning, stacklevel=3)
 
 
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,

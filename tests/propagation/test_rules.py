@@ -109,22 +109,30 @@ def test_replicated_operand_is_consumed_as_a_local_slice(mesh):
     assert g.layout(g.graph.inputs[1]) == ((), ())
 
 
-def test_primitive_without_rule_falls_back_with_one_warning(mesh):
-    f = lambda a: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, a))[1]  # noqa: E731
-    import importlib
+def _doubled(a):
+    return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, a))[1]
 
-    importlib.import_module("shardprop.propagation.propagate")._warned_fallbacks.discard("while")
-    with pytest.warns(sp.FallbackWarning, match="no sharding rule for primitive `while`"):
-        prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=P("i", "j"))
+
+def test_primitive_without_rule_falls_back_with_one_warning_at_the_users_line(mesh):
+    import inspect
+    import warnings
+
+    line = inspect.getsourcelines(_doubled)[1] + 1
+    with pytest.warns(sp.FallbackWarning, match="no sharding rule for primitive `while`") as caught:
+        prog = assert_same_as_unsharded(_doubled, random_args([(M, F32)]), mesh=mesh, in_specs=P("i", "j"))
+    (warning,) = [w for w in caught if issubclass(w.category, sp.FallbackWarning)]
+    assert warning.filename.endswith("test_rules.py") and warning.lineno == line  # the user's line
     (node,) = [n for n in prog.graph.graph.nodes if n.op == "while"]
     assert node.id in prog.graph.fallbacks
     assert all(m == () for need in prog.graph.needs[node.id] for m in need)  # every operand gathered
     assert all(m == () for v in node.outputs for m in prog.graph.layout(v))  # every output replicated
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", sp.FallbackWarning)  # warned once per primitive, not per use
-        sp.propagate(sp.trace(f, jax.ShapeDtypeStruct(M, F32)), P("i"), mesh=mesh)
+    # once per traced program and primitive: two loops, one warning; another program, warned again
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default", sp.FallbackWarning)
+        sp.propagate(sp.trace(lambda a: _doubled(_doubled(a)), jax.ShapeDtypeStruct(M, F32)), P("i"), mesh=mesh)
+        sp.propagate(sp.trace(_doubled, jax.ShapeDtypeStruct(M, F32)), P("i"), mesh=mesh)
+    messages = [str(w.message) for w in caught if issubclass(w.category, sp.FallbackWarning)]
+    assert len(messages) == 2 and "(and 1 more use(s))" in messages[0]
 
 
 UNARY_FUNCTIONS = [lax.neg, lax.sign, lax.floor, lax.ceil, lax.round, lax.is_finite, lax.exp, lax.exp2, lax.tanh,
