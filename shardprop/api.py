@@ -8,11 +8,12 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jax.sharding import Mesh
 
+from .calling import Convention, Traced
 from .expr import trace
 from .expr.trace import abstractify
 from .program import Program, lower
@@ -30,29 +31,39 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
 
 
 class AutoSharded:
-    """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes and dtypes."""
+    """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes, dtypes and
+    static values. Called as ``jax.jit`` functions are: keyword arguments (unannotated: they adopt the sharding
+    they meet) and ``static_argnums`` / ``static_argnames`` (hashable values the trace depends on)."""
 
-    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto"):
+    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
+                 static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = ()):
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
+        self.convention = Convention.of(static_argnums, static_argnames)
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, f)
 
-    def trace(self, *args) -> Program:
+    def trace(self, *args, **kwargs) -> Program:
         """The compiled plan for these arguments (arrays or ShapeDtypeStructs), for inspection."""
-        avals, tree = abstractify(args)
-        key = (tree, tuple((tuple(a.shape), str(a.dtype), a.weak_type) for a in avals))
+        call = self.convention.split(args, kwargs)
+        program_args = call.program_args()
+        avals, tree = abstractify(program_args)
+        key = (call.statics, tree, tuple((tuple(a.shape), str(a.dtype), a.weak_type) for a in avals))
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = compile_program(self.f, args, mesh=self.mesh, in_specs=self.in_specs,
-                                                               strict=self.strict, strategy=self.strategy)
+            program = compile_program(call.bind(self.f), program_args, mesh=self.mesh,
+                                      in_specs=call.in_specs(self.in_specs, len(args)), strict=self.strict,
+                                      strategy=self.strategy)
+            if not call.plain:
+                program.traced = Traced(self.convention, call.statics)
+            self._programs[key] = program
         return program
 
-    def __call__(self, *args):
-        return self.trace(*args)(*args)
+    def __call__(self, *args, **kwargs):
+        return self.trace(*args, **kwargs)(*args, **kwargs)
 
-    def lower(self, *args):
+    def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` of the program for these arguments."""
-        return self.trace(*args).lower(*args)
+        return self.trace(*args, **kwargs).lower(*args, **kwargs)
 
     def __repr__(self) -> str:
         name = getattr(self.f, "__qualname__", None) or getattr(self.f, "__name__", None) or repr(self.f)
@@ -61,8 +72,8 @@ class AutoSharded:
                 f"strategy={self.strategy!r}; {traced} program{'' if traced == 1 else 's'} traced>")
 
 
-def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False,
-              strategy: str = "auto") -> AutoSharded:
+def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
+              static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = ()) -> AutoSharded:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
@@ -71,9 +82,12 @@ def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False,
     ``strategy`` is ``"gather"`` (the Nx design: cut and gather at every reduction over a sharded axis),
     ``"collective"`` (finish sums, maxima, minima and contractions with ``psum``/``pmax``/``pmin`` inside
     the stage) or ``"auto"`` (the default: per node, whichever the cost model says moves fewer bytes).
+    ``static_argnums`` / ``static_argnames`` are as in ``jax.jit`` (``in_specs`` then covers the positional
+    arguments as called, or only the dynamic ones); keyword arguments are accepted and unannotated.
 
     >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
     >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP
     PartitionSpec('i',)
     """
-    return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy)
+    return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy,
+                       static_argnums=static_argnums, static_argnames=static_argnames)

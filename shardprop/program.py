@@ -12,6 +12,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from .backends import parse_hlo, program_function, stage_function
+from .calling import Traced
 from .errors import InputMismatchError, LoweringError, MeshError, ShardingError
 from .expr import jax_adapter as jx
 from .expr.graph import Aval
@@ -43,6 +44,8 @@ class Program:
         graph = plan.graph
         self._in_avals = tuple(graph.avals[v] for v in graph.inputs)
         self._in_shardings = tuple(NamedSharding(mesh, spec) for spec in plan.sharded.in_specs)
+        # How an autoshard function traced it (keyword or static arguments), or None: traced on ``*args``.
+        self.traced: Traced | None = None
 
     @property
     def sharded(self) -> ShardedGraph:
@@ -74,29 +77,40 @@ class Program:
                 "retraces per shape):\n" + "\n".join(problems))
         return jax.tree_util.tree_leaves(args)
 
-    def placed_args(self, args: tuple) -> list[jax.Array]:
+    def program_args(self, args: tuple, kwargs: dict | None = None) -> tuple:
+        """A call's arguments as the program was traced on them: ``args`` as they are, or — for a program an
+        autoshard function traced with keyword or static arguments — its dynamic ``(args, kwargs)``."""
+        kwargs = kwargs or {}
+        if self.traced is not None:
+            return self.traced.program_args(args, kwargs)
+        if kwargs:
+            raise InputMismatchError(f"this Program was traced without keyword arguments; called with "
+                                     f"{', '.join(kwargs)} (call the autoshard function, which traces per call form)")
+        return args
+
+    def placed_args(self, args: tuple, kwargs: dict | None = None) -> list[jax.Array]:
         """The argument leaves checked (see ``__call__``) and placed on the mesh in the program's input
         shardings, with the weak types it was traced with: what its first stage reads."""
-        flat = self._flat_args(args)
+        flat = self._flat_args(self.program_args(args, kwargs))
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
             raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
         return [jx.with_weak_type(jax.device_put(x, s), w)
                 for x, s, w in zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
 
-    def __call__(self, *args):
-        out = as_lowering_errors(self._jitted, *self.placed_args(args))
+    def __call__(self, *args, **kwargs):
+        out = as_lowering_errors(self._jitted, *self.placed_args(args, kwargs))
         return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
 
-    def debug(self, *args, keep: str = "outputs"):
+    def debug(self, *args, keep: str = "outputs", **kwargs):
         """A :class:`~shardprop.Debugger` on this program and these arguments: step its stages, look at every
         device's blocks, compare with the unsharded function (``sp.Debugger(prog, *args)``)."""
         from .debug import Debugger
 
-        return Debugger(self, *args, keep=keep)
+        return Debugger(self, *args, keep=keep, **kwargs)
 
-    def lower(self, *args) -> jax.stages.Lowered:
+    def lower(self, *args, **kwargs) -> jax.stages.Lowered:
         """``jax.jit(...).lower`` of the whole program: ``.compile().as_text()`` shows its HLO."""
-        self._flat_args(args)
+        self._flat_args(self.program_args(args, kwargs))
         return as_lowering_errors(self._jitted.lower, *self._shaped_args())
 
     def _shaped_args(self) -> list[jax.ShapeDtypeStruct]:

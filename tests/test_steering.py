@@ -30,3 +30,59 @@ def test_sharded_prng_key_arrays(name, strategy, mesh):
     if jnp.issubdtype(want.dtype, jax.dtypes.prng_key):
         got, want = jax.random.key_data(got), jax.random.key_data(want)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+def _scaled_matmul(x, w, scale=1.0):
+    return (x @ w) * scale
+
+
+def _rows(x, n, axis):
+    return jnp.reshape(x, (n, -1)).sum(axis=axis)
+
+
+A = np.arange(128, dtype=np.float32).reshape(16, 8)
+W = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+
+
+def test_keyword_arguments_as_jax_jit_takes_them(mesh):
+    fs = sp.autoshard(_scaled_matmul, mesh=mesh, in_specs=(P("i", "j"), None))
+    got = fs(A, W, scale=2.0)
+    np.testing.assert_allclose(np.asarray(got), _scaled_matmul(A, W, 2.0), rtol=1e-5, atol=1e-4)
+    assert got.sharding.spec == P("i")
+    prog = fs.trace(A, W, scale=2.0)
+    np.testing.assert_allclose(np.asarray(prog(A, W, scale=3.0)), _scaled_matmul(A, W, 3.0), rtol=1e-5, atol=1e-4)
+    dbg = prog.debug(A, W, scale=3.0)
+    dbg.run()
+    np.testing.assert_allclose(np.asarray(dbg.outputs), _scaled_matmul(A, W, 3.0), rtol=1e-5, atol=1e-4)
+    positional = fs.trace(A, W)  # another call form, another program
+    assert positional is not prog
+    with pytest.raises(sp.InputMismatchError, match="traced without keyword arguments"):
+        positional(A, W, scale=2.0)
+
+
+def test_static_arguments_retrace_per_value(mesh):
+    fs = sp.autoshard(_rows, mesh=mesh, in_specs=(P("i"), None, None), static_argnums=1, static_argnames="axis")
+    for n, axis in ((16, 0), (8, 0), (8, 1)):
+        np.testing.assert_allclose(np.asarray(fs(A, n, axis=axis)), _rows(A, n, axis), rtol=1e-5, atol=1e-4)
+    assert "3 programs traced" in repr(fs)
+    prog = fs.trace(A, 8, axis=0)
+    with pytest.raises(sp.InputMismatchError, match="traced with static values"):
+        prog(A, 16, axis=0)
+    in_order = sp.autoshard(_rows, mesh=mesh, in_specs=(P("i"),), static_argnums=(1, 2))  # dynamic prefix
+    np.testing.assert_allclose(np.asarray(in_order(A, 4, 1)), _rows(A, 4, 1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("make,call,message", [
+    (dict(static_argnums=1), (A, [8]), "static argument 1 = \\[8\\] is not hashable"),
+    (dict(static_argnums=3), (A, 8), "static_argnums has 3, but the call has 2 positional"),
+    (dict(static_argnums="1"), (A, 8), "expected argument positions"),
+])
+def test_bad_static_arguments(mesh, make, call, message):
+    with pytest.raises(sp.OptionError, match=message):
+        sp.autoshard(lambda x, n: x.reshape(n, -1), mesh=mesh, in_specs=(P("i"), None), **make)(*call)
+
+
+def test_a_keyword_argument_cannot_be_annotated_by_position(mesh):
+    fs = sp.autoshard(_scaled_matmul, mesh=mesh, in_specs=(P("i"), None, P()))
+    with pytest.raises(sp.SpecTreeError, match="keyword arguments are unannotated"):
+        fs(A, W, scale=2.0)

@@ -146,7 +146,7 @@ def _stages(count: int) -> str:
 class Session:
     """Running a program's stages one at a time and reading their values (the base of :class:`Debugger`)."""
 
-    def __init__(self, prog: Program, *args, keep: str = "outputs"):
+    def __init__(self, prog: Program, *args, keep: str = "outputs", **kwargs):
         if not isinstance(prog, Program):
             raise OptionError(f"the debugger runs a Program (fs.trace(*args) or sp.lower(plan)), not "
                               f"{type(prog).__name__}")
@@ -154,7 +154,7 @@ class Session:
             raise OptionError(f"keep={keep!r}: expected 'outputs' (stage outputs only; intermediates are "
                               "recomputed when asked for) or 'all' (every value of every stage run)")
         self.program, self.plan, self.mesh, self.keep = prog, prog.plan, prog.mesh, keep
-        self.args = prog.placed_args(args)  # InputMismatchError for arguments the program was not traced with
+        self.args = prog.placed_args(args, kwargs)  # InputMismatchError for arguments it was not traced with
         self._compiled: dict[tuple[int, tuple[int, ...]], Any] = {}
         self._breakpoints: dict[int, list[str]] = {}
         self._coords = device_coords(self.mesh)
