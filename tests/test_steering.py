@@ -86,3 +86,50 @@ def test_a_keyword_argument_cannot_be_annotated_by_position(mesh):
     fs = sp.autoshard(_scaled_matmul, mesh=mesh, in_specs=(P("i"), None, P()))
     with pytest.raises(sp.SpecTreeError, match="keyword arguments are unannotated"):
         fs(A, W, scale=2.0)
+
+
+def test_a_constraint_as_the_only_hint_shards_the_program(mesh):
+    def _constrained(x, w):
+        h = jnp.tanh(x @ w)
+        h = jax.lax.with_sharding_constraint(h, jax.sharding.NamedSharding(mesh, P("i", "j")))
+        return h * 2 + 1
+
+    prog = sp.autoshard(_constrained, mesh=mesh, in_specs=(None, None), strict=True).trace(A, W)
+    (stage,) = prog.stages
+    assert stage.in_specs == (P("i"), P(None, "j"))  # both arguments adopted the constraint, upstream
+    assert stage.out_specs == (P("i", "j"),)
+    out = prog(A, W)
+    assert out.sharding.spec == P("i", "j")
+    np.testing.assert_allclose(np.asarray(out), _constrained(A, W), rtol=1e-5, atol=1e-5)
+    why = str(sp.explain(prog, "e"))
+    assert "rule: placement.constraint" in why and "`sharding_constraint`" in why
+
+
+def test_a_constraint_moves_a_value_that_arrives_otherwise(mesh):
+    def transposed(x):
+        return jax.lax.with_sharding_constraint(x + 1, jax.sharding.NamedSharding(mesh, P("j", "i")))
+
+    prog = sp.autoshard(transposed, mesh=mesh, in_specs=(P("i", "j"),)).trace(A)
+    assert "d:f32[16@j,8@i] = sharding_constraint c" in str(prog.graph)
+    assert "gathered over i*j" in str(prog.graph)
+    out = prog(A)
+    assert out.sharding.spec == P("j", "i")
+    np.testing.assert_array_equal(np.asarray(out), A + 1)
+
+
+def test_a_bare_spec_under_set_mesh(mesh):
+    def f(x):
+        return jax.lax.with_sharding_constraint(x * 2, P("i", "j"))
+
+    with jax.set_mesh(mesh):
+        out = sp.autoshard(f, mesh=mesh, in_specs=(None,))(A)
+    assert out.sharding.spec == P("i", "j")
+    np.testing.assert_array_equal(np.asarray(out), A * 2)
+
+
+def test_a_constraint_that_does_not_divide_names_the_op_and_line(mesh):
+    def f(x):
+        return jax.lax.with_sharding_constraint(x * 2, jax.sharding.NamedSharding(mesh, P("i")))
+
+    with pytest.raises(sp.IndivisibleAxisError, match="`sharding_constraint` at .*test_steering.py:\\d+: .*size 6"):
+        sp.autoshard(f, mesh=mesh, in_specs=(None,))(np.ones((6, 8), np.float32))

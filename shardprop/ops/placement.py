@@ -1,18 +1,21 @@
 """Placement: ``device_put`` and sharding constraints inside the traced function.
 
 A ``jax.device_put(x)`` that names no devices is a copy: it passes its operand through. One that names
-devices or shardings, and ``with_sharding_constraint``, say where a value should live — shardprop
-does not yet follow them (they are annotations to propagate, as in Nx), so they take the conservative rule,
-with a warning, and run on the gathered blocks as the identity (the placement is the plan's business, not the
-block's).
+devices or shardings says where a value should live; shardprop does not follow it yet (the conservative rule,
+with a warning). ``with_sharding_constraint`` is an annotation, as an input spec is: it pins its value's layout;
+open axes upstream adopt it (an unannotated argument that reaches a constraint is laid out as the constraint
+says) and so do the ops downstream; an operand that arrives laid out otherwise is moved there by the plan (a
+local slice when the pin is finer, a gather and a slice otherwise).
 """
 
 from __future__ import annotations
 
+from jax.sharding import PartitionSpec
+
 from ..backends.blocks import Blocks, bind_with
 from ..expr.graph import Node
 from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
+from ..propagation.sharding import Open, Sharded, TensorSharding, layout_from_spec
 from .elementwise import identity, identity_lineage
 from .fallback import conservative
 from .opdef import Family, OpDef
@@ -31,9 +34,36 @@ def _no_placement(params, blocks: Blocks) -> dict:
     return {**params, "devices": (None,) * count, "srcs": (None,) * count}
 
 
-def constraint(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
-    """Not yet followed: the conservative rule, with a warning (see the module docstring)."""
-    return conservative(ctx, *operands)._replace(fallback=True)
+def constraint(ctx: RuleContext, operand: TensorSharding, *, sharding, unconstrained_dims=frozenset(),
+               **params) -> RuleOutput:
+    """A sharding constraint pins its value's layout: open axes adopt it, the operand is consumed in it (moved
+    there when it arrives otherwise), and the result is laid out as it says. An unconstrained axis carries the
+    operand's sharding."""
+    spec = getattr(sharding, "spec", sharding)
+    shape = operand.shape
+    pinned = layout_from_spec(PartitionSpec(*(None if k in unconstrained_dims else e for k, e in
+                                              enumerate(_entries(spec, len(shape))))),
+                              shape, ctx.mesh_shape, "the sharding constraint")
+    axes, needs = [], []
+    for k, (size, source, mesh_axes) in enumerate(zip(shape, operand.axes, pinned, strict=True)):
+        if k in unconstrained_dims:
+            axes.append(ctx.carry(k, size, source))
+            needs.append(source.mesh_axes if isinstance(source, Sharded) else ())
+            continue
+        if isinstance(source, Open):
+            ctx.request(source, mesh_axes)
+        if isinstance(source, Sharded) and source.mesh_axes == mesh_axes:
+            axes.append(ctx.carry(k, size, source))
+        else:
+            axes.append(ctx.root(k, size, mesh_axes) if mesh_axes else None)
+        needs.append(mesh_axes)
+    return RuleOutput((TensorSharding(shape, tuple(axes)),), (tuple(needs),))
+
+
+def _entries(spec, rank: int) -> tuple:
+    """The spec's entries for every axis (a spec may be shorter than the rank; the rest are replicated)."""
+    entries = tuple(spec)
+    return entries + (None,) * (rank - len(entries))
 
 
 def pass_through(node: Node, invals: list, blocks: Blocks) -> list:

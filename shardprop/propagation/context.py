@@ -130,6 +130,11 @@ class RuleContext:
                             tuple(src.shards[i * len(src.shards) // count] for src in sources)) for i in range(count)]
         return Sharded(finest.mesh_axes, tuple(shards))
 
+    def request(self, open_axis: Open, mesh_axes: tuple[str, ...]) -> None:
+        """An annotation inside the graph (a sharding constraint) asks that ``open_axis`` be laid out over
+        ``mesh_axes`` (``()``: replicated), as an input spec does for the axes it meets."""
+        self._opens.request(open_axis, mesh_axes)
+
     def carry(self, axis: int, size: int, source: AxisSharding) -> AxisSharding:
         """One operand axis passes to output ``axis`` unchanged (new shards, the operand's as parents)."""
         if isinstance(source, Sharded):

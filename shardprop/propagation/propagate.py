@@ -18,7 +18,8 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..errors import ConflictKind, FallbackWarning, NoRuleError, ShardingConflictError, ShardingError, SpecTreeError
+from ..errors import (ConflictKind, FallbackWarning, NoRuleError, ShardingConflictError, ShardingError, SpecError,
+                      SpecTreeError)
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, short_source, value_name
@@ -189,6 +190,8 @@ class _Walk:
                     result = op.propagate(ctx, *[self.shardings[v] for v in node.operands], **node.params)
                 except RuleConflict as conflict:
                     raise self._conflict(node, conflict) from None
+                except SpecError as err:  # an annotation inside the graph (a sharding constraint) is bad
+                    raise type(err)(f"`{node.op}` at {node.source or 'an unknown source line'}: {err}") from None
                 outputs, needs = result.outputs, result.needs
                 if result.body is not None:
                     self.bodies[node.id] = result.body

@@ -178,9 +178,8 @@ EXAMPLES = [
        [(M, F32)], [P("i", "j")]),
 ]
 
-# Records that exist to run correctly while what they ask for is not followed yet: they fall back on purpose
-# (issue #14 makes constraints annotations). Their functions take the mesh.
-DEFERRED = [
+# Examples whose functions take the mesh (a sharding constraint names it).
+MESH_EXAMPLES = [
     ex("sharding_constraint", "sharding_constraint",
        lambda mesh: lambda a: lax.with_sharding_constraint(a * 2, jax.sharding.NamedSharding(mesh, P("i", "j"))),
        [(M, F32)], [P("i")]),
