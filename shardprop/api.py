@@ -13,8 +13,9 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from .calling import Convention, Traced
+from .calling import Convention, Traced, constrain_outputs
 from .expr import trace
+from .mesh import as_auto_mesh
 from .expr.trace import abstractify
 from .program import Program, lower
 from .propagation import propagate
@@ -36,8 +37,10 @@ class AutoSharded:
     they meet) and ``static_argnums`` / ``static_argnames`` (hashable values the trace depends on)."""
 
     def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
-                 static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = ()):
+                 static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
+                 out_specs: Any = None):
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
+        self.out_specs = out_specs
         self.convention = Convention.of(static_argnums, static_argnames)
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, f)
@@ -50,7 +53,8 @@ class AutoSharded:
         key = (call.statics, tree, tuple((tuple(a.shape), str(a.dtype), a.weak_type) for a in avals))
         program = self._programs.get(key)
         if program is None:
-            program = compile_program(call.bind(self.f), program_args, mesh=self.mesh,
+            f = constrain_outputs(self.f, self.out_specs, as_auto_mesh(self.mesh))
+            program = compile_program(call.bind(f), program_args, mesh=self.mesh,
                                       in_specs=call.in_specs(self.in_specs, len(args)), strict=self.strict,
                                       strategy=self.strategy)
             if not call.plain:
@@ -73,7 +77,8 @@ class AutoSharded:
 
 
 def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
-              static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = ()) -> AutoSharded:
+              static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
+              out_specs: Any = None) -> AutoSharded:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
@@ -84,10 +89,12 @@ def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, s
     the stage) or ``"auto"`` (the default: per node, whichever the cost model says moves fewer bytes).
     ``static_argnums`` / ``static_argnames`` are as in ``jax.jit`` (``in_specs`` then covers the positional
     arguments as called, or only the dynamic ones); keyword arguments are accepted and unannotated.
+    ``out_specs`` (a pytree prefix of the outputs: ``PartitionSpec`` or None) pins the outputs' layouts, as a
+    sharding constraint on each does: it propagates backwards, and the outputs come back laid out so.
 
     >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
     >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP
     PartitionSpec('i',)
     """
     return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy,
-                       static_argnums=static_argnums, static_argnames=static_argnames)
+                       static_argnums=static_argnums, static_argnames=static_argnames, out_specs=out_specs)

@@ -18,7 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+
 from .errors import InputMismatchError, OptionError, SpecTreeError
+
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,47 @@ class Call:
                 specs = [s for i, s in enumerate(specs[:count]) if i not in self.positions]
             in_specs = tuple(specs)
         return in_specs, None
+
+
+def constrain_outputs(f, out_specs: Any, mesh):
+    """``f`` with each output pinned to its ``out_specs`` entry (a pytree prefix of the outputs: a
+    ``PartitionSpec``, or None to leave it free) by a sharding constraint — so ``out_specs`` propagates backwards
+    as any constraint does, and the outputs come back laid out exactly so."""
+    if out_specs is None:
+        return f
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from .propagation.sharding import layout_from_spec
+
+    is_leaf = lambda x: x is None or isinstance(x, PartitionSpec)  # noqa: E731
+    mesh_shape = dict(mesh.shape)
+
+    def constrained(*args, **kwargs):
+        outs = f(*args, **kwargs)
+        leaves, tree = jax.tree_util.tree_flatten(outs)
+        spec_leaves, spec_tree = jax.tree_util.tree_flatten(out_specs, is_leaf=is_leaf)
+        try:
+            subtrees = spec_tree.flatten_up_to(jax.tree_util.tree_unflatten(tree, [0] * len(leaves)))
+        except (ValueError, TypeError) as err:
+            raise SpecTreeError(f"out_specs {out_specs!r} is not a pytree prefix of the outputs (structure "
+                                f"{tree}): {err}") from None
+        specs = []
+        for spec, sub in zip(spec_leaves, subtrees, strict=True):
+            if not is_leaf(spec):
+                raise SpecTreeError(f"out_specs leaf {spec!r} is neither a PartitionSpec nor None")
+            specs += [spec] * len(jax.tree_util.tree_leaves(sub))
+        pinned = []
+        for k, (x, spec) in enumerate(zip(leaves, specs, strict=True)):
+            if spec is not None:
+                layout_from_spec(spec, tuple(jax.numpy.shape(x)), mesh_shape, f"out_specs for output {k}")
+                x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+            pinned.append(x)
+        return jax.tree_util.tree_unflatten(tree, pinned)
+
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if hasattr(f, attr):
+            setattr(constrained, attr, getattr(f, attr))
+    return constrained
 
 
 @dataclass(frozen=True)

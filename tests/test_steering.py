@@ -133,3 +133,31 @@ def test_a_constraint_that_does_not_divide_names_the_op_and_line(mesh):
 
     with pytest.raises(sp.IndivisibleAxisError, match="`sharding_constraint` at .*test_steering.py:\\d+: .*size 6"):
         sp.autoshard(f, mesh=mesh, in_specs=(None,))(np.ones((6, 8), np.float32))
+
+
+def _two_outputs(x):
+    return jnp.tanh(x) * 2, x.sum(0)
+
+
+def test_out_specs_pin_the_outputs_and_propagate_backwards(mesh):
+    fs = sp.autoshard(_two_outputs, mesh=mesh, in_specs=(None,), out_specs=(P("j", "i"), P("i")))
+    a, b = fs(A)
+    assert a.sharding.spec == P("j", "i") and b.sharding.spec == P("i")
+    want_a, want_b = _two_outputs(A)
+    np.testing.assert_allclose(np.asarray(a), want_a, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(b), want_b, rtol=1e-6)
+    (stage,) = fs.trace(A).stages
+    assert stage.in_specs == (P("j", "i"),)  # the unannotated argument adopted the first output's layout
+    one = sp.autoshard(_two_outputs, mesh=mesh, in_specs=(P("i"),), out_specs=(None, P()))(A)
+    assert one[0].sharding.spec == P("i") and one[1].sharding.spec == P()
+
+
+@pytest.mark.parametrize("out_specs,error,message", [
+    ((P("i"),), sp.SpecTreeError, "is not a pytree prefix of the outputs"),
+    ((P("q"), None), sp.UnknownMeshAxisError, "out_specs for output 0: spec P\\('q',\\) names mesh axis 'q'"),
+    ((None, P("i", "j")), sp.SpecRankError, "out_specs for output 1"),
+    ((P("i"), "i"), sp.SpecTreeError, "neither a PartitionSpec nor None"),
+])
+def test_bad_out_specs(mesh, out_specs, error, message):
+    with pytest.raises(error, match=message):
+        sp.autoshard(_two_outputs, mesh=mesh, in_specs=(None,), out_specs=out_specs)(A)

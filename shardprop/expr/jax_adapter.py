@@ -10,6 +10,7 @@ touch.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,6 +228,17 @@ def literal_value(var) -> Any:
     if not isinstance(dtype, np.dtype):
         return var.val
     return np.asarray(var.val, dtype=dtype).reshape(shape)
+
+
+def exclude_from_sources(path: str) -> None:
+    """Frames in ``path`` (a file or folder of shardprop's that calls the user's function, or adds ops to it)
+    are not the user's line: an op they add is attributed to the user's frame that called in."""
+    _source_info_util.register_exclusion(path)
+
+
+# shardprop's own frames are never the user's line: an op a wrapper of ours adds (out_specs' constraints) is
+# attributed to the user's call.
+exclude_from_sources(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _source_of(eqn) -> str | None:

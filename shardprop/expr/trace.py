@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import TraceError, UnsupportedDtypeError
+from ..errors import ShardingError, TraceError, UnsupportedDtypeError
 from ..gc_pause import gc_paused
 from . import jax_adapter as jx
 from .graph import CONSTANT, PARAMETER, Aval, Graph, Node
@@ -71,6 +71,8 @@ def trace(f: Callable, *args) -> Graph:
 
     try:
         closed = jx.make_jaxpr(flat_fun, avals)
+    except ShardingError:
+        raise  # shardprop's own checks while tracing (out_specs) say what is wrong themselves
     except Exception as err:  # any JAX error while tracing the user's code
         raise TraceError(f"tracing {getattr(f, '__name__', f)!r} failed: {type(err).__name__}: {err}") from err
     return _GraphBuilder().build(closed, in_tree, out_tree_box[-1])
