@@ -34,6 +34,7 @@ class Program:
     """
 
     def __init__(self, plan: Plan, mesh: Mesh):
+        self.user_mesh = mesh
         mesh = as_auto_mesh(mesh)
         self.plan, self.mesh = plan, mesh
         self.graph = AnnotatedGraph(plan)
@@ -98,7 +99,10 @@ class Program:
                 for x, s, w in zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
 
     def __call__(self, *args, **kwargs):
-        out = as_lowering_errors(self._jitted, *self.placed_args(args, kwargs))
+        out = as_lowering_errors(self._jitted, *self.placed_args(args, kwargs), mesh=self.mesh)
+        if self.user_mesh is not self.mesh:  # the user's mesh has Explicit axes: give the outputs back on it
+            out = [jax.device_put(x, NamedSharding(self.user_mesh, x.sharding.spec))
+                   if isinstance(getattr(x, "sharding", None), NamedSharding) else x for x in out]
         return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
 
     def debug(self, *args, keep: str = "outputs", **kwargs):
@@ -111,7 +115,7 @@ class Program:
     def lower(self, *args, **kwargs) -> jax.stages.Lowered:
         """``jax.jit(...).lower`` of the whole program: ``.compile().as_text()`` shows its HLO."""
         self._flat_args(self.program_args(args, kwargs))
-        return as_lowering_errors(self._jitted.lower, *self._shaped_args())
+        return as_lowering_errors(self._jitted.lower, *self._shaped_args(), mesh=self.mesh)
 
     def _shaped_args(self) -> list[jax.ShapeDtypeStruct]:
         return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=w) for a, s, w in
@@ -120,7 +124,7 @@ class Program:
     # -- looking at it --------------------------------------------------------------------------------
     def hlo(self) -> str:
         """The compiled program's HLO text (for the traced shapes)."""
-        return as_lowering_errors(self._jitted.lower, *self._shaped_args()).compile().as_text()
+        return as_lowering_errors(self._jitted.lower, *self._shaped_args(), mesh=self.mesh).compile().as_text()
 
     def communication(self) -> list[Transfer]:
         """The collectives of the compiled program, read from its HLO."""
@@ -134,7 +138,8 @@ class Program:
         """Stage ``k`` alone, jitted: call it with its inputs in ``prog.stages[k].inputs`` order (whole arrays;
         other shapes or dtypes are an :class:`~shardprop.InputMismatchError` naming what the stage expects)."""
         if k not in self._jitted_stages:
-            self._jitted_stages[k] = _checked_stage(self.plan, self.plan.stages[k], jax.jit(self._stage_fns[k]))
+            self._jitted_stages[k] = _checked_stage(self.plan, self.plan.stages[k], jax.jit(self._stage_fns[k]),
+                                                    self.mesh)
         return self._jitted_stages[k]
 
     def __repr__(self) -> str:
@@ -146,7 +151,7 @@ class Program:
                 f"{self.plan.strategy}, on mesh {dict(self.mesh.shape)}; inputs {inputs}>")
 
 
-def _checked_stage(plan: Plan, stage, jitted):
+def _checked_stage(plan: Plan, stage, jitted, mesh: Mesh):
     """``jitted`` (stage ``stage``), checking its arguments against the stage's inputs first."""
     from .inspect.listing import typed_name
 
@@ -159,15 +164,21 @@ def _checked_stage(plan: Plan, stage, jitted):
                                           for g, w in zip(got, avals, strict=True)):
             raise InputMismatchError(f"stage {stage.id} takes ({wanted}) — whole arrays, in prog.stages["
                                      f"{stage.id}].inputs order — but was called with ({', '.join(map(str, got))})")
-        return as_lowering_errors(jitted, *args)
+        return as_lowering_errors(jitted, *args, mesh=mesh)
 
     return call
 
 
-def as_lowering_errors(fn, *args):
+def as_lowering_errors(fn, *args, mesh: Mesh | None = None):
     """User mistakes are caught before this point; anything JAX or XLA raises now is shardprop's fault and
-    is reported as a :class:`LoweringError`, not as a raw traceback from deep inside the lowering."""
+    is reported as a :class:`LoweringError`, not as a raw traceback from deep inside the lowering.
+
+    With ``mesh`` (the program's, Auto axes), ``fn`` runs with it as JAX's context mesh: a user calling under
+    ``jax.set_mesh`` of a mesh with Explicit axes would otherwise have ``shard_map`` refuse our mesh."""
     try:
+        if mesh is not None:
+            with jax.set_mesh(mesh):
+                return fn(*args)
         return fn(*args)
     except ShardingError:
         raise

@@ -161,3 +161,18 @@ def test_out_specs_pin_the_outputs_and_propagate_backwards(mesh):
 def test_bad_out_specs(mesh, out_specs, error, message):
     with pytest.raises(error, match=message):
         sp.autoshard(_two_outputs, mesh=mesh, in_specs=(None,), out_specs=out_specs)(A)
+
+
+def test_calling_under_a_mesh_context_with_explicit_axes():
+    explicit = jax.make_mesh((4, 2), ("i", "j"))  # jax.make_mesh's default: Explicit axes
+
+    def f(x):
+        return jnp.tanh(x).sum(1)
+
+    fs = sp.autoshard(f, mesh=explicit, in_specs=(P("i", "j"),))
+    with jax.set_mesh(explicit):
+        out = fs(A)
+        assert out.sharding.spec == P("i") and out.sharding.mesh.axis_types == explicit.axis_types
+        np.testing.assert_allclose(np.asarray(out * 2), 2 * f(A), rtol=1e-5)  # usable in the user's context
+        dbg = fs.trace(A).debug(A)
+        assert dbg.compare().agree and dbg.first_divergence() is None and dbg.check() == []

@@ -18,6 +18,7 @@ import numpy as np
 from rich import box
 from rich.table import Table
 
+from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, value_name
 from ..inspect.listing import typed_name
 from ..propagation.sharding import is_refinement, layout_to_spec
@@ -159,7 +160,8 @@ class Comparer:
         session, plan = self.session, self.session.plan
         graph = plan.graph
         for stage in session.stages_run[self.stages:]:
-            refs = self.reference.evaluate(stage)
+            with jx.no_mesh_context():  # unsharded, on one device, whatever mesh the user has set
+                refs = self.reference.evaluate(stage)
             values = session.stage_values(stage)
             for n in stage.nodes:
                 node = graph.nodes[n]
@@ -192,9 +194,10 @@ class Comparer:
                 if graph.nodes[graph.producer[u]].op != CONSTANT}
         if any(f.kind is FindingKind.REPLICAS_DIFFER for u, x in held.items() for f in check_value(session, u, x)):
             return  # an operand's devices disagree on what it is: the difference was carried in (check() says)
-        operands = [jax.device_put(held[u], self.reference.device) if u in held else
-                    np.asarray(graph.nodes[graph.producer[u]].params["value"]) for u in node.operands]
-        local = bind_whole(node, operands)
+        with jx.no_mesh_context():  # unsharded, on one device, whatever mesh the user has set
+            operands = [jax.device_put(held[u], self.reference.device) if u in held else
+                        np.asarray(graph.nodes[graph.producer[u]].params["value"]) for u in node.operands]
+            local = bind_whole(node, operands)
         scale = max((magnitude(as_numpy(x)) for x in operands), default=0.0)
         for k, (v, ref) in enumerate(zip(node.outputs, local, strict=True)):
             if self.rows[first + k].agrees:

@@ -73,11 +73,11 @@ def profile(session, repeats: int) -> Profile:
     for stage in plan.stages:
         compiled, _ = session.compiled_stage(stage)
         inputs = session.stage_inputs(stage)
-        jax.block_until_ready(as_lowering_errors(compiled, *inputs))  # warm
+        jax.block_until_ready(as_lowering_errors(compiled, *inputs, mesh=session.mesh))  # warm
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            jax.block_until_ready(as_lowering_errors(compiled, *inputs))
+            jax.block_until_ready(as_lowering_errors(compiled, *inputs, mesh=session.mesh))
             times.append(time.perf_counter() - start)
         measured = parse_hlo(compiled.as_text(), session.mesh)
         ops = len(stage_ops(plan, stage))

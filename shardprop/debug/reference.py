@@ -132,7 +132,8 @@ class Reference:
     def __init__(self, plan: Plan, args: list):
         self.plan = plan
         self.device = jax.devices()[0]
-        self.env = {v: jax.device_put(x, self.device) for v, x in zip(plan.graph.inputs, args, strict=True)}
+        with jx.no_mesh_context():  # onto one device, whatever mesh the user has set
+            self.env = {v: jax.device_put(x, self.device) for v, x in zip(plan.graph.inputs, args, strict=True)}
         graph = plan.graph
         self._last_read: dict[int, int] = {}
         for stage in plan.stages:

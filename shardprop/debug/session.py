@@ -341,8 +341,9 @@ class Session:
             key = ("readout", stage.id, k)
             if key not in self._compiled:
                 fn = self._jit(stage, segment_function(self.plan, stage, segment, self.mesh), segment.outputs)
-                self._compiled[key] = (as_lowering_errors(lambda f=fn, a=args: f.lower(*a).compile()), 0.0)
-            results = as_lowering_errors(self._compiled[key][0], *args)
+                self._compiled[key] = (as_lowering_errors(lambda f=fn, a=args: f.lower(*a).compile(),
+                                                          mesh=self.mesh), 0.0)
+            results = as_lowering_errors(self._compiled[key][0], *args, mesh=self.mesh)
             values.update(zip(segment.outputs, results, strict=True))
         values.update(outputs)
         return values
@@ -398,7 +399,7 @@ class Session:
             inputs = self.stage_inputs(stage)
             start = time.perf_counter()
             fn = self._jit(stage, stage_function(self.plan, stage, self.mesh), stage.outputs)
-            compiled = as_lowering_errors(lambda: fn.lower(*inputs).compile())
+            compiled = as_lowering_errors(lambda: fn.lower(*inputs).compile(), mesh=self.mesh)
             self._compiled[stage.id] = (compiled, time.perf_counter() - start)
         return self._compiled[stage.id]
 
@@ -407,7 +408,7 @@ class Session:
         compiled, compile_time = self.compiled_stage(stage)
         inputs = self.stage_inputs(stage)
         start = time.perf_counter()
-        results = as_lowering_errors(compiled, *inputs)
+        results = as_lowering_errors(compiled, *inputs, mesh=self.mesh)
         jax.block_until_ready(results)
         return tuple(results), time.perf_counter() - start, compiled, compile_time
 

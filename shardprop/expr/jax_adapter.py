@@ -230,6 +230,12 @@ def literal_value(var) -> Any:
     return np.asarray(var.val, dtype=dtype).reshape(shape)
 
 
+def no_mesh_context():
+    """A context in which JAX has no context mesh (``jax.set_mesh`` of an empty mesh): unsharded single-device
+    computations (the debugger's reference) run there whatever mesh the user has set."""
+    return jax.set_mesh(jax.sharding.Mesh(np.empty((), dtype=object), ()))
+
+
 def exclude_from_sources(path: str) -> None:
     """Frames in ``path`` (a file or folder of shardprop's that calls the user's function, or adds ops to it)
     are not the user's line: an op they add is attributed to the user's frame that called in."""
