@@ -177,7 +177,7 @@ def as_lowering_errors(fn, *args, mesh: Mesh | None = None):
     ``jax.set_mesh`` of a mesh with Explicit axes would otherwise have ``shard_map`` refuse our mesh."""
     try:
         if mesh is not None:
-            with jax.set_mesh(mesh):
+            with jx.program_mesh_context(mesh):
                 return fn(*args)
         return fn(*args)
     except ShardingError:

@@ -176,3 +176,11 @@ def test_calling_under_a_mesh_context_with_explicit_axes():
         np.testing.assert_allclose(np.asarray(out * 2), 2 * f(A), rtol=1e-5)  # usable in the user's context
         dbg = fs.trace(A).debug(A)
         assert dbg.compare().agree and dbg.first_divergence() is None and dbg.check() == []
+
+
+def test_an_autoshard_function_under_jax_jit(mesh):
+    def f(x):
+        return jnp.tanh(x).sum(1)
+
+    fs = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"),))
+    np.testing.assert_allclose(np.asarray(jax.jit(fs)(A)), f(A), rtol=1e-5)

@@ -115,7 +115,7 @@ def save_stage(session, k: int, directory) -> Path:
         a = jax.random.key_data(x) if jx.is_extended_dtype(x.dtype) else x
         shaped.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec)))
     try:
-        with jax.set_mesh(mesh):
+        with jx.program_mesh_context(mesh):
             exported = jax.export.export(jax.jit(on_key_data))(*shaped)
         blob = exported.serialize()
     except Exception as err:  # a host callback cannot be exported; flatbuffers missing; ...

@@ -9,6 +9,7 @@ touch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -228,6 +229,16 @@ def literal_value(var) -> Any:
     if not isinstance(dtype, np.dtype):
         return var.val
     return np.asarray(var.val, dtype=dtype).reshape(shape)
+
+
+def program_mesh_context(mesh):
+    """A context in which ``mesh`` (a program's, Auto axes) is JAX's context mesh — needed only when the user
+    has set another one (``jax.set_mesh`` of an Explicit-axes mesh, which ``shard_map`` would refuse ours
+    under); with none set (and always inside a ``jax.jit`` trace, where ``set_mesh`` is not allowed) nothing."""
+    current = jax.sharding.get_abstract_mesh()
+    if current.empty or current == mesh.abstract_mesh:
+        return contextlib.nullcontext()
+    return jax.set_mesh(mesh)
 
 
 def no_mesh_context():
