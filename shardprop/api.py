@@ -23,10 +23,10 @@ from .splitting import split
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
-                    strategy: str = "auto") -> Program:
+                    strategy: str = "auto", conflicts: str = "reshard") -> Program:
     """``trace → propagate → split → lower`` for one set of argument shapes."""
     graph = trace(f, *args)
-    sharded = propagate(graph, in_specs, mesh=mesh, strict=strict)
+    sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts)
     plan = split(sharded, strategy=strategy)
     return lower(plan, mesh)
 
@@ -38,9 +38,9 @@ class AutoSharded:
 
     def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
                  static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
-                 out_specs: Any = None):
+                 out_specs: Any = None, conflicts: str = "reshard"):
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
-        self.out_specs = out_specs
+        self.out_specs, self.conflicts = out_specs, conflicts
         self.convention = Convention.of(static_argnums, static_argnames)
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, f)
@@ -56,7 +56,7 @@ class AutoSharded:
             f = constrain_outputs(self.f, self.out_specs, as_auto_mesh(self.mesh))
             program = compile_program(call.bind(f), program_args, mesh=self.mesh,
                                       in_specs=call.in_specs(self.in_specs, len(args)), strict=self.strict,
-                                      strategy=self.strategy)
+                                      strategy=self.strategy, conflicts=self.conflicts)
             if not call.plain:
                 program.traced = Traced(self.convention, call.statics)
             self._programs[key] = program
@@ -78,7 +78,7 @@ class AutoSharded:
 
 def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
               static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
-              out_specs: Any = None) -> AutoSharded:
+              out_specs: Any = None, conflicts: str = "reshard") -> AutoSharded:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
@@ -91,10 +91,13 @@ def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, s
     arguments as called, or only the dynamic ones); keyword arguments are accepted and unannotated.
     ``out_specs`` (a pytree prefix of the outputs: ``PartitionSpec`` or None) pins the outputs' layouts, as a
     sharding constraint on each does: it propagates backwards, and the outputs come back laid out so.
+    ``conflicts="reshard"`` (the default) resolves two incompatibly sharded operands by moving the one cheaper
+    to move, with a ``ReshardWarning``; ``"error"`` (and ``strict=True``) raises ``ShardingConflictError``.
 
     >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
     >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP
     PartitionSpec('i',)
     """
     return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy,
-                       static_argnums=static_argnums, static_argnames=static_argnames, out_specs=out_specs)
+                       static_argnums=static_argnums, static_argnames=static_argnames, out_specs=out_specs,
+                       conflicts=conflicts)

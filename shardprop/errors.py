@@ -107,6 +107,11 @@ class FallbackWarning(UserWarning):
     """A primitive had no sharding rule; the conservative rule (gather everything, replicate) was used."""
 
 
+class ReshardWarning(UserWarning):
+    """Two operands were sharded incompatibly; the one cheaper to move was gathered before the op (the message
+    carries the conflict, as ``ShardingConflictError`` would have said it)."""
+
+
 class LoweringError(ShardingError):
     """An operation could not be evaluated on its per-device blocks (a shardprop bug: please report it)."""
 

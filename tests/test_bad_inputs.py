@@ -20,8 +20,8 @@ def mesh():
     return sp.make_mesh((4, 2), ("i", "j"))
 
 
-def run(f, in_specs, *args, strict=False):
-    return sp.autoshard(f, mesh=mesh(), in_specs=in_specs, strict=strict)(*args)
+def run(f, in_specs, *args, strict=False, conflicts="error"):
+    return sp.autoshard(f, mesh=mesh(), in_specs=in_specs, strict=strict, conflicts=conflicts)(*args)
 
 
 def add(a, b):

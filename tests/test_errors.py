@@ -13,7 +13,7 @@ A = jax.ShapeDtypeStruct((16, 8), jnp.float32)
 
 
 def compile(f, specs, mesh, *args):
-    return sp.autoshard(f, mesh=mesh, in_specs=specs).trace(*(args or (A, A)))
+    return sp.autoshard(f, mesh=mesh, in_specs=specs, conflicts="error").trace(*(args or (A, A)))
 
 
 def add(a, b):
@@ -91,7 +91,7 @@ def test_every_error_is_a_sharding_error_and_exported():
     exceptions = [c for c in classes if issubclass(c, BaseException)]
     warnings_ = {c for c in exceptions if issubclass(c, Warning)}
     assert sp.ConflictKind.REUSE == "reuse"  # an enum of strings, not an exception
-    assert {c.__name__ for c in warnings_} == {"FallbackWarning"}
+    assert {c.__name__ for c in warnings_} == {"FallbackWarning", "ReshardWarning"}
     assert len(exceptions) >= 18
     for error in set(exceptions) - warnings_:
         assert issubclass(error, sp.ShardingError), error
@@ -101,7 +101,7 @@ def test_every_error_is_a_sharding_error_and_exported():
 def test_a_conflict_error_carries_the_op_the_line_and_the_layouts(mesh):
     a = jax.ShapeDtypeStruct((16, 8), jnp.float32)
     with pytest.raises(sp.ShardingConflictError) as caught:
-        sp.propagate(sp.trace(lambda x, y: x + y, a, a), (P("i", "j"), P("j", "i")), mesh=mesh)
+        sp.propagate(sp.trace(lambda x, y: x + y, a, a), (P("i", "j"), P("j", "i")), mesh=mesh, conflicts="error")
     err = caught.value
     assert err.op == "add" and err.source.rsplit("/", 1)[-1].startswith("test_errors.py:")
     assert err.kind is sp.ConflictKind.MISMATCH and sorted(err.layouts) == [("i",), ("j",)]

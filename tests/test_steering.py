@@ -184,3 +184,56 @@ def test_an_autoshard_function_under_jax_jit(mesh):
 
     fs = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"),))
     np.testing.assert_allclose(np.asarray(jax.jit(fs)(A)), f(A), rtol=1e-5)
+
+
+def _symmetrized(x):
+    return x + x.T  # RESHARD_LINE
+
+
+SQUARE = np.random.default_rng(9).normal(size=(16, 16)).astype(np.float32)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_x_plus_its_transpose_is_resolved_by_moving_one_operand(mesh, strategy):
+    import inspect
+
+    fs = sp.autoshard(_symmetrized, mesh=mesh, in_specs=(P("i"),), strategy=strategy)
+    with pytest.warns(sp.ReshardWarning, match="resolved a sharding conflict in `add`") as caught:
+        out = fs(SQUARE)
+    np.testing.assert_allclose(np.asarray(out), SQUARE + SQUARE.T, rtol=1e-6)
+    (warning,) = [w for w in caught if issubclass(w.category, sp.ReshardWarning)]
+    assert warning.filename.endswith("test_steering.py")
+    assert warning.lineno == inspect.getsourcelines(_symmetrized)[1] + 1
+    assert "mesh axis 'i' would shard both output axes" in str(warning.message)  # the conflict it resolved
+    prog = fs.trace(SQUARE)
+    assert out.sharding.spec == P("i")
+    add = next(n for n in prog.sharded.graph.nodes if n.op == "add")
+    assert add.id in prog.sharded.reshards
+    with pytest.raises(sp.ShardingConflictError, match="fix: constrain one operand"):
+        sp.autoshard(_symmetrized, mesh=mesh, in_specs=(P("i"),), conflicts="error")(SQUARE)
+    with pytest.raises(sp.ShardingConflictError):
+        sp.autoshard(_symmetrized, mesh=mesh, in_specs=(P("i"),), strict=True)(SQUARE)
+
+
+def test_transposed_specs_are_resolved(mesh):
+    with pytest.warns(sp.ReshardWarning):
+        out = sp.autoshard(lambda a, b: a + b, mesh=mesh, in_specs=(P("i", "j"), P("j", "i")))(A, A * 2)
+    np.testing.assert_allclose(np.asarray(out), A * 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("specs", [(P("i", ("j", "k")), P(None, "j")), (P(("i", "j")), P("i"))])
+def test_a_layout_that_refines_another_needs_no_communication(meshes, specs):
+    import warnings
+
+    x = np.random.default_rng(1).normal(size=(16, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ReshardWarning)  # not a conflict at all
+        fs = sp.autoshard(lambda a, b: a * b + 1, mesh=meshes["2x2x2"], in_specs=specs)
+        out = fs(x, x)
+    np.testing.assert_allclose(np.asarray(out), x * x + 1, rtol=1e-6)
+    assert fs.trace(x, x).communication() == []  # the coarser operand is sliced locally
+
+
+def test_bad_conflicts_option(mesh):
+    with pytest.raises(sp.OptionError, match="conflicts='sometimes'"):
+        sp.autoshard(_symmetrized, mesh=mesh, in_specs=(P("i"),), conflicts="sometimes")(SQUARE)

@@ -261,6 +261,12 @@ def _consumes(plan: Plan, node) -> list[str]:
             nbytes = gather_bytes(plan, u, have, need)
             line += f" Paid for by gathering {value_name(u)} before this stage ({format_bytes(nbytes)} per device)."
         out.append(line)
+    resolved = plan.sharded.reshards.get(node.id)
+    if resolved is not None:
+        operand = node.operands[resolved[0]]
+        out.append(f"{value_name(operand)}: moved to resolve a sharding conflict (its operands were sharded "
+                   "incompatibly; conflicts='error' refuses instead): gathered before the op, sliced to the other "
+                   "operand's layout")
     if collective is not None:
         reduced = ", ".join(
             f"{value_name(u)} axis {j} ({'*'.join(m)})" for u in dict.fromkeys(node.operands)

@@ -40,6 +40,8 @@ class ShardedGraph:
     fallbacks: frozenset[int]
     # Sharded sub-computations by node id (a scan's body), for the backend to evaluate per block.
     bodies: Mapping[int, ShardedGraph] = field(default_factory=dict)
+    # Conflicts resolved by moving an operand: node id -> (operand index, the conflict's message).
+    reshards: Mapping[int, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def mesh_shape(self) -> dict[str, int]:

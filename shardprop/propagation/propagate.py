@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import warnings
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..errors import (ConflictKind, FallbackWarning, NoRuleError, ShardingConflictError, ShardingError, SpecError,
-                      SpecTreeError)
+from ..errors import (ConflictKind, FallbackWarning, NoRuleError, OptionError, ReshardWarning, ShardingConflictError,
+                      ShardingError, SpecError, SpecTreeError)
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, short_source, value_name
@@ -29,6 +30,9 @@ from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
 from .sharding import Layout, Open, Sharded, TensorSharding, layout_from_spec, shard_count, uses_mesh_axes_once
+
+CONFLICT_MODES = ("reshard", "error")
+
 
 def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
     """Broadcast ``in_specs`` — a pytree prefix of the argument tuple, as in ``shard_map`` — to one entry
@@ -54,17 +58,23 @@ def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
 
 
 @gc_paused
-def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) -> ShardedGraph:
+def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
+              conflicts: str = "reshard") -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
     (unannotated: adopts the sharding of whatever it meets). A primitive without a rule gets the
     conservative rule and one ``FallbackWarning``; with ``strict=True`` it raises ``NoRuleError`` instead.
+    Two operands sharded incompatibly (a conflict) are resolved by moving the one cheaper to move — it is
+    gathered before the op, which then slices it locally — with a ``ReshardWarning``; ``conflicts="error"`` (and
+    ``strict=True``) raises ``ShardingConflictError`` instead, as the Nx design halts.
 
     >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
     >>> sg.in_specs                                                                       # doctest: +SKIP
     (PartitionSpec('i', 'j'), PartitionSpec('i', 'j'))
     """
+    if conflicts not in CONFLICT_MODES:
+        raise OptionError(f"conflicts={conflicts!r}: expected one of {CONFLICT_MODES}")
     mesh = as_auto_mesh(mesh)
     mesh_shape = dict(mesh.shape)
     specs = flat_in_specs(in_specs, graph)
@@ -72,13 +82,36 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False) 
     for index, (spec, value) in enumerate(zip(specs, graph.inputs, strict=True)):
         shape = graph.avals[value].shape
         input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}"))
-    sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict)
+    sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
+                                conflicts="error" if strict else conflicts)
     if strict and sharded.fallbacks:
         node = graph.nodes[min(sharded.fallbacks)]
         raise NoRuleError(f"no sharding rule applies to `{node.op}` at {node.source or 'an unknown source line'} "
                           "(strict=True; without it the conservative rule would gather its operands)")
     warn_fallbacks(graph, sharded.fallbacks)
+    warn_reshards(graph, sharded)
     return checked(sharded)
+
+
+def warn_reshards(graph: Graph, sharded: ShardedGraph) -> None:
+    """One :class:`ReshardWarning` per conflict resolved, at the user's line, carrying the conflict."""
+    for node_id, (operand, message) in sorted(sharded.reshards.items()):
+        node = graph.nodes[node_id]
+        moved = node.operands[operand]
+        text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
+                f"{short_source(node.source, 'an unknown line')} by moving operand {operand} ({value_name(moved)}, "
+                f"{sharded.graph.avals[moved]}): it is gathered before the op, which slices it to the other "
+                f"operand's layout (conflicts='error' refuses instead)\n{message}")
+        _warn_at(text, ReshardWarning, node.source)
+
+
+def _warn_at(message: str, category, source: str | None) -> None:
+    filename, _, line = (source or "").rpartition(":")
+    if filename and line.isdigit():
+        # a fresh registry: shown once per traced program, not once per process
+        warnings.warn_explicit(message, category, filename, int(line), registry={})
+    else:
+        warnings.warn(message, category, stacklevel=4)
 
 
 def warn_fallbacks(graph: Graph, fallbacks) -> None:
@@ -94,17 +127,11 @@ def warn_fallbacks(graph: Graph, fallbacks) -> None:
         where = short_source(first.source, "an unknown line")
         message = (f"shardprop: no sharding rule for primitive `{name}` at {where}{more} (or none that applies "
                    "here); using the conservative rule (operands gathered, result replicated)")
-        filename, _, line = (first.source or "").rpartition(":")
-        if filename and line.isdigit():
-            # a fresh registry: shown once per traced program, not once per process (a second function that uses
-            # the same primitive is warned about too)
-            warnings.warn_explicit(message, FallbackWarning, filename, int(line), registry={})
-        else:
-            warnings.warn(message, FallbackWarning, stacklevel=3)
+        _warn_at(message, FallbackWarning, first.source)
 
 
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
-                      strict: bool = False) -> ShardedGraph:
+                      strict: bool = False, conflicts: str = "error") -> ShardedGraph:
     """:func:`propagate` from validated input layouts (None: unannotated); no warnings. Rules use it to
     shard sub-computations such as scan bodies."""
     mesh_shape = dict(mesh.shape)
@@ -117,27 +144,27 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     body = functools.partial(_propagate_body, mesh=mesh)
-    first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker())
+    first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts)
     try:
         first.run()
     except ShardingConflictError as plain:
         # The exploratory walk makes no shards; replay with lineage so that the error can say where each
         # operand's sharding came from (following shard parents back to an input spec).
         try:
-            _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None).run()
+            _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts).run()
         except ShardingConflictError as detailed:
             raise detailed from None
         raise plain from None
     try:
-        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution)
+        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
         # tensor adopting the same mesh axis). Replicating every open axis is always consistent.
-        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None)
+        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts)
         final.run()
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
-                        frozenset(final.fallbacks), final.bodies)
+                        frozenset(final.fallbacks), final.bodies, final.reshards)
 
 
 def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh) -> ShardedGraph:
@@ -149,7 +176,9 @@ class _Walk:
     every created axis to the mesh axes ``resolve((value, axis))`` returns (None: replicated)."""
 
     def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
-                 opens: OpenTracker | None = None, resolve=None):
+                 opens: OpenTracker | None = None, resolve=None, conflicts: str = "error"):
+        self.conflicts = conflicts
+        self.reshards: dict[int, tuple[int, str]] = {}  # node id -> (operand moved, the conflict's message)
         self.graph, self.mesh_shape, self.input_layouts = graph, mesh_shape, input_layouts
         self.propagate_body = propagate_body
         self.bodies: dict[int, ShardedGraph] = {}
@@ -186,13 +215,14 @@ class _Walk:
                 op = records.get(node.op)
                 if op is None:
                     op = records[node.op] = lookup(node.op)
+                operands = [self.shardings[v] for v in node.operands]
                 try:
-                    result = op.propagate(ctx, *[self.shardings[v] for v in node.operands], **node.params)
+                    result, outputs = self._apply(ctx, node, op, operands)
                 except RuleConflict as conflict:
-                    raise self._conflict(node, conflict) from None
+                    result, outputs = self._reshard(ctx, node, op, operands, conflict)
                 except SpecError as err:  # an annotation inside the graph (a sharding constraint) is bad
                     raise type(err)(f"`{node.op}` at {node.source or 'an unknown source line'}: {err}") from None
-                outputs, needs = result.outputs, result.needs
+                needs = result.needs
                 if result.body is not None:
                     self.bodies[node.id] = result.body
                 if op.is_fallback or result.fallback:
@@ -200,9 +230,11 @@ class _Walk:
                     self.fallbacks.append(node.id)
                 else:
                     rule_name = op.rule_name
+            if node.op in (PARAMETER, CONSTANT):
+                outputs = tuple(self._settle(ctx, v, s) for v, s in zip(node.outputs, outputs, strict=True))
+                for sharding in outputs:
+                    self._check(node, sharding)
             for value, sharding in zip(node.outputs, outputs, strict=True):
-                sharding = self._settle(ctx, value, sharding)
-                self._check_mesh_axes_once(node, sharding)
                 self.shardings[value] = sharding
             self.needs.append(tuple(needs))
             self.rule_names.append(rule_name)
@@ -230,7 +262,48 @@ class _Walk:
                     axes[k] = None
         return TensorSharding(sharding.shape, tuple(axes))
 
-    def _check_mesh_axes_once(self, node: Node, sharding: TensorSharding) -> None:
+    def _apply(self, ctx: RuleContext, node: Node, op, operands: list[TensorSharding]):
+        """The rule on ``operands``: ``(RuleOutput, settled output shardings)``; a conflict is a RuleConflict."""
+        result = op.propagate(ctx, *operands, **node.params)
+        outputs = tuple(self._settle(ctx, v, s) for v, s in zip(node.outputs, result.outputs, strict=True))
+        for sharding in outputs:
+            self._check_mesh_axes_once(sharding)
+        return result, outputs
+
+    def _check(self, node: Node, sharding: TensorSharding) -> None:
+        try:
+            self._check_mesh_axes_once(sharding)
+        except RuleConflict as conflict:
+            raise self._conflict(node, conflict) from None
+
+    def _reshard(self, ctx: RuleContext, node: Node, op, operands: list[TensorSharding], conflict: RuleConflict):
+        """Resolve ``conflict`` by moving one operand: the rule again with it as if replicated (so it is consumed
+        gathered, then sliced locally), for the operand cheapest to gather; or the conflict error."""
+        if self.conflicts != "reshard":
+            raise self._conflict(node, conflict) from None
+        avals = self.graph.avals
+        options = []
+        for k, sharding in enumerate(operands):
+            count = math.prod(shard_count(self.mesh_shape, m) for m in sharding.layout)
+            if count == 1:
+                continue  # nothing to gather
+            trial = list(operands)
+            trial[k] = TensorSharding(sharding.shape, (None,) * len(sharding.shape))
+            try:
+                result, outputs = self._apply(ctx, node, op, trial)
+            except RuleConflict:
+                continue
+            moved = math.prod(avals[node.operands[k]].shape) * (1 - 1 / count)
+            options.append((moved, -k, result, outputs))
+        if not options:
+            raise self._conflict(node, conflict) from None
+        _, minus_k, result, outputs = min(options, key=lambda o: (o[0], o[1]))
+        if self.resolve is not None:  # the final walk: say what was resolved (with lineage in the message)
+            self.reshards[node.id] = (-minus_k, str(self._conflict(node, conflict)))
+        return result, outputs
+
+    @staticmethod
+    def _check_mesh_axes_once(sharding: TensorSharding) -> None:
         if uses_mesh_axes_once(sharding.layout):
             return
         seen: dict[str, int] = {}
@@ -238,10 +311,10 @@ class _Walk:
             if isinstance(a, Sharded):
                 for name in a.mesh_axes:
                     if name in seen:
-                        raise self._conflict(node, RuleConflict(
+                        raise RuleConflict(
                             k, f"mesh axis {name!r} would shard both output axes {seen[name]} and {k}; a mesh axis "
                                "may shard at most one axis of a tensor", (sharding.layout[seen[name]], a.mesh_axes),
-                            kind=ConflictKind.REUSE))
+                            kind=ConflictKind.REUSE)
                     seen[name] = k
 
     def _conflict(self, node: Node, conflict: RuleConflict) -> ShardingConflictError:
@@ -256,8 +329,9 @@ class _Walk:
                         lines.append(f"    axis {axis} @{'*'.join(a.mesh_axes)}: {self._origin(v, axis)}")
         where = f"output axis {conflict.axis}: " if conflict.axis is not None else ""
         lines.append(f"  {where}{conflict.detail}")
-        lines.append("  fix: change one of those input specs so the shardings agree, or replicate one side "
-                     "(P()) so that it is gathered")
+        lines.append("  fix: constrain one operand to the other's layout (jax.lax.with_sharding_constraint), or "
+                     "change an input spec so that they agree; conflicts='reshard' (autoshard's default) moves the "
+                     "operand cheaper to move")
         return ShardingConflictError("\n".join(lines), op=node.op, source=node.source, axis=conflict.axis,
                                      layouts=conflict.layouts, kind=conflict.kind)
 
