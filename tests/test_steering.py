@@ -237,3 +237,30 @@ def test_a_layout_that_refines_another_needs_no_communication(meshes, specs):
 def test_bad_conflicts_option(mesh):
     with pytest.raises(sp.OptionError, match="conflicts='sometimes'"):
         sp.autoshard(_symmetrized, mesh=mesh, in_specs=(P("i"),), conflicts="sometimes")(SQUARE)
+
+
+def test_a_constraint_under_jax_grad_and_inside_a_scan(mesh):
+    import warnings
+
+    ns = jax.sharding.NamedSharding
+
+    def loss_grad(x):  # jax.grad binds `reshard` on the constrained value's cotangent (Auto axes: no placement)
+        return jax.grad(lambda z: jnp.sum(jax.lax.with_sharding_constraint(jnp.tanh(z), ns(mesh, P("i", "j"))) ** 2))(x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.FallbackWarning)
+        got = sp.autoshard(loss_grad, mesh=mesh, in_specs=(None,))(A / 100)
+    np.testing.assert_allclose(np.asarray(got), loss_grad(A / 100), rtol=1e-5, atol=1e-6)
+
+    def scanned(x):  # the body needs its rows gathered: the scan falls back and runs without its constraint
+        def body(c, r):
+            r = jax.lax.with_sharding_constraint(r, ns(mesh, P("j")))
+            return c + r.sum(), r * 2
+        return jax.lax.scan(body, 0.0, x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        carry, ys = sp.autoshard(scanned, mesh=mesh, in_specs=(P("i"),))(A)
+    want_carry, want_ys = scanned(A)
+    np.testing.assert_allclose(float(carry), float(want_carry), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(ys), np.asarray(want_ys))

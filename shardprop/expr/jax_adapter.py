@@ -266,6 +266,53 @@ def _source_of(eqn) -> str | None:
     return f"{frame.file_name}:{frame.start_line}"
 
 
+PLACEMENTS = ("sharding_constraint",)
+
+
+def without_placements(params: dict) -> dict:
+    """``params`` with every sub-computation (a scan's body, a cond's branches) rid of sharding constraints:
+    bound as it is inside ``shard_map`` (a scan that runs on gathered blocks), a constraint would name mesh axes
+    that are manual there, which JAX refuses. Unchanged when there is none."""
+    out = dict(params)
+    for name, value in params.items():
+        if isinstance(value, jex_core.ClosedJaxpr) and _has_placement(value.jaxpr):
+            out[name] = _stripped(value)
+        elif isinstance(value, tuple) and any(isinstance(v, jex_core.ClosedJaxpr) and _has_placement(v.jaxpr)
+                                              for v in value):
+            out[name] = tuple(_stripped(v) if isinstance(v, jex_core.ClosedJaxpr) else v for v in value)
+    return out
+
+
+def _has_placement(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in PLACEMENTS:
+            return True
+        for value in eqn.params.values():
+            subs = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, jex_core.ClosedJaxpr) and _has_placement(v.jaxpr) for v in subs):
+                return True
+    return False
+
+
+def _stripped(closed):
+    """``closed`` re-traced with its sharding constraints (at any depth) as the identity."""
+    jaxpr = closed.jaxpr
+
+    def run(*args):
+        env = dict(zip(jaxpr.constvars, closed.consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        read = lambda v: v.val if is_literal(v) else env[v]  # noqa: E731
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            outs = invals if eqn.primitive.name in PLACEMENTS else bind(eqn.primitive, invals,
+                                                                         without_placements(eqn.params))
+            env.update((v, o) for v, o in zip(eqn.outvars, outs, strict=True) if not is_drop_var(v))
+        return [read(v) for v in jaxpr.outvars]
+
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in jaxpr.invars]
+    return jax.make_jaxpr(run)(*avals)
+
+
 def bind(primitive: Primitive, invals: Sequence[Any], params: dict) -> list:
     """Apply ``primitive`` to ``invals`` with an equation's params; always returns a list of outputs."""
     # As jax 0.10.2's own eval_jaxpr does: a call-like primitive (shard_map) keeps its body in the params

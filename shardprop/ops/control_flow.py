@@ -23,10 +23,11 @@ import functools
 
 from jax import lax
 
-from ..backends.blocks import Blocks, bind_as_is
+from ..backends.blocks import Blocks
 from ..backends.evaluate import run_graph
 from ..errors import ShardingError
 from ..expr import Graph, trace_jaxpr
+from ..expr import jax_adapter as jx
 from ..expr.graph import Node
 from ..inspect.lineage.boxes import Box, LineageContext, contains, full_box, normalize
 from ..inspect.lineage.walk import seeded_dependencies
@@ -162,8 +163,8 @@ def scan_lineage(ctx: LineageContext, box: Box, output: int, *, jaxpr, length, r
 
 def scan_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
     body, params = blocks.body, node.params
-    if body is None:  # the conservative rule: everything replicated, the scan as it is
-        return bind_as_is(node, invals, blocks)
+    if body is None:  # the conservative rule: everything replicated, the scan as it is (its constraints dropped)
+        return jx.bind(node.primitive, invals, jx.without_placements(node.params))
     n_consts, n_carry = params["num_consts"], params["num_carry"]
     consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
 

@@ -10,7 +10,7 @@ local slice when the pin is finer, a gather and a slice otherwise).
 
 from __future__ import annotations
 
-from jax.sharding import PartitionSpec
+from jax.sharding import AxisType, PartitionSpec
 
 from ..backends.blocks import Blocks, bind_with
 from ..expr.graph import Node
@@ -66,6 +66,15 @@ def _entries(spec, rank: int) -> tuple:
     return entries + (None,) * (rank - len(entries))
 
 
+def reshard(ctx: RuleContext, operand: TensorSharding, *, dst_sharding, **params) -> RuleOutput:
+    """``jax.sharding.reshard``: under a mesh with Explicit axes a placement, which pins the layout as a
+    sharding constraint does; on Auto axes (``jax.grad`` binds it on cotangents) it asks for nothing: identity."""
+    mesh = getattr(dst_sharding, "mesh", None)
+    if all(t == AxisType.Auto for t in getattr(mesh, "axis_types", ())):
+        return identity(ctx, operand)
+    return constraint(ctx, operand, sharding=dst_sharding)
+
+
 def pass_through(node: Node, invals: list, blocks: Blocks) -> list:
     """The operand blocks themselves."""
     return list(invals)
@@ -76,4 +85,6 @@ OPS = [
           per_block=bind_with(_no_placement), finish=None, pull=None),
     OpDef("sharding_constraint", Family.PLACEMENT, propagate=constraint, lineage=identity_lineage,
           lineage_exact=True, per_block=pass_through, finish=None, pull=None),
+    OpDef("reshard", Family.PLACEMENT, propagate=reshard, lineage=identity_lineage, lineage_exact=True,
+          per_block=pass_through, finish=None, pull=None),
 ]

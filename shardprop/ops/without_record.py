@@ -26,8 +26,6 @@ INTERNAL = "a JAX internal that jax.numpy, jax.nn and jax.lax do not emit"
 NOT_IN_TRACES = "lax.stage lifts a value into a trace: it binds nothing inside one"
 NO_FUNCTION = ("no public function emits it: the max-pool's derivative binds select_and_scatter_add, which has a "
                "record")
-EXPLICIT = ("explicit-axes sharding (jax.sharding.reshard): traced only under a mesh with Explicit axes, which "
-            "shardprop turns into Auto ones (issue #14)")
 
 WITHOUT_RECORD: dict[str, str] = {
     **dict.fromkeys((
@@ -59,5 +57,4 @@ WITHOUT_RECORD: dict[str, str] = {
                      "geqrf", "geqp3"), INTERNAL),
     "select_and_scatter": NO_FUNCTION,
     "stage": NOT_IN_TRACES,
-    "reshard": EXPLICIT,
 }

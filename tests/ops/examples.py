@@ -183,4 +183,9 @@ MESH_EXAMPLES = [
     ex("sharding_constraint", "sharding_constraint",
        lambda mesh: lambda a: lax.with_sharding_constraint(a * 2, jax.sharding.NamedSharding(mesh, P("i", "j"))),
        [(M, F32)], [P("i")]),
+    # jax.grad binds reshard on the cotangent of a constrained value (Auto axes: no placement)
+    ex("reshard", "reshard",
+       lambda mesh: jax.grad(lambda a: jnp.sum(lax.with_sharding_constraint(
+           jnp.tanh(a), jax.sharding.NamedSharding(mesh, P("i", "j"))) ** 2)),
+       [(M, F32)], [P("i")]),
 ]
