@@ -38,10 +38,11 @@ class AutoSharded:
 
     def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
                  static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
-                 out_specs: Any = None, conflicts: str = "reshard"):
+                 out_specs: Any = None, conflicts: str = "reshard", donate_argnums: int | Sequence[int] = (),
+                 donate_argnames: str | Sequence[str] = ()):
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
         self.out_specs, self.conflicts = out_specs, conflicts
-        self.convention = Convention.of(static_argnums, static_argnames)
+        self.convention = Convention.of(static_argnums, static_argnames, donate_argnums, donate_argnames, fun=f)
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, f)
 
@@ -59,6 +60,7 @@ class AutoSharded:
                                       strategy=self.strategy, conflicts=self.conflicts)
             if not call.plain:
                 program.traced = Traced(self.convention, call.statics)
+            program.donate(call.donated_leaves())
             self._programs[key] = program
         return program
 
@@ -78,7 +80,8 @@ class AutoSharded:
 
 def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
               static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
-              out_specs: Any = None, conflicts: str = "reshard") -> AutoSharded:
+              out_specs: Any = None, conflicts: str = "reshard", donate_argnums: int | Sequence[int] = (),
+              donate_argnames: str | Sequence[str] = ()) -> AutoSharded:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
@@ -91,6 +94,8 @@ def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, s
     arguments as called, or only the dynamic ones); keyword arguments are accepted and unannotated.
     ``out_specs`` (a pytree prefix of the outputs: ``PartitionSpec`` or None) pins the outputs' layouts, as a
     sharding constraint on each does: it propagates backwards, and the outputs come back laid out so.
+    ``donate_argnums`` / ``donate_argnames`` are as in ``jax.jit``: those arguments' buffers may be reused for
+    the outputs, and a donated array is invalid after the call.
     ``conflicts="reshard"`` (the default) resolves two incompatibly sharded operands by moving the one cheaper
     to move, with a ``ReshardWarning``; ``"error"`` (and ``strict=True``) raises ``ShardingConflictError``.
 
@@ -100,4 +105,4 @@ def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, s
     """
     return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy,
                        static_argnums=static_argnums, static_argnames=static_argnames, out_specs=out_specs,
-                       conflicts=conflicts)
+                       conflicts=conflicts, donate_argnums=donate_argnums, donate_argnames=donate_argnames)

@@ -34,6 +34,8 @@ class Call:
     statics: tuple = ()
     positions: tuple[int, ...] = ()
     names: tuple[str, ...] = ()
+    donated_positions: tuple[int, ...] = ()   # as called (static ones are never donated)
+    donated_names: tuple[str, ...] = ()
 
     @property
     def plain(self) -> bool:
@@ -43,6 +45,18 @@ class Call:
     def program_args(self) -> tuple:
         """What the program is traced on and called with."""
         return self.args if self.plain else (self.args, self.kwargs)
+
+    def donated_leaves(self) -> tuple[int, ...]:
+        """The program's argument leaves (flat, in ``program_args`` order) that the call donates."""
+        if not self.donated_positions and not self.donated_names:
+            return ()
+        dynamic = [i for i in range(len(self.args) + len(self.positions)) if i not in self.positions]
+        flags = tuple(jax.tree_util.tree_map(lambda _, d=(i in self.donated_positions): d, a)
+                      for i, a in zip(dynamic, self.args, strict=True))
+        if not self.plain:
+            flags = (flags, {k: jax.tree_util.tree_map(lambda _, d=(k in self.donated_names): d, v)
+                             for k, v in self.kwargs.items()})
+        return tuple(k for k, donated in enumerate(jax.tree_util.tree_leaves(flags)) if donated)
 
     def bind(self, f):
         """``f`` as the program sees it: a function of the dynamic arguments (``program_args`` form)."""
@@ -101,16 +115,18 @@ def constrain_outputs(f, out_specs: Any, mesh):
             subtrees = spec_tree.flatten_up_to(jax.tree_util.tree_unflatten(tree, [0] * len(leaves)))
         except (ValueError, TypeError) as err:
             raise SpecTreeError(f"out_specs {out_specs!r} is not a pytree prefix of the outputs (structure "
-                                f"{tree}): {err}") from None
+                                f"{tree}) of the call at {user_call_site()}: {err}") from None
         specs = []
         for spec, sub in zip(spec_leaves, subtrees, strict=True):
             if not is_leaf(spec):
-                raise SpecTreeError(f"out_specs leaf {spec!r} is neither a PartitionSpec nor None")
+                raise SpecTreeError(f"out_specs leaf {spec!r} (call at {user_call_site()}) is neither a "
+                                    "PartitionSpec nor None")
             specs += [spec] * len(jax.tree_util.tree_leaves(sub))
         pinned = []
         for k, (x, spec) in enumerate(zip(leaves, specs, strict=True)):
             if spec is not None:
-                layout_from_spec(spec, tuple(jax.numpy.shape(x)), mesh_shape, f"out_specs for output {k}")
+                where = f"out_specs for output {k} (call at {user_call_site()})"
+                layout_from_spec(spec, tuple(jax.numpy.shape(x)), mesh_shape, where)
                 x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
             pinned.append(x)
         return jax.tree_util.tree_unflatten(tree, pinned)
@@ -123,45 +139,113 @@ def constrain_outputs(f, out_specs: Any, mesh):
 
 @dataclass(frozen=True)
 class Convention:
-    """Which arguments are static: positions (negative ones count from the end) and keyword names."""
+    """Which arguments are static and which donated: positions (negative ones count from the end) and keyword
+    names. ``parameters`` names the function's parameters that can be passed either way, by position (None
+    where one cannot), so a position and a name stand for each other, as under ``jax.jit``."""
 
     static_argnums: tuple[int, ...] = ()
     static_argnames: tuple[str, ...] = ()
+    donate_argnums: tuple[int, ...] = ()
+    donate_argnames: tuple[str, ...] = ()
+    parameters: tuple[str | None, ...] = ()
 
     @classmethod
-    def of(cls, static_argnums: int | Iterable[int] = (), static_argnames: str | Iterable[str] = ()) -> Convention:
-        nums = (static_argnums,) if isinstance(static_argnums, numbers.Integral) else tuple(static_argnums)
-        names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    def of(cls, static_argnums: int | Iterable[int] = (), static_argnames: str | Iterable[str] = (),
+           donate_argnums: int | Iterable[int] = (), donate_argnames: str | Iterable[str] = (),
+           fun=None) -> Convention:
+        """The convention (``fun`` gives the signature: ``static_argnames="n"`` then also makes ``n`` static when
+        passed positionally, and ``static_argnums=1`` when the second parameter is passed by keyword)."""
+        convention = cls(_positions("static_argnums", static_argnums), _names("static_argnames", static_argnames),
+                         _positions("donate_argnums", donate_argnums), _names("donate_argnames", donate_argnames),
+                         _parameters(fun))
+        for name in set(convention.names(static=True)) & set(convention.names(static=False)):
+            raise OptionError(f"argument {name!r} is both static and donated: a static argument is not an array")
+        return convention
+
+    def names(self, *, static: bool) -> tuple[str, ...]:
+        """The keyword names that are static (donated): named, or a named parameter's position."""
+        names, nums = ((self.static_argnames, self.static_argnums) if static
+                       else (self.donate_argnames, self.donate_argnums))
+        count = len(self.parameters)
+        by_position = (self.parameters[n] for n in nums if -count <= n < count)
+        return tuple(dict.fromkeys([*names, *(name for name in by_position if name)]))
+
+    def resolve(self, *, static: bool, count: int) -> list[int]:
+        """The positions of a call with ``count`` positional arguments that are static (donated). A position
+        past the call is fine where it names a parameter (passed by keyword, or left to its default)."""
+        option, nums = ("static_argnums", self.static_argnums) if static else ("donate_argnums", self.donate_argnums)
         for n in nums:
-            if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-                raise OptionError(f"static_argnums={static_argnums!r}: expected argument positions (ints)")
-        for name in names:
-            if not isinstance(name, str) or not name.isidentifier():
-                raise OptionError(f"static_argnames={static_argnames!r}: expected argument names (strs)")
-        return cls(tuple(int(n) for n in nums), names)
+            if not -count <= n < count and not (0 <= n < len(self.parameters) and self.parameters[n]):
+                raise OptionError(f"{option} has {n}, but the call at {user_call_site()} has {count} positional "
+                                  "argument(s)")
+        names = self.names(static=static)
+        named = (i for i, name in enumerate(self.parameters[:count]) if name and name in names)
+        return sorted({n % count for n in nums if -count <= n < count} | set(named))
 
     def split(self, args: tuple, kwargs: dict) -> Call:
         """``args``/``kwargs`` of one call split into dynamic and static parts (a static value must be hashable:
         it keys the cache of programs, as in ``jax.jit``)."""
         count = len(args)
-        positions = []
-        for n in self.static_argnums:
-            if not -count <= n < count:
-                raise OptionError(f"static_argnums has {n}, but the call has {count} positional argument(s)")
-            positions.append(n % count)
-        positions = sorted(set(positions))
+        positions, donated = self.resolve(static=True, count=count), self.resolve(static=False, count=count)
+        for n in set(positions) & set(donated):
+            raise OptionError(f"argument {n} is both static and donated (static_argnums and donate_argnums) at "
+                              f"{user_call_site()}: a static argument is not an array")
+        static_names = self.names(static=True)
         statics = [(f"argument {i}", args[i]) for i in positions]
-        statics += [(f"keyword {name}", kwargs[name]) for name in self.static_argnames if name in kwargs]
+        statics += [(f"keyword {name}", kwargs[name]) for name in static_names if name in kwargs]
         for where, value in statics:
             try:
                 hash(value)
             except TypeError as err:
-                raise OptionError(f"static {where} = {value!r} is not hashable ({err}); a static argument keys "
-                                  "the programs traced, as in jax.jit: pass a tuple instead of a list, or make it "
-                                  "a dynamic (array) argument") from None
+                raise OptionError(f"static {where} = {value!r} at {user_call_site()} is not hashable ({err}); a "
+                                  "static argument keys the programs traced, as in jax.jit: pass a tuple instead of "
+                                  "a list, or make it a dynamic (array) argument") from None
         dynamic = tuple(a for i, a in enumerate(args) if i not in positions)
-        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
-        return Call(dynamic, dynamic_kwargs, tuple(statics), tuple(positions), self.static_argnames)
+        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in static_names}
+        return Call(dynamic, dynamic_kwargs, tuple(statics), tuple(positions), static_names,
+                    tuple(donated), self.names(static=False))
+
+
+def _positions(option: str, value) -> tuple[int, ...]:
+    nums = (value,) if isinstance(value, numbers.Integral) else tuple(value)
+    for n in nums:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise OptionError(f"{option}={value!r}: expected argument positions (ints)")
+    return tuple(int(n) for n in nums)
+
+
+def _names(option: str, value) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else tuple(value)
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise OptionError(f"{option}={value!r}: expected argument names (strs)")
+    return names
+
+
+def _parameters(fun) -> tuple[str | None, ...]:
+    """``fun``'s positional parameters by position: the name of each that can also be passed by keyword."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):  # no signature (a builtin, some callables): positions and names stay apart
+        return ()
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return tuple(p.name if p.kind is p.POSITIONAL_OR_KEYWORD else None for p in positional)
+
+
+def user_call_site() -> str:
+    """``file:line`` of the innermost frame outside shardprop (and JAX): where the user called in."""
+    import os
+    import traceback
+
+    ours = os.path.dirname(os.path.abspath(__file__))
+    jax_dir = os.path.dirname(os.path.abspath(jax.__file__))
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith((ours, jax_dir)):
+            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return "?"
 
 
 @dataclass(frozen=True)

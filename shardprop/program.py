@@ -42,11 +42,20 @@ class Program:
         self._stage_fns = [stage_function(plan, stage, mesh) for stage in plan.stages]
         self._jitted_stages: dict[int, object] = {}
         self._jitted = jax.jit(program_function(plan, self._stage_fns))
+        self.donated: tuple[int, ...] = ()  # argument leaves donated to the whole-program jit
         graph = plan.graph
         self._in_avals = tuple(graph.avals[v] for v in graph.inputs)
         self._in_shardings = tuple(NamedSharding(mesh, spec) for spec in plan.sharded.in_specs)
         # How an autoshard function traced it (keyword or static arguments), or None: traced on ``*args``.
         self.traced: Traced | None = None
+
+    def donate(self, leaves: tuple[int, ...]) -> None:
+        """Donate these argument leaves (flat indices) to the whole-program jit, as ``jax.jit``'s
+        ``donate_argnums``: their buffers may hold the outputs, and the arrays are invalid after a call."""
+        leaves = tuple(sorted(set(leaves)))
+        if leaves != self.donated:
+            self.donated = leaves
+            self._jitted = jax.jit(program_function(self.plan, self._stage_fns), donate_argnums=leaves)
 
     @property
     def sharded(self) -> ShardedGraph:
@@ -95,15 +104,37 @@ class Program:
         flat = self._flat_args(self.program_args(args, kwargs))
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
             raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
-        return [jx.with_weak_type(jax.device_put(x, s), w)
+        return [jx.with_weak_type(jx.place(x, s), w)
                 for x, s, w in zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
 
     def __call__(self, *args, **kwargs):
-        out = as_lowering_errors(self._jitted, *self.placed_args(args, kwargs), mesh=self.mesh)
+        placed = self.placed_args(args, kwargs)
+        self._check_donations(placed)
+        out = as_lowering_errors(self._jitted, *placed, mesh=self.mesh)
+        if self.donated:
+            self._invalidate_donated(jax.tree_util.tree_leaves(self.program_args(args, kwargs)), placed, out)
         if self.user_mesh is not self.mesh:  # the user's mesh has Explicit axes: give the outputs back on it
-            out = [jax.device_put(x, NamedSharding(self.user_mesh, x.sharding.spec))
-                   if isinstance(getattr(x, "sharding", None), NamedSharding) else x for x in out]
+            out = [jx.place(x, NamedSharding(self.user_mesh, x.sharding.spec))
+                   if not jx.is_traced(x) and isinstance(x.sharding, NamedSharding) else x for x in out]
         return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
+
+    def _check_donations(self, placed: list) -> None:
+        """One buffer cannot be donated and read in the same call (``jax.jit`` refuses ``f(donate(a), a)``)."""
+        for k in self.donated:
+            for m, other in enumerate(placed):
+                if m != k and other is placed[k]:
+                    raise InputMismatchError(
+                        f"argument leaf {k} is donated, and the same array is also passed as argument leaf {m}: a "
+                        "buffer cannot be donated and read in one call (as under jax.jit); pass a copy of it")
+
+    def _invalidate_donated(self, flat: list, placed: list, out: list) -> None:
+        """A donated array that had to be copied into place is invalid afterwards too, as under ``jax.jit`` (its
+        memory is what donating was for) — unless it is passed again undonated or comes back as an output."""
+        kept = {id(x) for x in [*placed, *out]}
+        for k in self.donated:
+            x = flat[k]
+            if isinstance(x, jax.Array) and not jx.is_traced(x) and id(x) not in kept and not x.is_deleted():
+                x.delete()
 
     def debug(self, *args, keep: str = "outputs", **kwargs):
         """A :class:`~shardprop.Debugger` on this program and these arguments: step its stages, look at every

@@ -8,8 +8,10 @@ says so.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -17,7 +19,7 @@ from ..errors import LoweringError
 from ..expr.graph import CONSTANT, PARAMETER, Node
 from ..ops import lookup
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, block_shape, common_layout
+from ..propagation.sharding import Layout, block_shape, received_layout
 from ..splitting.collectives import Collective, CollectiveKind
 from ..splitting.decisions import Decisions
 from .blocks import Blocks, block_index, local_slice
@@ -39,7 +41,7 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
             if v in local:
                 have, x = view.layout(v), local[v]
             else:
-                have = common_layout(view.layout(v), need)
+                have = received_layout(view.layout(v), need)
                 x = received[(v, have)]
             invals.append(local_slice(x, have, need, mesh_shape))
         computed = [view.computed_layout(v) for v in node.outputs]
@@ -78,10 +80,14 @@ def finish(node: Node, invals: list, outs: list, collective: Collective, mesh_sh
                 for x in outs]
     if kind is CollectiveKind.PSUM:
         return [lax.psum(x, collective.mesh_axes) for x in outs]
-    return [_extreme(x, kind is CollectiveKind.PMAX, collective.mesh_axes) for x in outs]
+    (block,) = invals
+    axes = node.params["axes"]
+    ties = [jnp.sum(block == jnp.expand_dims(x, axes), axis=axes, dtype=jnp.int32) for x in outs]
+    return [_extreme(x, n, kind is CollectiveKind.PMAX, collective.mesh_axes) for x, n in zip(outs, ties, strict=True)]
 
 
-def _extreme(x, is_max: bool, mesh_axes):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _extreme(x, ties, is_max: bool, mesh_axes):
     """The maximum (minimum) of every device's ``x``, as ``jnp.max`` (``jnp.min``) would give it over the whole
     array: XLA's cross-device max and min neither propagate NaN nor tell -0 from +0, so for floats a NaN on any
     device wins, and a zero result takes the sign the unsharded reduction gives it (+0 for max, -0 for min)."""
@@ -97,11 +103,23 @@ def _extreme(x, is_max: bool, mesh_axes):
     return jnp.where(any_nan, jnp.array(jnp.nan, x.dtype), best)
 
 
+@_extreme.defjvp
+def _extreme_jvp(is_max, mesh_axes, primals, tangents):
+    """``pmax``/``pmin`` have no differentiation rule; this is ``jnp.max``'s (``jnp.min``'s): the tangent of
+    the elements attaining the extreme, averaged over all of them. ``x``'s tangent is already its block's average
+    over the block's ``ties`` (elements equal to ``x``), so each device's share is weighted by its count."""
+    (x, ties), (x_dot, _) = primals, tangents
+    y = _extreme(x, ties, is_max, mesh_axes)
+    weight = jnp.where(x == y, ties, 0).astype(x_dot.dtype)
+    return y, lax.psum(x_dot * weight, mesh_axes) / lax.psum(weight, mesh_axes)
+
+
 def _combine_arg(node, block, local_index, collective, mesh_shape):
     """The global argmax (argmin) from each device's: offset the local index by the block's start, then take
     the smallest index among the devices holding the extreme value — or, as ``jnp.argmax`` does, the first
     NaN if there is any."""
     (axis,) = node.params["axes"]
+    block = lax.stop_gradient(block)  # an index has no derivative; pmax/pmin have no rule to carry one through
     is_max = collective.kind is CollectiveKind.ARGMAX
     index_dtype = local_index.dtype
     index = local_index + (block_index(collective.mesh_axes, mesh_shape) * block.shape[axis]).astype(index_dtype)

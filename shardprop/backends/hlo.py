@@ -30,9 +30,7 @@ def _groups(line: str, mesh_names: tuple[str, ...], mesh_sizes: tuple[int, ...])
         names = [k.strip().strip("'") for k, _ in (p.split("=") for p in m.group(1).split(","))]
         sizes = [int(v) for _, v in (p.split("=") for p in m.group(1).split(","))]
         ids = _iota(m.group(2), total).reshape(sizes) if m.group(2) else np.arange(total).reshape(sizes)
-        listed = [names.index(a.strip().strip("'")) for a in m.group(3).split(",") if a.strip()]
-        rest = [k for k in range(len(sizes)) if k not in listed]
-        group = ids.transpose(rest + listed).reshape(-1, math.prod(sizes[k] for k in listed))[0]
+        group = _mesh_group(ids, names, sizes, m.group(3))
     elif (m := re.search(r"replica_groups=(\[[0-9,]+\]<=\[[0-9,]+\](?:T\([0-9,]+\))?)", line)):
         group = _iota(m.group(1), total)[0]
     elif (m := re.search(r"replica_groups=\{\{([0-9,]*)\}", line)):
@@ -42,6 +40,31 @@ def _groups(line: str, mesh_names: tuple[str, ...], mesh_sizes: tuple[int, ...])
     coords = np.array(np.unravel_index(np.asarray(group), mesh_sizes))
     axes = tuple(name for name, c in zip(mesh_names, coords, strict=True) if len(set(c.tolist())) > 1)
     return axes, len(group)
+
+
+def _mesh_group(ids: np.ndarray, names: list[str], sizes: list[int], listed_text: str) -> np.ndarray:
+    """The first group of the mesh form: the devices spanning the listed axes. An entry may be a sub-axis,
+    ``'axis_1':(2)2`` (Shardy's notation: the factor of size 2 after a major factor of size 2 — XLA groups
+    over part of an axis when it moves data between tensor axes)."""
+    factors = [[size] for size in sizes]  # each mesh axis as its factors, major first
+    listed: list[tuple[int, int]] = []    # (axis, factor index) pairs, as listed
+    for entry in (e.strip() for e in listed_text.split(",") if e.strip()):
+        sub = re.fullmatch(r"'?([^':]+)'?(?::\((\d+)\)(\d+))?", entry)
+        axis = names.index(sub.group(1))
+        if sub.group(2) is None:
+            listed.append((axis, -1))
+            continue
+        pre, size = int(sub.group(2)), int(sub.group(3))
+        factors[axis] = [f for f in (pre, size, sizes[axis] // (pre * size))]
+        listed.append((axis, 1))
+    flat_index = {}
+    for axis, parts in enumerate(factors):
+        for k in range(len(parts)):
+            flat_index[(axis, k)] = len(flat_index)
+    shaped = ids.reshape([f for parts in factors for f in parts])
+    chosen = [flat_index[(axis, 0 if k == -1 else k)] for axis, k in listed]
+    rest = [d for d in range(shaped.ndim) if d not in chosen]
+    return shaped.transpose(rest + chosen).reshape(-1, math.prod(shaped.shape[d] for d in chosen))[0]
 
 
 def _iota(text: str, total: int) -> np.ndarray:

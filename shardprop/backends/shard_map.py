@@ -13,7 +13,7 @@ import jax
 from jax.sharding import Mesh
 
 from ..expr import jax_adapter as jx
-from ..propagation.sharding import common_layout, layout_to_spec
+from ..propagation.sharding import layout_to_spec, received_layout
 from ..splitting import Plan, Stage, StageInput
 from .evaluate import run_nodes
 
@@ -82,7 +82,7 @@ def readout_segments(plan: Plan, stage: Stage, size: int | None = None) -> list[
             for v, need in plan.edges(node):
                 where = produced_in.get(v)
                 if where is None:
-                    key = (v, common_layout(plan.layout(v), need))
+                    key = (v, received_layout(plan.layout(v), need))
                     inputs.setdefault(key, delivered[key])
                 elif where < k:
                     carried.setdefault(v)

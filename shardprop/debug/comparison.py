@@ -23,7 +23,7 @@ from ..expr.graph import CONSTANT, PARAMETER, value_name
 from ..inspect.listing import typed_name
 from ..propagation.sharding import is_refinement, layout_to_spec
 from ..splitting import Plan
-from ..splitting.cost import gathered_axes
+from ..splitting.cost import movement
 from .findings import FindingKind, Where, as_numpy, check_value
 from .reference import Reference, Tolerance, bind_whole, errors, magnitude
 
@@ -237,12 +237,11 @@ def decision(plan: Plan, node) -> list[str]:
     for u, need in plan.edges(node):
         have, name = plan.layout(u), value_name(u)
         here = plan.stage_of(plan.graph.producer[u]) == stage
-        gathered = () if here else gathered_axes(have, need)
+        move = movement(have, need)
         if have == need:
             lines.append(f"{name}: used as held, {layout_to_spec(need)}")
-        elif gathered:
-            lines.append(f"{name}: gathered over {'*'.join(gathered)} before stage {stage} "
-                         f"({layout_to_spec(have)} -> {layout_to_spec(need)})")
+        elif move.kind is not None and not here:
+            lines.append(f"{name}: {move} before stage {stage} ({layout_to_spec(have)} -> {layout_to_spec(need)})")
         elif all(is_refinement(h, w) for h, w in zip(have, need, strict=True)):
             lines.append(f"{name}: local slice {layout_to_spec(have)} -> {layout_to_spec(need)}, no communication")
         else:

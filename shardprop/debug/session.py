@@ -69,27 +69,28 @@ class DeviceBlock:
 @dataclass(frozen=True)
 class Port:
     """A stage input or output: the value, its type as laid out (``c:f32[16@i,8]``), its spec, and for an
-    input its source and the mesh axes gathered to bring it in (with the bytes per device)."""
+    input its source and how it is moved in: ``moved`` says it (``gathered over i``, ``all-to-all over i``, or
+    empty), with the bytes per device."""
 
     value: str
     type: str
     spec: str
     source: str | None = None
-    gathered_over: tuple[str, ...] = ()
-    gathered_bytes: float = 0.0
+    moved: str = ""
+    moved_bytes: float = 0.0
 
     def __str__(self) -> str:
         text = f"{self.type}  {self.spec}"
         if self.source is not None:
             text += f"  <- {self.source}"
-        if self.gathered_over:
-            text += f", gathered over {'*'.join(self.gathered_over)} ({format_bytes(self.gathered_bytes)})"
+        if self.moved:
+            text += f", {self.moved} ({format_bytes(self.moved_bytes)})"
         return text
 
     def to_dict(self) -> dict[str, Any]:
         out = {"value": self.value, "type": self.type, "spec": self.spec}
         if self.source is not None:
-            out.update(source=self.source, gathered_over=list(self.gathered_over), gathered_bytes=self.gathered_bytes)
+            out.update(source=self.source, moved=self.moved, moved_bytes=self.moved_bytes)
         return out
 
 
@@ -416,9 +417,9 @@ class Session:
         plan = self.plan
         inputs = []
         for i in stage.inputs:
-            gathered, nbytes = crossing(plan, i)
+            move, nbytes = crossing(plan, i)
             inputs.append(Port(value_name(i.value), typed_name(plan, i.value, i.layout), str(layout_to_spec(i.layout)),
-                               str(i.source), gathered, nbytes))
+                               str(i.source), str(move) if move.kind else "", nbytes))
         outputs = [Port(value_name(v), typed_name(plan, v, layout), str(layout_to_spec(layout)))
                    for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]
         ops = tuple(stage_ops(plan, stage))

@@ -165,6 +165,23 @@ def with_weak_type(x, weak: bool):
     return _lax_internal._convert_element_type(x, weak_type=weak)
 
 
+def is_traced(x) -> bool:
+    """``x`` is an abstract value of a JAX transformation (``jit``, ``vmap``, ``grad``), not a concrete array."""
+    return isinstance(x, jax.core.Tracer)
+
+
+def place(x, sharding, *, donate: bool = False):
+    """``x`` laid out as ``sharding``. A concrete array is put there (``donate``: its buffer may be reused, and
+    the array is invalid afterwards, as a donated ``jax.jit`` argument). A traced one (``jax.jit``, ``jax.vmap``,
+    ``jax.grad`` of an autoshard function) gets a sharding constraint instead: ``device_put``'s batching rule
+    would lay the *batched* array out by the per-example sharding, a constraint's puts the batch axis aside."""
+    if is_traced(x):
+        return jax.lax.with_sharding_constraint(x, sharding)
+    if donate and isinstance(x, jax.Array):
+        return jax.device_put(x, sharding, donate=True)
+    return jax.device_put(x, sharding)
+
+
 def canonical_dtype(dtype) -> Any:
     """The dtype JAX stores ``dtype`` as: ``int64`` becomes ``int32`` unless ``jax_enable_x64`` is set, as
     ``jax.jit`` does with a numpy argument. Extended dtypes (PRNG keys) are kept."""

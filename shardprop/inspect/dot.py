@@ -15,8 +15,8 @@ from typing import Any
 from ..errors import RenderError
 from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, short_source, value_name
 from ..gc_pause import gc_paused
-from ..propagation.sharding import common_layout, format_layout, layout_refines
-from ..splitting.cost import gather_bytes, gathered_axes
+from ..propagation.sharding import format_layout, layout_refines
+from ..splitting.cost import move_bytes, movement
 from .listing import format_bytes
 from .products import as_plan
 
@@ -101,10 +101,10 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
             if layout_refines(have, need):
                 lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(format_layout(shape, have))}];")
                 continue
-            moved_to = common_layout(have, need)
-            nbytes = format_bytes(gather_bytes(plan, v, have, need))
-            label = (f"{format_layout(shape, have)} → {format_layout(shape, moved_to)}\ngather "
-                     f"{'*'.join(gathered_axes(have, need))} · {nbytes}/device")
+            move = movement(have, need)
+            nbytes = format_bytes(move_bytes(plan, v, have, need))
+            label = (f"{format_layout(shape, have)} → {format_layout(shape, move.received)}\n{move.short} · "
+                     f"{nbytes}/device")
             lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(label)}, color={_quote(GATHER)}, "
                          f"fontcolor={_quote(GATHER)}, penwidth=2];")
     for k, v in enumerate(graph.outputs):

@@ -18,7 +18,7 @@ from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
 from ..propagation.sharding import Sharded, is_refinement, layout_to_spec
 from ..splitting import CollectiveKind, Plan
-from ..splitting.cost import collective_bytes, gather_bytes
+from ..splitting.cost import collective_bytes, move_bytes, movement
 from .lineage.boxes import LineageContext, full_box, hull
 from .listing import format_bytes, typed_name
 from .products import as_plan, resolve_value
@@ -257,16 +257,22 @@ def _consumes(plan: Plan, node) -> list[str]:
             continue
         taken = ", ".join(f"axis {j} (sharded over {'*'.join(have[j])})" for j in whole)
         line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need)}. {_why_rule(node.op)}"
-        if plan.is_split:  # a stage boundary pays for it
-            nbytes = gather_bytes(plan, u, have, need)
-            line += f" Paid for by gathering {value_name(u)} before this stage ({format_bytes(nbytes)} per device)."
+        move = movement(have, need)
+        if plan.is_split and move.kind is not None:  # a stage boundary pays for it
+            nbytes = move_bytes(plan, u, have, need)
+            how = f"gathering {value_name(u)}" if move.kind == "all-gather" else f"an {move}"
+            line += f" Paid for by {how} before this stage ({format_bytes(nbytes)} per device)."
         out.append(line)
     resolved = plan.sharded.reshards.get(node.id)
     if resolved is not None:
         operand = node.operands[resolved[0]]
-        out.append(f"{value_name(operand)}: moved to resolve a sharding conflict (its operands were sharded "
-                   "incompatibly; conflicts='error' refuses instead): gathered before the op, sliced to the other "
-                   "operand's layout")
+        have, need = plan.layout(operand), plan.needs(node.id)[resolved[0]]
+        move = movement(have, need)
+        how = (f"an all-to-all over {'*'.join(move.mesh_axes)} moves it" if move.kind == "all-to-all" else
+               f"it is {move} and sliced")
+        out.append(f"{value_name(operand)}: moved to resolve a sharding conflict (the operands were sharded "
+                   f"incompatibly; conflicts='error' refuses instead): {how} from {layout_to_spec(have)} to "
+                   f"{layout_to_spec(need)}, the other operand's layout")
     if collective is not None:
         reduced = ", ".join(
             f"{value_name(u)} axis {j} ({'*'.join(m)})" for u in dict.fromkeys(node.operands)

@@ -25,13 +25,13 @@ from ..expr.graph import CONSTANT, PARAMETER, render, short_dtype, short_source,
 from ..gc_pause import gc_paused
 from ..propagation.sharding import Layout, format_layout, layout_to_spec
 from ..splitting import Plan, Stage, StageInput
-from ..splitting.cost import collective_bytes, gather_bytes, gathered_axes
+from ..splitting.cost import Move, collective_bytes, move_bytes, movement
 
 
-def crossing(plan: Plan, stage_input: StageInput) -> tuple[tuple[str, ...], float]:
-    """What moving ``stage_input`` into its stage costs: the mesh axes gathered, and bytes per device."""
+def crossing(plan: Plan, stage_input: StageInput) -> tuple[Move, float]:
+    """How ``stage_input`` is moved into its stage (gathered, all-to-all, or not at all), and bytes per device."""
     have = plan.layout(stage_input.value)
-    return gathered_axes(have, stage_input.layout), gather_bytes(plan, stage_input.value, have, stage_input.layout)
+    return movement(have, stage_input.layout), move_bytes(plan, stage_input.value, have, stage_input.layout)
 
 
 def format_bytes(n: float) -> str:
@@ -81,10 +81,17 @@ def format_listing(plan: Plan) -> str:
     order += [node for node in graph.nodes if node.id not in printed and node.op != PARAMETER]
 
     def note(node) -> str:
+        notes = []
+        resolved = plan.sharded.reshards.get(node.id)
+        if resolved is not None:  # a conflict resolved by moving one operand
+            operand = node.operands[resolved[0]]
+            move = movement(plan.layout(operand), plan.needs(node.id)[resolved[0]])
+            notes.append(f"conflict resolved: {value_name(operand)} {move}")
         collective = plan.collective(node.id)
-        if collective is None:
-            return ""
-        return f"finished by {collective} ({format_bytes(collective_bytes(plan, node, collective))} per device)"
+        if collective is not None:
+            notes.append(f"finished by {collective} ({format_bytes(collective_bytes(plan, node, collective))} "
+                         "per device)")
+        return "; ".join(notes)
 
     return render(graph, type_of=type_of, before_node=lambda node: headers.get(node.id, []), order=order, note=note)
 
@@ -93,13 +100,13 @@ def _stage_header(plan: Plan, stage: Stage) -> list[str]:
     graph = plan.graph
     arriving = []
     for i in stage.inputs:
-        gathered, nbytes = crossing(plan, i)
-        if i.source.is_argument and not gathered:
+        move, nbytes = crossing(plan, i)
+        if i.source.is_argument and move.kind is None:
             continue  # arguments are readable by every stage; only moving them costs anything
         shape = graph.avals[i.value].shape
         where = f"argument {i.source.index}" if i.source.is_argument else f"stage {i.source.stage}"
-        if gathered:
-            how = (f"gathered over {'*'.join(gathered)}: [{format_layout(shape, plan.layout(i.value))}] -> "
+        if move.kind is not None:
+            how = (f"{move}: [{format_layout(shape, plan.layout(i.value))}] -> "
                    f"[{format_layout(shape, i.layout)}], {format_bytes(nbytes)} per device")
         else:
             how = f"as [{format_layout(shape, i.layout)}], no communication"
@@ -121,8 +128,10 @@ def format_stages(plan: Plan) -> str:
         lines.append(f"stage {stage.id}: {len(ops)} ops ({', '.join(dict.fromkeys(ops))}){where}")
         for i in stage.inputs:
             produced = plan.layout(i.value)
-            moved = "" if produced == i.layout else \
-                f"  (gathered from [{format_layout(graph.avals[i.value].shape, produced)}])"
+            how = movement(produced, i.layout).kind
+            moved = "" if how is None else \
+                f"  ({'gathered' if how == 'all-gather' else 'all-to-all'} from " \
+                f"[{format_layout(graph.avals[i.value].shape, produced)}])"
             lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- "
                          f"{i.source}{moved}")
         for n in stage.nodes:

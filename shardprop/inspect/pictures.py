@@ -137,10 +137,10 @@ def stage_table(prog: Any) -> Table:
         moved = 0.0
         inputs = []
         for i in stage.inputs:
-            gathered, nbytes = crossing(plan, i)
+            move, nbytes = crossing(plan, i)
             moved += nbytes
             src = i.source.brief()
-            how = f", gather {'*'.join(gathered)} ({format_bytes(nbytes)})" if gathered else ""
+            how = f", {move.short} ({format_bytes(nbytes)})" if move.kind else ""
             inputs.append(f"{value_name(i.value)} {layout_to_spec(i.layout)} ← {src}{how}")
         collectives = []
         for n in stage.nodes:

@@ -29,7 +29,8 @@ from .context import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
-from .sharding import Layout, Open, Sharded, TensorSharding, layout_from_spec, shard_count, uses_mesh_axes_once
+from .sharding import (Layout, Open, Sharded, TensorSharding, block_shape, is_all_to_all, layout_from_spec,
+                       layout_to_spec, moved_axes, received_layout, shard_count, uses_mesh_axes_once)
 
 CONFLICT_MODES = ("reshard", "error")
 
@@ -98,11 +99,24 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph) -> None:
     for node_id, (operand, message) in sorted(sharded.reshards.items()):
         node = graph.nodes[node_id]
         moved = node.operands[operand]
+        have, need = sharded.layout(moved), sharded.needs[node_id][operand]
+        how = (f"an all-to-all over {'*'.join(moved_axes(have, need))} moves it" if is_all_to_all(have, need) else
+               "it is gathered before the op, which slices it")
         text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
                 f"{short_source(node.source, 'an unknown line')} by moving operand {operand} ({value_name(moved)}, "
-                f"{sharded.graph.avals[moved]}): it is gathered before the op, which slices it to the other "
-                f"operand's layout (conflicts='error' refuses instead)\n{message}")
+                f"{sharded.graph.avals[moved]}): {how} to the other operand's layout, {layout_to_spec(need)} "
+                f"(conflicts='error' refuses instead)\n{message}")
         _warn_at(text, ReshardWarning, node.source)
+
+
+def _elements_moved(shape, have: Layout, need: Layout, mesh_shape) -> float:
+    """Elements one device receives to bring a value from ``have`` to ``need`` (all-to-all or all-gather, ring
+    model): the strategies' cost model in elements, which is all a choice between operands of one op needs."""
+    axes = moved_axes(have, need)
+    if not axes:
+        return 0.0
+    block = math.prod(block_shape(shape, received_layout(have, need), mesh_shape))
+    return block * (1 - 1 / shard_count(mesh_shape, axes))
 
 
 def _warn_at(message: str, category, source: str | None) -> None:
@@ -278,7 +292,8 @@ class _Walk:
 
     def _reshard(self, ctx: RuleContext, node: Node, op, operands: list[TensorSharding], conflict: RuleConflict):
         """Resolve ``conflict`` by moving one operand: the rule again with it as if replicated (so it is consumed
-        gathered, then sliced locally), for the operand cheapest to gather; or the conflict error."""
+        in the layout the rule then needs: moved by an all-to-all, or gathered and sliced locally), for the operand
+        cheapest to move; or the conflict error."""
         if self.conflicts != "reshard":
             raise self._conflict(node, conflict) from None
         avals = self.graph.avals
@@ -293,7 +308,7 @@ class _Walk:
                 result, outputs = self._apply(ctx, node, op, trial)
             except RuleConflict:
                 continue
-            moved = math.prod(avals[node.operands[k]].shape) * (1 - 1 / count)
+            moved = _elements_moved(avals[node.operands[k]].shape, sharding.layout, result.needs[k], self.mesh_shape)
             options.append((moved, -k, result, outputs))
         if not options:
             raise self._conflict(node, conflict) from None

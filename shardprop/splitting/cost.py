@@ -21,7 +21,7 @@ import numpy as np
 
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval, Node
-from ..propagation.sharding import Layout, block_shape, common_layout, shard_count
+from ..propagation.sharding import Layout, block_shape, is_all_to_all, moved_axes, received_layout, shard_count
 from .collectives import Collective, CollectiveKind
 from .decisions import Decisions
 
@@ -68,14 +68,51 @@ def total_moved(transfers: Iterable[Transfer]) -> float:
     return sum(t.moved_bytes for t in transfers)
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """How a value held as ``have`` reaches a consumer that needs ``want``: ``kind`` (an all-gather, an
+    all-to-all, or None when ``want`` is a local slice of ``have``) over ``mesh_axes``, arriving laid out as
+    ``received`` (``want`` is a local slice of it)."""
+
+    kind: TransferKind | None
+    mesh_axes: tuple[str, ...]
+    received: Layout
+
+    @property
+    def short(self) -> str:
+        """``gather i*j``, ``all-to-all i`` (for tables and graph edges)."""
+        verb = {None: "slice", TransferKind.ALL_GATHER: "gather", TransferKind.ALL_TO_ALL: "all-to-all"}[self.kind]
+        return f"{verb} {'*'.join(self.mesh_axes)}".rstrip()
+
+    def __str__(self) -> str:
+        axes = "*".join(self.mesh_axes)
+        return {None: "a local slice", TransferKind.ALL_GATHER: f"gathered over {axes}",
+                TransferKind.ALL_TO_ALL: f"all-to-all over {axes}"}[self.kind]
+
+
+def movement(have: Layout, want: Layout) -> Move:
+    """The :class:`Move` from ``have`` to ``want`` (see ``received_layout``).
+
+    >>> str(movement((("i",), ("j",)), (("i",), ())))
+    'gathered over j'
+    >>> str(movement(((), ("i",)), (("i",), ())))
+    'all-to-all over i'
+    """
+    received, axes = received_layout(have, want), moved_axes(have, want)
+    if not axes:
+        return Move(None, (), received)
+    return Move(TransferKind.ALL_TO_ALL if is_all_to_all(have, want) else TransferKind.ALL_GATHER, axes, received)
+
+
 def gathered_axes(have: Layout, want: Layout) -> tuple[str, ...]:
-    """The mesh axes a value held as ``have`` is gathered over so that ``want`` is a local slice of it.
+    """The mesh axes a value held as ``have`` is gathered over so that ``want`` is a local slice of it (none
+    when it needs no move, or an all-to-all moves it).
 
     >>> gathered_axes((("i",), ("j",)), (("i",), ()))
     ('j',)
     """
-    moved_to = common_layout(have, want)
-    return tuple(name for h, t in zip(have, moved_to, strict=True) for name in h[len(t):])
+    move = movement(have, want)
+    return move.mesh_axes if move.kind is TransferKind.ALL_GATHER else ()
 
 
 _HLO_DTYPE = {"bool": "pred", "bfloat16": "bf16"}
@@ -112,26 +149,25 @@ def transfer(kind: TransferKind, mesh_axes: tuple[str, ...], aval: Aval, layout:
     return Transfer(kind, in_mesh_order, n, shape, hlo_dtype_name(aval.dtype), nbytes, moved(kind, n, nbytes))
 
 
-def gather_transfer(view: Decisions, value: int, have: Layout, want: Layout) -> Transfer | None:
-    """The all-gather that brings ``value`` from ``have`` to a layout ``want`` is a local slice of (None:
-    nothing to gather)."""
-    axes = gathered_axes(have, want)
-    if not axes:
+def move_transfer(view: Decisions, value: int, have: Layout, want: Layout) -> Transfer | None:
+    """The collective that brings ``value`` from ``have`` to a layout ``want`` is a local slice of (an
+    all-gather, or an all-to-all when only tensor axes change; None: nothing to move)."""
+    move = movement(have, want)
+    if move.kind is None:
         return None
-    return transfer(TransferKind.ALL_GATHER, axes, view.graph.avals[value], common_layout(have, want),
-                    view.mesh_shape)
+    return transfer(move.kind, move.mesh_axes, view.graph.avals[value], move.received, view.mesh_shape)
 
 
-def gather_bytes(view: Decisions, value: int, have: Layout, want: Layout) -> float:
-    """Bytes one device receives when ``value``, held as ``have``, is gathered so that ``want`` is a local
-    slice of it (ring all-gather: ``(n-1)/n`` of the gathered block)."""
-    found = gather_transfer(view, value, have, want)
+def move_bytes(view: Decisions, value: int, have: Layout, want: Layout) -> float:
+    """Bytes one device receives when ``value``, held as ``have``, is moved so that ``want`` is a local slice of
+    it (ring model: ``(n-1)/n`` of the gathered block for an all-gather, of the kept block for an all-to-all)."""
+    found = move_transfer(view, value, have, want)
     return 0.0 if found is None else found.moved_bytes
 
 
-def node_gather_bytes(view: Decisions, node: Node) -> float:
+def node_move_bytes(view: Decisions, node: Node) -> float:
     """Bytes one device receives to bring every operand of ``node`` into the layout ``view`` says it needs."""
-    return sum(gather_bytes(view, v, view.layout(v), need) for v, need in view.edges(node))
+    return sum(move_bytes(view, v, view.layout(v), need) for v, need in view.edges(node))
 
 
 def collective_transfers(view: Decisions, node: Node, collective: Collective) -> list[Transfer]:
@@ -184,7 +220,7 @@ def stage_estimate(plan, stage, seen: set | None = None) -> list[Transfer]:
     seen = set() if seen is None else seen
     out: list[Transfer] = []
     for i in stage.inputs:
-        found = gather_transfer(plan, i.value, plan.layout(i.value), i.layout)
+        found = move_transfer(plan, i.value, plan.layout(i.value), i.layout)
         if found is not None and (i.value, i.layout) not in seen:
             seen.add((i.value, i.layout))
             out.append(found)

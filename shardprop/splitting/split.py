@@ -22,7 +22,7 @@ from ..errors import OptionError
 from ..expr.graph import CONSTANT, PARAMETER
 from ..gc_pause import gc_paused
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, common_layout, layout_refines
+from ..propagation.sharding import Layout, layout_refines, received_layout
 from .collectives import Strategy
 from .decisions import Decisions
 from ..ops import lookup
@@ -126,7 +126,7 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
             if nodes[p].op == CONSTANT:
                 constants[s].add(p)
             elif nodes[p].op == PARAMETER or stage_of[p] != s:
-                layout_in = common_layout(decisions.layout(v), need)
+                layout_in = received_layout(decisions.layout(v), need)
                 if (v, layout_in) not in inputs[s]:
                     inputs[s][(v, layout_in)] = StageInput(v, layout_in, export(v))
 

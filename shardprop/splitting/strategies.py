@@ -17,9 +17,9 @@ collective finishes a primitive, which operand layouts give an output layout) is
 from __future__ import annotations
 
 from ..ops import lookup
-from ..propagation.sharding import Layout, common_layout, layout_refines, shard_count
+from ..propagation.sharding import Layout, layout_refines, received_layout, shard_count
 from .collectives import Collective, CollectiveKind
-from .cost import collective_bytes, gather_bytes, node_gather_bytes
+from .cost import collective_bytes, move_bytes, node_move_bytes
 from .decisions import Decisions, Draft
 
 
@@ -34,7 +34,7 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
         op = lookup(node.op)
         found = op.finish(decisions, node) if op.finish is not None else None
         if found is not None and (not only_if_cheaper or collective_bytes(decisions, node, found[1])
-                                  <= node_gather_bytes(decisions, node)):
+                                  <= node_move_bytes(decisions, node)):
             needs[node.id], collectives[node.id] = found
     return decisions.revised(needs=needs, collectives=collectives)
 
@@ -78,7 +78,7 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
 
     def cheapest(v: int, target: Layout) -> tuple[float, list]:
         """Bytes to have ``v`` in ``target``, and the pulls (node, operand needs, value, layout) to get there."""
-        direct = gather_bytes(draft, v, draft.layout(v), target)
+        direct = move_bytes(draft, v, draft.layout(v), target)
         p = nodes[producer[v]]
         op = lookup(p.op)
         if (v in outputs or len(consumers[v]) != 1 or len(p.outputs) != 1 or p.id in draft.need_overrides
@@ -90,7 +90,7 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
         total, steps = 0.0, [(p.id, pulled, v, target)]
         for u, need in zip(p.operands, pulled, strict=True):
             if not layout_refines(draft.layout(u), need):
-                cost, more = cheapest(u, common_layout(draft.layout(u), need))
+                cost, more = cheapest(u, received_layout(draft.layout(u), need))
                 total += cost
                 steps += more
         return (total, steps) if total < direct else (direct, [])
@@ -98,7 +98,7 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
     for consumer in reversed(nodes):
         for v, need in draft.edges(consumer):
             if not layout_refines(draft.layout(v), need):
-                for node_id, pulled, value, target in cheapest(v, common_layout(draft.layout(v), need))[1]:
+                for node_id, pulled, value, target in cheapest(v, received_layout(draft.layout(v), need))[1]:
                     draft.set_needs(node_id, pulled)
                     draft.hold(value, target)
     return draft.frozen()
