@@ -265,3 +265,16 @@ def test_a_constraint_under_jax_grad_and_inside_a_scan(mesh):
     want_carry, want_ys = scanned(A)
     np.testing.assert_allclose(float(carry), float(want_carry), rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(ys), np.asarray(want_ys))
+
+
+def test_explain_names_the_constraint_an_unannotated_argument_adopted(mesh):
+    def layer(x, w):
+        h = jnp.tanh(x @ w)
+        return jax.lax.with_sharding_constraint(h, jax.sharding.NamedSharding(mesh, P("i", "j")))  # PIN_LINE
+
+    prog = sp.autoshard(layer, mesh=mesh, in_specs=(None, None)).trace(A, W)
+    line = next(k for k, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# PIN_LINE"))
+    why = str(sp.explain(prog, prog.sharded.graph.inputs[0]))
+    assert f"its axis 0 adopted i from the sharding constraint at test_steering.py:{line}" in why
+    meet = sp.autoshard(jnp.add, mesh=mesh, in_specs=(None, P("i"))).trace(A, A)
+    assert "adopted i where it meets a sharded operand of `add`" in str(sp.explain(meet, meet.sharded.graph.inputs[0]))

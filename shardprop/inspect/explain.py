@@ -159,17 +159,24 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded) -> tuple[str, tup
     origin = trace_origin(plan.graph, sharded.shardings, v, axis)
     steps = tuple(Step(u, k, n.op, sharded.rules[n.id], n.source) for u, k, n in origin.steps)
     root, names = origin.value, "*".join(a.mesh_axes)
+    met = sharded.adoptions.get((root, origin.axis))
+    if met is None:
+        where_from = "from the ops it meets"
+    else:
+        node = plan.graph.nodes[met]
+        where_from = (f"from the sharding constraint at {_where(node.source)}" if node.op == "sharding_constraint"
+                      else f"where it meets a sharded operand of `{node.op}` at {_where(node.source)}")
     if origin.is_argument:
         index = origin.node.params["index"]
         if sharded.is_unannotated_input(root):
             text = (f"argument {index} ({value_name(root)}) is unannotated; its axis {origin.axis} adopted {names} "
-                    "from the ops it meets")
+                    f"{where_from}")
         else:
             text = (f"argument {index} ({value_name(root)}) has spec {sharded.spec(root)}; this is its axis "
                     f"{origin.axis}")
     else:
         text = (f"`{origin.node.op}` at {_where(origin.node.source)} created {value_name(root)} axis "
-                f"{origin.axis}, unannotated; it adopted {names} from the ops it meets")
+                f"{origin.axis}, unannotated; it adopted {names} {where_from}")
     return text, steps
 
 

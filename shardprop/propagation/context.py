@@ -51,11 +51,12 @@ class _Created:
 CREATED = _Created()
 
 class OpenTracker:
-    """Union-find over open axes, and the shardings each class of open axes has met (pass 1 only)."""
+    """Union-find over open axes, and the shardings each class of open axes has met (pass 1 only), each with
+    the first node that met it (to say where an adopted sharding came from)."""
 
     def __init__(self):
         self.parent: dict[tuple[int, int], tuple[int, int]] = {}
-        self.requests: dict[tuple[int, int], set[tuple[str, ...]]] = {}
+        self.requests: dict[tuple[int, int], dict[tuple[str, ...], int | None]] = {}
 
     def find(self, key):
         parent = self.parent.setdefault(key, key)
@@ -70,17 +71,24 @@ class OpenTracker:
         root = roots[0]
         for other in roots[1:]:
             self.parent[other] = root
-            self.requests.setdefault(root, set()).update(self.requests.pop(other, ()))
+            met = self.requests.setdefault(root, {})
+            for mesh_axes, node in self.requests.pop(other, {}).items():
+                met.setdefault(mesh_axes, node)
         return opens[0] if len(roots) == 1 and opens[0].key == root else Open(root)
 
-    def request(self, open_axis: Open, mesh_axes: tuple[str, ...]) -> None:
-        self.requests.setdefault(self.find(open_axis.key), set()).add(mesh_axes)
+    def request(self, open_axis: Open, mesh_axes: tuple[str, ...], node: int | None = None) -> None:
+        self.requests.setdefault(self.find(open_axis.key), {}).setdefault(mesh_axes, node)
 
     def resolution(self, key) -> tuple[str, ...] | None:
         """The mesh axes an open axis should take: the one sharding its class met, or None (replicate)
         when it met none or several (several would be a conflict; replicated is compatible with all)."""
         met = self.requests.get(self.find(key), ())
         return next(iter(met)) if len(met) == 1 else None
+
+    def adopted_from(self, key) -> int | None:
+        """The node whose sharding the open axis ``key`` adopts (see :meth:`resolution`), if known."""
+        met = self.requests.get(self.find(key), {})
+        return next(iter(met.values())) if len(met) == 1 else None
 
 
 class RuleContext:
@@ -90,12 +98,13 @@ class RuleContext:
     is laid out on matters there, so ``derive`` hands back its first source unchanged.
     """
 
-    __slots__ = ("in_avals", "out_avals", "mesh_shape", "lineage", "propagate_body", "_ids", "_opens")
+    __slots__ = ("in_avals", "out_avals", "mesh_shape", "lineage", "propagate_body", "node", "_ids", "_opens")
 
     def __init__(self, in_avals: tuple[Aval, ...], out_avals: tuple[Aval, ...], mesh_shape, ids, opens,
                  lineage: bool = True, propagate_body=None):
         self.in_avals, self.out_avals, self.mesh_shape = in_avals, out_avals, mesh_shape
         self._ids, self._opens, self.lineage = ids, opens, lineage
+        self.node: int | None = None  # the node whose rule runs (set by the walk)
         # propagate_body(graph, input_layouts) -> ShardedGraph: shards a sub-computation on the same mesh.
         self.propagate_body = propagate_body
 
@@ -133,7 +142,7 @@ class RuleContext:
     def request(self, open_axis: Open, mesh_axes: tuple[str, ...]) -> None:
         """An annotation inside the graph (a sharding constraint) asks that ``open_axis`` be laid out over
         ``mesh_axes`` (``()``: replicated), as an input spec does for the axes it meets."""
-        self._opens.request(open_axis, mesh_axes)
+        self._opens.request(open_axis, mesh_axes, self.node)
 
     def carry(self, axis: int, size: int, source: AxisSharding) -> AxisSharding:
         """One operand axis passes to output ``axis`` unchanged (new shards, the operand's as parents)."""
@@ -175,7 +184,7 @@ class RuleContext:
                                              f"{_names(axes)}", (finest, axes))
                 finest = axes
             for open_axis in opens:
-                self._opens.request(open_axis, finest)
+                self._opens.request(open_axis, finest, self.node)
             return self.derive(axis, size, sharded)
         if opens:
             return self._opens.union(opens)

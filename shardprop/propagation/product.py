@@ -42,6 +42,9 @@ class ShardedGraph:
     bodies: Mapping[int, ShardedGraph] = field(default_factory=dict)
     # Conflicts resolved by moving an operand: node id -> (operand index, the conflict's message).
     reshards: Mapping[int, tuple[int, str]] = field(default_factory=dict)
+    # Axes created open (unannotated arguments, new axes) that adopted a sharding: (value, axis) -> the node
+    # where they met it (a sharding constraint, an op with a sharded operand).
+    adoptions: Mapping[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def mesh_shape(self) -> dict[str, int]:

@@ -170,7 +170,8 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
             raise detailed from None
         raise plain from None
     try:
-        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts)
+        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts,
+                      adopted_from=first.opens.adopted_from)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
@@ -178,7 +179,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts)
         final.run()
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
-                        frozenset(final.fallbacks), final.bodies, final.reshards)
+                        frozenset(final.fallbacks), final.bodies, final.reshards, final.adoptions)
 
 
 def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh) -> ShardedGraph:
@@ -190,8 +191,10 @@ class _Walk:
     every created axis to the mesh axes ``resolve((value, axis))`` returns (None: replicated)."""
 
     def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
-                 opens: OpenTracker | None = None, resolve=None, conflicts: str = "error"):
+                 opens: OpenTracker | None = None, resolve=None, conflicts: str = "error", adopted_from=None):
         self.conflicts = conflicts
+        self.adopted_from = adopted_from
+        self.adoptions: dict[tuple[int, int], int] = {}  # (value, axis) -> the node whose sharding it adopted
         self.reshards: dict[int, tuple[int, str]] = {}  # node id -> (operand moved, the conflict's message)
         self.graph, self.mesh_shape, self.input_layouts = graph, mesh_shape, input_layouts
         self.propagate_body = propagate_body
@@ -211,6 +214,7 @@ class _Walk:
                           propagate_body=self.propagate_body)
         records: dict = {}  # primitive name -> its record, looked up once per walk
         for node in self.graph.nodes:
+            ctx.node = node.id
             out_avals = ctx.out_avals = tuple([avals[v] for v in node.outputs])
             ctx.in_avals = tuple([avals[v] for v in node.operands])
             if node.op == PARAMETER:
@@ -272,6 +276,9 @@ class _Walk:
                 if fits and not used.intersection(mesh_axes):
                     axes[k] = ctx.root(k, sharding.shape[k], mesh_axes)
                     used.update(mesh_axes)
+                    source = None if self.adopted_from is None else self.adopted_from((value, k))
+                    if source is not None:
+                        self.adoptions[(value, k)] = source
                 else:
                     axes[k] = None
         return TensorSharding(sharding.shape, tuple(axes))
