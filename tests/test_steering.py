@@ -155,7 +155,8 @@ def test_out_specs_pin_the_outputs_and_propagate_backwards(mesh):
 
 @pytest.mark.parametrize("out_specs,error,message", [
     ((P("i"),), sp.SpecTreeError, "is not a pytree prefix of the outputs"),
-    ((P("q"), None), sp.UnknownMeshAxisError, r"out_specs for output 0 \(call at test_steering.py:\d+\): spec P\('q',\) names mesh axis 'q'"),
+    ((P("q"), None), sp.UnknownMeshAxisError,
+     r"out_specs for output 0 \(call at test_steering.py:\d+\): spec P\('q',\) names mesh axis 'q'"),
     ((None, P("i", "j")), sp.SpecRankError, "out_specs for output 1"),
     ((P("i"), "i"), sp.SpecTreeError, "neither a PartitionSpec nor None"),
 ])
