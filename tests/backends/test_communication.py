@@ -23,6 +23,9 @@ S = jax.ShapeDtypeStruct
     ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0', 'axis_1'}, use_global_device_ids=true", ("i", "j"), 8),
     ("replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_0'}, dims", ("j",), 2),
     ("replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_2'}, dims", ("i",), 4),
+    # a sub-axis (Shardy's 'name':(pre-size)size): XLA exchanging data over part of a mesh axis
+    ("replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([2,2,2]T(0,2,1)) {'axis_1':(2)2}, ch", ("i",), 2),
+    ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0':(1)2}, ch", ("i",), 2),
 ])
 def test_replica_groups_in_every_spelling_name_our_mesh_axes(text, axes, size):
     assert _groups(text, ("i", "j"), (4, 2)) == (axes, size)
@@ -87,3 +90,18 @@ def test_comparison_prints_both_programs_side_by_side(mesh):
     text = str(sp.compare_with_jit(nx_example, mesh, (P("i", "j"), P("i", "j")), *(S((64, 64), jnp.float32),) * 2))
     assert "shardprop" in text and "jax.jit" in text
     assert text.count("all-reduce over") == 4
+
+
+@pytest.mark.parametrize("strategy", ["gather", "collective", "auto"])
+def test_a_value_whose_mesh_axes_change_tensor_axes_moves_by_all_to_all(strategy, mesh):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.ReshardWarning)
+        prog = sp.autoshard(lambda x: x + x.T, mesh=mesh, in_specs=(P("i"),), strategy=strategy).trace(
+            S((256, 256), jnp.float32))
+    key = lambda t: (t.kind, t.mesh_axes, t.bytes, t.moved_bytes)  # noqa: E731
+    measured = list(map(key, prog.communication()))
+    assert measured == list(map(key, prog.estimated_communication()))
+    assert measured == [("all-to-all", ("i",), 256 * 64 * 4, 256 * 64 * 4 * 3 / 4)]  # a quarter of a gather
+    assert "all-to-all over i: [256,256@i] -> [256@i,256]" in str(prog.graph)
