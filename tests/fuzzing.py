@@ -3,8 +3,10 @@
 A program is plain source code (so a failure prints as a reproducer): ``def f(x0, x1): ...`` built from
 elementwise ops with broadcasting, reductions (``any``/``all`` of comparisons too), ``dot_general`` with
 random dimension numbers, reshape, transpose, slice, pad, concatenate, cumsum, select, iota and gather, over
-float32 values whose shapes are tracked as the program grows. Shapes mix sizes that the meshes divide and
-sizes they do not.
+float32 values whose shapes are tracked as the program grows — and, given a mesh, sharding constraints
+(``constrain(v, P(...))``: ``jax.lax.with_sharding_constraint`` on the program's mesh; the unsharded reference
+runs without them, as JAX refuses a constraint that does not divide even unsharded).
+Shapes mix sizes that the meshes divide and sizes they do not.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Program:
     lines: tuple[str, ...]
     outputs: tuple[str, ...]
     ops: tuple[str, ...]  # the op kinds used, for statistics
+
+    values: tuple[Value, ...] = ()  # every value: the inputs and each one computed
 
     @property
     def source(self) -> str:
@@ -67,6 +71,16 @@ def binary(draw, pool):
         return None
     fn = draw(st.sampled_from(["({} + {})", "({} - {})", "({} * {})", "jnp.maximum({}, {})", "jnp.minimum({}, {})"]))
     return "broadcasting", fn.format(a.name, b.name), shape
+
+
+def meet(draw, pool):
+    """Two arguments of one shape combined elementwise: where their layouts differ, a sharding conflict."""
+    inputs = [v for v in pool if v.name.startswith("x")]
+    pairs = [(a, b) for a in inputs for b in inputs if a.name < b.name and a.shape == b.shape]
+    if not pairs:
+        return None
+    a, b = draw(st.sampled_from(pairs))
+    return "meet", f"({a.name} * {b.name})", a.shape
 
 
 def select(draw, pool):
@@ -195,11 +209,24 @@ def gather(draw, pool):
     return "gather", f"jnp.take({v.name}, np.array({idx}), axis={k})", shape
 
 
-OPS = [unary, binary, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather]
+OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather]
+
+
+def constraint(mesh_shape: dict[str, int]):
+    """A sharding constraint on a value of the pool, with a random spec over ``mesh_shape``'s axes."""
+    def op(draw, pool):
+        v = draw(st.sampled_from(pool))
+        spec = draw(specs_for(v.shape, mesh_shape))
+        if spec is None:
+            return None
+        return "constraint", f"constrain({v.name}, {spec!r})", v.shape
+    return op
 
 
 @st.composite
-def programs(draw, max_ops: int = 6) -> Program:
+def programs(draw, max_ops: int = 6, mesh_shape: dict[str, int] | None = None) -> Program:
+    """A random program; with ``mesh_shape``, sharding constraints on that mesh among its ops."""
+    ops = OPS if mesh_shape is None else [*OPS, constraint(mesh_shape), constraint(mesh_shape)]
     n_inputs = draw(st.integers(1, 3))
     rank = draw(st.integers(1, 3))
     base = tuple(draw(st.sampled_from(SIZES)) for _ in range(rank))
@@ -217,7 +244,7 @@ def programs(draw, max_ops: int = 6) -> Program:
     pool = list(inputs)
     lines, kinds = [], []
     for step in range(draw(st.integers(1, max_ops))):
-        op = draw(st.sampled_from(OPS))
+        op = draw(st.sampled_from(ops))
         made = op(draw, pool)
         if made is None:
             continue
@@ -230,7 +257,7 @@ def programs(draw, max_ops: int = 6) -> Program:
         pool.append(Value(name, tuple(shape)))
     computed = [v.name for v in pool[n_inputs:]] or [inputs[0].name]
     outputs = tuple(draw(st.lists(st.sampled_from(computed), min_size=1, max_size=2, unique=True)))
-    return Program(tuple(inputs), tuple(lines), outputs, tuple(kinds))
+    return Program(tuple(inputs), tuple(lines), outputs, tuple(kinds), tuple(pool))
 
 
 @st.composite
@@ -276,6 +303,20 @@ def related_spec(draw, spec, shape: tuple[int, ...], mesh_shape: dict[str, int])
                 axes = (*axes, draw(st.sampled_from(extra)))
                 used.add(axes[-1])
         out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return P(*out)
+
+
+@st.composite
+def permuted_spec(draw, spec, shape: tuple[int, ...], mesh_shape: dict[str, int]):
+    """Another input's ``spec`` with its entries moved to other axes (where they divide): the layouts of ``x``
+    and ``x.T`` — a sharding conflict wherever the two meet elementwise."""
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    order = draw(st.permutations(range(len(shape))))
+    out = []
+    for n, k in zip(shape, order, strict=True):
+        entry = entries[k]
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        out.append(entry if n % math.prod(mesh_shape[x] for x in names) == 0 else None)
     return P(*out)
 
 

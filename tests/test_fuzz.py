@@ -1,8 +1,11 @@
 """Differential fuzzing: random programs, shapes, meshes, in_specs and strategies through ``sp.autoshard``,
 compared with the unsharded function. The only acceptable outcomes are *equal* and a typed shardprop error for a
-genuinely bad input (a sharding conflict, an indivisible spec); anything else fails, and hypothesis shrinks
-it to a minimal program printed as plain jax.numpy code. Conflicts are counted (``--hypothesis-show-statistics``)
-and fail when one layout refines the other (a local slice resolves those: they are not bad inputs).
+genuinely bad input (a sharding conflict under ``conflicts="error"``, an indivisible spec); anything else
+fails, and hypothesis shrinks it to a minimal program printed as plain jax.numpy code. Programs carry sharding
+constraints and ``out_specs`` too (outputs must come back with exactly those shardings). Conflicts resolved by
+moving an operand (the default) and conflicts refused under ``conflicts="error"`` are counted
+(``--hypothesis-show-statistics``); a refused conflict fails when one layout refines the other (a local slice
+resolves those: they are not bad inputs).
 
 Budgets: the default run checks 100 programs (derandomised, so CI is repeatable). Set
 ``SHARDPROP_FUZZ_EXAMPLES=10000`` for the long run (random seeds); docs/reliability.md records its figures.
@@ -17,12 +20,14 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from shardprop.propagation.sharding import is_refinement
 from shardprop.splitting.split import STRATEGIES
 from tests.conftest import MESH_SHAPES
-from tests.fuzzing import programs, random_inputs, related_spec, specs_for
+from tests.fuzzing import permuted_spec, programs, random_inputs, related_spec, specs_for
 
 LONG = int(os.environ.get("SHARDPROP_FUZZ_EXAMPLES", "0"))
 EXAMPLES = LONG or 100
@@ -30,33 +35,66 @@ EXAMPLES = LONG or 100
 
 @st.composite
 def cases(draw):
-    program = draw(programs())
     mesh_name = draw(st.sampled_from(sorted(MESH_SHAPES)))
     shape = dict(zip(MESH_SHAPES[mesh_name][1], MESH_SHAPES[mesh_name][0], strict=True))
+    program = draw(programs(mesh_shape=shape))
     specs: list = []
     for v in program.inputs:
         earlier = [(u, spec) for u, spec in zip(program.inputs[: len(specs)], specs, strict=True)
                    if spec is not None and u.shape == v.shape]
-        if earlier and draw(st.integers(0, 2)) == 0:  # a layout related to another input's
+        how = draw(st.integers(0, 3)) if earlier else 3
+        if how == 0:  # a layout related to another input's: they must never conflict
             specs.append(draw(related_spec(draw(st.sampled_from(earlier))[1], v.shape, shape)))
+        elif how == 1:  # another input's layout on other axes: a conflict where they meet
+            specs.append(draw(permuted_spec(draw(st.sampled_from(earlier))[1], v.shape, shape)))
         else:
             specs.append(draw(specs_for(v.shape, shape)))
     specs = tuple(specs)
     strategy = draw(st.sampled_from(STRATEGIES))
-    return program, mesh_name, specs, strategy
+    shapes = {v.name: v.shape for v in program.values}
+    out_specs = None
+    if draw(st.integers(0, 3)) == 0:
+        out_specs = tuple(draw(specs_for(shapes[name], shape)) for name in program.outputs)
+    options = {"strategy": strategy, "out_specs": out_specs,
+               "conflicts": draw(st.sampled_from(["reshard", "reshard", "reshard", "error"]))}
+    return program, mesh_name, specs, options
 
 
-def reproducer(program, mesh_name, specs, strategy) -> str:
+CONSTRAIN = "def constrain(x, spec):\n    return jax.lax.with_sharding_constraint(x, NamedSharding(MESH, spec))\n"
+
+
+def namespace_for(mesh, *, reference: bool = False) -> dict:
+    """What a generated program's source refers to: ``constrain`` a sharding constraint on ``mesh`` — or, for
+    the unsharded reference, nothing at all."""
+    namespace = {"jnp": jnp, "np": np, "lax": lax, "jax": jax, "NamedSharding": NamedSharding, "P": P, "MESH": mesh}
+    if reference:
+        namespace["constrain"] = lambda x, spec: x
+    else:
+        exec(CONSTRAIN, namespace)  # noqa: S102
+    return namespace
+
+
+def program_functions(program, mesh):
+    """``(f, unconstrained f)``: the generated program, and the same without its sharding constraints."""
+    sharded, reference = namespace_for(mesh), namespace_for(mesh, reference=True)
+    exec(program.source, sharded)  # noqa: S102  the generated program
+    exec(program.source, reference)  # noqa: S102
+    return sharded["f"], reference["f"]
+
+
+def reproducer(program, mesh_name, specs, options) -> str:
     """The failing case as a script a user can run."""
     shape, names = MESH_SHAPES[mesh_name]
     args = ", ".join(f"rng.normal(size={v.shape}).astype(np.float32)" for v in program.inputs)
     return "\n".join([
         "import jax", 'jax.config.update("jax_num_cpu_devices", 8)',
         "import jax.numpy as jnp, numpy as np", "from jax import lax",
-        "from jax.sharding import PartitionSpec as P", "import shardprop as sp", "", program.source,
-        "rng = np.random.default_rng(0)", f"args = ({args},)", f"mesh = sp.make_mesh({shape}, {names})",
-        f"got = sp.autoshard(f, mesh=mesh, in_specs={specs!r}, strategy={strategy!r})(*args)",
-        "want = f(*map(jnp.asarray, args))",
+        "from jax.sharding import NamedSharding, PartitionSpec as P", "import shardprop as sp",
+        f"MESH = sp.make_mesh({shape}, {names})", "", CONSTRAIN, program.source,
+        "rng = np.random.default_rng(0)", f"args = ({args},)",
+        f"got = sp.autoshard(f, mesh=MESH, in_specs={specs!r}, "
+        + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")(*args)",
+        "constrain = lambda x, spec: x  # the unsharded reference", "want = f(*map(jnp.asarray, args))",
         "for g, w in zip(got, want):", "    np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-4)", ""])
 
 
@@ -65,20 +103,22 @@ def reproducer(program, mesh_name, specs, strategy) -> str:
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases())
 def test_random_programs_equal_the_unsharded_result(case, meshes):
-    program, mesh_name, specs, strategy = case
-    note(reproducer(program, mesh_name, specs, strategy))
-    namespace = {"jnp": jnp, "np": np, "lax": lax}
-    exec(program.source, namespace)  # noqa: S102  the generated program
-    f = namespace["f"]
+    program, mesh_name, specs, options = case
+    mesh = meshes[mesh_name]
+    note(reproducer(program, mesh_name, specs, options))
+    f, unconstrained = program_functions(program, mesh)
     args = random_inputs(program)
-    want = f(*map(jnp.asarray, args))
+    want = unconstrained(*map(jnp.asarray, args))
     for kind in set(program.ops):
         event(f"op: {kind}")
-    event(f"strategy: {strategy}")
+    event(f"strategy: {options['strategy']}")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("ignore", sp.FallbackWarning)
-            got = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, strategy=strategy)(*args)
+            warnings.simplefilter("always", sp.ReshardWarning)
+            got = sp.autoshard(f, mesh=mesh, in_specs=specs, **options)(*args)
+        resolved = sum(issubclass(w.category, sp.ReshardWarning) for w in caught)
+        event(f"conflicts resolved: {min(resolved, 3)}{'+' if resolved > 3 else ''}")
     except sp.IndivisibleAxisError:
         event("outcome: IndivisibleAxisError")
         return
@@ -92,8 +132,58 @@ def test_random_programs_equal_the_unsharded_result(case, meshes):
         assert not resolvable, f"a local slice resolves this conflict:\n{err}"
         return
     event("outcome: equal")
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+    out_specs = options["out_specs"] or (None,) * len(program.outputs)
+    for g, w, spec in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), out_specs, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
+        if spec is not None:  # out_specs: exactly that sharding
+            assert g.sharding.is_equivalent_to(NamedSharding(mesh, spec), g.ndim), (g.sharding, spec)
         w = np.asarray(w)
         # float32 sums reassociated across blocks: tolerance relative to the result's magnitude.
         np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + float(np.max(np.abs(w), initial=0))))
+
+
+@st.composite
+def conflicts(draw):
+    """Two arguments of one shape whose layouts put the same mesh axes on other tensor axes, met elementwise
+    (then reduced or contracted, so the resolution's layout flows on)."""
+    mesh_name = draw(st.sampled_from(sorted(MESH_SHAPES)))
+    mesh_shape = dict(zip(MESH_SHAPES[mesh_name][1], MESH_SHAPES[mesh_name][0], strict=True))
+    shape = tuple(draw(st.sampled_from([8, 16])) for _ in range(draw(st.integers(2, 3))))
+    names = draw(st.permutations(list(mesh_shape)))[: draw(st.integers(1, min(len(mesh_shape), len(shape))))]
+    dims = draw(st.permutations(range(len(shape))))
+    entries = [None] * len(shape)
+    for d, name in zip(dims, names, strict=False):
+        entries[d] = name
+    turn = draw(st.integers(1, len(shape) - 1))  # the same entries on other axes (sizes 8, 16: they divide)
+    spec, other = P(*entries), P(*(entries[turn:] + entries[:turn]))
+    tail = draw(st.sampled_from(["v", "jnp.sum(v, axis=0)", "jnp.tanh(v) @ jnp.swapaxes(v, -1, -2)",
+                                 "jnp.max(v, axis=-1)"]))
+    return mesh_name, shape, (spec, other), tail, draw(st.sampled_from(STRATEGIES))
+
+
+@settings(max_examples=max(EXAMPLES // 4, 25), deadline=None, derandomize=not LONG, print_blob=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much])
+@given(case=conflicts())
+def test_conflicts_are_resolved_by_moving_an_operand(case, meshes):
+    mesh_name, shape, specs, tail, strategy = case
+    source = f"def f(x0, x1):\n    v = x0 * x1\n    return {tail}\n"
+    note(f"{source}\nmesh {mesh_name}, shape {shape}, in_specs {specs}, strategy {strategy}")
+    namespace = namespace_for(meshes[mesh_name])
+    exec(source, namespace)  # noqa: S102
+    f = namespace["f"]
+    rng = np.random.default_rng(0)
+    args = [rng.normal(size=shape).astype(np.float32) for _ in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", sp.ReshardWarning)
+        got = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, strategy=strategy)(*args)
+    resolved = sum(issubclass(w.category, sp.ReshardWarning) for w in caught)
+    event(f"conflicts resolved: {resolved}")
+    want = np.asarray(f(*map(jnp.asarray, args)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=1e-4 * (1 + float(np.max(np.abs(want)))))
+    if resolved:  # the same program halts when asked to
+        try:
+            sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, strategy=strategy, conflicts="error")(*args)
+        except sp.ShardingConflictError:
+            return
+        raise AssertionError("a conflict resolved by default did not halt under conflicts='error'")

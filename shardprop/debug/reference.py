@@ -19,6 +19,8 @@ import numpy as np
 from ..errors import OptionError, ReferenceEvaluationError
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, Node, short_source
+from ..ops import has_record, lookup
+from ..ops.opdef import Family
 from ..splitting import Plan, Stage
 
 
@@ -115,6 +117,8 @@ def bind_whole(node: Node, operands: list, reference: bool = False) -> list:
     failure (a host callback of the user's raising, say) is a :class:`ReferenceEvaluationError` naming it."""
     if node.op == CONSTANT:
         return [np.asarray(node.params["value"])]
+    if has_record(node.op) and lookup(node.op).family is Family.PLACEMENT:
+        return list(operands)  # where a value lives is not what it is: the unsharded reference keeps one device
     try:
         return jx.bind(node.primitive, operands, dict(node.params))
     except Exception as err:

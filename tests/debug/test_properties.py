@@ -9,11 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from jax import lax
 
 import shardprop as sp
 from tests.fuzzing import random_inputs
-from tests.test_fuzz import cases, reproducer
+from tests.test_fuzz import cases, program_functions, reproducer
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, print_blob=True,
@@ -21,15 +20,15 @@ from tests.test_fuzz import cases, reproducer
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases(), keep=st.sampled_from(["outputs", "all"]))
 def test_the_debugger_agrees_with_the_program_and_the_reference(case, keep, meshes):
-    program, mesh_name, specs, strategy = case
-    note(reproducer(program, mesh_name, specs, strategy))
-    namespace = {"jnp": jnp, "np": np, "lax": lax}
-    exec(program.source, namespace)  # noqa: S102  the generated program
+    program, mesh_name, specs, options = case
+    note(reproducer(program, mesh_name, specs, options))
+    f, unconstrained = program_functions(program, meshes[mesh_name])
     args = random_inputs(program)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sp.FallbackWarning)
-            prog = sp.autoshard(namespace["f"], mesh=meshes[mesh_name], in_specs=specs, strategy=strategy).trace(*args)
+            warnings.simplefilter("ignore", sp.ReshardWarning)
+            prog = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, **options).trace(*args)
     except (sp.IndivisibleAxisError, sp.ShardingConflictError):
         return  # bad inputs, as the fuzzer counts them
     dbg = prog.debug(*args, keep=keep)
@@ -40,7 +39,7 @@ def test_the_debugger_agrees_with_the_program_and_the_reference(case, keep, mesh
     table = dbg.compare()
     assert table.agree, str(table)
     assert dbg.check() == []
-    want = namespace["f"](*map(jnp.asarray, args))
+    want = unconstrained(*map(jnp.asarray, args))
     for g, w in zip(jax.tree_util.tree_leaves(dbg.outputs), jax.tree_util.tree_leaves(want), strict=True):
         w = np.asarray(w)
         np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + float(np.max(np.abs(w), initial=0))))
