@@ -115,3 +115,16 @@ def test_a_training_step_differentiated_through_the_program(mesh):
 
     sharded_loss = sp.autoshard(loss, mesh=mesh, in_specs=({"w1": P(None, "j"), "w2": P("j", "i")}, P("i")))
     close(step(params, X), jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, jax.grad(sharded_loss)(params, X)))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_transformations_through_a_resolved_conflict(mesh, strategy):
+    def symmetric_energy(x):
+        return jnp.sum(jnp.tanh(x + x.T) ** 2)
+
+    square = RNG.normal(size=(16, 16)).astype(np.float32)
+    fs = sp.autoshard(symmetric_energy, mesh=mesh, in_specs=(P("i"),), strategy=strategy)
+    close(jax.grad(fs)(square), jax.grad(symmetric_energy)(square))
+    batch = RNG.normal(size=(3, 16, 16)).astype(np.float32)
+    close(jax.vmap(fs)(batch), jax.vmap(symmetric_energy)(batch))
+    close(jax.jit(jax.grad(fs))(square), jax.grad(symmetric_energy)(square))
