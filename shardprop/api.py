@@ -13,7 +13,10 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from .calling import Convention, Traced, constrain_outputs
+from .calling import Convention, Traced, constrain_outputs, user_call_site
+from .errors import SpecError
+from .derivatives import derivatives_for
+from .expr import jax_adapter as jx
 from .expr import trace
 from .mesh import as_auto_mesh
 from .expr.trace import abstractify
@@ -25,10 +28,14 @@ from .splitting import split
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
                     strategy: str = "auto", conflicts: str = "reshard") -> Program:
     """``trace → propagate → split → lower`` for one set of argument shapes."""
-    graph = trace(f, *args)
+    with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
+        graph = trace(f, *args)
     sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts)
     plan = split(sharded, strategy=strategy)
-    return lower(plan, mesh)
+    program = lower(plan, mesh)
+    program.derivatives = derivatives_for(graph, f, sharded.in_specs, mesh=mesh, strategy=strategy,
+                                          conflicts=conflicts)
+    return program
 
 
 class AutoSharded:
@@ -55,9 +62,14 @@ class AutoSharded:
         program = self._programs.get(key)
         if program is None:
             f = constrain_outputs(self.f, self.out_specs, as_auto_mesh(self.mesh))
-            program = compile_program(call.bind(f), program_args, mesh=self.mesh,
-                                      in_specs=call.in_specs(self.in_specs, len(args)), strict=self.strict,
-                                      strategy=self.strategy, conflicts=self.conflicts)
+            try:
+                program = compile_program(call.bind(f), program_args, mesh=self.mesh,
+                                          in_specs=call.in_specs(self.in_specs, len(args)), strict=self.strict,
+                                          strategy=self.strategy, conflicts=self.conflicts)
+            except SpecError as err:  # a bad in_specs: say which call (a constraint's error names its own line)
+                if " at " in str(err):
+                    raise
+                raise type(err)(f"{err} (call at {user_call_site()})") from None
             if not call.plain:
                 program.traced = Traced(self.convention, call.statics)
             program.donate(call.donated_leaves())

@@ -86,9 +86,10 @@ class Call:
             if len(specs) >= count:  # one per parameter as called (those passed by keyword after them: None)
                 if any(s is not None for s in specs[count:]):
                     raise SpecTreeError(
-                        f"in_specs {in_specs!r} annotates parameter(s) {count} and later, but the call passes "
-                        f"only {count} positionally: keyword arguments are unannotated (pass it positionally to "
-                        "annotate it)")
+                        f"in_specs {in_specs!r} annotates {len(specs)} positional argument(s), but the call at "
+                        f"{user_call_site()} passes {count} positionally and the others by keyword: keyword "
+                        "arguments are unannotated (as jax.jit's in_shardings cover positional arguments only); "
+                        "pass the annotated ones positionally")
                 specs = [s for i, s in enumerate(specs[:count]) if i not in self.positions]
             in_specs = tuple(specs)
         return in_specs, None
@@ -159,7 +160,16 @@ class Convention:
                          _positions("donate_argnums", donate_argnums), _names("donate_argnames", donate_argnames),
                          _parameters(fun))
         for name in set(convention.names(static=True)) & set(convention.names(static=False)):
-            raise OptionError(f"argument {name!r} is both static and donated: a static argument is not an array")
+            raise OptionError(f"argument {name!r} is both static and donated (at {user_call_site()}): a static "
+                              "argument is not an array")
+        known = _keyword_names(fun)
+        for option, names in (("static_argnames", convention.static_argnames),
+                              ("donate_argnames", convention.donate_argnames)):
+            for name in names:
+                if known is not None and name not in known:
+                    raise OptionError(f"{option} names {name!r} (at {user_call_site()}), but "
+                                      f"{getattr(fun, '__name__', 'the function')} has no such parameter; its "
+                                      f"parameters: {', '.join(sorted(known)) or 'none'}")
         return convention
 
     def names(self, *, static: bool) -> tuple[str, ...]:
@@ -220,6 +230,19 @@ def _names(option: str, value) -> tuple[str, ...]:
         if not isinstance(name, str) or not name.isidentifier():
             raise OptionError(f"{option}={value!r}: expected argument names (strs)")
     return names
+
+
+def _keyword_names(fun) -> set[str] | None:
+    """The names ``fun`` accepts by keyword, or None when it accepts any (``**kwargs``) or has no signature."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def _parameters(fun) -> tuple[str | None, ...]:

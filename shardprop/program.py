@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from .backends import parse_hlo, program_function, stage_function
 from .calling import Traced
-from .errors import InputMismatchError, LoweringError, MeshError, ShardingError
+from .errors import InputMismatchError, LoweringError, MeshError, OptionError, ShardingError
 from .expr import jax_adapter as jx
 from .expr.graph import Aval
 from .expr.trace import abstractify
@@ -43,6 +43,9 @@ class Program:
         self._jitted_stages: dict[int, object] = {}
         self._jitted = jax.jit(program_function(plan, self._stage_fns))
         self.donated: tuple[int, ...] = ()  # argument leaves donated to the whole-program jit
+        # How to differentiate it when its graph inlined custom derivative rules (see derivatives.py): set by
+        # autoshard, which knows the function; None otherwise.
+        self.derivatives = None
         graph = plan.graph
         self._in_avals = tuple(graph.avals[v] for v in graph.inputs)
         self._in_shardings = tuple(NamedSharding(mesh, spec) for spec in plan.sharded.in_specs)
@@ -104,19 +107,41 @@ class Program:
         flat = self._flat_args(self.program_args(args, kwargs))
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
             raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
+        if any(jx.typed_on_explicit_axes(x) for x in flat):
+            raise MeshError(
+                "transformed (jax.jit, jax.grad, jax.vmap, ...) under jax.set_mesh of a mesh with Explicit axes, "
+                "where shardings are part of the types: shardprop programs run on Auto axes. Call the autoshard "
+                "function untransformed there (it is one jitted program already, and works under that set_mesh), "
+                "or set a mesh with Auto axes (jax.make_mesh(..., axis_types=(AxisType.Auto,) * n)) around the "
+                "transformation")
         return [jx.with_weak_type(jx.place(x, s), w)
                 for x, s, w in zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
 
     def __call__(self, *args, **kwargs):
         placed = self.placed_args(args, kwargs)
         self._check_donations(placed)
-        out = as_lowering_errors(self._jitted, *placed, mesh=self.mesh)
+        out = as_lowering_errors(self._differentiable(placed), *placed, mesh=self.mesh)
         if self.donated:
             self._invalidate_donated(jax.tree_util.tree_leaves(self.program_args(args, kwargs)), placed, out)
         if self.user_mesh is not self.mesh:  # the user's mesh has Explicit axes: give the outputs back on it
             out = [jx.place(x, NamedSharding(self.user_mesh, x.sharding.spec))
                    if not jx.is_traced(x) and isinstance(x.sharding, NamedSharding) else x for x in out]
         return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
+
+    def _differentiable(self, placed: list):
+        """The whole-program jit, differentiated as the user's function is when the graph inlined custom
+        derivative rules (relu, a custom_vjp): see ``shardprop/derivatives.py``."""
+        if not self.plan.graph.custom_derivatives:
+            return self._jitted
+        if self.derivatives is None:
+            if any(jx.is_differentiated(x) for x in placed):
+                kinds = ", ".join(sorted(self.plan.graph.custom_derivatives))
+                raise OptionError(
+                    f"this Program was lowered from a plan, without its function, and its graph inlined calls with "
+                    f"custom derivative rules ({kinds}): differentiating its ops would not apply them. "
+                    "Differentiate the autoshard function (or sp.compile_program's Program) instead")
+            return self._jitted
+        return self.derivatives.wrap(self._jitted)
 
     def _check_donations(self, placed: list) -> None:
         """One buffer cannot be donated and read in the same call (``jax.jit`` refuses ``f(donate(a), a)``)."""
@@ -214,6 +239,8 @@ def as_lowering_errors(fn, *args, mesh: Mesh | None = None):
     except ShardingError:
         raise
     except Exception as err:
+        if jx.refuses_transformation(err):  # JAX refusing what the user asked, as it would under jax.jit
+            raise
         raise LoweringError(
             f"compiling or running the sharded program failed: {type(err).__name__}: {err}\n"
             "(this is a shardprop bug: please report it with the function and in_specs)") from err

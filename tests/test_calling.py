@@ -91,3 +91,22 @@ def test_static_argnames_also_apply_positionally_as_in_jit(mesh):
 def test_bad_donation(mesh, options, call, message):
     with pytest.raises(sp.OptionError, match=message):
         sp.autoshard(lambda a, b: a * b, mesh=mesh, in_specs=(P("i"),), **options)(*call)
+
+
+@pytest.mark.parametrize("options,call,error,message", [
+    (dict(static_argnames="m"), (X, 3), sp.OptionError,
+     r"static_argnames names 'm' \(at test_calling.py:\d+\), but <lambda> has no such parameter; its parameters: a, n"),
+    (dict(donate_argnames="b"), (X, 3), sp.OptionError, "donate_argnames names 'b'"),
+    (dict(), (X, 3), sp.UnknownMeshAxisError, r"names mesh axis 'k'.*\(call at test_calling.py:\d+\)"),
+])
+def test_option_and_spec_mistakes_name_the_call(mesh, options, call, error, message):
+    in_specs = (P("k") if error is sp.UnknownMeshAxisError else P("i"), None)
+    with pytest.raises(error, match=message):
+        sp.autoshard(lambda a, n: a * n, mesh=mesh, in_specs=in_specs, **options)(*call)
+
+
+def test_an_annotated_argument_passed_by_keyword_is_refused_as_jit_refuses_it(mesh):
+    fs = sp.autoshard(lambda a, n: a * n, mesh=mesh, in_specs=(P("i"),), static_argnames="n")
+    with pytest.raises(sp.SpecTreeError, match=r"the call at test_calling.py:\d+ passes 0 positionally"):
+        fs(a=X, n=2)
+    np.testing.assert_allclose(np.asarray(fs(X, n=2)), X * 2)

@@ -279,3 +279,32 @@ def test_explain_names_the_constraint_an_unannotated_argument_adopted(mesh):
     assert f"its axis 0 adopted i from the sharding constraint at test_steering.py:{line}" in why
     meet = sp.autoshard(jnp.add, mesh=mesh, in_specs=(None, P("i"))).trace(A, A)
     assert "adopted i where it meets a sharded operand of `add`" in str(sp.explain(meet, meet.sharded.graph.inputs[0]))
+
+
+def test_out_specs_and_constraints_under_an_explicit_mesh_context():
+    explicit = jax.make_mesh((4, 2), ("i", "j"))  # Explicit axes: constraints traced there would be asserts
+    fs = sp.autoshard(lambda a: a * 2, mesh=explicit, in_specs=(P("i"),), out_specs=P("j", "i"))
+    pinned = sp.autoshard(lambda a: jax.lax.with_sharding_constraint(a * 2, P("j")), mesh=explicit, in_specs=(None,))
+    with jax.set_mesh(explicit):
+        out = fs(A)
+        assert out.sharding.spec == P("j", "i")
+        np.testing.assert_array_equal(np.asarray(out), A * 2)
+        assert pinned(A).sharding.spec == P("j")
+        with pytest.raises(sp.MeshError, match="set a mesh with Auto axes"):  # typed on Explicit axes
+            jax.jit(fs)(A)
+
+
+def test_a_cond_whose_branches_are_constrained_differently(mesh):
+    ns = jax.sharding.NamedSharding
+
+    def f(p, x):  # XLA refuses this even unsharded ("inconsistent conditional sharding"); the cond falls back
+        return jax.lax.cond(p > 0, lambda x: jax.lax.with_sharding_constraint(x * 2, ns(mesh, P("i", "j"))),
+                            lambda x: jax.lax.with_sharding_constraint(x.T, ns(mesh, P("j", "i"))), x)
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        fs = sp.autoshard(f, mesh=mesh, in_specs=(None, P("i")))
+        np.testing.assert_array_equal(np.asarray(fs(np.float32(1), SQUARE)), SQUARE * 2)
+        np.testing.assert_array_equal(np.asarray(fs(np.float32(-1), SQUARE)), SQUARE.T)

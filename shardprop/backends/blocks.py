@@ -46,8 +46,11 @@ def bind_globally(node: Node, invals: list, blocks: Blocks) -> list:
     """The ``per_block`` piece of a primitive that must not run inside ``shard_map`` (one shardprop has no
     record for: a ``shard_map`` of the user's, a host callback, an op JAX cannot lower under manual sharding).
     Its stage runs outside ``shard_map``, on whole arrays, under the program's ``jax.jit``; its operands are
-    gathered (the conservative record), so its blocks are the whole arrays and binding is the same call."""
-    return jx.bind(node.primitive, invals, dict(node.params))
+    gathered (the conservative record), so its blocks are the whole arrays and binding is the same call —
+    without the sharding constraints inside its sub-computations (a ``cond``'s branches): its result is
+    replicated whatever they say, and XLA refuses branches constrained differently ("inconsistent conditional
+    sharding", as under ``jax.jit``)."""
+    return jx.bind(node.primitive, invals, jx.without_placements(node.params))
 
 
 def bind_with(rewrite: Callable[[Mapping[str, Any], Blocks], dict]) -> Callable[[Node, list, Blocks], list]:

@@ -80,6 +80,9 @@ class Graph:
     out_tree: Any
     weak_inputs: tuple[bool, ...] = ()
     weak_outputs: tuple[bool, ...] = ()
+    # Calls with custom derivative rules that were inlined (``custom_jvp_call``, ``custom_vjp_call``, ...): the
+    # graph computes their forward only, so a Program differentiates the user's function instead.
+    custom_derivatives: frozenset[str] = frozenset()
 
     @cached_property
     def producer(self) -> tuple[int, ...]:

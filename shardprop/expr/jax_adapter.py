@@ -21,6 +21,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 # Private imports are confined to this block; they are the adapter's reason to exist.
+from jax._src import core as _core_internal  # trace_state_clean: are we inside a jax.jit trace
 from jax._src import source_info_util as _source_info_util
 from jax._src.lax import lax as _lax_internal  # _convert_element_type: the only way to set a weak type
 
@@ -45,6 +46,10 @@ CALL_JAXPR_PARAM = {
 # ``solve`` jaxpr applied to its own constants and the right-hand side.
 LINEAR_SOLVE = "custom_linear_solve"
 INLINED_CALLS = frozenset(CALL_JAXPR_PARAM) | {LINEAR_SOLVE}
+# Calls whose derivative is not that of their body (relu's is 0 at 0, a user's clipped or numerically safe
+# gradients, solve's transpose): a program that inlined one must be differentiated as the user's function is.
+CUSTOM_JVP_CALLS = frozenset({"custom_jvp_call", "custom_jvp_call_jaxpr", LINEAR_SOLVE})
+CUSTOM_VJP_CALLS = frozenset({"custom_vjp_call"})
 # ``platform_index`` picks a branch of the ``cond`` that follows it by the platform the program is lowered for
 # (``jnp.linalg.det``, ``jnp.diag``, ``jax.nn.initializers.orthogonal``): the tracer folds it to a constant,
 # and a ``cond`` whose index is a constant is inlined as that branch.
@@ -170,6 +175,32 @@ def is_traced(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def is_differentiated(x) -> bool:
+    """``x`` carries a tangent: a transformation that differentiates (``jax.grad``, ``jax.jvp``) is tracing it."""
+    from jax._src.interpreters import ad
+
+    while is_traced(x):
+        if isinstance(x, ad.JVPTracer | ad.LinearizeTracer):
+            return True
+        x = getattr(x, "primal", None) if hasattr(x, "primal") else getattr(x, "val", None)
+    return False
+
+
+def typed_on_explicit_axes(x) -> bool:
+    """``x`` is traced under a context mesh with Explicit axes (``jax.jit`` under ``jax.set_mesh`` of such a
+    mesh): sharding is part of the types there, and a sharding constraint is an assert."""
+    if not is_traced(x):
+        return False
+    meshes = (jax.sharding.get_abstract_mesh(), getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None))
+    return any(t == jax.sharding.AxisType.Explicit for mesh in meshes for t in getattr(mesh, "axis_types", ()))
+
+
+def refuses_transformation(err: Exception) -> bool:
+    """``err`` is JAX refusing a transformation the user applied, as it would to the unsharded function
+    (``jax.jvp`` of a function holding a ``custom_vjp``): the user's to see, not a shardprop bug."""
+    return isinstance(err, TypeError) and "can't apply forward-mode autodiff (jvp) to a custom_vjp" in str(err)
+
+
 def place(x, sharding, *, donate: bool = False):
     """``x`` laid out as ``sharding``. A concrete array is put there (``donate``: its buffer may be reused, and
     the array is invalid afterwards, as a donated ``jax.jit`` argument). A traced one (``jax.jit``, ``jax.vmap``,
@@ -251,10 +282,13 @@ def literal_value(var) -> Any:
 def program_mesh_context(mesh):
     """A context in which ``mesh`` (a program's, Auto axes) is JAX's context mesh — needed only when the user
     has set another one (``jax.set_mesh`` of an Explicit-axes mesh, which ``shard_map`` would refuse ours
-    under); with none set (and always inside a ``jax.jit`` trace, where ``set_mesh`` is not allowed) nothing."""
+    under, and under which our sharding constraints would be asserts); with none set, nothing. Inside a
+    ``jax.jit`` trace, where ``set_mesh`` is refused, the abstract mesh is set instead."""
     current = jax.sharding.get_abstract_mesh()
     if current.empty or current == mesh.abstract_mesh:
         return contextlib.nullcontext()
+    if not _core_internal.trace_state_clean():  # inside a jax.jit trace, where set_mesh is refused
+        return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
     return jax.set_mesh(mesh)
 
 

@@ -88,6 +88,7 @@ class _GraphBuilder:
         self.nodes: list[Node] = []
         self.avals: list[Aval] = []
         self.scalar_constants: dict[int, int] = {}  # value -> its integer, for constant cond indices
+        self.custom_derivatives: set[str] = set()  # inlined calls with custom derivative rules
 
     def _new_value(self, shape, dtype) -> int:
         self.avals.append(Aval(tuple(shape), jx.as_dtype(dtype)))
@@ -123,7 +124,8 @@ class _GraphBuilder:
         outputs = tuple(self._read(env, var) for var in body.outvars)
         return Graph(tuple(self.nodes), tuple(self.avals), tuple(inputs), outputs, in_tree, out_tree,
                      weak_inputs=tuple(map(jx.is_weakly_typed, body.invars)),
-                     weak_outputs=tuple(map(jx.is_weakly_typed, body.outvars)))
+                     weak_outputs=tuple(map(jx.is_weakly_typed, body.outvars)),
+                     custom_derivatives=frozenset(self.custom_derivatives))
 
     def _folds(self, eqn, operands) -> bool:
         if eqn.primitive.name not in jx.FOLDABLE_INDEX_ARITHMETIC or len(eqn.outvars) != 1:
@@ -152,6 +154,8 @@ class _GraphBuilder:
             if call is None and eqn.primitive.name == "cond" and operands[0] in self.scalar_constants:
                 call = jx.cond_branch(eqn, self.scalar_constants[operands[0]])
             if call is not None:
+                if eqn.primitive.name in jx.CUSTOM_JVP_CALLS | jx.CUSTOM_VJP_CALLS:
+                    self.custom_derivatives.add(eqn.primitive.name)
                 body, feeding = call
                 sub_env = {var: self._constant(c) for var, c in body.consts}
                 sub_env.update(zip(body.invars, [operands[k] for k in feeding], strict=True))

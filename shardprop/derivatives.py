@@ -1,0 +1,130 @@
+"""Custom derivative rules survive sharding.
+
+The traced graph inlines calls that carry custom derivative rules — ``jax.nn.relu`` is a ``custom_jvp``, a user
+may clip gradients with a ``custom_vjp`` or make a norm safe at zero, ``jnp.linalg.solve`` has its own
+transpose — so it holds their forward computation only. Differentiating the program's own ops would
+differentiate that forward, not the rule (relu's derivative at 0 would come out 1/2, a clipped gradient
+unclipped). A Program whose graph inlined such a call is therefore differentiated the way ``jax.jit``
+differentiates the user's function: its derivative is another sharded program, traced from ``jax.jvp`` of the
+function (``jax.vjp`` when a ``custom_vjp`` is inside, which has no forward mode, as under ``jax.jit``), where
+JAX applies every rule. Programs without such calls are differentiated directly, op by op.
+
+>>> fs = autoshard(lambda x: jax.nn.relu(x).sum(), mesh=mesh, in_specs=(P("i"),))     # doctest: +SKIP
+>>> jax.grad(fs)(jnp.zeros(8))                       # relu's rule: 0 at 0, as jax.grad(jax.jit(f)) gives
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from .expr import jax_adapter as jx
+
+
+def _differentiable(x) -> bool:
+    """A leaf with a tangent of its own dtype (floats, complex); others' tangents are ``float0``."""
+    return jax.numpy.issubdtype(jx.as_dtype(x.dtype), jax.numpy.inexact)
+
+
+def _float0_zeros(x):
+    return np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+class Derivatives:
+    """How a Program is differentiated: ``function`` maps the program's flat argument leaves to its flat output
+    leaves; its derivative programs are sharded with the Program's resolved input specs and options."""
+
+    def __init__(self, function: Callable, in_specs: tuple, *, mesh, strategy: str, conflicts: str, reverse: bool):
+        self.function, self.in_specs, self.reverse = function, tuple(in_specs), reverse
+        self.options: dict[str, Any] = {"mesh": mesh, "strategy": strategy, "conflicts": conflicts}
+        self._pushforward = self._pullback = None
+
+    def wrap(self, run: Callable) -> Callable:
+        """``run`` (flat argument leaves -> list of output leaves) with the user's function's derivative."""
+        return self._with_vjp(run) if self.reverse else self._with_jvp(run)
+
+    # -- forward mode: jax.jvp of the function, itself sharded ------------------------------------------
+    def _with_jvp(self, run: Callable) -> Callable:
+        @jax.custom_jvp
+        def call(*leaves):
+            return run(*leaves)
+
+        @call.defjvp
+        def rule(primals, tangents):
+            live = tuple(t for p, t in zip(primals, tangents, strict=True) if _differentiable(p))
+            outs, live_out = self.pushforward(primals)(tuple(primals), live)
+            more = iter(live_out)
+            return list(outs), [next(more) if _differentiable(o) else _float0_zeros(o) for o in outs]
+
+        return call
+
+    def pushforward(self, primals) -> Callable:
+        """The sharded ``(primals, tangents of the float leaves) -> (outputs, tangents of the float outputs)``."""
+        if self._pushforward is None:
+            from .api import autoshard
+
+            mask = [_differentiable(p) for p in primals]
+            function = self.function
+
+            def pushforward(primals, live):
+                more = iter(live)
+                tangents = [next(more) if m else _float0_zeros(p) for p, m in zip(primals, mask, strict=True)]
+                outs, out_tangents = jax.jvp(function, list(primals), tangents)
+                return outs, [t for o, t in zip(outs, out_tangents, strict=True) if _differentiable(o)]
+
+            specs = (self.in_specs, tuple(s for s, m in zip(self.in_specs, mask, strict=True) if m))
+            self._pushforward = autoshard(pushforward, in_specs=specs, **self.options)
+        return self._pushforward
+
+    # -- reverse mode (a custom_vjp inside): jax.vjp of the function, sharded -----------------------------
+    def _with_vjp(self, run: Callable) -> Callable:
+        @jax.custom_vjp
+        def call(*leaves):
+            return run(*leaves)
+
+        def forward(*leaves):
+            return run(*leaves), leaves  # the pullback recomputes from the arguments, as jax.checkpoint does
+
+        def backward(leaves, cotangents):
+            live = tuple(c for c in cotangents if _differentiable(c))
+            grads = iter(self.pullback(leaves, cotangents)(tuple(leaves), live))
+            return tuple(next(grads) if _differentiable(x) else _float0_zeros(x) for x in leaves)
+
+        call.defvjp(forward, backward)
+        return call
+
+    def pullback(self, primals, cotangents) -> Callable:
+        """The sharded ``(primals, cotangents of the float outputs) -> cotangents of the float arguments``."""
+        if self._pullback is None:
+            from .api import autoshard
+
+            in_mask = [_differentiable(p) for p in primals]
+            out_mask = [_differentiable(c) for c in cotangents]
+            function = self.function
+
+            def pullback(primals, live):
+                outs, vjp = jax.vjp(function, *primals)
+                more = iter(live)
+                cts = [next(more) if m else _float0_zeros(o) for o, m in zip(outs, out_mask, strict=True)]
+                return [g for g, m in zip(vjp(cts), in_mask, strict=True) if m]
+
+            specs = (self.in_specs, None)
+            self._pullback = autoshard(pullback, in_specs=specs, **self.options)
+        return self._pullback
+
+
+def derivatives_for(graph, f: Callable, in_specs, *, mesh, strategy: str, conflicts: str) -> Derivatives | None:
+    """The :class:`Derivatives` of a program traced from ``f`` (on ``graph.in_tree``'s arguments), or None
+    when its graph inlined no call with custom derivative rules (the program's own ops then differentiate)."""
+    if not graph.custom_derivatives:
+        return None
+    in_tree = graph.in_tree
+
+    def flat(*leaves):
+        return jax.tree_util.tree_leaves(f(*jax.tree_util.tree_unflatten(in_tree, leaves)))
+
+    reverse = bool(graph.custom_derivatives & jx.CUSTOM_VJP_CALLS)
+    return Derivatives(flat, in_specs, mesh=mesh, strategy=strategy, conflicts=conflicts, reverse=reverse)
