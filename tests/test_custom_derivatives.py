@@ -57,8 +57,10 @@ def test_gradients_apply_the_custom_rules(mesh, name, strategy):
     f, in_specs = FUNCTIONS[name]
     fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy)
     close(jax.grad(fs, argnums=(0, 1))(X, W), jax.grad(f, argnums=(0, 1))(X, W))
-    close(jax.jit(jax.value_and_grad(fs))(X, W), jax.value_and_grad(f)(X, W))
     close(fs(X, W), f(X, W))
+    if strategy != "auto":
+        return  # the rest once (the suite's time budget): the derivative programs are strategy-independent
+    close(jax.jit(jax.value_and_grad(fs))(X, W), jax.value_and_grad(f)(X, W))
     if "custom_vjp" not in name:
         tangents = (np.ones_like(X), np.ones_like(W))
         close(jax.jvp(fs, (X, W), tangents), jax.jvp(f, (X, W), tangents))

