@@ -21,6 +21,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ..errors import (ConflictKind, FallbackWarning, NoRuleError, OptionError, ReshardWarning, ShardingConflictError,
                       ShardingError, SpecError, SpecTreeError)
+from ..expr import jax_adapter as jx
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, short_source, value_name
@@ -102,9 +103,11 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph) -> None:
         have, need = sharded.layout(moved), sharded.needs[node_id][operand]
         how = (f"an all-to-all over {'*'.join(moved_axes(have, need))} moves it" if is_all_to_all(have, need) else
                "it is gathered before the op, which slices it")
+        aval = sharded.graph.avals[moved]
+        nbytes = _elements_moved(aval.shape, have, need, sharded.mesh_shape) * jx.itemsize(aval.dtype)
         text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
                 f"{short_source(node.source, 'an unknown line')} by moving operand {operand} ({value_name(moved)}, "
-                f"{sharded.graph.avals[moved]}): {how} to the other operand's layout, {layout_to_spec(need)} "
+                f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
                 f"(conflicts='error' refuses instead)\n{message}")
         _warn_at(text, ReshardWarning, node.source)
 
