@@ -7,6 +7,8 @@ moving an operand (the default) and conflicts refused under ``conflicts="error"`
 (``--hypothesis-show-statistics``); a refused conflict fails when one layout refines the other (a local slice
 resolves those: they are not bad inputs).
 
+Gradients too: ``jax.grad`` through the sharded program equals ``jax.grad`` of the unsharded function.
+
 Budgets: the default run checks 100 programs (derandomised, so CI is repeatable). Set
 ``SHARDPROP_FUZZ_EXAMPLES=10000`` for the long run (random seeds); docs/reliability.md records its figures.
 """
@@ -187,3 +189,35 @@ def test_conflicts_are_resolved_by_moving_an_operand(case, meshes):
         except sp.ShardingConflictError:
             return
         raise AssertionError("a conflict resolved by default did not halt under conflicts='error'")
+
+
+@settings(max_examples=max(EXAMPLES // 8, 12), deadline=None, derandomize=not LONG, print_blob=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(case=cases())
+def test_random_programs_differentiate_as_unsharded(case, meshes):
+    """jax.grad of a random program's weighted outputs through the sharded program (its stages, moves and
+    collective finishes transposed by JAX) equals jax.grad of the unsharded function."""
+    program, mesh_name, specs, options = case
+    note(reproducer(program, mesh_name, specs, options))
+    f, unconstrained = program_functions(program, meshes[mesh_name])
+    args = random_inputs(program)
+
+    def weighted(g):
+        def loss(*xs):
+            outs = jax.tree_util.tree_leaves(g(*xs))
+            return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
+        return loss
+
+    want = jax.grad(weighted(unconstrained), argnums=tuple(range(len(args))))(*map(jnp.asarray, args))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sp.FallbackWarning)
+            warnings.simplefilter("ignore", sp.ReshardWarning)
+            fs = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, **options)
+            got = jax.grad(weighted(fs), argnums=tuple(range(len(args))))(*args)
+    except (sp.IndivisibleAxisError, sp.ShardingConflictError):
+        return  # bad inputs, as the fuzzer counts them
+    for g, w in zip(got, want, strict=True):
+        w = np.asarray(w)
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + float(np.max(np.abs(w), initial=0))))
