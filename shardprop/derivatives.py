@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import warnings
+
 import jax
 import numpy as np
 
@@ -41,6 +43,7 @@ class Derivatives:
         self.function, self.in_specs, self.reverse = function, tuple(in_specs), reverse
         self.options: dict[str, Any] = {"mesh": mesh, "strategy": strategy, "conflicts": conflicts}
         self._pushforward = self._pullback = None
+        self._warned = False
 
     def wrap(self, run: Callable) -> Callable:
         """``run`` (flat argument leaves -> list of output leaves) with the user's function's derivative."""
@@ -54,12 +57,40 @@ class Derivatives:
 
         @call.defjvp
         def rule(primals, tangents):
+            if self._unsharded_higher_order(primals):
+                return jax.jvp(self.function, list(primals), list(tangents))
             live = tuple(t for p, t in zip(primals, tangents, strict=True) if _differentiable(p))
             outs, live_out = self.pushforward(primals)(tuple(primals), live)
             more = iter(live_out)
             return list(outs), [next(more) if _differentiable(o) else _float0_zeros(o) for o in outs]
 
         return call
+
+    def _unsharded_higher_order(self, primals) -> bool:
+        """A derivative of the derivative, when the derivative program itself inlined custom rules (solve's
+        JVP solves for the tangent, a rule calls another custom_jvp): JAX's linearization would inline that
+        program's own wrapper (its inputs are partly unknown there) and the outer derivative would miss those
+        rules. Then the derivative is JAX's own, traced from the function without shardprop's stages (XLA
+        shards it from its inputs' shardings under jax.jit), with a FallbackWarning — correct, not sharded."""
+        if not any(jx.is_differentiated(p) for p in primals):
+            return False
+        program = self.pushforward(primals).trace(tuple(primals), tuple(
+            p for p in primals if _differentiable(p)))
+        if not program.plan.graph.custom_derivatives:
+            return False
+        if not self._warned:
+            self._warned = True
+            from .calling import user_call_site
+            from .errors import FallbackWarning
+
+            where = user_call_site()
+            filename, _, line = where.rpartition(":")
+            warnings.warn_explicit(
+                "shardprop: a higher-order derivative through custom derivative rules inside a custom rule ("
+                f"{', '.join(sorted(program.plan.graph.custom_derivatives))} in the derivative): computed by JAX "
+                "from the function, without shardprop's stages, so that every rule applies", FallbackWarning,
+                filename or "?", int(line) if line.isdigit() else 0, registry={})
+        return True
 
     def pushforward(self, primals) -> Callable:
         """The sharded ``(primals, tangents of the float leaves) -> (outputs, tangents of the float outputs)``."""

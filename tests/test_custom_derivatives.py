@@ -86,3 +86,37 @@ def test_a_program_lowered_without_its_function_refuses_to_be_differentiated(mes
     np.testing.assert_allclose(float(prog(X)), float(jax.nn.relu(X).sum()), rtol=1e-6)
     with pytest.raises(sp.OptionError, match="custom derivative rules .custom_jvp_call."):
         jax.grad(prog)(X)
+
+
+@jax.custom_jvp
+def damp(y):  # the identity, with derivative 0.1
+    return y
+
+
+damp.defjvp(lambda p, t: (damp(p[0]), 0.1 * t[0]))
+
+
+@jax.custom_jvp
+def cube(x):  # x**3 / 3, with derivative damp(x**2): a rule calling another custom rule
+    return x ** 3 / 3
+
+
+cube.defjvp(lambda p, t: (cube(p[0]), damp(p[0] ** 2) * t[0]))
+
+SECOND_ORDER = {
+    "a rule calling a custom rule": (lambda x: jnp.sum(cube(x)), np.arange(1.0, 9.0, dtype=np.float32), (P("i"),)),
+    "solve": (lambda a: jnp.sum(jnp.linalg.solve(a, jnp.arange(1.0, 9.0))),
+              np.eye(8, dtype=np.float32) * 3 + np.arange(64, dtype=np.float32).reshape(8, 8) / 64, (P("i"),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SECOND_ORDER))
+def test_second_derivatives_through_rules_inside_rules(mesh, name):
+    """Found by a new-user pass: the derivative program's own custom rules were lost when JAX linearized it a
+    second time (hessians of solve came out zero). Such higher orders are JAX's own, with a FallbackWarning."""
+    f, x, in_specs = SECOND_ORDER[name]
+    fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs)
+    close(jax.grad(fs)(x), jax.grad(f)(x))
+    with pytest.warns(sp.FallbackWarning, match="higher-order derivative"):
+        close(jax.hessian(fs)(x), jax.hessian(f)(x))
+    close(jax.grad(lambda x: jnp.sum(jax.grad(fs)(x)))(x), jax.grad(lambda x: jnp.sum(jax.grad(f)(x)))(x))
