@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from shardprop.splitting.split import STRATEGIES
+from tests.test_transformations import close
 
 
 @jax.custom_vjp
@@ -44,11 +45,6 @@ FUNCTIONS = {
     "gelu and a solve": (lambda x, w: jnp.sum(jax.nn.gelu(x @ jnp.linalg.solve(w + 3 * jnp.eye(8), w))),
                          (P("i"), None)),
 }
-
-
-def close(got, want):
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
