@@ -5,7 +5,10 @@ scanned inputs (axis 0 needed whole) as its inputs. The carry must come out laid
 does not, the carry layout is coarsened (or refined, if the initial carry can be sliced locally) and the body
 propagated again, a few times at most. If the body then needs no gather anywhere, the scan runs per block
 inside its stage with those layouts; otherwise it falls back to the conservative rule, with a warning.
-``cond`` and ``while`` have no rule: they use the conservative fallback.
+``cond`` (and ``lax.switch``) likewise: every branch is propagated with the operands' layouts; when all branches
+need no gather and lay their outputs out alike, the ``cond`` runs per block — each device takes the branch its
+(scalar, so replicated) index selects, on its blocks; otherwise the conservative fallback. ``while`` has no rule
+yet (issue #15).
 
 Lineage looks inside the body: a block of ``ys`` reads the same iterations of ``xs`` (and, through the carry,
 every earlier iteration). The body is walked with the same rules, seeded with what the output block asks of
@@ -33,7 +36,7 @@ from ..inspect.lineage.boxes import Box, LineageContext, contains, full_box, nor
 from ..inspect.lineage.walk import seeded_dependencies
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Sharded, TensorSharding, common_layout, layout_refines
-from .fallback import conservative
+from .fallback import conservative, whole_operands
 from .opdef import Family, OpDef
 
 
@@ -177,7 +180,38 @@ def scan_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
     return [*carry, *ys]
 
 
+def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, branches, **params) -> RuleOutput:
+    """Sharded through when every branch, propagated with the operands' layouts, needs no gather and lays its
+    outputs out as the others do (the index is a scalar: every device holds it whole and takes the same branch)."""
+    layouts = [op.layout for op in operands]
+    bodies = []
+    for branch in branches:
+        try:
+            bodies.append(ctx.propagate_body(_body_graph(branch), layouts))
+        except ShardingError:
+            return conservative(ctx, index, *operands)._replace(fallback=True)
+    outs = {tuple(body.layout(v) for v in body.graph.outputs) for body in bodies}
+    if len(outs) != 1 or not all(_needs_no_gather(body) for body in bodies):
+        return conservative(ctx, index, *operands)._replace(fallback=True)
+    (out,) = outs
+    shardings = tuple(_sharded_like(ctx, a.shape, layout, operands)
+                      for a, layout in zip(ctx.out_avals, out, strict=True))
+    return RuleOutput(shardings, (index.layout, *layouts), body=tuple(bodies))
+
+
+def cond_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
+    bodies = blocks.body
+    if bodies is None:  # the conservative rule: operands whole, the cond as it is (its constraints dropped)
+        return jx.bind(node.primitive, invals, jx.without_placements(node.params))
+    index, operands = invals[0], invals[1:]
+    branches = [functools.partial(lambda body, *xs: run_graph(body, list(xs)), body) for body in bodies]
+    return list(lax.switch(index, branches, *operands))
+
+
 OPS = [
     OpDef("scan", Family.CONTROL_FLOW, propagate=scan, lineage=scan_lineage, lineage_exact=True,
           per_block=scan_on_blocks, finish=None, pull=None),
+    # Lineage stays whole-operand (sound; looking into the branches is issue #15).
+    OpDef("cond", Family.CONTROL_FLOW, propagate=cond, lineage=whole_operands, lineage_exact=False,
+          per_block=cond_on_blocks, finish=None, pull=None),
 ]

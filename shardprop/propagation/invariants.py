@@ -54,7 +54,8 @@ def check_sharded(sharded: ShardedGraph) -> None:
     if not sharded.fallbacks <= {n.id for n in graph.nodes}:
         _fail("a fallback names a node that does not exist")
     for body in sharded.bodies.values():
-        check_sharded(body)
+        for each in body if isinstance(body, tuple) else (body,):  # a cond has one per branch
+            check_sharded(each)
 
 
 

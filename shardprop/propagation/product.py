@@ -39,7 +39,7 @@ class ShardedGraph:
     rules: tuple[str, ...]
     fallbacks: frozenset[int]
     # Sharded sub-computations by node id (a scan's body), for the backend to evaluate per block.
-    bodies: Mapping[int, ShardedGraph] = field(default_factory=dict)
+    bodies: Mapping[int, ShardedGraph | tuple[ShardedGraph, ...]] = field(default_factory=dict)  # cond: per branch
     # Conflicts resolved by moving an operand: node id -> (operand index, the conflict's message).
     reshards: Mapping[int, tuple[int, str]] = field(default_factory=dict)
     # Axes created open (unannotated arguments, new axes) that adopted a sharding: (value, axis) -> the node

@@ -167,6 +167,8 @@ EXAMPLES = [
        [((8, 8), F32), ((8,), F32)], [P("i"), None], mesh="8"),
     ex("fft", "fft", lambda a: (jnp.fft.rfft(a), jnp.fft.ifft(jnp.fft.fft(a)).real), [(M, F32)], [P("i", "j")]),
     ex("scan", "scan", lambda a: lax.scan(lambda c, x: (c + x, c * x), a[0], a)[1], [(M, F32)], [P(None, "i")]),
+    ex("cond", "cond", lambda a: lax.cond(a[0, 0] > 0, lambda x: jnp.tanh(x) * 2, lambda x: x - 1, a) + lax.switch(
+        jnp.argmax(a[0]).astype(jnp.int32) % 3, [jnp.sin, jnp.cos, lambda x: -x], a), [(M, F32)], [P("i", "j")]),
     ex("random", "random_bits random_seed random_wrap random_unwrap random_split random_fold_in random_clone "
        "random_gamma rng_bit_generator rng_uniform",
        lambda a: (a + jax.random.normal(jax.random.fold_in(jax.random.clone(jax.random.key(0)), 3), a.shape),

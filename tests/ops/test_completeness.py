@@ -45,7 +45,7 @@ def test_public_primitives_without_a_record_are_those_that_cannot_have_one_yet()
     public = jx.public_primitives() - set(table()) - jx.INLINED_CALLS - jx.FOLDED_AT_TRACE
     reasons = {WITHOUT_RECORD[name] for name in public}
     assert reasons <= {COLLECTIVE, CONTROL_FLOW, MEMORY, STATE, TOKEN, AD, NOT_IN_TRACES, NO_FUNCTION}, sorted(public)
-    assert {"cond", "while"} <= public  # loops and branches: issue #15
+    assert {"while"} <= public  # loops: issue #15
 
 
 def test_an_unknown_primitive_gets_the_conservative_record():

@@ -155,7 +155,8 @@ def test_random_bit_generation_is_conservative_and_exact(mesh):
 
 
 @pytest.mark.parametrize("name,f", [
-    ("cond", lambda a: lax.cond(jnp.sum(a) > 0, lambda x: x * 2.0, lambda x: -x, a) + 1.0),
+    # a branch that needs its operand gathered (a mean over the sharded axis) cannot be sharded through yet
+    ("cond", lambda a: lax.cond(jnp.sum(a) > 0, lambda x: x * 2.0, lambda x: x - jnp.mean(x, axis=0), a) + 1.0),
     ("while", lambda a: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 1.5), (0, a))[1]),
     # a scan whose body needs its carry gathered every step cannot be sharded through
     ("scan", lambda a: lax.scan(lambda c, r: (c + jnp.sum(r) * r, c * r), jnp.zeros(a.shape[1]), a)[1]),
@@ -172,6 +173,25 @@ def test_control_flow_is_conservative_with_a_warning_and_exact(name, f, mesh):
     (node,) = [n for n in prog.graph.graph.nodes if n.op == name]
     assert node.id in prog.graph.fallbacks
     assert all(m == () for v in node.outputs for m in prog.graph.layout(v))
+
+
+@pytest.mark.parametrize("name,f", [
+    ("cond on a reduced predicate", lambda a: lax.cond(jnp.sum(a) > 0, lambda x: x * 2.0, lambda x: -x, a) + 1.0),
+    ("switch", lambda a: lax.switch(jnp.argmax(a[0]) % 3, [jnp.sin, jnp.cos, lambda x: x * 2.0], a)),
+])
+def test_branches_that_need_no_gather_stay_sharded(name, f, mesh):
+    import warnings
+
+    import shardprop as sp
+
+    for strategy in ("gather", "collective", "auto"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sp.FallbackWarning)
+            prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),),
+                                            strategy=strategy)
+        assert prog.graph.out_specs == (P("i", "j"),)
+        (node,) = [n for n in prog.graph.graph.nodes if n.op == "cond"]
+        assert prog.graph.layout(node.outputs[0]) == (("i",), ("j",))  # each device took the branch on its block
 
 
 def rnn(h0, xs, w):
