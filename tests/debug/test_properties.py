@@ -15,7 +15,7 @@ from tests.fuzzing import random_inputs
 from tests.test_fuzz import cases, program_functions, reproducer
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, print_blob=True,
+@settings(max_examples=15, deadline=None, derandomize=True, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases(), keep=st.sampled_from(["outputs", "all"]))
