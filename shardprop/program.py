@@ -131,8 +131,8 @@ class Program:
     def _differentiable(self, placed: list):
         """The whole-program jit, differentiated as the user's function is when the graph inlined custom
         derivative rules (relu, a custom_vjp): see ``shardprop/derivatives.py``."""
-        if not self.plan.graph.custom_derivatives:
-            return self._jitted
+        if not self.plan.graph.custom_derivatives or not any(jx.is_traced(x) for x in placed):
+            return self._jitted  # concrete arguments: nothing differentiates this call
         if self.derivatives is None:
             if any(jx.is_differentiated(x) for x in placed):
                 kinds = ", ".join(sorted(self.plan.graph.custom_derivatives))
