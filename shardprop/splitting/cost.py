@@ -104,17 +104,6 @@ def movement(have: Layout, want: Layout) -> Move:
     return Move(TransferKind.ALL_TO_ALL if is_all_to_all(have, want) else TransferKind.ALL_GATHER, axes, received)
 
 
-def gathered_axes(have: Layout, want: Layout) -> tuple[str, ...]:
-    """The mesh axes a value held as ``have`` is gathered over so that ``want`` is a local slice of it (none
-    when it needs no move, or an all-to-all moves it).
-
-    >>> gathered_axes((("i",), ("j",)), (("i",), ()))
-    ('j',)
-    """
-    move = movement(have, want)
-    return move.mesh_axes if move.kind is TransferKind.ALL_GATHER else ()
-
-
 _HLO_DTYPE = {"bool": "pred", "bfloat16": "bf16"}
 _HLO_KIND = {"float": "f", "int": "s", "uint": "u", "complex": "c"}
 
