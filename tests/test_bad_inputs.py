@@ -33,8 +33,12 @@ def call_with_other_shapes():
     prog(A, np.ones((8, 8), np.float32))
 
 
+def _on_host(x):
+    return jax.pure_callback(lambda v: v * 2.0, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
 def no_rule_strict():
-    run(lambda a: lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 2.0), (0, a))[1], P("i"), A,
+    run(lambda a: lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, _on_host(c[1])), (0, a))[1], P("i"), A,
         strict=True)
 
 
@@ -63,7 +67,8 @@ CATALOGUE = [
     ("sharding conflict", lambda: run(add, (P("i"), P("j")), A, A), sp.ShardingConflictError,
      "sharding conflict in `add`"),
     ("primitive with no rule under strict=True", no_rule_strict, sp.NoRuleError,
-     "no sharding rule for primitive `while`"),
+     "no sharding rule applies to `while` at test_bad_inputs.py:41 (`pure_callback` at test_bad_inputs.py:37 inside "
+     "its body has no rule)"),
     ("mesh with more devices than exist", lambda: sp.make_mesh((4, 4), ("i", "j")), sp.MeshError,
      "a (4, 4) mesh needs 16 devices but only 8 exist"),
     ("mesh with the wrong number of given devices", lambda: sp.make_mesh((2, 2), ("i", "j"), devices=jax.devices()),

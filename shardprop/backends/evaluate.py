@@ -1,9 +1,9 @@
-"""Evaluating a run of nodes on per-device blocks: the body of every stage, and of every sharded scan.
+"""Evaluating a run of nodes on per-device blocks: the body of every stage, and of every sharded loop or cond.
 
 ``run_nodes`` walks nodes in graph order, reading the plan view (:class:`~shardprop.splitting.Decisions`):
-each operand is fetched in the layout the node needs (cut locally out of what is held, when finer), the node
-is evaluated on blocks with its primitive's ``per_block`` piece, and a collective finishes it where the view
-says so.
+each operand is fetched in the layout the node needs (cut locally out of what is held, when finer; inside a
+body, moved by a collective when coarser), the node is evaluated on blocks with its primitive's ``per_block``
+piece, and a collective finishes it where the view says so.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from ..errors import LoweringError
 from ..expr.graph import CONSTANT, PARAMETER, Node
 from ..ops import lookup
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, block_shape, received_layout
+from ..propagation.sharding import Layout, block_shape, layout_refines, received_layout
 from ..splitting.collectives import Collective, CollectiveKind
-from ..splitting.decisions import Decisions
-from .blocks import Blocks, block_index, local_slice
+from ..splitting.decisions import BodyPlan, Decisions
+from .blocks import Blocks, block_index, first_device_only, local_slice, move_block
 
 
 def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], object],
@@ -31,6 +31,7 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
     by ``(value, layout)``; ``local`` (filled in place and returned) holds the values computed here, each in
     the layout the view holds it in."""
     graph, mesh_shape = view.graph, view.mesh_shape
+    moved: dict[tuple[int, Layout], object] = {}  # inside a body: each value moved to a layout once
     for node_id in node_ids:
         node = graph.nodes[node_id]
         if node.op == CONSTANT:
@@ -40,6 +41,10 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
         for v, need in view.edges(node):
             if v in local:
                 have, x = view.layout(v), local[v]
+                if not layout_refines(have, need):  # inside a body: no stage boundary to move it
+                    if (v, need) not in moved:
+                        moved[(v, need)] = move_block(x, have, need, mesh_shape)
+                    x, have = moved[(v, need)], need
             else:
                 have = received_layout(view.layout(v), need)
                 x = received[(v, have)]
@@ -53,7 +58,7 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
                              for v, layout in zip(node.outputs, computed, strict=True)),
             out_layouts=tuple(computed),
             mesh_shape=mesh_shape,
-            body=view.sharded.bodies.get(node_id),
+            body=view.body_plans(node_id),
         )
         try:
             outs = lookup(node.op).per_block(node, invals, blocks)
@@ -73,6 +78,8 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
 def finish(node: Node, invals: list, outs: list, collective: Collective, mesh_shape) -> list:
     """Each device holds a partial result: combine them with ``collective``."""
     kind = collective.kind
+    if collective.outputs is not None:  # a loop's partial carries: summed, the other outputs as they are
+        return [lax.psum(x, collective.mesh_axes) if collective.finishes(k) else x for k, x in enumerate(outs)]
     if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):  # each device found its block's winner
         return [_combine_arg(node, invals[0], outs[0], collective, mesh_shape)]
     if kind is CollectiveKind.PSUM_SCATTER:
@@ -138,8 +145,34 @@ def _combine_arg(node, block, local_index, collective, mesh_shape):
 
 
 def run_graph(sharded: ShardedGraph, input_blocks) -> list:
-    """All of ``sharded.graph`` on blocks (a scan body): inputs and outputs in their propagated layouts."""
+    """All of ``sharded.graph`` on blocks: inputs and outputs in their propagated layouts."""
     graph = sharded.graph
     local = dict(zip(graph.inputs, input_blocks, strict=True))
     run_nodes(Decisions.propagated(sharded), [n.id for n in graph.nodes if n.op != PARAMETER], {}, local)
     return [local[v] for v in graph.outputs]
+
+
+def run_body(plan: BodyPlan, input_blocks: list) -> list:
+    """One execution of a body (a loop iteration, a branch) on blocks, with its decisions: inputs in the layouts
+    propagated for them, outputs moved into the layouts the loop or cond takes them in."""
+    view, graph = plan.decisions, plan.body.sharded.graph
+    local = dict(zip(graph.inputs, input_blocks, strict=True))
+    run_nodes(view, [n.id for n in graph.nodes if n.op != PARAMETER], {}, local)
+    outs = []
+    for v, want in zip(graph.outputs, plan.body.out_layouts, strict=True):
+        have, x = view.layout(v), local[v]
+        if not layout_refines(have, want):
+            x, have = move_block(x, have, want, view.mesh_shape), want
+        outs.append(local_slice(x, have, want, view.mesh_shape))
+    return outs
+
+
+def starting_carry(plan: BodyPlan, invals: list, mesh_shape) -> list:
+    """A loop's initial carry from the loop node's operand blocks: a carry its body keeps as a partial sum starts
+    on the first device of each group and as zero on the others (the group's sum is the initial value)."""
+    out = []
+    for carry in plan.body.carries:
+        axes = plan.decisions.partial_inputs.get(carry.body_input)
+        x = invals[carry.operand]
+        out.append(x if axes is None else first_device_only(x, axes, mesh_shape))
+    return out

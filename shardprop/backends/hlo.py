@@ -78,11 +78,58 @@ def _iota(text: str, total: int) -> np.ndarray:
     return ids.reshape(out if len(out) > 1 else (-1,) if m.group(1) is None else out)
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_WHILE = re.compile(r"\bwhile\(.*?condition=%?([\w.\-]+),\s*body=%?([\w.\-]+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_CALLED = re.compile(r"(?:calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)|"
+                     r"branch_computations=\{([^}]*)\}")
+
+
+def _executions(lines: list[str]) -> list[int]:
+    """How many times each line runs per execution of the module: an instruction inside a while loop's body as
+    many times as XLA's ``known_trip_count`` says (once when unknown), its condition once more; nested loops
+    multiply. Computations called otherwise (fusions, branches, reducers) run as often as their caller."""
+    owner: list[str | None] = []
+    calls: dict[str, list[tuple[str, int]]] = {}
+    entry, current = None, None
+    for line in lines:
+        m = _COMPUTATION.match(line)
+        if m:
+            current = m.group(1)
+            entry = current if line.startswith("ENTRY") else entry
+            calls.setdefault(current, [])
+        elif line.startswith("}"):
+            owner.append(current)
+            current = None
+            continue
+        owner.append(current)
+        if current is None:
+            continue
+        if (w := _WHILE.search(line)):
+            trips = int(t.group(1)) if (t := _TRIP_COUNT.search(line)) else 1
+            calls[current] += [(w.group(1), trips + 1), (w.group(2), trips)]
+        for c in _CALLED.finditer(line):
+            for name in [c.group(1)] if c.group(1) else re.findall(r"%?([\w.\-]+)", c.group(2)):
+                calls[current].append((name, 1))
+    times: dict[str, int] = {}
+
+    def visit(name: str, n: int) -> None:
+        times[name] = times.get(name, 0) + n
+        for callee, k in calls.get(name, []):
+            visit(callee, n * k)
+
+    if entry is not None:
+        visit(entry, 1)
+    return [times.get(o, 1) if o is not None else 1 for o in owner]
+
+
 def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
-    """The collectives in a compiled module's text (``compiled.as_text()``), asynchronous ones once."""
+    """The collectives in a compiled module's text (``compiled.as_text()``), asynchronous ones once; one inside a
+    loop carries how many times it runs (``Transfer.repeats``)."""
     names, sizes = tuple(mesh.axis_names), tuple(mesh.shape[n] for n in mesh.axis_names)
     out = []
-    for line in hlo_text.splitlines():
+    lines = hlo_text.splitlines()
+    for line, repeats in zip(lines, _executions(lines), strict=True):
         m = _INSTRUCTION.search(line)
         if m is None:
             continue
@@ -94,5 +141,5 @@ def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
         shape = tuple(int(d) for d in dims.split(",") if d)
         mesh_axes, n = _groups(line, names, sizes)
         kind = TransferKind(m.group("kind"))
-        out.append(Transfer(kind, mesh_axes, n, shape, dtype, nbytes, moved(kind, n, nbytes)))
+        out.append(Transfer(kind, mesh_axes, n, shape, dtype, nbytes, moved(kind, n, nbytes), repeats))
     return out

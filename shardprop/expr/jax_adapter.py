@@ -83,8 +83,14 @@ class Body:
 
 
 def make_jaxpr(flat_fun: Callable, avals: Sequence[jax.ShapeDtypeStruct]):
-    """Trace ``flat_fun`` (flat positional arrays in, flat list out) into a closed jaxpr."""
-    return jax.make_jaxpr(flat_fun)(*avals)
+    """Trace ``flat_fun`` (flat positional arrays in, flat list out) into a closed jaxpr, without the equations
+    whose results nothing uses (``jax.grad`` leaves the forward loss in; ``jax.jit`` drops such code, so the cost
+    model must not count it). Effectful equations (callbacks, prints) stay."""
+    from jax._src.interpreters import partial_eval as pe
+
+    closed = jax.make_jaxpr(flat_fun)(*avals)
+    jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    return closed.replace(jaxpr=jaxpr)
 
 
 def closed_body(closed_jaxpr) -> Body:

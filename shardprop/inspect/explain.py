@@ -206,7 +206,8 @@ def _replicated_origin(plan: Plan, v: int, axis: int) -> tuple[str, tuple[Step, 
             break
         step = Step(v, axis, node.op, sharded.rules[node.id], node.source)
         if node.id in sharded.fallbacks:
-            origin, reason = f"`{node.op}` at {_where(node.source)}", _why_rule(node.op, fallback=True)
+            origin, reason = f"`{node.op}` at {_where(node.source)}", _why_rule(node.op, fallback=True,
+                                                                            cause=sharded.fallback_causes.get(node.id))
             steps.append(step)
             break
         feeding = _feeding_axes(plan, node, v, axis)
@@ -289,11 +290,11 @@ def _consumes(plan: Plan, node) -> list[str]:
     return out
 
 
-def _why_rule(op: str, fallback: bool = False) -> str:
+def _why_rule(op: str, fallback: bool = False, cause: str | None = None) -> str:
     """The first sentence of the rule's docstring (or its family's): the why lives next to the rule."""
     record = lookup(op)
     if fallback or record.is_fallback:
-        return fallback_for(op).why + " (no proven rule for this op here)"
+        return fallback_for(op).why + f" ({cause or 'no proven rule for this op here'})"
     return record.why
 
 

@@ -140,10 +140,57 @@ def format_stages(plan: Plan) -> str:
                 node = graph.nodes[n]
                 where = f" at {short_source(node.source)}" if node.source else ""
                 lines.append(f"  {collective} finishes `{node.op}`{where}")
+            lines += body_lines(plan, n, "  ")
         for v, out_layout in zip(stage.outputs, stage.out_layouts, strict=True):
             lines.append(f"  out {typed_name(plan, v, out_layout)}  {layout_to_spec(out_layout)}")
     lines.append(f"program outputs: {', '.join(str(s) for s in plan.output_sources)}")
     return "\n".join(lines)
+
+
+def body_lines(view, node_id: int, indent: str) -> list[str]:
+    """What the bodies of a loop or a cond do beyond computing on their blocks — values moved inside them, sums
+    finished by collectives, carries kept partial — indented under the op; nothing for a body that does not
+    communicate."""
+    plans = view.body_plans(node_id)
+    if not plans:
+        return []
+    node = view.graph.nodes[node_id]
+    out = []
+    for k, body_plan in enumerate(plans):
+        body, inner = body_plan.body, body_plan.decisions
+        graph = inner.graph
+        said = []
+        for c in body.carries:
+            axes = inner.partial_inputs.get(c.body_input)
+            if axes:
+                said.append(f"carry {c.output} kept a partial sum over {'*'.join(axes)} (summed after the loop)")
+        for n in graph.nodes:
+            where = f" at {short_source(n.source)}" if n.source else ""
+            for v, need in dict.fromkeys(inner.edges(n)):
+                move = movement(inner.layout(v), need)
+                if move.kind is not None:
+                    said.append(f"{graph.value_name(v)}:{_body_type(inner, v)} {move} for `{n.op}`{where}")
+            collective = inner.collective(n.id)
+            if collective is not None:
+                said.append(f"{collective} finishes `{n.op}`{where}")
+            said += body_lines(inner, n.id, "  ")
+        for v, want in zip(graph.outputs, body.out_layouts, strict=True):
+            move = movement(inner.layout(v), want)
+            if move.kind is not None:
+                said.append(f"output {graph.value_name(v)}:{_body_type(inner, v)} {move} at the end")
+        if not said:
+            continue
+        what = ("condition" if any(c.body_output is None for c in body.carries) else "body") if body.carries \
+            else f"branch {k}"
+        times = "" if not body.carries else " every iteration" if body.repeats is None else f", x{body.repeats}"
+        out.append(f"{indent}`{node.op}` at {short_source(node.source)} {what}{times}:")
+        out += [f"{indent}  {line}" for line in said]
+    return out
+
+
+def _body_type(view, v: int) -> str:
+    aval = view.graph.avals[v]
+    return f"{short_dtype(aval.dtype)}[{format_layout(aval.shape, view.layout(v))}]"
 
 
 class StageTable(tuple):

@@ -1,23 +1,19 @@
-"""``scan``: sharded through when the body provably needs no communication.
+"""``scan``, ``while`` and ``cond``: the loop or branch stays one node of its stage, sharded, and its body may
+communicate.
 
-The body is traced into its own graph and propagated with the carry, the constants and one slice of the
-scanned inputs (axis 0 needed whole) as its inputs. The carry must come out laid out as it went in; when it
-does not, the carry layout is coarsened (or refined, if the initial carry can be sliced locally) and the body
-propagated again, a few times at most. If the body then needs no gather anywhere, the scan runs per block
-inside its stage with those layouts; otherwise it falls back to the conservative rule, with a warning.
-``cond`` (and ``lax.switch``) likewise: every branch is propagated with the operands' layouts; when all branches
-need no gather and lay their outputs out alike, the ``cond`` runs per block — each device takes the branch its
-(scalar, so replicated) index selects, on its blocks; otherwise the conservative fallback. ``while`` has no rule
-yet (issue #15).
+A body (a loop body, a while loop's condition, each branch of a ``cond``) is traced into its own graph and
+propagated with the layouts its inputs arrive in; whatever it needs — a sum over a sharded axis finished by a
+``psum``, an operand gathered — happens *inside* the body, on every iteration, as it would in a stage
+(the split pass decides the body's collectives with the program's strategy). The carry layout is found by a
+fixed point: the body is propagated with the carry laid out as it goes in; where it comes out otherwise the
+carry is refined (when the initial carry can be sliced locally) or coarsened to what both agree on, and the body
+propagated again, a few times at most. Where it still comes out otherwise, the body's output is moved into the
+carry layout at the end of each iteration. A ``cond``'s branches are propagated with the operands' layouts and
+their outputs brought to the layout they have in common. Only a body containing a primitive without a rule makes
+the op fall back (gathered, replicated, run on whole arrays), and the warning names that primitive.
 
-Lineage looks inside the body: a block of ``ys`` reads the same iterations of ``xs`` (and, through the carry,
-every earlier iteration). The body is walked with the same rules, seeded with what the output block asks of
-one iteration. Whatever that needs of the incoming carry is asked of the previous iteration's outgoing
-carry, and so on until the carry regions stop growing: the union of everything asked on the way is sound
-for every iteration. A scan whose ``ys`` block needs nothing of the carry (a ``map``) is exact: iterations
-``[s, e)`` of ``xs`` only.
-
-On blocks, a sharded scan is a ``lax.scan`` over the per-block evaluation of its body graph.
+On blocks, a sharded scan is a ``lax.scan`` (a while loop a ``lax.while_loop``, a cond a ``lax.switch`` on its
+replicated index) over the per-block evaluation of its bodies.
 """
 
 from __future__ import annotations
@@ -27,27 +23,44 @@ import functools
 from jax import lax
 
 from ..backends.blocks import Blocks
-from ..backends.evaluate import run_graph
+from ..backends.evaluate import run_body, starting_carry
 from ..errors import ShardingError
-from ..expr import Graph, trace_jaxpr
+from ..expr import Graph
 from ..expr import jax_adapter as jx
-from ..expr.graph import Node
-from ..inspect.lineage.boxes import Box, LineageContext, contains, full_box, normalize
-from ..inspect.lineage.walk import seeded_dependencies
+from ..expr.graph import Node, short_source
 from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import Sharded, TensorSharding, common_layout, layout_refines
+from ..propagation.product import Body, Carry, ShardedGraph
+from ..propagation.sharding import Layout, Sharded, TensorSharding, common_layout, layout_refines
+from .control_flow_lineage import body_graph, cond_lineage, scan_lineage
 from .fallback import conservative, whole_operands
 from .opdef import Family, OpDef
 
 
-def _needs_no_gather(body) -> bool:
-    return all(layout_refines(body.layout(v), need) for node in body.graph.nodes
-               for v, need in zip(node.operands, body.needs[node.id], strict=True))
+class _NoBody(Exception):
+    """A body that cannot be sharded (a primitive without a rule inside it): the op falls back, saying why."""
+
+
+def _sharded_body(ctx: RuleContext, graph: Graph, layouts: list[Layout]) -> ShardedGraph:
+    try:
+        body = ctx.propagate_body(graph, layouts)
+    except ShardingError as err:
+        raise _NoBody(f"its body could not be sharded: {str(err).splitlines()[0]}") from None
+    if body.fallbacks:
+        first = min(body.fallbacks)
+        node = graph.nodes[first]
+        inner = body.fallback_causes.get(first)
+        raise _NoBody(f"`{node.op}` at {short_source(node.source, 'an unknown line')} inside its body has no rule"
+                      + (f": {inner}" if inner else ""))
+    return body
+
+
+def _fallback(ctx: RuleContext, operands, why: _NoBody) -> RuleOutput:
+    return conservative(ctx, *operands)._replace(fallback=True, fallback_cause=str(why))
 
 
 def _sharded_like(ctx: RuleContext, shape, layout, operands) -> TensorSharding:
     """Shards for ``layout`` whose parents are the same-numbered blocks of every operand axis laid out over
-    the same mesh axes (what a communication-free body computes each block from)."""
+    the same mesh axes (what a body computes each block from)."""
     axes = []
     for k, (n, mesh_axes) in enumerate(zip(shape, layout, strict=True)):
         if not mesh_axes:
@@ -58,160 +71,128 @@ def _sharded_like(ctx: RuleContext, shape, layout, operands) -> TensorSharding:
     return TensorSharding(tuple(shape), tuple(axes))
 
 
-def scan(ctx: RuleContext, *operands: TensorSharding, jaxpr, num_consts, num_carry, **params) -> RuleOutput:
+def _carry_fixed_point(ctx: RuleContext, graph: Graph, init: list[Layout], inputs) -> tuple[list[Layout], ShardedGraph]:
+    """The carry layouts and the body propagated with them: ``inputs(carry)`` are the body's input layouts, the
+    carry its first ``len(init)`` outputs. Where the carry comes out otherwise than it went in, the next round
+    refines it (the initial carry can be sliced locally) or keeps what both agree on; a carry that has not settled
+    after a few rounds is whatever the last round said, and the body's output is moved into it per iteration."""
+    carry = list(init)
+    for _ in range(2 * sum(len(c) for c in init) + 2):
+        body = _sharded_body(ctx, graph, inputs(carry))
+        out = [body.layout(v) for v in graph.outputs[:len(carry)]]
+        settled = [o if layout_refines(c, o) else common_layout(c, o) for c, o in zip(carry, out, strict=True)]
+        if settled == carry:
+            return carry, body
+        carry = settled
+    return carry, _sharded_body(ctx, graph, inputs(carry))
+
+
+def scan(ctx: RuleContext, *operands: TensorSharding, jaxpr, num_consts, num_carry, length, **params) -> RuleOutput:
     consts, init, xs = operands[:num_consts], operands[num_consts:num_consts + num_carry], \
         operands[num_consts + num_carry:]
-    graph = trace_jaxpr(jaxpr)
-    carry = [op.layout for op in init]
-    body = None
-    for _ in range(2 * sum(len(op.shape) for op in init) + 2):
-        try:
-            body = ctx.propagate_body(graph, [op.layout for op in consts] + carry + [op.layout[1:] for op in xs])
-        except ShardingError:
-            body = None
-            break
-        out = [body.layout(v) for v in graph.outputs[:num_carry]]
-        if out == carry:
-            break
-        # Refine where the initial carry can be sliced locally; otherwise keep only what both agree on.
-        carry = [o if layout_refines(c_in, o) else common_layout(c_in, o)
-                 for c_in, o in zip(carry, out, strict=True)]
-    else:
-        body = None
-    if body is None or not _needs_no_gather(body) or any(
-            body.layout(v) != c for v, c in zip(graph.outputs[:num_carry], carry, strict=True)):
-        return conservative(ctx, *operands)._replace(fallback=True)
+    graph = body_graph(jaxpr)
+    const_layouts, xs_layouts = [op.layout for op in consts], [op.layout[1:] for op in xs]
+    try:
+        carry, body = _carry_fixed_point(ctx, graph, [op.layout for op in init],
+                                         lambda carry: const_layouts + carry + xs_layouts)
+    except _NoBody as why:
+        return _fallback(ctx, operands, why)
+    ys = [body.layout(v) for v in graph.outputs[num_carry:]]
     out_avals = ctx.out_avals
-    carry_out = [_sharded_like(ctx, a.shape, layout, operands)
-                 for a, layout in zip(out_avals[:num_carry], carry, strict=True)]
-    ys = [_sharded_like(ctx, a.shape, ((),) + body.layout(v), operands)
-          for a, v in zip(out_avals[num_carry:], graph.outputs[num_carry:], strict=True)]
-    needs = tuple(op.layout for op in consts) + tuple(carry) + tuple(((),) + op.layout[1:] for op in xs)
-    return RuleOutput(tuple(carry_out + ys), needs, body=body)
+    outputs = [_sharded_like(ctx, a.shape, layout, operands)
+               for a, layout in zip(out_avals, carry + [((),) + y for y in ys], strict=True)]
+    carries = tuple(Carry(num_consts + k, k, num_consts + k, k) for k in range(num_carry))
+    needs = tuple(const_layouts) + tuple(carry) + tuple(((),) + x for x in xs_layouts)
+    return RuleOutput(tuple(outputs), needs, body=(Body(body, tuple(carry + ys), length, carries),))
 
 
-# Rounds of carry growth before giving up and asking for the whole carry (always a fixed point).
-MAX_CARRY_ROUNDS = 16
+def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts,
+               **params) -> RuleOutput:
+    """A ``while_loop`` (and a ``fori_loop`` with traced bounds): the carry's fixed point through the body, then
+    the condition propagated with it; its predicate is a scalar, so every device holds it whole and all take the
+    same number of iterations."""
+    n_fixed = cond_nconsts + body_nconsts
+    cond_consts, body_consts, init = operands[:cond_nconsts], operands[cond_nconsts:n_fixed], operands[n_fixed:]
+    cond_layouts, body_layouts = [op.layout for op in cond_consts], [op.layout for op in body_consts]
+    try:
+        carry, body = _carry_fixed_point(ctx, body_graph(body_jaxpr), [op.layout for op in init],
+                                         lambda carry: body_layouts + carry)
+        cond = _sharded_body(ctx, body_graph(cond_jaxpr), cond_layouts + carry)
+    except _NoBody as why:
+        return _fallback(ctx, operands, why)
+    outputs = tuple(_sharded_like(ctx, a.shape, layout, operands)
+                    for a, layout in zip(ctx.out_avals, carry, strict=True))
+    n = len(carry)
+    bodies = (Body(cond, ((),), None, tuple(Carry(cond_nconsts + k, None, n_fixed + k, k) for k in range(n))),
+              Body(body, tuple(carry), None, tuple(Carry(body_nconsts + k, k, n_fixed + k, k) for k in range(n))))
+    return RuleOutput(outputs, (*cond_layouts, *body_layouts, *carry), body=bodies)
 
 
-@functools.lru_cache(maxsize=128)
-def _body_graph(jaxpr) -> Graph:
-    return trace_jaxpr(jaxpr)
+def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, branches, **params) -> RuleOutput:
+    """Every branch propagated with the operands' layouts; the outputs take the layout all branches have in common
+    (a branch holding one otherwise moves it at its end). The index is a scalar: every device holds it whole and
+    takes the same branch."""
+    layouts = [op.layout for op in operands]
+    try:
+        sharded = [_sharded_body(ctx, body_graph(branch), layouts) for branch in branches]
+    except _NoBody as why:
+        return _fallback(ctx, (index, *operands), why)
+    out = [sharded[0].layout(v) for v in sharded[0].graph.outputs]
+    for body in sharded[1:]:
+        out = [common_layout(o, body.layout(v)) for o, v in zip(out, body.graph.outputs, strict=True)]
+    shardings = tuple(_sharded_like(ctx, a.shape, layout, operands)
+                      for a, layout in zip(ctx.out_avals, out, strict=True))
+    return RuleOutput(shardings, (index.layout, *layouts), body=tuple(Body(b, tuple(out)) for b in sharded))
 
 
-def _covered(boxes: list[Box], by: list[Box]) -> bool:
-    return all(any(contains(outer, box) for outer in by) for box in boxes)
-
-
-def _seeds(body: Graph, num_consts: int, carry_boxes: dict[int, list[Box]]) -> dict[int, list[Box]]:
-    """``{body value: boxes}`` asking each outgoing carry for the boxes asked of the matching incoming carry
-    (two carries may be the same value: their boxes are pooled)."""
-    seeds: dict[int, list[Box]] = {}
-    for c, boxes in carry_boxes.items():
-        if boxes:
-            seeds.setdefault(body.outputs[c - num_consts], []).extend(boxes)
-    return seeds
-
-
-def scan_lineage(ctx: LineageContext, box: Box, output: int, *, jaxpr, length, reverse=False, num_consts, num_carry,
-         **params) -> list[list[Box]]:
-    n_xs = len(ctx.in_shapes) - num_consts - num_carry
-    if length == 0:
-        ctx.exact = False
-        return [[full_box(shape)] for shape in ctx.in_shapes]
-    body = _body_graph(jaxpr)
-    carry_in = list(range(num_consts, num_consts + num_carry))
-    is_y = output >= num_carry
-    # What one iteration's outputs are asked for: a y block drops its leading (iteration) axis.
-    found, exact = seeded_dependencies(body, {body.outputs[output]: [box[1:] if is_y else box]})
-    asked_of = {i: list(found[i]) for i in range(len(ctx.in_shapes))}
-    carry_asked = {c: normalize(found[c])[0] for c in carry_in}
-    uses_carry = any(carry_asked.values())
-    frontier = carry_asked
-    for _ in range(MAX_CARRY_ROUNDS):
-        if not any(frontier.values()):
-            break
-        # The incoming carry of one iteration is the outgoing carry of the one before.
-        found, step_exact = seeded_dependencies(body, _seeds(body, num_consts, frontier))
-        exact = exact and step_exact
-        for i, boxes in found.items():
-            asked_of[i].extend(boxes)
-        frontier = {c: [] if _covered(found[c], carry_asked[c]) else found[c] for c in carry_in}
-        carry_asked = {c: normalize(carry_asked[c] + found[c])[0] for c in carry_in}
-    if any(frontier.values()):  # still growing: the whole carry is a fixed point of the loop, so ask for it
-        carry_asked = {c: [full_box(ctx.in_shapes[c])] for c in carry_in}
-        found, _ = seeded_dependencies(body, _seeds(body, num_consts, carry_asked))
-        for i, boxes in found.items():
-            asked_of[i].extend(boxes)
-        exact = False
-
-    # Which iterations run code that the block reads.
-    if uses_carry:
-        exact = False  # the union over iterations is sound but may over-approximate a given iteration
-        iterations = (box[0][0], length) if is_y and reverse else (0, box[0][1]) if is_y else (0, length)
-    else:
-        iterations = box[0] if is_y else ((0, 1) if reverse else (length - 1, length))
-    ctx.exact = ctx.exact and exact
-    answer: list[list[Box]] = []
-    for i in range(len(ctx.in_shapes)):
-        if i < num_consts:
-            answer.append(asked_of[i])
-        elif i < num_consts + num_carry:
-            answer.append(carry_asked[i] if uses_carry else [])  # the initial carry feeds iteration 0
-        else:
-            answer.append([(iterations,) + b for b in asked_of[i]])
-    assert len(answer) == num_consts + num_carry + n_xs
-    return answer
+def _run(plan, inputs: list) -> list:
+    return run_body(plan, list(inputs))
 
 
 def scan_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
-    body, params = blocks.body, node.params
-    if body is None:  # the conservative rule: everything replicated, the scan as it is (its constraints dropped)
-        return jx.bind(node.primitive, invals, jx.without_placements(node.params))
+    params = node.params
+    if blocks.body is None:  # the conservative rule: everything replicated, the scan as it is (its constraints dropped)
+        return jx.bind(node.primitive, invals, jx.without_placements(params))
+    (plan,) = blocks.body
     n_consts, n_carry = params["num_consts"], params["num_carry"]
-    consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    consts, xs = invals[:n_consts], invals[n_consts + n_carry:]
+    init = starting_carry(plan, invals, blocks.mesh_shape)
 
     def step(carry, x):
-        outs = run_graph(body, [*consts, *carry, *x])
+        outs = _run(plan, [*consts, *carry, *x])
         return outs[:n_carry], outs[n_carry:]
 
-    carry, ys = lax.scan(step, list(init), list(xs), length=params["length"], reverse=params["reverse"],
+    carry, ys = lax.scan(step, init, list(xs), length=params["length"], reverse=params["reverse"],
                          unroll=params["unroll"])
     return [*carry, *ys]
 
 
-def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, branches, **params) -> RuleOutput:
-    """Sharded through when every branch, propagated with the operands' layouts, needs no gather and lays its
-    outputs out as the others do (the index is a scalar: every device holds it whole and takes the same branch)."""
-    layouts = [op.layout for op in operands]
-    bodies = []
-    for branch in branches:
-        try:
-            bodies.append(ctx.propagate_body(_body_graph(branch), layouts))
-        except ShardingError:
-            return conservative(ctx, index, *operands)._replace(fallback=True)
-    outs = {tuple(body.layout(v) for v in body.graph.outputs) for body in bodies}
-    if len(outs) != 1 or not all(_needs_no_gather(body) for body in bodies):
-        return conservative(ctx, index, *operands)._replace(fallback=True)
-    (out,) = outs
-    shardings = tuple(_sharded_like(ctx, a.shape, layout, operands)
-                      for a, layout in zip(ctx.out_avals, out, strict=True))
-    return RuleOutput(shardings, (index.layout, *layouts), body=tuple(bodies))
+def while_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
+    params = node.params
+    if blocks.body is None:
+        return jx.bind(node.primitive, invals, jx.without_placements(params))
+    cond_plan, body_plan = blocks.body
+    n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts, body_consts = invals[:n_cond], invals[n_cond:n_cond + n_body]
+    init = starting_carry(body_plan, invals, blocks.mesh_shape)
+    return list(lax.while_loop(lambda carry: _run(cond_plan, [*cond_consts, *carry])[0],
+                               lambda carry: _run(body_plan, [*body_consts, *carry]), init))
 
 
 def cond_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
-    bodies = blocks.body
-    if bodies is None:  # the conservative rule: operands whole, the cond as it is (its constraints dropped)
+    if blocks.body is None:  # the conservative rule: operands whole, the cond as it is (its constraints dropped)
         return jx.bind(node.primitive, invals, jx.without_placements(node.params))
     index, operands = invals[0], invals[1:]
-    branches = [functools.partial(lambda body, *xs: run_graph(body, list(xs)), body) for body in bodies]
+    branches = [functools.partial(lambda plan, *xs: _run(plan, xs), plan) for plan in blocks.body]
     return list(lax.switch(index, branches, *operands))
 
 
 OPS = [
     OpDef("scan", Family.CONTROL_FLOW, propagate=scan, lineage=scan_lineage, lineage_exact=True,
           per_block=scan_on_blocks, finish=None, pull=None),
-    # Lineage stays whole-operand (sound; looking into the branches is issue #15).
-    OpDef("cond", Family.CONTROL_FLOW, propagate=cond, lineage=whole_operands, lineage_exact=False,
+    # Lineage through a while loop stays whole-operand (sound: its trip count is unknown before it runs).
+    OpDef("while", Family.CONTROL_FLOW, propagate=while_loop, lineage=whole_operands, lineage_exact=False,
+          per_block=while_on_blocks, finish=None, pull=None),
+    OpDef("cond", Family.CONTROL_FLOW, propagate=cond, lineage=cond_lineage, lineage_exact=True,
           per_block=cond_on_blocks, finish=None, pull=None),
 ]

@@ -21,7 +21,6 @@ OPAQUE = ("a host callback or foreign function: opaque to sharding, it runs outs
           "(gathered) arrays, as under jax.jit")
 PRNG = "a PRNG implementation internal: it runs inside random_bits, never in a traced program"
 MEMORY = "memory spaces, layouts and compiler metadata: nothing to shard"
-CONTROL_FLOW = "a while loop (fori_loop with a traced bound): conservative until loops are sharded (issue #15)"
 INTERNAL = "a JAX internal that jax.numpy, jax.nn and jax.lax do not emit"
 NOT_IN_TRACES = "lax.stage lifts a value into a trace: it binds nothing inside one"
 NO_FUNCTION = ("no public function emits it: the max-pool's derivative binds select_and_scatter_add, which has a "
@@ -52,7 +51,6 @@ WITHOUT_RECORD: dict[str, str] = {
                      "inspect_sharding", "check"), OPAQUE),
     **dict.fromkeys(("iota_2x32_shape", "philox2x32", "philox4x32", "threefry4x32"), PRNG),
     **dict.fromkeys(("empty2", "tie", "layout_constraint", "compute_on", "xla_metadata_value"), MEMORY),
-    "while": CONTROL_FLOW,
     **dict.fromkeys(("eval_jaxpr", "from_edtype", "to_edtype", "scaled_dot", "custom_partitioning", "shard_alike",
                      "geqrf", "geqp3"), INTERNAL),
     "select_and_scatter": NO_FUNCTION,

@@ -22,10 +22,12 @@ from .sharding import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding
 class RuleOutput(NamedTuple):
     outputs: tuple[TensorSharding, ...]
     needs: tuple[Layout, ...]
-    # A rule that shards a sub-computation (a scan body) returns its propagated graph for the backend.
+    # A rule that shards sub-computations (a scan body) returns them (a tuple of Body) for the backend.
     body: Any = None
     # True when the rule could not prove anything better and used the conservative rule: warned about.
     fallback: bool = False
+    # Why, when the cause is inside a sub-computation (its primitive and line), for the warning and strict=True.
+    fallback_cause: str | None = None
 
 
 class RuleConflict(Exception):

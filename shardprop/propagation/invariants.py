@@ -53,9 +53,12 @@ def check_sharded(sharded: ShardedGraph) -> None:
             _check_layout(need, f"node {node.id} (`{node.op}`) need")
     if not sharded.fallbacks <= {n.id for n in graph.nodes}:
         _fail("a fallback names a node that does not exist")
-    for body in sharded.bodies.values():
-        for each in body if isinstance(body, tuple) else (body,):  # a cond has one per branch
-            check_sharded(each)
+    for bodies in sharded.bodies.values():
+        for body in bodies:
+            check_sharded(body.sharded)
+            outputs = body.sharded.graph.outputs
+            if len(body.out_layouts) != len(outputs):
+                _fail(f"a body has {len(outputs)} outputs and {len(body.out_layouts)} output layouts")
 
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from enum import StrEnum
 from functools import cached_property
 
@@ -11,6 +12,33 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ..expr.graph import Graph, Node, render, short_dtype
 from .sharding import Layout, Shard, Sharded, TensorSharding
+
+
+class Carry(NamedTuple):
+    """A value a loop carries from one iteration to the next: the body takes it as input ``body_input`` and
+    returns it as output ``body_output`` (None: a body that only reads it, a while loop's condition); the loop
+    node takes its initial value as operand ``operand`` and returns the last as output ``output``."""
+
+    body_input: int
+    body_output: int | None
+    operand: int
+    output: int
+
+
+@dataclass(frozen=True, eq=False)
+class Body:
+    """A sub-computation a rule sharded (a loop body, a while loop's condition, a branch of a ``cond``).
+
+    ``sharded`` is its propagated graph; the op takes the body's outputs in ``out_layouts`` (an output held
+    otherwise is moved at the end of the body, inside the loop); ``repeats`` is how many times the body runs
+    per execution of the op (a scan's length; None when unknown, a while loop); ``carries`` the loop-carried
+    values (empty for a branch).
+    """
+
+    sharded: ShardedGraph
+    out_layouts: tuple[Layout, ...]
+    repeats: int | None = 1
+    carries: tuple[Carry, ...] = ()
 
 
 class RuleName(StrEnum):
@@ -38,13 +66,15 @@ class ShardedGraph:
     needs: tuple[tuple[Layout, ...], ...]
     rules: tuple[str, ...]
     fallbacks: frozenset[int]
-    # Sharded sub-computations by node id (a scan's body), for the backend to evaluate per block.
-    bodies: Mapping[int, ShardedGraph | tuple[ShardedGraph, ...]] = field(default_factory=dict)  # cond: per branch
+    # Sharded sub-computations by node id (a scan's body; a while loop's condition and body; a cond's branches).
+    bodies: Mapping[int, tuple[Body, ...]] = field(default_factory=dict)
     # Conflicts resolved by moving an operand: node id -> (operand index, the conflict's message).
     reshards: Mapping[int, tuple[int, str]] = field(default_factory=dict)
     # Axes created open (unannotated arguments, new axes) that adopted a sharding: (value, axis) -> the node
     # where they met it (a sharding constraint, an op with a sharded operand).
     adoptions: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    # Fallbacks caused by something inside a sub-computation: node id -> what (a body primitive and its line).
+    fallback_causes: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def mesh_shape(self) -> dict[str, int]:

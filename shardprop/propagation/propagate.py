@@ -87,10 +87,12 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
                                 conflicts="error" if strict else conflicts)
     if strict and sharded.fallbacks:
-        node = graph.nodes[min(sharded.fallbacks)]
-        raise NoRuleError(f"no sharding rule applies to `{node.op}` at {node.source or 'an unknown source line'} "
-                          "(strict=True; without it the conservative rule would gather its operands)")
-    warn_fallbacks(graph, sharded.fallbacks)
+        first = min(sharded.fallbacks)
+        node, cause = graph.nodes[first], sharded.fallback_causes.get(first)
+        raise NoRuleError(f"no sharding rule applies to `{node.op}` at {short_source(node.source, 'an unknown line')}"
+                          f"{f' ({cause})' if cause else ''} (strict=True; without it the conservative rule would "
+                          "gather its operands)")
+    warn_fallbacks(graph, sharded.fallbacks, sharded.fallback_causes)
     warn_reshards(graph, sharded)
     return checked(sharded)
 
@@ -131,7 +133,7 @@ def _warn_at(message: str, category, source: str | None) -> None:
         warnings.warn(message, category, stacklevel=4)
 
 
-def warn_fallbacks(graph: Graph, fallbacks) -> None:
+def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
     """One :class:`FallbackWarning` per primitive that fell back in this program, attributed to the user's line
     of its first use (so that Python's warning filters, and the printed location, name the user's code)."""
     uses: dict[str, list[Node]] = {}
@@ -142,8 +144,10 @@ def warn_fallbacks(graph: Graph, fallbacks) -> None:
         first = nodes[0]
         more = "" if len(nodes) == 1 else f" (and {len(nodes) - 1} more use(s))"
         where = short_source(first.source, "an unknown line")
-        message = (f"shardprop: no sharding rule for primitive `{name}` at {where}{more} (or none that applies "
-                   "here); using the conservative rule (operands gathered, result replicated)")
+        cause = (causes or {}).get(first.id)
+        message = (f"shardprop: no sharding rule for primitive `{name}` at {where}{more} "
+                   f"({cause or 'or none that applies here'}); using the conservative rule (operands gathered, "
+                   "result replicated)")
         _warn_at(message, FallbackWarning, first.source)
 
 
@@ -182,7 +186,8 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts)
         final.run()
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
-                        frozenset(final.fallbacks), final.bodies, final.reshards, final.adoptions)
+                        frozenset(final.fallbacks), final.bodies, final.reshards, final.adoptions,
+                        final.fallback_causes)
 
 
 def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh) -> ShardedGraph:
@@ -209,6 +214,7 @@ class _Walk:
         self.needs: list[tuple[Layout, ...]] = []
         self.rule_names: list[str] = []
         self.fallbacks: list[int] = []
+        self.fallback_causes: dict[int, str] = {}
 
     def run(self) -> None:
         avals = self.graph.avals
@@ -249,6 +255,8 @@ class _Walk:
                 if op.is_fallback or result.fallback:
                     rule_name = RuleName.FALLBACK
                     self.fallbacks.append(node.id)
+                    if result.fallback_cause:
+                        self.fallback_causes[node.id] = result.fallback_cause
                 else:
                     rule_name = op.rule_name
             if node.op in (PARAMETER, CONSTANT):

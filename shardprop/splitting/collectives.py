@@ -46,7 +46,13 @@ class Collective:
     kind: CollectiveKind
     mesh_axes: tuple[str, ...]
     dimension: int | None = None
+    # The outputs (by position) it finishes; None: all of them. A loop finishes only the carries it kept partial.
+    outputs: tuple[int, ...] | None = None
+
+    def finishes(self, position: int) -> bool:
+        return self.outputs is None or position in self.outputs
 
     def __str__(self) -> str:
         along = "" if self.dimension is None else f" along axis {self.dimension}"
-        return f"{self.kind} over {'*'.join(self.mesh_axes)}{along}"
+        which = "" if self.outputs is None else f" of outputs {', '.join(map(str, self.outputs))}"
+        return f"{self.kind} over {'*'.join(self.mesh_axes)}{along}{which}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
@@ -48,11 +48,17 @@ class Transfer:
     dtype: str
     bytes: int
     moved_bytes: float
+    repeats: int = 1  # executions per run of the program: a collective inside a loop runs once per iteration
+
+    @property
+    def total_moved_bytes(self) -> float:
+        return self.moved_bytes * self.repeats
 
     def __str__(self) -> str:
         axes = "*".join(self.mesh_axes) or "?"
+        times = "" if self.repeats == 1 else f", x{self.repeats} (in a loop)"
         return f"{self.kind} over {axes} (groups of {self.group_size}): {self.dtype}{list(self.shape)}, " \
-               f"{self.bytes} B result, ~{self.moved_bytes:.0f} B moved per device"
+               f"{self.bytes} B result, ~{self.moved_bytes:.0f} B moved per device{times}"
 
 
 def moved(kind: TransferKind, n: int, size: int) -> float:
@@ -65,7 +71,8 @@ def moved(kind: TransferKind, n: int, size: int) -> float:
 
 
 def total_moved(transfers: Iterable[Transfer]) -> float:
-    return sum(t.moved_bytes for t in transfers)
+    """Bytes one device moves in ``transfers``, a collective inside a loop counted once per iteration."""
+    return sum(t.total_moved_bytes for t in transfers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +175,9 @@ def collective_transfers(view: Decisions, node: Node, collective: Collective) ->
     # A reduce-scatter's result is the finer block the plan holds; an all-reduce's the block it computed.
     layout = view.layout if kind is TransferKind.REDUCE_SCATTER else view.computed_layout
     out = []
-    for v in node.outputs:
+    for k, v in enumerate(node.outputs):
+        if not collective.finishes(k):
+            continue
         aval = graph.avals[v]
         out.append(transfer(kind, collective.mesh_axes, aval, layout(v), view.mesh_shape))
         extra = []
@@ -217,4 +226,30 @@ def stage_estimate(plan, stage, seen: set | None = None) -> list[Transfer]:
         collective = plan.collective(n)
         if collective is not None:
             out += collective_transfers(plan, plan.graph.nodes[n], collective)
+        out += body_transfers(plan, n)
+    return out
+
+
+def body_transfers(view: Decisions, node_id: int) -> list[Transfer]:
+    """What the bodies of a loop or a cond move, each collective with the number of times it runs (a scan's
+    length; once for a while loop, whose trip count is unknown): the operands its nodes need coarser than held
+    (each value and layout once per iteration), the collectives finishing its nodes, the outputs moved into the
+    layouts the loop takes them in, and the bodies of its own loops."""
+    out: list[Transfer] = []
+    for plan in view.body_plans(node_id) or ():
+        body, inner = plan.body, plan.decisions
+        graph = inner.graph
+        moves = {(v, need) for node in graph.nodes for v, need in inner.edges(node)}
+        moves |= set(zip(graph.outputs, body.out_layouts, strict=True))
+        once: list[Transfer] = []
+        for v, need in sorted(moves):
+            found = move_transfer(inner, v, inner.layout(v), need)
+            if found is not None:
+                once.append(found)
+        for node in graph.nodes:
+            collective = inner.collective(node.id)
+            if collective is not None:
+                once += collective_transfers(inner, node, collective)
+            once += body_transfers(inner, node.id)
+        out += [replace(t, repeats=t.repeats * (body.repeats or 1)) for t in once]
     return out

@@ -11,6 +11,7 @@ last one, with its stages; lowering and inspection read a Plan through these met
     plan.needs(node_id)        # operand layouts, in operand order
     plan.layout(value)         # the layout the value is held in once computed
     plan.collective(node_id)   # the Collective that finishes the node, or None
+    plan.body_plans(node_id)   # a loop's or a cond's bodies, each with its own decisions (BodyPlan)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from types import MappingProxyType
 
 from ..expr.graph import Graph, Node
 from ..propagation import ShardedGraph
+from ..propagation.product import Body
 from ..propagation.sharding import Layout
 from .collectives import Collective
 
@@ -39,6 +41,11 @@ class Decisions:
     collectives: Mapping[int, Collective] = field(default_factory=lambda: _EMPTY)
     # value -> the layout it is held in, where it differs from ``sharded.layout`` (a reduce-scatter's result)
     held: Mapping[int, Layout] = field(default_factory=lambda: _EMPTY)
+    # node id -> its bodies' plans, where a strategy decided them (else propagation's, see body_plans)
+    bodies: Mapping[int, tuple[BodyPlan, ...]] = field(default_factory=lambda: _EMPTY)
+    # A body's inputs (by position) that each device holds as a partial sum over these mesh axes: a loop
+    # carries them unreduced and one collective after the loop finishes them (see strategies.defer_sums).
+    partial_inputs: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
 
     @classmethod
     def propagated(cls, sharded: ShardedGraph) -> Decisions:
@@ -80,6 +87,15 @@ class Decisions:
         """The collective that finishes node ``node_id``, or None."""
         return self.collectives.get(node_id)
 
+    def body_plans(self, node_id: int) -> tuple[BodyPlan, ...] | None:
+        """The bodies of node ``node_id`` (a loop, a cond) with their decisions; None for a node without any
+        (or one that fell back)."""
+        plans = self.bodies.get(node_id)
+        if plans is not None:
+            return plans
+        bodies = self.sharded.bodies.get(node_id)
+        return None if bodies is None else tuple(BodyPlan(b, Decisions.propagated(b.sharded)) for b in bodies)
+
     def computed_layout(self, value: int) -> Layout:
         """The layout ``value``'s producer computes it in: before a collective finishes it, each device holds
         a partial result laid out as propagation said (a ``psum_scatter`` then holds it finer)."""
@@ -92,14 +108,30 @@ class Decisions:
         return zip(node.operands, self.needs(node.id), strict=True)
 
     def revised(self, *, needs: Mapping[int, tuple[Layout, ...]] = _EMPTY,
-                collectives: Mapping[int, Collective] = _EMPTY, held: Mapping[int, Layout] = _EMPTY) -> Decisions:
-        """A new ``Decisions`` with these entries added (or replaced); this one is unchanged."""
+                collectives: Mapping[int, Collective] = _EMPTY, held: Mapping[int, Layout] = _EMPTY,
+                bodies: Mapping[int, tuple[BodyPlan, ...]] = _EMPTY,
+                partial_inputs: Mapping[int, tuple[str, ...]] | None = None,
+                finished_here: frozenset[int] = frozenset()) -> Decisions:
+        """A new ``Decisions`` with these entries added (or replaced; ``finished_here`` drops the collectives of
+        those nodes); this one is unchanged."""
         return replace(
             self,
             need_overrides=MappingProxyType({**self.need_overrides, **needs}),
-            collectives=MappingProxyType({**self.collectives, **collectives}),
+            collectives=MappingProxyType({k: c for k, c in {**self.collectives, **collectives}.items()
+                                          if k not in finished_here}),
             held=MappingProxyType({**self.held, **held}),
+            bodies=MappingProxyType({**self.bodies, **bodies}),
+            partial_inputs=self.partial_inputs if partial_inputs is None else MappingProxyType(dict(partial_inputs)),
         )
+
+
+@dataclass(frozen=True, eq=False)
+class BodyPlan:
+    """A body (:class:`~shardprop.propagation.product.Body`) with the decisions made for it: which of its sums
+    are finished by a collective, which of its carries stay partial sums through the loop."""
+
+    body: Body
+    decisions: Decisions
 
 
 class Draft(Decisions):
@@ -109,7 +141,8 @@ class Draft(Decisions):
     @classmethod
     def of(cls, decisions: Decisions) -> Draft:
         return cls(sharded=decisions.sharded, need_overrides=dict(decisions.need_overrides),
-                   collectives=dict(decisions.collectives), held=dict(decisions.held))
+                   collectives=dict(decisions.collectives), held=dict(decisions.held), bodies=decisions.bodies,
+                   partial_inputs=decisions.partial_inputs)
 
     # A draft changes as the pass fills it: answer from the revisions directly, not from tables.
     def needs(self, node_id: int) -> tuple[Layout, ...]:
@@ -132,4 +165,5 @@ class Draft(Decisions):
     def frozen(self) -> Decisions:
         return Decisions(sharded=self.sharded, need_overrides=MappingProxyType(dict(self.need_overrides)),
                          collectives=MappingProxyType(dict(self.collectives)),
-                         held=MappingProxyType(dict(self.held)))
+                         held=MappingProxyType(dict(self.held)), bodies=self.bodies,
+                         partial_inputs=self.partial_inputs)

@@ -24,7 +24,10 @@ from ..gc_pause import gc_paused
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, layout_refines, received_layout
 from .collectives import Strategy
-from .decisions import Decisions
+from .decisions import BodyPlan, Decisions
+from .collectives import Collective
+from .cost import body_transfers, collective_bytes, total_moved
+from .partial_sums import deferred_sums
 from ..ops import lookup
 from .invariants import checked
 from .plan import Plan, Source, Stage, StageInput
@@ -57,16 +60,43 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
                               f"{type(sharded).__name__}")
         sharded = plan.sharded
     strategy = Strategy.parse(strategy)
+    decisions = decide(sharded, strategy)
+    stages, output_sources = cut_into_stages(decisions)
+    return checked(Plan(sharded=sharded, need_overrides=decisions.need_overrides,
+                        collectives=decisions.collectives, held=decisions.held, bodies=decisions.bodies,
+                        stages=stages, output_sources=output_sources, strategy=strategy))
+
+
+def decide(sharded: ShardedGraph, strategy: Strategy) -> Decisions:
+    """The strategy's decisions for ``sharded`` and, the same way, for every body of its loops and conds (a
+    body is not cut: what it must move, it moves inside, every iteration), with the sums a loop can carry
+    unreduced (:func:`~shardprop.splitting.partial_sums.deferred_sums`)."""
     decisions = Decisions.propagated(sharded)
     if strategy is not Strategy.GATHER:
         decisions = finish_with_collectives(decisions, only_if_cheaper=strategy is Strategy.AUTO)
     decisions = scatter_where_consumers_slice(decisions)
     if strategy is Strategy.AUTO:
         decisions = pull_gathers_back(decisions)
-    stages, output_sources = cut_into_stages(decisions)
-    return checked(Plan(sharded=sharded, need_overrides=decisions.need_overrides,
-                        collectives=decisions.collectives, held=decisions.held, stages=stages,
-                        output_sources=output_sources, strategy=strategy))
+    bodies: dict[int, tuple[BodyPlan, ...]] = {}
+    finished: dict[int, Collective] = {}
+    for node_id, each in sharded.bodies.items():
+        # Under "auto" a body is also decided as under "collective": a sum it then carries out of the loop
+        # unreduced costs one collective in all, not one per iteration — which local choices cannot see.
+        options = []
+        for choice in (strategy, Strategy.COLLECTIVE) if strategy is Strategy.AUTO else (strategy,):
+            plans = tuple(BodyPlan(body, decide(body.sharded, choice)) for body in each)
+            found = deferred_sums(plans)
+            plans, collective = found if found is not None else (plans, None)
+            trial = decisions.revised(bodies={node_id: plans},
+                                      collectives={node_id: collective} if collective else {})
+            node = sharded.graph.nodes[node_id]
+            cost = total_moved(body_transfers(trial, node_id)) + (
+                collective_bytes(trial, node, collective) if collective else 0.0)
+            options.append((cost, len(options), plans, collective))
+        _, _, bodies[node_id], collective = min(options, key=lambda o: o[:2])
+        if collective is not None:
+            finished[node_id] = collective
+    return decisions.revised(bodies=bodies, collectives=finished) if bodies else decisions
 
 
 def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Source, ...]]:

@@ -116,4 +116,5 @@ def test_intermediates_read_out_in_small_segments_are_the_same(monkeypatch, mesh
     dbg.run()
     assert dbg.compare().agree and dbg.check() == []
     for v in range(len(prog.sharded.graph.avals)):
-        np.testing.assert_array_equal(np.asarray(dbg.value(v)), np.asarray(whole.value(v)))
+        # segments are compiled separately, so XLA may fuse (and round) differently: equal to float32 rounding
+        np.testing.assert_allclose(np.asarray(dbg.value(v)), np.asarray(whole.value(v)), rtol=1e-6, atol=1e-7)

@@ -2,6 +2,7 @@
 
 import warnings
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 import pytest
@@ -56,7 +57,11 @@ def test_replicated_axis_names_the_op_that_dropped_it(mesh):
 
 def test_fallback_is_named_as_the_reason(mesh):
     def f(x):
-        return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 1.5), (0, x))[1] * 2.0
+        # a host callback inside the body: no rule, so the loop falls back, naming it
+        def on_host(v):
+            return jax.pure_callback(lambda u: u * 2.0, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+
+        return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, on_host(c[1])), (0, x))[1] * 2.0
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sp.FallbackWarning)
@@ -64,7 +69,8 @@ def test_fallback_is_named_as_the_reason(mesh):
     loop_value = next(n.outputs[1] for n in prog.graph.graph.nodes if n.op == "while")
     why = sp.explain(prog, loop_value)
     assert why.rule == "conservative fallback"
-    assert all("`while`" in a.origin and "no proven rule" in a.reason for a in why.axes)
+    assert all("`while`" in a.origin and "`pure_callback` at test_explain.py:" in a.reason and "inside its body"
+               in a.reason for a in why.axes)
 
 
 def test_created_axis_that_met_no_sharding(mesh):

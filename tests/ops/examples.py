@@ -167,6 +167,9 @@ EXAMPLES = [
        [((8, 8), F32), ((8,), F32)], [P("i"), None], mesh="8"),
     ex("fft", "fft", lambda a: (jnp.fft.rfft(a), jnp.fft.ifft(jnp.fft.fft(a)).real), [(M, F32)], [P("i", "j")]),
     ex("scan", "scan", lambda a: lax.scan(lambda c, x: (c + x, c * x), a[0], a)[1], [(M, F32)], [P(None, "i")]),
+    ex("while", "while", lambda a: lax.while_loop(
+        lambda c: jnp.max(jnp.abs(c[1])) < 50.0, lambda c: (c[0] + 1, c[1] * 1.5 + jnp.mean(c[1], axis=0)), (0, a))[1],
+       [(M, F32)], [P("i", "j")]),
     ex("cond", "cond", lambda a: lax.cond(a[0, 0] > 0, lambda x: jnp.tanh(x) * 2, lambda x: x - 1, a) + lax.switch(
         jnp.argmax(a[0]).astype(jnp.int32) % 3, [jnp.sin, jnp.cos, lambda x: -x], a), [(M, F32)], [P("i", "j")]),
     ex("random", "random_bits random_seed random_wrap random_unwrap random_split random_fold_in random_clone "

@@ -110,7 +110,7 @@ def test_replicated_operand_is_consumed_as_a_local_slice(mesh):
 
 
 def _doubled(a):
-    return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, a))[1]
+    return jax.pure_callback(lambda x: x * 2.0, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
 
 
 def test_primitive_without_rule_falls_back_with_one_warning_at_the_users_line(mesh):
@@ -118,11 +118,11 @@ def test_primitive_without_rule_falls_back_with_one_warning_at_the_users_line(me
     import warnings
 
     line = inspect.getsourcelines(_doubled)[1] + 1
-    with pytest.warns(sp.FallbackWarning, match="no sharding rule for primitive `while`") as caught:
+    with pytest.warns(sp.FallbackWarning, match="no sharding rule for primitive `pure_callback`") as caught:
         prog = assert_same_as_unsharded(_doubled, random_args([(M, F32)]), mesh=mesh, in_specs=P("i", "j"))
     (warning,) = [w for w in caught if issubclass(w.category, sp.FallbackWarning)]
     assert warning.filename.endswith("test_rules.py") and warning.lineno == line  # the user's line
-    (node,) = [n for n in prog.graph.graph.nodes if n.op == "while"]
+    (node,) = [n for n in prog.graph.graph.nodes if n.op == "pure_callback"]
     assert node.id in prog.graph.fallbacks
     assert all(m == () for need in prog.graph.needs[node.id] for m in need)  # every operand gathered
     assert all(m == () for v in node.outputs for m in prog.graph.layout(v))  # every output replicated

@@ -154,14 +154,17 @@ def test_random_bit_generation_is_conservative_and_exact(mesh):
     assert bits and all(prog.graph.layout(n.output) == ((), ()) for n in bits)
 
 
+def _host_doubled(x):
+    return jax.pure_callback(lambda v: v * 2.0, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
 @pytest.mark.parametrize("name,f", [
-    # a branch that needs its operand gathered (a mean over the sharded axis) cannot be sharded through yet
-    ("cond", lambda a: lax.cond(jnp.sum(a) > 0, lambda x: x * 2.0, lambda x: x - jnp.mean(x, axis=0), a) + 1.0),
-    ("while", lambda a: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 1.5), (0, a))[1]),
-    # a scan whose body needs its carry gathered every step cannot be sharded through
-    ("scan", lambda a: lax.scan(lambda c, r: (c + jnp.sum(r) * r, c * r), jnp.zeros(a.shape[1]), a)[1]),
+    # only a body holding a primitive without a rule (a host callback) makes a loop or a branch fall back
+    ("cond", lambda a: lax.cond(jnp.sum(a) > 0, _host_doubled, lambda x: x - jnp.mean(x, axis=0), a) + 1.0),
+    ("while", lambda a: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, _host_doubled(c[1])), (0, a))[1]),
+    ("scan", lambda a: lax.scan(lambda c, r: (c + _host_doubled(r), c * r), jnp.zeros(a.shape[1]), a)[1]),
 ])
-def test_control_flow_is_conservative_with_a_warning_and_exact(name, f, mesh):
+def test_a_body_without_a_rule_falls_back_naming_the_body_primitive(name, f, mesh):
     import warnings
 
     import shardprop as sp
@@ -169,10 +172,13 @@ def test_control_flow_is_conservative_with_a_warning_and_exact(name, f, mesh):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", sp.FallbackWarning)
         prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),))
-    assert any(f"primitive `{name}`" in str(w.message) for w in caught)
+    (message,) = [str(w.message) for w in caught if f"primitive `{name}`" in str(w.message)]
+    assert "`pure_callback` at test_rules_shapes_indexing.py:" in message and "inside its body" in message
     (node,) = [n for n in prog.graph.graph.nodes if n.op == name]
     assert node.id in prog.graph.fallbacks
     assert all(m == () for v in node.outputs for m in prog.graph.layout(v))
+    with pytest.raises(sp.NoRuleError, match=rf"`{name}` .*`pure_callback` at .* inside its body has no rule"):
+        sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"),), strict=True).trace(jax.ShapeDtypeStruct(M, F32))
 
 
 @pytest.mark.parametrize("name,f", [

@@ -1,0 +1,106 @@
+"""Lineage inside loops and branches: which operand elements a block of a ``scan``'s or a ``cond``'s output reads.
+
+A block of ``ys`` reads the same iterations of ``xs`` (and, through the carry, every earlier iteration). The body
+is walked with the same rules, seeded with what the output block asks of one iteration. Whatever that needs of
+the incoming carry is asked of the previous iteration's outgoing carry, and so on until the carry regions stop
+growing: the union of everything asked on the way is sound for every iteration. A scan whose ``ys`` block needs
+nothing of the carry (a ``map``) is exact: iterations ``[s, e)`` of ``xs`` only. A ``cond`` reads its index whole
+and, of each operand, the union of what every branch reads (exact when there is one branch).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ..expr import Graph, trace_jaxpr
+from ..inspect.lineage.boxes import Box, LineageContext, contains, full_box, normalize
+from ..inspect.lineage.walk import seeded_dependencies
+
+
+@functools.lru_cache(maxsize=128)
+def body_graph(jaxpr) -> Graph:
+    """The traced graph of a sub-computation's (closed) jaxpr, traced once."""
+    return trace_jaxpr(jaxpr)
+
+
+# Rounds of carry growth before giving up and asking for the whole carry (always a fixed point).
+MAX_CARRY_ROUNDS = 16
+
+
+def _covered(boxes: list[Box], by: list[Box]) -> bool:
+    return all(any(contains(outer, box) for outer in by) for box in boxes)
+
+
+def _seeds(body: Graph, num_consts: int, carry_boxes: dict[int, list[Box]]) -> dict[int, list[Box]]:
+    """``{body value: boxes}`` asking each outgoing carry for the boxes asked of the matching incoming carry
+    (two carries may be the same value: their boxes are pooled)."""
+    seeds: dict[int, list[Box]] = {}
+    for c, boxes in carry_boxes.items():
+        if boxes:
+            seeds.setdefault(body.outputs[c - num_consts], []).extend(boxes)
+    return seeds
+
+
+def scan_lineage(ctx: LineageContext, box: Box, output: int, *, jaxpr, length, reverse=False, num_consts, num_carry,
+         **params) -> list[list[Box]]:
+    n_xs = len(ctx.in_shapes) - num_consts - num_carry
+    if length == 0:
+        ctx.exact = False
+        return [[full_box(shape)] for shape in ctx.in_shapes]
+    body = body_graph(jaxpr)
+    carry_in = list(range(num_consts, num_consts + num_carry))
+    is_y = output >= num_carry
+    # What one iteration's outputs are asked for: a y block drops its leading (iteration) axis.
+    found, exact = seeded_dependencies(body, {body.outputs[output]: [box[1:] if is_y else box]})
+    asked_of = {i: list(found[i]) for i in range(len(ctx.in_shapes))}
+    carry_asked = {c: normalize(found[c])[0] for c in carry_in}
+    uses_carry = any(carry_asked.values())
+    frontier = carry_asked
+    for _ in range(MAX_CARRY_ROUNDS):
+        if not any(frontier.values()):
+            break
+        # The incoming carry of one iteration is the outgoing carry of the one before.
+        found, step_exact = seeded_dependencies(body, _seeds(body, num_consts, frontier))
+        exact = exact and step_exact
+        for i, boxes in found.items():
+            asked_of[i].extend(boxes)
+        frontier = {c: [] if _covered(found[c], carry_asked[c]) else found[c] for c in carry_in}
+        carry_asked = {c: normalize(carry_asked[c] + found[c])[0] for c in carry_in}
+    if any(frontier.values()):  # still growing: the whole carry is a fixed point of the loop, so ask for it
+        carry_asked = {c: [full_box(ctx.in_shapes[c])] for c in carry_in}
+        found, _ = seeded_dependencies(body, _seeds(body, num_consts, carry_asked))
+        for i, boxes in found.items():
+            asked_of[i].extend(boxes)
+        exact = False
+
+    # Which iterations run code that the block reads.
+    if uses_carry:
+        exact = False  # the union over iterations is sound but may over-approximate a given iteration
+        iterations = (box[0][0], length) if is_y and reverse else (0, box[0][1]) if is_y else (0, length)
+    else:
+        iterations = box[0] if is_y else ((0, 1) if reverse else (length - 1, length))
+    ctx.exact = ctx.exact and exact
+    answer: list[list[Box]] = []
+    for i in range(len(ctx.in_shapes)):
+        if i < num_consts:
+            answer.append(asked_of[i])
+        elif i < num_consts + num_carry:
+            answer.append(carry_asked[i] if uses_carry else [])  # the initial carry feeds iteration 0
+        else:
+            answer.append([(iterations,) + b for b in asked_of[i]])
+    assert len(answer) == num_consts + num_carry + n_xs
+    return answer
+
+
+def cond_lineage(ctx: LineageContext, box: Box, output: int, *, branches, **params) -> list[list[Box]]:
+    answer: list[list[Box]] = [[full_box(ctx.in_shapes[0])]] + [[] for _ in ctx.in_shapes[1:]]
+    exact = len(branches) == 1
+    for branch in branches:
+        body = body_graph(branch)
+        found, branch_exact = seeded_dependencies(body, {body.outputs[output]: [box]})
+        exact = exact and branch_exact
+        for i in range(len(ctx.in_shapes) - 1):
+            answer[i + 1].extend(found[i])
+    merged = [normalize(boxes) for boxes in answer]
+    ctx.exact = ctx.exact and exact and all(widened_not for _, widened_not in merged)
+    return [boxes for boxes, _ in merged]

@@ -1,0 +1,122 @@
+"""Sums deferred out of loops: a carry that only accumulates partial sums stays unreduced through the loop.
+
+The weight gradient of a backward scan over a sharded batch is the textbook case: every iteration contracts over
+the batch (a ``psum`` finishes it) and adds the result to a carry. Summing is linear, so each device may instead
+add its *partial* result to its own copy of the carry, and one ``psum`` after the loop finishes the carry —
+one all-reduce instead of one per iteration (DTensor calls such a value ``Partial``; ``jax.jit`` does the same).
+
+A carry is kept partial when, inside the body, its value flows only through ops linear in it (sums of partial
+values, a partial value scaled by a replicated one, reshapes, transposes, sums over axes) into its own outgoing
+carry, and at least one of the values summed into it comes from a node finished by a ``psum`` (whose ``psum`` is
+then dropped). All partial values of one loop must be partial over the same mesh axes. The initial carry starts
+on the first device of each group (zero on the others), so the group's sum is the value the loop starts from.
+"""
+
+from __future__ import annotations
+
+from ..expr.graph import PARAMETER, Graph
+from .collectives import Collective, CollectiveKind
+from .decisions import BodyPlan, Decisions
+
+# Linear in every operand jointly: a partial result only when every operand is partial.
+_LINEAR_IN_ALL = frozenset({"add", "add_any", "sub", "concatenate"})
+# One-operand maps linear in it (and ops linear in their first operand, the rest replicated indices or shapes).
+_LINEAR_IN_FIRST = frozenset({"neg", "transpose", "reshape", "reduce_sum", "broadcast_in_dim", "squeeze",
+                              "expand_dims", "copy", "copy_p", "slice", "rev", "cumsum", "dynamic_slice",
+                              "convert_element_type", "div", "reduce_precision"})
+# Bilinear: linear in either operand when the other is not partial.
+_LINEAR_IN_ONE = frozenset({"mul", "dot_general"})
+
+
+def _linear(op: str, partial_operands: list[bool]) -> bool:
+    """True when an op whose operands are partial where ``partial_operands`` says gives a partial result."""
+    if not any(partial_operands):
+        return False
+    if op in _LINEAR_IN_ALL:
+        return all(partial_operands)
+    if op in _LINEAR_IN_FIRST:
+        return partial_operands[0] and not any(partial_operands[1:])
+    if op in _LINEAR_IN_ONE:
+        return sum(partial_operands) == 1
+    return False
+
+
+def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> tuple[set[int], set[int]]:
+    """The values that can be held partial (a greatest fixed point) given the candidate carries ``carried``
+    (``{body input value: body output position}``), and the psum-finished nodes that feed them."""
+    psums = {n for n, c in view.collectives.items() if c.kind is CollectiveKind.PSUM and c.outputs is None}
+    outputs_at: dict[int, set[int]] = {}
+    for position, v in enumerate(graph.outputs):
+        outputs_at.setdefault(v, set()).add(position)
+    wanted = set(carried.values())
+    partial = set(carried)
+    for node in graph.nodes:  # forward: everything that could be partial
+        if node.op == PARAMETER or len(node.outputs) != 1:
+            continue
+        if node.id in psums:  # a psum-finished node of values that are not partial
+            if not any(v in partial for v in node.operands):
+                partial.add(node.outputs[0])
+        elif _linear(node.op, [v in partial for v in node.operands]):
+            partial.add(node.outputs[0])
+    changed = True
+    while changed:  # backward: drop values whose uses are not all linear into partial values or own carries
+        changed = False
+        for v in sorted(partial):
+            ok = outputs_at.get(v, set()) <= wanted and all(
+                c not in psums and graph.nodes[c].outputs[0] in partial and _linear(
+                    graph.nodes[c].op, [u in partial for u in graph.nodes[c].operands])
+                for c in graph.consumers[v])
+            producer = graph.nodes[graph.producer[v]]
+            if producer.op == PARAMETER:
+                ok = ok and v in carried and graph.outputs[carried[v]] in partial
+            elif producer.id not in psums:
+                ok = ok and _linear(producer.op, [u in partial for u in producer.operands])
+            if not ok:
+                partial.discard(v)
+                changed = True
+    return partial, {n for n in psums if graph.nodes[n].outputs[0] in partial}
+
+
+def deferred_sums(plans: tuple[BodyPlan, ...]) -> tuple[tuple[BodyPlan, ...], Collective] | None:
+    """A loop's body plans with every carry that only accumulates sums kept partial (see the module docstring),
+    and the ``psum`` of those loop outputs that finishes them after the loop; None when there is none."""
+    loops = [k for k, p in enumerate(plans) if any(c.body_output is not None for c in p.body.carries)]
+    if len(loops) != 1:
+        return None
+    (k,) = loops
+    plan = plans[k]
+    view, graph = plan.decisions, plan.body.sharded.graph
+    # A carry another body reads (a while loop's condition) must be whole there: not a candidate.
+    read_elsewhere = {c.operand for other in plans if other is not plan for c in other.body.carries
+                      if other.body.sharded.graph.consumers[other.body.sharded.graph.inputs[c.body_input]]}
+    carried = {graph.inputs[c.body_input]: c.body_output for c in plan.body.carries
+               if c.operand not in read_elsewhere and c.body_output is not None}
+    while carried:
+        partial, psums = _partial_values(view, graph, carried)
+        axes = {view.collectives[n].mesh_axes for n in psums}
+        # every kept carry must come back partial, and be fed by some psum (else deferring only adds one)
+        fed = _fed_by(graph, psums, partial)
+        keep = {v: out for v, out in carried.items() if v in partial and graph.outputs[out] in fed}
+        if keep == carried:
+            break
+        carried = keep
+    if not carried or len(axes) != 1:
+        return None
+    (mesh_axes,) = axes
+    if any(name in mesh_axes for v in partial for m in view.layout(v) for name in m):
+        return None  # a value sharded over the axes it would be partial over: not a sum of whole copies
+    inputs = {graph.inputs.index(v) for v in carried}
+    kept = [c for c in plan.body.carries if c.body_input in inputs]
+    body_view = view.revised(finished_here=frozenset(psums),
+                             partial_inputs={c.body_input: mesh_axes for c in kept})
+    new = plans[:k] + (BodyPlan(plan.body, body_view),) + plans[k + 1:]
+    return new, Collective(CollectiveKind.PSUM, mesh_axes, outputs=tuple(sorted(c.output for c in kept)))
+
+
+def _fed_by(graph: Graph, psums: set[int], partial: set[int]) -> set[int]:
+    """The partial values some psum-finished node's result flows into."""
+    fed = {graph.nodes[n].outputs[0] for n in psums}
+    for node in graph.nodes:
+        if node.outputs and node.outputs[0] in partial and any(v in fed for v in node.operands):
+            fed.add(node.outputs[0])
+    return fed

@@ -1,0 +1,95 @@
+"""Loops and branches stay sharded (issue #15): the loop workloads of examples/recurrent.py equal the unsharded
+function under every strategy, the batch axis stays sharded into every loop, and under "auto" the compiled
+program moves no more bytes than jax.jit with the same input shardings — the RNN gradient fewer, its weight
+gradients summed once after the backward loop instead of on every step."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from examples import recurrent
+from shardprop.splitting.cost import TransferKind, total_moved
+from tests.conftest import assert_same_as_unsharded
+
+RNG = np.random.default_rng(3)
+T, B, F = 6, 8, 16
+XS = RNG.normal(size=(T, B, F)).astype(np.float32)
+H0 = RNG.normal(size=(B, F)).astype(np.float32)
+X = RNG.normal(size=(B, F)).astype(np.float32)
+RNN, GRU = recurrent.init_rnn(F), recurrent.init_gru(F)
+WS = (RNG.normal(size=(3, F, F)) * 0.3).astype(np.float32)
+W = (RNG.normal(size=(F, F)) * 0.3).astype(np.float32)
+rnn_grad = jax.grad(recurrent.rnn_loss)
+gru_grad = jax.grad(recurrent.gru_loss)
+stacked_grad = jax.grad(recurrent.stacked_layers, argnums=(0, 1))
+remat_grad = jax.grad(recurrent.remat_loss, argnums=(0, 1))
+
+# (id, function, args, in_specs): "i" is the batch axis of a (4, 2) mesh, "j" the tensor-parallel one.
+WORKLOADS = [
+    ("rnn", recurrent.rnn_loss, (RNN, XS, H0), (None, P(None, "i"), P("i"))),
+    ("rnn_grad", rnn_grad, (RNN, XS, H0), (None, P(None, "i"), P("i"))),
+    ("gru", recurrent.gru_loss, (GRU, XS, H0), (None, P(None, "i"), P("i"))),
+    ("gru_grad_gates_on_j", gru_grad, (GRU, XS, H0), ({"wx": P(None, "j"), "wh": P(None, "j"), "b": P("j")},
+                                                      P(None, "i"), P("i"))),
+    ("stacked_dp", recurrent.stacked_layers, (WS, X), (None, P("i"))),
+    ("stacked_tp", recurrent.stacked_layers, (WS, X), (P(None, None, "j"), None)),
+    ("stacked_2d_grad", stacked_grad, (WS, X), (P(None, None, "j"), P("i"))),
+    ("fori_traced", recurrent.fori_smoothing, (X, np.int32(4)), (P("i", "j"), P())),
+    ("fori_static", lambda x: recurrent.fori_smoothing(x, 4), (X,), (P("i", "j"),)),
+    ("while_data_dependent", recurrent.grow_until, (X,), (P("i", "j"),)),
+    ("cond_on_data", recurrent.centered_if_positive, (X,), (P("i", "j"),)),
+    ("cond_negative", recurrent.centered_if_positive, (-np.abs(X),), (P("i", "j"),)),
+    ("remat_grad", remat_grad, (W, X), (P(None, "j"), P("i"))),
+    ("nested", recurrent.nested_loops, (X,), (P("i", "j"),)),
+]
+LOOPS = ("scan", "while", "cond")
+
+
+def _batch_stays_sharded(prog) -> None:
+    """No loop or branch receives an operand with the batch axis gathered: what is sharded over ``i`` going in
+    is consumed sharded over ``i``."""
+    sharded, graph = prog.sharded, prog.sharded.graph
+    assert not sharded.fallbacks
+    loops = [n for n in graph.nodes if n.op in LOOPS]  # none for jax.checkpoint: inlined, its ops sharded as any
+    for node in loops:
+        for v, need in zip(node.operands, prog.plan.needs(node.id), strict=True):
+            if any("i" in m for m in sharded.layout(v)):
+                assert any("i" in m for m in need), (node.op, v, sharded.layout(v), need)
+
+
+@pytest.mark.parametrize("strategy", ["gather", "collective", "auto"])
+@pytest.mark.parametrize("name,f,args,specs", WORKLOADS, ids=[w[0] for w in WORKLOADS])
+def test_loop_workload_equals_unsharded(name, f, args, specs, strategy, mesh):
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy=strategy, rtol=2e-4, atol=2e-5)
+    _batch_stays_sharded(prog)
+
+
+@pytest.mark.parametrize("name,f,args,specs", WORKLOADS, ids=[w[0] for w in WORKLOADS])
+def test_loop_workload_moves_no_more_than_jit(name, f, args, specs, mesh):
+    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+def test_rnn_gradient_sums_weight_gradients_once_after_the_loop(mesh):
+    """The backward scan adds each step's weight gradient (a contraction over the sharded batch) to a carry:
+    kept partial through the loop, one all-reduce after it — jax.jit all-reduces on every step."""
+    comparison = sp.compare_with_jit(rnn_grad, mesh, (None, P(None, "i"), P("i")), RNN, XS, H0)
+    ours = comparison.shardprop
+    assert ours and all(t.kind is TransferKind.ALL_REDUCE and t.repeats == 1 for t in ours), str(comparison)
+    assert {t.mesh_axes for t in ours} == {("i",)}
+    assert total_moved(ours) * T <= comparison.jit_bytes * 1.01, str(comparison)  # jit: one per step
+    prog = comparison.program
+    assert total_moved(prog.estimated_communication()) == pytest.approx(total_moved(ours))
+    (backward,) = [n for n in prog.sharded.graph.nodes if n.op == "scan" and n.params["reverse"]]
+    assert prog.plan.collective(backward.id).outputs  # the loop node finishes its partial carries
+
+
+def test_collectives_inside_a_loop_are_counted_per_iteration(mesh):
+    """A mean over the sharded batch inside each of 4 iterations: the estimate and the compiled program both
+    count 4 all-reduces."""
+    prog = sp.autoshard(lambda x: recurrent.fori_smoothing(x, 4), mesh=mesh, in_specs=(P("i", "j"),)).trace(X)
+    measured, estimated = prog.communication(), prog.estimated_communication()
+    assert [t.repeats for t in measured] == [4] and [t.repeats for t in estimated] == [4]
+    assert total_moved(measured) == pytest.approx(total_moved(estimated))
