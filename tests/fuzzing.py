@@ -212,6 +212,40 @@ def gather(draw, pool):
 OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather]
 
 
+def loop(draw, pool):
+    """A ``fori_loop`` (a scan), a ``while_loop`` (a counter, or a condition on the data) or a ``cond`` whose body is
+    drawn from the same ops, over a carry ``c`` and closing over the values computed so far. Returns a fourth
+    item: the lines defining the body, placed before the line that uses it."""
+    v = draw(st.sampled_from(pool))
+    tag = len(pool)
+    body_pool = [Value("c", v.shape)] + [p for p in pool if p is not v]
+    body = [f"def body{tag}(c):"]
+    made_here = []
+    for k in range(draw(st.integers(1, 3))):
+        made = draw(st.sampled_from([op for op in OPS if op is not meet]))(draw, body_pool)
+        if made is None or math.prod(made[2]) > MAX_ELEMENTS or len(made[2]) > 4:
+            continue
+        name = f"w{tag}_{k}"
+        body.append(f"    {name} = {made[1]}")
+        made_here.append(Value(name, tuple(made[2])))
+        body_pool.append(made_here[-1])
+    results = [w for w in made_here if w.shape == v.shape]
+    if not results:
+        return None
+    # tanh keeps repeated bodies bounded (an unbounded carry would overflow where the reference does too)
+    body.append(f"    return jnp.tanh({draw(st.sampled_from(results)).name})")
+    kind = draw(st.sampled_from(["fori", "while", "while on data", "cond"]))
+    expr = {
+        "fori": f"lax.fori_loop(0, 3, lambda i, c: body{tag}(c), {v.name})",
+        "while": f"lax.while_loop(lambda t: t[0] < 2, lambda t: (t[0] + 1, body{tag}(t[1])), (0, {v.name}))[1]",
+        # max is exact, so the sharded program takes the reference's number of iterations
+        "while on data": f"lax.while_loop(lambda t: (t[0] < 3) & (jnp.max(t[1]) > -0.5), "
+                         f"lambda t: (t[0] + 1, body{tag}(t[1])), (0, {v.name}))[1]",
+        "cond": f"lax.cond(jnp.max({v.name}) > 0.1, body{tag}, lambda c: c * 0.5, {v.name})",
+    }[kind]
+    return kind, expr, v.shape, body
+
+
 def constraint(mesh_shape: dict[str, int]):
     """A sharding constraint on a value of the pool, with a random spec over ``mesh_shape``'s axes."""
     def op(draw, pool):
@@ -226,7 +260,7 @@ def constraint(mesh_shape: dict[str, int]):
 @st.composite
 def programs(draw, max_ops: int = 6, mesh_shape: dict[str, int] | None = None) -> Program:
     """A random program; with ``mesh_shape``, sharding constraints on that mesh among its ops."""
-    ops = OPS if mesh_shape is None else [*OPS, constraint(mesh_shape), constraint(mesh_shape)]
+    ops = [*OPS, loop] if mesh_shape is None else [*OPS, loop, constraint(mesh_shape), constraint(mesh_shape)]
     n_inputs = draw(st.integers(1, 3))
     rank = draw(st.integers(1, 3))
     base = tuple(draw(st.sampled_from(SIZES)) for _ in range(rank))
@@ -248,10 +282,11 @@ def programs(draw, max_ops: int = 6, mesh_shape: dict[str, int] | None = None) -
         made = op(draw, pool)
         if made is None:
             continue
-        kind, expr, shape = made
+        kind, expr, shape, *prelude = made
         if math.prod(shape) > MAX_ELEMENTS or len(shape) > 4:
             continue
         name = f"v{step}"
+        lines.extend(prelude[0] if prelude else [])
         lines.append(f"{name} = {expr}")
         kinds.append(kind)
         pool.append(Value(name, tuple(shape)))
