@@ -229,11 +229,13 @@ def loop(draw, pool):
         body.append(f"    {name} = {made[1]}")
         made_here.append(Value(name, tuple(made[2])))
         body_pool.append(made_here[-1])
-    results = [w for w in made_here if w.shape == v.shape]
+    # a result the carry's shape, or one that broadcasts to it (added to the carry)
+    results = [w for w in made_here if _broadcast(w.shape, v.shape) == v.shape]
     if not results:
         return None
+    w = draw(st.sampled_from(results))
     # tanh keeps repeated bodies bounded (an unbounded carry would overflow where the reference does too)
-    body.append(f"    return jnp.tanh({draw(st.sampled_from(results)).name})")
+    body.append(f"    return jnp.tanh({w.name})" if w.shape == v.shape else f"    return jnp.tanh(c + {w.name})")
     kind = draw(st.sampled_from(["fori", "while", "while on data", "cond"]))
     expr = {
         "fori": f"lax.fori_loop(0, 3, lambda i, c: body{tag}(c), {v.name})",
@@ -260,7 +262,7 @@ def constraint(mesh_shape: dict[str, int]):
 @st.composite
 def programs(draw, max_ops: int = 6, mesh_shape: dict[str, int] | None = None) -> Program:
     """A random program; with ``mesh_shape``, sharding constraints on that mesh among its ops."""
-    ops = [*OPS, loop] if mesh_shape is None else [*OPS, loop, constraint(mesh_shape), constraint(mesh_shape)]
+    ops = [*OPS, loop, loop] + ([] if mesh_shape is None else [constraint(mesh_shape), constraint(mesh_shape)])
     n_inputs = draw(st.integers(1, 3))
     rank = draw(st.integers(1, 3))
     base = tuple(draw(st.sampled_from(SIZES)) for _ in range(rank))
