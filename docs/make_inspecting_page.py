@@ -117,7 +117,10 @@ are grown to a fixed point, so the answer is sound; a scan that needs nothing of
 exact. Where an op reads data-dependent positions (`gather`, `dynamic_slice`, scatters) its rule returns
 the whole of every axis the index values move — a block of an embedding lookup reads its own ids and every
 row of the table, but only the block's columns — and the result says `exact=False` (the CLI: "a
-superset"); `cond`, `while` and ops without a lineage rule return whole operands, also flagged; a result
+superset"). A `while` loop is followed into its body the same way and into its condition: the condition
+decides how many iterations run, so what it reads of the carry is read by every block (never exact: the trip
+count is known only at run time); a `cond` reads its index and what any branch reads (exact with one branch).
+Ops without a lineage rule return whole operands, also flagged; a result
 that would need more than 64 boxes is widened to its bounding box, also flagged. `tests/inspection/test_lineage.py` checks both claims against the non-zero pattern of the Jacobian
 at a random point, block by block and on random boxes, and for scans also that a block never reads
 iterations the scan has not reached.

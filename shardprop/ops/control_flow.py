@@ -31,8 +31,8 @@ from ..expr.graph import Node, short_source
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.product import Body, Carry, ShardedGraph
 from ..propagation.sharding import Layout, Sharded, TensorSharding, common_layout, layout_refines
-from .control_flow_lineage import body_graph, cond_lineage, scan_lineage
-from .fallback import conservative, whole_operands
+from .control_flow_lineage import body_graph, cond_lineage, scan_lineage, while_lineage
+from .fallback import conservative
 from .opdef import Family, OpDef
 
 
@@ -190,8 +190,7 @@ def cond_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
 OPS = [
     OpDef("scan", Family.CONTROL_FLOW, propagate=scan, lineage=scan_lineage, lineage_exact=True,
           per_block=scan_on_blocks, finish=None, pull=None),
-    # Lineage through a while loop stays whole-operand (sound: its trip count is unknown before it runs).
-    OpDef("while", Family.CONTROL_FLOW, propagate=while_loop, lineage=whole_operands, lineage_exact=False,
+    OpDef("while", Family.CONTROL_FLOW, propagate=while_loop, lineage=while_lineage, lineage_exact=False,
           per_block=while_on_blocks, finish=None, pull=None),
     OpDef("cond", Family.CONTROL_FLOW, propagate=cond, lineage=cond_lineage, lineage_exact=True,
           per_block=cond_on_blocks, finish=None, pull=None),

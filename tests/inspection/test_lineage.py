@@ -353,3 +353,58 @@ def test_gather_and_scatter_narrow_the_axes_the_indices_do_not_move():
                      jax.ShapeDtypeStruct((3, 8), jnp.float32))
     found, _ = dependencies(graph, graph.outputs[0], [((0, 5), (6, 8))])
     assert found[0] == [((0, 5), (6, 8))] and found[1] == [((0, 3),)] and found[2] == [((0, 3), (6, 8))]
+
+
+def _while_elementwise(n, x, c0):
+    return jax.lax.fori_loop(0, n, lambda i, c: c * 0.5 + jnp.sin(x), c0)  # n traced: a while loop
+
+
+def _while_shifting(n, x, c0):
+    return jax.lax.fori_loop(0, n, lambda i, c: jnp.concatenate([c[1:], c[:1]]) + x, c0)
+
+
+def _while_on_data(n, x, c0):
+    def cond(state):
+        return jnp.sum(state[1][:2]) < 4.0 + n  # reads two elements of the carry: every block depends on them
+
+    def body(state):
+        k, c = state
+        return k + 1, c + jnp.abs(x) + 0.1
+    return jax.lax.while_loop(cond, body, (0, c0))[1]
+
+
+WHILES = {
+    # name: (function, what a block [s, e) of the output reads of x and of c0: "block" or "all"/"block+2")
+    "elementwise": (_while_elementwise, "block", "block"),
+    "shifting": (_while_shifting, "all", "all"),
+    "on_data": (_while_on_data, "block+2", "block+2"),  # the carry the condition reads depends on x[:2]
+}
+
+
+@pytest.mark.parametrize("name", list(WHILES))
+def test_while_lineage_looks_inside_the_body_and_the_condition(name):
+    """A block of a while loop's result against the Jacobian pattern (forward mode: reverse mode does not
+    differentiate while loops), and as narrow as the body and the condition allow: an elementwise body reads the
+    block only, a shifting one grows to the whole carry, a condition's reads are read by every block."""
+    f, reads_x, reads_c = WHILES[name]
+    rng = np.random.default_rng(5)
+    n = jnp.int32(3)
+    x, c0 = (jnp.asarray(rng.normal(size=8), dtype=jnp.float32) for _ in range(2))
+    graph = sp.trace(f, n, x, c0)
+    assert "while" in [node.op for node in graph.nodes]
+    jac = jax.jacfwd(lambda x, c0: f(n, x, c0), argnums=(0, 1))(x, c0)
+    for start, stop in [(0, 2), (3, 5), (6, 8)]:
+        found, exact = dependencies(graph, graph.outputs[0], [((start, stop),)])
+        assert not exact
+        want = jacobian_dependencies(lambda x, c0: f(n, x, c0), [x, c0], ((start, stop),), jac)
+        got = [mask((8,), found[1]), mask((8,), found[2])]
+        for w, g in zip(want, got, strict=True):
+            assert not (w & ~g).any(), f"{name}: lineage misses a dependency of [{start}:{stop}]"
+        block = np.zeros(8, bool)
+        block[start:stop] = True
+        with_cond = block.copy()
+        with_cond[:2] = True
+        expected = {"block": block, "all": np.ones(8, bool), "block+2": with_cond}
+        np.testing.assert_array_equal(got[0], expected[reads_x], err_msg=f"{name} x [{start}:{stop}]")
+        np.testing.assert_array_equal(got[1], expected[reads_c], err_msg=f"{name} c0 [{start}:{stop}]")
+        assert mask((), found[0]).all()  # the trip count decides how many iterations run
