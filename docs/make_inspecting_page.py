@@ -12,6 +12,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NX = ["shardprop", "inspect", "examples/inspect_example.py:nx", "--mesh", "i=4,j=2",
       "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--strategy", "gather"]
+RNN_GRAD = ["shardprop", "inspect", "examples/inspect_example.py:rnn_grad", "--mesh", "i=4,j=2",
+            "--arg", "f32[16,16]", "--arg", "f32[6,8,16]@P(None,i)", "--arg", "f32[8,16]@P(i)"]
 MATMUL = ["shardprop", "inspect", "examples/inspect_example.py:scanned_matmul", "--mesh", "i=4,j=2",
           "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[8,8]@P(j)"]
 
@@ -88,6 +90,22 @@ gather or collective that pays for it.
 A matmul whose result is scanned: the scan needs its axis whole, and the columns were never sharded.
 
 {block([*MATMUL, "--brief", "--explain", "e", "--explain", "c"])}
+## Inside loops and branches
+
+A `scan`, a `while` loop (a `fori_loop` with a traced bound) or a `cond` stays one node of its stage, and the
+listing prints each of its bodies indented under it — the body's values in the layouts each device holds its
+blocks in, what it moves and the collectives that finish its nodes (on every iteration), and the carries kept
+partial sums (summed by one collective after the loop). A body's values are named by a path: `t/body/l` is
+value `l` of the body of the op computing `t` (`e/cond/c` for a while loop's condition, `e/branch1/c` for a
+branch of a `cond`; nested loops continue the path). `sp.explain` and `--explain` take those paths. The
+gradient of a small RNN (batch sharded over `i`): the backward scan's weight gradient is a sum over the batch;
+each device keeps its partial sum through the loop and one all-reduce finishes it after the last step.
+
+{block([*RNN_GRAD, "--explain", "t/body/l"])}
+`sp.lineage` follows a block through loops too: a `scan` block reads the same iterations of `xs` (and every
+earlier one, through the carry), a `while` loop's block what its body and its condition read on every
+iteration (see below).
+
 ## Lineage: `sp.lineage` / `--lineage`
 
 The Nx idea of following an output section back to the inputs. `sp.lineage(prog, output=0, block=(0, 1))`
@@ -159,7 +177,7 @@ A stable document, schema id `shardprop.inspect/1`; `shardprop inspect --schema`
 | `strategy` | `"gather"`, `"collective"` or `"auto"` (null for a sharded graph without a plan) |
 | `inputs`, `outputs` | per flat input/output: `index`, `value` (its name in the listing), `layout`; outputs also their `source` |
 | `values` | per value: `id`, `name`, `dtype`, `shape`, `layout` (as the plan holds it), `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards` as propagation made them, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt. The two differ only where a reduce-scatter holds a value finer than its shards (`layout` over `j`, the shards replicated) |
-| `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the layout each operand is consumed in), `collective` (`{{kind, mesh_axes, dimension}}` or null) |
+| `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the layout each operand is consumed in), `collective` (`{{kind, mesh_axes, dimension}}` or null; `outputs` when one collective finishes only those outputs of a loop); a node inside a body whose sum is left partial has `partial_over` (mesh axes); a loop or a cond has `bodies`: per body its `name` (`body`, `cond`, `branch0`...), `path` (`t/body`, as `--explain` takes it), `repeats` (null for a while loop), `inputs` (`index`, `value`, `layout`, `operand`: the op's operand it comes from), `outputs` (`index`, `value`, the `layout` the op takes it in), `partial_carries` (`output`, `mesh_axes`), and its own `values` and `nodes` |
 | `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it arrives in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`); `"outside_shard_map": true` for a stage that runs a primitive without a record on whole arrays under the program's `jax.jit` |
 | `explain`, `lineage` | present when asked for with `--explain` / `--lineage`: `Explanation.to_dict()`, and `{{value, box, exact, inputs: {{index: boxes}}}}` |
 

@@ -189,10 +189,12 @@ def render(
     before_node: Callable[[Node], list[str]] | None = None,
     order: Iterable[Node] | None = None,
     note: Callable[[Node], str] | None = None,
+    after_node: Callable[[Node], list[str]] | None = None,
 ) -> str:
     """The jaxpr-like listing. ``type_of(value)`` overrides how a value's type prints (shardings do this);
-    ``before_node(node)`` may return extra lines (stage headers) printed before a node; ``order`` lists the
-    nodes in another topological order (stage by stage); ``note(node)`` adds text after the source line."""
+    ``before_node(node)`` may return extra lines (stage headers) printed before a node, ``after_node(node)``
+    after it (a loop's body); ``order`` lists the nodes in another topological order (stage by stage);
+    ``note(node)`` adds text after the source line."""
     type_of = type_of or (lambda v: str(graph.avals[v]))
     params = " ".join(f"{value_name(v)}:{type_of(v)}" for v in graph.inputs)
     rows: list[tuple[str, str | None]] = []  # (equation text, comment); extra lines have comment None
@@ -212,6 +214,10 @@ def render(
         comment = short_source(node.source)
         extra = note(node) if note is not None else ""
         rows.append((f"    {outs} = {rhs}", "  ".join(filter(None, [comment, extra])) or None))
+        if after_node is not None:
+            for line in after_node(node):
+                extra_lines.add(len(rows))
+                rows.append((f"  {line}", None))
     width = max((len(text) for k, (text, _) in enumerate(rows) if k not in extra_lines), default=0)
     lines = [f"{{ lambda ; {params}. let"]
     for text, source in rows:

@@ -20,8 +20,8 @@ from ..propagation.sharding import Sharded, is_refinement, layout_to_spec
 from ..splitting import CollectiveKind, Plan
 from ..splitting.cost import collective_bytes, move_bytes, movement
 from .lineage.boxes import LineageContext, full_box, hull
-from .listing import format_bytes, typed_name
-from .products import as_plan, resolve_value
+from .listing import body_lines, format_bytes, typed_name
+from .products import Scope, body_prefix, locate
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ class Explanation:
 
 
 def explain(prog: Any, value: Any) -> Explanation:
-    """Why every axis of ``value`` (a printed name such as ``"e"``, or a value id) has its sharding.
+    """Why every axis of ``value`` (a printed name such as ``"e"``, a value id, or a path into a loop's or a
+    cond's body as the listing prints it, ``"e/body/c"``) has its sharding.
 
     >>> print(sp.explain(prog, "e"))                                          # doctest: +SKIP
     e:f32[16@i] = reduce_sum[axes=(1,)] c   # f.py:10
@@ -111,8 +112,8 @@ def explain(prog: Any, value: Any) -> Explanation:
       operands:
         c: takes axis 1 (sharded over j) whole — Reductions drop sharding on the reduced axes ...
     """
-    plan = as_plan(prog)
-    v = resolve_value(plan, value)
+    plan, v, scopes = locate(prog, value)
+    scope = scopes[-1] if scopes else None
     sharded, graph = plan.sharded, plan.graph
     node = graph.nodes[graph.producer[v]]
     sharding = sharded.shardings[v]
@@ -123,13 +124,13 @@ def explain(prog: Any, value: Any) -> Explanation:
         if held[axis] != propagated:  # the plan holds it differently (a reduce-scatter leaves it finer)
             axes.append(AxisWhy(axis, size, held[axis], _held_origin(plan, node, axis, held[axis], propagated), ()))
         elif isinstance(a, Sharded):
-            origin, steps = _sharded_origin(plan, v, axis, a)
+            origin, steps = _sharded_origin(plan, v, axis, a, scopes)
             axes.append(AxisWhy(axis, size, a.mesh_axes, origin, steps))
         else:
-            origin, steps, reason = _replicated_origin(plan, v, axis)
+            origin, steps, reason = _replicated_origin(plan, v, axis, scopes)
             axes.append(AxisWhy(axis, size, (), origin, steps, reason))
-    return Explanation(v, _equation(plan, node, v), sharded.rules[node.id], tuple(axes),
-                       tuple(_consumes(plan, node)), plan.mesh_shape)
+    return Explanation(v, _equation(plan, node, v, scope), sharded.rules[node.id], tuple(axes),
+                       tuple(_consumes(plan, node, scope)), plan.mesh_shape)
 
 
 def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated: tuple[str, ...]) -> str:
@@ -142,18 +143,38 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
 
 
-def _equation(plan: Plan, node, v: int) -> str:
+def _equation(plan: Plan, node, v: int, scope: Scope | None) -> str:
     typ = typed_name(plan, v, plan.layout(v))
+    where = f"   [in {scope.path}: {scope.describe()}]" if scope else ""
     if node.op == PARAMETER:
-        return f"{typ} = argument {node.params['index']}"
+        return f"{typ} = {'body input' if scope else 'argument'} {node.params['index']}{where}"
     if node.op == CONSTANT:
-        return f"{typ} = constant"
+        return f"{typ} = constant{where}"
     rhs = " ".join([node.op + format_params(node), *(value_name(u) for u in node.operands)])
     stage = plan.stage_of(node.id)
-    return f"{typ} = {rhs}   # {_where(node.source)}" + ("" if stage is None else f"   [stage {stage}]")
+    return f"{typ} = {rhs}   # {_where(node.source)}" + (where or ("" if stage is None else f"   [stage {stage}]"))
 
 
-def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded) -> tuple[str, tuple[Step, ...]]:
+def _body_input(plan: Plan, scopes: tuple[Scope, ...], index: int) -> str:
+    """What body input ``index`` is, in the enclosing program's names: ``body input 1 (b) is carry 0 of `scan`
+    (it starts as f, then is the previous iteration's)``."""
+    scope = scopes[-1]
+    outer = "" if len(scopes) == 1 else scopes[-2].path + "/"
+    node, body = scope.node, scope.body
+    v = plan.graph.inputs[index]
+    operand = f"{outer}{value_name(node.operands[body.operands[index]])}"
+    carry = next((c for c in body.carries if c.body_input == index), None)
+    if carry is not None:
+        what = f"carry {carry.output} of `{node.op}` (it starts as {operand}, then is the previous iteration's)"
+    elif node.op == "scan" and index >= node.params["num_consts"] + node.params["num_carry"]:
+        what = f"one iteration's slice of {operand}, the `scan`'s xs"
+    else:
+        what = f"{operand}, operand {body.operands[index]} of `{node.op}`"
+    return f"body input {index} ({value_name(v)}) is {what}, held as {layout_to_spec(plan.layout(v))}"
+
+
+def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
+                    scopes: tuple[Scope, ...] = ()) -> tuple[str, tuple[Step, ...]]:
     """The origin walk (shard parents back to a shard without parents), told as steps."""
     sharded = plan.sharded
     origin = trace_origin(plan.graph, sharded.shardings, v, axis)
@@ -168,7 +189,9 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded) -> tuple[str, tup
                       else f"where it meets a sharded operand of `{node.op}` at {_where(node.source)}")
     if origin.is_argument:
         index = origin.node.params["index"]
-        if sharded.is_unannotated_input(root):
+        if scopes:
+            text = f"{_body_input(plan, scopes, index)}; this is its axis {origin.axis}"
+        elif sharded.is_unannotated_input(root):
             text = (f"argument {index} ({value_name(root)}) is unannotated; its axis {origin.axis} adopted {names} "
                     f"{where_from}")
         else:
@@ -180,7 +203,8 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded) -> tuple[str, tup
     return text, steps
 
 
-def _replicated_origin(plan: Plan, v: int, axis: int) -> tuple[str, tuple[Step, ...], str]:
+def _replicated_origin(plan: Plan, v: int, axis: int,
+                       scopes: tuple[Scope, ...] = ()) -> tuple[str, tuple[Step, ...], str]:
     """Walk back through the axes that feed this one until the op that dropped a sharding, or its start."""
     sharded, graph = plan.sharded, plan.graph
     steps: list[Step] = []
@@ -193,7 +217,11 @@ def _replicated_origin(plan: Plan, v: int, axis: int) -> tuple[str, tuple[Step, 
             break
         if node.op == PARAMETER:
             index = node.params["index"]
-            if sharded.is_unannotated_input(v):
+            if scopes:
+                origin = _body_input(plan, scopes, index)
+                reason = (f"it arrives with axis {axis} whole: explain the loop's operand (outside the body) for why, "
+                          "or the carry's layout, which the loop keeps the same on every iteration")
+            elif sharded.is_unannotated_input(v):
                 origin = f"argument {index} ({value_name(v)}) is unannotated"
                 reason = (f"its axis {axis} met no sharding, or several different ones, so it stays replicated "
                           "(replicated is compatible with every sharding)")
@@ -251,7 +279,7 @@ def _feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:
     return feeding
 
 
-def _consumes(plan: Plan, node) -> list[str]:
+def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
     """How the node consumes each operand whose sharding it does not keep: which axes it takes whole and
     what pays for it (a gather at a stage boundary, or a collective that finishes the result)."""
     if node.op in (PARAMETER, CONSTANT):
@@ -269,7 +297,8 @@ def _consumes(plan: Plan, node) -> list[str]:
         if plan.is_split and move.kind is not None:  # a stage boundary pays for it
             nbytes = move_bytes(plan, u, have, need)
             how = f"gathering {value_name(u)}" if move.kind == "all-gather" else f"an {move}"
-            line += f" Paid for by {how} before this stage ({format_bytes(nbytes)} per device)."
+            when = f"inside {scope.describe()}, each time" if scope else "before this stage"
+            line += f" Paid for by {how} {when} ({format_bytes(nbytes)} per device)."
         out.append(line)
     resolved = plan.sharded.reshards.get(node.id)
     if resolved is not None:
@@ -281,6 +310,19 @@ def _consumes(plan: Plan, node) -> list[str]:
         out.append(f"{value_name(operand)}: moved to resolve a sharding conflict (the operands were sharded "
                    f"incompatibly; conflicts='error' refuses instead): {how} from {layout_to_spec(have)} to "
                    f"{layout_to_spec(need)}, the other operand's layout")
+    plans = plan.body_plans(node.id)
+    if plans:
+        outer = f"{scope.path}/" if scope else ""
+        out += body_lines(plan, node.id, "")
+        paths = " or ".join(f"'{body_prefix(node, p.body, outer)}/<value>'" for p in plans)
+        out.append(f"values inside: sp.explain(prog, {paths}) (print(prog.graph) lists them under the op)")
+    if node.id in plan.deferred:
+        axes = plan.deferred[node.id]
+        reduced = ", ".join(f"{value_name(u)} axis {j} ({'*'.join(m)})" for u in dict.fromkeys(node.operands)
+                            for j, m in enumerate(plan.layout(u)) if set(m) & set(axes))
+        out.append(f"each device works on its own blocks of {reduced} and keeps its partial sum over "
+                   f"{'*'.join(axes)}: it only flows into carries summed once, by a psum after the loop (not one "
+                   "per iteration)")
     if collective is not None:
         reduced = ", ".join(
             f"{value_name(u)} axis {j} ({'*'.join(m)})" for u in dict.fromkeys(node.operands)

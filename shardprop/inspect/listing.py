@@ -26,6 +26,7 @@ from ..gc_pause import gc_paused
 from ..propagation.sharding import Layout, format_layout, layout_to_spec
 from ..splitting import Plan, Stage, StageInput
 from ..splitting.cost import Move, collective_bytes, move_bytes, movement
+from .products import Scope, body_prefix
 
 
 def crossing(plan: Plan, stage_input: StageInput) -> tuple[Move, float]:
@@ -93,7 +94,52 @@ def format_listing(plan: Plan) -> str:
                          "per device)")
         return "; ".join(notes)
 
-    return render(graph, type_of=type_of, before_node=lambda node: headers.get(node.id, []), order=order, note=note)
+    return render(graph, type_of=type_of, before_node=lambda node: headers.get(node.id, []), order=order, note=note,
+                  after_node=lambda node: _body_listings(plan, node, ""))
+
+
+def _body_listings(view, node, outer: str) -> list[str]:
+    """The listing of each body of a loop or a cond, indented under it: its values in the layouts each device
+    holds its blocks in, the moves and collectives inside it (every iteration), the carries kept partial sums.
+    Values inside are named ``<path>/<name>`` (``e/body/c``) for ``sp.explain``."""
+    plans = view.body_plans(node.id)
+    if not plans:
+        return []
+    out = []
+    for body_plan in plans:
+        body, inner = body_plan.body, body_plan.decisions
+        scope = Scope(body_prefix(node, body, outer), node, body_plan)
+        partial = [c.output for c in body.carries if inner.partial_inputs.get(c.body_input)]
+        kept = ""
+        if partial:
+            axes = "*".join(inner.partial_inputs[next(c.body_input for c in body.carries if c.output in partial)])
+            kept = (f"; carries {', '.join(map(str, partial))} kept partial sums over {axes}" if len(partial) > 1
+                    else f"; carry {partial[0]} kept a partial sum over {axes}") + ", summed after the loop"
+        out.append(f"  {scope.path}: {scope.describe()}{kept}")
+        graph = inner.graph
+
+        def type_of(v: int, inner=inner) -> str:
+            return _body_type(inner, v)
+
+        def note(n, inner=inner) -> str:
+            notes = [f"{value_name(v)} {move}" for v, need in dict.fromkeys(inner.edges(n))
+                     if (move := movement(inner.layout(v), need)).kind is not None]
+            collective = inner.collective(n.id)
+            if collective is not None:
+                notes.append(f"finished by {collective}")
+            if n.id in inner.deferred:
+                notes.append(f"left a partial sum over {'*'.join(inner.deferred[n.id])} (summed after the loop)")
+            return "; ".join(notes)
+
+        listing = render(graph, type_of=type_of, note=note,
+                         after_node=lambda n, inner=inner, path=scope.path: _body_listings(inner, n, path + "/"))
+        out += [f"    {line}" for line in listing.splitlines()]
+        moved = [f"{value_name(v)} {move}" for v, want in zip(graph.outputs, body.out_layouts, strict=True)
+                 if (move := movement(inner.layout(v), want)).kind is not None]
+        if moved:
+            when = "at the end of each iteration" if body.carries else "at its end"
+            out.append(f"    {when}: {', '.join(moved)} (into the layout the op takes it in)")
+    return out
 
 
 def _stage_header(plan: Plan, stage: Stage) -> list[str]:

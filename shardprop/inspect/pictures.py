@@ -19,7 +19,7 @@ from rich.text import Text
 from ..errors import OptionError
 from ..expr.graph import short_dtype, value_name
 from ..propagation.sharding import format_layout, layout_to_spec, shard_count
-from ..splitting.cost import collective_bytes
+from ..splitting.cost import body_transfers, collective_bytes, total_moved
 from .listing import crossing, format_bytes, format_listing, stage_ops
 from .products import as_plan, resolve_value
 
@@ -148,8 +148,13 @@ def stage_table(prog: Any) -> Table:
             if c is not None:
                 nbytes = collective_bytes(plan, graph.nodes[n], c)
                 moved += nbytes
-                collectives.append(f"{c} → {','.join(value_name(v) for v in graph.nodes[n].outputs)} "
-                                   f"({format_bytes(nbytes)})")
+                finished = [value_name(v) for k, v in enumerate(graph.nodes[n].outputs) if c.finishes(k)]
+                collectives.append(f"{c} → {','.join(finished)} ({format_bytes(nbytes)})")
+            inside = body_transfers(plan, n)
+            if inside:  # what a loop's or a cond's bodies move, every iteration
+                nbytes = total_moved(inside)
+                moved += nbytes
+                collectives.append(f"inside `{graph.nodes[n].op}` ({format_bytes(nbytes)} in all iterations)")
         outputs = [f"{value_name(v)} {layout_to_spec(layout)}" for v, layout in
                    zip(stage.outputs, stage.out_layouts, strict=True)]
         total += moved

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import difflib
 import numbers
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionError, UnknownValueError
-from ..expr.graph import Node, value_name
+from ..expr.graph import Node, short_source, value_name
 from ..propagation import ShardedGraph
+from ..propagation.product import Body
 from ..splitting import Plan
+from ..splitting.decisions import BodyPlan
 
 
 def as_plan(prog: Any) -> Plan:
@@ -62,3 +65,59 @@ def _value_of_name(name: str) -> int | None:
     for ch in name:
         value = value * 26 + (ord(ch) - ord("a"))
     return value if value_name(value) == name else None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where a value named by a path (``"e/body/c"``) lives: inside ``body_plan`` (its ``name``) of the op
+    ``node`` of the enclosing plan; ``path`` is the prefix its values are named with (``"e/body"``)."""
+
+    path: str
+    node: Node
+    body_plan: BodyPlan
+
+    @property
+    def body(self) -> Body:
+        return self.body_plan.body
+
+    def describe(self) -> str:
+        """``the body of `scan` at f.py:12, run 6 times``."""
+        body = self.body
+        runs = "" if not body.carries else \
+            ", every iteration" if body.repeats is None else f", run {body.repeats} times"
+        part = {"body": "the body", "cond": "the condition"}.get(body.name, body.name.replace("branch", "branch "))
+        return f"{part} of `{self.node.op}` at {short_source(self.node.source, 'an unknown line')}{runs}"
+
+
+def body_prefix(node: Node, body: Body, outer: str = "") -> str:
+    """``e/body``: how values inside ``body`` of ``node`` are named (after the op's first output)."""
+    return f"{outer}{value_name(node.outputs[0])}/{body.name}"
+
+
+def locate(prog: Any, ref: Any) -> tuple[Plan, int, tuple[Scope, ...]]:
+    """The plan a value lives in, its id there, and the bodies on the way: a name as printed (``"c"``), a value
+    id or Node of the program, or a path into a loop's or a cond's body as the listing prints it
+    (``"e/body/c"``: value ``c`` of the body of the op computing ``e``; ``"e/cond/b"``, ``"e/branch1/d"``)."""
+    plan = as_plan(prog)
+    if not (isinstance(ref, str) and "/" in ref):
+        return plan, resolve_value(plan, ref), ()
+    parts = [p.strip() for p in ref.strip().strip("/").split("/")]
+    scopes: list[Scope] = []
+    prefix = ""
+    while len(parts) > 1:
+        if len(parts) == 2:
+            raise UnknownValueError(f"{ref!r}: a path names a value inside a body as <op output>/<part>/<value>, "
+                                    "e.g. 'e/body/c'")
+        name, part, parts = parts[0], parts[1], parts[2:]
+        node = plan.graph.nodes[plan.graph.producer[resolve_value(plan, name)]]
+        plans = plan.body_plans(node.id) or ()
+        names = [p.body.name for p in plans]
+        if part not in names:
+            has = f"its parts are {', '.join(map(repr, names))}" if names else \
+                "it has no body (not a loop or a cond, or one that fell back)"
+            raise UnknownValueError(f"{ref!r}: `{node.op}` computing {name!r} has no part {part!r}; {has}")
+        body_plan = plans[names.index(part)]
+        prefix = body_prefix(node, body_plan.body, prefix) + "/"
+        scopes.append(Scope(prefix[:-1], node, body_plan))
+        plan = Plan.of_body(body_plan, plan.strategy)
+    return plan, resolve_value(plan, parts[0]), tuple(scopes)

@@ -103,7 +103,8 @@ def scan(ctx: RuleContext, *operands: TensorSharding, jaxpr, num_consts, num_car
                for a, layout in zip(out_avals, carry + [((),) + y for y in ys], strict=True)]
     carries = tuple(Carry(num_consts + k, k, num_consts + k, k) for k in range(num_carry))
     needs = tuple(const_layouts) + tuple(carry) + tuple(((),) + x for x in xs_layouts)
-    return RuleOutput(tuple(outputs), needs, body=(Body(body, tuple(carry + ys), length, carries),))
+    return RuleOutput(tuple(outputs), needs, body=(Body(body, tuple(carry + ys), length, carries, "body",
+                                                        tuple(range(len(operands)))),))
 
 
 def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts,
@@ -123,8 +124,11 @@ def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jax
     outputs = tuple(_sharded_like(ctx, a.shape, layout, operands)
                     for a, layout in zip(ctx.out_avals, carry, strict=True))
     n = len(carry)
-    bodies = (Body(cond, ((),), None, tuple(Carry(cond_nconsts + k, None, n_fixed + k, k) for k in range(n))),
-              Body(body, tuple(carry), None, tuple(Carry(body_nconsts + k, k, n_fixed + k, k) for k in range(n))))
+    carried = tuple(range(n_fixed, n_fixed + n))
+    bodies = (Body(cond, ((),), None, tuple(Carry(cond_nconsts + k, None, n_fixed + k, k) for k in range(n)), "cond",
+                   (*range(cond_nconsts), *carried)),
+              Body(body, tuple(carry), None, tuple(Carry(body_nconsts + k, k, n_fixed + k, k) for k in range(n)),
+                   "body", (*range(cond_nconsts, n_fixed), *carried)))
     return RuleOutput(outputs, (*cond_layouts, *body_layouts, *carry), body=bodies)
 
 
@@ -142,7 +146,9 @@ def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, bra
         out = [common_layout(o, body.layout(v)) for o, v in zip(out, body.graph.outputs, strict=True)]
     shardings = tuple(_sharded_like(ctx, a.shape, layout, operands)
                       for a, layout in zip(ctx.out_avals, out, strict=True))
-    return RuleOutput(shardings, (index.layout, *layouts), body=tuple(Body(b, tuple(out)) for b in sharded))
+    return RuleOutput(shardings, (index.layout, *layouts), body=tuple(
+        Body(b, tuple(out), name=f"branch{k}", operands=tuple(range(1, len(operands) + 1)))
+        for k, b in enumerate(sharded)))
 
 
 def _run(plan, inputs: list) -> list:

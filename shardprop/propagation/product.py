@@ -32,13 +32,18 @@ class Body:
     ``sharded`` is its propagated graph; the op takes the body's outputs in ``out_layouts`` (an output held
     otherwise is moved at the end of the body, inside the loop); ``repeats`` is how many times the body runs
     per execution of the op (a scan's length; None when unknown, a while loop); ``carries`` the loop-carried
-    values (empty for a branch).
+    values (empty for a branch). ``name`` is the body's part of the op as inspection names it (``body``,
+    ``cond``, ``branch1``: values inside are ``e/body/c``); ``operands[i]`` is the op's operand that body input
+    ``i`` comes from (a scan's ``xs``: one iteration's slice; a carry: its initial value, then the last
+    iteration's).
     """
 
     sharded: ShardedGraph
     out_layouts: tuple[Layout, ...]
     repeats: int | None = 1
     carries: tuple[Carry, ...] = ()
+    name: str = "body"
+    operands: tuple[int, ...] = ()
 
 
 class RuleName(StrEnum):

@@ -46,6 +46,8 @@ class Decisions:
     # A body's inputs (by position) that each device holds as a partial sum over these mesh axes: a loop
     # carries them unreduced and one collective after the loop finishes them (see strategies.defer_sums).
     partial_inputs: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    # Nodes whose sum over these mesh axes is left partial (its psum deferred past the loop, with the carries).
+    deferred: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
 
     @classmethod
     def propagated(cls, sharded: ShardedGraph) -> Decisions:
@@ -111,6 +113,7 @@ class Decisions:
                 collectives: Mapping[int, Collective] = _EMPTY, held: Mapping[int, Layout] = _EMPTY,
                 bodies: Mapping[int, tuple[BodyPlan, ...]] = _EMPTY,
                 partial_inputs: Mapping[int, tuple[str, ...]] | None = None,
+                deferred: Mapping[int, tuple[str, ...]] = _EMPTY,
                 finished_here: frozenset[int] = frozenset()) -> Decisions:
         """A new ``Decisions`` with these entries added (or replaced; ``finished_here`` drops the collectives of
         those nodes); this one is unchanged."""
@@ -122,6 +125,7 @@ class Decisions:
             held=MappingProxyType({**self.held, **held}),
             bodies=MappingProxyType({**self.bodies, **bodies}),
             partial_inputs=self.partial_inputs if partial_inputs is None else MappingProxyType(dict(partial_inputs)),
+            deferred=MappingProxyType({**self.deferred, **deferred}),
         )
 
 
@@ -142,7 +146,7 @@ class Draft(Decisions):
     def of(cls, decisions: Decisions) -> Draft:
         return cls(sharded=decisions.sharded, need_overrides=dict(decisions.need_overrides),
                    collectives=dict(decisions.collectives), held=dict(decisions.held), bodies=decisions.bodies,
-                   partial_inputs=decisions.partial_inputs)
+                   partial_inputs=decisions.partial_inputs, deferred=decisions.deferred)
 
     # A draft changes as the pass fills it: answer from the revisions directly, not from tables.
     def needs(self, node_id: int) -> tuple[Layout, ...]:
@@ -166,4 +170,4 @@ class Draft(Decisions):
         return Decisions(sharded=self.sharded, need_overrides=MappingProxyType(dict(self.need_overrides)),
                          collectives=MappingProxyType(dict(self.collectives)),
                          held=MappingProxyType(dict(self.held)), bodies=self.bodies,
-                         partial_inputs=self.partial_inputs)
+                         partial_inputs=self.partial_inputs, deferred=self.deferred)

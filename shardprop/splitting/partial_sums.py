@@ -107,7 +107,7 @@ def deferred_sums(plans: tuple[BodyPlan, ...]) -> tuple[tuple[BodyPlan, ...], Co
         return None  # a value sharded over the axes it would be partial over: not a sum of whole copies
     inputs = {graph.inputs.index(v) for v in carried}
     kept = [c for c in plan.body.carries if c.body_input in inputs]
-    body_view = view.revised(finished_here=frozenset(psums),
+    body_view = view.revised(finished_here=frozenset(psums), deferred={n: mesh_axes for n in psums},
                              partial_inputs={c.body_input: mesh_axes for c in kept})
     new = plans[:k] + (BodyPlan(plan.body, body_view),) + plans[k + 1:]
     return new, Collective(CollectiveKind.PSUM, mesh_axes, outputs=tuple(sorted(c.output for c in kept)))

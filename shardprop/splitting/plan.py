@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec
 from ..propagation import ShardedGraph
 from ..propagation.sharding import Layout, layout_to_spec
 from .collectives import Strategy
-from .decisions import Decisions
+from .decisions import BodyPlan, Decisions
 
 
 class Source(NamedTuple):
@@ -86,6 +86,14 @@ class Plan(Decisions):
     def unsplit(cls, sharded: ShardedGraph) -> Plan:
         """Propagation's answers and no stages: what inspection shows for a ShardedGraph."""
         return cls(sharded=sharded, stages=(), output_sources=(), strategy=None)
+
+    @classmethod
+    def of_body(cls, body_plan: BodyPlan, strategy: Strategy | None) -> Plan:
+        """A body's decisions as a plan with no stages (a body runs inside its op's stage), for inspection."""
+        d = body_plan.decisions
+        return cls(sharded=d.sharded, need_overrides=d.need_overrides, collectives=d.collectives, held=d.held,
+                   bodies=d.bodies, partial_inputs=d.partial_inputs, deferred=d.deferred, stages=(), output_sources=(),
+                   strategy=strategy)
 
     @cached_property
     def _stage_of(self) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""The golden texts of the Nx example: what produces each file in ``golden/``.
+"""The golden texts of the Nx example (and an RNN gradient's loops): what produces each file in ``golden/``.
 
 The tests only compare (``test_listing_and_dot.py``). After a deliberate change, regenerate the files with
 ``python -m tests.inspection.goldens`` and read the diff before committing it.
@@ -26,8 +26,21 @@ def _shards(mesh) -> str:
     return "\n".join(sharded.describe(v) for v in range(len(sharded.graph.avals)))
 
 
+def _rnn_grad_listing(mesh) -> str:
+    """The listing of an RNN's gradient: both scans with their bodies indented under them, the backward body's
+    weight-gradient sums left partial (one psum after the loop)."""
+    import jax
+
+    from examples import recurrent
+
+    xs, h0 = jnp.ones((6, 8, 16)), jnp.ones((8, 16))
+    grad = sp.autoshard(jax.grad(recurrent.rnn_loss), mesh=mesh, in_specs=(None, P(None, "i"), P("i")))
+    return str(grad.trace(recurrent.init_rnn(), xs, h0).graph)
+
+
 # file name -> the text it holds, from the (4, 2) mesh
 GOLDENS = {
+    "rnn_grad_listing_auto.txt": _rnn_grad_listing,
     "nx_listing_gather.txt": lambda mesh: str(nx_program(mesh, "gather").graph),
     "nx_listing_auto.txt": lambda mesh: str(nx_program(mesh, "auto").graph),
     "nx_shards.txt": _shards,

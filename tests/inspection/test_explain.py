@@ -123,3 +123,74 @@ def test_splitting_a_program_again_starts_from_its_propagated_graph(mesh):
     assert len(again.stages) == 2 and type(again.sharded) is sp.ShardedGraph
     assert sp.to_json(again)["strategy"] == "gather" and len(sp.to_json(again)["stages"]) == 2
     assert sp.to_json(again.sharded)["strategy"] is None  # a bare ShardedGraph has no plan to report
+
+
+def _rnn_grad_program(mesh):
+    from examples import recurrent
+
+    xs, h0 = jnp.ones((6, 8, 16)), jnp.ones((8, 16))
+    return program(jax.grad(recurrent.rnn_loss), (recurrent.init_rnn(), xs, h0), (None, P(None, "i"), P("i")), mesh)
+
+
+def test_explain_descends_into_a_loop_body_by_the_path_the_listing_prints(mesh):
+    """``"ba/body/o"``: a value of the backward scan's body. Its sum over the batch is left partial (one psum after
+    the loop, not one per step), its sharded axis is traced to the body input and from there to the loop's operand,
+    and the loop's own explanation points inside."""
+    prog = _rnn_grad_program(mesh)
+    assert "ba/body: the body of `scan`" in str(prog.graph)  # the listing names the path
+    why = sp.explain(prog, "ba/body/o")
+    assert "[in ba/body: the body of `scan` at recurrent.py:24, run 6 times]" in why.equation
+    assert any("keeps its partial sum over i" in c and "by a psum after the loop" in c for c in why.consumes)
+    sharded = sp.explain(prog, "ba/body/n")  # the batch-sharded cotangent inside the body
+    assert sharded.axes[0].mesh_axes == ("i",)
+    assert sharded.axes[0].origin == ("body input 4 (e) is carry 3 of `scan` (it starts as t, then is the previous "
+                                      "iteration's), held as P('i',); this is its axis 0")
+    loop = sp.explain(prog, "ba")
+    assert any("carry 0 kept a partial sum over i" in c for c in loop.consumes)
+    assert any("sp.explain(prog, 'ba/body/<value>')" in c for c in loop.consumes)
+
+
+def test_explain_names_the_gather_inside_a_body_and_what_it_costs_each_iteration(mesh):
+    from examples import recurrent
+
+    gates_on_j = {"wx": P(None, "j"), "wh": P(None, "j"), "b": P("j")}
+    prog = program(recurrent.gru_loss, (recurrent.init_gru(), jnp.ones((6, 8, 16)), jnp.ones((8, 16))),
+                   (gates_on_j, P(None, "i"), P("i")), mesh)
+    listing = str(prog.graph)
+    assert "h gathered over j" in listing  # the split's operand, noted on the line inside the body
+    why = sp.explain(prog, "f/body/j")  # one gate: the split needs the gate axis whole
+    (line,) = [c for c in why.consumes if c.startswith("h: takes axis 1 (sharded over j) whole")]
+    assert "Paid for by gathering h inside the body of `scan` at recurrent.py:47, run 6 times, each time" in line
+    weight = sp.explain(prog, "f/body/a")
+    assert weight.axes[1].origin == "body input 0 (a) is c, operand 0 of `scan`, held as P(None, 'j'); this is its " \
+        "axis 1"
+
+
+def test_explain_follows_while_conditions_and_nested_bodies(mesh):
+    from examples import recurrent
+
+    x = jnp.ones((8, 16))
+    grow = program(recurrent.grow_until, (x,), (P("i", "j"),), mesh)
+    why = sp.explain(grow, "b/cond/c")
+    assert "the condition of `while`" in why.equation and "every iteration" in why.equation
+    assert any("psum over i*j finishes the result" in c for c in why.consumes)
+    nested = program(recurrent.nested_loops, (x,), (P("i", "j"),), mesh)
+    inner = sp.explain(nested, "b/body/b/body/d")
+    assert "[in b/body/b/body: the body of `scan` at recurrent.py:84, run 3 times]" in inner.equation
+    assert inner.axes[0].origin.startswith("body input 0 (a) is carry 0 of `scan` (it starts as b/body/a")
+
+
+@pytest.mark.parametrize("path, message", [
+    ("b/bod/c", "`scan` computing 'b' has no part 'bod'; its parts are 'body'"),
+    ("b/body", "a path names a value inside a body as <op output>/<part>/<value>"),
+    ("b/body/zz", "no value 'zz' in this graph"),
+])
+def test_a_bad_path_is_refused_saying_what_exists(mesh, path, message):
+    from examples import recurrent
+
+    prog = program(recurrent.nested_loops, (jnp.ones((8, 16)),), (P("i", "j"),), mesh)
+    with pytest.raises(sp.UnknownValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        sp.explain(prog, path)
+    plain = program(nx_example, (jnp.ones((16, 8)),) * 2, (P("i", "j"), None), mesh)
+    with pytest.raises(sp.UnknownValueError, match="it has no body"):
+        sp.explain(plain, "e/body/a")

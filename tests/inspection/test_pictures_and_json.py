@@ -127,3 +127,31 @@ def test_json_marks_a_stage_outside_shard_map_and_still_validates(mesh):
     jsonschema.validate(json.loads(json.dumps(doc)), SCHEMA)
     assert [s.get("outside_shard_map", False) for s in doc["stages"]] == [False, True, False]
     assert "── stage 1 (outside shard_map) ──" in str(prog.graph)
+
+
+def test_json_lists_loop_bodies_with_their_paths_partial_sums_and_collectives(mesh):
+    """An RNN gradient: each scan node carries its body (values, nodes, where each input comes from); the
+    backward body's weight-gradient contraction is marked partial over i and the loop says which outputs one
+    psum finishes; a while loop's body and condition have an unknown repeat count."""
+    from examples import recurrent
+
+    xs, h0 = jnp.ones((6, 8, 16)), jnp.ones((8, 16))
+    grad = sp.autoshard(jax.grad(recurrent.rnn_loss), mesh=mesh, in_specs=(None, P(None, "i"), P("i")))
+    doc = json.loads(json.dumps(sp.to_json(grad.trace(recurrent.init_rnn(), xs, h0))))
+    jsonschema.validate(doc, SCHEMA)
+    forward, backward = [n for n in doc["nodes"] if n["op"] == "scan"]
+    assert [b["path"] for b in forward["bodies"] + backward["bodies"]] == ["g/body", "ba/body"]
+    assert backward["collective"] == {"kind": "psum", "mesh_axes": ["i"], "dimension": None, "outputs": [0, 1, 2]}
+    (body,) = backward["bodies"]
+    assert body["repeats"] == 6 and [c["output"] for c in body["partial_carries"]] == [0, 1, 2]
+    assert [i["operand"] for i in body["inputs"]] == list(range(len(backward["operands"])))
+    partial = [n for n in body["nodes"] if "partial_over" in n]
+    assert {n["op"] for n in partial} == {"reduce_sum", "dot_general"} and all(
+        n["partial_over"] == ["i"] and n["collective"] is None for n in partial)
+
+    loop = sp.autoshard(recurrent.grow_until, mesh=mesh, in_specs=(P("i", "j"),)).trace(jnp.ones((8, 16)))
+    doc = json.loads(json.dumps(sp.to_json(loop)))
+    jsonschema.validate(doc, SCHEMA)
+    (node,) = [n for n in doc["nodes"] if n["op"] == "while"]
+    assert [(b["name"], b["repeats"]) for b in node["bodies"]] == [("cond", None), ("body", None)]
+    assert [n["collective"]["kind"] for n in node["bodies"][0]["nodes"] if n["collective"]] == ["psum"]
