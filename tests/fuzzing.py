@@ -11,6 +11,7 @@ Shapes mix sizes that the meshes divide and sizes they do not.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -212,17 +213,21 @@ def gather(draw, pool):
 OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather]
 
 
-def loop(draw, pool):
+BODY_OPS = tuple(op for op in OPS if op is not meet)
+
+
+def loop(draw, pool, body_ops=BODY_OPS):
     """A ``fori_loop`` (a scan), a ``while_loop`` (a counter, or a condition on the data) or a ``cond`` whose body is
-    drawn from the same ops, over a carry ``c`` and closing over the values computed so far. Returns a fourth
-    item: the lines defining the body, placed before the line that uses it."""
+    drawn from ``body_ops`` (the same ops; sharding constraints too when the program has a mesh), over a carry ``c``
+    and closing over the values computed so far. Returns a fourth item: the lines defining the body, placed before
+    the line that uses it."""
     v = draw(st.sampled_from(pool))
     tag = len(pool)
     body_pool = [Value("c", v.shape)] + [p for p in pool if p is not v]
     body = [f"def body{tag}(c):"]
     made_here = []
     for k in range(draw(st.integers(1, 3))):
-        made = draw(st.sampled_from([op for op in OPS if op is not meet]))(draw, body_pool)
+        made = draw(st.sampled_from(body_ops))(draw, body_pool)
         if made is None or math.prod(made[2]) > MAX_ELEMENTS or len(made[2]) > 4:
             continue
         name = f"w{tag}_{k}"
@@ -245,7 +250,8 @@ def loop(draw, pool):
                          f"lambda t: (t[0] + 1, body{tag}(t[1])), (0, {v.name}))[1]",
         "cond": f"lax.cond(jnp.max({v.name}) > 0.1, body{tag}, lambda c: c * 0.5, {v.name})",
     }[kind]
-    return kind, expr, v.shape, body
+    constrained = any(line.lstrip().split(" = ", 1)[-1].startswith("constrain(") for line in body)
+    return kind + (" with a constraint inside" if constrained else ""), expr, v.shape, body
 
 
 def constraint(mesh_shape: dict[str, int]):
@@ -262,7 +268,12 @@ def constraint(mesh_shape: dict[str, int]):
 @st.composite
 def programs(draw, max_ops: int = 6, mesh_shape: dict[str, int] | None = None) -> Program:
     """A random program; with ``mesh_shape``, sharding constraints on that mesh among its ops."""
-    ops = [*OPS, loop, loop] + ([] if mesh_shape is None else [constraint(mesh_shape), constraint(mesh_shape)])
+    if mesh_shape is None:
+        ops = [*OPS, loop, loop]
+    else:
+        constrain = constraint(mesh_shape)
+        looping = functools.partial(loop, body_ops=(*BODY_OPS, constrain))  # constraints inside bodies too
+        ops = [*OPS, looping, looping, constrain, constrain]
     n_inputs = draw(st.integers(1, 3))
     rank = draw(st.integers(1, 3))
     base = tuple(draw(st.sampled_from(SIZES)) for _ in range(rank))

@@ -199,7 +199,7 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
     """jax.grad of a random program's weighted outputs through the sharded program (its stages, moves and
     collective finishes transposed by JAX) equals jax.grad of the unsharded function."""
     program, mesh_name, specs, options = case
-    assume(not {"while", "while on data"} & set(program.ops))  # JAX cannot reverse-differentiate a while loop
+    assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
     note(reproducer(program, mesh_name, specs, options))
     f, unconstrained = program_functions(program, meshes[mesh_name])
     args = random_inputs(program)

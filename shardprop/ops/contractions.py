@@ -22,7 +22,7 @@ from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Sharded, TensorSharding, layout_refines
 from ..splitting.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 
 def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, dimension_numbers,
@@ -128,7 +128,7 @@ def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShardin
 
 OPS = [
     OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage,
-          lineage_exact=True, per_block=bind_as_is, finish=finish_contraction, pull=None),
+          lineage_exact=True, per_block=bind_as_is, finish=finish_contraction, pull=None, linear=Linearity.EITHER),
     OpDef("ragged_dot_general", Family.CONTRACTION, propagate=ragged_dot_general, lineage=whole_operands,
-          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
+          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

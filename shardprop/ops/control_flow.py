@@ -33,7 +33,7 @@ from ..propagation.product import Body, Carry, ShardedGraph
 from ..propagation.sharding import Layout, Sharded, TensorSharding, common_layout, layout_refines
 from .control_flow_lineage import body_graph, cond_lineage, scan_lineage, while_lineage
 from .fallback import conservative
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 
 class _NoBody(Exception):
@@ -132,10 +132,20 @@ def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jax
     return RuleOutput(outputs, (*cond_layouts, *body_layouts, *carry), body=bodies)
 
 
+def _merged(a: Layout, b: Layout) -> Layout:
+    """The layout two branches' outputs are brought to: the finer one where the other can cut it locally (no
+    communication), else what they have in common (the branch holding more moves it at its end)."""
+    if layout_refines(a, b):
+        return b
+    if layout_refines(b, a):
+        return a
+    return common_layout(a, b)
+
+
 def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, branches, **params) -> RuleOutput:
-    """Every branch propagated with the operands' layouts; the outputs take the layout all branches have in common
-    (a branch holding one otherwise moves it at its end). The index is a scalar: every device holds it whole and
-    takes the same branch."""
+    """Every branch propagated with the operands' layouts; each output takes the finest layout every branch can cut
+    its own locally, else the one they have in common (a branch holding it otherwise moves it at its end). The
+    index is a scalar: every device holds it whole and takes the same branch."""
     layouts = [op.layout for op in operands]
     try:
         sharded = [_sharded_body(ctx, body_graph(branch), layouts) for branch in branches]
@@ -143,7 +153,7 @@ def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, bra
         return _fallback(ctx, (index, *operands), why)
     out = [sharded[0].layout(v) for v in sharded[0].graph.outputs]
     for body in sharded[1:]:
-        out = [common_layout(o, body.layout(v)) for o, v in zip(out, body.graph.outputs, strict=True)]
+        out = [_merged(o, body.layout(v)) for o, v in zip(out, body.graph.outputs, strict=True)]
     shardings = tuple(_sharded_like(ctx, a.shape, layout, operands)
                       for a, layout in zip(ctx.out_avals, out, strict=True))
     return RuleOutput(shardings, (index.layout, *layouts), body=tuple(
@@ -195,9 +205,9 @@ def cond_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
 
 OPS = [
     OpDef("scan", Family.CONTROL_FLOW, propagate=scan, lineage=scan_lineage, lineage_exact=True,
-          per_block=scan_on_blocks, finish=None, pull=None),
+          per_block=scan_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("while", Family.CONTROL_FLOW, propagate=while_loop, lineage=while_lineage, lineage_exact=False,
-          per_block=while_on_blocks, finish=None, pull=None),
+          per_block=while_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("cond", Family.CONTROL_FLOW, propagate=cond, lineage=cond_lineage, lineage_exact=True,
-          per_block=cond_on_blocks, finish=None, pull=None),
+          per_block=cond_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
 ]

@@ -15,7 +15,7 @@ from ..backends.blocks import bind_as_is
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
-from .opdef import Family, OpDef, defs
+from .opdef import Family, Linearity, OpDef, defs
 
 
 def conv_general_dilated(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, dimension_numbers,
@@ -144,14 +144,15 @@ def select_and_gather_lineage(ctx: LineageContext, box: Box, output: int, *, win
 
 OPS = [
     OpDef("conv_general_dilated", Family.WINDOW, propagate=conv_general_dilated, lineage=conv_lineage,
-          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
+          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
     *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
           propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=bind_as_is,
-          finish=None, pull=None),
+          finish=None, pull=None, linear=Linearity.NONE),
     # The max-pool's derivatives: a scatter of the source into the selected element of each window, and a
     # gather of the tangent at it.
     OpDef("select_and_scatter_add", Family.WINDOW, propagate=select_and_window,
-          lineage=select_and_scatter_lineage, lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
+          lineage=select_and_scatter_lineage, lineage_exact=False, per_block=bind_as_is, finish=None, pull=None,
+          linear=Linearity.NONE),
     OpDef("select_and_gather_add", Family.WINDOW, propagate=select_and_window, lineage=select_and_gather_lineage,
-          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None),
+          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

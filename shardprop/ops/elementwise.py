@@ -15,7 +15,7 @@ from ..inspect.lineage.boxes import Box, LineageContext
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Layout, TensorSharding
 from .fallback import conservative
-from .opdef import Family, OpDef, defs
+from .opdef import Family, Linearity, OpDef, defs
 
 UNARY = (
     "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh",
@@ -32,6 +32,14 @@ NARY = (
     "select_n", "clamp",
     "threefry2x32",
 )
+# How a partial sum passes through them (the rest: not at all): see opdef.Linearity.
+LINEAR = {
+    **dict.fromkeys(("neg", "reduce_precision", "copy", "real", "imag", "conj"), Linearity.FIRST),
+    "convert_element_type": Linearity.TO_FLOAT,
+    **dict.fromkeys(("add", "add_any", "sub"), Linearity.JOINT),
+    "mul": Linearity.EITHER,
+    "div": Linearity.FIRST,  # x / y with y fixed
+}
 
 
 def operand_needs(out_shape: tuple[int, ...], out_layout: Layout, operand_shapes) -> tuple[Layout, ...]:
@@ -143,16 +151,16 @@ def nothing_read(ctx: LineageContext, box: Box, output: int, **params):
 
 
 OPS = [
-    *defs(UNARY + NARY, Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage,
-          lineage_exact=True, per_block=bind_as_is, finish=None, pull=pull_elementwise),
+    *defs(UNARY + NARY, Family.ELEMENTWISE,propagate=elementwise, lineage=elementwise_lineage,
+          lineage_exact=True, per_block=bind_as_is, finish=None, pull=pull_elementwise, linear=LINEAR),
     OpDef("mulhi", Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage, lineage_exact=True,
-          per_block=mulhi_on_blocks, finish=None, pull=pull_elementwise),
+          per_block=mulhi_on_blocks, finish=None, pull=pull_elementwise, linear=Linearity.NONE),
     OpDef("bitcast_convert_type", Family.ELEMENTWISE, propagate=bitcast_convert_type, lineage=bitcast_lineage,
-          lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
+          lineage_exact=True, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
     # Values that pass through unchanged: a barrier, a checkpoint name.
-    *defs(("optimization_barrier", "name"), Family.ELEMENTWISE, propagate=identity,
-          lineage=identity_lineage, lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
+    *defs(("optimization_barrier", "name"), Family.ELEMENTWISE, propagate=identity, lineage=identity_lineage,
+          lineage_exact=True, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
     # Keeps its operands alive against dead-code elimination; computes nothing.
     OpDef("dce_sink", Family.ELEMENTWISE, propagate=sink, lineage=nothing_read, lineage_exact=True,
-          per_block=bind_as_is, finish=None, pull=None),
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

@@ -13,7 +13,7 @@ from ..backends.blocks import bind_globally
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 
 def conservative(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
@@ -29,4 +29,4 @@ def whole_operands(ctx: LineageContext, box: Box, output: int, **params) -> list
 def fallback_for(name: str) -> OpDef:
     """The record used for primitive ``name`` when it has none of its own."""
     return OpDef(name, Family.FALLBACK, propagate=conservative, lineage=whole_operands, lineage_exact=False,
-                 per_block=bind_globally, finish=None, pull=None)
+                 per_block=bind_globally, finish=None, pull=None, linear=Linearity.NONE)

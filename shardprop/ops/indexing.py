@@ -12,7 +12,7 @@ from ..backends.blocks import Blocks, bind_as_is, bind_with
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Sharded, TensorSharding
-from .opdef import Family, OpDef, defs
+from .opdef import Family, Linearity, OpDef, defs
 
 SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max")
 
@@ -123,7 +123,7 @@ def _gather_block_params(params, blocks: Blocks) -> dict:
 
 OPS = [
     OpDef("gather", Family.INDEXING, propagate=gather, lineage=gather_lineage, lineage_exact=False,
-          per_block=bind_with(_gather_block_params), finish=None, pull=None),
-    *defs(SCATTERS, Family.INDEXING, propagate=scatter, lineage=scatter_lineage, lineage_exact=False,
-          per_block=bind_as_is, finish=None, pull=None),
+          per_block=bind_with(_gather_block_params), finish=None, pull=None, linear=Linearity.NONE),
+    *defs(SCATTERS, Family.INDEXING,propagate=scatter, lineage=scatter_lineage, lineage_exact=False,
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

@@ -17,7 +17,7 @@ from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
 from .fallback import conservative
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 # The number of trailing core axes of each operand, in operand order.
 CORE_RANKS: dict[str, tuple[int, ...]] = {
@@ -72,7 +72,7 @@ def batched_core_lineage(op: str):
 
 def _batched(name: str, *, exact: bool) -> OpDef:
     return OpDef(name, Family.LINALG, propagate=batched_core(name), lineage=batched_core_lineage(name),
-                 lineage_exact=exact, per_block=bind_as_is, finish=None, pull=None)
+                 lineage_exact=exact, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE)
 
 
 OPS = [

@@ -7,6 +7,8 @@
                    given its operands whole instead (the split pass cuts or gathers before it)
     pull           which operand layouts give its output in a wanted layout, or None (the ``"auto"`` strategy
                    moves gathers upwards through ops that have one)
+    linear         how a partial sum passes through it (:class:`Linearity`): where it does, a sum's ``psum`` may
+                   wait until after it (a loop's carry accumulating gradients keeps its partial sum)
 
 Every field is required: a family module that defines an op says what each piece is, or that it has none
 (``finish=None``), so a missing piece is a construction error rather than a silent default. The signatures::
@@ -21,11 +23,13 @@ Every field is required: a family module that defines an op says what each piece
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from enum import StrEnum
 from typing import Any
+
+import jax.numpy as jnp
 
 
 class Family(StrEnum):
@@ -46,6 +50,35 @@ class Family(StrEnum):
     FALLBACK = "no rule"            # the record of a primitive shardprop knows nothing about
 
 
+class Linearity(StrEnum):
+    """How a partial sum — each device of a group holding one summand of the value — passes through an op: the op
+    applied to each device's summand sums to the op applied to the sum, so the sum's ``psum`` may wait."""
+
+    NONE = "none"      # not linear: a partial operand must be summed first
+    JOINT = "joint"    # linear in all operands jointly (add, sub, concatenate): partial when every operand is
+    FIRST = "first"    # linear in its first operand, the others fixed (neg, reshape, reduce_sum, x / y, slices)
+    EITHER = "either"  # bilinear (mul, dot_general): partial when exactly one operand is
+    TO_FLOAT = "first, to a float type"  # a conversion: linear unless it rounds to an integer type
+
+    def passes(self, partial: list[bool], params: Mapping[str, Any]) -> bool:
+        """True when the op's result is a partial sum given which operands are (``partial[i]``) and its params.
+
+        >>> Linearity.EITHER.passes([True, False], {}), Linearity.EITHER.passes([True, True], {})
+        (True, False)
+        """
+        if not any(partial):
+            return False
+        if self is Linearity.JOINT:
+            return all(partial)
+        if self is Linearity.TO_FLOAT and not jnp.issubdtype(params.get("new_dtype"), jnp.inexact):
+            return False
+        if self in (Linearity.FIRST, Linearity.TO_FLOAT):
+            return partial[0] and not any(partial[1:])
+        if self is Linearity.EITHER:
+            return sum(partial) == 1
+        return False
+
+
 @dataclass(frozen=True)
 class OpDef:
     """Everything shardprop knows about primitive ``name`` (see the module docstring)."""
@@ -58,6 +91,7 @@ class OpDef:
     per_block: Callable[..., list]
     finish: Callable[..., Any] | None
     pull: Callable[..., Any] | None
+    linear: Linearity
 
     @property
     def is_fallback(self) -> bool:
@@ -83,10 +117,13 @@ class OpDef:
         return first_sentence(sys.modules[self.propagate.__module__].__doc__ or self.propagate.__doc__)
 
 
-def defs(names: Iterable[str], family: Family, **pieces) -> list[OpDef]:
+def defs(names: Iterable[str], family: Family, *, linear: Linearity | Mapping[str, Linearity], **pieces) -> list[OpDef]:
     """One :class:`OpDef` per name, all with the same pieces (a family helper, like JAX's
-    ``defvectorized``)."""
-    return [OpDef(name, family, **pieces) for name in names]
+    ``defvectorized``); ``linear`` is one for all, or per name (the names it leaves out are not linear)."""
+    def linearity(name: str) -> Linearity:
+        return linear if isinstance(linear, Linearity) else linear.get(name, Linearity.NONE)
+
+    return [OpDef(name, family, linear=linearity(name), **pieces) for name in names]
 
 
 def first_sentence(text: str | None) -> str:

@@ -18,7 +18,7 @@ from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Open, Sharded, TensorSharding, layout_from_spec
 from .elementwise import identity, identity_lineage
 from .fallback import conservative
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 
 def device_put(ctx: RuleContext, *operands: TensorSharding, devices, **params) -> RuleOutput:
@@ -82,9 +82,9 @@ def pass_through(node: Node, invals: list, blocks: Blocks) -> list:
 
 OPS = [
     OpDef("device_put", Family.PLACEMENT, propagate=device_put, lineage=identity_lineage, lineage_exact=True,
-          per_block=bind_with(_no_placement), finish=None, pull=None),
+          per_block=bind_with(_no_placement), finish=None, pull=None, linear=Linearity.NONE),
     OpDef("sharding_constraint", Family.PLACEMENT, propagate=constraint, lineage=identity_lineage,
-          lineage_exact=True, per_block=pass_through, finish=None, pull=None),
+          lineage_exact=True, per_block=pass_through, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("reshard", Family.PLACEMENT, propagate=reshard, lineage=identity_lineage, lineage_exact=True,
-          per_block=pass_through, finish=None, pull=None),
+          per_block=pass_through, finish=None, pull=None, linear=Linearity.NONE),
 ]

@@ -14,7 +14,7 @@ from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
 from .fallback import conservative as _conservative
 from .fallback import whole_operands
-from .opdef import Family, defs
+from .opdef import Family, Linearity, defs
 
 
 def conservative(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
@@ -22,6 +22,6 @@ def conservative(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleO
     return _conservative(ctx, *operands)
 
 OPS = defs(("random_bits", "random_seed", "random_wrap", "random_unwrap", "random_split", "random_fold_in",
-            "random_clone", "random_gamma", "rng_bit_generator", "rng_uniform"), Family.RANDOM,
+            "random_clone", "random_gamma", "rng_bit_generator", "rng_uniform"), Family.RANDOM, linear=Linearity.NONE,
            propagate=conservative, lineage=whole_operands, lineage_exact=False, per_block=bind_as_is, finish=None,
            pull=None)

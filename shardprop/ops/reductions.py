@@ -20,7 +20,7 @@ from ..inspect.lineage.boxes import Box, LineageContext
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
 from ..splitting.collectives import Collective, CollectiveKind
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 
 def reduction(ctx: RuleContext, operand: TensorSharding, *, axes, **params) -> RuleOutput:
@@ -89,13 +89,13 @@ class FinishReduction:
         return (produced,), Collective(self.kind, mesh_axes)
 
 
-def _reduction(name: str, finish: FinishReduction | None) -> OpDef:
-    return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage, lineage_exact=True,
-                 per_block=bind_as_is, finish=finish, pull=None)
+def _reduction(name: str, finish: FinishReduction | None, linear: Linearity = Linearity.NONE) -> OpDef:
+    return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage,
+                 lineage_exact=True, per_block=bind_as_is, finish=finish, pull=None, linear=linear)
 
 
 OPS = [
-    _reduction("reduce_sum", FinishReduction(CollectiveKind.PSUM, "fiuc")),
+    _reduction("reduce_sum", FinishReduction(CollectiveKind.PSUM, "fiuc"), Linearity.FIRST),
     _reduction("reduce_max", FinishReduction(CollectiveKind.PMAX, "fiub")),
     _reduction("reduce_min", FinishReduction(CollectiveKind.PMIN, "fiub")),
     _reduction("reduce_or", FinishReduction(CollectiveKind.PMAX, "b")),
@@ -107,5 +107,5 @@ OPS = [
     _reduction("reduce_xor", None),
     # not exact with several operands: the computation may combine them any way
     OpDef("reduce", Family.REDUCTION, propagate=reduce, lineage=reduce_lineage, lineage_exact=False,
-          per_block=bind_as_is, finish=None, pull=None),
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

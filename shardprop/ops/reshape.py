@@ -16,7 +16,7 @@ from ..inspect.lineage.boxes import Box, LineageContext, bounded_product, full_b
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Sharded, TensorSharding, shard_count
 from .fallback import conservative
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 # A reshape box that crosses more rows than this is widened to its bounding box (sound, not exact).
 MAX_RUNS = 4096
@@ -189,5 +189,5 @@ def _reshape_block_params(params, blocks: Blocks) -> dict:
 
 OPS = [
     OpDef("reshape", Family.SHAPE, propagate=reshape, lineage=reshape_lineage, lineage_exact=True,
-          per_block=bind_with(_reshape_block_params), finish=None, pull=None),
+          per_block=bind_with(_reshape_block_params), finish=None, pull=None, linear=Linearity.FIRST),
 ]

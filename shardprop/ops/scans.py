@@ -10,7 +10,7 @@ from ..backends.blocks import bind_as_is
 from ..inspect.lineage.boxes import Box, LineageContext
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
-from .opdef import Family, OpDef, defs
+from .opdef import Family, Linearity, OpDef, defs
 
 
 def cumulative(ctx: RuleContext, operand: TensorSharding, *, axis, **params) -> RuleOutput:
@@ -74,11 +74,12 @@ def approx_top_k_lineage(ctx: LineageContext, box: Box, output: int, *, reductio
 
 OPS = [
     *defs(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), Family.SCAN, propagate=cumulative,
-          lineage=cumulative_lineage, lineage_exact=True, per_block=bind_as_is, finish=None, pull=None),
+          lineage=cumulative_lineage, lineage_exact=True, per_block=bind_as_is, finish=None, pull=None,
+          linear={"cumsum": Linearity.FIRST}),
     OpDef("sort", Family.SCAN, propagate=sort, lineage=sort_lineage, lineage_exact=True, per_block=bind_as_is,
-          finish=None, pull=None),
+          finish=None, pull=None, linear=Linearity.NONE),
     OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=bind_as_is,
-          finish=None, pull=None),
+          finish=None, pull=None, linear=Linearity.NONE),
     OpDef("approx_top_k", Family.SCAN, propagate=approx_top_k, lineage=approx_top_k_lineage, lineage_exact=True,
-          per_block=bind_as_is, finish=None, pull=None),
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

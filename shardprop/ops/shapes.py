@@ -16,7 +16,7 @@ from ..expr.graph import Graph, Node
 from ..inspect.lineage.boxes import Box, LineageContext, product
 from ..propagation.context import CREATED, RuleContext, RuleOutput
 from ..propagation.sharding import Layout, TensorSharding
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 
 def broadcast_in_dim(ctx: RuleContext, operand: TensorSharding, *dynamic_shape, shape, broadcast_dimensions,
@@ -181,19 +181,20 @@ def _empty_block_params(params, blocks: Blocks) -> dict:
 
 OPS = [
     OpDef("broadcast_in_dim", Family.SHAPE, propagate=broadcast_in_dim, lineage=broadcast_in_dim_lineage,
-          lineage_exact=True, per_block=bind_with(_broadcast_block_params), finish=None, pull=pull_broadcast),
+          lineage_exact=True, per_block=bind_with(_broadcast_block_params), finish=None, pull=pull_broadcast,
+          linear=Linearity.FIRST),
     OpDef("squeeze", Family.SHAPE, propagate=squeeze, lineage=squeeze_lineage, lineage_exact=True,
-          per_block=bind_as_is, finish=None, pull=None),
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.FIRST),
     OpDef("transpose", Family.SHAPE, propagate=transpose, lineage=transpose_lineage, lineage_exact=True,
-          per_block=bind_as_is, finish=None, pull=None),
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.FIRST),
     OpDef("iota", Family.SHAPE, propagate=iota, lineage=no_operands, lineage_exact=True,
-          per_block=iota_on_blocks, finish=None, pull=None),
+          per_block=iota_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("empty", Family.SHAPE, propagate=empty, lineage=no_operands, lineage_exact=True,
-          per_block=bind_with(_empty_block_params), finish=None, pull=None),
+          per_block=bind_with(_empty_block_params), finish=None, pull=None, linear=Linearity.NONE),
     OpDef("stack", Family.SHAPE, propagate=stack, lineage=stack_lineage, lineage_exact=True,
-          per_block=cut_to_blocks, finish=None, pull=None),
+          per_block=cut_to_blocks, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("unstack", Family.SHAPE, propagate=unstack, lineage=unstack_lineage, lineage_exact=True,
-          per_block=bind_as_is, finish=None, pull=None),
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("tile", Family.SHAPE, propagate=tile, lineage=tile_lineage, lineage_exact=True,
-          per_block=cut_to_blocks, finish=None, pull=None),
+          per_block=cut_to_blocks, finish=None, pull=None, linear=Linearity.NONE),
 ]

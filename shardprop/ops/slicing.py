@@ -16,7 +16,7 @@ from ..backends.blocks import Blocks, bind_as_is, bind_with, cut_to_blocks
 from ..inspect.lineage.boxes import Box, LineageContext, full_box, product
 from ..propagation.context import CREATED, RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
-from .opdef import Family, OpDef
+from .opdef import Family, Linearity, OpDef
 
 
 def _keep_axes(ctx: RuleContext, operand: TensorSharding, keep: list[bool], out_shape) -> RuleOutput:
@@ -178,19 +178,21 @@ def _dynamic_slice_block_params(params, blocks: Blocks) -> dict:
         zip(params["slice_sizes"], blocks.out_blocks[0], blocks.out_global[0], strict=True))}
 
 
-def _slicing(name, propagate, lineage, *, exact=True, per_block=bind_as_is) -> OpDef:
+def _slicing(name, propagate, lineage, *, exact=True, per_block=bind_as_is, linear=Linearity.FIRST) -> OpDef:
+    """A slicing record: linear in the sliced operand (its other operands are indices) unless said otherwise."""
     return OpDef(name, Family.SLICING, propagate=propagate, lineage=lineage, lineage_exact=exact,
-                 per_block=per_block, finish=None, pull=None)
+                 per_block=per_block, finish=None, pull=None, linear=linear)
 
 
 OPS = [
     _slicing("slice", slice_, slice_lineage, per_block=bind_with(_slice_block_params)),
-    _slicing("pad", pad, pad_lineage),
+    _slicing("pad", pad, pad_lineage, linear=Linearity.NONE),  # the padding value would be summed too
     _slicing("rev", rev, rev_lineage),
-    _slicing("concatenate", concatenate, concatenate_lineage),
-    _slicing("split", split, split_lineage, per_block=cut_to_blocks),
+    _slicing("concatenate", concatenate, concatenate_lineage, linear=Linearity.JOINT),
+    _slicing("split", split, split_lineage, per_block=cut_to_blocks, linear=Linearity.NONE),
     # Where these slices start depends on index values: any element of a sliced axis may be read.
     _slicing("dynamic_slice", dynamic_slice, dynamic_slice_lineage, exact=False,
              per_block=bind_with(_dynamic_slice_block_params)),
-    _slicing("dynamic_update_slice", dynamic_update_slice, dynamic_update_slice_lineage, exact=False),
+    _slicing("dynamic_update_slice", dynamic_update_slice, dynamic_update_slice_lineage, exact=False,
+             linear=Linearity.NONE),
 ]

@@ -14,31 +14,15 @@ on the first device of each group (zero on the others), so the group's sum is th
 
 from __future__ import annotations
 
-from ..expr.graph import PARAMETER, Graph
+from ..expr.graph import PARAMETER, Graph, Node
+from ..ops import lookup
 from .collectives import Collective, CollectiveKind
 from .decisions import BodyPlan, Decisions
 
-# Linear in every operand jointly: a partial result only when every operand is partial.
-_LINEAR_IN_ALL = frozenset({"add", "add_any", "sub", "concatenate"})
-# One-operand maps linear in it (and ops linear in their first operand, the rest replicated indices or shapes).
-_LINEAR_IN_FIRST = frozenset({"neg", "transpose", "reshape", "reduce_sum", "broadcast_in_dim", "squeeze",
-                              "expand_dims", "copy", "copy_p", "slice", "rev", "cumsum", "dynamic_slice",
-                              "convert_element_type", "div", "reduce_precision"})
-# Bilinear: linear in either operand when the other is not partial.
-_LINEAR_IN_ONE = frozenset({"mul", "dot_general"})
-
-
-def _linear(op: str, partial_operands: list[bool]) -> bool:
-    """True when an op whose operands are partial where ``partial_operands`` says gives a partial result."""
-    if not any(partial_operands):
-        return False
-    if op in _LINEAR_IN_ALL:
-        return all(partial_operands)
-    if op in _LINEAR_IN_FIRST:
-        return partial_operands[0] and not any(partial_operands[1:])
-    if op in _LINEAR_IN_ONE:
-        return sum(partial_operands) == 1
-    return False
+def _linear(node: Node, partial_operands: list[bool]) -> bool:
+    """True when ``node``, its operands partial where ``partial_operands`` says, gives a partial result (its
+    record's :class:`~shardprop.ops.opdef.Linearity`)."""
+    return lookup(node.op).linear.passes(partial_operands, node.params)
 
 
 def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> tuple[set[int], set[int]]:
@@ -56,7 +40,7 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
         if node.id in psums:  # a psum-finished node of values that are not partial
             if not any(v in partial for v in node.operands):
                 partial.add(node.outputs[0])
-        elif _linear(node.op, [v in partial for v in node.operands]):
+        elif _linear(node, [v in partial for v in node.operands]):
             partial.add(node.outputs[0])
     changed = True
     while changed:  # backward: drop values whose uses are not all linear into partial values or own carries
@@ -64,13 +48,13 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
         for v in sorted(partial):
             ok = outputs_at.get(v, set()) <= wanted and all(
                 c not in psums and graph.nodes[c].outputs[0] in partial and _linear(
-                    graph.nodes[c].op, [u in partial for u in graph.nodes[c].operands])
+                    graph.nodes[c], [u in partial for u in graph.nodes[c].operands])
                 for c in graph.consumers[v])
             producer = graph.nodes[graph.producer[v]]
             if producer.op == PARAMETER:
                 ok = ok and v in carried and graph.outputs[carried[v]] in partial
             elif producer.id not in psums:
-                ok = ok and _linear(producer.op, [u in partial for u in producer.operands])
+                ok = ok and _linear(producer, [u in partial for u in producer.operands])
             if not ok:
                 partial.discard(v)
                 changed = True
