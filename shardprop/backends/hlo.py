@@ -14,8 +14,9 @@ import numpy as np
 
 from ..splitting.cost import Transfer, TransferKind, hlo_itemsize, moved
 
+# A tuple's type may carry comments (``/*index=5*/`` from its sixth element on): allowed inside the parentheses.
 _INSTRUCTION = re.compile(
-    r"=\s*(?P<shape>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+    r"=\s*(?P<shape>\((?:/\*[^*]*\*/|[^=()])*\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
     r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
 
@@ -134,12 +135,12 @@ def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
         if m is None:
             continue
         arrays = _ARRAY.findall(m.group("shape"))
-        if m.group("start") and len(arrays) > 1:
-            arrays = arrays[-1:]  # an async start returns (operand, result): count the result
+        if m.group("start") and m.group("kind") != "all-reduce" and len(arrays) > 1:
+            arrays = arrays[len(arrays) // 2:]  # an async start returns (operands, results): count the results
         nbytes = int(sum(hlo_itemsize(dt) * math.prod(int(d) for d in dims.split(",") if d) for dt, dims in arrays))
         dtype, dims = arrays[0]
         shape = tuple(int(d) for d in dims.split(",") if d)
         mesh_axes, n = _groups(line, names, sizes)
         kind = TransferKind(m.group("kind"))
-        out.append(Transfer(kind, mesh_axes, n, shape, dtype, nbytes, moved(kind, n, nbytes), repeats))
+        out.append(Transfer(kind, mesh_axes, n, shape, dtype, nbytes, moved(kind, n, nbytes), repeats, len(arrays)))
     return out

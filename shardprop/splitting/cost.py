@@ -49,6 +49,7 @@ class Transfer:
     bytes: int
     moved_bytes: float
     repeats: int = 1  # executions per run of the program: a collective inside a loop runs once per iteration
+    arrays: int = 1   # a collective of a tuple (XLA combines several all-reduces): ``shape`` is its first array's
 
     @property
     def total_moved_bytes(self) -> float:
@@ -57,7 +58,9 @@ class Transfer:
     def __str__(self) -> str:
         axes = "*".join(self.mesh_axes) or "?"
         times = "" if self.repeats == 1 else f", x{self.repeats} (in a loop)"
-        return f"{self.kind} over {axes} (groups of {self.group_size}): {self.dtype}{list(self.shape)}, " \
+        what = f"{self.dtype}{list(self.shape)}" if self.arrays == 1 else \
+            f"{self.arrays} arrays ({self.dtype}{list(self.shape)}, ...)"
+        return f"{self.kind} over {axes} (groups of {self.group_size}): {what}, " \
                f"{self.bytes} B result, ~{self.moved_bytes:.0f} B moved per device{times}"
 
 

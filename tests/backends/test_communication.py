@@ -44,6 +44,29 @@ def test_parse_hlo_reads_kind_shape_bytes_and_async_collectives_once(mesh):
     assert ag.moved_bytes == 512 * 3 / 4
 
 
+def test_parse_hlo_counts_every_array_of_a_combined_collective(mesh):
+    """XLA combines all-reduces into one over a tuple; from the sixth element on, the tuple's type carries
+    ``/*index=5*/`` comments (those collectives were once dropped from the count, on both sides)."""
+    arrays = ", ".join(("/*index=5*/" if k == 5 else "") + "f32[16,16]{1,0}" for k in range(7))
+    hlo = f"  %all-reduce.6 = ({arrays}) all-reduce(%a, %b, %c, %d, %e, %f, %g), channel_id=1, " \
+          "replica_groups=[2,4]<=[4,2]T(1,0), use_global_device_ids=true, to_apply=%add"
+    (ar,) = parse_hlo(hlo, mesh)
+    assert (ar.kind, ar.mesh_axes, ar.arrays, ar.bytes) == ("all-reduce", ("i",), 7, 7 * 16 * 16 * 4)
+    assert "7 arrays (f32[16, 16], ...)" in str(ar)
+
+
+def test_combined_weight_gradients_are_counted_against_jit(mesh):
+    """Six weight gradients summed over the sharded batch: jax.jit combines them into one all-reduce of a
+    6-tuple; its bytes count (they were reported as 0)."""
+    def f(x, *ws):
+        return jax.grad(lambda ws: sum(jnp.sum(jnp.tanh(x @ w)) for w in ws))(ws)
+
+    ws = tuple(jnp.full((16, 16), 0.01 * k) for k in range(6))
+    comparison = sp.compare_with_jit(f, mesh, (P("i"),) + (None,) * 6, jnp.ones((8, 16)), *ws)
+    assert comparison.jit_bytes >= 6 * 16 * 16 * 4 * 2 * 3 / 4 * 0.99  # an all-reduce over 4 of 6 [16, 16]
+    assert 0 < comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
 @pytest.mark.parametrize("strategy", ["gather", "collective", "auto"])
 def test_estimate_matches_the_compiled_program_for_the_nx_example(strategy, mesh):
     a = S((1024, 1024), jnp.float32)
