@@ -1,6 +1,7 @@
 """Loops and branches as training code writes them: an RNN and a GRU over a sequence (``lax.scan``), a stack of
 layers scanned over their stacked weights, a loop with a traced trip count (``fori_loop``), a ``while_loop`` run
-until the values grow past a bound, a ``cond``, and a rematerialised (``jax.checkpoint``) layer."""
+until the values grow past a bound, a ``cond``, a rematerialised (``jax.checkpoint``) layer, and a loss through a
+``cond`` and a ``switch`` (whose gradient differentiates through both)."""
 
 import jax
 import jax.numpy as jnp
@@ -85,3 +86,12 @@ def nested_loops(x):
         return c, jnp.sum(c)
 
     return lax.scan(outer, x, None, length=4)
+
+
+def branchy_loss(x):
+    """A loss through a ``cond`` and a ``lax.switch`` whose branches keep different intermediates for the backward
+    pass (its gradient fills the branch not taken with placeholders)."""
+    h = lax.cond(jnp.sum(x) > 0, lambda v: v * 2.0, jax.nn.relu, x)
+    k = (jnp.sum(h) > 1.0).astype(jnp.int32) + (jnp.max(h) > 2.0).astype(jnp.int32)
+    h = lax.switch(k, [jnp.tanh, jax.nn.relu, lambda v: v - jnp.mean(v, axis=0)], h)
+    return jnp.sum(h ** 2)

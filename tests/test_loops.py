@@ -45,6 +45,7 @@ WORKLOADS = [
     ("cond_negative", recurrent.centered_if_positive, (-np.abs(X),), (P("i", "j"),)),
     ("remat_grad", remat_grad, (W, X), (P(None, "j"), P("i"))),
     ("nested", recurrent.nested_loops, (X,), (P("i", "j"),)),
+    ("cond_switch_grad", jax.grad(recurrent.branchy_loss), (X,), (P("i", "j"),)),
 ]
 LOOPS = ("scan", "while", "cond")
 

@@ -174,6 +174,12 @@ def empty(ctx: RuleContext, *, shape, **params) -> RuleOutput:
     return RuleOutput((TensorSharding(tuple(shape), tuple(CREATED if n > 1 else None for n in shape)),), ())
 
 
+def empty_scalar(ctx: RuleContext, **params) -> RuleOutput:
+    """A scalar placeholder (``empty2``: what a ``cond``'s linearization fills the other branch's residuals with,
+    broadcast to their shape): replicated, as a constant is."""
+    return RuleOutput((TensorSharding((), ()),), ())
+
+
 def _empty_block_params(params, blocks: Blocks) -> dict:
     """``shape`` becomes the block shape."""
     return {**params, "shape": blocks.out_blocks[0], "out_sharding": None}
@@ -191,6 +197,8 @@ OPS = [
           per_block=iota_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("empty", Family.SHAPE, propagate=empty, lineage=no_operands, lineage_exact=True,
           per_block=bind_with(_empty_block_params), finish=None, pull=None, linear=Linearity.NONE),
+    OpDef("empty2", Family.SHAPE, propagate=empty_scalar, lineage=no_operands, lineage_exact=True,
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("stack", Family.SHAPE, propagate=stack, lineage=stack_lineage, lineage_exact=True,
           per_block=cut_to_blocks, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("unstack", Family.SHAPE, propagate=unstack, lineage=unstack_lineage, lineage_exact=True,

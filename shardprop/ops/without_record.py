@@ -50,7 +50,7 @@ WITHOUT_RECORD: dict[str, str] = {
     **dict.fromkeys(("debug_callback", "debug_print", "pure_callback", "io_callback", "ffi_call", "buffer_callback",
                      "inspect_sharding", "check"), OPAQUE),
     **dict.fromkeys(("iota_2x32_shape", "philox2x32", "philox4x32", "threefry4x32"), PRNG),
-    **dict.fromkeys(("empty2", "tie", "layout_constraint", "compute_on", "xla_metadata_value"), MEMORY),
+    **dict.fromkeys(("tie", "layout_constraint", "compute_on", "xla_metadata_value"), MEMORY),
     **dict.fromkeys(("eval_jaxpr", "from_edtype", "to_edtype", "scaled_dot", "custom_partitioning", "shard_alike",
                      "geqrf", "geqp3"), INTERNAL),
     "select_and_scatter": NO_FUNCTION,

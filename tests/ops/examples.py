@@ -121,6 +121,9 @@ EXAMPLES = [
        lambda a: (a[:, None, :], jnp.squeeze(a[:, :1], 1), a.T, a.reshape(4, 4, 8), a + lax.iota(F32, 8)),
        [(M, F32)], [P("i", "j")]),
     ex("empty", "empty", lambda a: a + lax.empty(M, F32), [(M, F32)], [P("i", "j")]),
+    # the gradient of a cond whose branches keep different residuals: the other branch's are empty2 placeholders
+    ex("empty2", "empty2 cond", jax.grad(lambda a: jnp.sum(lax.cond(jnp.sum(a) > 0, lambda h: h * 2.0, jax.nn.relu,
+                                                                   a) ** 2)), [(M, F32)], [P("i", "j")]),
     ex("stack", "stack unstack", lambda a, b: (jnp.stack([a, b], 1), jnp.unstack(a, axis=1)[3]),
        [(M, F32), (M, F32)], [P("i", "j"), P("i")]),
     ex("tile", "tile", lambda a, w: (jnp.tile(a, (1, 2)), jnp.tile(a[:, :1], (1, 8)) * w), [(M, F32), (M, F32)],
