@@ -49,7 +49,10 @@ loop's predicate) is a scalar, whole on every device, computed from finished col
 data. A carry that only accumulates partial sums (the weight gradient of a backward scan over a sharded batch) is
 kept unreduced through the loop and finished by one `psum` after it (`splitting/partial_sums.py`, reading the
 *partial sums* column); under `"auto"`
-a body is decided both ways and the cheaper taken, counting a collective inside a loop once per iteration. Only a
+a body is decided both ways and the cheaper taken, counting a collective inside a loop once per iteration. A
+sharding conflict inside a body is resolved as outside it (the operand cheaper to move is moved, every iteration,
+with a `ReshardWarning` naming the body; `conflicts="error"` refuses), and a bad constraint inside a body is the
+same typed error as outside. Only a
 body holding a primitive without a rule makes the op fall back; the warning and `strict=True` name that
 primitive and its line. `jax.checkpoint` (`remat2`) is inlined: rematerialisation is XLA's business.
 

@@ -154,3 +154,37 @@ def test_a_carry_moved_to_a_layout_over_another_mesh_axis_slices_before_it_gathe
     with jax.set_mesh(mesh):
         comparison = sp.compare_with_jit(f, mesh, (P("i"), P()), X, np.int32(3))
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+SQUARE = RNG.normal(size=(16, 16)).astype(np.float32)
+# x + x.T with x P('i') inside a body: the same conflict as at top level, resolved the same way, every iteration.
+CONFLICTED = [
+    ("scan", lambda x: jax.lax.scan(lambda h, _: (jnp.tanh(h + h.T), None), x, None, length=3)[0], "body", True),
+    ("fori", lambda x: jax.lax.fori_loop(0, 3, lambda k, h: jnp.tanh(h + h.T), x), "body", True),
+    # the predicate reads x[0, 0]: the slice takes its axis whole today (a gather jax.jit avoids; see the note)
+    ("cond", lambda x: jax.lax.cond(x[0, 0] > 0, lambda h: h + h.T, lambda h: h * 2.0, x), "branch", False),
+]
+
+
+@pytest.mark.parametrize("name,f,part,cheap", CONFLICTED, ids=[c[0] for c in CONFLICTED])
+def test_a_conflict_inside_a_body_is_resolved_like_one_outside(name, f, part, cheap, mesh):
+    op = "scan" if name == "fori" else name  # a fori_loop with static bounds is a scan
+    with pytest.warns(sp.ReshardWarning, match=f"inside the {part}[0-9]* of `{op}`"):
+        prog = assert_same_as_unsharded(f, (SQUARE,), mesh=mesh, in_specs=(P("i"),))
+    assert not prog.sharded.fallbacks
+    assert prog.graph.out_specs == (P("i"),)  # the batch axis is not given up
+    if cheap:
+        with pytest.warns(sp.ReshardWarning):
+            comparison = sp.compare_with_jit(f, mesh, (P("i"),), SQUARE)
+        assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+    with pytest.raises(sp.ShardingConflictError, match="sharding conflict in `add`"):
+        sp.autoshard(f, mesh=mesh, in_specs=(P("i"),), conflicts="error").trace(SQUARE)
+
+
+def test_a_bad_constraint_inside_a_body_is_refused_naming_it(mesh):
+    def f(x):
+        return jax.lax.scan(lambda h, _: (jax.lax.with_sharding_constraint(h[:3] * 2.0, P("i")).sum() + h, None), x,
+                            None, length=2)[0]
+
+    with jax.set_mesh(mesh), pytest.raises(sp.IndivisibleAxisError, match="`sharding_constraint` at .*test_loops"):
+        sp.autoshard(f, mesh=mesh, in_specs=(P("i"),)).trace(SQUARE)

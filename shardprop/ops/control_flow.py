@@ -24,7 +24,7 @@ from jax import lax
 
 from ..backends.blocks import Blocks
 from ..backends.evaluate import run_body, starting_carry
-from ..errors import ShardingError
+from ..errors import ShardingConflictError, ShardingError, SpecError
 from ..expr import Graph
 from ..expr import jax_adapter as jx
 from ..expr.graph import Node, short_source
@@ -43,6 +43,8 @@ class _NoBody(Exception):
 def _sharded_body(ctx: RuleContext, graph: Graph, layouts: list[Layout]) -> ShardedGraph:
     try:
         body = ctx.propagate_body(graph, layouts)
+    except (ShardingConflictError, SpecError):
+        raise  # the user's own input, refused as it would be outside the body
     except ShardingError as err:
         raise _NoBody(f"its body could not be sharded: {str(err).splitlines()[0]}") from None
     if body.fallbacks:

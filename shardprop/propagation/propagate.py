@@ -97,8 +97,15 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     return checked(sharded)
 
 
-def warn_reshards(graph: Graph, sharded: ShardedGraph) -> None:
-    """One :class:`ReshardWarning` per conflict resolved, at the user's line, carrying the conflict."""
+def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None:
+    """One :class:`ReshardWarning` per conflict resolved, at the user's line, carrying the conflict — those inside
+    loop and branch bodies too (moved there on every iteration)."""
+    for node_id, bodies in sorted(sharded.bodies.items()):
+        node = graph.nodes[node_id]
+        for body in bodies:
+            where = f" inside the {body.name} of `{node.op}` at {short_source(node.source, 'an unknown line')}" + \
+                ("" if not body.carries else ", on every iteration")
+            warn_reshards(body.sharded.graph, body.sharded, where)
     for node_id, (operand, message) in sorted(sharded.reshards.items()):
         node = graph.nodes[node_id]
         moved = node.operands[operand]
@@ -108,7 +115,8 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph) -> None:
         aval = sharded.graph.avals[moved]
         nbytes = _elements_moved(aval.shape, have, need, sharded.mesh_shape) * jx.itemsize(aval.dtype)
         text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
-                f"{short_source(node.source, 'an unknown line')} by moving operand {operand} ({value_name(moved)}, "
+                f"{short_source(node.source, 'an unknown line')}{inside} by moving operand {operand} "
+                f"({value_name(moved)}, "
                 f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
                 f"(conflicts='error' refuses instead)\n{message}")
         _warn_at(text, ReshardWarning, node.source)
@@ -164,7 +172,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 f"no sharding rule for primitive `{node.op}` at {node.source or 'an unknown source line'} "
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
-    body = functools.partial(_propagate_body, mesh=mesh)
+    body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
     first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts)
     try:
         first.run()
@@ -190,8 +198,8 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                         final.fallback_causes)
 
 
-def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh) -> ShardedGraph:
-    return propagate_layouts(graph, input_layouts, mesh)
+def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh, conflicts: str) -> ShardedGraph:
+    return propagate_layouts(graph, input_layouts, mesh, conflicts=conflicts)
 
 
 class _Walk:
