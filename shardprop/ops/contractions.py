@@ -10,7 +10,9 @@ sizes) keeps only the sharding of the ``rhs`` free axes; everything else is need
 
 Lineage: an output element reads whole contracted axes. Finish: contracting axes sharded alike on both sides
 (or on one side, the other replicated there and cut locally) can be multiplied per block and finished by a
-``psum``, as in the shard_map design doc's ``matmul_basic``.
+``psum``, as in the shard_map design doc's ``matmul_basic`` — a free axis propagation takes whole is still gathered
+(``h.T @ c``, the weight gradient of a tensor-parallel layer over a sharded batch: one operand gathered over the
+tensor axis, the batch summed by the ``psum``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..backends.blocks import bind_as_is
 from ..expr.graph import Node
 from ..inspect.lineage.boxes import Box, LineageContext
 from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import Sharded, TensorSharding, layout_refines
+from ..propagation.sharding import Sharded, TensorSharding
 from ..splitting.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
 from .opdef import Family, Linearity, OpDef
@@ -97,9 +99,10 @@ def finish_contraction(decisions, node: Node):
         others = [name for k, m in enumerate(need) if k not in axes for name in m]
         if contracted & set(others):
             return None  # a mesh axis would shard two axes of one operand
-    if contracted & out_names or not (layout_refines(lhs_have, tuple(lhs_need))
-                                      and layout_refines(rhs_have, tuple(rhs_need))):
+    if contracted & out_names:
         return None
+    # A free axis propagation takes whole (``h.T @ c`` with both free axes over one mesh axis) is still gathered;
+    # the contracting axes no longer are.
     return (tuple(lhs_need), tuple(rhs_need)), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
 
 

@@ -164,9 +164,11 @@ def move_bytes(view: Decisions, value: int, have: Layout, want: Layout) -> float
     return 0.0 if found is None else found.moved_bytes
 
 
-def node_move_bytes(view: Decisions, node: Node) -> float:
-    """Bytes one device receives to bring every operand of ``node`` into the layout ``view`` says it needs."""
-    return sum(move_bytes(view, v, view.layout(v), need) for v, need in view.edges(node))
+def node_move_bytes(view: Decisions, node: Node, needs: tuple[Layout, ...] | None = None) -> float:
+    """Bytes one device receives to bring every operand of ``node`` into the layout ``view`` says it needs (or
+    into ``needs``)."""
+    edges = view.edges(node) if needs is None else zip(node.operands, needs, strict=True)
+    return sum(move_bytes(view, v, view.layout(v), need) for v, need in edges)
 
 
 def collective_transfers(view: Decisions, node: Node, collective: Collective) -> list[Transfer]:

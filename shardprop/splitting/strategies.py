@@ -33,8 +33,9 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
     for node in decisions.graph.nodes:
         op = lookup(node.op)
         found = op.finish(decisions, node) if op.finish is not None else None
+        # A finish may still move an operand along an axis it does not sum over (a free axis taken whole).
         if found is not None and (not only_if_cheaper or collective_bytes(decisions, node, found[1])
-                                  <= node_move_bytes(decisions, node)):
+                                  + node_move_bytes(decisions, node, found[0]) <= node_move_bytes(decisions, node)):
             needs[node.id], collectives[node.id] = found
     return decisions.revised(needs=needs, collectives=collectives)
 

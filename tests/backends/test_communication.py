@@ -96,6 +96,8 @@ VERSUS_JIT = [
     ("layer_norm_dp", layernorm.layer_norm, (P("i"), None, None), LN_ARGS),
     ("layer_norm_2d", layernorm.layer_norm, (P("i", "j"), None, None), LN_ARGS),
     ("transformer_block_tp", attention.transformer_block, BLOCK_SPECS, (BLOCK, S((16, 64, 128), jnp.float32))),
+    # a tensor-parallel layer's weight gradient over a sharded batch: both free axes over j, the batch summed
+    ("weight_grad_2d", lambda h, c: h.T @ c, (P("i", "j"), P("i", "j")), (S((64, 32), jnp.float32),) * 2),
 ]
 
 

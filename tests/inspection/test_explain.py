@@ -1,5 +1,6 @@
 """sp.explain: the chain of rules, ops and source lines behind every axis's sharding."""
 
+import pathlib
 import warnings
 
 import jax
@@ -125,6 +126,18 @@ def test_splitting_a_program_again_starts_from_its_propagated_graph(mesh):
     assert sp.to_json(again.sharded)["strategy"] is None  # a bare ShardedGraph has no plan to report
 
 
+def recurrent_source() -> str:
+    from examples import recurrent
+
+    return pathlib.Path(recurrent.__file__).read_text()
+
+
+def _line_of(source: str, text: str, after: str = "") -> int:
+    """The line number of the first line holding ``text`` (after the first holding ``after``)."""
+    start = source.index(after) if after else 0
+    return source[:source.index(text, start)].count("\n") + 1
+
+
 def _rnn_grad_program(mesh):
     from examples import recurrent
 
@@ -139,7 +152,8 @@ def test_explain_descends_into_a_loop_body_by_the_path_the_listing_prints(mesh):
     prog = _rnn_grad_program(mesh)
     assert "ba/body: the body of `scan`" in str(prog.graph)  # the listing names the path
     why = sp.explain(prog, "ba/body/o")
-    assert "[in ba/body: the body of `scan` at recurrent.py:24, run 6 times]" in why.equation
+    at = _line_of(recurrent_source(), "_, hs = lax.scan(step, h0, xs)")
+    assert f"[in ba/body: the body of `scan` at recurrent.py:{at}, run 6 times]" in why.equation
     assert any("keeps its partial sum over i" in c and "by a psum after the loop" in c for c in why.consumes)
     sharded = sp.explain(prog, "ba/body/n")  # the batch-sharded cotangent inside the body
     assert sharded.axes[0].mesh_axes == ("i",)
@@ -160,7 +174,8 @@ def test_explain_names_the_gather_inside_a_body_and_what_it_costs_each_iteration
     assert "h gathered over j" in listing  # the split's operand, noted on the line inside the body
     why = sp.explain(prog, "f/body/j")  # one gate: the split needs the gate axis whole
     (line,) = [c for c in why.consumes if c.startswith("h: takes axis 1 (sharded over j) whole")]
-    assert "Paid for by gathering h inside the body of `scan` at recurrent.py:47, run 6 times, each time" in line
+    at = _line_of(recurrent_source(), "_, hs = lax.scan(step, h0, xs)", after="def gru_loss")
+    assert f"Paid for by gathering h inside the body of `scan` at recurrent.py:{at}, run 6 times, each time" in line
     weight = sp.explain(prog, "f/body/a")
     assert weight.axes[1].origin == "body input 0 (a) is c, operand 0 of `scan`, held as P(None, 'j'); this is its " \
         "axis 1"
@@ -176,7 +191,8 @@ def test_explain_follows_while_conditions_and_nested_bodies(mesh):
     assert any("psum over i*j finishes the result" in c for c in why.consumes)
     nested = program(recurrent.nested_loops, (x,), (P("i", "j"),), mesh)
     inner = sp.explain(nested, "b/body/b/body/d")
-    assert "[in b/body/b/body: the body of `scan` at recurrent.py:84, run 3 times]" in inner.equation
+    at = _line_of(recurrent_source(), "c = lax.fori_loop(0, 3")
+    assert f"[in b/body/b/body: the body of `scan` at recurrent.py:{at}, run 3 times]" in inner.equation
     assert inner.axes[0].origin.startswith("body input 0 (a) is carry 0 of `scan` (it starts as b/body/a")
 
 
