@@ -86,10 +86,11 @@ _CALLED = re.compile(r"(?:calls|to_apply|true_computation|false_computation)=%?(
                      r"branch_computations=\{([^}]*)\}")
 
 
-def _executions(lines: list[str]) -> list[int]:
-    """How many times each line runs per execution of the module: an instruction inside a while loop's body as
-    many times as XLA's ``known_trip_count`` says (once when unknown), its condition once more; nested loops
-    multiply. Computations called otherwise (fusions, branches, reducers) run as often as their caller."""
+def _executions(lines: list[str]) -> list[tuple[int, bool]]:
+    """How many times each line runs per execution of the module, and whether a while loop of unknown trip count
+    encloses it: an instruction inside a while loop's body as many times as XLA's ``known_trip_count`` says (once
+    when unknown), its condition once more; nested loops multiply. Computations called otherwise (fusions,
+    branches, reducers) run as often as their caller."""
     owner: list[str | None] = []
     calls: dict[str, list[tuple[str, int]]] = {}
     entry, current = None, None
@@ -107,21 +108,25 @@ def _executions(lines: list[str]) -> list[int]:
         if current is None:
             continue
         if (w := _WHILE.search(line)):
-            trips = int(t.group(1)) if (t := _TRIP_COUNT.search(line)) else 1
-            calls[current] += [(w.group(1), trips + 1), (w.group(2), trips)]
+            t = _TRIP_COUNT.search(line)
+            trips = int(t.group(1)) if t else 1
+            calls[current] += [(w.group(1), trips + 1, t is None), (w.group(2), trips, t is None)]
         for c in _CALLED.finditer(line):
             for name in [c.group(1)] if c.group(1) else re.findall(r"%?([\w.\-]+)", c.group(2)):
-                calls[current].append((name, 1))
+                calls[current].append((name, 1, False))
     times: dict[str, int] = {}
+    unknown: set[str] = set()
 
-    def visit(name: str, n: int) -> None:
+    def visit(name: str, n: int, in_unknown: bool) -> None:
         times[name] = times.get(name, 0) + n
-        for callee, k in calls.get(name, []):
-            visit(callee, n * k)
+        if in_unknown:
+            unknown.add(name)
+        for callee, k, unknown_trips in calls.get(name, []):
+            visit(callee, n * k, in_unknown or unknown_trips)
 
     if entry is not None:
-        visit(entry, 1)
-    return [times.get(o, 1) if o is not None else 1 for o in owner]
+        visit(entry, 1, False)
+    return [(times.get(o, 1), o in unknown) if o is not None else (1, False) for o in owner]
 
 
 def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
@@ -130,7 +135,7 @@ def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
     names, sizes = tuple(mesh.axis_names), tuple(mesh.shape[n] for n in mesh.axis_names)
     out = []
     lines = hlo_text.splitlines()
-    for line, repeats in zip(lines, _executions(lines), strict=True):
+    for line, (repeats, unknown_trips) in zip(lines, _executions(lines), strict=True):
         m = _INSTRUCTION.search(line)
         if m is None:
             continue
@@ -142,5 +147,6 @@ def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
         shape = tuple(int(d) for d in dims.split(",") if d)
         mesh_axes, n = _groups(line, names, sizes)
         kind = TransferKind(m.group("kind"))
-        out.append(Transfer(kind, mesh_axes, n, shape, dtype, nbytes, moved(kind, n, nbytes), repeats, len(arrays)))
+        out.append(Transfer(kind, mesh_axes, n, shape, dtype, nbytes, moved(kind, n, nbytes), repeats, len(arrays),
+                            unknown_trips))
     return out

@@ -50,6 +50,7 @@ class Transfer:
     moved_bytes: float
     repeats: int = 1  # executions per run of the program: a collective inside a loop runs once per iteration
     arrays: int = 1   # a collective of a tuple (XLA combines several all-reduces): ``shape`` is its first array's
+    unknown_trips: bool = False  # inside a while loop of unknown trip count: counted for one iteration
 
     @property
     def total_moved_bytes(self) -> float:
@@ -58,6 +59,8 @@ class Transfer:
     def __str__(self) -> str:
         axes = "*".join(self.mesh_axes) or "?"
         times = "" if self.repeats == 1 else f", x{self.repeats} (in a loop)"
+        if self.unknown_trips:
+            times += ", per iteration of a while loop (its trip count is unknown: counted once)"
         what = f"{self.dtype}{list(self.shape)}" if self.arrays == 1 else \
             f"{self.arrays} arrays ({self.dtype}{list(self.shape)}, ...)"
         return f"{self.kind} over {axes} (groups of {self.group_size}): {what}, " \
@@ -256,5 +259,6 @@ def body_transfers(view: Decisions, node_id: int) -> list[Transfer]:
             if collective is not None:
                 once += collective_transfers(inner, node, collective)
             once += body_transfers(inner, node.id)
-        out += [replace(t, repeats=t.repeats * (body.repeats or 1)) for t in once]
+        out += [replace(t, repeats=t.repeats * (body.repeats or 1),
+                        unknown_trips=t.unknown_trips or (body.carries != () and body.repeats is None)) for t in once]
     return out
