@@ -43,6 +43,7 @@ WORKLOADS = [
     ("while_data_dependent", recurrent.grow_until, (X,), (P("i", "j"),)),
     ("cond_on_data", recurrent.centered_if_positive, (X,), (P("i", "j"),)),
     ("cond_negative", recurrent.centered_if_positive, (-np.abs(X),), (P("i", "j"),)),
+    ("remat", recurrent.remat_loss, (W, X), (P(None, "j"), P("i"))),
     ("remat_grad", remat_grad, (W, X), (P(None, "j"), P("i"))),
     ("nested", recurrent.nested_loops, (X,), (P("i", "j"),)),
     ("cond_switch_grad", jax.grad(recurrent.branchy_loss), (X,), (P("i", "j"),)),
@@ -62,12 +63,8 @@ def _batch_stays_sharded(prog) -> None:
                 assert any("i" in m for m in need), (node.op, v, sharded.layout(v), need)
 
 
-# Every workload under "auto"; under "gather" and "collective" the ones whose bodies communicate differently
-# (the default run's time budget: each strategy has its own body decisions, deferred sums and in-body moves).
-BY_STRATEGY = [(w, "auto") for w in WORKLOADS] + [
-    (w, strategy) for w in WORKLOADS for strategy in ("gather", "collective")
-    if w[0] in ("rnn_grad", "gru_grad_gates_on_j", "stacked_2d_grad", "while_data_dependent", "cond_on_data",
-                "nested")]
+# Every workload under each strategy: each decides the bodies' collectives, deferred sums and in-body moves itself.
+BY_STRATEGY = [(w, strategy) for w in WORKLOADS for strategy in ("auto", "gather", "collective")]
 
 
 @pytest.mark.parametrize("workload,strategy", BY_STRATEGY, ids=[f"{w[0]}-{s}" for w, s in BY_STRATEGY])
