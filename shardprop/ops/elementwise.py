@@ -35,10 +35,10 @@ NARY = (
 # How a partial sum passes through them (the rest: not at all): see opdef.Linearity.
 LINEAR = {
     **dict.fromkeys(("neg", "reduce_precision", "copy", "real", "imag", "conj"), Linearity.FIRST),
-    "convert_element_type": Linearity.TO_FLOAT,
+    "convert_element_type": Linearity.FIRST_IF_FLOAT,
     **dict.fromkeys(("add", "add_any", "sub"), Linearity.JOINT),
     "mul": Linearity.EITHER,
-    "div": Linearity.FIRST,  # x / y with y fixed
+    "div": Linearity.FIRST_IF_FLOAT,  # x / y with y fixed; integer division rounds
 }
 
 

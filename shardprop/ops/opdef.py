@@ -58,21 +58,21 @@ class Linearity(StrEnum):
     JOINT = "joint"    # linear in all operands jointly (add, sub, concatenate): partial when every operand is
     FIRST = "first"    # linear in its first operand, the others fixed (neg, reshape, reduce_sum, x / y, slices)
     EITHER = "either"  # bilinear (mul, dot_general): partial when exactly one operand is
-    TO_FLOAT = "first, to a float type"  # a conversion: linear unless it rounds to an integer type
+    FIRST_IF_FLOAT = "first, float results"  # x / y, a conversion: integer results round (not linear)
 
-    def passes(self, partial: list[bool], params: Mapping[str, Any]) -> bool:
-        """True when the op's result is a partial sum given which operands are (``partial[i]``) and its params.
+    def passes(self, partial: list[bool], dtype) -> bool:
+        """True when the op's result (of ``dtype``) is a partial sum given which operands are (``partial[i]``).
 
-        >>> Linearity.EITHER.passes([True, False], {}), Linearity.EITHER.passes([True, True], {})
+        >>> Linearity.EITHER.passes([True, False], jnp.float32), Linearity.EITHER.passes([True, True], jnp.float32)
         (True, False)
         """
         if not any(partial):
             return False
         if self is Linearity.JOINT:
             return all(partial)
-        if self is Linearity.TO_FLOAT and not jnp.issubdtype(params.get("new_dtype"), jnp.inexact):
+        if self is Linearity.FIRST_IF_FLOAT and not jnp.issubdtype(dtype, jnp.inexact):
             return False
-        if self in (Linearity.FIRST, Linearity.TO_FLOAT):
+        if self in (Linearity.FIRST, Linearity.FIRST_IF_FLOAT):
             return partial[0] and not any(partial[1:])
         if self is Linearity.EITHER:
             return sum(partial) == 1

@@ -19,10 +19,10 @@ from ..ops import lookup
 from .collectives import Collective, CollectiveKind
 from .decisions import BodyPlan, Decisions
 
-def _linear(node: Node, partial_operands: list[bool]) -> bool:
+def _linear(graph: Graph, node: Node, partial_operands: list[bool]) -> bool:
     """True when ``node``, its operands partial where ``partial_operands`` says, gives a partial result (its
-    record's :class:`~shardprop.ops.opdef.Linearity`)."""
-    return lookup(node.op).linear.passes(partial_operands, node.params)
+    record's :class:`~shardprop.ops.opdef.Linearity`, for the dtype of its result)."""
+    return lookup(node.op).linear.passes(partial_operands, graph.avals[node.outputs[0]].dtype)
 
 
 def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> tuple[set[int], set[int]]:
@@ -40,7 +40,7 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
         if node.id in psums:  # a psum-finished node of values that are not partial
             if not any(v in partial for v in node.operands):
                 partial.add(node.outputs[0])
-        elif _linear(node, [v in partial for v in node.operands]):
+        elif _linear(graph, node, [v in partial for v in node.operands]):
             partial.add(node.outputs[0])
     changed = True
     while changed:  # backward: drop values whose uses are not all linear into partial values or own carries
@@ -48,13 +48,13 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
         for v in sorted(partial):
             ok = outputs_at.get(v, set()) <= wanted and all(
                 c not in psums and graph.nodes[c].outputs[0] in partial and _linear(
-                    graph.nodes[c], [u in partial for u in graph.nodes[c].operands])
+                    graph, graph.nodes[c], [u in partial for u in graph.nodes[c].operands])
                 for c in graph.consumers[v])
             producer = graph.nodes[graph.producer[v]]
             if producer.op == PARAMETER:
                 ok = ok and v in carried and graph.outputs[carried[v]] in partial
             elif producer.id not in psums:
-                ok = ok and _linear(producer, [u in partial for u in producer.operands])
+                ok = ok and _linear(graph, producer, [u in partial for u in producer.operands])
             if not ok:
                 partial.discard(v)
                 changed = True
