@@ -185,3 +185,21 @@ def test_a_bad_constraint_inside_a_body_is_refused_naming_it(mesh):
 
     with jax.set_mesh(mesh), pytest.raises(sp.IndivisibleAxisError, match="`sharding_constraint` at .*test_loops"):
         sp.autoshard(f, mesh=mesh, in_specs=(P("i"),)).trace(SQUARE)
+
+
+def test_branch_outputs_merge_to_one_layout_whatever_the_branch_order(mesh):
+    """Three branches holding their output as P('i'), P('j'), P('j'): the merged layout is chosen by what the
+    branches move to reach it, not by which branch comes first (found by review: one order gave P('j'), the
+    other P() and more than twice the bytes)."""
+    y = RNG.normal(size=(16, 8)).astype(np.float32)
+    branches = [lambda x, y: x * 1.5, lambda x, y: y * 2.0, lambda x, y: y - 1.0]
+    specs = []
+    for order in ([0, 1, 2], [1, 2, 0], [2, 0, 1]):
+        def f(k, x, y, order=order):
+            return jax.lax.switch(k, [branches[b] for b in order], x, y)
+
+        for k in range(3):
+            prog = assert_same_as_unsharded(f, (np.int32(k), SQUARE[:, :8], y), mesh=mesh,
+                                            in_specs=(P(), P("i"), P("j")))
+        specs.append(prog.graph.out_specs)
+    assert specs[0] == specs[1] == specs[2] == (P("j"),)

@@ -14,9 +14,11 @@ import numpy as np
 
 from ..splitting.cost import Transfer, TransferKind, hlo_itemsize, moved
 
-# A tuple's type may carry comments (``/*index=5*/`` from its sixth element on): allowed inside the parentheses.
+# A tuple's type may carry comments (``/*index=5*/`` from its sixth element on) and nest one level (a combined
+# async collective's ``((operands), (results))``).
+_TUPLE_ITEM = r"(?:/\*[^*]*\*/|[^=()])"  # one character (or one comment): no nested quantifier, no backtracking
 _INSTRUCTION = re.compile(
-    r"=\s*(?P<shape>\((?:/\*[^*]*\*/|[^=()])*\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+    rf"=\s*(?P<shape>\((?:{_TUPLE_ITEM}|\({_TUPLE_ITEM}*\))*\)|[a-z0-9]+\[[0-9,]*\](?:\{{[^}}]*\}})?)\s+"
     r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
 
@@ -129,6 +131,16 @@ def _executions(lines: list[str]) -> list[tuple[int, bool]]:
     return [(times.get(o, 1), o in unknown) if o is not None else (1, False) for o in owner]
 
 
+def _started(shape: str) -> list[tuple[str, str]]:
+    """The results of an async start, whose type is ``(operand, result)``, ``((operands), (results))`` when
+    combined, or ``(operand, result, u32[], u32[])`` (a collective-permute's context scalars)."""
+    groups = re.findall(r"\(([^()]*)\)", shape[1:-1])
+    if groups:
+        return _ARRAY.findall(groups[-1])
+    arrays = [a for a in _ARRAY.findall(shape) if a[1] or a[0] not in ("u32", "s32")]  # drop context scalars
+    return arrays[len(arrays) // 2:] if len(arrays) > 1 else arrays
+
+
 def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
     """The collectives in a compiled module's text (``compiled.as_text()``), asynchronous ones once; one inside a
     loop carries how many times it runs (``Transfer.repeats``)."""
@@ -139,9 +151,8 @@ def parse_hlo(hlo_text: str, mesh) -> list[Transfer]:
         m = _INSTRUCTION.search(line)
         if m is None:
             continue
-        arrays = _ARRAY.findall(m.group("shape"))
-        if m.group("start") and m.group("kind") != "all-reduce" and len(arrays) > 1:
-            arrays = arrays[len(arrays) // 2:]  # an async start returns (operands, results): count the results
+        arrays = _started(m.group("shape")) if m.group("start") and m.group("kind") != "all-reduce" else \
+            _ARRAY.findall(m.group("shape"))
         nbytes = int(sum(hlo_itemsize(dt) * math.prod(int(d) for d in dims.split(",") if d) for dt, dims in arrays))
         dtype, dims = arrays[0]
         shape = tuple(int(d) for d in dims.split(",") if d)

@@ -30,7 +30,8 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import Node, short_source
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.product import Body, Carry, ShardedGraph
-from ..propagation.sharding import Layout, Sharded, TensorSharding, common_layout, layout_refines
+from ..propagation.sharding import (Layout, Sharded, TensorSharding, common_layout, elements_moved,
+                                   layout_refines)
 from .control_flow_lineage import body_graph, cond_lineage, scan_lineage, while_lineage
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef
@@ -134,28 +135,34 @@ def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jax
     return RuleOutput(outputs, (*cond_layouts, *body_layouts, *carry), body=bodies)
 
 
-def _merged(a: Layout, b: Layout) -> Layout:
-    """The layout two branches' outputs are brought to: the finer one where the other can cut it locally (no
-    communication), else what they have in common (the branch holding more moves it at its end)."""
-    if layout_refines(a, b):
-        return b
-    if layout_refines(b, a):
-        return a
-    return common_layout(a, b)
+def _merged(layouts: list[Layout], shape, mesh_shape) -> Layout:
+    """The layout the branches' outputs are brought to: of theirs and of what they all have in common, the one the
+    branches together move the fewest elements to reach (a branch that can cut it locally moves nothing); the
+    finer on a tie. Independent of the branches' order."""
+    common = layouts[0]
+    for b in layouts[1:]:
+        common = common_layout(common, b)
+
+    def cost(candidate: Layout) -> tuple[float, int]:
+        moved = sum(0.0 if layout_refines(b, candidate) else elements_moved(shape, b, candidate, mesh_shape)
+                    for b in layouts)
+        return moved, -sum(map(len, candidate))
+
+    return min(sorted(set(layouts) | {common}), key=cost)
 
 
 def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, branches, **params) -> RuleOutput:
-    """Every branch propagated with the operands' layouts; each output takes the finest layout every branch can cut
-    its own locally, else the one they have in common (a branch holding it otherwise moves it at its end). The
-    index is a scalar: every device holds it whole and takes the same branch."""
+    """Every branch propagated with the operands' layouts; each output takes the branch layout (or the one all
+    have in common) the branches move the fewest elements to reach — one every branch can cut locally when there
+    is one (a branch holding it otherwise moves it at its end). The index is a scalar: every device holds it
+    whole and takes the same branch."""
     layouts = [op.layout for op in operands]
     try:
         sharded = [_sharded_body(ctx, body_graph(branch), layouts) for branch in branches]
     except _NoBody as why:
         return _fallback(ctx, (index, *operands), why)
-    out = [sharded[0].layout(v) for v in sharded[0].graph.outputs]
-    for body in sharded[1:]:
-        out = [_merged(o, body.layout(v)) for o, v in zip(out, body.graph.outputs, strict=True)]
+    out = [_merged([body.layout(body.graph.outputs[k]) for body in sharded], aval.shape, ctx.mesh_shape)
+           for k, aval in enumerate(ctx.out_avals)]
     shardings = tuple(_sharded_like(ctx, a.shape, layout, operands)
                       for a, layout in zip(ctx.out_avals, out, strict=True))
     return RuleOutput(shardings, (index.layout, *layouts), body=tuple(

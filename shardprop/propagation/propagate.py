@@ -30,8 +30,8 @@ from .context import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
-from .sharding import (Layout, Open, Sharded, TensorSharding, block_shape, is_all_to_all, layout_from_spec,
-                       layout_to_spec, moved_axes, received_layout, shard_count, uses_mesh_axes_once)
+from .sharding import (Layout, Open, Sharded, TensorSharding, elements_moved, is_all_to_all,
+                       layout_from_spec, layout_to_spec, moved_axes, shard_count, uses_mesh_axes_once)
 
 CONFLICT_MODES = ("reshard", "error")
 
@@ -113,23 +113,13 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None
         how = (f"an all-to-all over {'*'.join(moved_axes(have, need))} moves it" if is_all_to_all(have, need) else
                "it is gathered before the op, which slices it")
         aval = sharded.graph.avals[moved]
-        nbytes = _elements_moved(aval.shape, have, need, sharded.mesh_shape) * jx.itemsize(aval.dtype)
+        nbytes = elements_moved(aval.shape, have, need, sharded.mesh_shape) * jx.itemsize(aval.dtype)
         text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
                 f"{short_source(node.source, 'an unknown line')}{inside} by moving operand {operand} "
                 f"({value_name(moved)}, "
                 f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
                 f"(conflicts='error' refuses instead)\n{message}")
         _warn_at(text, ReshardWarning, node.source)
-
-
-def _elements_moved(shape, have: Layout, need: Layout, mesh_shape) -> float:
-    """Elements one device receives to bring a value from ``have`` to ``need`` (all-to-all or all-gather, ring
-    model): the strategies' cost model in elements, which is all a choice between operands of one op needs."""
-    axes = moved_axes(have, need)
-    if not axes:
-        return 0.0
-    block = math.prod(block_shape(shape, received_layout(have, need), mesh_shape))
-    return block * (1 - 1 / shard_count(mesh_shape, axes))
 
 
 def _warn_at(message: str, category, source: str | None) -> None:
@@ -334,7 +324,7 @@ class _Walk:
                 result, outputs = self._apply(ctx, node, op, trial)
             except RuleConflict:
                 continue
-            moved = _elements_moved(avals[node.operands[k]].shape, sharding.layout, result.needs[k], self.mesh_shape)
+            moved = elements_moved(avals[node.operands[k]].shape, sharding.layout, result.needs[k], self.mesh_shape)
             options.append((moved, -k, result, outputs))
         if not options:
             raise self._conflict(node, conflict) from None

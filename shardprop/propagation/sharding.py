@@ -231,3 +231,13 @@ def common_layout(produced: Layout, needed: Layout) -> Layout:
             k += 1
         out.append(p[:k])
     return tuple(out)
+
+
+def elements_moved(shape, have: Layout, need: Layout, mesh_shape) -> float:
+    """Elements one device receives to bring a value from ``have`` to ``need`` (all-to-all or all-gather, ring
+    model): the strategies' cost model in elements, which is all a choice between operands of one op needs."""
+    axes = moved_axes(have, need)
+    if not axes:
+        return 0.0
+    block = math.prod(block_shape(shape, received_layout(have, need), mesh_shape))
+    return block * (1 - 1 / shard_count(mesh_shape, axes))

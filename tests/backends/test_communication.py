@@ -53,6 +53,23 @@ def test_parse_hlo_counts_every_array_of_a_combined_collective(mesh):
     (ar,) = parse_hlo(hlo, mesh)
     assert (ar.kind, ar.mesh_axes, ar.arrays, ar.bytes) == ("all-reduce", ("i",), 7, 7 * 16 * 16 * 4)
     assert "7 arrays (f32[16, 16], ...)" in str(ar)
+    # a combined async start, ((operands), (results)): the results; a permute's context scalars are not data
+    started = "\n".join([
+        "  %ags = ((f32[4,8]{1,0}, f32[4,8]{1,0}), (f32[16,8]{1,0}, f32[16,8]{1,0})) all-gather-start(%x, %y), "
+        "replica_groups=[2,4]<=[4,2]T(1,0), dims={0}",
+        "  %cps = (f32[16,8]{1,0}, f32[16,8]{1,0}, u32[], u32[]) collective-permute-start(%x), "
+        "source_target_pairs={{0,1},{1,0}}",
+    ])
+    ag, cp = parse_hlo(started, mesh)
+    assert (ag.kind, ag.arrays, ag.shape, ag.bytes) == ("all-gather", 2, (16, 8), 2 * 16 * 8 * 4)
+    assert (cp.kind, cp.arrays, cp.bytes) == ("collective-permute", 1, 16 * 8 * 4)
+
+
+def test_parse_hlo_reads_long_tuples_in_linear_time(mesh):
+    """A 40-array tuple feeding an op that is not a collective: no match, found at once (a pattern with a nested
+    quantifier once backtracked exponentially here and hung compare_with_jit)."""
+    arrays = ", ".join(f"{'/*index=5*/' if k == 5 else ''}f32[8,8]{{1,0}}" for k in range(40))
+    assert parse_hlo(f"  %t = ({arrays}) tuple(%a), metadata={{op_name=\"x\"}}", mesh) == []
 
 
 def test_combined_weight_gradients_are_counted_against_jit(mesh):
