@@ -15,6 +15,7 @@ or step by step: ``sp.trace(f, *args)``, ``sp.propagate(graph, in_specs, mesh=me
 ``sp.lineage(prog, output=0, block=(0, 1))``, ``sp.to_dot(prog)``, ``sp.show_blocks(prog, "c")``.
 """
 
+from . import distributed
 from .api import AutoSharded, autoshard, compile_program
 from .debug import Debugger
 from .program import Program, lower
@@ -58,6 +59,7 @@ from .splitting import Collective, Decisions, Plan, Stage, StageInput, Strategy,
 __version__ = "0.1.0"
 
 __all__ = [
+    "distributed",
     "ArtifactError", "AutoSharded", "Collective", "Comparison", "ConflictKind", "Debugger", "Decisions",
     "DuplicateMeshAxisError", "Explanation", "FallbackWarning", "Graph", "IndivisibleAxisError",
     "InputMismatchError", "InvariantError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node",

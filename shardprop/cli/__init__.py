@@ -1,8 +1,9 @@
-"""The ``shardprop`` command line: ``shardprop demo``, ``shardprop inspect`` and ``shardprop debug`` (or
-``python -m shardprop``).
+"""The ``shardprop`` command line: ``shardprop demo``, ``shardprop inspect``, ``shardprop debug`` and
+``shardprop launch`` (or ``python -m shardprop``).
 
 Applications built on the library, kept out of its top level: ``demo.py`` (the Nx example and a small MLP,
-sharded and checked), ``inspect.py`` (the ``inspect`` front end) and ``debug.py`` (the ``debug`` front end).
+sharded and checked), ``inspect.py`` (the ``inspect`` front end), ``debug.py`` (the ``debug`` front end) and
+``launch.py`` (a local multi-process cluster).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from ..errors import ShardingError
 from . import debug as debug_cli
 from . import inspect as inspect_cli
+from . import launch as launch_cli
 
 
 def _configure_devices(count: int) -> None:
@@ -33,12 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--devices", type=int, default=8, help="number of virtual CPU devices (default 8)")
     inspect_cli.add_parser(sub)
     debug_cli.add_parser(sub)
+    launch_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
         _configure_devices(args.devices)
         from .demo import run
 
         return 0 if run() else 1
+    if args.command == "launch":
+        return launch_cli.run(args)
     runs = {"inspect": inspect_cli.run, "debug": debug_cli.run}
     if args.command in runs:
         try:

@@ -1,0 +1,110 @@
+"""``shardprop launch -n 2 --devices-per-process 4 -- python script.py``: a local multi-process cluster.
+
+Starts ``-n`` copies of the command, each told (``SHARDPROP_*`` variables, read by ``sp.distributed.initialize()``)
+the coordinator on 127.0.0.1 and a free port, its process id and how many virtual CPU devices it has; forwards
+every line they print prefixed with ``[k]``; and fails fast: when one process exits with an error (or the
+cluster does not form within ``--timeout`` seconds, which makes ``initialize`` fail), the others are stopped —
+terminated, then killed after a grace period — and the launcher exits with that process's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from ..distributed import COORDINATOR, DEVICES_PER_PROCESS, INIT_TIMEOUT, NUM_PROCESSES, PROCESS_ID
+
+GRACE_SECONDS = 5.0  # after a failure, how long the others may take to exit on SIGTERM before SIGKILL
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("launch", help="run a script as N processes of a local JAX cluster (CPU devices, gloo)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-n", "--processes", type=int, default=2, help="number of processes (default 2)")
+    p.add_argument("--devices-per-process", type=int, default=4, help="virtual CPU devices per process (default 4)")
+    p.add_argument("--timeout", type=int, default=60,
+                   help="seconds for the cluster to form before the processes give up (default 60)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _forward(k: int, stream, out) -> None:
+    for line in iter(stream.readline, ""):
+        out.write(f"[{k}] {line}")
+        out.flush()
+
+
+def launch(command: list[str], processes: int, devices_per_process: int, timeout: int, out=None) -> int:
+    """Run ``command`` as ``processes`` processes of one cluster; the exit code of the first that failed, else 0."""
+    out = out or sys.stdout
+    port = free_port()
+    procs, threads = [], []
+    for k in range(processes):
+        env = {**os.environ, COORDINATOR: f"127.0.0.1:{port}", NUM_PROCESSES: str(processes), PROCESS_ID: str(k),
+               DEVICES_PER_PROCESS: str(devices_per_process), INIT_TIMEOUT: str(timeout)}
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        procs.append(proc)
+        threads.append(threading.Thread(target=_forward, args=(k, proc.stdout, out), daemon=True))
+        threads[-1].start()
+    failed = None
+    while failed is None and any(p.poll() is None for p in procs):
+        failed = next(((k, p.returncode) for k, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+        time.sleep(0.1)
+    if failed is None:
+        failed = next(((k, p.returncode) for k, p in enumerate(procs) if p.returncode != 0), None)
+    if failed is not None:
+        k, code = failed
+        running = [j for j, p in enumerate(procs) if p.poll() is None]
+        out.write(f"shardprop launch: process {k} exited with code {code}"
+                  + (f"; stopping process(es) {', '.join(map(str, running))}\n" if running else "\n"))
+        out.flush()
+        _stop([procs[j] for j in running])
+    for t in threads:
+        t.join(timeout=2)
+    if failed is None:
+        return 0
+    return failed[1] if failed[1] > 0 else 1
+
+
+def _stop(procs) -> None:
+    """SIGTERM to each process group, SIGKILL to whatever is left after the grace period (a process blocked in a
+    collective with a dead peer may never return by itself)."""
+    for p in procs:
+        _signal(p, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(p, signal.SIGKILL)
+            p.wait()
+
+
+def _signal(proc, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def run(args) -> int:
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        print("shardprop launch: give the command to run after --, e.g. -- python script.py", file=sys.stderr)
+        return 2
+    if args.processes < 1 or args.devices_per_process < 1:
+        print("shardprop launch: -n and --devices-per-process must be at least 1", file=sys.stderr)
+        return 2
+    return launch(command, args.processes, args.devices_per_process, args.timeout)

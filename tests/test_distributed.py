@@ -1,0 +1,66 @@
+"""Multi-process runs: ``shardprop launch`` starts 2 processes x 4 CPU devices on this machine, and the same
+``sp.autoshard`` programs run on the 8-device mesh spanning them (tests/distributed/worker.py checks every result
+against the unsharded function, on every process); a process that crashes stops the others at once."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+import shardprop as sp
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "distributed" / "worker.py"
+
+
+def _launch(*worker_args, timeout=180):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "shardprop", "launch", "-n", "2", "--devices-per-process", "4",
+                           "--timeout", "60", "--", sys.executable, str(WORKER), *worker_args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return done, time.monotonic() - start
+
+
+def test_programs_on_a_mesh_spanning_two_processes_equal_the_unsharded_result():
+    done, _ = _launch()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    for k in (0, 1):
+        for check in ("nx global numpy", "nx process-local rows", "mlp train step",
+                      "mlp train step, process-local batch", "rnn gradient (a scan)", "while loop on data",
+                      "all ok"):
+            assert f"[{k}] {'ok ' if check != 'all ok' else ''}{check}\n" in done.stdout, (k, check, done.stdout)
+
+
+def test_a_crashing_process_stops_the_others_in_bounded_time():
+    done, seconds = _launch("--crash", "1")
+    assert done.returncode == 1
+    assert "[1] RuntimeError: process 1 crashes on purpose" in done.stdout
+    assert "shardprop launch: process 1 exited with code 1; stopping process(es) 0" in done.stdout
+    assert seconds < 60
+
+
+def test_launch_refuses_a_missing_command(capsys):
+    from shardprop.cli import main
+
+    assert main(["launch", "-n", "2"]) == 2
+    assert "give the command to run after --" in capsys.readouterr().err
+
+
+def test_initialize_is_a_no_op_in_a_single_process(monkeypatch):
+    for var in ("SHARDPROP_COORDINATOR", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert sp.distributed.initialize() is False
+    assert not sp.distributed.is_multiprocess()
+
+
+@pytest.mark.parametrize("value", [1.5, [1.0, 2.0]])
+def test_fetch_of_single_process_values_is_numpy(value, mesh):
+    import jax.numpy as jnp
+    import numpy as np
+
+    out = sp.autoshard(lambda x: x * 2.0, mesh=mesh, in_specs=(None,))(jnp.asarray(value))
+    np.testing.assert_array_equal(sp.distributed.fetch(out), np.asarray(value) * 2.0)
