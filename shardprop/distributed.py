@@ -122,3 +122,64 @@ def process_local(rows: Any, mesh, spec) -> Any:
 
     sharding = NamedSharding(mesh, spec)
     return jax.tree_util.tree_map(lambda r: jax.make_array_from_process_local_data(sharding, np.asarray(r)), rows)
+
+
+def stage_fingerprints(plan) -> list[int]:
+    """One number per stage of ``plan`` that two processes agree on exactly when they made the same stage: its
+    ops and their params, the layouts it consumes and holds, its collectives and its loops' bodies' decisions,
+    its inputs and outputs — nothing that depends on where the process runs (no source paths, object ids or
+    hash seeds)."""
+    import hashlib
+
+    from .expr.graph import format_params
+
+    def decisions_text(view, node_ids) -> list[str]:
+        out = []
+        for n in node_ids:
+            node = view.graph.nodes[n]
+            out.append(f"{node.op}{format_params(node)} {node.operands}->{node.outputs} "
+                       f"{view.needs(n) if node.operands else ()} {[view.layout(v) for v in node.outputs]} "
+                       f"{view.collective(n)} {sorted(view.deferred.get(n, ()))}")
+            for body_plan in view.body_plans(n) or ():
+                inner = body_plan.decisions
+                out.append(f"body {body_plan.body.name} {sorted(inner.partial_inputs.items())}")
+                out += decisions_text(inner, [m.id for m in inner.graph.nodes])
+        return out
+
+    prints = []
+    for stage in plan.stages:
+        lines = [f"in {i.value} {i.layout} {i.source}" for i in stage.inputs]
+        lines += decisions_text(plan, stage.nodes)
+        lines += [f"out {v} {layout}" for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]
+        digest = hashlib.sha256("\n".join(lines).encode()).digest()
+        prints.append(int.from_bytes(digest[:8], "little", signed=True))
+    return prints
+
+
+def check_same_plan(plan) -> None:
+    """On a multi-process run, raise :class:`~shardprop.PlanMismatchError` on every process unless all made the
+    same plan (the stages' collectives would otherwise not match: a deadlock). Every process must call it."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    from .errors import PlanMismatchError
+
+    if jax.process_count() == 1:
+        return
+    mine = np.asarray(stage_fingerprints(plan), np.int64)
+    counts = np.asarray(multihost_utils.process_allgather(np.asarray([len(mine)], np.int64))).reshape(-1)
+    padded = np.zeros(int(counts.max()), np.int64)
+    padded[:len(mine)] = mine
+    table = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(counts), -1)
+    me = jax.process_index()
+    for k in range(table.shape[1]):
+        column = [int(table[p, k]) if k < counts[p] else None for p in range(len(counts))]  # None: no stage k
+        if len(set(column)) > 1:
+            other = next((p for p, c in enumerate(column) if c != column[me]), None)
+            other = other if other is not None else next(p for p in range(len(counts)) if p != me)
+            sizes = ", ".join(f"process {p}: {int(c)}" for p, c in enumerate(counts))
+            raise PlanMismatchError(
+                f"the processes made different plans, so their collectives would not match (a deadlock): stage {k} "
+                f"of process {me} differs from process {other}'s (stages per process — {sizes}). Every process "
+                "must trace the same function on the same argument shapes with the same in_specs, mesh, strategy "
+                "and options", stage=k)

@@ -103,6 +103,15 @@ class InputMismatchError(ShardingError):
     """A compiled program was called with arguments other than those it was traced with."""
 
 
+class PlanMismatchError(ShardingError):
+    """The processes of a multi-process run made different plans: their collectives would not match (a deadlock).
+    ``stage`` is the first stage that differs."""
+
+    def __init__(self, message: str, *, stage: int | None = None):
+        super().__init__(message)
+        self.stage = stage
+
+
 class FallbackWarning(UserWarning):
     """A primitive had no sharding rule; the conservative rule (gather everything, replicate) was used."""
 

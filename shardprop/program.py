@@ -51,6 +51,7 @@ class Program:
         self._in_shardings = tuple(NamedSharding(mesh, spec) for spec in plan.sharded.in_specs)
         # How an autoshard function traced it (keyword or static arguments), or None: traced on ``*args``.
         self.traced: Traced | None = None
+        self._plan_agreed = jax.process_count() == 1
 
     def donate(self, leaves: tuple[int, ...]) -> None:
         """Donate these argument leaves (flat indices) to the whole-program jit, as ``jax.jit``'s
@@ -119,6 +120,11 @@ class Program:
 
     def __call__(self, *args, **kwargs):
         placed = self.placed_args(args, kwargs)
+        if not self._plan_agreed:  # several processes: all must run this plan, or the collectives deadlock
+            from .distributed import check_same_plan
+
+            check_same_plan(self.plan)
+            self._plan_agreed = True
         self._check_donations(placed)
         out = as_lowering_errors(self._differentiable(placed), *placed, mesh=self.mesh)
         if self.donated:

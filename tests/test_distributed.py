@@ -64,3 +64,25 @@ def test_fetch_of_single_process_values_is_numpy(value, mesh):
 
     out = sp.autoshard(lambda x: x * 2.0, mesh=mesh, in_specs=(None,))(jnp.asarray(value))
     np.testing.assert_array_equal(sp.distributed.fetch(out), np.asarray(value) * 2.0)
+
+
+def test_processes_with_different_plans_refuse_naming_the_stage():
+    """Process 1 plans with another strategy: both refuse with PlanMismatchError instead of deadlocking."""
+    done, _ = _launch("--mismatch")
+    assert done.returncode == 0, done.stdout[-3000:]
+    for k, other in ((0, 1), (1, 0)):
+        assert f"[{k}] refused at stage 0: the processes made different plans" in done.stdout
+        assert f"stage 0 of process {k} differs from process {other}'s" in done.stdout
+
+
+def test_plans_do_not_depend_on_the_hash_seed():
+    """Every process must make the same plan: propagation and splitting may not depend on Python's hash seed (set
+    per process) — the stage fingerprints of a few programs, under every strategy, agree across seeds."""
+    runs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, str(ROOT / "tests" / "distributed" / "fingerprints.py")], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(done.stdout)
+    assert runs[0] == runs[1] and runs[0].count("\n") == 9

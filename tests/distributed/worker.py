@@ -24,6 +24,16 @@ assert jax.process_count() == 2 and jax.device_count() == 8, (jax.process_count(
 mesh = sp.make_mesh((4, 2), ("i", "j"))
 rng = np.random.default_rng(0)  # the same seed everywhere: every process holds the same global inputs
 
+if "--mismatch" in sys.argv:  # process 1 plans with another strategy: both must refuse, naming the stage
+    a = rng.normal(size=(16, 8)).astype(np.float32)
+    try:
+        sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None),
+                     strategy="gather" if me == 1 else "auto")(a, a)
+    except sp.PlanMismatchError as err:
+        print(f"refused at stage {err.stage}: {err}", flush=True)
+        raise SystemExit(0) from None
+    raise SystemExit("a mismatched plan ran")
+
 
 def check(name, f, args, whole_args, in_specs, rtol=1e-5, atol=1e-5):
     """``f`` sharded on the global mesh against ``f`` run plainly on this process, on the whole inputs."""
