@@ -86,3 +86,14 @@ def test_plans_do_not_depend_on_the_hash_seed():
         assert done.returncode == 0, done.stderr[-2000:]
         runs.append(done.stdout)
     assert runs[0] == runs[1] and runs[0].count("\n") == 9
+
+
+def test_the_training_loop_example_feeds_each_process_its_rows_and_trains_as_unsharded():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "shardprop", "launch", "-n", "2", "--devices-per-process", "4", "--",
+                           sys.executable, str(ROOT / "examples" / "distributed_training.py"), "--check"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "[0] step 4: loss" in done.stdout
+    for k in (0, 1):
+        assert f"[{k}] process {k}: parameters equal the unsharded training's" in done.stdout
