@@ -48,6 +48,8 @@ def test_launch_refuses_a_missing_command(capsys):
 
     assert main(["launch", "-n", "2"]) == 2
     assert "give the command to run after --" in capsys.readouterr().err
+    assert main(["launch", "-n", "0", "--", "python", "-c", "pass"]) == 2
+    assert "-n and --devices-per-process must be at least 1" in capsys.readouterr().err
 
 
 def test_initialize_is_a_no_op_in_a_single_process(monkeypatch):

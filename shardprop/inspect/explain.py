@@ -166,8 +166,8 @@ def _body_input(plan: Plan, scopes: tuple[Scope, ...], index: int) -> str:
     carry = next((c for c in body.carries if c.body_input == index), None)
     if carry is not None:
         what = f"carry {carry.output} of `{node.op}` (it starts as {operand}, then is the previous iteration's)"
-    elif node.op == "scan" and index >= node.params["num_consts"] + node.params["num_carry"]:
-        what = f"one iteration's slice of {operand}, the `scan`'s xs"
+    elif index in body.sliced:
+        what = f"one iteration's slice of {operand}, the `{node.op}`'s xs"
     else:
         what = f"{operand}, operand {body.operands[index]} of `{node.op}`"
     return f"body input {index} ({value_name(v)}) is {what}, held as {layout_to_spec(plan.layout(v))}"

@@ -26,7 +26,7 @@ from ..gc_pause import gc_paused
 from ..propagation.sharding import Layout, format_layout, layout_to_spec
 from ..splitting import Plan, Stage, StageInput
 from ..splitting.cost import Move, collective_bytes, move_bytes, movement
-from .products import Scope, body_prefix
+from .products import Scope, body_prefix, part_name
 
 
 def crossing(plan: Plan, stage_input: StageInput) -> tuple[Move, float]:
@@ -109,12 +109,12 @@ def _body_listings(view, node, outer: str) -> list[str]:
     for body_plan in plans:
         body, inner = body_plan.body, body_plan.decisions
         scope = Scope(body_prefix(node, body, outer), node, body_plan)
-        partial = [c.output for c in body.carries if inner.partial_inputs.get(c.body_input)]
+        partial = _kept_partial(body_plan)
         kept = ""
         if partial:
-            axes = "*".join(inner.partial_inputs[next(c.body_input for c in body.carries if c.output in partial)])
-            kept = (f"; carries {', '.join(map(str, partial))} kept partial sums over {axes}" if len(partial) > 1
-                    else f"; carry {partial[0]} kept a partial sum over {axes}") + ", summed after the loop"
+            outputs, axes = [k for k, _ in partial], "*".join(partial[0][1])
+            kept = (f"; carries {', '.join(map(str, outputs))} kept partial sums over {axes}" if len(outputs) > 1
+                    else f"; carry {outputs[0]} kept a partial sum over {axes}") + ", summed after the loop"
         out.append(f"  {scope.path}: {scope.describe()}{kept}")
         graph = inner.graph
 
@@ -134,8 +134,7 @@ def _body_listings(view, node, outer: str) -> list[str]:
         listing = render(graph, type_of=type_of, note=note,
                          after_node=lambda n, inner=inner, path=scope.path: _body_listings(inner, n, path + "/"))
         out += [f"    {line}" for line in listing.splitlines()]
-        moved = [f"{value_name(v)} {move}" for v, want in zip(graph.outputs, body.out_layouts, strict=True)
-                 if (move := movement(inner.layout(v), want)).kind is not None]
+        moved = [f"{value_name(v)} {move}" for v, move in _moved_outputs(body_plan)]
         if moved:
             when = "at the end of each iteration" if body.carries else "at its end"
             out.append(f"    {when}: {', '.join(moved)} (into the layout the op takes it in)")
@@ -202,14 +201,12 @@ def body_lines(view, node_id: int, indent: str) -> list[str]:
         return []
     node = view.graph.nodes[node_id]
     out = []
-    for k, body_plan in enumerate(plans):
+    for body_plan in plans:
         body, inner = body_plan.body, body_plan.decisions
         graph = inner.graph
         said = []
-        for c in body.carries:
-            axes = inner.partial_inputs.get(c.body_input)
-            if axes:
-                said.append(f"carry {c.output} kept a partial sum over {'*'.join(axes)} (summed after the loop)")
+        for output, axes in _kept_partial(body_plan):
+            said.append(f"carry {output} kept a partial sum over {'*'.join(axes)} (summed after the loop)")
         for n in graph.nodes:
             where = f" at {short_source(n.source)}" if n.source else ""
             for v, need in dict.fromkeys(inner.edges(n)):
@@ -220,18 +217,28 @@ def body_lines(view, node_id: int, indent: str) -> list[str]:
             if collective is not None:
                 said.append(f"{collective} finishes `{n.op}`{where}")
             said += body_lines(inner, n.id, "  ")
-        for v, want in zip(graph.outputs, body.out_layouts, strict=True):
-            move = movement(inner.layout(v), want)
-            if move.kind is not None:
-                said.append(f"output {graph.value_name(v)}:{_body_type(inner, v)} {move} at the end")
+        for v, move in _moved_outputs(body_plan):
+            said.append(f"output {graph.value_name(v)}:{_body_type(inner, v)} {move} at the end")
         if not said:
             continue
-        what = ("condition" if any(c.body_output is None for c in body.carries) else "body") if body.carries \
-            else f"branch {k}"
+        what = part_name(body)
         times = "" if not body.carries else " every iteration" if body.repeats is None else f", x{body.repeats}"
         out.append(f"{indent}`{node.op}` at {short_source(node.source)} {what}{times}:")
         out += [f"{indent}  {line}" for line in said]
     return out
+
+
+def _kept_partial(body_plan) -> list[tuple[int, tuple[str, ...]]]:
+    """``(loop output, mesh axes)`` of each carry the body keeps a partial sum (summed after the loop)."""
+    inputs = body_plan.decisions.partial_inputs
+    return [(c.output, inputs[c.body_input]) for c in body_plan.body.carries if inputs.get(c.body_input)]
+
+
+def _moved_outputs(body_plan) -> list[tuple[int, Move]]:
+    """``(body output, move)`` of each output the body holds otherwise than the op takes it: moved at its end."""
+    inner = body_plan.decisions
+    return [(v, move) for v, want in zip(inner.graph.outputs, body_plan.body.out_layouts, strict=True)
+            if (move := movement(inner.layout(v), want)).kind is not None]
 
 
 def _body_type(view, v: int) -> str:

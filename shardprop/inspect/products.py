@@ -85,8 +85,14 @@ class Scope:
         body = self.body
         runs = "" if not body.carries else \
             ", every iteration" if body.repeats is None else f", run {body.repeats} times"
-        part = {"body": "the body", "cond": "the condition"}.get(body.name, body.name.replace("branch", "branch "))
+        part = part_name(body)
+        part = part if part.startswith("branch") else f"the {part}"
         return f"{part} of `{self.node.op}` at {short_source(self.node.source, 'an unknown line')}{runs}"
+
+
+def part_name(body: Body) -> str:
+    """``body``, ``condition``, ``branch 1``: the part of its op a body is, in words."""
+    return {"cond": "condition"}.get(body.name, body.name.replace("branch", "branch "))
 
 
 def body_prefix(node: Node, body: Body, outer: str = "") -> str:

@@ -107,7 +107,8 @@ def scan(ctx: RuleContext, *operands: TensorSharding, jaxpr, num_consts, num_car
     carries = tuple(Carry(num_consts + k, k, num_consts + k, k) for k in range(num_carry))
     needs = tuple(const_layouts) + tuple(carry) + tuple(((),) + x for x in xs_layouts)
     return RuleOutput(tuple(outputs), needs, body=(Body(body, tuple(carry + ys), length, carries, "body",
-                                                        tuple(range(len(operands)))),))
+                                                        tuple(range(len(operands))),
+                                                        frozenset(range(num_consts + num_carry, len(operands)))),))
 
 
 def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts,

@@ -35,7 +35,7 @@ class Body:
     values (empty for a branch). ``name`` is the body's part of the op as inspection names it (``body``,
     ``cond``, ``branch1``: values inside are ``e/body/c``); ``operands[i]`` is the op's operand that body input
     ``i`` comes from (a scan's ``xs``: one iteration's slice; a carry: its initial value, then the last
-    iteration's).
+    iteration's); ``sliced`` the body inputs that are one iteration's slice of their operand (a scan's ``xs``).
     """
 
     sharded: ShardedGraph
@@ -44,6 +44,7 @@ class Body:
     carries: tuple[Carry, ...] = ()
     name: str = "body"
     operands: tuple[int, ...] = ()
+    sliced: frozenset[int] = frozenset()
 
 
 class RuleName(StrEnum):
