@@ -25,18 +25,23 @@ NUM_PROCESSES = "SHARDPROP_NUM_PROCESSES"
 PROCESS_ID = "SHARDPROP_PROCESS_ID"
 DEVICES_PER_PROCESS = "SHARDPROP_DEVICES_PER_PROCESS"
 INIT_TIMEOUT = "SHARDPROP_INIT_TIMEOUT"
+HEARTBEAT_TIMEOUT = "SHARDPROP_HEARTBEAT_TIMEOUT"
 # Set by the cluster managers jax.distributed.initialize() detects by itself (more than one task).
 _CLUSTERS = {"SLURM_NTASKS": "SLURM", "OMPI_COMM_WORLD_SIZE": "Open MPI", "PMI_SIZE": "MPI"}
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, devices_per_process: int | None = None,
-               timeout: int | None = None) -> bool:
+               timeout: int | None = None, heartbeat_timeout: int | None = None) -> bool:
     """Join the cluster this process belongs to; True when it did, False in a single process (a no-op).
 
     Arguments left out are read from what ``shardprop launch`` sets (``SHARDPROP_COORDINATOR``, ...); without
     them, a cluster manager's variables (SLURM, Open MPI) let ``jax.distributed.initialize()`` detect the rest.
     ``devices_per_process`` sets the number of virtual CPU devices (CPU clusters); their collectives use gloo.
+    ``timeout``: seconds for the cluster to form (default 300); ``heartbeat_timeout``: seconds after which a
+    process that stopped answering (crashed, killed) is declared dead and every other process ends with an error
+    (``SHARDPROP_HEARTBEAT_TIMEOUT``; default JAX's 100). After it, a process that fails — an uncaught exception
+    or ``sys.exit`` with a nonzero code — ends at once, so the others are not left waiting in a collective.
     Call it before any other JAX call, as ``jax.distributed.initialize``.
 
     >>> sp.distributed.initialize()      # doctest: +SKIP
@@ -52,6 +57,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     process_id = process_id if process_id is not None else _int(env.get(PROCESS_ID))
     devices_per_process = devices_per_process or _int(env.get(DEVICES_PER_PROCESS))
     timeout = timeout or _int(env.get(INIT_TIMEOUT)) or 300
+    heartbeat_timeout = heartbeat_timeout or _int(env.get(HEARTBEAT_TIMEOUT)) or 100
     detected = [name for var, name in _CLUSTERS.items() if (_int(env.get(var)) or 0) > 1]
     if coordinator_address is None and not detected:
         return False  # one process: nothing to join
@@ -59,27 +65,40 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         jax.config.update("jax_num_cpu_devices", devices_per_process)
     # CPU devices talk through gloo across processes (no effect on GPU/TPU backends).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address, num_processes, process_id, initialization_timeout=timeout)
+    jax.distributed.initialize(coordinator_address, num_processes, process_id, initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=heartbeat_timeout)
     _exit_at_once_on_error()
     return True
 
 
 def _exit_at_once_on_error() -> None:
-    """An uncaught exception ends the process at once with code 1, after its traceback: JAX's exit handler would
-    wait for the other processes at a shutdown barrier (they, meanwhile, wait for this one in a collective), so
-    a crash would take minutes to surface; ended at once, the launcher (or the cluster manager) sees it and stops
-    the rest."""
+    """A failing process ends at once: after an uncaught exception's traceback with code 1, and on ``sys.exit``
+    with a nonzero code (or a message) with that code. JAX's exit handler would wait for the other processes at a
+    shutdown barrier (up to five minutes) while they wait for this one in a collective; ended at once, the launcher
+    (or the cluster manager) sees it and stops the rest, and without one the others' coordination service declares
+    it dead after the heartbeat timeout. (``raise SystemExit(n)`` written out skips ``sys.exit``: it still takes
+    JAX's way out.) A clean exit (code 0) still meets the others at the barrier."""
     import sys
 
-    previous = sys.excepthook
+    previous_hook, previous_exit = sys.excepthook, sys.exit
 
-    def hook(kind, value, traceback):
-        previous(kind, value, traceback)
+    def leave(code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(code)
 
-    sys.excepthook = hook
+    def hook(kind, value, traceback):
+        previous_hook(kind, value, traceback)
+        leave(1)
+
+    def exit(status=None):
+        if status is None or status == 0:
+            previous_exit(status)
+        if not isinstance(status, int):
+            print(status, file=sys.stderr)  # what sys.exit("message") prints
+        leave(status if isinstance(status, int) and 0 < status < 256 else 1)
+
+    sys.excepthook, sys.exit = hook, exit
 
 
 def _int(text: str | None) -> int | None:
@@ -108,6 +127,68 @@ def fetch(tree: Any) -> Any:
         return np.asarray(x)
 
     return jax.tree_util.tree_map(whole, tree)
+
+
+def whole(x: Any) -> Any:
+    """``x`` whole on this process: a global ``jax.Array`` that spans other processes is gathered (as NumPy; a PRNG
+    key array stays a key array), anything else is returned as it is. Every process must call it (a gather).
+
+    >>> sp.distributed.whole(out).shape == out.shape   # doctest: +SKIP
+    True
+    """
+    import jax
+
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return x
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+        return jax.random.wrap_key_data(fetch(jax.random.key_data(x)), impl=jax.random.key_impl(x))
+    return fetch(x)
+
+
+def every_block(array, mesh) -> list[Any]:
+    """Every device's block of ``array`` (laid out on ``mesh``, one equal block per device), in the order of
+    ``mesh.devices.flat``, on every process: a process's own blocks as they are, the others' gathered from the
+    processes that hold them (as NumPy). Every process must call it when ``array`` spans several processes.
+
+    Unlike :func:`fetch`, which assembles the global value, this keeps each device's own copy: two devices that
+    should hold equal replicas can be compared (the debugger's ``check()``)."""
+    import jax
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    devices = list(mesh.devices.flat)
+    held = {s.device: s.data for s in array.addressable_shards}
+    if array.is_fully_addressable:
+        return [held[d] for d in devices]
+    if jax.dtypes.issubdtype(array.dtype, jax.dtypes.extended):
+        impl = jax.random.key_impl(array)
+        return [jax.random.wrap_key_data(b, impl=impl) for b in every_block(jax.random.key_data(array), mesh)]
+    # The blocks stacked along a new leading axis, one row per device (row k on mesh.devices.flat[k]): a global
+    # array whose gather gives every device's own block, replicas included.
+    block_shape = next(iter(held.values())).shape
+    stacked = jax.make_array_from_single_device_arrays(
+        (len(devices), *block_shape), NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names))),
+        [held[d][None] for d in devices if d in held])
+    rows = np.asarray(multihost_utils.process_allgather(stacked, tiled=True))
+    return [held[d] if d in held else rows[k] for k, d in enumerate(devices)]
+
+
+def any_process(flags) -> list[bool]:
+    """Each of ``flags`` (the same count on every process) true where it is true on any process; on a single
+    process, ``flags`` as they are. Every process must call it: a decision that leads to collectives (a search
+    that gathers more values) is then taken by all processes or by none, even where their own evidence differs.
+
+    >>> sp.distributed.any_process([False, True])   # doctest: +SKIP
+    [False, True]
+    """
+    import jax
+    from jax.experimental import multihost_utils
+
+    flags = [bool(f) for f in flags]
+    if jax.process_count() == 1 or not flags:
+        return flags
+    table = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32)))
+    return [bool(f) for f in table.reshape(-1, len(flags)).any(axis=0)]
 
 
 def process_local(rows: Any, mesh, spec) -> Any:
@@ -142,13 +223,15 @@ def stage_fingerprints(plan) -> list[int]:
                        f"{view.collective(n)} {sorted(view.deferred.get(n, ()))}")
             for body_plan in view.body_plans(n) or ():
                 inner = body_plan.decisions
-                out.append(f"body {body_plan.body.name} {sorted(inner.partial_inputs.items())}")
+                body = body_plan.body
+                out.append(f"body {body.name} {sorted(inner.partial_inputs.items())} {body.out_layouts} "
+                           f"{body.repeats} {body.carries} {body.operands} {sorted(body.sliced)}")
                 out += decisions_text(inner, [m.id for m in inner.graph.nodes])
         return out
 
     prints = []
     for stage in plan.stages:
-        lines = [f"in {i.value} {i.layout} {i.source}" for i in stage.inputs]
+        lines = [f"stage {stage.outside_shard_map}"] + [f"in {i.value} {i.layout} {i.source}" for i in stage.inputs]
         lines += decisions_text(plan, stage.nodes)
         lines += [f"out {v} {layout}" for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]
         digest = hashlib.sha256("\n".join(lines).encode()).digest()

@@ -118,13 +118,20 @@ class Program:
         return [jx.with_weak_type(jx.place(x, s), w)
                 for x, s, w in zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
 
-    def __call__(self, *args, **kwargs):
-        placed = self.placed_args(args, kwargs)
-        if not self._plan_agreed:  # several processes: all must run this plan, or the collectives deadlock
+    def agree_on_plan(self) -> None:
+        """On a mesh spanning several processes, check once (before any stage runs) that every process made this
+        plan: their stages' collectives must match, or they wait for each other forever. Raises
+        :class:`~shardprop.PlanMismatchError` on every process, naming the first stage that differs. Every way of
+        running the program calls it (a call, ``stage(k)``, the debugger); a single process skips it."""
+        if not self._plan_agreed:
             from .distributed import check_same_plan
 
             check_same_plan(self.plan)
             self._plan_agreed = True
+
+    def __call__(self, *args, **kwargs):
+        placed = self.placed_args(args, kwargs)
+        self.agree_on_plan()
         self._check_donations(placed)
         out = as_lowering_errors(self._differentiable(placed), *placed, mesh=self.mesh)
         if self.donated:
@@ -199,6 +206,7 @@ class Program:
     def stage(self, k: int):
         """Stage ``k`` alone, jitted: call it with its inputs in ``prog.stages[k].inputs`` order (whole arrays;
         other shapes or dtypes are an :class:`~shardprop.InputMismatchError` naming what the stage expects)."""
+        self.agree_on_plan()
         if k not in self._jitted_stages:
             self._jitted_stages[k] = _checked_stage(self.plan, self.plan.stages[k], jax.jit(self._stage_fns[k]),
                                                     self.mesh)

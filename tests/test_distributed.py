@@ -16,11 +16,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed" / "worker.py"
 
 
-def _launch(*worker_args, timeout=180):
+def _launch(*worker_args, timeout=180, worker=WORKER):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.monotonic()
+    script = [str(worker)] if worker is not None else []
     done = subprocess.run([sys.executable, "-m", "shardprop", "launch", "-n", "2", "--devices-per-process", "4",
-                           "--timeout", "60", "--", sys.executable, str(WORKER), *worker_args],
+                           "--timeout", "60", "--", sys.executable, *script, *worker_args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return done, time.monotonic() - start
 
@@ -35,12 +36,72 @@ def test_programs_on_a_mesh_spanning_two_processes_equal_the_unsharded_result():
             assert f"[{k}] {'ok ' if check != 'all ok' else ''}{check}\n" in done.stdout, (k, check, done.stdout)
 
 
+def test_the_debugger_steps_the_same_programs_on_both_processes(tmp_path):
+    """tests/distributed/debug_worker.py: each process reads its own blocks; check / compare / first_divergence /
+    first_nonfinite gather the others' and agree on every process (a NaN only process 1 holds, a planted bug whose
+    replicas differ across processes); the stage saved on the cluster replays on one process."""
+    done, _ = _launch(str(WORKER.parent / "debug_worker.py"), str(tmp_path), worker=None)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    for k in (0, 1):
+        for check in ("ok stepped 2 stages", "ok own blocks, every block and the value equal the unsharded function",
+                      "ok check, compare, first_divergence and first_nonfinite find nothing",
+                      "ok rnn gradient (a scan) stepped and compared",
+                      "ok first non-finite: `log` at debug_worker.py:", "d[13, 5] on device 2051 (i=3, j=1)",
+                      "ok planted sub: first divergence d (`sub`), 8 blocks differ",
+                      "replicas of f differ across processes", "debugger all ok"):
+            assert any(line.startswith(f"[{k}] ") and check in line for line in done.stdout.splitlines()), (k, check)
+    replay = subprocess.run([sys.executable, str(tmp_path / "run_stage_1.py")], capture_output=True, text=True,
+                            timeout=120)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "matches the saved output" in replay.stdout
+
+
 def test_a_crashing_process_stops_the_others_in_bounded_time():
     done, seconds = _launch("--crash", "1")
     assert done.returncode == 1
     assert "[1] RuntimeError: process 1 crashes on purpose" in done.stdout
     assert "shardprop launch: process 1 exited with code 1; stopping process(es) 0" in done.stdout
     assert seconds < 60
+
+
+@pytest.mark.parametrize("failure, code", [("--crash", 1), ("--exit", 3)])
+def test_without_the_launcher_a_failing_process_ends_the_others_within_the_heartbeat_timeout(failure, code):
+    """As on a real cluster (no launcher to stop anyone): process 1 fails after the cluster formed and leaves at
+    once; process 0, waiting for it in a collective, ends with an error once the heartbeat timeout (5 s here) says
+    process 1 is gone — not after JAX's five-minute shutdown barrier."""
+    from shardprop.cli.launch import free_port
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHARDPROP_COORDINATOR": f"127.0.0.1:{free_port()}",
+           "SHARDPROP_NUM_PROCESSES": "2", "SHARDPROP_DEVICES_PER_PROCESS": "4", "SHARDPROP_HEARTBEAT_TIMEOUT": "5"}
+    start = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, str(WORKER), failure, "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**env, "SHARDPROP_PROCESS_ID": str(k)})
+             for k in (0, 1)]
+    try:
+        failed_output, _ = procs[1].communicate(timeout=120)
+        failed_after = time.monotonic() - start
+        procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == code, failed_output[-2000:]
+    assert procs[0].returncode != 0
+    assert time.monotonic() - start - failed_after < 45  # the survivor's wait: the heartbeat timeout, and some
+
+
+def test_the_launcher_leaves_out_gloos_connection_lines_unless_verbose():
+    import io
+
+    from shardprop.cli.launch import launch
+
+    noise = "[Gloo] Rank 1 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7"
+    command = [sys.executable, "-c", f"import sys; print({noise!r}); print('[Gloo] Rank '); print(5); "
+                                     "print('kept', file=sys.stderr)"]
+    for verbose in (False, True):
+        out = io.StringIO()
+        assert launch(command, 1, 1, 10, out=out, verbose=verbose) == 0
+        lines = sorted(out.getvalue().splitlines())
+        assert lines == sorted(["[0] 5", "[0] kept"] + ([f"[0] {noise}", "[0] [Gloo] Rank "] if verbose else []))
 
 
 def test_launch_refuses_a_missing_command(capsys):

@@ -18,7 +18,15 @@ from . import launch as launch_cli
 
 
 def _configure_devices(count: int) -> None:
-    # Must run before JAX initialises its backend: virtual CPU devices so meshes of 8 work anywhere.
+    # Must run before JAX initialises its backend: virtual CPU devices so meshes of 8 work anywhere. Started by
+    # `shardprop launch`, the process joins its cluster instead: the mesh spans every process's devices.
+    import os
+
+    from .. import distributed
+
+    if os.environ.get(distributed.COORDINATOR):
+        distributed.initialize()
+        return
     import jax
 
     jax.config.update("jax_num_cpu_devices", count)

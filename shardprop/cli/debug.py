@@ -67,6 +67,7 @@ def parse_value_arg(text: str, rng):
 def run(args, configure_devices) -> int:
     sizes, names = parse_mesh(args.mesh)
     configure_devices(args.devices or max(8, math.prod(sizes)))
+    import jax
     import numpy as np
 
     from .. import api
@@ -77,6 +78,9 @@ def run(args, configure_devices) -> int:
         raise OptionError(f"--repeats {args.repeats}: expected at least 1")
     if args.interactive and args.format != "text":
         raise OptionError("--interactive is a text prompt; --format json is for a whole run without it")
+    if args.interactive and jax.process_count() > 1:
+        raise OptionError(f"--interactive reads one terminal, but this runs as {jax.process_count()} processes: "
+                          "run without it (every process steps the same stages; process 0 prints the report)")
     rng = np.random.default_rng(args.seed)
     parsed = [parse_value_arg(a, rng) for a in args.arg]
     f = load_function(args.target)
@@ -112,13 +116,16 @@ def _finite(doc):
 
 def walk(dbg, args) -> dict:
     """Every stage stepped and compared; the closing verdict and profile. ``{"text": ..., "json": ...}``."""
+    import jax
     from rich.console import Console
     from rich.progress import Progress
 
     from ..inspect.pictures import as_text
 
     prog, graph = dbg.program, dbg.plan.graph
-    head = (f"shardprop debug {args.target} on mesh {dict(prog.mesh.shape)}: {len(prog.stages)} stage(s), "
+    processes = jax.process_count()
+    head = (f"shardprop debug {args.target} on mesh {dict(prog.mesh.shape)}"
+            f"{f' over {processes} processes' if processes > 1 else ''}: {len(prog.stages)} stage(s), "
             f"{len(graph.nodes)} nodes, strategy {prog.plan.strategy}")
     parts, stages_json = [head], []
     console = Console(stderr=True)
@@ -145,7 +152,8 @@ def walk(dbg, args) -> dict:
     if nonfinite:
         parts.append(f"first non-finite: {nonfinite}")
     parts.append(as_text(profile, width=args.width).rstrip())
-    doc = {"program": {"target": args.target, "mesh": dict(prog.mesh.shape), "stages": len(prog.stages),
+    doc = {"program": {"target": args.target, "mesh": dict(prog.mesh.shape), "processes": processes,
+                       "stages": len(prog.stages),
                        "nodes": len(graph.nodes), "strategy": str(prog.plan.strategy)},
            "stages": stages_json, "agree": table.agree,
            "divergence": divergence.to_dict() if divergence else None,

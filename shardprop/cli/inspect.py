@@ -237,7 +237,12 @@ def _lineage_text(prog, text: str, result) -> str:
 
 
 def emit(text: str, output: str | None) -> int:
-    """Write ``text`` to the file ``output``, or to standard output."""
+    """Write ``text`` to the file ``output``, or to standard output. On several processes (``shardprop launch``),
+    process 0 writes it: every process computed the same report."""
+    import jax
+
+    if jax.process_index() != 0:
+        return 0
     if output:
         Path(output).write_text(text + "\n")
     else:

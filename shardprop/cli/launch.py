@@ -2,7 +2,8 @@
 
 Starts ``-n`` copies of the command, each told (``SHARDPROP_*`` variables, read by ``sp.distributed.initialize()``)
 the coordinator on 127.0.0.1 and a free port, its process id and how many virtual CPU devices it has; forwards
-every line they print prefixed with ``[k]``; and fails fast: when one process exits with an error (or the
+every line they print prefixed with ``[k]`` (leaving out the lines gloo prints as it connects, unless
+``--verbose``); and fails fast: when one process exits with an error (or the
 cluster does not form within ``--timeout`` seconds, which makes ``initialize`` fail), the others are stopped —
 terminated, then killed after a grace period — and the launcher exits with that process's code.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +23,10 @@ import time
 from ..distributed import COORDINATOR, DEVICES_PER_PROCESS, INIT_TIMEOUT, NUM_PROCESSES, PROCESS_ID
 
 GRACE_SECONDS = 5.0  # after a failure, how long the others may take to exit on SIGTERM before SIGKILL
+# What gloo prints (on standard output) as its ranks connect ("[Gloo] Rank 1 is connected to 7 peer ranks.
+# Expected ..."), a line per collective group, from several threads at once (so at times in pieces: "[Gloo] Rank ").
+# A piece that is only a number is forwarded: it cannot be told from a user's own output.
+BACKEND_NOISE = re.compile(r"connected peer ranks|^(\[Gloo\] Rank\s*)+$")
 
 
 def add_parser(sub) -> None:
@@ -30,6 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--devices-per-process", type=int, default=4, help="virtual CPU devices per process (default 4)")
     p.add_argument("--timeout", type=int, default=60,
                    help="seconds for the cluster to form before the processes give up (default 60)")
+    p.add_argument("--verbose", action="store_true", help="also forward what gloo prints as its ranks connect")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
 
 
@@ -39,25 +46,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _forward(k: int, stream, out) -> None:
+def _forward(k: int, stream, out, quiet: bool) -> None:
     for line in iter(stream.readline, ""):
+        if quiet and BACKEND_NOISE.search(line):
+            continue
         out.write(f"[{k}] {line}")
         out.flush()
 
 
-def launch(command: list[str], processes: int, devices_per_process: int, timeout: int, out=None) -> int:
-    """Run ``command`` as ``processes`` processes of one cluster; the exit code of the first that failed, else 0."""
+def launch(command: list[str], processes: int, devices_per_process: int, timeout: int, out=None,
+           verbose: bool = False) -> int:
+    """Run ``command`` as ``processes`` processes of one cluster; the exit code of the first that failed, else 0.
+    Both streams are forwarded without gloo's connection lines, unless ``verbose``."""
     out = out or sys.stdout
     port = free_port()
     procs, threads = [], []
     for k in range(processes):
         env = {**os.environ, COORDINATOR: f"127.0.0.1:{port}", NUM_PROCESSES: str(processes), PROCESS_ID: str(k),
                DEVICES_PER_PROCESS: str(devices_per_process), INIT_TIMEOUT: str(timeout)}
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         procs.append(proc)
-        threads.append(threading.Thread(target=_forward, args=(k, proc.stdout, out), daemon=True))
-        threads[-1].start()
+        for stream in (proc.stdout, proc.stderr):
+            threads.append(threading.Thread(target=_forward, args=(k, stream, out, not verbose), daemon=True))
+            threads[-1].start()
     failed = None
     while failed is None and any(p.poll() is None for p in procs):
         failed = next(((k, p.returncode) for k, p in enumerate(procs) if p.poll() not in (None, 0)), None)
@@ -107,4 +119,4 @@ def run(args) -> int:
     if args.processes < 1 or args.devices_per_process < 1:
         print("shardprop launch: -n and --devices-per-process must be at least 1", file=sys.stderr)
         return 2
-    return launch(command, args.processes, args.devices_per_process, args.timeout)
+    return launch(command, args.processes, args.devices_per_process, args.timeout, verbose=args.verbose)

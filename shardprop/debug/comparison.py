@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 from rich import box
 from rich.table import Table
 
+from ..distributed import any_process
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, value_name
 from ..inspect.listing import typed_name
@@ -163,19 +163,26 @@ class Comparer:
             with jx.no_mesh_context():  # unsharded, on one device, whatever mesh the user has set
                 refs = self.reference.evaluate(stage)
             values = session.stage_values(stage)
+            suspects = []  # (node, its first row, its outputs whole) where an output differs from the reference
             for n in stage.nodes:
                 node = graph.nodes[n]
                 if node.op in (CONSTANT, PARAMETER):
                     continue  # the same on both sides
                 inherited = max((self._scale(u) for u in node.operands), default=0.0)
-                first = len(self.rows)
+                first, got = len(self.rows), {}
                 for v in node.outputs:
-                    ref, got = as_numpy(refs[v]), as_numpy(values[v])
+                    ref, got[v] = as_numpy(refs[v]), as_numpy(values[v])
                     self.scales[v] = max(magnitude(ref), inherited)
-                    self.rows.append(NodeError(Where.of(plan, v), *errors(got, ref, self.tolerance, self.scales[v],
-                                                                          graph.avals[v].dtype)))
-                if not all(r.agrees for r in self.rows[first:]):
-                    self._look_for_fault(node, values, first)
+                    self.rows.append(NodeError(Where.of(plan, v), *errors(got[v], ref, self.tolerance,
+                                                                          self.scales[v], graph.avals[v].dtype)))
+                suspects.append((node, first, got))
+            # Looking for a fault gathers more values: on several processes all look, or none (one agreement per
+            # stage), even if their own references were to round differently.
+            differs = any_process([not all(r.agrees for r in self.rows[first:first + len(node.outputs)])
+                                   for node, first, _ in suspects])
+            for (node, first, got), look in zip(suspects, differs, strict=True):
+                if look:
+                    self._look_for_fault(node, values, first, got)
             self.stages += 1
 
     def _scale(self, u: int) -> float:
@@ -186,8 +193,9 @@ class Comparer:
             self.scales[u] = magnitude(as_numpy(held)) if hasattr(held, "dtype") else magnitude(np.asarray(held))
         return self.scales[u]
 
-    def _look_for_fault(self, node, values: dict, first: int) -> None:
-        """Is ``node`` itself at fault? Re-compute it unsharded from its sharded operands and compare."""
+    def _look_for_fault(self, node, values: dict, first: int, got: dict) -> None:
+        """Is ``node`` itself at fault? Re-compute it unsharded from its sharded operands and compare (``got``:
+        its outputs whole, as compared with the reference)."""
         session, plan = self.session, self.session.plan
         graph = plan.graph
         held = {u: values[u] if u in values else session.held(u) for u in node.operands
@@ -195,21 +203,23 @@ class Comparer:
         if any(f.kind is FindingKind.REPLICAS_DIFFER for u, x in held.items() for f in check_value(session, u, x)):
             return  # an operand's devices disagree on what it is: the difference was carried in (check() says)
         with jx.no_mesh_context():  # unsharded, on one device, whatever mesh the user has set
-            operands = [jax.device_put(held[u], self.reference.device) if u in held else
+            operands = [self.reference.place(held[u]) if u in held else
                         np.asarray(graph.nodes[graph.producer[u]].params["value"]) for u in node.operands]
-            local = bind_whole(node, operands)
+            local = [as_numpy(x) for x in bind_whole(node, operands)]
         scale = max((magnitude(as_numpy(x)) for x in operands), default=0.0)
+        own = [errors(got[v], ref, self.tolerance, max(scale, magnitude(ref)), graph.avals[v].dtype)
+               for v, ref in zip(node.outputs, local, strict=True)]
+        # Only an output that differs from the reference, and computed right from what it was given still differs,
+        # is at fault (otherwise the difference was carried in); the processes agree on which (blocks are gathered).
+        faults = any_process([not self.rows[first + k].agrees and not agrees for k, (_, _, agrees) in enumerate(own)])
         for k, (v, ref) in enumerate(zip(node.outputs, local, strict=True)):
-            if self.rows[first + k].agrees:
-                continue  # only an output that differs from the reference can be at fault
-            ref, dtype = as_numpy(ref), graph.avals[v].dtype
-            own_abs, _, agrees = errors(as_numpy(values[v]), ref, self.tolerance, max(scale, magnitude(ref)), dtype)
-            if agrees:
-                continue  # computed right from what it was given: the difference was carried in
+            if not faults[k]:
+                continue
             row = self.rows[first + k] = _with_fault(self.rows[first + k])
             if self.divergence is None:  # a later fault is marked in the table; the first is the divergence
-                tolerance = Tolerance(*self.tolerance.for_value(ref, max(scale, magnitude(ref)), dtype))
-                self.divergence = Divergence(row, own_abs, tuple(_operands(plan, node)), tuple(decision(plan, node)),
+                dtype, scale_v = graph.avals[v].dtype, max(scale, magnitude(ref))
+                tolerance = Tolerance(*self.tolerance.for_value(ref, scale_v, dtype))
+                self.divergence = Divergence(row, own[k][0], tuple(_operands(plan, node)), tuple(decision(plan, node)),
                                              tuple(_differing_blocks(session, v, values[v], ref, tolerance)))
 
     def table(self) -> ErrorTable:
@@ -257,7 +267,7 @@ def decision(plan: Plan, node) -> list[str]:
 def _differing_blocks(session, v: int, array, ref: np.ndarray, tolerance: Tolerance) -> list[str]:
     """The blocks of ``v`` that differ from their slice of ``ref`` (``tolerance``: the value's, resolved)."""
     out = []
-    for block in session.device_blocks(v, array):
+    for block in session.device_blocks(v, array, all_processes=True):
         want, got = ref[block.slices], as_numpy(block.data)
         if got.shape != want.shape:
             out.append(f"{block.where()}: holds shape {got.shape}, the slice has {want.shape}")

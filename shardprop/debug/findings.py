@@ -4,6 +4,9 @@ The plan promises, for every value, that each device holds one block of it: the 
 value is replicated over hold *equal* blocks (``shard_map`` runs with ``check_vma=False`` and trusts this), and
 each block is the slice of the global value that its shards' ranges name. Both are checked here on the data the
 devices really hold.
+
+On a mesh spanning several processes every process checks every device's block (the others' are gathered), so
+all find the same; every process must call them, as every process runs the program.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..distributed import any_process, whole
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, short_source, value_name
 from ..inspect.listing import typed_name
@@ -110,11 +114,12 @@ def is_inexact(dtype) -> bool:
 
 
 def as_numpy(x) -> np.ndarray:
-    """A value or block as numpy, for comparing: PRNG keys as their key data, and floats numpy has no arithmetic
-    kind for (bfloat16, float8) as float32, which holds them exactly."""
+    """A value or block as numpy, for comparing: whole (a value spanning other processes is gathered from them),
+    PRNG keys as their key data, and floats numpy has no arithmetic kind for (bfloat16, float8) as float32, which
+    holds them exactly."""
     if jx.is_extended_dtype(x.dtype):
         x = jax.random.key_data(x)
-    a = np.asarray(x)
+    a = np.asarray(whole(x))
     if a.dtype.kind == "V" and is_inexact(a.dtype):
         a = a.astype(np.float32)
     return a
@@ -140,7 +145,7 @@ def max_difference(a: np.ndarray, b: np.ndarray) -> float:
 def check_value(session, v: int, array) -> list[Finding]:
     """The promises of value ``v`` (held as ``array``) checked on every device's block."""
     plan = session.plan
-    blocks = session.device_blocks(v, array)
+    blocks = session.device_blocks(v, array, all_processes=True)
     findings = []
     groups: dict[tuple, list] = {}
     for block in blocks:
@@ -199,7 +204,10 @@ def first_nonfinite(session, arguments: bool = True) -> NonFinite | None:
             continue
         if graph.nodes[graph.producer[v]].op == CONSTANT:
             continue
-        for block in session.device_blocks(v, array):
+        here = any(not np.isfinite(as_numpy(s.data)).all() for s in array.addressable_shards)
+        if not any_process([here])[0]:  # no process holds one: nothing to gather
+            continue
+        for block in session.device_blocks(v, array, all_processes=True):
             bad = np.argwhere(~np.isfinite(as_numpy(block.data)))
             if bad.size:
                 local = tuple(int(i) for i in bad[0])

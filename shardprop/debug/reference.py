@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import OptionError, ReferenceEvaluationError
+from ..distributed import whole
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, Node, short_source
 from ..ops import has_record, lookup
@@ -135,15 +136,19 @@ class Reference:
 
     def __init__(self, plan: Plan, args: list):
         self.plan = plan
-        self.device = jax.devices()[0]
+        self.device = jax.local_devices()[0]  # each process evaluates its own reference, on a device of its own
         with jx.no_mesh_context():  # onto one device, whatever mesh the user has set
-            self.env = {v: jax.device_put(x, self.device) for v, x in zip(plan.graph.inputs, args, strict=True)}
+            self.env = {v: self.place(x) for v, x in zip(plan.graph.inputs, args, strict=True)}
         graph = plan.graph
         self._last_read: dict[int, int] = {}
         for stage in plan.stages:
             for n in stage.nodes:
                 for u in graph.nodes[n].operands:
                     self._last_read[u] = stage.id
+
+    def place(self, x) -> Any:
+        """``x`` whole on the reference's device (a value spanning other processes gathered from them first)."""
+        return jax.device_put(whole(x), self.device)
 
     def evaluate(self, stage: Stage) -> dict[int, Any]:
         """Every value ``stage`` computes, unsharded."""

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 
 from ..backends import parse_hlo, stage_function
 from ..backends.shard_map import readout_segments, segment_function
+from ..distributed import every_block
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
 from ..expr.graph import PARAMETER, value_name
@@ -156,6 +157,7 @@ class Session:
                               "recomputed when asked for) or 'all' (every value of every stage run)")
         self.program, self.plan, self.mesh, self.keep = prog, prog.plan, prog.mesh, keep
         self.args = prog.placed_args(args, kwargs)  # InputMismatchError for arguments it was not traced with
+        prog.agree_on_plan()  # several processes: all step the same stages, or their collectives deadlock
         self._compiled: dict[tuple[int, tuple[int, ...]], Any] = {}
         self._breakpoints: dict[int, list[str]] = {}
         self._coords = device_coords(self.mesh)
@@ -261,31 +263,32 @@ class Session:
         ``jax.Array`` laid out as the plan says, each device holding the block it computed."""
         return self.held(resolve_value(self.plan, name))
 
-    def blocks(self, name: Any) -> list[DeviceBlock]:
+    def blocks(self, name: Any, all_processes: bool = False) -> list[DeviceBlock]:
         """Every device's block of ``name``, in mesh order: device id, mesh coordinates, the global index
-        ranges its shards name, and the block itself (they reassemble to ``value(name)``)."""
+        ranges its shards name, and the block itself (they reassemble to ``value(name)``). On a mesh spanning
+        several processes, the blocks of this process's devices; ``all_processes=True`` gathers the others' too
+        (then every process must call it)."""
         v = resolve_value(self.plan, name)
-        return self.device_blocks(v, self.held(v))
+        return self.device_blocks(v, self.held(v), all_processes=all_processes)
 
-    def device_blocks(self, v: int, array: jax.Array) -> list[DeviceBlock]:
-        """``array`` (value ``v``) cut into the blocks each device holds, as the plan lays it out."""
+    def device_blocks(self, v: int, array: jax.Array, all_processes: bool = False) -> list[DeviceBlock]:
+        """``array`` (value ``v``) cut into the blocks each device holds, as the plan lays it out: this process's
+        devices', or with ``all_processes`` every device's (gathered from the other processes: every process
+        must call it, in the same order — the debugger's analyses do)."""
         layout = self.plan.layout(v)
         wanted = NamedSharding(self.mesh, layout_to_spec(layout))
         if not (isinstance(array.sharding, NamedSharding) and array.sharding.mesh == self.mesh
                 and array.sharding.is_equivalent_to(wanted, array.ndim)):
             array = jax.device_put(array, wanted)  # a stage outside shard_map leaves layout to XLA
-        held = {int(s.device.id): s for s in array.addressable_shards}
+        if all_processes:
+            held = dict(zip((int(d.id) for d in self.mesh.devices.flat), every_block(array, self.mesh), strict=True))
+        else:  # another process's devices hold the rest (multi-process)
+            held = {int(s.device.id): s.data for s in array.addressable_shards}
         index_of = device_blocks(self.mesh, layout)
-        out = []
-        for device in self.mesh.devices.flat:
-            d = int(device.id)
-            shard = held.get(d)
-            if shard is None:
-                continue  # another process's device (multi-process)
-            data = shard.data
-            out.append(DeviceBlock(d, self._coords[d], self.block_ranges(v, index_of[d]),
-                                   data if jx.is_extended_dtype(data.dtype) else np.asarray(data)))
-        return out
+        return [DeviceBlock(d, self._coords[d], self.block_ranges(v, index_of[d]),
+                            data if jx.is_extended_dtype(data.dtype) else np.asarray(data))
+                for d, data in ((int(device.id), held.get(int(device.id))) for device in self.mesh.devices.flat)
+                if data is not None]
 
     def block_ranges(self, v: int, block: Sequence[int]) -> tuple[tuple[int, int], ...]:
         """The global ``(start, stop)`` per axis of block ``block`` of value ``v``: from its shards where the

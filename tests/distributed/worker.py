@@ -1,8 +1,8 @@
 """Run by tests/test_distributed.py under ``shardprop launch -n 2 --devices-per-process 4``: the Nx example, the
 MLP training step and loop workloads through ``sp.autoshard`` on an 8-device mesh spanning both processes, with
 inputs as global NumPy arrays and as each process's own rows; every result compared on every process with the
-unsharded function. Prints ``ok <name>`` per check, ``all ok`` at the end; ``--crash K`` makes process K exit
-with an error after the cluster formed (the launcher must stop the others)."""
+unsharded function. Prints ``ok <name>`` per check, ``all ok`` at the end; ``--crash K`` makes process K raise
+after the cluster formed, ``--exit K`` makes it call ``sys.exit(3)`` (the others must not wait for it)."""
 
 import sys
 
@@ -20,6 +20,8 @@ from tests.functions import nx_example  # noqa: E402
 me = jax.process_index()
 if "--crash" in sys.argv and me == int(sys.argv[sys.argv.index("--crash") + 1]):
     raise RuntimeError(f"process {me} crashes on purpose")
+if "--exit" in sys.argv and me == int(sys.argv[sys.argv.index("--exit") + 1]):
+    sys.exit(3)  # a failure that is not an exception: JAX's exit handler alone would wait for the others
 assert jax.process_count() == 2 and jax.device_count() == 8, (jax.process_count(), jax.device_count())
 mesh = sp.make_mesh((4, 2), ("i", "j"))
 rng = np.random.default_rng(0)  # the same seed everywhere: every process holds the same global inputs
