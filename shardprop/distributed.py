@@ -91,14 +91,14 @@ def _exit_at_once_on_error() -> None:
         previous_hook(kind, value, traceback)
         leave(1)
 
-    def exit(status=None):
+    def exit_at_once(status=None):
         if status is None or status == 0:
             previous_exit(status)
         if not isinstance(status, int):
             print(status, file=sys.stderr)  # what sys.exit("message") prints
         leave(status if isinstance(status, int) and 0 < status < 256 else 1)
 
-    sys.excepthook, sys.exit = hook, exit
+    sys.excepthook, sys.exit = hook, exit_at_once
 
 
 def _int(text: str | None) -> int | None:

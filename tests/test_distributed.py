@@ -140,7 +140,8 @@ def test_processes_with_different_plans_refuse_naming_the_stage():
 
 def test_plans_do_not_depend_on_the_hash_seed():
     """Every process must make the same plan: propagation and splitting may not depend on Python's hash seed (set
-    per process) — the stage fingerprints of a few programs, under every strategy, agree across seeds."""
+    per process) — the stage fingerprints of a few programs, under every strategy, agree across seeds (an audit of
+    every pass found nothing that depends on the seed, object ids or paths; this keeps it so)."""
     runs = []
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed}
@@ -148,7 +149,7 @@ def test_plans_do_not_depend_on_the_hash_seed():
                               env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         runs.append(done.stdout)
-    assert runs[0] == runs[1] and runs[0].count("\n") == 9
+    assert runs[0] == runs[1] and runs[0].count("\n") == 18
 
 
 def test_the_training_loop_example_feeds_each_process_its_rows_and_trains_as_unsharded():
