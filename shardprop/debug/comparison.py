@@ -163,7 +163,7 @@ class Comparer:
             with jx.no_mesh_context():  # unsharded, on one device, whatever mesh the user has set
                 refs = self.reference.evaluate(stage)
             values = session.stage_values(stage)
-            suspects = []  # (node, its first row, its outputs whole) where an output differs from the reference
+            compared = []  # (node, its first row, its outputs whole) for every node compared
             for n in stage.nodes:
                 node = graph.nodes[n]
                 if node.op in (CONSTANT, PARAMETER):
@@ -175,12 +175,12 @@ class Comparer:
                     self.scales[v] = max(magnitude(ref), inherited)
                     self.rows.append(NodeError(Where.of(plan, v), *errors(got[v], ref, self.tolerance,
                                                                           self.scales[v], graph.avals[v].dtype)))
-                suspects.append((node, first, got))
+                compared.append((node, first, got))
             # Looking for a fault gathers more values: on several processes all look, or none (one agreement per
             # stage), even if their own references were to round differently.
             differs = any_process([not all(r.agrees for r in self.rows[first:first + len(node.outputs)])
-                                   for node, first, _ in suspects])
-            for (node, first, got), look in zip(suspects, differs, strict=True):
+                                   for node, first, _ in compared])
+            for (node, first, got), look in zip(compared, differs, strict=True):
                 if look:
                     self._look_for_fault(node, values, first, got)
             self.stages += 1

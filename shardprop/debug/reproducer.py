@@ -60,7 +60,7 @@ exported = jax.export.deserialize(bytearray((HERE / "stage_{k}.jax_export").read
 outputs = exported.call(*args)
 
 
-def rounding_only(got, want):
+def rounding_only(got, want, dtype):
     """Saved on several processes, a sum across them was added in another order than here: equal to rounding
     (100 ulps of the dtype, relative to the largest magnitude) is a match; anything else is not."""
     if MANIFEST.get("processes", 1) == 1 or got.shape != want.shape or not np.issubdtype(want.dtype, np.inexact):
@@ -68,7 +68,7 @@ def rounding_only(got, want):
     got, want = got.astype(np.float64), want.astype(np.float64)
     if not (np.isnan(got) == np.isnan(want)).all():
         return None
-    rtol = 100 * float(jax.numpy.finfo(jax.numpy.dtype(entry["dtype"])).eps)
+    rtol = 100 * float(jax.numpy.finfo(jax.numpy.dtype(dtype)).eps)
     difference = float(np.nanmax(np.abs(got - want), initial=0.0))
     return difference if difference <= rtol * float(np.nanmax(np.abs(want), initial=0.0)) else None
 
@@ -78,7 +78,7 @@ for entry, got in zip(MANIFEST["outputs"], outputs):
     want, got = load(entry), np.asarray(got)
     # bit for bit (NaN included; bfloat16 has no numpy arithmetic, its bytes compare all the same)
     same = got.shape == want.shape and got.dtype == want.dtype and got.tobytes() == want.tobytes()
-    close = None if same else rounding_only(got, want)
+    close = None if same else rounding_only(got, want, entry["dtype"])
     ok &= bool(same) or close is not None
     verdict = "matches the saved output" if same else "DIFFERS from the saved output" if close is None else \
         f"matches the saved output to rounding (max abs difference {{close:.3g}}: saved on " \
