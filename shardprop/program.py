@@ -15,7 +15,7 @@ from .backends import parse_hlo, program_function, stage_function
 from .calling import Traced
 from .errors import InputMismatchError, LoweringError, MeshError, OptionError, ShardingError
 from .expr import jax_adapter as jx
-from .expr.graph import Aval
+from .expr.graph import Aval, value_name
 from .expr.trace import abstractify
 from .gc_pause import gc_paused
 from .inspect.listing import AnnotatedGraph, StageTable
@@ -115,8 +115,19 @@ class Program:
                 "function untransformed there (it is one jitted program already, and works under that set_mesh), "
                 "or set a mesh with Auto axes (jax.make_mesh(..., axis_types=(AxisType.Auto,) * n)) around the "
                 "transformation")
-        return [jx.with_weak_type(jx.place(x, s), w)
-                for x, s, w in zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
+        return [jx.with_weak_type(self._place(k, x, s), w)
+                for k, (x, s, w) in enumerate(zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True))]
+
+    def _place(self, k: int, x, sharding):
+        try:
+            return jx.place(x, sharding)
+        except jx.DiffersAcrossProcesses:
+            v = self.plan.graph.inputs[k]
+            raise InputMismatchError(
+                f"argument leaf {k} ({value_name(v)}:{self.plan.graph.avals[v]}) is a host array that differs between "
+                f"the processes; on a mesh spanning {jax.process_count()} processes a NumPy (or Python) argument is "
+                "the global value and must be the same on every process (seed random data alike), or be built from "
+                "each process's own rows: sp.distributed.process_local(rows, mesh, spec)") from None
 
     def agree_on_plan(self) -> None:
         """On a mesh spanning several processes, check once (before any stage runs) that every process made this

@@ -48,7 +48,9 @@ def test_the_debugger_steps_the_same_programs_on_both_processes(tmp_path):
                       "ok rnn gradient (a scan) stepped and compared",
                       "ok first non-finite: `log` at debug_worker.py:", "d[13, 5] on device 2051 (i=3, j=1)",
                       "ok planted sub: first divergence d (`sub`), 8 blocks differ",
-                      "replicas of f differ across processes", "debugger all ok"):
+                      "replicas of f differ across processes",
+                      "ok a global argument that differs between processes is an InputMismatchError",
+                      "debugger all ok"):
             assert any(line.startswith(f"[{k}] ") and check in line for line in done.stdout.splitlines()), (k, check)
     replay = subprocess.run([sys.executable, str(tmp_path / "run_stage_1.py")], capture_output=True, text=True,
                             timeout=120)
@@ -102,6 +104,24 @@ def test_the_launcher_leaves_out_gloos_connection_lines_unless_verbose():
         assert launch(command, 1, 1, 10, out=out, verbose=verbose) == 0
         lines = sorted(out.getvalue().splitlines())
         assert lines == sorted(["[0] 5", "[0] kept"] + ([f"[0] {noise}", "[0] [Gloo] Rank "] if verbose else []))
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_launcher_stopped_by_a_signal_stops_its_processes(sig):
+    import signal
+
+    script = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    launcher = subprocess.Popen([sys.executable, "-m", "shardprop", "launch", "-n", "2", "--", sys.executable, "-c",
+                                 script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = [int(launcher.stdout.readline().split()[1]) for _ in range(2)]  # "[k] <pid>"
+    launcher.send_signal(getattr(signal, sig))
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 128 + getattr(signal, sig)
+    assert f"shardprop launch: {sig}; stopping 2 process(es)" in err
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_launch_refuses_a_missing_command(capsys):

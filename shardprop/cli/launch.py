@@ -61,6 +61,9 @@ def launch(command: list[str], processes: int, devices_per_process: int, timeout
     out = out or sys.stdout
     port = free_port()
     procs, threads = [], []
+    # Stopped itself (Ctrl-C, SIGTERM from a scheduler or a timeout), the launcher stops its processes first: each
+    # runs in a session of its own, so nothing else would reach them.
+    interrupted = _stop_children_on_signal(procs)
     for k in range(processes):
         env = {**os.environ, COORDINATOR: f"127.0.0.1:{port}", NUM_PROCESSES: str(processes), PROCESS_ID: str(k),
                DEVICES_PER_PROCESS: str(devices_per_process), INIT_TIMEOUT: str(timeout)}
@@ -85,9 +88,35 @@ def launch(command: list[str], processes: int, devices_per_process: int, timeout
         _stop([procs[j] for j in running])
     for t in threads:
         t.join(timeout=2)
+    interrupted()
     if failed is None:
         return 0
     return failed[1] if failed[1] > 0 else 1
+
+
+def _stop_children_on_signal(procs: list):
+    """Until the returned function is called: on SIGINT or SIGTERM, stop ``procs`` and exit with 128 + the signal
+    (the handlers are only installed in the main thread, where Python allows them)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(sig, _frame):
+        running = [p for p in procs if p.poll() is None]
+        sys.stderr.write(f"shardprop launch: {signal.Signals(sig).name}; stopping {len(running)} process(es)\n")
+        _stop(running)
+        sys.exit(128 + sig)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+
+    def restore():
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
 
 
 def _stop(procs) -> None:

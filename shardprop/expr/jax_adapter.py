@@ -216,7 +216,16 @@ def place(x, sharding, *, donate: bool = False):
         return jax.lax.with_sharding_constraint(x, sharding)
     if donate and isinstance(x, jax.Array):
         return jax.device_put(x, sharding, donate=True)
-    return jax.device_put(x, sharding)
+    try:
+        return jax.device_put(x, sharding)
+    except AssertionError as err:  # JAX's own check, on a mesh spanning processes, that a host value is global
+        if "not the same on each process" in str(err):
+            raise DiffersAcrossProcesses from None
+        raise
+
+
+class DiffersAcrossProcesses(Exception):
+    """A host value placed on a mesh spanning processes is not the same on every process."""
 
 
 def canonical_dtype(dtype) -> Any:

@@ -129,4 +129,12 @@ assert "replicated over i" in across[0].detail, across[0].detail
 assert divergence is not None and divergence.where.name == "e", divergence
 print(f"ok planted missing psum: {len(findings)} findings, first {findings[0].where.name}; replicas of f differ "
       f"across processes (devices {sorted(across[0].devices)})", flush=True)
+# 5. A "global" NumPy argument that is not the same on every process (an unseeded random batch): refused by name.
+mine_only = np.random.default_rng(me).normal(size=(16, 8)).astype(np.float32)
+try:
+    sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None))(a, mine_only)
+    raise SystemExit("a differing global argument ran")
+except sp.InputMismatchError as err:
+    assert "argument leaf 1 (b:f32[16,8]) is a host array that differs between the processes" in str(err), err
+ok("a global argument that differs between processes is an InputMismatchError")
 print("debugger all ok", flush=True)
