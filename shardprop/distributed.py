@@ -14,6 +14,7 @@ devices, every process running the same program on its own shards.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -26,6 +27,9 @@ PROCESS_ID = "SHARDPROP_PROCESS_ID"
 DEVICES_PER_PROCESS = "SHARDPROP_DEVICES_PER_PROCESS"
 INIT_TIMEOUT = "SHARDPROP_INIT_TIMEOUT"
 HEARTBEAT_TIMEOUT = "SHARDPROP_HEARTBEAT_TIMEOUT"
+# How long a debugger call that runs collectives waits for the other processes to make it too (see in_step).
+CALL_TIMEOUT = "SHARDPROP_CALL_TIMEOUT"
+DEFAULT_CALL_TIMEOUT = 300.0
 # Set by the cluster managers jax.distributed.initialize() detects by itself (more than one task).
 _CLUSTERS = {"SLURM_NTASKS": "SLURM", "OMPI_COMM_WORLD_SIZE": "Open MPI", "PMI_SIZE": "MPI"}
 
@@ -171,6 +175,50 @@ def every_block(array, mesh) -> list[Any]:
         [held[d][None] for d in devices if d in held])
     rows = np.asarray(multihost_utils.process_allgather(stacked, tiled=True))
     return [held[d] if d in held else rows[k] for k, d in enumerate(devices)]
+
+
+_announced = itertools.count()  # this process's collective calls so far (every process counts the same)
+
+
+def in_step(call: str) -> None:
+    """On several processes, check that every process makes ``call`` as its next call that runs collectives: each
+    announces its n-th such call in JAX's coordination service and waits for the others' n-th. Raises
+    :class:`~shardprop.OutOfStepError` when another process announced another call, or none within
+    ``SHARDPROP_CALL_TIMEOUT`` seconds (default 300), instead of waiting for it in a collective forever. A single
+    process (or a cluster not joined through ``jax.distributed``) checks nothing.
+
+    >>> sp.distributed.in_step("check()")   # doctest: +SKIP
+    """
+    import time
+
+    import jax
+
+    from .errors import OutOfStepError
+    from .expr import jax_adapter as jx
+
+    client = jx.coordination_client() if jax.process_count() > 1 else None
+    if client is None:
+        return
+    n, me = next(_announced), jax.process_index()
+    client.key_value_set(f"shardprop/calls/{n}/{me}", call)
+    timeout = float(os.environ.get(CALL_TIMEOUT) or DEFAULT_CALL_TIMEOUT)
+    deadline = time.monotonic() + timeout
+    advice = ("every process must make the same debugger calls, in the same order (one that runs collectives waits "
+              "for the others: call it on every process, and print on one if you like)")
+    for p in range(jax.process_count()):
+        if p == me:
+            continue
+        try:
+            theirs = client.blocking_key_value_get(f"shardprop/calls/{n}/{p}",
+                                                   max(1, int(1000 * (deadline - time.monotonic()))))
+        except Exception as err:  # the coordination service's DEADLINE_EXCEEDED (a JaxRuntimeError)
+            if "DEADLINE_EXCEEDED" not in str(err) and "deadline" not in str(err).lower():
+                raise
+            raise OutOfStepError(f"process {me} made the call `{call}`, but process {p} has not made it within "
+                                 f"{timeout:g} s ({CALL_TIMEOUT}): {advice}", process=p) from None
+        if theirs != call:
+            raise OutOfStepError(f"process {me} made the call `{call}` where process {p} made `{theirs}`: {advice}",
+                                 process=p)
 
 
 def any_process(flags) -> list[bool]:

@@ -112,6 +112,16 @@ class PlanMismatchError(ShardingError):
         self.stage = stage
 
 
+class OutOfStepError(ShardingError):
+    """On a multi-process run, the processes did not make the same debugger call (one that runs collectives) at the
+    same point: another call, or none within the call timeout. Run without it, they would wait for each other
+    forever. ``process`` is the other process named."""
+
+    def __init__(self, message: str, *, process: int | None = None):
+        super().__init__(message)
+        self.process = process
+
+
 class FallbackWarning(UserWarning):
     """A primitive had no sharding rule; the conservative rule (gather everything, replicate) was used."""
 

@@ -39,7 +39,8 @@ def test_programs_on_a_mesh_spanning_two_processes_equal_the_unsharded_result():
 def test_the_debugger_steps_the_same_programs_on_both_processes(tmp_path):
     """tests/distributed/debug_worker.py: each process reads its own blocks; check / compare / first_divergence /
     first_nonfinite gather the others' and agree on every process (a NaN only process 1 holds, a planted bug whose
-    replicas differ across processes); the stage saved on the cluster replays on one process."""
+    replicas differ across processes); the stage saved on the cluster replays on one process; calls made out of step
+    are refused (OutOfStepError) instead of deadlocking."""
     done, _ = _launch(str(WORKER.parent / "debug_worker.py"), str(tmp_path), worker=None)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     for k in (0, 1):
@@ -50,8 +51,9 @@ def test_the_debugger_steps_the_same_programs_on_both_processes(tmp_path):
                       "ok planted sub: first divergence d (`sub`), 8 blocks differ",
                       "replicas of f differ across processes",
                       "ok a global argument that differs between processes is an InputMismatchError",
-                      "debugger all ok"):
+                      "ok out of step: process", "debugger all ok"):
             assert any(line.startswith(f"[{k}] ") and check in line for line in done.stdout.splitlines()), (k, check)
+    assert "[0] ok alone: process 0 made the call `check()`, but process 1 has not made it within 3 s" in done.stdout
     replay = subprocess.run([sys.executable, str(tmp_path / "run_stage_1.py")], capture_output=True, text=True,
                             timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr

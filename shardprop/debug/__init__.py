@@ -28,7 +28,7 @@ from .findings import Finding, FindingKind, NonFinite, Where
 from .profile import Profile, StageProfile
 from .comparison import Divergence, ErrorTable, NodeError
 from .reference import Tolerance
-from .session import DeviceBlock, Port, Session, StageReport
+from .session import DeviceBlock, Port, Session, StageReport, collective
 
 
 class Debugger(Session):
@@ -39,6 +39,11 @@ class Debugger(Session):
 
     The program itself is never changed: ``prog(*args)`` returns what it returned before.
 
+    On a mesh spanning several processes every process makes the same debugger calls in the same order, as every
+    process calls the program: ``blocks(name)`` shows this process's blocks, and the analyses gather the others'
+    and give the same answer everywhere. A call that runs collectives made by one process only is an
+    :class:`~shardprop.OutOfStepError` (after ``SHARDPROP_CALL_TIMEOUT`` seconds, default 300), not a deadlock.
+
     >>> dbg = sp.Debugger(prog, a, b)                                           # doctest: +SKIP
     >>> dbg.run(); print(dbg.first_divergence())
     None
@@ -48,11 +53,13 @@ class Debugger(Session):
         if not self.stages_run:  # nothing run yet: an analysis covers the whole program
             self.run_to(len(self.plan.stages))
 
+    @collective
     def check(self) -> list[Finding]:
         """Every promise the program breaks among the values computed so far: a replicated axis whose devices
         hold different data, a block that is not the slice its shard ranges name. Empty when all hold."""
         return _findings.check(self)
 
+    @collective
     def first_nonfinite(self, arguments: bool = True) -> NonFinite | None:
         """The first NaN or infinity in program order (the arguments first, unless ``arguments=False``: then
         the first a node produces), or None. Runs the whole program first when no stage has run yet; otherwise
@@ -60,6 +67,7 @@ class Debugger(Session):
         self._ensure_run()
         return _findings.first_nonfinite(self, arguments=arguments)
 
+    @collective
     def compare(self, rtol: float | None = None, atol: float | None = None) -> ErrorTable:
         """Per value computed so far, max abs / relative error against the unsharded graph evaluated node by
         node on the same inputs (see :class:`Tolerance` for the defaults). Runs the whole program first when no
@@ -67,6 +75,7 @@ class Debugger(Session):
         self._ensure_run()
         return self._comparer(Tolerance(rtol, atol)).table()
 
+    @collective
     def first_divergence(self, rtol: float | None = None, atol: float | None = None) -> Divergence | None:
         """The first node in program order at fault: its value differs from the unsharded function's, and
         re-computed unsharded from its own sharded operands it gives another value (so its rule or its lowering
@@ -80,6 +89,7 @@ class Debugger(Session):
             self._comparers[tolerance] = _comparison.Comparer(self, tolerance)
         return self._comparers[tolerance]
 
+    @collective
     def profile(self, repeats: int = 10) -> Profile:
         """Per stage: median wall time over ``repeats`` runs, bytes moved per its compiled HLO and the cost
         model's estimate. Runs the program to the end first."""
@@ -87,6 +97,7 @@ class Debugger(Session):
             raise OptionError(f"repeats={repeats!r}: expected a whole number of runs, at least 1")
         return _profile.profile(self, int(repeats))
 
+    @collective
     def save_stage(self, k: int, directory: str | Path) -> Path:
         """Write stage ``k`` as a standalone reproducer (a ``jax.export`` artifact, its inputs and outputs, and
         a script needing only JAX); returns the script's path. Runs the stages up to ``k`` if needed."""

@@ -8,6 +8,9 @@ each in the layout the plan holds it in: there is no second evaluator of the sha
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +22,7 @@ from jax.sharding import NamedSharding
 
 from ..backends import parse_hlo, stage_function
 from ..backends.shard_map import readout_segments, segment_function
-from ..distributed import every_block
+from ..distributed import every_block, in_step
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
 from ..expr.graph import PARAMETER, value_name
@@ -139,6 +142,23 @@ class StageReport:
         return "\n".join(lines)
 
 
+def collective(method):
+    """Marks a debugger call that runs collectives (stages, gathers). On several processes every process must make
+    it at the same point, which is checked on entry (``distributed.in_step``: an :class:`~shardprop.OutOfStepError`
+    instead of a deadlock); a call made inside another is covered by the outer one."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        given = ", ".join(f"{k}={v!r}" for k, v in list(bound.arguments.items())[1:])
+        with self.in_step(f"{method.__name__}({given})"):
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 def _stages(count: int) -> str:
     if count == 0:
         return "no stages (its outputs are its arguments)"
@@ -156,8 +176,10 @@ class Session:
             raise OptionError(f"keep={keep!r}: expected 'outputs' (stage outputs only; intermediates are "
                               "recomputed when asked for) or 'all' (every value of every stage run)")
         self.program, self.plan, self.mesh, self.keep = prog, prog.plan, prog.mesh, keep
-        self.args = prog.placed_args(args, kwargs)  # InputMismatchError for arguments it was not traced with
-        prog.agree_on_plan()  # several processes: all step the same stages, or their collectives deadlock
+        self._stepping = False
+        with self.in_step(f"Debugger(keep={keep!r})"):  # placing host arguments on several processes is collective
+            self.args = prog.placed_args(args, kwargs)  # InputMismatchError for arguments it was not traced with
+            prog.agree_on_plan()  # several processes: all step the same stages, or their collectives deadlock
         self._compiled: dict[tuple[int, tuple[int, ...]], Any] = {}
         self._breakpoints: dict[int, list[str]] = {}
         self._coords = device_coords(self.mesh)
@@ -186,9 +208,28 @@ class Session:
     def stages_run(self) -> tuple[Stage, ...]:
         return self.plan.stages[: self._next]
 
+    @contextlib.contextmanager
+    def in_step(self, call: str):
+        """Around a call that runs collectives: on several processes, every process must make ``call`` here (an
+        :class:`~shardprop.OutOfStepError` otherwise, instead of a deadlock). Calls inside it are not checked again."""
+        if self._stepping:
+            yield
+            return
+        in_step(call)
+        self._stepping = True
+        try:
+            yield
+        finally:
+            self._stepping = False
+
     # -- stepping -------------------------------------------------------------------------------------
     def step(self) -> StageReport:
-        """Run the next stage on its own (its own jitted ``shard_map``) and say what it did."""
+        """Run the next stage on its own (its own jitted ``shard_map``) and say what it did. On several processes,
+        every process must step too."""
+        with self.in_step(f"step() at stage {self._next}"):
+            return self._step()
+
+    def _step(self) -> StageReport:
         if not self.plan.stages:
             raise NotComputedError("this program has no stages: its outputs are its arguments")
         if self.done:
@@ -203,6 +244,7 @@ class Session:
         self._next += 1
         return report
 
+    @collective
     def run_to(self, k: int) -> list[StageReport]:
         """Run every stage before stage ``k`` (``dbg.stage == k`` afterwards; ``k = len(prog.stages)`` runs to
         the end). A ``k`` behind the current stage starts again from stage 0."""
@@ -214,6 +256,7 @@ class Session:
             self.reset()
         return [self.step() for _ in range(self._next, k)]
 
+    @collective
     def run(self) -> list[StageReport]:
         """Run stages to the end, or until the next stage is one with a breakpoint (at least one stage runs,
         unless every stage has run already: then nothing runs)."""
@@ -279,9 +322,12 @@ class Session:
         wanted = NamedSharding(self.mesh, layout_to_spec(layout))
         if not (isinstance(array.sharding, NamedSharding) and array.sharding.mesh == self.mesh
                 and array.sharding.is_equivalent_to(wanted, array.ndim)):
-            array = jax.device_put(array, wanted)  # a stage outside shard_map leaves layout to XLA
+            with self.in_step(f"blocks of {value_name(v)} (laid out as the plan holds it)"):
+                array = jax.device_put(array, wanted)  # a stage outside shard_map leaves layout to XLA
         if all_processes:
-            held = dict(zip((int(d.id) for d in self.mesh.devices.flat), every_block(array, self.mesh), strict=True))
+            with self.in_step(f"blocks of {value_name(v)} from every process"):
+                blocks = every_block(array, self.mesh)
+            held = dict(zip((int(d.id) for d in self.mesh.devices.flat), blocks, strict=True))
         else:  # another process's devices hold the rest (multi-process)
             held = {int(s.device.id): s.data for s in array.addressable_shards}
         index_of = device_blocks(self.mesh, layout)
@@ -323,7 +369,8 @@ class Session:
         if self.keep == "all":
             return {v: self._kept[v] for v in self.readout_values(stage)}
         if self._last_readout[0] != stage.id:  # one stage's intermediates at a time
-            self._last_readout = (stage.id, self.readout(stage))
+            with self.in_step(f"reading out stage {stage.id}'s intermediates"):
+                self._last_readout = (stage.id, self.readout(stage))
         return self._last_readout[1]
 
     def readout_values(self, stage: Stage) -> tuple[int, ...]:

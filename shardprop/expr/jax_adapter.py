@@ -224,6 +224,14 @@ def place(x, sharding, *, donate: bool = False):
         raise
 
 
+def coordination_client():
+    """JAX's distributed runtime client (the coordination service's key-value store: ``key_value_set``,
+    ``blocking_key_value_get``), or None when ``jax.distributed`` is not initialized."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
 class DiffersAcrossProcesses(Exception):
     """A host value placed on a mesh spanning processes is not the same on every process."""
 

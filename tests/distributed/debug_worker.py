@@ -137,4 +137,24 @@ try:
 except sp.InputMismatchError as err:
     assert "argument leaf 1 (b:f32[16,8]) is a host array that differs between the processes" in str(err), err
 ok("a global argument that differs between processes is an InputMismatchError")
+# 6. Out of step: different calls at the same point are refused at once on both processes; a call made by process 0
+# alone is refused after the call timeout (3 s here) instead of waiting for process 1 in a collective forever.
+import os  # noqa: E402
+
+os.environ["SHARDPROP_CALL_TIMEOUT"] = "3"
+dbg = sp.Debugger(prog, a, b)
+try:
+    dbg.compare() if me == 0 else dbg.check()
+    raise SystemExit("different debugger calls ran")
+except sp.OutOfStepError as err:
+    other = "check()" if me == 0 else "compare(rtol=None, atol=None)"
+    assert f"where process {1 - me} made `{other}`" in str(err) and err.process == 1 - me, err
+    print(f"ok out of step: {err}", flush=True)
+if me == 0:
+    try:
+        dbg.check()
+        raise SystemExit("a call made by one process ran")
+    except sp.OutOfStepError as err:
+        assert err.process == 1 and "has not made it within 3 s" in str(err), err
+        print(f"ok alone: {err}", flush=True)
 print("debugger all ok", flush=True)
