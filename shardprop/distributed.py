@@ -149,32 +149,80 @@ def whole(x: Any) -> Any:
     return fetch(x)
 
 
-def every_block(array, mesh) -> list[Any]:
-    """Every device's block of ``array`` (laid out on ``mesh``, one equal block per device), in the order of
-    ``mesh.devices.flat``, on every process: a process's own blocks as they are, the others' gathered from the
-    processes that hold them (as NumPy). Every process must call it when ``array`` spans several processes.
+def every_block(arrays: list, mesh) -> list[list[Any]]:
+    """For each of ``arrays`` (laid out on ``mesh``, one equal block per device), every device's block in the order
+    of ``mesh.devices.flat``, on every process: a process's own blocks as they are, the others' gathered from the
+    processes that hold them (as NumPy), all arrays in one collective program. Every process must call it when an
+    array spans several processes.
 
     Unlike :func:`fetch`, which assembles the global value, this keeps each device's own copy: two devices that
     should hold equal replicas can be compared (the debugger's ``check()``)."""
     import jax
-    from jax.experimental import multihost_utils
-    from jax.sharding import NamedSharding, PartitionSpec
 
     devices = list(mesh.devices.flat)
-    held = {s.device: s.data for s in array.addressable_shards}
-    if array.is_fully_addressable:
-        return [held[d] for d in devices]
-    if jax.dtypes.issubdtype(array.dtype, jax.dtypes.extended):
-        impl = jax.random.key_impl(array)
-        return [jax.random.wrap_key_data(b, impl=impl) for b in every_block(jax.random.key_data(array), mesh)]
-    # The blocks stacked along a new leading axis, one row per device (row k on mesh.devices.flat[k]): a global
-    # array whose gather gives every device's own block, replicas included.
-    block_shape = next(iter(held.values())).shape
-    stacked = jax.make_array_from_single_device_arrays(
-        (len(devices), *block_shape), NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names))),
-        [held[d][None] for d in devices if d in held])
-    rows = np.asarray(multihost_utils.process_allgather(stacked, tiled=True))
-    return [held[d] if d in held else rows[k] for k, d in enumerate(devices)]
+    out: list[list[Any] | None] = [None] * len(arrays)
+    spanning = [k for k, x in enumerate(arrays) if not x.is_fully_addressable]
+    for k, array in enumerate(arrays):
+        if array.is_fully_addressable:
+            held = {s.device: s.data for s in array.addressable_shards}
+            out[k] = [held[d] for d in devices]
+    if not spanning:
+        return out
+    impls = {k: jax.random.key_impl(arrays[k]) for k in spanning
+             if jax.dtypes.issubdtype(arrays[k].dtype, jax.dtypes.extended)}
+    plain = [jax.random.key_data(arrays[k]) if k in impls else arrays[k] for k in spanning]
+    for k, x, rows in zip(spanning, plain, _every_row(plain, mesh), strict=True):
+        held = {s.device: s.data for s in x.addressable_shards}
+        blocks = [held[d] if d in held else rows[i] for i, d in enumerate(devices)]
+        out[k] = [jax.random.wrap_key_data(b, impl=impls[k]) for b in blocks] if k in impls else blocks
+    return out
+
+
+def _every_row(arrays: list, mesh) -> list[np.ndarray]:
+    """For each array, every device's block stacked along a new leading axis (row k: ``mesh.devices.flat[k]``'s), on
+    every process. Each process packs the blocks of its devices, of all arrays, into one byte buffer, padded to a
+    power of two so that the gather compiles once per size bucket, not once per set of shapes; one gather of the
+    buffers does the rest."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    devices = list(mesh.devices.flat)
+    mine = [d for d in devices if d.process_index == jax.process_index()]
+    pieces, layout = [], []  # layout: per array, (dtype, block shape, bytes per block)
+    for x in arrays:
+        held = {s.device: np.asarray(s.data) for s in x.addressable_shards}
+        block = held[mine[0]]
+        layout.append((block.dtype, block.shape, block.nbytes))
+        pieces += [np.ascontiguousarray(held[d]).view(np.uint8).reshape(-1) for d in mine]
+    payload = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
+    padded = np.zeros(1 << max(int(payload.size - 1).bit_length(), 6), np.uint8)
+    padded[:payload.size] = payload
+    everyone = np.asarray(multihost_utils.process_allgather(padded))  # (processes, bytes): one collective
+    # Unpack: process p's buffer holds, array after array, the blocks of its devices in mesh order.
+    offsets = {p: 0 for p in range(everyone.shape[0])}
+    rows = [[None] * len(devices) for _ in arrays]
+    for k, (dtype, shape, nbytes) in enumerate(layout):
+        for i, d in enumerate(devices):
+            p = d.process_index
+            start = offsets[p]
+            rows[k][i] = everyone[p, start:start + nbytes].view(dtype).reshape(shape)
+            offsets[p] = start + nbytes
+    return [np.stack(r) for r in rows]
+
+
+def assemble(array, blocks: list) -> np.ndarray:
+    """The global value of ``array`` from its devices' ``blocks`` (in ``array.sharding``'s mesh order), each put
+    where JAX's own index map for the array's sharding says (a replica overwrites an equal one): the whole value
+    without another gather, and independent of shardprop's model of where blocks lie. PRNG keys as key data."""
+    import jax
+
+    keys = jax.dtypes.issubdtype(array.dtype, jax.dtypes.extended)
+    data = [np.asarray(jax.random.key_data(b) if keys else b) for b in blocks]
+    out = np.empty(array.shape + data[0].shape[array.ndim:], data[0].dtype)
+    where = array.sharding.devices_indices_map(array.shape)
+    for device, block in zip(array.sharding.mesh.devices.flat, data, strict=True):
+        out[where[device]] = block
+    return out
 
 
 _announced = itertools.count()  # this process's collective calls so far (every process counts the same)

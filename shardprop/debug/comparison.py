@@ -163,6 +163,9 @@ class Comparer:
             with jx.no_mesh_context():  # unsharded, on one device, whatever mesh the user has set
                 refs = self.reference.evaluate(stage)
             values = session.stage_values(stage)
+            computed = [v for n in stage.nodes for v in graph.nodes[n].outputs
+                        if graph.nodes[n].op not in (CONSTANT, PARAMETER)]
+            wholes = session.gathered({v: values[v] for v in computed})  # one gather on several processes
             compared = []  # (node, its first row, its outputs whole) for every node compared
             for n in stage.nodes:
                 node = graph.nodes[n]
@@ -171,7 +174,7 @@ class Comparer:
                 inherited = max((self._scale(u) for u in node.operands), default=0.0)
                 first, got = len(self.rows), {}
                 for v in node.outputs:
-                    ref, got[v] = as_numpy(refs[v]), as_numpy(values[v])
+                    ref, got[v] = as_numpy(refs[v]), as_numpy(wholes[v].whole)
                     self.scales[v] = max(magnitude(ref), inherited)
                     self.rows.append(NodeError(Where.of(plan, v), *errors(got[v], ref, self.tolerance,
                                                                           self.scales[v], graph.avals[v].dtype)))
@@ -200,7 +203,8 @@ class Comparer:
         graph = plan.graph
         held = {u: values[u] if u in values else session.held(u) for u in node.operands
                 if graph.nodes[graph.producer[u]].op != CONSTANT}
-        if any(f.kind is FindingKind.REPLICAS_DIFFER for u, x in held.items() for f in check_value(session, u, x)):
+        gathered = session.gathered(held)
+        if any(f.kind is FindingKind.REPLICAS_DIFFER for u in held for f in check_value(session, u, gathered[u])):
             return  # an operand's devices disagree on what it is: the difference was carried in (check() says)
         with jx.no_mesh_context():  # unsharded, on one device, whatever mesh the user has set
             operands = [self.reference.place(held[u]) if u in held else

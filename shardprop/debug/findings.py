@@ -24,7 +24,7 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, short_source, value_name
 from ..inspect.listing import typed_name
 from ..splitting import Plan
-from .session import format_device, format_ranges
+from .session import Gathered, format_device, format_ranges
 
 
 class FindingKind(StrEnum):
@@ -142,10 +142,10 @@ def max_difference(a: np.ndarray, b: np.ndarray) -> float:
                                       - b.astype(np.complex128 if b.dtype.kind == "c" else np.float64)), initial=0))
 
 
-def check_value(session, v: int, array) -> list[Finding]:
-    """The promises of value ``v`` (held as ``array``) checked on every device's block."""
+def check_value(session, v: int, gathered: Gathered) -> list[Finding]:
+    """The promises of value ``v`` checked on every device's block (``gathered``: see ``Session.gathered``)."""
     plan = session.plan
-    blocks = session.device_blocks(v, array, all_processes=True)
+    blocks = gathered.blocks
     findings = []
     groups: dict[tuple, list] = {}
     for block in blocks:
@@ -163,7 +163,7 @@ def check_value(session, v: int, array) -> list[Finding]:
                 f"replicated over {'*'.join(replicated) or 'no mesh axis'}, but {worst.where()} differs from "
                 f"{members[0].where()} (max abs difference {max_difference(first, as_numpy(worst.data)):g}; "
                 f"{len(odd)} of the {len(members)} devices holding this block disagree with the first)"))
-    whole = as_numpy(array)
+    whole = as_numpy(gathered.whole)
     for block in blocks:
         if block.index in differing:
             continue  # already reported; the global value took one of the replicas
@@ -186,8 +186,10 @@ def _replicated_over(plan: Plan, v: int) -> list[str]:
 def check(session) -> list[Finding]:
     """Every broken promise among the values computed so far, in program order (empty when all hold)."""
     findings: list[Finding] = []
-    for v, array in session.computed():
-        findings += check_value(session, v, array)
+    for values in session.computed_by_stage():
+        gathered = session.gathered(values)  # a stage's values at once: one gather on several processes
+        for v in values:
+            findings += check_value(session, v, gathered[v])
     return findings
 
 
@@ -197,20 +199,20 @@ def first_nonfinite(session, arguments: bool = True) -> NonFinite | None:
     plan = session.plan
     graph = plan.graph
     inputs = set(graph.inputs)
-    for v, array in session.computed():
-        if not arguments and v in inputs:
+    for values in session.computed_by_stage():
+        candidates = {v: x for v, x in values.items() if (arguments or v not in inputs) and is_inexact(x.dtype)
+                      and graph.nodes[graph.producer[v]].op != CONSTANT}
+        # Each process looks at its own blocks; only values that hold a non-finite element somewhere are gathered.
+        here = [any(not np.isfinite(as_numpy(s.data)).all() for s in x.addressable_shards)
+                for x in candidates.values()]
+        flagged = {v: x for (v, x), flag in zip(candidates.items(), any_process(here), strict=True) if flag}
+        if not flagged:
             continue
-        if not is_inexact(array.dtype):
-            continue
-        if graph.nodes[graph.producer[v]].op == CONSTANT:
-            continue
-        here = any(not np.isfinite(as_numpy(s.data)).all() for s in array.addressable_shards)
-        if not any_process([here])[0]:  # no process holds one: nothing to gather
-            continue
-        for block in session.device_blocks(v, array, all_processes=True):
-            bad = np.argwhere(~np.isfinite(as_numpy(block.data)))
-            if bad.size:
-                local = tuple(int(i) for i in bad[0])
-                index = tuple(start + i for (start, _), i in zip(block.index, local, strict=True))
-                return NonFinite(Where.of(plan, v), block.device, block.coords, index, block.data[local])
+        for v, gathered in session.gathered(flagged).items():
+            for block in gathered.blocks:
+                bad = np.argwhere(~np.isfinite(as_numpy(block.data)))
+                if bad.size:
+                    local = tuple(int(i) for i in bad[0])
+                    index = tuple(start + i for (start, _), i in zip(block.index, local, strict=True))
+                    return NonFinite(Where.of(plan, v), block.device, block.coords, index, block.data[local])
     return None

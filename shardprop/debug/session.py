@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding
 
 from ..backends import parse_hlo, stage_function
 from ..backends.shard_map import readout_segments, segment_function
-from ..distributed import every_block, in_step
+from ..distributed import assemble, every_block, in_step
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
 from ..expr.graph import PARAMETER, value_name
@@ -68,6 +68,15 @@ class DeviceBlock:
 
     def __str__(self) -> str:
         return f"{self.where()}\n{self.data}"
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """A value as every process sees it after a gather: ``whole`` (NumPy, the global value as JAX places its
+    blocks; PRNG keys as key data) and ``blocks`` (every device's own, replicas kept apart)."""
+
+    whole: np.ndarray
+    blocks: list[DeviceBlock]
 
 
 @dataclass(frozen=True)
@@ -318,19 +327,35 @@ class Session:
         """``array`` (value ``v``) cut into the blocks each device holds, as the plan lays it out: this process's
         devices', or with ``all_processes`` every device's (gathered from the other processes: every process
         must call it, in the same order — the debugger's analyses do)."""
-        layout = self.plan.layout(v)
-        wanted = NamedSharding(self.mesh, layout_to_spec(layout))
-        if not (isinstance(array.sharding, NamedSharding) and array.sharding.mesh == self.mesh
-                and array.sharding.is_equivalent_to(wanted, array.ndim)):
-            with self.in_step(f"blocks of {value_name(v)} (laid out as the plan holds it)"):
-                array = jax.device_put(array, wanted)  # a stage outside shard_map leaves layout to XLA
         if all_processes:
-            with self.in_step(f"blocks of {value_name(v)} from every process"):
-                blocks = every_block(array, self.mesh)
-            held = dict(zip((int(d.id) for d in self.mesh.devices.flat), blocks, strict=True))
-        else:  # another process's devices hold the rest (multi-process)
-            held = {int(s.device.id): s.data for s in array.addressable_shards}
-        index_of = device_blocks(self.mesh, layout)
+            return self.gathered({v: array})[v].blocks
+        array = self.laid_out(v, array)
+        return self._cut(v, {int(s.device.id): s.data for s in array.addressable_shards})
+
+    def gathered(self, values: dict[int, jax.Array]) -> dict[int, Gathered]:
+        """For each ``{value: array}``, its global value and every device's block, on every process: one gather
+        for all of them on several processes (every process must call it, with the same values), none on one."""
+        laid = {v: self.laid_out(v, x) for v, x in values.items()}
+        names = ", ".join(value_name(v) for v in list(laid)[:4]) + (", ..." if len(laid) > 4 else "")
+        with self.in_step(f"blocks of {names} from every process"):
+            blocks = every_block(list(laid.values()), self.mesh)
+        devices = [int(d.id) for d in self.mesh.devices.flat]
+        return {v: Gathered(assemble(x, b), self._cut(v, dict(zip(devices, b, strict=True))))
+                for (v, x), b in zip(laid.items(), blocks, strict=True)}
+
+    def laid_out(self, v: int, array: jax.Array) -> jax.Array:
+        """``array`` on the program's mesh in the layout the plan holds value ``v`` in (a stage outside shard_map
+        leaves its outputs' layout to XLA)."""
+        wanted = NamedSharding(self.mesh, layout_to_spec(self.plan.layout(v)))
+        if isinstance(array.sharding, NamedSharding) and array.sharding.mesh == self.mesh \
+                and array.sharding.is_equivalent_to(wanted, array.ndim):
+            return array
+        with self.in_step(f"blocks of {value_name(v)} (laid out as the plan holds it)"):
+            return jax.device_put(array, wanted)
+
+    def _cut(self, v: int, held: dict[int, Any]) -> list[DeviceBlock]:
+        """The blocks in ``held`` (``{device id: block}``) as DeviceBlocks, in mesh order."""
+        index_of = device_blocks(self.mesh, self.plan.layout(v))
         return [DeviceBlock(d, self._coords[d], self.block_ranges(v, index_of[d]),
                             data if jx.is_extended_dtype(data.dtype) else np.asarray(data))
                 for d, data in ((int(device.id), held.get(int(device.id))) for device in self.mesh.devices.flat)
@@ -354,13 +379,17 @@ class Session:
     def computed(self) -> Iterator[tuple[int, jax.Array]]:
         """``(value, array)`` for every value computed so far, in program order: the arguments, then each stage
         run, node by node. Intermediates not kept are recomputed a stage at a time (one extra compile each)."""
-        yield from zip(self.plan.graph.inputs, self.args, strict=True)
+        for values in self.computed_by_stage():
+            yield from values.items()
+
+    def computed_by_stage(self) -> Iterator[dict[int, jax.Array]]:
+        """:meth:`computed` a group at a time, ``{value: array}`` in program order: the arguments, then each stage
+        run (an analysis gathers a group at once)."""
+        yield dict(zip(self.plan.graph.inputs, self.args, strict=True))
+        graph = self.plan.graph
         for stage in self.stages_run:
             values = self.stage_values(stage)
-            graph = self.plan.graph
-            for n in stage.nodes:
-                for v in graph.nodes[n].outputs:
-                    yield v, values[v]
+            yield {v: values[v] for n in stage.nodes for v in graph.nodes[n].outputs}
 
     def stage_values(self, stage: Stage) -> dict[int, jax.Array]:
         """Every value stage ``stage`` computes (it must have run): kept (``keep="all"``), or read out again."""
