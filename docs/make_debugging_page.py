@@ -233,6 +233,16 @@ if any, and the profile. `--format json` gives the same for tools; `--save-stage
 `continue`, `compare`, `where`, `quit`.
 
 {cli_block([*CLI, "--interactive"], stdin=PROMPT_INPUT)}
+## On several processes
+
+On a mesh that spans several processes (`sp.distributed`), every process steps the same program.
+`dbg.blocks(name)` shows this process's blocks, and `dbg.blocks(name, all_processes=True)` gathers the rest.
+`check`, `compare`, `first_divergence` and `first_nonfinite` gather every device's block and give the same answer
+on every process. Every process must make the same debugger calls in the same order, as it calls the program. A
+call made out of step is an `sp.OutOfStepError` naming it, not a deadlock. `shardprop launch -n 2 -- shardprop
+debug ...` runs the command above on a local cluster, and process 0 prints the report. See
+[distributed.md](distributed.md#the-debugger-on-every-process), with real output.
+
 ## Speed
 
 Stepping compiles every stage on its own — XLA cannot fuse across stages, so stepping a whole program costs

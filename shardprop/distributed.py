@@ -212,15 +212,17 @@ def _every_row(arrays: list, mesh) -> list[np.ndarray]:
 
 def assemble(array, blocks: list) -> np.ndarray:
     """The global value of ``array`` from its devices' ``blocks`` (in ``array.sharding``'s mesh order), each put
-    where JAX's own index map for the array's sharding says (a replica overwrites an equal one): the whole value
-    without another gather, and independent of shardprop's model of where blocks lie. PRNG keys as key data."""
+    where JAX's own index map for the array's sharding says: the whole value without another gather, and independent
+    of shardprop's model of where blocks lie. Where replicas differ, the first in mesh order is taken, as
+    ``np.asarray`` of the array takes it. PRNG keys as key data."""
     import jax
 
     keys = jax.dtypes.issubdtype(array.dtype, jax.dtypes.extended)
     data = [np.asarray(jax.random.key_data(b) if keys else b) for b in blocks]
     out = np.empty(array.shape + data[0].shape[array.ndim:], data[0].dtype)
     where = array.sharding.devices_indices_map(array.shape)
-    for device, block in zip(array.sharding.mesh.devices.flat, data, strict=True):
+    placed = list(zip(array.sharding.mesh.devices.flat, data, strict=True))
+    for device, block in reversed(placed):  # the first replica written last: it is the one kept
         out[where[device]] = block
     return out
 
