@@ -3,13 +3,20 @@ shardings. Reports per workload the collective bytes per device from both compil
 runtime ratio over interleaved runs (these 2-core machines are noisy: read ratios, not absolute times).
 
     python benchmarks/vs_jit.py [--repeats 30]
+
+Then the per-call overhead at a small size: a cached call of a Program and of an autoshard function against the
+same function under ``jax.jit`` with the same in_shardings, for arguments already placed and for NumPy arrays.
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import statistics
+import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's examples/, from anywhere
 
 import jax
 
@@ -78,6 +85,34 @@ def main() -> None:
             ratio = statistics.median(ours) / statistics.median(theirs)
             print(f"{name:24} {strategy:10} {comparison.shardprop_bytes:>15.0f} {comparison.jit_bytes:>10.0f} "
                   f"{ratio:>10.2f}")
+
+
+    call_overhead(mesh, args.repeats)
+
+
+def call_overhead(mesh, repeats: int, calls: int = 100) -> None:
+    """Median microseconds per call (blocking on each) at a small size, interleaved rounds of ``calls`` calls."""
+    print(f"\nper-call overhead, nx_example 16x8, {repeats} interleaved rounds of {calls} calls, median us per call")
+    print(f"{'arguments':10} {'jax.jit':>8} {'Program':>8} {'ratio':>6} {'autoshard':>10} {'ratio':>6}")
+    a = np.linspace(-1, 1, 128, dtype=np.float32).reshape(16, 8)
+    sharding = NamedSharding(mesh, P("i", "j"))
+    fs = sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), P("i", "j")))
+    placed = (jax.device_put(a, sharding), jax.device_put(a + 1, sharding))
+    functions = {"jit": jax.jit(nx_example, in_shardings=(sharding, sharding)), "program": fs.trace(*placed),
+                 "autoshard": fs}
+    for kind, args in (("jax.Array", placed), ("NumPy", (a, a + 1))):
+        per_call = {name: [] for name in functions}
+        for f in functions.values():
+            for _ in range(20):
+                jax.block_until_ready(f(*args))
+        for _ in range(repeats):
+            for name, f in functions.items():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    jax.block_until_ready(f(*args))
+                per_call[name].append((time.perf_counter() - start) / calls * 1e6)
+        jit, prog, auto = (statistics.median(per_call[n]) for n in ("jit", "program", "autoshard"))
+        print(f"{kind:10} {jit:>8.0f} {prog:>8.0f} {prog / jit:>6.2f} {auto:>10.0f} {auto / jit:>6.2f}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from .expr import jax_adapter as jx
 from .expr import trace
 from .mesh import as_auto_mesh
 from .expr.trace import abstractify
-from .program import Program, lower
+from .program import HotPathMiss, Program, lower
 from .propagation import propagate
 from .splitting import split
 
@@ -51,6 +51,7 @@ class AutoSharded:
         self.out_specs, self.conflicts = out_specs, conflicts
         self.convention = Convention.of(static_argnums, static_argnames, donate_argnums, donate_argnames, fun=f)
         self._programs: dict[Any, Program] = {}
+        self._last: Program | None = None  # the program of the last call: the next is most likely the same
         functools.update_wrapper(self, f)
 
     def trace(self, *args, **kwargs) -> Program:
@@ -77,7 +78,15 @@ class AutoSharded:
         return program
 
     def __call__(self, *args, **kwargs):
-        return self.trace(*args, **kwargs)(*args, **kwargs)
+        last = self._last
+        if last is not None and not kwargs:  # the common case: called again as last time, straight into jax.jit
+            try:
+                return last.call_hot(args, weak_types=True)
+            except HotPathMiss:
+                pass
+        program = self.trace(*args, **kwargs)
+        self._last = program
+        return program(*args, **kwargs)
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` of the program for these arguments."""

@@ -25,6 +25,10 @@ from .splitting import Plan
 from .splitting.cost import Transfer, estimate
 
 
+class HotPathMiss(Exception):
+    """The call cannot take the hot path (``Program.call_hot``); the checked path takes it."""
+
+
 class Program:
     """A compiled plan. Call it like the original function; ``lower`` gives JAX's ``Lowered``.
 
@@ -41,7 +45,9 @@ class Program:
         self.stages = StageTable(plan)
         self._stage_fns = [stage_function(plan, stage, mesh) for stage in plan.stages]
         self._jitted_stages: dict[int, object] = {}
-        self._jitted = jax.jit(program_function(plan, self._stage_fns))
+        self._program_fn = program_function(plan, self._stage_fns)
+        self._jitted = jax.jit(self._program_fn)
+        self._hot: dict[bool, object] = {}  # the hot path (see call_hot), made on the first call that takes it
         self.donated: tuple[int, ...] = ()  # argument leaves donated to the whole-program jit
         # How to differentiate it when its graph inlined custom derivative rules (see derivatives.py): set by
         # autoshard, which knows the function; None otherwise.
@@ -49,9 +55,11 @@ class Program:
         graph = plan.graph
         self._in_avals = tuple(graph.avals[v] for v in graph.inputs)
         self._in_shardings = tuple(NamedSharding(mesh, spec) for spec in plan.sharded.in_specs)
+        self._hot_shardings = jax.tree_util.tree_unflatten(graph.in_tree, self._in_shardings)  # one per argument
         # How an autoshard function traced it (keyword or static arguments), or None: traced on ``*args``.
         self.traced: Traced | None = None
-        self._plan_agreed = jax.process_count() == 1
+        self._single_process = jax.process_count() == 1
+        self._plan_agreed = self._single_process
 
     def donate(self, leaves: tuple[int, ...]) -> None:
         """Donate these argument leaves (flat indices) to the whole-program jit, as ``jax.jit``'s
@@ -59,7 +67,7 @@ class Program:
         leaves = tuple(sorted(set(leaves)))
         if leaves != self.donated:
             self.donated = leaves
-            self._jitted = jax.jit(program_function(self.plan, self._stage_fns), donate_argnums=leaves)
+            self._jitted = jax.jit(self._program_fn, donate_argnums=leaves)
 
     @property
     def sharded(self) -> ShardedGraph:
@@ -141,6 +149,58 @@ class Program:
             self._plan_agreed = True
 
     def __call__(self, *args, **kwargs):
+        if not kwargs:
+            try:
+                return self.call_hot(args)
+            except HotPathMiss:
+                pass
+        return self._checked_call(args, kwargs)
+
+    def call_hot(self, args: tuple, weak_types: bool = False):
+        """The call on the hot path — ``jax.jit`` of the call's own arguments with the program's ``in_shardings``,
+        so JAX's C++ dispatch checks the arguments' types and places them, and a call costs what a ``jax.jit`` call
+        costs — or :class:`HotPathMiss`, and the checked path (``__call__``) takes the call and raises its errors.
+        It runs the traced call only: another signature (with ``weak_types``, another weak type too) raises while
+        tracing, and ``jax.jit`` refuses an argument laid out otherwise (the checked path moves it). Calls with
+        tracers (a transformation: derivative rules), donated leaves, an Explicit user mesh, keyword or static
+        arguments, an unchecked plan on several processes, or host arrays there (the checked path makes sure they
+        are the same on every process) take the checked path."""
+        if not (self._plan_agreed and not self.donated and self.user_mesh is self.mesh and self.traced is None):
+            raise HotPathMiss
+        several = not self._single_process
+        for x in jax.tree_util.tree_leaves(args):
+            if jx.is_traced(x) or (several and not isinstance(x, jax.Array)):
+                raise HotPathMiss
+        jitted = self._hot.get(weak_types)
+        if jitted is None:
+            jitted = self._hot[weak_types] = jax.jit(self._traced_call(weak_types),
+                                                     in_shardings=tuple(self._hot_shardings))
+        try:
+            return jitted(*args)
+        except Exception as err:  # noqa: BLE001 -- not the traced call, or a failure: the checked path says which
+            raise HotPathMiss from err
+
+    def _traced_call(self, weak_types: bool):
+        """The program as a function of the call's own arguments, refusing at trace time any other signature."""
+        graph = self.plan.graph
+        want = [(tuple(a.shape), a.dtype) for a in self._in_avals]
+        if weak_types:
+            want = [(*w, weak) for w, weak in zip(want, graph.weak_inputs, strict=True)]
+
+        def traced_call(*args):
+            leaves, tree = jax.tree_util.tree_flatten(args)
+            got = [(tuple(x.shape), jx.as_dtype(x.dtype)) + ((bool(jax.typeof(x).weak_type),) if weak_types else ())
+                   for x in leaves]
+            if tree != graph.in_tree or got != want:
+                raise HotPathMiss
+            leaves = [jx.with_weak_type(x, w) for x, w in zip(leaves, graph.weak_inputs, strict=True)]
+            return jax.tree_util.tree_unflatten(graph.out_tree, self._program_fn(*leaves))
+
+        return traced_call
+
+    def _checked_call(self, args: tuple, kwargs: dict):
+        """A call through the checks: arguments checked against the traced ones and placed in Python, derivative
+        rules, donations, the user's Explicit mesh. Every error a call can raise is raised here."""
         placed = self.placed_args(args, kwargs)
         self.agree_on_plan()
         self._check_donations(placed)

@@ -110,3 +110,54 @@ def test_an_annotated_argument_passed_by_keyword_is_refused_as_jit_refuses_it(me
     with pytest.raises(sp.SpecTreeError, match=r"the call at test_calling.py:\d+ passes 0 positionally"):
         fs(a=X, n=2)
     np.testing.assert_allclose(np.asarray(fs(X, n=2)), X * 2)
+
+
+# -- the hot path (issue #17): a cached call goes straight into jax.jit with in_shardings -------------------------
+
+def _counting_checked_calls(monkeypatch):
+    from shardprop.program import Program
+
+    calls = []
+    real = Program._checked_call
+    monkeypatch.setattr(Program, "_checked_call", lambda self, args, kwargs: calls.append(1) or real(self, args, kwargs))
+    return calls
+
+
+def test_a_call_as_traced_takes_the_hot_path_and_equals_the_unsharded_function(monkeypatch, mesh):
+    calls = _counting_checked_calls(monkeypatch)
+    fs = sp.autoshard(sgd_step, mesh=mesh, in_specs=SPECS)
+    w, x = placed(mesh, W0, SPECS[0]), placed(mesh, X, SPECS[1])
+    prog = fs.trace(w, x)
+    for f, args in ((fs, (w, x)), (fs, (W0, X)), (prog, (w, x)), (prog, (W0, X))):
+        for _ in range(2):
+            new_w, total = f(*args)
+            np.testing.assert_allclose(np.asarray(new_w), WANT[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(float(total), float(WANT[1]), rtol=1e-6)
+            assert new_w.sharding.spec == P(None, "j")
+    assert calls == []  # NumPy or placed arrays: JAX's dispatch places them; no Python checks
+
+
+def test_calls_the_hot_path_cannot_take_are_checked_and_still_right(monkeypatch, mesh):
+    calls = _counting_checked_calls(monkeypatch)
+    fs = sp.autoshard(sgd_step, mesh=mesh, in_specs=SPECS)
+    prog = fs.trace(W0, X)
+    transposed = placed(mesh, X, P("j", "i"))  # laid out otherwise: jax.jit refuses it, the checked path moves it
+    np.testing.assert_allclose(np.asarray(prog(W0, transposed)[0]), WANT[0], rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1
+    with pytest.raises(sp.InputMismatchError, match=r"argument leaf 1: got f32\[8,8\], traced with f32\[16,8\]"):
+        prog(W0, X[:8])  # another shape: the same error as before there was a hot path
+    np.testing.assert_allclose(np.asarray(fs(W0, X[:8])[0]), np.asarray(sgd_step(W0, X[:8])[0]), rtol=1e-5,
+                               atol=1e-6)  # the autoshard function traces the new shape
+    assert np.asarray(jax.grad(lambda w: fs(w, X)[1] + jnp.sum(fs(w, X)[0]))(W0)).shape == (8, 8)  # tracers
+
+
+def test_the_hot_path_keeps_weak_types_apart_as_jit_does(mesh):
+    fs = sp.autoshard(lambda x, s: x * s, mesh=mesh, in_specs=(P("i"), None))
+    x = np.ones(16, np.float32)
+    weak = fs(x, 2.0)  # a Python float is weakly typed: its own program
+    strong = fs(x, np.float32(2.0))
+    again = fs(x, 3.0)
+    assert len(fs._programs) == 2
+    np.testing.assert_allclose(np.asarray(again), 3.0 * x)
+    assert weak.dtype == strong.dtype == again.dtype == jnp.float32
+    assert jax.typeof(strong).weak_type == jax.typeof(jax.jit(lambda x, s: x * s)(x, np.float32(2.0))).weak_type
