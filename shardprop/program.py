@@ -49,6 +49,7 @@ class Program:
         self._jitted = jax.jit(self._program_fn)
         self._hot: dict[bool, object] = {}  # the hot path (see call_hot), made on the first call that takes it
         self.donated: tuple[int, ...] = ()  # argument leaves donated to the whole-program jit
+        self._hot_donated: tuple[int, ...] | None = ()  # the arguments the hot path donates (None: it cannot)
         # How to differentiate it when its graph inlined custom derivative rules (see derivatives.py): set by
         # autoshard, which knows the function; None otherwise.
         self.derivatives = None
@@ -68,6 +69,15 @@ class Program:
         if leaves != self.donated:
             self.donated = leaves
             self._jitted = jax.jit(self._program_fn, donate_argnums=leaves)
+            self._hot = {}
+            # The hot path donates whole arguments (jax.jit's donate_argnums): where the donated leaves are exactly
+            # some arguments' leaves, those arguments; otherwise donated calls stay on the checked path.
+            counts = [child.num_leaves for child in self.plan.graph.in_tree.children()]
+            starts = [sum(counts[:k]) for k in range(len(counts))]
+            whole = tuple(k for k, (start, n) in enumerate(zip(starts, counts, strict=True))
+                          if n and set(range(start, start + n)) <= set(leaves))
+            covered = {leaf for k in whole for leaf in range(starts[k], starts[k] + counts[k])}
+            self._hot_donated = whole if covered == set(leaves) else None
 
     @property
     def sharded(self) -> ShardedGraph:
@@ -162,23 +172,41 @@ class Program:
         costs — or :class:`HotPathMiss`, and the checked path (``__call__``) takes the call and raises its errors.
         It runs the traced call only: another signature (with ``weak_types``, another weak type too) raises while
         tracing, and ``jax.jit`` refuses an argument laid out otherwise (the checked path moves it). Calls with
-        tracers (a transformation: derivative rules), donated leaves, an Explicit user mesh, keyword or static
-        arguments, an unchecked plan on several processes, or host arrays there (the checked path makes sure they
-        are the same on every process) take the checked path."""
-        if not (self._plan_agreed and not self.donated and self.user_mesh is self.mesh and self.traced is None):
+        tracers (a transformation: derivative rules), an Explicit user mesh, keyword or static arguments, an
+        unchecked plan on several processes, host arrays there (the checked path makes sure they are the same on
+        every process), and donated leaves that are not whole arguments, not laid out as the program takes them
+        (the checked path copies them into place and invalidates them) or passed twice take the checked path."""
+        if not (self._plan_agreed and self._hot_donated is not None and self.user_mesh is self.mesh
+                and self.traced is None):
             raise HotPathMiss
         several = not self._single_process
-        for x in jax.tree_util.tree_leaves(args):
+        leaves = jax.tree_util.tree_leaves(args)
+        for x in leaves:
             if jx.is_traced(x) or (several and not isinstance(x, jax.Array)):
                 raise HotPathMiss
+        if self.donated and not self._donated_in_place(leaves):
+            raise HotPathMiss
         jitted = self._hot.get(weak_types)
         if jitted is None:
             jitted = self._hot[weak_types] = jax.jit(self._traced_call(weak_types),
-                                                     in_shardings=tuple(self._hot_shardings))
+                                                     in_shardings=tuple(self._hot_shardings),
+                                                     donate_argnums=self._hot_donated)
         try:
             return jitted(*args)
         except Exception as err:  # noqa: BLE001 -- not the traced call, or a failure: the checked path says which
             raise HotPathMiss from err
+
+    def _donated_in_place(self, leaves: list) -> bool:
+        """Every donated leaf is an array laid out as the program takes it, passed once: ``jax.jit`` donates its
+        buffer as it is (no copy that the checked path would have to invalidate)."""
+        if len(leaves) != len(self._in_shardings):
+            return False
+        donated = [leaves[k] for k in self.donated]
+        if any(not isinstance(x, jax.Array) or x.sharding != self._in_shardings[k]
+               for x, k in zip(donated, self.donated, strict=True)):
+            return False
+        ids = [id(x) for x in leaves]
+        return all(ids.count(id(x)) == 1 for x in donated)
 
     def _traced_call(self, weak_types: bool):
         """The program as a function of the call's own arguments, refusing at trace time any other signature."""

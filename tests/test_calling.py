@@ -119,7 +119,8 @@ def _counting_checked_calls(monkeypatch):
 
     calls = []
     real = Program._checked_call
-    monkeypatch.setattr(Program, "_checked_call", lambda self, args, kwargs: calls.append(1) or real(self, args, kwargs))
+    monkeypatch.setattr(Program, "_checked_call",
+                        lambda self, args, kwargs: calls.append(1) or real(self, args, kwargs))
     return calls
 
 
@@ -161,3 +162,18 @@ def test_the_hot_path_keeps_weak_types_apart_as_jit_does(mesh):
     np.testing.assert_allclose(np.asarray(again), 3.0 * x)
     assert weak.dtype == strong.dtype == again.dtype == jnp.float32
     assert jax.typeof(strong).weak_type == jax.typeof(jax.jit(lambda x, s: x * s)(x, np.float32(2.0))).weak_type
+
+
+def test_a_donating_training_loop_takes_the_hot_path_with_jits_donation(monkeypatch, mesh):
+    calls = _counting_checked_calls(monkeypatch)
+    fs = sp.autoshard(sgd_step, mesh=mesh, in_specs=SPECS, donate_argnums=0)
+    w, x = placed(mesh, W0, SPECS[0]), placed(mesh, X, SPECS[1])
+    want_w = W0
+    for _ in range(3):  # the output takes the donated input's place, laid out as the program takes it
+        previous, (w, _) = w, fs(w, x)
+        want_w = sgd_step(want_w, X)[0]
+        assert previous.is_deleted() and not x.is_deleted()
+    np.testing.assert_allclose(np.asarray(w), want_w, rtol=1e-5, atol=1e-6)
+    assert calls == []  # placed as the program takes them: every call, the first too, on the hot path
+    with pytest.raises(sp.InputMismatchError, match="donated, and the same array is also passed"):
+        sp.autoshard(lambda a, b: a * 2 + b, mesh=mesh, in_specs=(P("i"), P("i")), donate_argnums=0)(x, x)
