@@ -81,6 +81,14 @@ def finish_contraction(decisions, node: Node):
     """Contracting axes sharded alike on both sides (or on one side, the other replicated there and cut
     locally): each device multiplies its blocks and a ``psum`` adds the partial products."""
     (lhs_c, rhs_c), _ = node.params["dimension_numbers"]
+    return finish_summed_pairs(decisions, node, lhs_c, rhs_c)
+
+
+def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c):
+    """The finish of a bilinear op that sums over paired axes of its two operands (``lhs_c[k]`` with
+    ``rhs_c[k]``: a contraction's contracting axes, a convolution's input features): where they are sharded
+    alike (or on one side only), each device computes on its blocks and a ``psum`` over those mesh axes adds
+    the partial results. None where a mesh axis would shard two axes of an operand or one of the output."""
     lhs, rhs = node.operands
     lhs_have, rhs_have = decisions.layout(lhs), decisions.layout(rhs)
     lhs_need, rhs_need = (list(n) for n in decisions.needs(node.id))

@@ -7,6 +7,11 @@ that differentiate a max-pool (their operands merge on those axes).
 
 Lineage: a window reduction's output reads the windows it covers; a convolution reads whole spatial and
 input-feature axes, and a scatter into windows the windows that overlap the box (sound, not exact).
+
+Finish: a convolution sums over the input-feature axes of its two operands, so where both are sharded alike
+each device convolves its blocks and a ``psum`` adds the partial results, as for a contraction. That is the
+kernel gradient of a data-parallel convolution: JAX transposes the batch axis into the input-feature position,
+and the small kernel-shaped result is all-reduced instead of the batch-sharded activations being gathered.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from ..backends.blocks import bind_as_is
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import TensorSharding
+from .contractions import finish_summed_pairs
 from .opdef import Family, Linearity, OpDef, defs
 
 
@@ -34,6 +40,15 @@ def conv_general_dilated(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShard
     lhs_need[lhs_spec[0]] = out.layout[out_spec[0]]
     rhs_need[rhs_spec[0]] = out.layout[out_spec[1]]
     return RuleOutput((out,), (tuple(lhs_need), tuple(rhs_need)))
+
+
+def finish_convolution(decisions, node):
+    """The input-feature axes (``lhs_spec[1]``, ``rhs_spec[1]``) summed per block and finished by a ``psum`` (see
+    :func:`~.contractions.finish_summed_pairs`); not with feature or batch groups, whose features pair by group."""
+    if node.params["feature_group_count"] != 1 or node.params["batch_group_count"] != 1:
+        return None
+    lhs_spec, rhs_spec, _ = node.params["dimension_numbers"]
+    return finish_summed_pairs(decisions, node, (lhs_spec[1],), (rhs_spec[1],))
 
 
 def conv_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, feature_group_count=1,
@@ -144,7 +159,7 @@ def select_and_gather_lineage(ctx: LineageContext, box: Box, output: int, *, win
 
 OPS = [
     OpDef("conv_general_dilated", Family.WINDOW, propagate=conv_general_dilated, lineage=conv_lineage,
-          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
+          lineage_exact=False, per_block=bind_as_is, finish=finish_convolution, pull=None, linear=Linearity.NONE),
     *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
           propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None, linear=Linearity.NONE),

@@ -4,11 +4,13 @@ psum/pmax/pmin — same results as the unsharded function, fewer stages, all-red
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from tests.functions import nx_example
-from tests.conftest import assert_same_as_unsharded, random_args
+from tests.conftest import MESH_SHAPES, assert_same_as_unsharded, random_args
 from tests.test_workloads import WORKLOADS
 
 
@@ -165,3 +167,86 @@ def test_max_and_min_finishes_keep_nan_and_signed_zero_as_jnp_does(name, f, spec
         got, want = np.asarray(fs(x)), np.asarray(f(jnp.asarray(x)))
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def _conv(x, k, groups=1):
+    from jax import lax
+
+    return lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                    feature_group_count=groups)
+
+
+def _conv_loss(k, x):
+    return jnp.mean(jnp.tanh(_conv(x, k)) ** 2)
+
+
+@pytest.mark.parametrize("strategy", ["collective", "auto"])
+def test_a_convolutions_kernel_gradient_over_a_sharded_batch_is_all_reduced_not_gathered(strategy, meshes):
+    """JAX computes the kernel gradient as a convolution whose input-feature axis is the batch: with the batch
+    sharded, each device convolves its rows and one all-reduce of the small kernel-shaped result finishes it (as
+    jax.jit does), instead of gathering the batch-sharded activations (issue #17: 59x jit's bytes on a flax
+    BatchNorm+conv train step)."""
+    import jax
+
+    k, x = random_args([((3, 3, 3, 8), np.float32), ((16, 12, 12, 3), np.float32)])
+    grad = jax.grad(_conv_loss)
+    prog = assert_same_as_unsharded(grad, (k, x), mesh=meshes["8"], in_specs=(P(), P("i")), strategy=strategy)
+    assert [(t.kind, t.shape) for t in prog.communication()] == [("all-reduce", (3, 3, 3, 8))]
+    assert "all-gather" not in prog.hlo()
+    assert any(c.kind == "psum" and c.mesh_axes == ("i",) for c in prog.plan.collectives.values())
+    comparison = sp.compare_with_jit(grad, meshes["8"], (P(), P("i")), k, x, strategy=strategy)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes
+
+
+@pytest.mark.parametrize("mesh_name,x_spec,k_spec", [
+    ("4x2", P("i", None, None, "j"), P(None, None, "j", None)),      # input channels over j, batch over i
+    ("2x2x2", P(None, None, None, ("j", "k")), P(None, None, ("j", "k"), "i")),  # and output channels over i
+])
+def test_a_convolution_over_sharded_input_channels_sums_its_blocks(mesh_name, x_spec, k_spec, meshes):
+    x, k = random_args([((8, 10, 10, 8), np.float32), ((3, 3, 8, 4), np.float32)])
+    prog = assert_same_as_unsharded(_conv, (x, k), mesh=meshes[mesh_name], in_specs=(x_spec, k_spec),
+                                    strategy="collective")
+    assert [t.kind for t in prog.communication()] == ["all-reduce"]
+
+
+def test_a_grouped_convolution_keeps_its_features_whole(meshes):
+    """With feature groups, input features pair with kernel features group by group: no per-block sum."""
+    x, k = random_args([((8, 10, 10, 8), np.float32), ((3, 3, 1, 8), np.float32)])
+    prog = assert_same_as_unsharded(lambda x, k: _conv(x, k, groups=8), (x, k), mesh=meshes["4x2"],
+                                    in_specs=(P("i", None, None, "j"), P()), strategy="collective")
+    assert not prog.plan.collectives
+
+
+@st.composite
+def _sharded_convolutions(draw):
+    """A convolution (or its kernel gradient) with its batch, input and output channels sharded over random
+    mesh axes (each mesh axis used once), channel counts divisible by what shards them."""
+    mesh_name = draw(st.sampled_from(["8", "4x2", "2x2x2"]))
+    sizes, names = MESH_SHAPES[mesh_name]
+    size_of = dict(zip(names, sizes, strict=True))
+    free = list(names)
+    groups = []
+    for _ in range(3):  # batch, input channels, output channels
+        take = draw(st.lists(st.sampled_from(free), unique=True, max_size=len(free))) if free else []
+        free = [n for n in free if n not in take]
+        groups.append(tuple(take))
+    count = [int(np.prod([size_of[n] for n in g])) if g else 1 for g in groups]
+    batch, cin, cout = (c * draw(st.integers(1, 2)) for c in count)
+    entry = [g if len(g) > 1 else (g[0] if g else None) for g in groups]
+    x_spec, k_spec = P(entry[0], None, None, entry[1]), P(None, None, entry[1], entry[2])
+    return mesh_name, (batch, 6, 6, cin), (3, 3, cin, cout), x_spec, k_spec, draw(st.booleans())
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(_sharded_convolutions(), st.sampled_from(["gather", "collective", "auto"]))
+def test_random_sharded_convolutions_and_kernel_gradients_equal_the_unsharded_ones(case, strategy):
+    import jax
+
+    mesh_name, x_shape, k_shape, x_spec, k_spec, gradient = case
+    x, k = random_args([(x_shape, np.float32), (k_shape, np.float32)])
+    mesh = sp.make_mesh(*MESH_SHAPES[mesh_name])
+    if gradient:
+        assert_same_as_unsharded(jax.grad(_conv_loss), (k, x), mesh=mesh, in_specs=(k_spec, x_spec),
+                                 strategy=strategy, rtol=1e-4, atol=1e-6)
+    else:
+        assert_same_as_unsharded(_conv, (x, k), mesh=mesh, in_specs=(x_spec, k_spec), strategy=strategy)
