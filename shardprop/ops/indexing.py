@@ -55,21 +55,36 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
 
 def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, updates: TensorSharding, *,
             dimension_numbers, **params) -> RuleOutput:
-    """An operand axis that is not indexed and that the update windows cover whole keeps its sharding,
-    merged with the matching update window axis; every other axis, the updates' scatter axes and the
-    indices are needed whole."""
+    """An operand axis that is not indexed and that the update windows cover whole keeps its sharding, merged
+    with the matching update window axis. Operand batching axes pair with the indices' batching axes and the
+    updates' matching scatter axes, as ``gather``'s do: batch ``b`` of the updates lands only in batch ``b`` of
+    the operand, so each device scatters its batch rows into its own (the gradient of ``take_along_axis``, of an
+    integer-label cross-entropy). Every other axis, the other index axes and the index vectors are needed whole."""
     dn = dimension_numbers
     axes: list = [None] * len(operand.shape)
     updates_need = [()] * len(updates.shape)
+    indices_need = [()] * len(indices.shape)
+    # The updates' scatter axes (those not in a window) follow the indices' axes but the index vector (last).
+    update_scatter = [u for u in range(len(updates.shape)) if u not in dn.update_window_dims]
+    pairs = [(o, i, update_scatter[i]) for o, i in
+             zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims, strict=True)
+             if i < len(update_scatter)]
+    for o, i, u in pairs:
+        axes[o] = ctx.merge(o, operand.shape[o], [operand.axes[o], indices.axes[i], updates.axes[u]])
+    used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
     window = [k for k in range(len(operand.shape))
               if k not in dn.inserted_window_dims and k not in dn.operand_batching_dims]
     for k, u in zip(window, dn.update_window_dims, strict=True):
         if k not in dn.scatter_dims_to_operand_dims and updates.shape[u] == operand.shape[k]:
-            axes[k] = ctx.merge(k, operand.shape[k], [operand.axes[k], updates.axes[u]])
+            merged = ctx.merge(k, operand.shape[k], [operand.axes[k], updates.axes[u]])
+            if not (isinstance(merged, Sharded) and used & set(merged.mesh_axes)):
+                axes[k] = merged
     out = TensorSharding(operand.shape, tuple(axes))
     for k, u in zip(window, dn.update_window_dims, strict=True):
         updates_need[u] = out.layout[k]
-    return RuleOutput((out,), (out.layout, ((),) * len(indices.shape), tuple(updates_need)))
+    for o, i, u in pairs:
+        indices_need[i] = updates_need[u] = out.layout[o]
+    return RuleOutput((out,), (out.layout, tuple(indices_need), tuple(updates_need)))
 
 
 def gather_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, slice_sizes, **params):

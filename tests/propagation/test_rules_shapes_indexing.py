@@ -224,3 +224,33 @@ def test_scan_is_sharded_through_when_the_body_needs_no_gather(mesh_name, specs,
     assert not prog.graph.fallbacks and len(prog.stages) == 1
     (node,) = [n for n in prog.graph.graph.nodes if n.op == "scan"]
     assert node.id in prog.graph.bodies
+
+
+def _cross_entropy(logits, labels):
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+
+@pytest.mark.parametrize("mesh_name", ["8", "4x2"])
+@pytest.mark.parametrize("strategy", ["gather", "auto"])
+def test_a_batched_scatter_pairs_its_batch_axes_as_gather_does(mesh_name, strategy, meshes):
+    """The gradient of an integer-label cross-entropy scatters each row's cotangent into that row: with the batch
+    sharded, each device scatters its rows into its own (issue #17: the batch was gathered and the result
+    replicated); jax.jit moves nothing here either."""
+    logits = random_args([((16, 10), np.float32)])[0]
+    labels = (np.arange(16) * 7 % 10).astype(np.int32)
+    grad = jax.grad(_cross_entropy)
+    prog = assert_same_as_unsharded(grad, (logits, labels), mesh=meshes[mesh_name], in_specs=(P("i"), P("i")),
+                                    strategy=strategy)
+    assert prog.communication() == [] and prog.graph.out_specs == (P("i"),)
+
+
+def test_a_vmapped_scatter_with_several_index_axes_stays_sharded_over_the_batch(meshes):
+    def add_rows(x, idx, u):  # per example: x[idx[k]] += u[k] for every k (repeats accumulate)
+        return x.at[idx].add(u)
+
+    f = jax.vmap(add_rows)
+    x, u = random_args([((8, 6, 4), np.float32), ((8, 5, 4), np.float32)])
+    idx = (np.arange(40).reshape(8, 5) * 3 % 6).astype(np.int32)
+    prog = assert_same_as_unsharded(f, (x, idx, u), mesh=meshes["4x2"], in_specs=(P("i", None, "j"), P("i"),
+                                                                                  P("i", None, "j")))
+    assert prog.communication() == [] and prog.graph.out_specs == (P("i", None, "j"),)
