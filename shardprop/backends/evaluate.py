@@ -49,6 +49,10 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
                 have = received_layout(view.layout(v), need)
                 x = received[(v, have)]
             invals.append(local_slice(x, have, need, mesh_shape))
+        collective = view.collective(node_id)
+        if collective is not None:  # operands the finishing sum must count once: on each group's first device
+            invals = [first_device_only(x, collective.mesh_axes, mesh_shape) if k in collective.once else x
+                      for k, x in enumerate(invals)]
         computed = [view.computed_layout(v) for v in node.outputs]
         blocks = Blocks(
             in_global=tuple(graph.avals[v].shape for v in node.operands),
@@ -68,7 +72,6 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
             raise LoweringError(
                 f"evaluating `{node.op}` at {node.source} on per-device blocks failed: "
                 f"{type(err).__name__}: {err}") from err
-        collective = view.collective(node_id)
         if collective is not None:
             outs = finish(node, invals, outs, collective, mesh_shape)
         local.update(zip(node.outputs, outs, strict=True))

@@ -12,6 +12,7 @@ from ..backends.blocks import Blocks, bind_as_is, bind_with
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Sharded, TensorSharding
+from ..splitting.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef, defs
 
 SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max")
@@ -87,6 +88,37 @@ def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, 
     return RuleOutput((out,), (out.layout, tuple(indices_need), tuple(updates_need)))
 
 
+def finish_scatter_add(decisions, node):
+    """A scatter-add (or -sub) is linear in its updates: with the updates' scattered rows (and their index
+    vectors) sharded, each device scatters its rows into the operand and a ``psum`` adds the results — the
+    gradient of an embedding lookup over a sharded batch, all-reduced instead of its rows gathered. The operand
+    is counted once (taken on each group's first device). Not where a mesh axis would then shard two axes."""
+    dn = node.params["dimension_numbers"]
+    _, indices, updates = node.operands
+    indices_have, updates_have = decisions.layout(indices), decisions.layout(updates)
+    operand_need, indices_need, updates_need = (list(n) for n in decisions.needs(node.id))
+    update_scatter = [u for u in range(len(updates_have)) if u not in dn.update_window_dims]
+    mesh_axes: list[str] = []
+    for i, u in enumerate(update_scatter):
+        if i in dn.scatter_indices_batching_dims:
+            continue  # paired with the operand's batch: local already
+        have_i, have_u = indices_have[i], updates_have[u]
+        if have_i and have_u and have_i != have_u:
+            return None
+        names = have_i or have_u
+        indices_need[i] = updates_need[u] = names
+        mesh_axes.extend(names)
+    if not mesh_axes:
+        return None
+    summed = set(mesh_axes)
+    for need, own in ((operand_need, ()), (indices_need, range(len(update_scatter))),
+                      (updates_need, update_scatter)):
+        if summed & {name for k, m in enumerate(need) if k not in own for name in m}:
+            return None  # a mesh axis would shard two axes of one operand, or the output
+    return (tuple(operand_need), tuple(indices_need), tuple(updates_need)), \
+        Collective(CollectiveKind.PSUM, tuple(mesh_axes), once=(0,))
+
+
 def gather_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, slice_sizes, **params):
     """Each output batch element reads its own index vector; the operand axes the indices choose a start on
     may be read anywhere, the others are read where the output box says (a window that starts at 0, or a
@@ -139,6 +171,9 @@ def _gather_block_params(params, blocks: Blocks) -> dict:
 OPS = [
     OpDef("gather", Family.INDEXING, propagate=gather, lineage=gather_lineage, lineage_exact=False,
           per_block=bind_with(_gather_block_params), finish=None, pull=None, linear=Linearity.NONE),
-    *defs(SCATTERS, Family.INDEXING,propagate=scatter, lineage=scatter_lineage, lineage_exact=False,
-          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
+    *defs(("scatter-add", "scatter-sub"), Family.INDEXING, propagate=scatter, lineage=scatter_lineage,
+          lineage_exact=False, per_block=bind_as_is, finish=finish_scatter_add, pull=None, linear=Linearity.NONE),
+    *defs(tuple(op for op in SCATTERS if op not in ("scatter-add", "scatter-sub")), Family.INDEXING,
+          propagate=scatter, lineage=scatter_lineage, lineage_exact=False, per_block=bind_as_is, finish=None,
+          pull=None, linear=Linearity.NONE),
 ]

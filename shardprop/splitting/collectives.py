@@ -48,6 +48,9 @@ class Collective:
     dimension: int | None = None
     # The outputs (by position) it finishes; None: all of them. A loop finishes only the carries it kept partial.
     outputs: tuple[int, ...] | None = None
+    # Operands (by position) the sum must count once: each group takes them on its first device, zero on the others
+    # (a scatter-add's operand, to which every device adds its own updates).
+    once: tuple[int, ...] = ()
 
     def finishes(self, position: int) -> bool:
         return self.outputs is None or position in self.outputs
