@@ -29,6 +29,10 @@ class HotPathMiss(Exception):
     """The call cannot take the hot path (``Program.call_hot``); the checked path takes it."""
 
 
+def _raise(err: Exception):
+    raise err
+
+
 class Program:
     """A compiled plan. Call it like the original function; ``lower`` gives JAX's ``Lowered``.
 
@@ -194,6 +198,10 @@ class Program:
         try:
             return jitted(*args)
         except Exception as err:  # noqa: BLE001 -- not the traced call, or a failure: the checked path says which
+            if any(leaves[k].is_deleted() for k in self.donated):
+                # It ran and consumed its donated buffers: another run cannot take them; report this failure as
+                # the checked path reports one.
+                as_lowering_errors(_raise, err)
             raise HotPathMiss from err
 
     def _donated_in_place(self, leaves: list) -> bool:

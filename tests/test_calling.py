@@ -177,3 +177,20 @@ def test_a_donating_training_loop_takes_the_hot_path_with_jits_donation(monkeypa
     assert calls == []  # placed as the program takes them: every call, the first too, on the hot path
     with pytest.raises(sp.InputMismatchError, match="donated, and the same array is also passed"):
         sp.autoshard(lambda a, b: a * 2 + b, mesh=mesh, in_specs=(P("i"), P("i")), donate_argnums=0)(x, x)
+
+
+def test_a_failure_after_the_donated_buffers_were_consumed_is_reported_not_run_again(mesh):
+    """The hot path retries a failed call on the checked path, unless the failure came after the call consumed its
+    donated buffers: then it is reported as the checked path reports a failure (a LoweringError naming it)."""
+    fs = sp.autoshard(sgd_step, mesh=mesh, in_specs=SPECS, donate_argnums=0)
+    w, x = placed(mesh, W0, SPECS[0]), placed(mesh, X, SPECS[1])
+    prog = fs.trace(w, x)
+    prog(placed(mesh, W0, SPECS[0]), x)  # makes the hot path's jitted call
+
+    def consumed_then_failed(*args):  # what a run-time failure after donation leaves behind
+        args[0].delete()
+        raise RuntimeError("failed at run time")
+
+    prog._hot[False] = consumed_then_failed
+    with pytest.raises(sp.LoweringError, match="RuntimeError: failed at run time"):
+        prog(w, x)

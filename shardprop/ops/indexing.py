@@ -108,8 +108,8 @@ def finish_scatter_add(decisions, node):
         names = have_i or have_u
         indices_need[i] = updates_need[u] = names
         mesh_axes.extend(names)
-    if not mesh_axes:
-        return None
+    if not mesh_axes or len(set(mesh_axes)) != len(mesh_axes):
+        return None  # nothing to sum, or one mesh axis on two scattered axes (they would need it twice)
     summed = set(mesh_axes)
     for need, own in ((operand_need, ()), (indices_need, range(len(update_scatter))),
                       (updates_need, update_scatter)):

@@ -28,7 +28,10 @@ def _linear(graph: Graph, node: Node, partial_operands: list[bool]) -> bool:
 def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> tuple[set[int], set[int]]:
     """The values that can be held partial (a greatest fixed point) given the candidate carries ``carried``
     (``{body input value: body output position}``), and the psum-finished nodes that feed them."""
-    psums = {n for n, c in view.collectives.items() if c.kind is CollectiveKind.PSUM and c.outputs is None}
+    # Not a psum that must count an operand once (a scatter-add's): deferred, its collective (which says so) would
+    # be gone from the body, and every device would add that operand.
+    psums = {n for n, c in view.collectives.items()
+             if c.kind is CollectiveKind.PSUM and c.outputs is None and not c.once}
     outputs_at: dict[int, set[int]] = {}
     for position, v in enumerate(graph.outputs):
         outputs_at.setdefault(v, set()).add(position)

@@ -294,10 +294,10 @@ def test_auto_all_reduces_an_embedding_gradient_when_the_table_is_smaller_than_t
         assert comparison.shardprop_bytes <= comparison.jit_bytes
 
 
-def test_an_embedding_gradient_inside_a_scan_is_summed_once_after_the_loop(meshes):
+def test_an_embedding_gradient_inside_a_scan_moves_no_more_than_jit(meshes):
     """A lookup per time step: its gradient scatter-adds every step's rows into the table's gradient, a carry of
-    the transposed loop. Each device adds its batch rows and the carry stays a partial sum, finished by one
-    all-reduce after the loop (jax.jit all-reduces every step): 19,040 B before scatter-add had a finish."""
+    the transposed loop. Each device adds its batch rows and each step's sum is all-reduced, as jax.jit does:
+    19,040 B before scatter-add had a finish (the batch's rows were gathered every step)."""
     import jax
     from jax import lax
 
@@ -313,4 +313,34 @@ def test_an_embedding_gradient_inside_a_scan_is_summed_once_after_the_loop(meshe
     grad = jax.grad(loss)
     assert_same_as_unsharded(grad, (table, ids), mesh=meshes["8"], in_specs=(P(), P(None, "i")), rtol=1e-4)
     comparison = sp.compare_with_jit(grad, meshes["8"], (P(), P(None, "i")), table, ids)
-    assert comparison.shardprop_bytes < comparison.jit_bytes / 2
+    assert comparison.shardprop_bytes <= comparison.jit_bytes
+
+
+@pytest.mark.parametrize("strategy", ["gather", "collective", "auto"])
+def test_a_scatter_add_into_a_non_zero_operand_inside_a_loop_counts_the_operand_once(strategy, meshes):
+    """Found by review: a psum that must count an operand once may not be deferred past the loop (its collective,
+    which says so, would be gone from the body, and every device would add the operand)."""
+    import jax
+
+    idx = (np.arange(24).reshape(3, 8) * 5 % 8).astype(np.int32)
+    upd = random_args([((3, 8, 4), np.float32)])[0]
+
+    def f(idx, upd):
+        base = jnp.ones((8, 4))
+        return jax.lax.scan(lambda c, xs: (c + base.at[xs[0]].add(xs[1]), None), jnp.zeros((8, 4)), (idx, upd))[0]
+
+    assert_same_as_unsharded(f, (idx, upd), mesh=meshes["4x2"], in_specs=(P(None, "i"), P(None, "i")),
+                             strategy=strategy)
+
+
+@pytest.mark.parametrize("strategy", ["collective", "auto"])
+def test_a_scatter_add_whose_scattered_axes_share_a_mesh_axis_is_not_finished_by_a_psum(strategy, meshes):
+    """Found by review: indices P('i') and updates P(None, 'i') would have summed over i twice (a LoweringError)."""
+    from jax import lax
+
+    dn = lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0, 1),
+                                     scatter_dims_to_operand_dims=(0, 1))
+    base, upd = random_args([((8, 8), np.float32), ((8, 8), np.float32)])
+    idx = (np.arange(8 * 8 * 2).reshape(8, 8, 2) * 3 % 8).astype(np.int32)
+    assert_same_as_unsharded(lambda o, i, u: lax.scatter_add(o, i, u, dn), (base, idx, upd), mesh=meshes["4x2"],
+                             in_specs=(P(), P("i"), P(None, "i")), strategy=strategy)
