@@ -86,7 +86,12 @@ class AutoSharded:
                 pass
         program = self.trace(*args, **kwargs)
         self._last = program
-        return program(*args, **kwargs)
+        if not kwargs:  # the hot path's same variant as the calls after it: one compile, not one per variant
+            try:
+                return program.call_hot(args, weak_types=True)
+            except HotPathMiss:
+                pass
+        return program.call_checked(args, kwargs)
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` of the program for these arguments."""

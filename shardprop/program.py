@@ -168,7 +168,7 @@ class Program:
                 return self.call_hot(args)
             except HotPathMiss:
                 pass
-        return self._checked_call(args, kwargs)
+        return self.call_checked(args, kwargs)
 
     def call_hot(self, args: tuple, weak_types: bool = False):
         """The call on the hot path — ``jax.jit`` of the call's own arguments with the program's ``in_shardings``,
@@ -234,7 +234,7 @@ class Program:
 
         return traced_call
 
-    def _checked_call(self, args: tuple, kwargs: dict):
+    def call_checked(self, args: tuple, kwargs: dict):
         """A call through the checks: arguments checked against the traced ones and placed in Python, derivative
         rules, donations, the user's Explicit mesh. Every error a call can raise is raised here."""
         placed = self.placed_args(args, kwargs)

@@ -118,8 +118,8 @@ def _counting_checked_calls(monkeypatch):
     from shardprop.program import Program
 
     calls = []
-    real = Program._checked_call
-    monkeypatch.setattr(Program, "_checked_call",
+    real = Program.call_checked
+    monkeypatch.setattr(Program, "call_checked",
                         lambda self, args, kwargs: calls.append(1) or real(self, args, kwargs))
     return calls
 
@@ -194,3 +194,11 @@ def test_a_failure_after_the_donated_buffers_were_consumed_is_reported_not_run_a
     prog._hot[False] = consumed_then_failed
     with pytest.raises(sp.LoweringError, match="RuntimeError: failed at run time"):
         prog(w, x)
+
+
+def test_an_autoshard_function_compiles_its_program_once_for_its_first_and_later_calls(mesh):
+    fs = sp.autoshard(sgd_step, mesh=mesh, in_specs=SPECS)
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(fs(W0, X)[0]), WANT[0], rtol=1e-5, atol=1e-6)
+    program = fs.trace(W0, X)
+    assert [jitted._cache_size() for jitted in program._hot.values()] == [1]  # one variant, one compile
