@@ -205,9 +205,12 @@ def gather(draw, pool):
     if not v.shape:
         return None
     k = draw(st.integers(0, len(v.shape) - 1))
-    idx = draw(st.lists(st.integers(0, v.shape[k] - 1), min_size=1, max_size=6))
+    # Out-of-bounds indices too: "fill" gives NaN there, "clip" the nearest element (a sharded axis is looked up
+    # per block and summed, where each must come out exactly as the unsharded gather gives it).
+    mode = draw(st.sampled_from(["fill", "clip"]))
+    idx = draw(st.lists(st.integers(-v.shape[k] - 2, v.shape[k] + 1), min_size=1, max_size=6))
     shape = v.shape[:k] + (len(idx),) + v.shape[k + 1:]
-    return "gather", f"jnp.take({v.name}, np.array({idx}), axis={k})", shape
+    return "gather", f"jnp.take({v.name}, np.array({idx}), axis={k}, mode={mode!r})", shape
 
 
 OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather]

@@ -30,6 +30,7 @@ class Blocks:
 
     in_global: tuple[Shape, ...]
     in_blocks: tuple[Shape, ...]
+    in_layouts: tuple[Layout, ...]  # how each operand block is laid out (which block of the operand it is)
     out_global: tuple[Shape, ...]
     out_blocks: tuple[Shape, ...]
     out_layouts: tuple[Layout, ...]

@@ -37,7 +37,7 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
         if node.op == CONSTANT:
             local[node.output] = jnp.asarray(node.params["value"])
             continue
-        invals = []
+        invals, in_layouts = [], []
         for v, need in view.edges(node):
             if v in local:
                 have, x = view.layout(v), local[v]
@@ -49,6 +49,7 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
                 have = received_layout(view.layout(v), need)
                 x = received[(v, have)]
             invals.append(local_slice(x, have, need, mesh_shape))
+            in_layouts.append(need)
         collective = view.collective(node_id)
         if collective is not None:  # operands the finishing sum must count once: on each group's first device
             invals = [first_device_only(x, collective.mesh_axes, mesh_shape) if k in collective.once else x
@@ -57,6 +58,7 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
         blocks = Blocks(
             in_global=tuple(graph.avals[v].shape for v in node.operands),
             in_blocks=tuple(x.shape for x in invals),
+            in_layouts=tuple(in_layouts),
             out_global=tuple(graph.avals[v].shape for v in node.outputs),
             out_blocks=tuple(block_shape(graph.avals[v].shape, layout, mesh_shape)
                              for v, layout in zip(node.outputs, computed, strict=True)),
@@ -99,18 +101,27 @@ def finish(node: Node, invals: list, outs: list, collective: Collective, mesh_sh
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _extreme(x, ties, is_max: bool, mesh_axes):
     """The maximum (minimum) of every device's ``x``, as ``jnp.max`` (``jnp.min``) would give it over the whole
-    array: XLA's cross-device max and min neither propagate NaN nor tell -0 from +0, so for floats a NaN on any
-    device wins, and a zero result takes the sign the unsharded reduction gives it (+0 for max, -0 for min)."""
+    array: XLA's cross-device max and min neither propagate NaN nor tell -0 from +0, so floats are combined as
+    integers in IEEE total order (one all-reduce of the same size, no flags): a NaN on any device wins, and a zero
+    result takes the sign the unsharded reduction gives it (+0 for max, -0 for min)."""
     combine = lax.pmax if is_max else lax.pmin
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return combine(x, mesh_axes)
-    nan = jnp.isnan(x)
-    best = combine(jnp.where(nan, -jnp.inf if is_max else jnp.inf, x), mesh_axes)
-    any_nan = lax.pmax(nan.astype(jnp.int8), mesh_axes) > 0
-    wanted_zero = (x == 0) & (jnp.signbit(x) != is_max)  # +0 for a max, -0 for a min
-    any_wanted_zero = lax.pmax(wanted_zero.astype(jnp.int8), mesh_axes) > 0
-    best = jnp.where((best == 0) & any_wanted_zero, jnp.where(is_max, 0.0, -0.0).astype(x.dtype), best)
-    return jnp.where(any_nan, jnp.array(jnp.nan, x.dtype), best)
+    nan = jnp.array(jnp.nan if is_max else -jnp.nan, x.dtype)  # above +inf (below -inf) in total order
+    key = _total_order(jnp.where(jnp.isnan(x), nan, x))
+    best = lax.bitcast_convert_type(_total_order_inverse(combine(key, mesh_axes)), x.dtype)
+    return jnp.where(jnp.isnan(best), jnp.array(jnp.nan, x.dtype), best)
+
+
+def _total_order(x):
+    """An integer with the order of IEEE totalOrder on floats: -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN
+    (the sign-magnitude bits, with the magnitude bits of negative numbers flipped)."""
+    bits = lax.bitcast_convert_type(x, jnp.dtype(f"int{8 * x.dtype.itemsize}"))
+    return jnp.where(bits < 0, bits ^ jnp.iinfo(bits.dtype).max, bits)
+
+
+def _total_order_inverse(key):
+    return jnp.where(key < 0, key ^ jnp.iinfo(key.dtype).max, key)  # flipping again is the inverse
 
 
 @_extreme.defjvp

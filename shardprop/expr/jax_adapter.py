@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
@@ -254,6 +255,22 @@ def as_dtype(dtype) -> Any:
 def is_extended_dtype(dtype) -> bool:
     """True for JAX's extended dtypes (PRNG keys), which numpy cannot hold."""
     return not isinstance(dtype, np.dtype) and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+def dtype_kind(dtype) -> str:
+    """numpy's one-letter kind ("f", "i", "u", "c", "b"), also for the ml_dtypes floats numpy calls "V"
+    (bfloat16, float8s); "" for extended dtypes.
+
+    >>> dtype_kind(jnp.bfloat16), dtype_kind(np.int8)
+    ('f', 'i')
+    """
+    if is_extended_dtype(dtype):
+        return ""
+    for kind, family in (("b", jnp.bool_), ("c", jnp.complexfloating), ("f", jnp.floating),
+                         ("u", jnp.unsignedinteger), ("i", jnp.signedinteger)):
+        if jnp.issubdtype(dtype, family):
+            return kind
+    return np.dtype(dtype).kind
 
 
 def itemsize(dtype) -> int:

@@ -4,11 +4,19 @@ axes (and the index vectors themselves) are needed whole, since any index may po
 Lineage: an output element reads its own index vector and, on the axes the indices choose a start on, any
 operand element (so not exact); along axes the indices do not move it reads its own position. On blocks: a
 gather's pass-through axis that is sharded is sliced whole within the block.
+
+Finishes: a gather along a sharded axis looks up each device's block and a ``psum`` adds the lookups (the
+vocabulary-parallel cross-entropy's label lookup, an embedding table sharded by vocabulary); a scatter-add of
+sharded rows scatters each device's rows and a ``psum`` adds the results (an embedding gradient).
 """
 
 from __future__ import annotations
 
-from ..backends.blocks import Blocks, bind_as_is, bind_with
+import jax.numpy as jnp
+from jax import lax
+
+from ..backends.blocks import Blocks, bind_as_is, block_index
+from ..expr import jax_adapter as jx
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
 from ..propagation.sharding import Sharded, TensorSharding
@@ -161,16 +169,94 @@ def scatter_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_num
     return [[box], [full_box(indices_shape)], [tuple(updates_box)]] + [[()] for _ in ctx.in_shapes[3:]]
 
 
-def _gather_block_params(params, blocks: Blocks) -> dict:
-    """A pass-through operand axis (sliced whole) that is sharded is sliced whole *within the block*."""
-    return {**params, "slice_sizes": tuple(
-        b if s == g else s for s, b, g in
-        zip(params["slice_sizes"], blocks.in_blocks[0], blocks.in_global[0], strict=True))}
+def finish_gather(decisions, node):
+    """A lookup along an operand axis that is sharded (the class axis of vocabulary-parallel logits, the rows of
+    an embedding table sharded by vocabulary): each device looks up the indices that fall in its block, zero for
+    the others, and a ``psum`` over that axis's mesh axes combines them — the operand is never gathered, only the
+    (small) looked-up result is summed. For indexed axes sliced one element at a time; for numbers (no sum of
+    bools or PRNG keys)."""
+    if jx.dtype_kind(decisions.graph.avals[node.outputs[0]].dtype) not in "fiuc":
+        return None
+    dn, slice_sizes = node.params["dimension_numbers"], node.params["slice_sizes"]
+    operand, _ = node.operands
+    have = decisions.layout(operand)
+    operand_need, indices_need = (list(n) for n in decisions.needs(node.id))
+    mesh_axes: list[str] = []
+    for k in dn.start_index_map:
+        if have[k] and slice_sizes[k] == 1:
+            operand_need[k] = have[k]
+            mesh_axes.extend(have[k])
+    if not mesh_axes or len(set(mesh_axes)) != len(mesh_axes):
+        return None
+    summed = set(mesh_axes)
+    others = [m for k, m in enumerate(operand_need) if k not in dn.start_index_map] + indices_need + list(
+        decisions.layout(node.outputs[0]))
+    if summed & {name for m in others for name in m}:
+        return None  # a mesh axis would shard two axes of an operand, or the output
+    return (tuple(operand_need), tuple(indices_need)), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
+
+
+def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
+    """The gather on this device's blocks. A pass-through operand axis (sliced whole) that is sharded is sliced
+    whole *within the block*. An indexed axis that is sharded (:func:`finish_gather`) is looked up locally: each
+    index is shifted to the block's start, and the rows whose index falls in another device's block are zero (so
+    the sum is exact, but a looked-up -0.0 comes back +0.0, as from jax.jit's lookup: XLA's all-reduce adds from
+    +0.0); an index outside the whole axis is clamped (``clip``,
+    ``promise_in_bounds``) or gives the fill value on the group's first device only (``fill``), as the
+    unsharded gather would, once the ``psum`` adds the devices' results."""
+    params = dict(node.params)
+    operand, indices = invals
+    dn, slice_sizes = params["dimension_numbers"], params["slice_sizes"]
+    (operand_global, _), (operand_block, _) = blocks.in_global, blocks.in_blocks
+    params["slice_sizes"] = tuple(b if s == g else s for s, b, g in
+                                  zip(slice_sizes, operand_block, operand_global, strict=True))
+    sharded = [p for p, k in enumerate(dn.start_index_map) if operand_block[k] != operand_global[k]]
+    if not sharded:
+        return jx.bind(node.primitive, invals, params)
+    fill = params["mode"] == lax.GatherScatterMode.FILL_OR_DROP
+    batch_shape = indices.shape[:-1]
+    outside = jnp.zeros(batch_shape, bool)  # out of bounds of the whole operand
+    elsewhere = jnp.zeros(batch_shape, bool)  # in another device's block
+    vectors, mesh_axes = [], []
+    for p, k in enumerate(dn.start_index_map):
+        index = indices[..., p]
+        upper = operand_global[k] - slice_sizes[k]
+        outside = outside | (index < 0) | (index > upper)
+        index = jnp.clip(index, 0, upper)
+        if p in sharded:
+            layout = blocks.in_layouts[0][k]
+            index = index - (block_index(layout, blocks.mesh_shape) * operand_block[k]).astype(index.dtype)
+            elsewhere = elsewhere | (index < 0) | (index >= operand_block[k])
+            index = jnp.clip(index, 0, operand_block[k] - 1)
+            mesh_axes.extend(layout)
+        vectors.append(index)
+    params["mode"] = lax.GatherScatterMode.CLIP
+    params["fill_value"] = None
+    (out,) = jx.bind(node.primitive, [operand, jnp.stack(vectors, axis=-1)], params)
+    batch_dims = [d for d in range(out.ndim) if d not in dn.offset_dims]
+
+    def spread(mask):  # a batch-shaped mask over the output's axes
+        return lax.broadcast_in_dim(mask, out.shape, batch_dims)
+
+    zero = lax.full_like(out, 0)
+    out = lax.select(spread(elsewhere), zero, out)
+    if fill:
+        first = block_index(tuple(mesh_axes), blocks.mesh_shape) == 0
+        out = lax.select(spread(outside), lax.select(lax.broadcast(first, out.shape), lax.full_like(
+            out, params_fill(node.params, out.dtype)), zero), out)
+    return [out]
+
+
+def params_fill(params, dtype):
+    """The value a ``fill`` gather gives an out-of-bounds index (resolved by ``lax.gather`` when it binds)."""
+    return params["fill_value"] if params["fill_value"] is not None else (
+        jnp.nan if jnp.issubdtype(dtype, jnp.inexact) else jnp.iinfo(dtype).min
+        if jnp.issubdtype(dtype, jnp.signedinteger) else jnp.iinfo(dtype).max)
 
 
 OPS = [
     OpDef("gather", Family.INDEXING, propagate=gather, lineage=gather_lineage, lineage_exact=False,
-          per_block=bind_with(_gather_block_params), finish=None, pull=None, linear=Linearity.NONE),
+          per_block=gather_on_blocks, finish=finish_gather, pull=None, linear=Linearity.NONE),
     *defs(("scatter-add", "scatter-sub"), Family.INDEXING, propagate=scatter, lineage=scatter_lineage,
           lineage_exact=False, per_block=bind_as_is, finish=finish_scatter_add, pull=None, linear=Linearity.NONE),
     *defs(tuple(op for op in SCATTERS if op not in ("scatter-add", "scatter-sub")), Family.INDEXING,

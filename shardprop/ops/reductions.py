@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..backends.blocks import bind_as_is
 from ..expr import jax_adapter as jx
 from ..expr.graph import Node
@@ -80,7 +78,7 @@ class FinishReduction:
     def __call__(self, decisions, node: Node):
         (v,) = node.operands
         dtype = decisions.graph.avals[v].dtype
-        if jx.is_extended_dtype(dtype) or np.dtype(dtype).kind not in self.exact_for:
+        if jx.dtype_kind(dtype) not in self.exact_for:  # bfloat16 is a float too
             return None
         produced = decisions.layout(v)
         mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])

@@ -176,8 +176,8 @@ def node_move_bytes(view: Decisions, node: Node, needs: tuple[Layout, ...] | Non
 
 def collective_transfers(view: Decisions, node: Node, collective: Collective) -> list[Transfer]:
     """The collectives that finish ``node``: an all-reduce (a reduce-scatter for ``psum_scatter``) of each
-    output's block; ``argmax``/``argmin`` also all-reduce the extreme values and, for floats, a NaN flag; a float
-    ``pmax``/``pmin`` also a NaN flag and a signed-zero flag (one byte each)."""
+    output's block; ``argmax``/``argmin`` also all-reduce the extreme values and, for floats, a NaN flag (a float
+    ``pmax``/``pmin`` is one all-reduce of integers of the same size: total order keeps NaN and signed zeros)."""
     graph = view.graph
     kind = TransferKind.REDUCE_SCATTER if collective.kind is CollectiveKind.PSUM_SCATTER else TransferKind.ALL_REDUCE
     # A reduce-scatter's result is the finer block the plan holds; an all-reduce's the block it computed.
@@ -191,16 +191,10 @@ def collective_transfers(view: Decisions, node: Node, collective: Collective) ->
         extra = []
         if collective.kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):
             operand_dtype = graph.avals[node.operands[0]].dtype
-            extra = [operand_dtype] + ([np.dtype(np.int32)] if np.dtype(operand_dtype).kind == "f" else [])
-        elif collective.kind in (CollectiveKind.PMAX, CollectiveKind.PMIN) and _is_float(aval.dtype):
-            extra = [np.dtype(np.int8)] * 2
+            extra = [operand_dtype] + ([np.dtype(np.int32)] if jx.dtype_kind(operand_dtype) == "f" else [])
         out += [transfer(kind, collective.mesh_axes, Aval(aval.shape, np.dtype(dt)), layout(v), view.mesh_shape)
                 for dt in extra]
     return out
-
-
-def _is_float(dtype) -> bool:
-    return not jx.is_extended_dtype(dtype) and np.dtype(dtype).kind == "f"
 
 
 def collective_bytes(view: Decisions, node: Node, collective: Collective) -> float:

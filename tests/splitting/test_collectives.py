@@ -169,6 +169,22 @@ def test_max_and_min_finishes_keep_nan_and_signed_zero_as_jnp_does(name, f, spec
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32"])
+@pytest.mark.parametrize("f", [lambda a: jnp.max(a, axis=0), lambda a: jnp.min(a, axis=0)], ids=["max", "min"])
+def test_max_and_min_finish_with_one_all_reduce_of_the_result_in_total_order(f, dtype, mesh):
+    """Floats are combined as integers in IEEE total order: exactly jnp's answer for NaN, infinities and signed
+    zeros, with one all-reduce the size of the result (as jax.jit's), no flags alongside."""
+    specials = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.5, -1.5] if dtype != "int32" else [0, 7, -7, 2**31 - 1]
+    rng = np.random.default_rng(0)
+    x = rng.choice(np.array(specials, np.float64), size=(16, 8)).astype(jnp.dtype(dtype))
+    fs = sp.autoshard(f, mesh=mesh, in_specs=P("i"), strategy="collective")
+    got, want = np.asarray(fs(x)).astype(np.float64), np.asarray(f(jnp.asarray(x))).astype(np.float64)
+    np.testing.assert_array_equal(got, want)
+    number = ~np.isnan(want)  # a NaN's sign bit means nothing
+    np.testing.assert_array_equal(np.signbit(got[number]), np.signbit(want[number]))
+    assert [t.kind for t in fs.trace(x).communication()] == ["all-reduce"]
+
+
 def _conv(x, k, groups=1):
     from jax import lax
 
