@@ -273,6 +273,27 @@ def dtype_kind(dtype) -> str:
     return np.dtype(dtype).kind
 
 
+def partitionable_random_bits(key_dtype) -> bool:
+    """True when the bits ``random_bits`` draws with a key of ``key_dtype`` depend only on the key and each
+    element's position in the whole array (threefry keys under ``jax_threefry_partitionable``, JAX's default):
+    a device can then draw its own block, and get the unsharded program's numbers."""
+    impl = getattr(key_dtype, "_impl", None)
+    return getattr(impl, "name", None) == "threefry2x32" and bool(jax.config.jax_threefry_partitionable)
+
+
+def threefry_bits_at(key, bit_width: int, positions):
+    """The bits ``random_bits(key, bit_width, shape)`` gives the elements at flat ``positions`` (uint32, below
+    2**32) of the whole ``shape``: JAX's partitionable threefry hashes each element's 64-bit position."""
+    from jax.extend.random import threefry2x32_p
+
+    k1, k2 = jax.random.key_data(key)
+    bits1, bits2 = threefry2x32_p.bind(k1, k2, jnp.zeros_like(positions), positions)
+    dtype = jnp.dtype(f"uint{bit_width}")
+    if bit_width == 64:
+        return (bits1.astype(dtype) << dtype.type(32)) | bits2.astype(dtype)
+    return (bits1 ^ bits2).astype(dtype)
+
+
 def itemsize(dtype) -> int:
     """Bytes per element, extended dtypes included (a threefry key is two uint32 words: 8 bytes)."""
     return int(dtype.itemsize)

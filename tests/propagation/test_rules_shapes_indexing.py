@@ -8,6 +8,7 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+import shardprop as sp
 from tests.conftest import assert_same_as_unsharded, check_rule_case, random_args
 
 F32, I32 = np.float32, np.int32
@@ -141,17 +142,66 @@ def test_rule(case, meshes):
     check_rule_case(f, args, mesh=meshes[mesh_name], in_specs=in_specs, expected=expected, primitive=primitive)
 
 
-def test_random_bit_generation_is_conservative_and_exact(mesh):
+def test_random_numbers_are_drawn_per_block_and_equal_the_unsharded_ones(mesh):
     key = jax.random.key(3)
 
     def f(a):
         return a * jax.random.uniform(key, a.shape) + jax.random.normal(jax.random.fold_in(key, 1), a.shape)
 
     prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),), rtol=1e-6)
-    assert not prog.graph.fallbacks  # random ops have an explicit (conservative) rule, so no warning
+    assert not prog.graph.fallbacks  # random ops have explicit rules, so no warning
     assert prog.graph.out_specs == (P("i", "j"),)
     bits = [n for n in prog.graph.graph.nodes if n.op == "random_bits"]
-    assert bits and all(prog.graph.layout(n.output) == ((), ()) for n in bits)
+    assert bits and all(prog.plan.layout(n.output) == (("i",), ("j",)) for n in bits)  # each device its block
+    assert not prog.communication()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+@pytest.mark.parametrize("mesh_name,spec", [("4x2", P("i", "j")), ("4x2", P(None, ("j", "i"))),
+                                            ("2x2x2", P(("k", "i"), "j")), ("8", P(None, "i"))])
+def test_random_bits_of_a_block_are_the_unsharded_bits_at_its_positions(mesh_name, spec, dtype, meshes):
+    """The oracle is JAX's own bits, bit for bit: each device hashes its elements' positions in the whole array."""
+    key = jax.random.key(7)
+
+    def f(a):  # the bits meet ``a`` (adding zero): they adopt its sharding
+        return jax.random.bits(key, a.shape, dtype) + (a > 100).astype(dtype)
+
+    (a,) = random_args([((16, 24), F32)])
+    fs = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=(spec,))
+    np.testing.assert_array_equal(np.asarray(fs(a)), np.asarray(jax.random.bits(key, a.shape, dtype)))
+    prog = fs.trace(a)
+    (bits,) = [n for n in prog.graph.graph.nodes if n.op == "random_bits"]
+    assert prog.graph.layout(bits.output) == prog.graph.layout(prog.graph.graph.inputs[0])
+    assert not prog.communication()
+
+
+def _batched_keys(a):
+    keys = jax.random.split(jax.random.key(1), a.shape[0])
+    return a * jax.vmap(lambda k: jax.random.uniform(k, a.shape[1:]))(keys)
+
+
+def _rbg_key(a):
+    return a * jax.random.uniform(jax.random.key(1, impl="rbg"), a.shape)
+
+
+@pytest.mark.parametrize("f", [_batched_keys, _rbg_key], ids=["a batch of keys", "rbg"])
+def test_other_random_generators_stay_replicated_and_exact(f, mesh):
+    """Bits that do not depend on position alone are drawn whole on every device (conservative, on purpose)."""
+    prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),), rtol=1e-6)
+    bits = [n for n in prog.graph.graph.nodes if n.op in ("random_bits", "rng_bit_generator")]
+    assert bits and all(all(not m for m in prog.graph.layout(v)) for n in bits for v in n.outputs)
+
+
+def test_random_bits_without_partitionable_threefry_stay_replicated(mesh):
+    key = jax.random.key(3)
+
+    def f(a):
+        return a * jax.random.uniform(key, a.shape)
+
+    with jax.threefry_partitionable(False):
+        prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),), rtol=1e-6)
+        (bits,) = [n for n in prog.graph.graph.nodes if n.op == "random_bits"]
+        assert prog.graph.layout(bits.output) == ((), ())
 
 
 def _host_doubled(x):
