@@ -51,9 +51,11 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
             invals.append(local_slice(x, have, need, mesh_shape))
             in_layouts.append(need)
         collective = view.collective(node_id)
-        if collective is not None:  # operands the finishing sum must count once: on each group's first device
-            invals = [first_device_only(x, collective.mesh_axes, mesh_shape) if k in collective.once else x
-                      for k, x in enumerate(invals)]
+        # Operands the finishing sum (or the sum deferred past the loop) must count once: on each group's first device.
+        once, over = (collective.once, collective.mesh_axes) if collective is not None else (
+            view.counted_once.get(node_id, ()), view.deferred.get(node_id))
+        if once:
+            invals = [first_device_only(x, over, mesh_shape) if k in once else x for k, x in enumerate(invals)]
         computed = [view.computed_layout(v) for v in node.outputs]
         blocks = Blocks(
             in_global=tuple(graph.avals[v].shape for v in node.operands),

@@ -48,6 +48,9 @@ class Decisions:
     partial_inputs: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
     # Nodes whose sum over these mesh axes is left partial (its psum deferred past the loop, with the carries).
     deferred: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    # Deferred nodes' operands (by position) still counted once: taken on each group's first device, zero on the
+    # others (a scatter-add into zeros, whose deferred psum would otherwise have counted its operand once).
+    counted_once: Mapping[int, tuple[int, ...]] = field(default_factory=lambda: _EMPTY)
 
     @classmethod
     def propagated(cls, sharded: ShardedGraph) -> Decisions:
@@ -114,6 +117,7 @@ class Decisions:
                 bodies: Mapping[int, tuple[BodyPlan, ...]] = _EMPTY,
                 partial_inputs: Mapping[int, tuple[str, ...]] | None = None,
                 deferred: Mapping[int, tuple[str, ...]] = _EMPTY,
+                counted_once: Mapping[int, tuple[int, ...]] = _EMPTY,
                 finished_here: frozenset[int] = frozenset()) -> Decisions:
         """A new ``Decisions`` with these entries added (or replaced; ``finished_here`` drops the collectives of
         those nodes); this one is unchanged."""
@@ -126,6 +130,7 @@ class Decisions:
             bodies=MappingProxyType({**self.bodies, **bodies}),
             partial_inputs=self.partial_inputs if partial_inputs is None else MappingProxyType(dict(partial_inputs)),
             deferred=MappingProxyType({**self.deferred, **deferred}),
+            counted_once=MappingProxyType({**self.counted_once, **counted_once}),
         )
 
 

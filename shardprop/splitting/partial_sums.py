@@ -10,6 +10,9 @@ values, a partial value scaled by a replicated one, reshapes, transposes, sums o
 carry, and at least one of the values summed into it comes from a node finished by a ``psum`` (whose ``psum`` is
 then dropped). All partial values of one loop must be partial over the same mesh axes. The initial carry starts
 on the first device of each group (zero on the others), so the group's sum is the value the loop starts from.
+A scatter-add's psum, which counts its operand once, is deferred too (an embedding gradient accumulated over the
+steps of a scan): into the partial carry, each device adds its rows to its own copy; into a value that is not
+partial (zeros), that value is still taken on each group's first device only.
 """
 
 from __future__ import annotations
@@ -28,20 +31,25 @@ def _linear(graph: Graph, node: Node, partial_operands: list[bool]) -> bool:
 def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> tuple[set[int], set[int]]:
     """The values that can be held partial (a greatest fixed point) given the candidate carries ``carried``
     (``{body input value: body output position}``), and the psum-finished nodes that feed them."""
-    # Not a psum that must count an operand once (a scatter-add's): deferred, its collective (which says so) would
-    # be gone from the body, and every device would add that operand.
-    psums = {n for n, c in view.collectives.items()
-             if c.kind is CollectiveKind.PSUM and c.outputs is None and not c.once}
+    psums = {n: c for n, c in view.collectives.items() if c.kind is CollectiveKind.PSUM and c.outputs is None}
     outputs_at: dict[int, set[int]] = {}
     for position, v in enumerate(graph.outputs):
         outputs_at.setdefault(v, set()).add(position)
     wanted = set(carried.values())
     partial = set(carried)
+
+    def finished_partially(node: Node) -> bool:
+        """A psum-finished node whose psum can wait: none of its summed operands is partial already. An operand
+        its sum counts once (a scatter-add's) may be partial — the node is then linear in it — or not, and is
+        then taken on each group's first device (:func:`counted_once`)."""
+        once = psums[node.id].once
+        return not any(v in partial for k, v in enumerate(node.operands) if k not in once)
+
     for node in graph.nodes:  # forward: everything that could be partial
         if node.op == PARAMETER or len(node.outputs) != 1:
             continue
-        if node.id in psums:  # a psum-finished node of values that are not partial
-            if not any(v in partial for v in node.operands):
+        if node.id in psums:
+            if finished_partially(node):
                 partial.add(node.outputs[0])
         elif _linear(graph, node, [v in partial for v in node.operands]):
             partial.add(node.outputs[0])
@@ -50,18 +58,33 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
         changed = False
         for v in sorted(partial):
             ok = outputs_at.get(v, set()) <= wanted and all(
-                c not in psums and graph.nodes[c].outputs[0] in partial and _linear(
-                    graph, graph.nodes[c], [u in partial for u in graph.nodes[c].operands])
+                graph.nodes[c].outputs[0] in partial and (
+                    finished_partially(graph.nodes[c]) if c in psums else
+                    _linear(graph, graph.nodes[c], [u in partial for u in graph.nodes[c].operands]))
                 for c in graph.consumers[v])
             producer = graph.nodes[graph.producer[v]]
             if producer.op == PARAMETER:
                 ok = ok and v in carried and graph.outputs[carried[v]] in partial
-            elif producer.id not in psums:
+            elif producer.id in psums:
+                ok = ok and finished_partially(producer)
+            else:
                 ok = ok and _linear(graph, producer, [u in partial for u in producer.operands])
             if not ok:
                 partial.discard(v)
                 changed = True
     return partial, {n for n in psums if graph.nodes[n].outputs[0] in partial}
+
+
+def counted_once(view: Decisions, graph: Graph, psums: set[int], partial: set[int]) -> dict[int, tuple[int, ...]]:
+    """The operands (by position) of the deferred ``psums`` that must still be counted once, on each group's first
+    device: those its collective said so of that are not partial themselves (a scatter-add into zeros; into the
+    partial carry, every device adds its own copy, which already sums to the value)."""
+    out = {}
+    for n in psums:
+        once = tuple(k for k in view.collectives[n].once if graph.nodes[n].operands[k] not in partial)
+        if once:
+            out[n] = once
+    return out
 
 
 def deferred_sums(plans: tuple[BodyPlan, ...]) -> tuple[tuple[BodyPlan, ...], Collective] | None:
@@ -95,7 +118,8 @@ def deferred_sums(plans: tuple[BodyPlan, ...]) -> tuple[tuple[BodyPlan, ...], Co
     inputs = {graph.inputs.index(v) for v in carried}
     kept = [c for c in plan.body.carries if c.body_input in inputs]
     body_view = view.revised(finished_here=frozenset(psums), deferred={n: mesh_axes for n in psums},
-                             partial_inputs={c.body_input: mesh_axes for c in kept})
+                             partial_inputs={c.body_input: mesh_axes for c in kept},
+                             counted_once=counted_once(view, graph, psums, partial))
     new = plans[:k] + (BodyPlan(plan.body, body_view),) + plans[k + 1:]
     return new, Collective(CollectiveKind.PSUM, mesh_axes, outputs=tuple(sorted(c.output for c in kept)))
 
