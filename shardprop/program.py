@@ -60,7 +60,9 @@ class Program:
         graph = plan.graph
         self._in_avals = tuple(graph.avals[v] for v in graph.inputs)
         self._in_shardings = tuple(NamedSharding(mesh, spec) for spec in plan.sharded.in_specs)
-        self._hot_shardings = jax.tree_util.tree_unflatten(graph.in_tree, self._in_shardings)  # one per argument
+        # The hot path takes the arguments as the user's mesh types them (Explicit axes: on that mesh), one per argument
+        self._hot_shardings = jax.tree_util.tree_unflatten(graph.in_tree, tuple(
+            NamedSharding(self.user_mesh, spec) for spec in plan.sharded.in_specs))
         # How an autoshard function traced it (keyword or static arguments), or None: traced on ``*args``.
         self.traced: Traced | None = None
         self._single_process = jax.process_count() == 1
@@ -175,13 +177,13 @@ class Program:
         so JAX's C++ dispatch checks the arguments' types and places them, and a call costs what a ``jax.jit`` call
         costs — or :class:`HotPathMiss`, and the checked path (``__call__``) takes the call and raises its errors.
         It runs the traced call only: another signature (with ``weak_types``, another weak type too) raises while
-        tracing, and ``jax.jit`` refuses an argument laid out otherwise (the checked path moves it). Calls with
-        tracers (a transformation: derivative rules), an Explicit user mesh, keyword or static arguments, an
+        tracing, and ``jax.jit`` refuses an argument laid out otherwise (the checked path moves it). On a user mesh
+        with Explicit axes the arguments and outputs are typed on that mesh, as the checked path gives them back.
+        Calls with tracers (a transformation: derivative rules), keyword or static arguments, an
         unchecked plan on several processes, host arrays there (the checked path makes sure they are the same on
         every process), and donated leaves that are not whole arguments, not laid out as the program takes them
         (the checked path copies them into place and invalidates them) or passed twice take the checked path."""
-        if not (self._plan_agreed and self._hot_donated is not None and self.user_mesh is self.mesh
-                and self.traced is None):
+        if not (self._plan_agreed and self._hot_donated is not None and self.traced is None):
             raise HotPathMiss
         several = not self._single_process
         leaves = jax.tree_util.tree_leaves(args)
@@ -194,6 +196,7 @@ class Program:
         if jitted is None:
             jitted = self._hot[weak_types] = jax.jit(self._traced_call(weak_types),
                                                      in_shardings=tuple(self._hot_shardings),
+                                                     out_shardings=self._hot_out_shardings,
                                                      donate_argnums=self._hot_donated)
         try:
             return jitted(*args)
@@ -203,6 +206,15 @@ class Program:
                 # the checked path reports one.
                 as_lowering_errors(_raise, err)
             raise HotPathMiss from err
+
+    @property
+    def _hot_out_shardings(self):
+        """On a user mesh with Explicit axes, the outputs' shardings on it (specs as the checked path gives them);
+        otherwise None: jax.jit keeps the program's own."""
+        if self.user_mesh is self.mesh:
+            return None
+        return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, [
+            NamedSharding(self.user_mesh, spec) for spec in self.graph.out_specs])
 
     def _donated_in_place(self, leaves: list) -> bool:
         """Every donated leaf is an array laid out as the program takes it, passed once: ``jax.jit`` donates its
@@ -222,6 +234,10 @@ class Program:
         want = [(tuple(a.shape), a.dtype) for a in self._in_avals]
         if weak_types:
             want = [(*w, weak) for w, weak in zip(want, graph.weak_inputs, strict=True)]
+        program = self._program_fn
+        if self.user_mesh is not self.mesh:  # typed on the user's Explicit axes: the program runs on them made Auto
+            program = jx.on_auto_axes(lambda *xs: tuple(self._program_fn(*xs)), self.user_mesh,
+                                      tuple(jax.tree_util.tree_leaves(self._hot_out_shardings)))
 
         def traced_call(*args):
             leaves, tree = jax.tree_util.tree_flatten(args)
@@ -230,7 +246,7 @@ class Program:
             if tree != graph.in_tree or got != want:
                 raise HotPathMiss
             leaves = [jx.with_weak_type(x, w) for x, w in zip(leaves, graph.weak_inputs, strict=True)]
-            return jax.tree_util.tree_unflatten(graph.out_tree, self._program_fn(*leaves))
+            return jax.tree_util.tree_unflatten(graph.out_tree, list(program(*leaves)))
 
         return traced_call
 

@@ -1,6 +1,8 @@
 """jax.jit's calling conventions on autoshard functions: donation and static arguments named either way
 (issue #14; keyword and static arguments are also in tests/test_steering.py)."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,6 +138,24 @@ def test_a_call_as_traced_takes_the_hot_path_and_equals_the_unsharded_function(m
             np.testing.assert_allclose(float(total), float(WANT[1]), rtol=1e-6)
             assert new_w.sharding.spec == P(None, "j")
     assert calls == []  # NumPy or placed arrays: JAX's dispatch places them; no Python checks
+
+
+def test_on_an_explicit_mesh_calls_take_the_hot_path_and_come_back_typed_on_it(monkeypatch):
+    """jax.make_mesh's default (Explicit axes): the hot path takes the arguments typed on the user's mesh, runs the
+    program on its axes made Auto and gives the outputs back on the user's mesh, as the checked path does — also
+    under jax.set_mesh (the checked path, 1.8x jax.jit's per-call time there before)."""
+    calls = _counting_checked_calls(monkeypatch)
+    explicit = jax.make_mesh((4, 2), ("i", "j"))
+    fs = sp.autoshard(sgd_step, mesh=explicit, in_specs=SPECS)
+    w, x = placed(explicit, W0, SPECS[0]), placed(explicit, X, SPECS[1])
+    for context in (contextlib.nullcontext(), jax.set_mesh(explicit)):
+        with context:
+            for args in ((w, x), (W0, X)):
+                new_w, total = fs(*args)
+                np.testing.assert_allclose(np.asarray(new_w), WANT[0], rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(float(total), float(WANT[1]), rtol=1e-6)
+                assert new_w.sharding == jax.sharding.NamedSharding(explicit, P(None, "j"))
+    assert calls == []  # NumPy or placed arrays, with or without the mesh set: no Python checks
 
 
 def test_calls_the_hot_path_cannot_take_are_checked_and_still_right(monkeypatch, mesh):

@@ -353,6 +353,17 @@ def program_mesh_context(mesh):
     return jax.set_mesh(mesh)
 
 
+def on_auto_axes(fn, mesh, out_shardings):
+    """``fn`` (a program built for ``mesh``'s axes made Auto), callable inside a ``jax.jit`` whose arguments are typed
+    on ``mesh``'s Explicit axes: its arguments are seen untyped (Auto), its outputs come back typed as
+    ``out_shardings`` say (``jax.sharding.auto_axes``)."""
+    def call(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return jax.sharding.auto_axes(fn, out_sharding=out_shardings)(*args)
+
+    return call
+
+
 def no_mesh_context():
     """A context in which JAX has no context mesh (``jax.set_mesh`` of an empty mesh): unsharded single-device
     computations (the debugger's reference) run there whatever mesh the user has set."""
