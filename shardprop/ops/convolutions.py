@@ -159,7 +159,7 @@ def select_and_gather_lineage(ctx: LineageContext, box: Box, output: int, *, win
 
 OPS = [
     OpDef("conv_general_dilated", Family.WINDOW, propagate=conv_general_dilated, lineage=conv_lineage,
-          lineage_exact=False, per_block=bind_as_is, finish=finish_convolution, pull=None, linear=Linearity.NONE),
+          lineage_exact=False, per_block=bind_as_is, finish=finish_convolution, pull=None, linear=Linearity.EITHER),
     *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
           propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None, linear=Linearity.NONE),

@@ -37,6 +37,8 @@ PROGRAMS = {
     "concatenate": (lambda a, b: jnp.concatenate([a, b], axis=0), [X, X]),
     "cumsum": (lambda x: jnp.cumsum(x, axis=1), [X]),
     "dot_general": (lambda a, b: a @ b.T, [X, X]),
+    "conv_general_dilated": (lambda x, k: lax.conv_general_dilated(x, k, (1, 1), "SAME"),
+                             [(2, 3, 6, 6), (4, 3, 3, 3)]),  # bilinear, as a contraction is (with zero padding)
 }
 LINEAR = {name: op.linear for name, op in sorted(table().items()) if op.linear is not Linearity.NONE}
 
