@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
+from jax import lax
 from jax.sharding import Mesh
 
 from ..expr import jax_adapter as jx
@@ -31,10 +32,15 @@ def _stage_part(plan: Plan, stage: Stage, mesh: Mesh, nodes: Sequence[int], inpu
     ``carried`` (values computed earlier in the stage, as held) and returns ``outputs`` laid out as
     ``out_layouts``."""
 
+    producer = plan.graph.producer
+
     def body(*blocks):
         received = {(i.value, i.layout): blk for i, blk in zip(inputs, blocks[:len(inputs)], strict=True)}
         local = run_nodes(plan, nodes, received, dict(zip(carried, blocks[len(inputs):], strict=True)))
-        return tuple(local[v] for v in outputs)
+        # A value left a partial sum (its psum waits for a later node) is read out summed: what it is. Only the
+        # debugger's read-out returns one; a stage never outputs it (its chain runs within the stage).
+        return tuple(local[v] if producer[v] not in plan.pending else
+                     lax.psum(local[v], plan.pending[producer[v]].mesh_axes) for v in outputs)
 
     if stage.outside_shard_map:
         return body
@@ -71,7 +77,7 @@ def readout_segments(plan: Plan, stage: Stage, size: int | None = None) -> list[
     size = size or READOUT_NODES
     delivered = {(i.value, i.layout): i for i in stage.inputs}
     produced_in: dict[int, int] = {}
-    chunks = [stage.nodes[k:k + size] for k in range(0, len(stage.nodes), size)] or [()]
+    chunks = _chunks(plan, stage.nodes, size) or [()]
     segments = []
     for k, chunk in enumerate(chunks):
         inputs: dict[tuple, StageInput] = {}
@@ -91,6 +97,24 @@ def readout_segments(plan: Plan, stage: Stage, size: int | None = None) -> list[
                 outputs.append(v)
         segments.append(Segment(tuple(chunk), tuple(inputs.values()), tuple(carried), tuple(outputs)))
     return segments
+
+
+def _chunks(plan: Plan, nodes: tuple[int, ...], size: int) -> list[tuple[int, ...]]:
+    """``nodes`` in runs of about ``size``, a run extended so that it also holds the finisher of every partial sum
+    it starts (a partial value is never carried between segments, where it would be taken as whole)."""
+    position = {n: k for k, n in enumerate(nodes)}
+    chunks, start = [], 0
+    while start < len(nodes):
+        end = min(start + size, len(nodes))
+        k = start
+        while k < end:
+            pending = plan.pending.get(nodes[k])
+            if pending is not None:
+                end = max(end, position[pending.finisher] + 1)
+            k += 1
+        chunks.append(nodes[start:end])
+        start = end
+    return chunks
 
 
 def segment_function(plan: Plan, stage: Stage, segment: Segment, mesh: Mesh) -> Callable:

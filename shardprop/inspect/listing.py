@@ -92,6 +92,8 @@ def format_listing(plan: Plan) -> str:
         if collective is not None:
             notes.append(f"finished by {collective} ({format_bytes(collective_bytes(plan, node, collective))} "
                          "per device)")
+        if node.id in plan.pending:
+            notes.append(_pending_note(plan, node.id))
         return "; ".join(notes)
 
     return render(graph, type_of=type_of, before_node=lambda node: headers.get(node.id, []), order=order, note=note,
@@ -127,6 +129,8 @@ def _body_listings(view, node, outer: str) -> list[str]:
             collective = inner.collective(n.id)
             if collective is not None:
                 notes.append(f"finished by {collective}")
+            if n.id in inner.pending:
+                notes.append(_pending_note(inner, n.id))
             if n.id in inner.deferred:
                 notes.append(f"left a partial sum over {'*'.join(inner.deferred[n.id])} (summed after the loop)")
             return "; ".join(notes)
@@ -288,3 +292,12 @@ class AnnotatedGraph:
     def __repr__(self) -> str:
         graph = self.plan.graph
         return f"<AnnotatedGraph {len(graph.nodes)} nodes, {len(self.plan.stages)} stages>"
+
+
+def _pending_note(view, node_id: int) -> str:
+    """A node left holding a partial sum: which later node's collective finishes it."""
+    pending = view.pending[node_id]
+    finisher = view.graph.nodes[pending.finisher]
+    collective = view.collective(finisher.id)
+    return (f"left a partial sum over {'*'.join(pending.mesh_axes)}: summed later, by the {collective} finishing "
+            f"`{finisher.op}` at {short_source(finisher.source, 'an unknown line')} (smaller there)")

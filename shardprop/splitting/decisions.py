@@ -17,7 +17,7 @@ last one, with its stages; lowering and inspection read a Plan through these met
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from types import MappingProxyType
 
@@ -28,6 +28,14 @@ from ..propagation.sharding import Layout
 from .collectives import Collective
 
 _EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A node's result left a partial sum over ``mesh_axes``: node ``finisher``'s collective sums it, later."""
+
+    finisher: int
+    mesh_axes: tuple[str, ...]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -48,6 +56,9 @@ class Decisions:
     partial_inputs: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
     # Nodes whose sum over these mesh axes is left partial (its psum deferred past the loop, with the carries).
     deferred: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    # Nodes left holding a partial sum because their psum waits for a later, smaller value (see
+    # strategies.defer_sums_past_linear_consumers); they run in the finisher's stage.
+    pending: Mapping[int, Pending] = field(default_factory=lambda: _EMPTY)
     # Deferred nodes' operands (by position) still counted once: taken on each group's first device, zero on the
     # others (a scatter-add into zeros, whose deferred psum would otherwise have counted its operand once).
     counted_once: Mapping[int, tuple[int, ...]] = field(default_factory=lambda: _EMPTY)
@@ -117,7 +128,7 @@ class Decisions:
                 bodies: Mapping[int, tuple[BodyPlan, ...]] = _EMPTY,
                 partial_inputs: Mapping[int, tuple[str, ...]] | None = None,
                 deferred: Mapping[int, tuple[str, ...]] = _EMPTY,
-                counted_once: Mapping[int, tuple[int, ...]] = _EMPTY,
+                counted_once: Mapping[int, tuple[int, ...]] = _EMPTY, pending: Mapping[int, Pending] = _EMPTY,
                 finished_here: frozenset[int] = frozenset()) -> Decisions:
         """A new ``Decisions`` with these entries added (or replaced; ``finished_here`` drops the collectives of
         those nodes); this one is unchanged."""
@@ -131,6 +142,7 @@ class Decisions:
             partial_inputs=self.partial_inputs if partial_inputs is None else MappingProxyType(dict(partial_inputs)),
             deferred=MappingProxyType({**self.deferred, **deferred}),
             counted_once=MappingProxyType({**self.counted_once, **counted_once}),
+            pending=MappingProxyType({**self.pending, **pending}),
         )
 
 
@@ -149,9 +161,9 @@ class Draft(Decisions):
 
     @classmethod
     def of(cls, decisions: Decisions) -> Draft:
-        return cls(sharded=decisions.sharded, need_overrides=dict(decisions.need_overrides),
-                   collectives=dict(decisions.collectives), held=dict(decisions.held), bodies=decisions.bodies,
-                   partial_inputs=decisions.partial_inputs, deferred=decisions.deferred)
+        given = {f.name: getattr(decisions, f.name) for f in fields(Decisions)}
+        return cls(**given | {"need_overrides": dict(decisions.need_overrides),
+                              "collectives": dict(decisions.collectives), "held": dict(decisions.held)})
 
     # A draft changes as the pass fills it: answer from the revisions directly, not from tables.
     def needs(self, node_id: int) -> tuple[Layout, ...]:
@@ -172,7 +184,7 @@ class Draft(Decisions):
         self.held[value] = layout  # type: ignore[index]
 
     def frozen(self) -> Decisions:
-        return Decisions(sharded=self.sharded, need_overrides=MappingProxyType(dict(self.need_overrides)),
-                         collectives=MappingProxyType(dict(self.collectives)),
-                         held=MappingProxyType(dict(self.held)), bodies=self.bodies,
-                         partial_inputs=self.partial_inputs, deferred=self.deferred)
+        given = {f.name: getattr(self, f.name) for f in fields(Decisions)}
+        return Decisions(**given | {"need_overrides": MappingProxyType(dict(self.need_overrides)),
+                                    "collectives": MappingProxyType(dict(self.collectives)),
+                                    "held": MappingProxyType(dict(self.held))})

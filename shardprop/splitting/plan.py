@@ -92,7 +92,8 @@ class Plan(Decisions):
         """A body's decisions as a plan with no stages (a body runs inside its op's stage), for inspection."""
         d = body_plan.decisions
         return cls(sharded=d.sharded, need_overrides=d.need_overrides, collectives=d.collectives, held=d.held,
-                   bodies=d.bodies, partial_inputs=d.partial_inputs, deferred=d.deferred, counted_once=d.counted_once,
+                   bodies=d.bodies, partial_inputs=d.partial_inputs, deferred=d.deferred,
+                   counted_once=d.counted_once, pending=d.pending,
                    stages=(), output_sources=(),
                    strategy=strategy)
 

@@ -11,6 +11,7 @@ The pipeline, one product to the next::
 
     Decisions.propagated(sharded)      propagation's layouts
     -> finish_with_collectives         (collective, auto) sums, maxima, contractions finished in place
+    -> defer_sums_past_linear_consumers  a psum moved down a linear chain to its smallest value
     -> scatter_where_consumers_slice   psum -> psum_scatter where every consumer slices the sum anyway
     -> pull_gathers_back               (auto) each remaining gather where it moves the fewest bytes
     -> stages                          the cut, then the Plan
@@ -31,7 +32,8 @@ from .partial_sums import deferred_sums
 from ..ops import lookup
 from .invariants import checked
 from .plan import Plan, Source, Stage, StageInput
-from .strategies import finish_with_collectives, pull_gathers_back, scatter_where_consumers_slice
+from .strategies import (defer_sums_past_linear_consumers, finish_with_collectives, pull_gathers_back,
+                         scatter_where_consumers_slice)
 
 STRATEGIES = tuple(s.value for s in Strategy)
 
@@ -64,6 +66,7 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     stages, output_sources = cut_into_stages(decisions)
     return checked(Plan(sharded=sharded, need_overrides=decisions.need_overrides,
                         collectives=decisions.collectives, held=decisions.held, bodies=decisions.bodies,
+                        pending=decisions.pending,
                         stages=stages, output_sources=output_sources, strategy=strategy))
 
 
@@ -74,6 +77,7 @@ def decide(sharded: ShardedGraph, strategy: Strategy) -> Decisions:
     decisions = Decisions.propagated(sharded)
     if strategy is not Strategy.GATHER:
         decisions = finish_with_collectives(decisions, only_if_cheaper=strategy is Strategy.AUTO)
+        decisions = defer_sums_past_linear_consumers(decisions)
     decisions = scatter_where_consumers_slice(decisions)
     if strategy is Strategy.AUTO:
         decisions = pull_gathers_back(decisions)
@@ -123,6 +127,8 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
             level = max(level, level_of[p] + boundary(v, need, node.id))
         level_of[node.id] = level
     _sink_argument_only_nodes(decisions, level_of, boundary)
+    for node_id, pending in decisions.pending.items():  # a partial value never crosses a stage boundary
+        level_of[node_id] = level_of[pending.finisher]
     # Each level is a shard_map stage, followed by a stage outside shard_map when the level holds such nodes
     # (they neither read nor feed the shard_map stage of their own level).
     kinds = sorted({(level, n in outside) for n, level in level_of.items()})

@@ -16,11 +16,12 @@ collective finishes a primitive, which operand layouts give an output layout) is
 
 from __future__ import annotations
 
+from ..expr import jax_adapter as jx
 from ..ops import lookup
 from ..propagation.sharding import Layout, layout_refines, received_layout, shard_count
 from .collectives import Collective, CollectiveKind
 from .cost import collective_bytes, move_bytes, node_move_bytes
-from .decisions import Decisions, Draft
+from .decisions import Decisions, Draft, Pending
 
 
 def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> Decisions:
@@ -33,11 +34,87 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
     for node in decisions.graph.nodes:
         op = lookup(node.op)
         found = op.finish(decisions, node) if op.finish is not None else None
-        # A finish may still move an operand along an axis it does not sum over (a free axis taken whole).
-        if found is not None and (not only_if_cheaper or collective_bytes(decisions, node, found[1])
+        # A finish may still move an operand along an axis it does not sum over (a free axis taken whole); its psum
+        # may wait for a smaller value further on (the cheapest point of its linear chain).
+        if found is not None and (not only_if_cheaper or cheapest_point(decisions, node.id, found[1])[2]
                                   + node_move_bytes(decisions, node, found[0]) <= node_move_bytes(decisions, node)):
             needs[node.id], collectives[node.id] = found
     return decisions.revised(needs=needs, collectives=collectives)
+
+
+def defer_sums_past_linear_consumers(decisions: Decisions) -> Decisions:
+    """Move a ``psum`` down a chain of ops linear in its value to where the cost model says it moves the fewest
+    bytes: each device carries its partial result through the chain (a scale, a sum over an axis, a contraction
+    with a whole operand) and one ``psum`` of the smaller value finishes it — ``jnp.sum(x @ w)`` with the
+    contraction sharded all-reduces a scalar, not the product (DTensor's ``Partial``; ``jax.jit`` sums the
+    product). The chain follows values used once, not program outputs, consumed in place (no gather of a
+    partial value) and sharded over none of the summed mesh axes; a sum on it with a psum of its own over other
+    mesh axes ends it, with one psum over both. The nodes on the chain run in the finisher's stage."""
+    moved: dict[int, Collective] = {}
+    pending: dict[int, Pending] = {}
+    for node_id, collective in decisions.collectives.items():
+        if node_id in moved:
+            continue
+        chain, best, _ = cheapest_point(decisions, node_id, collective, taken=pending.keys() | moved.keys())
+        if best is not None:
+            finisher, finishing = chain[-1], best
+            moved[finisher] = finishing
+            pending.update({n: Pending(finisher, collective.mesh_axes) for n in [node_id, *chain[:-1]]})
+    if not moved:
+        return decisions
+    return decisions.revised(collectives=moved, finished_here=frozenset(pending), pending=pending)
+
+
+def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, taken=frozenset()
+                   ) -> tuple[list[int], Collective | None, float]:
+    """Where along the linear chain from node ``node_id`` (finished by ``collective``) its psum moves the fewest
+    bytes: ``(the chain up to that node, the collective there, its bytes)``, or ``([], None, bytes at the node)``
+    when that is the node itself (see :func:`defer_sums_past_linear_consumers`). ``taken``: nodes already on
+    another chain."""
+    graph = decisions.graph
+    node = graph.nodes[node_id]
+    cost_here = collective_bytes(decisions, node, collective)
+    if not _plain_psum(collective) or len(node.outputs) != 1:
+        return [], None, cost_here
+    outputs = graph.outputs
+    summed = set(collective.mesh_axes)
+    chain: list[int] = []
+    best: tuple[int, Collective | None, float] = (0, None, cost_here)
+    v = node.outputs[0]
+    while v not in outputs and len(graph.consumers[v]) == 1:
+        c = graph.nodes[graph.consumers[v][0]]
+        op = lookup(c.op)
+        own = decisions.collectives.get(c.id)
+        if (c.id in taken or len(c.outputs) != 1 or op.runs_outside_shard_map
+                or (own is not None and not (_plain_psum(own) and summed.isdisjoint(own.mesh_axes)))
+                or not op.linear.passes([u == v for u in c.operands], graph.avals[c.outputs[0]].dtype)):
+            break
+        out = c.outputs[0]
+        if jx.itemsize(graph.avals[out].dtype) < jx.itemsize(graph.avals[v].dtype):
+            break  # summed in a narrower type (bfloat16) the sum would lose the precision jax.jit keeps
+        if (own is None and decisions.layout(out) != decisions.computed_layout(out)) or any(
+                u == v and not layout_refines(decisions.layout(v), need) for u, need in decisions.edges(c)):
+            break  # held otherwise, or the partial value would be gathered
+        if summed & {name for layout in (*decisions.needs(c.id), decisions.sharded.layout(out)) for m in layout
+                     for name in m}:
+            break  # a block over a summed mesh axis: the devices' partial values would not line up
+        chain.append(c.id)
+        v = out
+        if own is not None:  # a sum finished by a psum of its own: one psum over both sets of mesh axes
+            merged = Collective(CollectiveKind.PSUM, own.mesh_axes + collective.mesh_axes)
+            cost = collective_bytes(decisions, c, merged) - collective_bytes(decisions, c, own)
+            if cost < best[2]:
+                best = (len(chain), merged, cost)
+            break
+        cost = collective_bytes(decisions, c, collective)
+        if cost < best[2]:
+            best = (len(chain), collective, cost)
+    return chain[:best[0]], best[1], best[2]
+
+
+def _plain_psum(collective: Collective) -> bool:
+    """A psum of the whole result, counting no operand once (those are the sums a partial value may wait for)."""
+    return collective.kind is CollectiveKind.PSUM and collective.outputs is None and not collective.once
 
 
 def scatter_where_consumers_slice(decisions: Decisions) -> Decisions:
@@ -83,7 +160,7 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
         p = nodes[producer[v]]
         op = lookup(p.op)
         if (v in outputs or len(consumers[v]) != 1 or len(p.outputs) != 1 or p.id in draft.need_overrides
-                or op.pull is None):
+                or p.id in draft.collectives or p.id in draft.pending or op.pull is None):  # no partial value moves
             return direct, []
         pulled = op.pull(graph, p, target)
         if pulled is None:

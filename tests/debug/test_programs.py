@@ -1,6 +1,6 @@
 """The debugger on programs with the less common parts: a reduce-scatter (a value held finer than propagated),
 a stage outside shard_map (a while loop, a host callback), PRNG keys, bfloat16, weak types, an argument
-returned as is. For each: the outputs are what ``prog(*args)`` returns, every value agrees with the unsharded
+returned as is, a value left a partial sum. For each: the outputs are what ``prog(*args)`` returns, every value agrees with the unsharded
 reference, every promise holds, and every value's blocks reassemble to it."""
 
 import subprocess
@@ -42,6 +42,8 @@ CASES = [
     ("prng_keys", _keys, (jax.random.key(0), X), (None, P("i", "j")), "auto"),
     ("bfloat16", lambda x: (x * 2).sum(1), (X.astype(jnp.bfloat16),), (P("i", "j"),), "auto"),
     ("weak_and_identity", lambda x, s: (x, s * 2, x.sum()), (X, 3.0), (P("i", "j"), None), "auto"),
+    # the product left a partial sum over j, summed with the column sum's psum over i: read out summed
+    ("deferred_sum", lambda x, w: jnp.sum(jnp.tanh(x) @ w, axis=0) * 0.5, (X, W), (P("i", "j"), P("j")), "collective"),
 ]
 
 
@@ -54,6 +56,7 @@ def _compile(f, args, specs, strategy, mesh):
 @pytest.mark.parametrize("name,f,args,specs,strategy", CASES, ids=[c[0] for c in CASES])
 def test_debugger_on_uncommon_programs(name, f, args, specs, strategy, mesh):
     prog = _compile(f, args, specs, strategy, mesh)
+    assert bool(prog.plan.pending) == (name == "deferred_sum")
     whole = prog(*args)
     dbg = prog.debug(*args)
     dbg.run()
