@@ -6,15 +6,17 @@ runtime ratio over interleaved runs (these 2-core machines are noisy: read ratio
 
 Then the per-call overhead at a small size: a cached call of a Program and of an autoshard function against the
 same function under ``jax.jit`` with the same in_shardings, for arguments already placed and for NumPy arrays.
+
+``shardprop bench`` is the full benchmark (more workloads, loops, flax/equinox/haiku/optax models, memory, compile
+times, pass scaling, docs/benchmarks.md); this script keeps the examples/ rows of docs/performance.md, timed with
+the same clocks (``shardprop.bench.timing``).
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's examples/, from anywhere
 
@@ -28,6 +30,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import shardprop as sp  # noqa: E402
 from examples import attention, layernorm, mlp  # noqa: E402
+from shardprop.bench.report import overhead_lines  # noqa: E402
+from shardprop.bench.timing import interleaved, small_call_overhead  # noqa: E402
 from shardprop.cli.demo import nx_example  # noqa: E402
 
 
@@ -55,18 +59,12 @@ def workloads():
     ]
 
 
-def timed(fn, args) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     mesh = sp.make_mesh((4, 2), ("i", "j"))
-    print(f"mesh {dict(mesh.shape)}, {args.repeats} interleaved repeats, median times; ratio = shardprop / jit\n")
+    print(f"mesh {dict(mesh.shape)}, {args.repeats} interleaved rounds, median of per-round ratios shardprop / jit\n")
     print(f"{'workload':24} {'strategy':10} {'bytes shardprop':>15} {'bytes jit':>10} {'time ratio':>10}")
     for name, f, specs, inputs in workloads():
         for strategy in ("gather", "auto"):
@@ -76,43 +74,11 @@ def main() -> None:
             shardings = [NamedSharding(mesh, s) for s in program.graph.in_specs]
             placed = jax.tree_util.tree_unflatten(
                 tree, [jax.device_put(x, s) for x, s in zip(flat, shardings, strict=True)])
-            jitted = jax.jit(f)
-            timed(program, placed), timed(jitted, placed)  # compile and warm up both
-            ours, theirs = [], []
-            for _ in range(args.repeats):  # interleaved, so both see the same machine noise
-                ours.append(timed(program, placed))
-                theirs.append(timed(jitted, placed))
-            ratio = statistics.median(ours) / statistics.median(theirs)
+            runtime = interleaved(program, jax.jit(f), placed, args.repeats)
             print(f"{name:24} {strategy:10} {comparison.shardprop_bytes:>15.0f} {comparison.jit_bytes:>10.0f} "
-                  f"{ratio:>10.2f}")
-
-
-    call_overhead(mesh, args.repeats)
-
-
-def call_overhead(mesh, repeats: int, calls: int = 100) -> None:
-    """Median microseconds per call (blocking on each) at a small size, interleaved rounds of ``calls`` calls."""
-    print(f"\nper-call overhead, nx_example 16x8, {repeats} interleaved rounds of {calls} calls, median us per call")
-    print(f"{'arguments':10} {'jax.jit':>8} {'Program':>8} {'ratio':>6} {'autoshard':>10} {'ratio':>6}")
-    a = np.linspace(-1, 1, 128, dtype=np.float32).reshape(16, 8)
-    sharding = NamedSharding(mesh, P("i", "j"))
-    fs = sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), P("i", "j")))
-    placed = (jax.device_put(a, sharding), jax.device_put(a + 1, sharding))
-    functions = {"jit": jax.jit(nx_example, in_shardings=(sharding, sharding)), "program": fs.trace(*placed),
-                 "autoshard": fs}
-    for kind, args in (("jax.Array", placed), ("NumPy", (a, a + 1))):
-        per_call = {name: [] for name in functions}
-        for f in functions.values():
-            for _ in range(20):
-                jax.block_until_ready(f(*args))
-        for _ in range(repeats):
-            for name, f in functions.items():
-                start = time.perf_counter()
-                for _ in range(calls):
-                    jax.block_until_ready(f(*args))
-                per_call[name].append((time.perf_counter() - start) / calls * 1e6)
-        jit, prog, auto = (statistics.median(per_call[n]) for n in ("jit", "program", "autoshard"))
-        print(f"{kind:10} {jit:>8.0f} {prog:>8.0f} {prog / jit:>6.2f} {auto:>10.0f} {auto / jit:>6.2f}")
+                  f"{runtime.ratio:>10.2f}")
+    print(f"\nper-call overhead, nx_example 16x8, {args.repeats} interleaved rounds of 100 calls, median per call")
+    print("\n".join(overhead_lines(small_call_overhead(mesh, args.repeats))))
 
 
 if __name__ == "__main__":

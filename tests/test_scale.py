@@ -8,27 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-
-
-def deep(x, w, layers):
-    for _ in range(layers):
-        h = jnp.tanh(x @ w + 1.0) * 0.5 - x
-        x = h - jnp.mean(h, axis=1, keepdims=True)
-        x = x / (jnp.max(jnp.abs(x), axis=0) + 1.0)
-    return x.sum()
-
-
-def passes_seconds(mesh, layers):
-    x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
-    w = jax.ShapeDtypeStruct((32, 32), jnp.float32)
-    t0 = time.perf_counter()
-    graph = sp.trace(lambda x, w: deep(x, w, layers), x, w)
-    t1 = time.perf_counter()
-    sharded = sp.propagate(graph, (P("i", "j"), None), mesh=mesh)
-    t2 = time.perf_counter()
-    sp.split(sharded)
-    t3 = time.perf_counter()
-    return len(graph.nodes), t1 - t0, t2 - t1, t3 - t2
+from shardprop.bench.timing import deep, passes_seconds  # the graph `shardprop bench` scales to 10^5 nodes
 
 
 @pytest.mark.slow

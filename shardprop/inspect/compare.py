@@ -53,14 +53,20 @@ def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: st
     """
     mesh = as_auto_mesh(mesh)
     program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
+    compiled = lower_with_jit(f, mesh, program.graph.in_specs, *args).compile()
+    jit_out = tuple(getattr(s, "spec", PartitionSpec()) for s in jax.tree_util.tree_leaves(compiled.output_shardings))
+    return Comparison(program.communication(), parse_hlo(compiled.as_text(), mesh), program.graph.out_specs,
+                      jit_out, program)
+
+
+def lower_with_jit(f: Callable, mesh: Mesh, flat_specs: Any, *args) -> jax.stages.Lowered:
+    """``jax.jit(f)`` lowered for ``args`` (arrays or ShapeDtypeStructs) with ``in_shardings`` on ``mesh`` from
+    ``flat_specs``, one ``PartitionSpec`` per argument leaf (a program's ``graph.in_specs``)."""
     flat_args, tree = jax.tree_util.tree_flatten(args)
-    shardings = [NamedSharding(mesh, spec) for spec in program.graph.in_specs]
+    shardings = [NamedSharding(mesh, spec) for spec in flat_specs]
     shaped = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(flat_args, shardings, strict=True)]
 
     def flat_f(*flat):
         return f(*jax.tree_util.tree_unflatten(tree, flat))
 
-    compiled = jax.jit(flat_f, in_shardings=shardings).lower(*shaped).compile()
-    jit_out = tuple(getattr(s, "spec", PartitionSpec()) for s in jax.tree_util.tree_leaves(compiled.output_shardings))
-    return Comparison(program.communication(), parse_hlo(compiled.as_text(), mesh), program.graph.out_specs,
-                      jit_out, program)
+    return jax.jit(flat_f, in_shardings=shardings).lower(*shaped)

@@ -1,7 +1,7 @@
 """The debugger on programs with the less common parts: a reduce-scatter (a value held finer than propagated),
 a stage outside shard_map (a while loop, a host callback), PRNG keys, bfloat16, weak types, an argument
-returned as is, a value left a partial sum. For each: the outputs are what ``prog(*args)`` returns, every value agrees with the unsharded
-reference, every promise holds, and every value's blocks reassemble to it."""
+returned as is, a value left a partial sum. For each: the outputs are what ``prog(*args)`` returns, every value
+agrees with the unsharded reference, every promise holds, and every value's blocks reassemble to it."""
 
 import subprocess
 import sys

@@ -1,0 +1,135 @@
+"""The project's own benchmark models, in plain ``jax.numpy`` as a user writes them.
+
+Minimal copies of what ``examples/`` shows (an MLP train step, layer norm, a transformer block, an RNN and a GRU),
+kept here because the installed ``shardprop bench`` cannot import ``examples/``; plus a ``fori_loop`` training loop.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def matmul(a, b):
+    return a @ b
+
+
+def matmul_scaled(a, b, c):
+    """A contraction over a sharded axis whose result is used only sharded: a reduce-scatter finishes it."""
+    return (a @ b) * c
+
+
+# -- an MLP ----------------------------------------------------------------------------------------------------
+def init_mlp(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"w": (rng.normal(size=(m, n)) / np.sqrt(m)).astype(np.float32),
+             "b": (rng.normal(size=(n,)) * 0.1).astype(np.float32)}
+            for m, n in zip(sizes[:-1], sizes[1:], strict=True)]
+
+
+def mlp_forward(params, x):
+    for layer in params[:-1]:
+        x = jax.nn.relu(x @ layer["w"] + layer["b"])
+    return x @ params[-1]["w"] + params[-1]["b"]
+
+
+def mlp_loss(params, x, labels):
+    logits = mlp_forward(params, x)
+    log_probs = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    return -jnp.mean(jnp.sum(jax.nn.one_hot(labels, logits.shape[-1]) * log_probs, axis=-1))
+
+
+def mlp_train_step(params, x, labels, lr=0.1):
+    value, grads = jax.value_and_grad(mlp_loss)(params, x, labels)
+    return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), value
+
+
+def fori_training_loop(params, x, labels, steps=8, lr=0.1):
+    """``steps`` SGD steps of the MLP in a ``lax.fori_loop``: every step's gradient is needed whole by the next."""
+    def step(_, p):
+        grads = jax.grad(mlp_loss)(p, x, labels)
+        return jax.tree_util.tree_map(lambda w, g: w - lr * g, p, grads)
+
+    params = lax.fori_loop(0, steps, step, params)
+    return params, mlp_loss(params, x, labels)
+
+
+# -- layer norm and a transformer block ------------------------------------------------------------------------
+def layer_norm(x, gamma, beta, eps=1e-5):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean((x - mean) ** 2, axis=-1, keepdims=True)
+    return (x - mean) / jnp.sqrt(var + eps) * gamma + beta
+
+
+def init_block(d_model, d_ff, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return (rng.normal(size=shape) / np.sqrt(shape[0])).astype(np.float32)
+
+    return {"wq": w(d_model, d_model), "wk": w(d_model, d_model), "wv": w(d_model, d_model),
+            "wo": w(d_model, d_model), "w1": w(d_model, d_ff), "b1": np.zeros(d_ff, np.float32),
+            "w2": w(d_ff, d_model), "b2": np.zeros(d_model, np.float32),
+            "ln1_g": np.ones(d_model, np.float32), "ln1_b": np.zeros(d_model, np.float32),
+            "ln2_g": np.ones(d_model, np.float32), "ln2_b": np.zeros(d_model, np.float32)}
+
+
+def attention(x, wq, wk, wv, wo, n_heads):
+    batch, seq, d_model = x.shape
+    d_head = d_model // n_heads
+
+    def heads(t):  # [batch, seq, d_model] -> [batch, heads, seq, d_head]
+        return t.reshape(batch, seq, n_heads, d_head).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(x @ wq), heads(x @ wk), heads(x @ wv)
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / jnp.sqrt(d_head).astype(x.dtype)
+    out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+    return out.transpose(0, 2, 1, 3).reshape(batch, seq, d_model) @ wo
+
+
+def transformer_block(params, x, n_heads=8):
+    h = layer_norm(x, params["ln1_g"], params["ln1_b"])
+    x = x + attention(h, params["wq"], params["wk"], params["wv"], params["wo"], n_heads)
+    h = layer_norm(x, params["ln2_g"], params["ln2_b"])
+    return x + jax.nn.gelu(h @ params["w1"] + params["b1"]) @ params["w2"] + params["b2"]
+
+
+# -- recurrent networks ----------------------------------------------------------------------------------------
+def init_rnn(features, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"w": (rng.normal(size=(features, features)) * 0.3 / np.sqrt(features / 16)).astype(np.float32),
+            "u": (rng.normal(size=(features, features)) * 0.3 / np.sqrt(features / 16)).astype(np.float32),
+            "b": (rng.normal(size=(features,)) * 0.1).astype(np.float32)}
+
+
+def rnn_loss(params, xs, h0):
+    """An Elman RNN over ``xs`` (time, batch, features) from ``h0`` (batch, features); mean squared state."""
+    def step(h, x):
+        h = jnp.tanh(h @ params["w"] + x @ params["u"] + params["b"])
+        return h, h
+
+    _, hs = lax.scan(step, h0, xs)
+    return jnp.mean(hs ** 2)
+
+
+def init_gru(features, seed=1):
+    rng = np.random.default_rng(seed)
+    scale = 0.3 / np.sqrt(features / 16)
+    return {"wx": (rng.normal(size=(features, 3 * features)) * scale).astype(np.float32),
+            "wh": (rng.normal(size=(features, 3 * features)) * scale).astype(np.float32),
+            "b": (rng.normal(size=(3 * features,)) * 0.1).astype(np.float32)}
+
+
+def gru_loss(params, xs, h0):
+    """A GRU as model libraries write it: one matmul for the three gates, split with ``jnp.split``."""
+    def step(h, x):
+        rx, zx, nx = jnp.split(x @ params["wx"] + params["b"], 3, axis=-1)
+        rh, zh, nh = jnp.split(h @ params["wh"], 3, axis=-1)
+        r, z = jax.nn.sigmoid(rx + rh), jax.nn.sigmoid(zx + zh)
+        h = (1 - z) * jnp.tanh(nx + r * nh) + z * h
+        return h, h
+
+    _, hs = lax.scan(step, h0, xs)
+    return jnp.mean(hs ** 2)

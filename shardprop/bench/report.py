@@ -1,0 +1,186 @@
+"""Writing a benchmark run: the terminal table (rich), the JSON document and ``benchmarks.md``.
+
+Everything reads the run's document (the dict the JSON holds), so the three always say the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import plots
+from .goals import GEOMEAN_LIMIT, ROW_RUNTIME_LIMIT, UNEXPLAINED, row_label
+
+HEADERS = ("workload", "parallel", "equals unsharded", "bytes gather", "bytes collective", "bytes auto",
+           "bytes jax.jit", "collectives auto / jit", "peak memory auto / jit", "our passes", "XLA compile ours / jit",
+           "runtime auto / jit (IQR)", "goals")
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "–"
+    if n < 1024:
+        return f"{n:.0f} B"
+    if n < 1024 ** 2:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / 1024 ** 2:.2f} MiB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f} ms"
+
+
+def row_cells(row: dict, misses: list[dict]) -> list[str]:
+    """One table row: the cells under :data:`HEADERS`."""
+    if row["error"]:
+        return [row["name"], row["parallel"], "ERROR", *["–"] * (len(HEADERS) - 4), "runs: " +
+                row["error"].splitlines()[0][:60]]
+    by = row["strategies"]
+    auto, jit = by["auto"]["compiled"], row["jit"]
+    wrong = [s for s, r in by.items() if not r["correct"]]
+    runtime = row["runtime"]
+    mine = [m for m in misses if m["row"] == row_label(row)]
+    goals = "met" if not mine else "; ".join(
+        f"{m['goal']}{' (unexplained)' if m['reason'] == UNEXPLAINED else ''}" for m in mine)
+    return [
+        row["name"], row["parallel"], "yes" if not wrong else f"WRONG ({', '.join(wrong)})",
+        *(human_bytes(by[s]["compiled"]["bytes"]) for s in ("gather", "collective", "auto")),
+        human_bytes(jit["bytes"]), f"{auto['collectives']} / {jit['collectives']}",
+        f"{human_bytes(auto['peak_memory'])} / {human_bytes(jit['peak_memory'])}",
+        _ms(row["passes_seconds"]), f"{_ms(auto['compile_seconds'])} / {_ms(jit['compile_seconds'])}",
+        "–" if not runtime else
+        f"{runtime['ratio']:.2f}× ({runtime['ratio_q1']:.2f}–{runtime['ratio_q3']:.2f})",
+        goals,
+    ]
+
+
+def print_table(doc: dict, console=None) -> None:
+    """The rows, the overhead and the scaling as rich tables, then each goal's verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:  # piped to a file, rich would wrap to 80 columns
+        console = Console()
+        console = console if console.is_terminal else Console(width=200)
+    table = Table(title=f"shardprop vs jax.jit ({len(doc['rows'])} rows; gather and collective bytes: the JSON and "
+                        "benchmarks.md)")
+    columns = [k for k, h in enumerate(HEADERS) if h not in ("bytes gather", "bytes collective")]
+    for k in columns:
+        table.add_column(HEADERS[k], overflow="fold")
+    for row in doc["rows"]:
+        cells = row_cells(row, doc["summary"]["misses"])
+        table.add_row(*(cells[k] for k in columns))
+    console.print(table)
+    for title, body in (("per-call overhead", overhead_lines(doc["overhead"])),
+                        ("pass scaling", scaling_lines(doc["scaling"]))):
+        if body:
+            console.print(f"\n{title}\n" + "\n".join(body), highlight=False)
+    console.print("\ngoals", highlight=False)
+    for goal in doc["summary"]["goals"]:
+        console.print(f"  {'met   ' if goal['met'] else 'MISSED'}  {goal['goal']}: {goal['measured']}",
+                      highlight=False)
+
+
+def overhead_lines(overhead: list[dict]) -> list[str]:
+    if not overhead:
+        return []
+    lines = [f"{'arguments':10} {'jax.jit':>9} {'Program':>9} {'ratio':>6} {'autoshard':>10} {'ratio':>6}"]
+    lines += [f"{o['arguments']:10} {o['jit_us']:>7.0f}µs {o['program_us']:>7.0f}µs {o['program_ratio']:>6.2f} "
+              f"{o['autoshard_us']:>8.0f}µs {o['autoshard_ratio']:>6.2f}" for o in overhead]
+    return lines
+
+
+def scaling_lines(points: list[dict]) -> list[str]:
+    if not points:
+        return []
+    lines = [f"{'nodes':>8} {'trace':>8} {'propagate':>10} {'split':>8} {'total':>8} {'µs/node':>8}"]
+    lines += [f"{p['nodes']:>8,} {p['trace_s']:>7.2f}s {p['propagate_s']:>9.2f}s {p['split_s']:>7.2f}s "
+              f"{p['total_s']:>7.2f}s {p['total_s'] / p['nodes'] * 1e6:>8.0f}" for p in points]
+    return lines
+
+
+def write_json(doc: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def _markdown_table(headers, rows) -> list[str]:
+    def cell(text) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(cell(c) for c in r) + " |" for r in rows)]
+
+
+def markdown(doc: dict, images: list[str]) -> str:
+    """``benchmarks.md``: how the run was made, the goals and every row that misses one with its reason, the
+    table, the plots (``images``, paths relative to the page), the overhead, the scaling and the warnings."""
+    meta, summary = doc["meta"], doc["summary"]
+    machine = meta["machine"]
+    out = ["# Benchmarks: shardprop against jax.jit", "",
+           "<!-- Generated by `shardprop bench`; edits are overwritten by the next run. -->", "",
+           f"Generated by `{meta['command']}` on {meta['date']} in {meta['wall_seconds'] / 60:.1f} min "
+           f"({'the quick subset' if meta['quick'] else 'the full run'}, {meta['rounds']} interleaved rounds per row).",
+           f"Machine: {machine['platform']}, {machine['cpus']} CPU core(s), Python {machine['python']}, "
+           f"jax {machine['jax']}, {machine['devices']}.", "",
+           "Each row runs one function through shardprop under each strategy and through `jax.jit` (GSPMD/Shardy) "
+           "with the same input shardings on the same mesh: *data* parallel is the batch over the 8 devices of "
+           "`data`, *tensor* parallel hidden units, heads or classes over the 8 devices of `model`, *2-D* both on a "
+           "(4, 2) mesh. *Equals unsharded*: every strategy's result against `jax.jit` of the function on unplaced "
+           "inputs (one device), each output within `atol + rtol × max|expected|` (the row's tolerances are in the "
+           "JSON). *Bytes*: collective bytes moved per device, read from each compiled HLO (ring model; a collective "
+           "in a loop counted once per iteration). *Collectives*: collective instructions in the HLO. *Peak "
+           "memory*: per device, from `compiled.memory_analysis()`. *Our passes*: trace + propagate + split + lower "
+           "for the `auto` program; *XLA compile*: compiling our program, and `jax.jit`'s lowering and compile. "
+           "*Runtime*: the median of per-round ratios auto / `jax.jit` over interleaved rounds on the same placed "
+           "inputs, with the interquartile range. These machines are small and shared: read ratios, not times.",
+           "", "## Goals", ""]
+    out += [f"- {'**met**' if g['met'] else '**missed**'}: {g['goal']} — {g['measured']}" for g in summary["goals"]]
+    if summary["misses"]:
+        out += ["", "Rows that miss a goal (a reason from the workload's `known_gap`, or *unexplained*):", ""]
+        out += _markdown_table(("row", "goal", "measured", "why"), [
+            (m["row"], m["goal"], m["measured"], f"**{m['reason']}**" if m["reason"] == UNEXPLAINED else m["reason"])
+            for m in summary["misses"]])
+    else:
+        out += ["", "No row misses a per-row goal."]
+    slow = sorted((r for r in doc["rows"] if not r["error"] and r["runtime"] and r["runtime"]["ratio"] > 1.0),
+                  key=lambda r: -r["runtime"]["ratio"])
+    mean = summary["runtime_geomean"]
+    if mean is not None and mean > GEOMEAN_LIMIT:
+        out += ["", f"The runtime geomean is {mean:.3f}×; the rows slower than `jax.jit` pull it up: " + ", ".join(
+            f"{row_label(r)} {r['runtime']['ratio']:.2f}×" + (f" ({r['known_gap']})" if r["known_gap"] else "")
+            for r in slow) + "."]
+    out += ["", "## Results", ""]
+    out += _markdown_table(HEADERS, [row_cells(r, summary["misses"]) for r in doc["rows"]])
+    if doc["skipped"]:
+        out += ["", "Skipped (a library missing; `pip install \"shardprop[bench]\"`): " +
+                ", ".join(f"{s['row']} (needs {', '.join(s['missing'])})" for s in doc["skipped"]) + "."]
+    for title, name in (("Bytes per device", plots.BYTES),
+                        (f"Runtime ratio (the dashed line is {ROW_RUNTIME_LIMIT:.2f}×)", plots.RUNTIME)):
+        match = [i for i in images if i.endswith(name)]
+        if match:
+            out += ["", f"### {title}", "", f"![{title}]({match[0]})"]
+    if doc["overhead"]:
+        out += ["", "## Per-call overhead", "",
+                "The Nx example at 16×8 on the (4, 2) mesh: median µs per call (blocking on each) over interleaved "
+                "rounds — `jax.jit` with `in_shardings`, a cached `Program`, an autoshard function.", "", "```",
+                *overhead_lines(doc["overhead"]), "```"]
+    if doc["scaling"]:
+        out += ["", "## Scaling of the passes", "",
+                "A deep stack of matmuls, elementwise ops and reductions over both sharded axes "
+                "(`shardprop.bench.timing.deep`), traced, propagated and split at growing sizes:", "", "```",
+                *scaling_lines(doc["scaling"]), "```"]
+        match = [i for i in images if i.endswith(plots.SCALING)]
+        if match:
+            out += ["", f"![pass scaling]({match[0]})"]
+    warned = [r for r in doc["rows"] if r["warnings"]]
+    if warned:
+        out += ["", "## Warnings during the runs", ""]
+        for r in warned:
+            out += [f"- {row_label(r)}:"] + [f"  - {w.splitlines()[0]}" for w in r["warnings"]]
+    errors = [r for r in doc["rows"] if r["error"]]
+    if errors:
+        out += ["", "## Errors", ""]
+        for r in errors:
+            out += [f"{row_label(r)}:", "", "```", r["error"].rstrip(), "```", ""]
+    return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,216 @@
+"""The benchmark's workloads: what runs, on which mesh, with which input shardings.
+
+A :class:`Workload` names a function, builds its arguments and input specs (lazily: a library row imports its
+library only when it runs), and says how it is parallelised — ``data`` (the batch over the 8 devices of mesh axis
+``data``), ``tensor`` (hidden units, heads or classes over the 8 devices of ``model``) or ``2-D`` (batch over
+``data`` and hidden over ``model`` on a (4, 2) mesh). ``known_gap`` explains a row expected to miss a goal;
+``fewer_expected`` says why shardprop should move fewer bytes than ``jax.jit`` on it. :func:`workloads` is the
+registry; the real-library rows are in :mod:`shardprop.bench.libraries`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from . import models
+from ..cli.demo import nx_example
+
+DATA, MODEL = "data", "model"
+MESHES = {"data": ((8,), (DATA,)), "tensor": ((8,), (MODEL,)), "2-D": ((4, 2), (DATA, MODEL))}
+
+
+class Case(NamedTuple):
+    """What a workload runs: ``f(*args)`` with ``in_specs`` (a pytree prefix of ``args``, as autoshard takes)."""
+
+    f: Callable
+    args: tuple
+    in_specs: Any
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str  # "own" (the project's models), "loop" (scan / fori_loop) or "library" (flax, equinox, haiku, optax)
+    parallel: str  # a key of MESHES: "data", "tensor" or "2-D"
+    build: Callable[[], Case]
+    rtol: float = 1e-5
+    atol: float = 1e-5
+    quick: bool = False  # in the --quick subset
+    requires: tuple[str, ...] = ()  # modules the row imports; missing ones skip it with a note
+    known_gap: str | None = None  # why this row is expected to miss a goal
+    fewer_expected: str | None = None  # why shardprop should move fewer bytes than jax.jit here
+
+    @property
+    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        return MESHES[self.parallel]
+
+
+def arrays(seed: int = 0):
+    """``normal(*shape)``: a float32 array drawn from a fixed seed (the same numbers on every run)."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):
+        return (rng.normal(size=shape) * scale).astype(np.float32)
+
+    return normal, rng
+
+
+# -- the project's own models ----------------------------------------------------------------------------------
+def _nx_2d() -> Case:
+    normal, _ = arrays()
+    return Case(nx_example, (normal(1024, 1024), normal(1024, 1024)), (P(DATA, MODEL), P(DATA, MODEL)))
+
+
+def _matmul(parallel: str) -> Callable[[], Case]:
+    def build() -> Case:
+        normal, _ = arrays()
+        a, b = normal(512, 1024), normal(1024, 512)
+        specs = {"tensor": (P(None, MODEL), P(MODEL, None)), "2-D": (P(DATA, MODEL), P(MODEL, None))}[parallel]
+        return Case(models.matmul, (a, b), specs)
+
+    return build
+
+
+def _matmul_scaled() -> Case:
+    normal, _ = arrays()
+    return Case(models.matmul_scaled, (normal(512, 1024), normal(1024, 512), normal(512, 512)),
+                (P(DATA, MODEL), P(MODEL, None), P(DATA, MODEL)))
+
+
+def mlp_specs(batch, hidden):
+    """Specs of a two-layer MLP's (params, x, labels): the hidden units over ``hidden`` (Megatron's column then
+    row split), the batch over ``batch``; None: replicated."""
+    if hidden is None:
+        params = [{"w": P(), "b": P()}, {"w": P(), "b": P()}]
+    else:
+        params = [{"w": P(None, hidden), "b": P(hidden)}, {"w": P(hidden, None), "b": P()}]
+    return params, P(batch), P(batch)
+
+
+def _mlp(parallel: str, f=models.mlp_train_step, sizes=(256, 512, 128), batch=256) -> Callable[[], Case]:
+    def build() -> Case:
+        normal, rng = arrays()
+        params = models.init_mlp(sizes)
+        x, labels = normal(batch, sizes[0]), rng.integers(0, sizes[-1], size=batch).astype(np.int32)
+        specs = {"data": mlp_specs(DATA, None), "tensor": mlp_specs(None, MODEL), "2-D": mlp_specs(DATA, MODEL)}
+        return Case(f, (params, x, labels), specs[parallel])
+
+    return build
+
+
+def _layer_norm(parallel: str) -> Callable[[], Case]:
+    def build() -> Case:
+        normal, _ = arrays()
+        x, gamma, beta = normal(1024, 512), 1 + normal(512, scale=0.1), normal(512, scale=0.1)
+        specs = {"data": (P(DATA), None, None), "tensor": (P(None, MODEL), P(MODEL), None),
+                 "2-D": (P(DATA, MODEL), None, None)}[parallel]
+        return Case(models.layer_norm, (x, gamma, beta), specs)
+
+    return build
+
+
+def block_specs(hidden):
+    col, row = P(None, hidden), P(hidden, None)
+    return {"wq": col, "wk": col, "wv": col, "wo": row, "w1": col, "b1": P(hidden), "w2": row, "b2": None,
+            "ln1_g": None, "ln1_b": None, "ln2_g": None, "ln2_b": None}
+
+
+def _transformer(parallel: str) -> Callable[[], Case]:
+    def build() -> Case:
+        normal, _ = arrays()
+        block, x = models.init_block(128, 256), normal(16, 64, 128)
+        specs = {"data": (None, P(DATA)), "tensor": (block_specs(MODEL), None),
+                 "2-D": (block_specs(MODEL), P(DATA))}[parallel]
+        return Case(models.transformer_block, (block, x), specs)
+
+    return build
+
+
+# -- loops -----------------------------------------------------------------------------------------------------
+def _rnn_grad() -> Case:
+    import jax
+
+    normal, _ = arrays(3)
+    xs, h0 = normal(16, 64, 64), normal(64, 64)
+    return Case(jax.grad(models.rnn_loss), (models.init_rnn(64), xs, h0), (None, P(None, DATA), P(DATA)))
+
+
+def _gru_grad_2d() -> Case:
+    import jax
+
+    normal, _ = arrays(4)
+    xs, h0 = normal(16, 64, 64), normal(64, 64)
+    gates = {"wx": P(None, MODEL), "wh": P(None, MODEL), "b": P(MODEL)}
+    return Case(jax.grad(models.gru_loss), (models.init_gru(64), xs, h0), (gates, P(None, DATA), P(DATA)))
+
+
+# Why rows miss a goal, as measured on the development machine (8 virtual CPU devices on 2 cores).
+GATHERS_INSTEAD_OF_SUMMING = (
+    "auto's cost model counts bytes only: it all-gathers the batch-sharded activations and their cotangents instead "
+    "of all-reducing the weight gradient they make, which moves fewer bytes, but then every device computes that "
+    "whole gradient matmul (8x the work on 8 devices); with 8 virtual devices sharing 2 cores the compute costs "
+    "more than the bytes saved")
+GATHERS_THE_PROJECTION = (
+    "auto's cost model counts bytes only: it gathers the attention's output and wo instead of all-reducing their "
+    "product, which moves fewer bytes, but then every device repeats the output projection; with 8 virtual devices "
+    "sharing 2 cores the compute costs more than the bytes saved")
+REDUCE_SCATTER_ON_CPU = (
+    "the reduce-scatter moves half jax.jit's bytes, but XLA:CPU runs it slower than its all-reduce of the same "
+    "array (1.9x in a shard_map of psum_scatter against psum and a slice on this machine)")
+
+OWN = [
+    Workload("nx_example", "own", "2-D", _nx_2d, quick=True),
+    Workload("matmul", "own", "tensor", _matmul("tensor"), rtol=1e-4, atol=1e-4),
+    Workload("matmul", "own", "2-D", _matmul("2-D"), rtol=1e-4, atol=1e-4, quick=True),
+    Workload("matmul_reduce_scatter", "own", "2-D", _matmul_scaled, rtol=1e-4, atol=1e-4, quick=True,
+             fewer_expected="the contraction's partial sums are reduce-scattered where jax.jit all-reduces",
+             known_gap=REDUCE_SCATTER_ON_CPU),
+    Workload("mlp_train_step", "own", "data", _mlp("data"), rtol=1e-4, atol=1e-5,
+             known_gap=GATHERS_INSTEAD_OF_SUMMING),
+    Workload("mlp_train_step", "own", "tensor", _mlp("tensor"), rtol=1e-4, atol=1e-5),
+    Workload("mlp_train_step", "own", "2-D", _mlp("2-D"), rtol=1e-4, atol=1e-5),
+    Workload("layer_norm", "own", "data", _layer_norm("data")),
+    Workload("layer_norm", "own", "tensor", _layer_norm("tensor"), rtol=1e-4, atol=1e-5),
+    Workload("layer_norm", "own", "2-D", _layer_norm("2-D"), rtol=1e-4, atol=1e-5, quick=True),
+    Workload("transformer_block", "own", "data", _transformer("data"), rtol=1e-4, atol=1e-4),
+    Workload("transformer_block", "own", "tensor", _transformer("tensor"), rtol=1e-4, atol=1e-4,
+             known_gap=GATHERS_THE_PROJECTION),
+    Workload("transformer_block", "own", "2-D", _transformer("2-D"), rtol=1e-4, atol=1e-4,
+             known_gap=GATHERS_THE_PROJECTION),
+]
+
+LOOPS = [
+    Workload("rnn_grad (scan)", "loop", "data", _rnn_grad, rtol=2e-4, atol=2e-5,
+             fewer_expected="the weight gradients' sums stay partial through the backward scan: one all-reduce "
+                            "after it, where jax.jit all-reduces on every step"),
+    Workload("gru_grad (scan)", "loop", "2-D", _gru_grad_2d, rtol=2e-4, atol=2e-5,
+             fewer_expected="the gate weights' gradient sums stay partial through the backward scan"),
+    Workload("mlp fori_loop training", "loop", "data", _mlp("data", models.fori_training_loop, batch=128),
+             rtol=2e-4, atol=2e-5, known_gap=GATHERS_INSTEAD_OF_SUMMING + " (on every iteration)"),
+    Workload("mlp fori_loop training", "loop", "2-D", _mlp("2-D", models.fori_training_loop, batch=128),
+             rtol=2e-4, atol=2e-5, known_gap=GATHERS_INSTEAD_OF_SUMMING + " (on every iteration)"),
+]
+
+
+def workloads() -> list[Workload]:
+    """Every benchmark row, the project's own first, then the loops, then the real-library models."""
+    from .libraries import LIBRARIES
+
+    return OWN + LOOPS + LIBRARIES
+
+
+def select(rows: list[Workload], *, quick: bool, only: str | None) -> list[Workload]:
+    """The rows a run measures: the quick subset with ``quick``; with ``only``, those whose name, kind or
+    parallelism contains it (case-insensitive), as ``name/parallel`` also matches (``mlp_train_step/2-D``)."""
+    if quick:
+        rows = [w for w in rows if w.quick]
+    if only:
+        needle = only.lower()
+        rows = [w for w in rows if any(needle in text.lower() for text in
+                                       (w.name, w.kind, w.parallel, f"{w.name}/{w.parallel}"))]
+    return rows

@@ -1,0 +1,72 @@
+"""``shardprop bench [--quick] [--repeats N] [--out DIR] [--json PATH] [--no-plots] [--only PATTERN]``: the benchmark
+against ``jax.jit`` (see :mod:`shardprop.bench`), written as a table, JSON, PNG plots and ``DIR/benchmarks.md``.
+
+It exits 0 when every row ran and equals the unsharded function, whatever the goals say (it is a measurement), and
+1 when a row is wrong or fails to run."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from ..errors import OptionError
+
+QUICK_ROUNDS, FULL_ROUNDS = 5, 30
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark shardprop against jax.jit (bytes, memory, compile and run times) and write the report",
+        description="Run the benchmark workloads through shardprop (each strategy) and jax.jit on 8 CPU devices and "
+                    "write a table, JSON, PNG plots and DIR/benchmarks.md. Needs the bench extra for the library "
+                    "rows and the plots: pip install \"shardprop[bench]\".")
+    p.add_argument("--quick", action="store_true", help="a few rows, few rounds, scaling up to 10^4 nodes (< 2 min)")
+    p.add_argument("--repeats", type=int, help=f"interleaved timing rounds per row (default {FULL_ROUNDS}, "
+                                               f"{QUICK_ROUNDS} with --quick; 0 skips the runtime ratios)")
+    p.add_argument("--out", default="docs", help="directory of benchmarks.md and img/bench_*.png (default docs)")
+    p.add_argument("--json", help="where to write the JSON (default OUT/benchmarks.json)")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--only", metavar="PATTERN",
+                   help="only rows whose name, kind or parallelism contains PATTERN (such as flax, loop, 2-D or "
+                        "mlp_train_step/data); leaves out the overhead and scaling sections")
+
+
+def command_line(args) -> str:
+    """The command as a user would type it again (only the options given)."""
+    words = ["shardprop", "bench"]
+    if args.quick:
+        words.append("--quick")
+    if args.repeats is not None:
+        words += ["--repeats", str(args.repeats)]
+    if args.out != "docs":
+        words += ["--out", args.out]
+    if args.json:
+        words += ["--json", args.json]
+    if args.no_plots:
+        words.append("--no-plots")
+    if args.only:
+        words += ["--only", args.only]
+    return shlex.join(words)
+
+
+def run(args, configure_devices) -> int:
+    rounds = args.repeats if args.repeats is not None else (QUICK_ROUNDS if args.quick else FULL_ROUNDS)
+    if rounds < 0:
+        raise OptionError(f"--repeats {rounds}: expected 0 or more")
+    configure_devices(8)
+    from ..bench import report
+    from ..bench.run import run_benchmark, stderr, write
+
+    doc = run_benchmark(quick=args.quick, rounds=rounds, only=args.only, command=command_line(args), say=stderr)
+    if not doc["rows"]:
+        raise OptionError(f"--only {args.only!r}: no workload matches" if args.only else "no workload to run")
+    out = Path(args.out)
+    written = write(doc, out=out, json_path=Path(args.json) if args.json else out / "benchmarks.json",
+                    with_plots=not args.no_plots, say=stderr)
+    report.print_table(doc)
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    bad = [f"{r['name']}/{r['parallel']}" for r in doc["rows"] if not r["correct"]]
+    if bad:
+        print(f"\nFAILED: {len(bad)} row(s) wrong or not run: {', '.join(bad)}")
+        return 1
+    return 0
