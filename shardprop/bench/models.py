@@ -133,3 +133,29 @@ def gru_loss(params, xs, h0):
 
     _, hs = lax.scan(step, h0, xs)
     return jnp.mean(hs ** 2)
+
+
+def accumulated_conv_gradient(kernel, microbatches):
+    """Gradient accumulation: a convolution's kernel gradient summed over microbatches in a ``lax.scan``."""
+    def loss(k, x):
+        y = lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.mean(jnp.tanh(y) ** 2)
+
+    return lax.scan(lambda g, x: (g + jax.grad(loss)(kernel, x), None), jnp.zeros_like(kernel), microbatches)[0]
+
+
+def embedding_sequence_gradient(table, ids):
+    """The table's gradient of a recurrent model that looks up one token per step (a scatter-add per step)."""
+    def loss(table):
+        def step(h, ids_t):
+            h = jnp.tanh(h + table[ids_t])
+            return h, jnp.sum(h ** 2)
+
+        return jnp.mean(lax.scan(step, jnp.zeros((ids.shape[1], table.shape[1])), ids)[1])
+
+    return jax.grad(loss)(table)
+
+
+def summed_product(x, w):
+    """A loss that sums a product: its contraction's psum can wait for the sum (a scalar)."""
+    return jnp.sum(jnp.tanh(x) @ w) / x.shape[0]

@@ -17,6 +17,8 @@ tensor axis, the batch summed by the ``psum``).
 
 from __future__ import annotations
 
+import math
+
 from ..backends.blocks import bind_as_is
 from ..expr.graph import Node
 from ..inspect.lineage.boxes import Box, LineageContext
@@ -114,6 +116,13 @@ def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c):
     return (tuple(lhs_need), tuple(rhs_need)), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
 
 
+def contraction_work(node: Node, operand_blocks, out_block) -> float:
+    """Multiply-adds on blocks: every output element sums over the (per-device) contracted length."""
+    (lhs_c, _), _ = node.params["dimension_numbers"]
+    lhs_block = operand_blocks[0]
+    return float(math.prod(out_block) * math.prod(lhs_block[k] for k in lhs_c))
+
+
 def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, group_sizes: TensorSharding, *,
                        ragged_dot_dimension_numbers, **params) -> RuleOutput:
     """The free axes of ``rhs`` (not contracted, batch or group axes) keep their sharding, as the last axes of
@@ -139,7 +148,8 @@ def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShardin
 
 OPS = [
     OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage,
-          lineage_exact=True, per_block=bind_as_is, finish=finish_contraction, pull=None, linear=Linearity.EITHER),
+          lineage_exact=True, per_block=bind_as_is, finish=finish_contraction, pull=None, linear=Linearity.EITHER,
+          work=contraction_work),
     OpDef("ragged_dot_general", Family.CONTRACTION, propagate=ragged_dot_general, lineage=whole_operands,
           lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

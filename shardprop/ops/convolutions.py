@@ -16,6 +16,8 @@ and the small kernel-shaped result is all-reduced instead of the batch-sharded a
 
 from __future__ import annotations
 
+import math
+
 from ..backends.blocks import bind_as_is
 from ..inspect.lineage.boxes import Box, LineageContext, full_box
 from ..propagation.context import RuleContext, RuleOutput
@@ -49,6 +51,13 @@ def finish_convolution(decisions, node):
         return None
     lhs_spec, rhs_spec, _ = node.params["dimension_numbers"]
     return finish_summed_pairs(decisions, node, (lhs_spec[1],), (rhs_spec[1],))
+
+
+def convolution_work(node, operand_blocks, out_block) -> float:
+    """Multiply-adds on blocks: every output element sums over a kernel window of (per-device) input features."""
+    _, rhs_spec, _ = node.params["dimension_numbers"]
+    rhs_block = operand_blocks[1]
+    return float(math.prod(out_block) * math.prod(rhs_block) / max(rhs_block[rhs_spec[0]], 1))
 
 
 def conv_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, feature_group_count=1,
@@ -159,7 +168,8 @@ def select_and_gather_lineage(ctx: LineageContext, box: Box, output: int, *, win
 
 OPS = [
     OpDef("conv_general_dilated", Family.WINDOW, propagate=conv_general_dilated, lineage=conv_lineage,
-          lineage_exact=False, per_block=bind_as_is, finish=finish_convolution, pull=None, linear=Linearity.EITHER),
+          lineage_exact=False, per_block=bind_as_is, finish=finish_convolution, pull=None, linear=Linearity.EITHER,
+          work=convolution_work),
     *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
           propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None, linear=Linearity.NONE),

@@ -9,6 +9,9 @@
                    moves gathers upwards through ops that have one)
     linear         how a partial sum passes through it (:class:`Linearity`): where it does, a sum's ``psum`` may
                    wait until after it (a loop's carry accumulating gradients keeps its partial sum)
+    work           the multiply-adds one device does, given its operand and output blocks — the one optional
+                   piece, for ops whose work grows faster than their data (contractions, convolutions): the
+                   cost model weighs the redundant work a gather causes against the bytes a collective moves
 
 Every field is required: a family module that defines an op says what each piece is, or that it has none
 (``finish=None``), so a missing piece is a construction error rather than a silent default. The signatures::
@@ -18,6 +21,7 @@ Every field is required: a family module that defines an op says what each piece
     per_block(node: Node, invals: list, blocks: Blocks) -> list                      # output blocks
     finish(decisions: Decisions, node: Node) -> (operand needs, Collective) | None
     pull(graph: Graph, node: Node, target: Layout) -> operand needs | None
+    work(node: Node, operand_blocks: list[Shape], out_block: Shape) -> float
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class OpDef:
     finish: Callable[..., Any] | None
     pull: Callable[..., Any] | None
     linear: Linearity
+    work: Callable[..., float] | None = None
 
     @property
     def is_fallback(self) -> bool:

@@ -174,6 +174,27 @@ def node_move_bytes(view: Decisions, node: Node, needs: tuple[Layout, ...] | Non
     return sum(move_bytes(view, v, view.layout(v), need) for v, need in edges)
 
 
+# Multiply-adds a device does in the time it moves one byte to another (an order of magnitude, for CPU devices):
+# the exchange rate between the work a gather makes every device repeat and the bytes a collective moves.
+MACS_PER_BYTE = 8.0
+
+
+def compute_bytes(view: Decisions, node: Node, needs: tuple[Layout, ...] | None = None) -> float:
+    """The multiply-adds one device does for ``node`` with its operands in ``needs`` (default: as ``view`` says),
+    in bytes' worth (:data:`MACS_PER_BYTE`); 0 for ops whose record has no ``work`` piece."""
+    from ..ops import lookup
+
+    work = lookup(node.op).work
+    if work is None:
+        return 0.0
+    graph, mesh_shape = view.graph, view.mesh_shape
+    needs = view.needs(node.id) if needs is None else needs
+    blocks = [block_shape(graph.avals[v].shape, need, mesh_shape) for v, need in zip(node.operands, needs,
+                                                                                       strict=True)]
+    out = node.outputs[0]
+    return work(node, blocks, block_shape(graph.avals[out].shape, view.sharded.layout(out), mesh_shape)) / MACS_PER_BYTE
+
+
 def collective_transfers(view: Decisions, node: Node, collective: Collective) -> list[Transfer]:
     """The collectives that finish ``node``: an all-reduce (a reduce-scatter for ``psum_scatter``) of each
     output's block; ``argmax``/``argmin`` also all-reduce the extreme values and, for floats, a NaN flag (a float

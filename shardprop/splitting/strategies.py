@@ -20,15 +20,16 @@ from ..expr import jax_adapter as jx
 from ..ops import lookup
 from ..propagation.sharding import Layout, layout_refines, received_layout, shard_count
 from .collectives import Collective, CollectiveKind
-from .cost import collective_bytes, move_bytes, node_move_bytes
+from .cost import collective_bytes, compute_bytes, move_bytes, node_move_bytes
 from .decisions import Decisions, Draft, Pending
 
 
 def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> Decisions:
     """Every node whose primitive can be finished with a collective consumes its operands as they are and is
     finished by it. With ``only_if_cheaper`` (the ``"auto"`` strategy) a node takes the collective only when
-    the cost model says it moves no more bytes than gathering (on a tie the collective wins: it needs no cut,
-    so the stage keeps its data where it is)."""
+    the cost model says it costs no more than gathering: the bytes moved, and the work a gather makes every
+    device repeat (a contraction over a gathered batch: each device computes the whole product), in bytes' worth
+    (on a tie the collective wins: it needs no cut, so the stage keeps its data where it is)."""
     needs: dict[int, tuple[Layout, ...]] = {}
     collectives: dict[int, Collective] = {}
     for node in decisions.graph.nodes:
@@ -36,8 +37,11 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
         found = op.finish(decisions, node) if op.finish is not None else None
         # A finish may still move an operand along an axis it does not sum over (a free axis taken whole); its psum
         # may wait for a smaller value further on (the cheapest point of its linear chain).
-        if found is not None and (not only_if_cheaper or cheapest_point(decisions, node.id, found[1])[2]
-                                  + node_move_bytes(decisions, node, found[0]) <= node_move_bytes(decisions, node)):
+        if found is None:
+            continue
+        finishing = (cheapest_point(decisions, node.id, found[1])[2] + node_move_bytes(decisions, node, found[0])
+                     + compute_bytes(decisions, node, found[0]))
+        if not only_if_cheaper or finishing <= node_move_bytes(decisions, node) + compute_bytes(decisions, node):
             needs[node.id], collectives[node.id] = found
     return decisions.revised(needs=needs, collectives=collectives)
 
