@@ -4,6 +4,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -127,3 +128,26 @@ def test_autoshard_and_program_say_what_they_are(mesh):
     assert "1 program traced" in repr(fs) and "{'i': 4, 'j': 2}" in repr(fs)
     assert repr(prog) == ("<Program 1 stage, 3 nodes, strategy auto, on mesh {'i': 4, 'j': 2}; inputs "
                           "f32[16,8]@P('i', 'j'), f32[16,8]@P('i', 'j')>")
+
+
+def test_a_conflict_inside_a_library_is_reported_at_the_users_line_that_called_it(mesh):
+    """optax's `p + u` is where the conflict is, but the user wrote the call: the warning names both and is
+    attributed to the user's line (so a warnings filter on the user's module sees it); the error says so too."""
+    import warnings
+
+    optax = pytest.importorskip("optax")
+    w = np.ones((16, 16), np.float32)
+
+    def step(w, u):
+        return optax.apply_updates(w, u.T)
+
+    line = step.__code__.co_firstlineno + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = sp.autoshard(step, mesh=mesh, in_specs=(P(None, "j"), P(None, "j")))(w, w * 2)
+    np.testing.assert_array_equal(np.asarray(out), w + (w * 2).T)
+    (warning,) = [c for c in caught if c.category is sp.ReshardWarning]
+    assert warning.filename.endswith("test_errors.py") and warning.lineno == line
+    assert f"at update.py:42 (called from test_errors.py:{line})" in str(warning.message)
+    with pytest.raises(sp.ShardingConflictError, match=rf"update.py:42 \(called from .*test_errors.py:{line}\)"):
+        sp.autoshard(step, mesh=mesh, in_specs=(P(None, "j"), P(None, "j")), conflicts="error")(w, w)

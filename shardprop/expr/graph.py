@@ -55,6 +55,8 @@ class Node:
     params: Mapping[str, Any]
     source: str | None
     primitive: Any = field(default=None, repr=False)
+    # The user's own line that called into the library ``source`` is in (an optax update, a flax layer), if it is.
+    caller: str | None = field(default=None, repr=False)
 
     @property
     def output(self) -> int:
@@ -225,6 +227,13 @@ def render(
     outs = " ".join(value_name(v) for v in graph.outputs)
     lines.append(f"  in ({outs},) }}" if len(graph.outputs) == 1 else f"  in ({outs}) }}")
     return "\n".join(lines)
+
+
+def called_at(node: Node, unknown: str = "an unknown line") -> str:
+    """Where ``node`` is, for messages: ``_update.py:9 (called from train.py:30)`` when its line is in a library
+    the user called, else ``train.py:30``."""
+    where = short_source(node.source, unknown)
+    return where if node.caller is None else f"{where} (called from {short_source(node.caller)})"
 
 
 def short_source(source: str | None, unknown: str = "") -> str:

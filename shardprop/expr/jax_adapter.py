@@ -71,6 +71,7 @@ class Equation:
     outvars: tuple[Any, ...]
     params: Any
     source: str | None
+    caller: str | None = None  # the user's own line that called into the library ``source`` is in, if it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,8 @@ def _as_body(sub) -> Body | None:
 
 def _body(jaxpr, consts) -> Body:
     equations = (
-        Equation(e.primitive, tuple(e.invars), tuple(e.outvars), e.params, _source_of(e)) for e in jaxpr.eqns
+        Equation(e.primitive, tuple(e.invars), tuple(e.outvars), e.params, *_sources(e.source_info.traceback))
+        for e in jaxpr.eqns
     )
     return Body(list(jaxpr.invars), list(zip(jaxpr.constvars, consts, strict=True)), list(jaxpr.outvars), equations)
 
@@ -381,12 +383,25 @@ def exclude_from_sources(path: str) -> None:
 exclude_from_sources(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _source_of(eqn) -> str | None:
-    """The user's ``file:line`` for an equation, or None when JAX recorded no user frame."""
-    frame = _source_info_util.user_frame(eqn.source_info.traceback)
-    if frame is None:
-        return None
-    return f"{frame.file_name}:{frame.start_line}"
+def _is_library(path: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+
+
+@functools.lru_cache(maxsize=1024)
+def _sources(traceback) -> tuple[str | None, str | None]:
+    """The ``file:line`` JAX names as the user's for an equation (None when it recorded none) and, when that line is
+    inside an installed library (flax, optax, equinox: code the user did not write), the user's own line that
+    called into it — what a warning should point at."""
+    frames = _source_info_util.user_frames(traceback)
+    first = next(frames, None)
+    if first is None:
+        return None, None
+    source = f"{first.file_name}:{first.start_line}"
+    if _is_library(first.file_name):
+        for frame in frames:
+            if not _is_library(frame.file_name):
+                return source, f"{frame.file_name}:{frame.start_line}"
+    return source, None
 
 
 PLACEMENTS = ("sharding_constraint",)

@@ -94,9 +94,10 @@ class _GraphBuilder:
         self.avals.append(Aval(tuple(shape), jx.as_dtype(dtype)))
         return len(self.avals) - 1
 
-    def _add_node(self, op, operands, out_avals, params, source, primitive=None) -> Node:
+    def _add_node(self, op, operands, out_avals, params, source, primitive=None, caller=None) -> Node:
         outputs = tuple(self._new_value(s, d) for s, d in out_avals)
-        node = Node(len(self.nodes), op, tuple(operands), outputs, MappingProxyType(dict(params)), source, primitive)
+        node = Node(len(self.nodes), op, tuple(operands), outputs, MappingProxyType(dict(params)), source, primitive,
+                    caller)
         self.nodes.append(node)
         return node
 
@@ -138,10 +139,10 @@ class _GraphBuilder:
             return self._constant(jx.literal_value(var))
         return env[var]
 
-    def _inline(self, equations, env, outer_source: str | None) -> None:
+    def _inline(self, equations, env, outer_source: str | None, outer_caller: str | None = None) -> None:
         for eqn in equations:
             # Ops inside library calls (relu, where) often have no user frame: report the call's line.
-            source = eqn.source or outer_source
+            source, caller = (eqn.source, eqn.caller) if eqn.source else (outer_source, outer_caller)
             operands = [self._read(env, var) for var in eqn.invars]
             if eqn.primitive.name == jx.PLATFORM_INDEX:  # folded: the platform is known now
                 env[eqn.outvars[0]] = self._constant(np.int32(jx.static_platform_index(eqn)))
@@ -159,14 +160,14 @@ class _GraphBuilder:
                 body, feeding = call
                 sub_env = {var: self._constant(c) for var, c in body.consts}
                 sub_env.update(zip(body.invars, [operands[k] for k in feeding], strict=True))
-                self._inline(body.equations, sub_env, source)
+                self._inline(body.equations, sub_env, source, caller)
                 for outer, inner in zip(eqn.outvars, body.outvars, strict=True):
                     if not jx.is_drop_var(outer):
                         env[outer] = self._read(sub_env, inner)
                 continue
             node = self._add_node(
                 eqn.primitive.name, operands, [jx.aval_of(v) for v in eqn.outvars], eqn.params, source,
-                eqn.primitive,
+                eqn.primitive, caller,
             )
             for var, value in zip(eqn.outvars, node.outputs, strict=True):
                 if not jx.is_drop_var(var):

@@ -24,7 +24,7 @@ from ..errors import (ConflictKind, FallbackWarning, NoRuleError, OptionError, R
 from ..expr import jax_adapter as jx
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
-from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, short_source, value_name
+from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, called_at, short_dtype, short_source, value_name
 from ..ops import has_record, lookup
 from .context import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
@@ -115,11 +115,16 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None
         aval = sharded.graph.avals[moved]
         nbytes = elements_moved(aval.shape, have, need, sharded.mesh_shape) * jx.itemsize(aval.dtype)
         text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
-                f"{short_source(node.source, 'an unknown line')}{inside} by moving operand {operand} "
+                f"{called_at(node)}{inside} by moving operand {operand} "
                 f"({value_name(moved)}, "
                 f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
                 f"(conflicts='error' refuses instead)\n{message}")
-        _warn_at(text, ReshardWarning, node.source)
+        _warn_at(text, ReshardWarning, node.caller or node.source)  # the user's line: filters, and where it shows
+
+
+def _caller(node: Node) -> str:
+    """`` (called from train.py:30)`` for an op inside a library the user called, else nothing."""
+    return "" if node.caller is None else f" (called from {node.caller})"
 
 
 def _warn_at(message: str, category, source: str | None) -> None:
@@ -141,12 +146,12 @@ def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
     for name, nodes in sorted(uses.items()):
         first = nodes[0]
         more = "" if len(nodes) == 1 else f" (and {len(nodes) - 1} more use(s))"
-        where = short_source(first.source, "an unknown line")
+        where = called_at(first)
         cause = (causes or {}).get(first.id)
         message = (f"shardprop: no sharding rule for primitive `{name}` at {where}{more} "
                    f"({cause or 'or none that applies here'}); using the conservative rule (operands gathered, "
                    "result replicated)")
-        _warn_at(message, FallbackWarning, first.source)
+        _warn_at(message, FallbackWarning, first.caller or first.source)
 
 
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
@@ -159,7 +164,8 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
         if missing:
             node = missing[0]
             raise NoRuleError(
-                f"no sharding rule for primitive `{node.op}` at {node.source or 'an unknown source line'} "
+                f"no sharding rule for primitive `{node.op}` at "
+                f"{node.source or 'an unknown source line'}{_caller(node)} "
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
@@ -349,7 +355,7 @@ class _Walk:
                     seen[name] = k
 
     def _conflict(self, node: Node, conflict: RuleConflict) -> ShardingConflictError:
-        lines = [f"sharding conflict in `{node.op}` at {node.source or 'an unknown source line'}"]
+        lines = [f"sharding conflict in `{node.op}` at {node.source or 'an unknown source line'}{_caller(node)}"]
         for i, v in enumerate(node.operands):
             sharding = self.shardings[v]
             dtype = short_dtype(self.graph.avals[v].dtype)
