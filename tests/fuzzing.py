@@ -2,7 +2,7 @@
 
 A program is plain source code (so a failure prints as a reproducer): ``def f(x0, x1): ...`` built from
 elementwise ops with broadcasting, reductions (``any``/``all`` of comparisons too), ``dot_general`` with
-random dimension numbers, reshape, transpose, slice, pad, concatenate, cumsum, select, iota and gather, over
+random dimension numbers, reshape, transpose, slice, pad, concatenate, cumsum, select, iota, gather and scatter, over
 float32 values whose shapes are tracked as the program grows — and, given a mesh, sharding constraints
 (``constrain(v, P(...))``: ``jax.lax.with_sharding_constraint`` on the program's mesh; the unsharded reference
 runs without them, as JAX refuses a constraint that does not divide even unsharded).
@@ -213,7 +213,21 @@ def gather(draw, pool):
     return "gather", f"jnp.take({v.name}, np.array({idx}), axis={k}, mode={mode!r})", shape
 
 
-OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather]
+def scatter(draw, pool):
+    """``x.at[..., idx, ...].op(c)`` along a random axis (sharded or not), out-of-bounds indices included."""
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    idx = draw(st.lists(st.integers(-v.shape[k] - 2, v.shape[k] + 1), min_size=1, max_size=5))
+    method = draw(st.sampled_from(["add", "set", "max", "mul"]))
+    mode = draw(st.sampled_from(["clip", "drop"]))
+    where = ":, " * k + f"np.array({idx})"
+    return "scatter", f"{v.name}.at[{where}].{method}(1.5, mode={mode!r})", v.shape
+
+
+OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather,
+       scatter]
 
 
 BODY_OPS = tuple(op for op in OPS if op is not meet)

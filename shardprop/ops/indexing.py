@@ -1,5 +1,7 @@
-"""Indexing: gather and the scatter family. Axes the op does not index keep their sharding; the indexed
-axes (and the index vectors themselves) are needed whole, since any index may point anywhere.
+"""Indexing: gather and the scatter family. Axes the op does not index keep their sharding; a gather's indexed
+axes (and the index vectors themselves) are needed whole, since any index may point anywhere. A scatter's indexed
+axis that each update touches one element of keeps its sharding: each device applies the updates landing in its
+block (shifted to it; the others dropped), so ``x.at[i].set(v)`` on a sharded ``x`` moves nothing.
 
 Lineage: an output element reads its own index vector and, on the axes the indices choose a start on, any
 operand element (so not exact); along axes the indices do not move it reads its own position. On blocks: a
@@ -65,7 +67,8 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
 def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, updates: TensorSharding, *,
             dimension_numbers, **params) -> RuleOutput:
     """An operand axis that is not indexed and that the update windows cover whole keeps its sharding, merged
-    with the matching update window axis. Operand batching axes pair with the indices' batching axes and the
+    with the matching update window axis; so does an indexed axis each update touches one element of (each device
+    applies the updates landing in its block). Operand batching axes pair with the indices' batching axes and the
     updates' matching scatter axes, as ``gather``'s do: batch ``b`` of the updates lands only in batch ``b`` of
     the operand, so each device scatters its batch rows into its own (the gradient of ``take_along_axis``, of an
     integer-label cross-entropy). Every other axis, the other index axes and the index vectors are needed whole."""
@@ -81,6 +84,13 @@ def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, 
     for o, i, u in pairs:
         axes[o] = ctx.merge(o, operand.shape[o], [operand.axes[o], indices.axes[i], updates.axes[u]])
     used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
+    # An indexed axis each update touches one element of keeps its sharding: each device applies the updates that
+    # land in its block (``scatter_on_blocks``), so ``x.at[i].set(v)`` on a sharded x moves nothing.
+    for k in dn.scatter_dims_to_operand_dims:
+        if k in dn.inserted_window_dims and k not in dn.operand_batching_dims:
+            axes[k] = ctx.carry_unused(k, operand.shape[k], operand.axes[k], used)
+            if isinstance(axes[k], Sharded):
+                used.update(axes[k].mesh_axes)
     window = [k for k in range(len(operand.shape))
               if k not in dn.inserted_window_dims and k not in dn.operand_batching_dims]
     for k, u in zip(window, dn.update_window_dims, strict=True):
@@ -125,6 +135,30 @@ def finish_scatter_add(decisions, node):
             return None  # a mesh axis would shard two axes of one operand, or the output
     return (tuple(operand_need), tuple(indices_need), tuple(updates_need)), \
         Collective(CollectiveKind.PSUM, tuple(mesh_axes), once=(0,))
+
+
+def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
+    """The scatter on this device's operand block. Along an indexed axis that is sharded each index is shifted to
+    the block's start (after clamping it into the whole axis, for ``clip`` and ``promise_in_bounds``) and the
+    updates landing in other devices' blocks are dropped — as out-of-bounds ones already are under ``fill``."""
+    operand, indices, *rest = invals
+    dn = node.params["dimension_numbers"]
+    (operand_global, *_), (operand_block, *_) = blocks.in_global, blocks.in_blocks
+    sharded = [p for p, k in enumerate(dn.scatter_dims_to_operand_dims) if operand_block[k] != operand_global[k]]
+    if not sharded:
+        return bind_as_is(node, invals, blocks)
+    clip = node.params["mode"] != lax.GatherScatterMode.FILL_OR_DROP
+    columns = []
+    for p, k in enumerate(dn.scatter_dims_to_operand_dims):
+        index = indices[..., p]
+        if p in sharded:
+            if clip:
+                index = jnp.clip(index, 0, operand_global[k] - 1)
+            offset = block_index(blocks.in_layouts[0][k], blocks.mesh_shape) * operand_block[k]
+            index = index - offset.astype(index.dtype)
+        columns.append(index)
+    params = {**node.params, "mode": lax.GatherScatterMode.FILL_OR_DROP}
+    return jx.bind(node.primitive, [operand, jnp.stack(columns, axis=-1), *rest], params)
 
 
 def gather_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, slice_sizes, **params):
@@ -258,8 +292,9 @@ OPS = [
     OpDef("gather", Family.INDEXING, propagate=gather, lineage=gather_lineage, lineage_exact=False,
           per_block=gather_on_blocks, finish=finish_gather, pull=None, linear=Linearity.NONE),
     *defs(("scatter-add", "scatter-sub"), Family.INDEXING, propagate=scatter, lineage=scatter_lineage,
-          lineage_exact=False, per_block=bind_as_is, finish=finish_scatter_add, pull=None, linear=Linearity.NONE),
+          lineage_exact=False, per_block=scatter_on_blocks, finish=finish_scatter_add, pull=None,
+          linear=Linearity.NONE),
     *defs(tuple(op for op in SCATTERS if op not in ("scatter-add", "scatter-sub")), Family.INDEXING,
-          propagate=scatter, lineage=scatter_lineage, lineage_exact=False, per_block=bind_as_is, finish=None,
+          propagate=scatter, lineage=scatter_lineage, lineage_exact=False, per_block=scatter_on_blocks, finish=None,
           pull=None, linear=Linearity.NONE),
 ]

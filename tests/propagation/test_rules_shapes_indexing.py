@@ -62,7 +62,7 @@ CASES = [
      P("i"), "gather"),
     ("scatter_add", lambda a, u: a.at[IDX16[:4]].add(u), [(M, F32), ((4, 8), F32)], "4x2", (P(None, "j"), None),
      P(None, "j"), "scatter-add"),
-    ("scatter_set", lambda a: a.at[:, 3].set(0.0), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "scatter"),
+    ("scatter_set", lambda a: a.at[:, 3].set(0.0), [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "scatter"),
     ("cumsum", lambda a: jnp.cumsum(a, axis=1), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "cumsum"),
     ("cumprod", lambda a: jnp.cumprod(a, axis=0), [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "cumprod"),
     ("cummax", lambda a: lax.cummax(a, axis=0), [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "cummax"),

@@ -103,3 +103,39 @@ def test_a_lookup_in_booleans_keeps_its_gather(meshes):
     prog = assert_same_as_unsharded(lambda m: m[ids], (mask,), mesh=meshes["8"], in_specs=(P("i"),),
                                     strategy="collective")
     assert not prog.plan.collectives
+
+
+@pytest.mark.parametrize("mode", [None, "clip", "drop", "promise_in_bounds"])
+@pytest.mark.parametrize("method", ["set", "add", "mul", "min", "max"])
+@pytest.mark.parametrize("mesh_name,spec", [("8", P("i")), ("4x2", P("j", "i")), ("2x2x2", P(("k", "i")))])
+def test_a_scatter_into_a_sharded_axis_updates_each_block_in_place(mesh_name, spec, method, mode, meshes):
+    """``x.at[idx].op(v)`` on an axis sharded over the mesh: each device applies the updates landing in its block
+    (indices shifted, the others dropped; clamped first under ``clip``) — no gather of x, and exactly the unsharded
+    result, out-of-bounds and negative indices included."""
+    (x,) = random_args([((16, 8), np.float32)])
+    idx = np.array([0, 3, 15, 3, 9] if mode == "promise_in_bounds" else [0, 3, 15, 3, -2, 16, 40, -40], np.int32)
+    v = np.arange(len(idx) * 8, dtype=np.float32).reshape(len(idx), 8) - 7
+
+    def f(x):
+        return getattr(x.at[idx], method)(v, mode=mode)
+
+    fs = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=(spec,), strategy="collective")
+    want = np.asarray(f(jnp.asarray(x)))
+    if method == "set" and mode == "promise_in_bounds":
+        want = np.asarray(jax.jit(f)(x))  # repeated indices: XLA's order, the same on every device
+    np.testing.assert_array_equal(np.asarray(fs(x)), want)
+    prog = fs.trace(x)
+    assert not prog.communication()
+    assert prog.graph.out_specs == (spec,)
+
+
+@pytest.mark.parametrize("strategy", ["collective", "auto"])
+def test_the_cross_entropy_gradient_scatters_into_each_class_block(strategy, meshes):
+    """The integer-label gradient scatter-adds -1/B at each row's label into zeros of the logits' shape: with the
+    classes sharded each device builds only its block of it (it built the whole [B, V] array before, 8x the work)."""
+    (logits,) = random_args([((64, 256), np.float32)])
+    prog = assert_same_as_unsharded(jax.grad(_cross_entropy), (logits, _labels(64, 256)), mesh=meshes["8"],
+                                    in_specs=(P(None, "i"), P()), strategy=strategy)
+    graph = prog.plan.graph
+    scatters = [n for n in graph.nodes if n.op == "scatter-add" and len(graph.avals[n.output].shape) == 2]
+    assert scatters and all(prog.plan.layout(n.output) == ((), ("i",)) for n in scatters)
