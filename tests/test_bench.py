@@ -78,3 +78,20 @@ def test_rows_of_a_missing_library_are_skipped_and_patterns_select_rows():
     assert [(w.name, w.parallel) for w in select(rows, quick=False, only="mlp_train_step/2-D")] == \
         [("mlp_train_step", "2-D")]
     assert all(w.quick for w in select(rows, quick=True, only=None))
+
+
+def test_a_full_run_rewrites_the_performance_pages_section_between_its_markers():
+    """docs/performance.md's summary is generated (from the committed full run here): goals, one line per row."""
+    import json
+    import pathlib
+
+    from shardprop.bench.report import PERFORMANCE_BEGIN, PERFORMANCE_END, replace_performance_section
+
+    doc = json.loads((pathlib.Path(__file__).parents[1] / "docs" / "benchmarks.json").read_text())
+    page = f"# title\n\nbefore\n\n{PERFORMANCE_BEGIN}\nold numbers\n{PERFORMANCE_END}\n\nafter\n"
+    text = replace_performance_section(page, doc)
+    assert text.startswith("# title\n\nbefore\n\n") and text.endswith(f"{PERFORMANCE_END}\n\nafter\n")
+    assert "old numbers" not in text and doc["meta"]["command"] in text
+    assert all(goal["goal"] in text for goal in doc["summary"]["goals"])
+    assert text.count("\n| ") == len([r for r in doc["rows"] if not r["error"]]) + 1  # a header and one per row
+    assert replace_performance_section("no markers", doc) is None

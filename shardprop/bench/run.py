@@ -86,6 +86,12 @@ def write(doc: dict, *, out: Path, json_path: Path, with_plots: bool, say=print)
     page = out / "benchmarks.md"
     page.write_text(report.markdown(doc, [str(p.relative_to(out)) for p in images]))
     written.append(page)
+    performance = out / "performance.md"  # the project's docs: its summary section follows each full run
+    if performance.exists() and not doc["meta"]["quick"] and doc["meta"]["only"] is None:
+        updated = report.replace_performance_section(performance.read_text(), doc)
+        if updated is not None:
+            performance.write_text(updated)
+            written.append(performance)
     return written
 
 
