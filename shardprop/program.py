@@ -222,7 +222,8 @@ class Program:
         if len(leaves) != len(self._in_shardings):
             return False
         donated = [leaves[k] for k in self.donated]
-        if any(not isinstance(x, jax.Array) or x.sharding != self._in_shardings[k]
+        hot = jax.tree_util.tree_leaves(self._hot_shardings)  # on the user's mesh, as the hot path takes them
+        if any(not isinstance(x, jax.Array) or x.sharding != hot[k]
                for x, k in zip(donated, self.donated, strict=True)):
             return False
         ids = [id(x) for x in leaves]

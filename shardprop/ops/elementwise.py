@@ -33,9 +33,10 @@ NARY = (
     "threefry2x32",
 )
 # How a partial sum passes through them (the rest: not at all): see opdef.Linearity.
+# Not a conversion or reduce_precision: they round or overflow each share apart (int8 shares of 100 and 100 wrap
+# apart, not together; float16 shares of 40000 are finite, their sum is not).
 LINEAR = {
-    **dict.fromkeys(("neg", "reduce_precision", "copy", "real", "imag", "conj"), Linearity.FIRST),
-    "convert_element_type": Linearity.FIRST_IF_FLOAT,
+    **dict.fromkeys(("neg", "copy", "real", "imag", "conj"), Linearity.FIRST),
     **dict.fromkeys(("add", "add_any", "sub"), Linearity.JOINT),
     "mul": Linearity.EITHER,
     "div": Linearity.FIRST_IF_FLOAT,  # x / y with y fixed; integer division rounds

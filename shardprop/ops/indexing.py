@@ -150,7 +150,7 @@ def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
     clip = node.params["mode"] != lax.GatherScatterMode.FILL_OR_DROP
     columns = []
     for p, k in enumerate(dn.scatter_dims_to_operand_dims):
-        index = indices[..., p]
+        index = _wide(indices[..., p])
         if p in sharded:
             if clip:
                 index = jnp.clip(index, 0, operand_global[k] - 1)
@@ -209,7 +209,8 @@ def finish_gather(decisions, node):
     the others, and a ``psum`` over that axis's mesh axes combines them — the operand is never gathered, only the
     (small) looked-up result is summed. For indexed axes sliced one element at a time; for numbers (no sum of
     bools or PRNG keys)."""
-    if jx.dtype_kind(decisions.graph.avals[node.outputs[0]].dtype) not in "fiuc":
+    kind = jx.dtype_kind(decisions.graph.avals[node.outputs[0]].dtype)
+    if not kind or kind not in "fiuc":  # "" (a PRNG key) is in every string
         return None
     dn, slice_sizes = node.params["dimension_numbers"], node.params["slice_sizes"]
     operand, _ = node.operands
@@ -253,7 +254,7 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
     elsewhere = jnp.zeros(batch_shape, bool)  # in another device's block
     vectors, mesh_axes = [], []
     for p, k in enumerate(dn.start_index_map):
-        index = indices[..., p]
+        index = _wide(indices[..., p])
         upper = operand_global[k] - slice_sizes[k]
         outside = outside | (index < 0) | (index > upper)
         index = jnp.clip(index, 0, upper)
@@ -279,6 +280,13 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
         out = lax.select(spread(outside), lax.select(lax.broadcast(first, out.shape), lax.full_like(
             out, params_fill(node.params, out.dtype)), zero), out)
     return [out]
+
+
+def _wide(index):
+    """An index as int32 at least: a block's offset, or the axis's end, may not fit a narrower index type (uint8
+    indices into a 512-row table)."""
+    return index if index.dtype.itemsize >= 4 and jnp.issubdtype(index.dtype, jnp.signedinteger) else \
+        index.astype(jnp.promote_types(index.dtype, jnp.int32))
 
 
 def params_fill(params, dtype):

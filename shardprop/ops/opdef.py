@@ -62,7 +62,7 @@ class Linearity(StrEnum):
     JOINT = "joint"    # linear in all operands jointly (add, sub, concatenate): partial when every operand is
     FIRST = "first"    # linear in its first operand, the others fixed (neg, reshape, reduce_sum, x / y, slices)
     EITHER = "either"  # bilinear (mul, dot_general): partial when exactly one operand is
-    FIRST_IF_FLOAT = "first, float results"  # x / y, a conversion: integer results round (not linear)
+    FIRST_IF_FLOAT = "first, float results"  # x / y: integer results round (not linear)
 
     def passes(self, partial: list[bool], dtype) -> bool:
         """True when the op's result (of ``dtype``) is a partial sum given which operands are (``partial[i]``).

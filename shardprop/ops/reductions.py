@@ -78,7 +78,8 @@ class FinishReduction:
     def __call__(self, decisions, node: Node):
         (v,) = node.operands
         dtype = decisions.graph.avals[v].dtype
-        if jx.dtype_kind(dtype) not in self.exact_for:  # bfloat16 is a float too
+        kind = jx.dtype_kind(dtype)  # bfloat16 is a float too; "" (a PRNG key) is in every string
+        if not kind or kind not in self.exact_for:
             return None
         produced = decisions.layout(v)
         mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])

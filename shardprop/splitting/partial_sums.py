@@ -17,15 +17,40 @@ partial (zeros), that value is still taken on each group's first device only.
 
 from __future__ import annotations
 
-from ..expr.graph import PARAMETER, Graph, Node
+import numpy as np
+
+from ..expr.graph import CONSTANT, PARAMETER, Graph, Node
 from ..ops import lookup
+from ..ops.opdef import Linearity
 from .collectives import Collective, CollectiveKind
 from .decisions import BodyPlan, Decisions
 
-def _linear(graph: Graph, node: Node, partial_operands: list[bool]) -> bool:
-    """True when ``node``, its operands partial where ``partial_operands`` says, gives a partial result (its
-    record's :class:`~shardprop.ops.opdef.Linearity`, for the dtype of its result)."""
-    return lookup(node.op).linear.passes(partial_operands, graph.avals[node.outputs[0]].dtype)
+def carries_partial(graph: Graph, node: Node, partial_operands: list[bool]) -> bool:
+    """True when ``node``, its operands partial sums where ``partial_operands`` says, gives a partial sum of its
+    result: its record's :class:`~shardprop.ops.opdef.Linearity` for the dtype of its result — and, where it
+    multiplies (``mul``, ``div``, a contraction), the factor that is not partial is a constant of finite numbers
+    (non-zero, for a divisor). A share times an infinity, or over zero, is NaN where the sum's product is not (a
+    lookup's other devices hold zeros)."""
+    op = lookup(node.op)
+    if not op.linear.passes(partial_operands, graph.avals[node.outputs[0]].dtype):
+        return False
+    if op.linear in (Linearity.EITHER, Linearity.FIRST_IF_FLOAT):
+        divisor = op.linear is Linearity.FIRST_IF_FLOAT
+        return all(p or _finite_constant(graph, v, nonzero=divisor)
+                   for v, p in zip(node.operands, partial_operands, strict=True))
+    return True
+
+
+def _finite_constant(graph: Graph, value: int, *, nonzero: bool) -> bool:
+    """``value`` is a constant (or a broadcast, reshape or conversion of one) of finite numbers (non-zero)."""
+    node = graph.nodes[graph.producer[value]]
+    while node.op in ("broadcast_in_dim", "reshape", "convert_element_type") and len(node.operands) == 1:
+        node = graph.nodes[graph.producer[node.operands[0]]]
+    if node.op != CONSTANT:
+        return False
+    x = np.asarray(node.params["value"])
+    return bool(np.all(np.isfinite(x)) and (not nonzero or np.all(x != 0)))
+
 
 
 def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> tuple[set[int], set[int]]:
@@ -51,7 +76,7 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
         if node.id in psums:
             if finished_partially(node):
                 partial.add(node.outputs[0])
-        elif _linear(graph, node, [v in partial for v in node.operands]):
+        elif carries_partial(graph, node, [v in partial for v in node.operands]):
             partial.add(node.outputs[0])
     changed = True
     while changed:  # backward: drop values whose uses are not all linear into partial values or own carries
@@ -60,7 +85,7 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
             ok = outputs_at.get(v, set()) <= wanted and all(
                 graph.nodes[c].outputs[0] in partial and (
                     finished_partially(graph.nodes[c]) if c in psums else
-                    _linear(graph, graph.nodes[c], [u in partial for u in graph.nodes[c].operands]))
+                    carries_partial(graph, graph.nodes[c], [u in partial for u in graph.nodes[c].operands]))
                 for c in graph.consumers[v])
             producer = graph.nodes[graph.producer[v]]
             if producer.op == PARAMETER:
@@ -68,7 +93,7 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
             elif producer.id in psums:
                 ok = ok and finished_partially(producer)
             else:
-                ok = ok and _linear(graph, producer, [u in partial for u in producer.operands])
+                ok = ok and carries_partial(graph, producer, [u in partial for u in producer.operands])
             if not ok:
                 partial.discard(v)
                 changed = True

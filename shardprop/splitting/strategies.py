@@ -16,12 +16,12 @@ collective finishes a primitive, which operand layouts give an output layout) is
 
 from __future__ import annotations
 
-from ..expr import jax_adapter as jx
 from ..ops import lookup
 from ..propagation.sharding import Layout, layout_refines, received_layout, shard_count
 from .collectives import Collective, CollectiveKind
 from .cost import collective_bytes, compute_bytes, move_bytes, node_move_bytes
 from .decisions import Decisions, Draft, Pending
+from .partial_sums import carries_partial
 
 
 def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> Decisions:
@@ -91,11 +91,9 @@ def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, t
         own = decisions.collectives.get(c.id)
         if (c.id in taken or len(c.outputs) != 1 or op.runs_outside_shard_map
                 or (own is not None and not (_plain_psum(own) and summed.isdisjoint(own.mesh_axes)))
-                or not op.linear.passes([u == v for u in c.operands], graph.avals[c.outputs[0]].dtype)):
+                or not carries_partial(graph, c, [u == v for u in c.operands])):
             break
         out = c.outputs[0]
-        if jx.itemsize(graph.avals[out].dtype) < jx.itemsize(graph.avals[v].dtype):
-            break  # summed in a narrower type (bfloat16) the sum would lose the precision jax.jit keeps
         if (own is None and decisions.layout(out) != decisions.computed_layout(out)) or any(
                 u == v and not layout_refines(decisions.layout(v), need) for u, need in decisions.edges(c)):
             break  # held otherwise, or the partial value would be gathered

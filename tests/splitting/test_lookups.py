@@ -139,3 +139,24 @@ def test_the_cross_entropy_gradient_scatters_into_each_class_block(strategy, mes
     graph = prog.plan.graph
     scatters = [n for n in graph.nodes if n.op == "scatter-add" and len(graph.avals[n.output].shape) == 2]
     assert scatters and all(prog.plan.layout(n.output) == ((), ("i",)) for n in scatters)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16])
+def test_narrow_indices_into_a_sharded_axis_are_widened_before_they_are_shifted(dtype, meshes):
+    """Found by review: a block's offset (256) and the axis's end (511) do not fit uint8 / int8 indices."""
+    ids = np.array([5, 100, 120, 127], dtype)
+    scatter = (lambda t, i: t.at[i].add(1.0),) if dtype != np.int8 else ()  # jnp refuses int8 into 512 rows
+    for f in (lambda t, i: jnp.take(t, i, axis=0), *scatter):
+        assert_same_as_unsharded(f, (np.arange(512, dtype=np.float32), ids), mesh=meshes["8"], in_specs=(P("i"), None),
+                                 strategy="collective", rtol=0, atol=0)
+
+
+def test_a_lookup_in_sharded_prng_keys_keeps_its_gather(meshes):
+    """Found by review: keys cannot be summed (a LoweringError before: the empty kind of a key dtype is "in" every
+    string)."""
+    keys = jax.random.split(jax.random.key(3), 16)
+    ids = np.array([0, 7, 9, 15], np.int32)
+    for strategy in ("collective", "auto"):
+        got = sp.autoshard(lambda ks, i: jax.random.key_data(ks[i]), mesh=meshes["8"], in_specs=(P("i"), None),
+                           strategy=strategy)(keys, ids)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.random.key_data(keys[ids])))
