@@ -199,6 +199,22 @@ def test_a_donating_training_loop_takes_the_hot_path_with_jits_donation(monkeypa
         sp.autoshard(lambda a, b: a * 2 + b, mesh=mesh, in_specs=(P("i"), P("i")), donate_argnums=0)(x, x)
 
 
+def test_a_donating_loop_on_an_explicit_mesh_takes_the_hot_path_too(monkeypatch):
+    """Found by review: the donated leaf's sharding was compared with the program's (Auto) mesh, so donated calls
+    on jax.make_mesh's default (Explicit) mesh never took the hot path."""
+    calls = _counting_checked_calls(monkeypatch)
+    explicit = jax.make_mesh((4, 2), ("i", "j"))
+    fs = sp.autoshard(sgd_step, mesh=explicit, in_specs=SPECS, donate_argnums=0)
+    w, x = placed(explicit, W0, SPECS[0]), placed(explicit, X, SPECS[1])
+    want_w = W0
+    for _ in range(3):
+        previous, (w, _) = w, fs(w, x)
+        want_w = sgd_step(want_w, X)[0]
+        assert previous.is_deleted() and not x.is_deleted()
+    np.testing.assert_allclose(np.asarray(w), want_w, rtol=1e-5, atol=1e-6)
+    assert calls == []
+
+
 def test_a_failure_after_the_donated_buffers_were_consumed_is_reported_not_run_again(mesh):
     """The hot path retries a failed call on the checked path, unless the failure came after the call consumed its
     donated buffers: then it is reported as the checked path reports a failure (a LoweringError naming it)."""
