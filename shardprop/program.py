@@ -253,7 +253,16 @@ class Program:
 
     def call_checked(self, args: tuple, kwargs: dict):
         """A call through the checks: arguments checked against the traced ones and placed in Python, derivative
-        rules, donations, the user's Explicit mesh. Every error a call can raise is raised here."""
+        rules, donations, the user's Explicit mesh. Every error a call can raise is raised here. Traced arguments
+        typed on a mesh's Explicit axes (``jax.jit`` or ``jax.grad`` of arrays placed on a ``jax.make_mesh`` mesh)
+        are seen on those axes made Auto, and the outputs come back typed on it (``jax.sharding.auto_axes``)."""
+        typed = jx.explicit_mesh_of(jax.tree_util.tree_leaves((args, kwargs)))
+        if typed is not None:
+            specs = jax.tree_util.tree_unflatten(self.plan.graph.out_tree, list(self.graph.out_specs))
+            return jx.on_auto_axes(lambda *a: self._call_checked(a, kwargs), typed, specs)(*args)
+        return self._call_checked(args, kwargs)
+
+    def _call_checked(self, args: tuple, kwargs: dict):
         placed = self.placed_args(args, kwargs)
         self.agree_on_plan()
         self._check_donations(placed)

@@ -292,8 +292,23 @@ def test_out_specs_and_constraints_under_an_explicit_mesh_context():
         assert out.sharding.spec == P("j", "i")
         np.testing.assert_array_equal(np.asarray(out), A * 2)
         assert pinned(A).sharding.spec == P("j")
-        with pytest.raises(sp.MeshError, match="set a mesh with Auto axes"):  # typed on Explicit axes
-            jax.jit(fs)(A)
+        # transformed there, where shardings are types: the program runs on the axes made Auto (auto_axes)
+        np.testing.assert_array_equal(np.asarray(jax.jit(fs)(A)), A * 2)
+        np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(lambda a: jnp.sum(fs(a) ** 2)))(A)), 8 * A)
+
+
+def test_jit_and_grad_of_arguments_placed_on_an_explicit_mesh():
+    """Found by a new-user pass: jax.jit of an autoshard function on arrays placed on a jax.make_mesh mesh (no
+    set_mesh) raised a MeshError about set_mesh; it now works as on the unsharded function."""
+    explicit = jax.make_mesh((4, 2), ("i", "j"))
+    f = lambda x, w: jnp.tanh(x * w).sum(axis=1)  # noqa: E731
+    fs = sp.autoshard(f, mesh=explicit, in_specs=(P("i"), P("i")))
+    x = jax.device_put(A, jax.sharding.NamedSharding(explicit, P("i")))
+    w = jax.device_put(A / 100, jax.sharding.NamedSharding(explicit, P("i")))
+    np.testing.assert_allclose(np.asarray(jax.jit(fs)(x, w)), np.asarray(f(A, A / 100)), rtol=1e-6)
+    grad = jax.jit(jax.grad(lambda x, w: fs(x, w).sum()))(x, w)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(jax.grad(lambda x, w: f(x, w).sum())(A, A / 100)),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_a_cond_whose_branches_are_constrained_differently(mesh):

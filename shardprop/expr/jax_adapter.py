@@ -204,6 +204,11 @@ def typed_on_explicit_axes(x) -> bool:
     return any(t == jax.sharding.AxisType.Explicit for mesh in meshes for t in getattr(mesh, "axis_types", ()))
 
 
+def typed_on_explicit_axes_context() -> bool:
+    """JAX's context mesh (``jax.set_mesh``) has Explicit axes."""
+    return any(t == jax.sharding.AxisType.Explicit for t in jax.sharding.get_abstract_mesh().axis_types)
+
+
 def refuses_transformation(err: Exception) -> bool:
     """``err`` is JAX refusing a transformation the user applied, as it would to the unsharded function
     (``jax.jvp`` of a function holding a ``custom_vjp``): the user's to see, not a shardprop bug."""
@@ -359,11 +364,25 @@ def on_auto_axes(fn, mesh, out_shardings):
     """``fn`` (a program built for ``mesh``'s axes made Auto), callable inside a ``jax.jit`` whose arguments are typed
     on ``mesh``'s Explicit axes: its arguments are seen untyped (Auto), its outputs come back typed as
     ``out_shardings`` say (``jax.sharding.auto_axes``)."""
+    abstract = getattr(mesh, "abstract_mesh", mesh)
+
     def call(*args):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with jax.sharding.use_abstract_mesh(abstract):
             return jax.sharding.auto_axes(fn, out_sharding=out_shardings)(*args)
 
     return call
+
+
+def explicit_mesh_of(leaves) -> Any:
+    """The (abstract) mesh whose Explicit axes type some traced leaf (``jax.jit`` of arguments placed on a
+    ``jax.make_mesh`` mesh, or traced under ``jax.set_mesh`` of one), or None."""
+    context = jax.sharding.get_abstract_mesh()
+    for x in leaves:
+        if is_traced(x):
+            for mesh in (getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None), context):
+                if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+                    return mesh
+    return None
 
 
 def no_mesh_context():
