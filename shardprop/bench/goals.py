@@ -36,8 +36,8 @@ def row_label(row: dict) -> str:
     return f"{row['name']}/{row['parallel']}"
 
 
-def row_misses(row: dict) -> list[Miss]:
-    """The goals ``row`` (a row's dict, as in the JSON) misses."""
+def row_misses(row: dict, judge_runtime: bool = True) -> list[Miss]:
+    """The goals ``row`` (a row's dict, as in the JSON) misses (its runtime not judged in a quick run)."""
     label, reason = row_label(row), row["known_gap"] or UNEXPLAINED
     if row["error"]:
         return [Miss(label, "runs", row["error"].splitlines()[0], UNEXPLAINED)]
@@ -54,7 +54,7 @@ def row_misses(row: dict) -> list[Miss]:
         misses.append(Miss(label, "bytes < jax.jit", f"{ours:,.0f} B = {theirs:,.0f} B ({row['fewer_expected']})",
                            reason))
     runtime = row["runtime"]
-    if runtime and runtime["ratio"] > ROW_RUNTIME_LIMIT:
+    if judge_runtime and runtime and runtime["ratio"] > ROW_RUNTIME_LIMIT:
         misses.append(Miss(label, f"runtime ≤ {ROW_RUNTIME_LIMIT:.2f}× jax.jit",
                            f"{runtime['ratio']:.3f}× (IQR {runtime['ratio_q1']:.2f}–{runtime['ratio_q3']:.2f})",
                            reason))
@@ -65,13 +65,17 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def summarize(rows: list[dict], overhead: list[dict]) -> dict:
-    """Every goal's verdict over the run, and each row's misses: ``{"goals": [...], "misses": [...]}``."""
+def summarize(rows: list[dict], overhead: list[dict], judge_runtime: bool = True) -> dict:
+    """Every goal's verdict over the run, and each row's misses: ``{"goals": [...], "misses": [...]}``. A goal's
+    ``met`` is None when it is not judged: the runtime goals of a quick run, whose few rounds leave the ratios to
+    noise (its IQRs say so)."""
     measured = [r for r in rows if not r["error"]]
     ratios = [r["runtime"]["ratio"] for r in measured if r["runtime"]]
-    misses = [m for r in rows for m in row_misses(r)]
+    misses = [m for r in rows for m in row_misses(r, judge_runtime)]
 
-    def verdict(goal: str, met: bool, measured_text: str) -> dict:
+    def verdict(goal: str, met: bool, measured_text: str, judged: bool = True) -> dict:
+        if not judged:
+            return {"goal": goal, "met": None, "measured": measured_text + " (not judged: a quick run's few rounds)"}
         return {"goal": goal, "met": met, "measured": measured_text}
 
     correct = sum(1 for r in rows if r["correct"])
@@ -90,9 +94,9 @@ def summarize(rows: list[dict], overhead: list[dict]) -> dict:
                 len(fewer) == len(expected_fewer),
                 f"{len(fewer)} of {len(expected_fewer)} such rows (fewer on {len(anywhere_fewer)} rows in all)"),
         verdict(f"runtime geomean ≤ {GEOMEAN_LIMIT:.2f}× jax.jit", mean is not None and mean <= GEOMEAN_LIMIT,
-                "not measured" if mean is None else f"{mean:.3f}× over {len(ratios)} rows"),
+                "not measured" if mean is None else f"{mean:.3f}× over {len(ratios)} rows", judge_runtime),
         verdict(f"no row above {ROW_RUNTIME_LIMIT:.2f}× jax.jit", not above,
-                f"{len(above)} row(s) above" if above else "none above"),
+                f"{len(above)} row(s) above" if above else "none above", judge_runtime),
         verdict(f"per-call overhead of a cached Program within {OVERHEAD_LIMIT - 1:.0%} of jax.jit's",
                 worst_overhead is not None and worst_overhead <= OVERHEAD_LIMIT,
                 "not measured" if worst_overhead is None else f"worst {worst_overhead:.2f}×"),
