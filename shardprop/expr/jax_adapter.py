@@ -196,17 +196,9 @@ def is_differentiated(x) -> bool:
 
 
 def typed_on_explicit_axes(x) -> bool:
-    """``x`` is traced under a context mesh with Explicit axes (``jax.jit`` under ``jax.set_mesh`` of such a
-    mesh): sharding is part of the types there, and a sharding constraint is an assert."""
-    if not is_traced(x):
-        return False
-    meshes = (jax.sharding.get_abstract_mesh(), getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None))
-    return any(t == jax.sharding.AxisType.Explicit for mesh in meshes for t in getattr(mesh, "axis_types", ()))
-
-
-def typed_on_explicit_axes_context() -> bool:
-    """JAX's context mesh (``jax.set_mesh``) has Explicit axes."""
-    return any(t == jax.sharding.AxisType.Explicit for t in jax.sharding.get_abstract_mesh().axis_types)
+    """``x`` is traced with a type on a mesh's Explicit axes (see :func:`explicit_mesh_of`): sharding is part of
+    the types there, and a sharding constraint is an assert."""
+    return explicit_mesh_of([x]) is not None
 
 
 def refuses_transformation(err: Exception) -> bool:
