@@ -32,7 +32,7 @@ import shardprop as sp  # noqa: E402
 from examples import attention, layernorm, mlp  # noqa: E402
 from shardprop.bench.report import overhead_lines  # noqa: E402
 from shardprop.bench.timing import interleaved, small_call_overhead  # noqa: E402
-from shardprop.cli.demo import nx_example  # noqa: E402
+from shardprop.bench.models import nx_example  # noqa: E402
 
 
 def workloads():
@@ -71,7 +71,7 @@ def main() -> None:
             comparison = sp.compare_with_jit(f, mesh, specs, *inputs, strategy=strategy)
             program = comparison.program
             flat, tree = jax.tree_util.tree_flatten(inputs)
-            shardings = [NamedSharding(mesh, s) for s in program.graph.in_specs]
+            shardings = [NamedSharding(mesh, s) for s in program.in_specs]
             placed = jax.tree_util.tree_unflatten(
                 tree, [jax.device_put(x, s) for x, s in zip(flat, shardings, strict=True)])
             runtime = interleaved(program, jax.jit(f), placed, args.repeats)

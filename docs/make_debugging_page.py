@@ -75,7 +75,7 @@ def saved_stage(s: Session) -> str:
         s.namespace["repro_dir"] = tmp
         code = """
             prog = sp.autoshard(nx, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, b)
-            script = prog.debug(a, b).save_stage(1, repro_dir)
+            script = sp.Debugger(prog, a, b).save_stage(1, repro_dir)
             print(sorted(p.name for p in script.parent.iterdir()))
         """
         text = s.block(code).replace(tmp, "repro")
@@ -97,7 +97,7 @@ def page() -> str:
     return f"""# Debugging a sharded program, stage by stage
 
 A `Program` runs as stages — each one `jax.shard_map` — under one `jax.jit`. When its result is wrong, NaN or
-slow, `sp.Debugger` (or `prog.debug(*args)`) walks the same program the way it runs: one stage at a time, each
+slow, `sp.Debugger(prog, *args)` walks the same program the way it runs: one stage at a time, each
 stage the same `shard_map` the program is made of but jitted on its own, so you can stop between stages, read
 every device's block of any value, check that the devices hold what the plan says, compare every value with the
 unsharded function and find the first node that goes wrong.
@@ -132,7 +132,7 @@ in) and returns, the wall time of the run (compiling excluded) and the bytes its
 {s.block('''
 prog = sp.autoshard(nx, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, b)
 print(prog.graph)
-dbg = prog.debug(a, b)
+dbg = sp.Debugger(prog, a, b)
 print(dbg.step())
 ''')}
 `dbg.value(name)` is the global value as the program holds it on the mesh (a `jax.Array` with its sharding);
@@ -150,7 +150,7 @@ the stage it stands before); `dbg.run()` with no breakpoint ahead runs to the en
 exactly what `prog(a, b)` returns.
 
 {s.block('''
-dbg = prog.debug(a, b)                  # a fresh debugger
+dbg = sp.Debugger(prog, a, b)                  # a fresh debugger
 print(dbg.break_at("i"))                # the stage that computes i
 dbg.run()
 print(dbg.stage, dbg.done)
@@ -186,7 +186,7 @@ real_finish = evaluate.finish
 evaluate.finish = lambda node, invals, outs, collective, mesh_shape: outs   # the planted bug
 
 buggy = sp.autoshard(nx, mesh=mesh, in_specs=(P("i", "j"), None), strategy="collective").trace(a, b)
-dbg = buggy.debug(a, b)
+dbg = sp.Debugger(buggy, a, b)
 print(dbg.compare())
 print(dbg.first_divergence())
 for finding in dbg.check()[:2]:
@@ -202,7 +202,7 @@ stage, node by node — and names the node, its source line, the device and the 
 prices = np.linspace(1, 2, 128, dtype=np.float32).reshape(16, 8)
 prices[5, 3] = -1.0                                   # a bad tick
 prog = sp.autoshard(log_returns, mesh=mesh, in_specs=(P("i"),)).trace(prices)
-print(prog.debug(prices).first_nonfinite())
+print(sp.Debugger(prog, prices).first_nonfinite())
 ''')}
 ## Profiling
 
@@ -210,7 +210,7 @@ print(prog.debug(prices).first_nonfinite())
 its compiled HLO and the bytes they move per device, next to the cost model's estimate.
 
 {s.block('''
-dbg = prog.debug(prices)
+dbg = sp.Debugger(prog, prices)
 print(dbg.profile(repeats=5))
 ''')}
 ## A stage as a standalone reproducer

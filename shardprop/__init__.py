@@ -50,7 +50,7 @@ from .errors import (
 )
 from .expr import Graph, Node, trace
 from .inspect import Explanation, Lineage, blocks, render, show, show_blocks, stage_table, to_dot, to_json
-from .inspect.compare import Comparison, compare_with_jit
+from .compare import Comparison, compare_with_jit
 from .inspect.explain import explain
 from .inspect.lineage import lineage
 from .mesh import make_mesh

@@ -103,7 +103,7 @@ def constrain_outputs(f, out_specs: Any, mesh):
         return f
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from .propagation.sharding import layout_from_spec
+    from .core.layouts import layout_from_spec
 
     is_leaf = lambda x: x is None or isinstance(x, PartitionSpec)  # noqa: E731
     mesh_shape = dict(mesh.shape)

@@ -22,7 +22,8 @@ from .inspect.listing import AnnotatedGraph, StageTable
 from .mesh import as_auto_mesh
 from .propagation import ShardedGraph
 from .splitting import Plan
-from .splitting.cost import Transfer, estimate
+from .core.transfers import Transfer
+from .splitting.cost import estimate
 
 
 class HotPathMiss(Exception):
@@ -89,6 +90,16 @@ class Program:
     def sharded(self) -> ShardedGraph:
         """The product of propagation (every value's shards)."""
         return self.plan.sharded
+
+    @property
+    def in_specs(self) -> tuple:
+        """The ``PartitionSpec`` of every argument leaf, as resolved (unannotated arguments took what they met)."""
+        return self.plan.sharded.in_specs
+
+    @property
+    def out_specs(self) -> tuple:
+        """The ``PartitionSpec`` every output leaf comes back laid out as."""
+        return self.plan.sharded.out_specs
 
     # -- calling --------------------------------------------------------------------------------------
     def _flat_args(self, args: tuple) -> list:
@@ -214,7 +225,7 @@ class Program:
         if self.user_mesh is self.mesh:
             return None
         return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, [
-            NamedSharding(self.user_mesh, spec) for spec in self.graph.out_specs])
+            NamedSharding(self.user_mesh, spec) for spec in self.out_specs])
 
     def _donated_in_place(self, leaves: list) -> bool:
         """Every donated leaf is an array laid out as the program takes it, passed once: ``jax.jit`` donates its
@@ -258,7 +269,7 @@ class Program:
         are seen on those axes made Auto, and the outputs come back typed on it (``jax.sharding.auto_axes``)."""
         typed = jx.explicit_mesh_of(jax.tree_util.tree_leaves((args, kwargs)))
         if typed is not None:
-            specs = jax.tree_util.tree_unflatten(self.plan.graph.out_tree, list(self.graph.out_specs))
+            specs = jax.tree_util.tree_unflatten(self.plan.graph.out_tree, list(self.out_specs))
             return jx.on_auto_axes(lambda *a: self._call_checked(a, kwargs), typed, specs)(*args)
         return self._call_checked(args, kwargs)
 
@@ -306,13 +317,6 @@ class Program:
             x = flat[k]
             if isinstance(x, jax.Array) and not jx.is_traced(x) and id(x) not in kept and not x.is_deleted():
                 x.delete()
-
-    def debug(self, *args, keep: str = "outputs", **kwargs):
-        """A :class:`~shardprop.Debugger` on this program and these arguments: step its stages, look at every
-        device's blocks, compare with the unsharded function (``sp.Debugger(prog, *args)``)."""
-        from .debug import Debugger
-
-        return Debugger(self, *args, keep=keep, **kwargs)
 
     def lower(self, *args, **kwargs) -> jax.stages.Lowered:
         """``jax.jit(...).lower`` of the whole program: ``.compile().as_text()`` shows its HLO."""

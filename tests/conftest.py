@@ -54,10 +54,10 @@ def check_rule_case(f, args, *, mesh, in_specs, expected, primitive):
     ``expected`` (a spec or a tuple of specs), and ``primitive`` was sharded by its own rule."""
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=in_specs)
     expected = (expected,) if isinstance(expected, PartitionSpec) else tuple(expected)
-    assert prog.graph.out_specs == expected
+    assert prog.out_specs == expected
     assert has_record(primitive)
-    assert primitive in {n.op for n in prog.graph.graph.nodes}
-    assert not prog.graph.fallbacks
+    assert primitive in {n.op for n in prog.sharded.graph.nodes}
+    assert not prog.sharded.fallbacks
     return prog
 
 

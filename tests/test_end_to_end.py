@@ -86,7 +86,7 @@ def test_nx_example_output_is_sharded_like_its_inputs(mesh):
     a, b = random_args([((16, 8), np.float32)] * 2)
     prog = assert_same_as_unsharded(nx_example, (a, b), mesh=mesh, in_specs=(P("i", "j"), P("i", "j")),
                                     strategy="gather")
-    assert prog.graph.out_specs == (P("i", "j"),)
+    assert prog.out_specs == (P("i", "j"),)
     assert len(prog.stages) == 2
 
 

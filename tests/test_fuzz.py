@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from shardprop.propagation.sharding import is_refinement
+from shardprop.core.layouts import is_refinement
 from shardprop.splitting.split import STRATEGIES
 from tests.conftest import MESH_SHAPES
 from tests.fuzzing import permuted_spec, programs, random_inputs, related_spec, specs_for

@@ -11,8 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from examples import recurrent
-from shardprop.propagation.sharding import layout_to_spec
-from shardprop.splitting.cost import TransferKind, total_moved
+from shardprop.core.layouts import layout_to_spec
+from shardprop.core.transfers import TransferKind, total_moved
 from tests.conftest import assert_same_as_unsharded
 
 RNG = np.random.default_rng(3)
@@ -169,7 +169,7 @@ def test_a_conflict_inside_a_body_is_resolved_like_one_outside(name, f, part, ch
     with pytest.warns(sp.ReshardWarning, match=f"inside the {part}[0-9]* of `{op}`"):
         prog = assert_same_as_unsharded(f, (SQUARE,), mesh=mesh, in_specs=(P("i"),))
     assert not prog.sharded.fallbacks
-    assert prog.graph.out_specs == (P("i"),)  # the batch axis is not given up
+    assert prog.out_specs == (P("i"),)  # the batch axis is not given up
     if cheap:
         with pytest.warns(sp.ReshardWarning):
             comparison = sp.compare_with_jit(f, mesh, (P("i"),), SQUARE)
@@ -201,5 +201,5 @@ def test_branch_outputs_merge_to_one_layout_whatever_the_branch_order(mesh):
         for k in range(3):
             prog = assert_same_as_unsharded(f, (np.int32(k), SQUARE[:, :8], y), mesh=mesh,
                                             in_specs=(P(), P("i"), P("j")))
-        specs.append(prog.graph.out_specs)
+        specs.append(prog.out_specs)
     assert specs[0] == specs[1] == specs[2] == (P("j"),)

@@ -51,7 +51,7 @@ def test_keyword_arguments_as_jax_jit_takes_them(mesh):
     assert got.sharding.spec == P("i")
     prog = fs.trace(A, W, scale=2.0)
     np.testing.assert_allclose(np.asarray(prog(A, W, scale=3.0)), _scaled_matmul(A, W, 3.0), rtol=1e-5, atol=1e-4)
-    dbg = prog.debug(A, W, scale=3.0)
+    dbg = sp.Debugger(prog, A, W, scale=3.0)
     dbg.run()
     np.testing.assert_allclose(np.asarray(dbg.outputs), _scaled_matmul(A, W, 3.0), rtol=1e-5, atol=1e-4)
     positional = fs.trace(A, W)  # another call form, another program
@@ -176,7 +176,7 @@ def test_calling_under_a_mesh_context_with_explicit_axes():
         out = fs(A)
         assert out.sharding.spec == P("i") and out.sharding.mesh.axis_types == explicit.axis_types
         np.testing.assert_allclose(np.asarray(out * 2), 2 * f(A), rtol=1e-5)  # usable in the user's context
-        dbg = fs.trace(A).debug(A)
+        dbg = sp.Debugger(fs.trace(A), A)
         assert dbg.compare().agree and dbg.first_divergence() is None and dbg.check() == []
 
 

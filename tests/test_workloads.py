@@ -75,17 +75,17 @@ WORKLOADS = [
 @pytest.mark.parametrize("name,f,args,mesh_name,specs", WORKLOADS, ids=[w[0] for w in WORKLOADS])
 def test_workload_equals_unsharded(name, f, args, mesh_name, specs, meshes):
     prog = assert_same_as_unsharded(f, args, mesh=meshes[mesh_name], in_specs=specs, rtol=2e-4, atol=2e-5)
-    assert not prog.graph.fallbacks
+    assert not prog.sharded.fallbacks
 
 
 def test_sharding_is_kept_where_it_should_be(meshes):
     """Data parallelism keeps the batch sharded end to end; tensor parallelism keeps the hidden units."""
     prog = sp.autoshard(mlp.forward, mesh=meshes["8"], in_specs=(None, P("i"))).trace(MLP, X)
-    assert prog.graph.out_specs == (P("i"),) and len(prog.stages) == 1
+    assert prog.out_specs == (P("i"),) and len(prog.stages) == 1
     prog = sp.autoshard(attention.transformer_block, mesh=meshes["4x2"], in_specs=(None, P("i"))).trace(BLOCK, SEQ)
-    assert prog.graph.out_specs == (P("i"),) and len(prog.stages) == 1
+    assert prog.out_specs == (P("i"),) and len(prog.stages) == 1
     prog = sp.autoshard(convnet.convnet, mesh=meshes["8"], in_specs=(None, P("i"))).trace(CONV, IMAGES)
-    assert prog.graph.out_specs == (P("i"),) and len(prog.stages) == 1
+    assert prog.out_specs == (P("i"),) and len(prog.stages) == 1
 
 
 def test_every_primitive_in_the_examples_has_a_real_rule():

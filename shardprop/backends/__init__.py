@@ -8,11 +8,3 @@ from .shard_map import program_function, stage_function
 
 __all__ = ["parse_hlo", "program_function", "run_graph", "run_nodes", "stage_function"]
 
-
-def __getattr__(name: str):
-    # ``Program`` and ``lower`` lived here before 0.2; they are ``shardprop.program``'s now (sp.Program, sp.lower).
-    if name in ("Program", "lower"):
-        from .. import program
-
-        return getattr(program, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

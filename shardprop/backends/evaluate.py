@@ -19,10 +19,10 @@ from ..errors import LoweringError
 from ..expr.graph import CONSTANT, PARAMETER, Node
 from ..ops import lookup
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, block_shape, layout_refines, received_layout
-from ..splitting.collectives import Collective, CollectiveKind
+from ..core.layouts import Layout, block_shape, layout_refines, received_layout
+from ..core.collectives import Collective, CollectiveKind
 from ..splitting.decisions import BodyPlan, Decisions
-from .blocks import Blocks, block_index, first_device_only, local_slice, move_block
+from ..core.blocks import Blocks, block_index, first_device_only, local_slice, move_block
 
 
 def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], object],
@@ -56,6 +56,9 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
             view.counted_once.get(node_id, ()), view.deferred.get(node_id))
         if once:
             invals = [first_device_only(x, over, mesh_shape) if k in once else x for k, x in enumerate(invals)]
+        plans = view.body_plans(node_id)
+        if plans is not None:
+            invals = _starting_carry(plans, invals, mesh_shape)
         computed = [view.computed_layout(v) for v in node.outputs]
         blocks = Blocks(
             in_global=tuple(graph.avals[v].shape for v in node.operands),
@@ -66,7 +69,7 @@ def run_nodes(view: Decisions, node_ids, received: Mapping[tuple[int, Layout], o
                              for v, layout in zip(node.outputs, computed, strict=True)),
             out_layouts=tuple(computed),
             mesh_shape=mesh_shape,
-            body=view.body_plans(node_id),
+            bodies=None if plans is None else tuple(functools.partial(run_body, p) for p in plans),
         )
         try:
             outs = lookup(node.op).per_block(node, invals, blocks)
@@ -183,12 +186,13 @@ def run_body(plan: BodyPlan, input_blocks: list) -> list:
     return outs
 
 
-def starting_carry(plan: BodyPlan, invals: list, mesh_shape) -> list:
-    """A loop's initial carry from the loop node's operand blocks: a carry its body keeps as a partial sum starts
-    on the first device of each group and as zero on the others (the group's sum is the initial value)."""
-    out = []
-    for carry in plan.body.carries:
-        axes = plan.decisions.partial_inputs.get(carry.body_input)
-        x = invals[carry.operand]
-        out.append(x if axes is None else first_device_only(x, axes, mesh_shape))
+def _starting_carry(plans: tuple[BodyPlan, ...], invals: list, mesh_shape) -> list:
+    """A loop node's operand blocks with each initial carry its body keeps as a partial sum taken on the first device
+    of each group and as zero on the others (the group's sum is the initial value)."""
+    out = list(invals)
+    for plan in plans:
+        for carry in plan.body.carries:
+            axes = plan.decisions.partial_inputs.get(carry.body_input)
+            if axes is not None:
+                out[carry.operand] = first_device_only(invals[carry.operand], axes, mesh_shape)
     return out

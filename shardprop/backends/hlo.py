@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from ..splitting.cost import Transfer, TransferKind, hlo_itemsize, moved
+from ..core.transfers import Transfer, TransferKind, hlo_itemsize, moved
 
 # A tuple's type may carry comments (``/*index=5*/`` from its sixth element on) and nest one level (a combined
 # async collective's ``((operands), (results))``).

@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import Mesh
 
 from ..expr import jax_adapter as jx
-from ..propagation.sharding import layout_to_spec, received_layout
+from ..core.layouts import layout_to_spec, received_layout
 from ..splitting import Plan, Stage, StageInput
 from .evaluate import run_nodes
 

@@ -20,12 +20,12 @@ from jax.sharding import NamedSharding
 
 from ..backends import parse_hlo
 from ..expr import trace
-from ..inspect.compare import lower_with_jit
+from ..compare import lower_with_jit
 from ..mesh import make_mesh
 from ..program import lower
 from ..propagation import propagate
 from ..splitting import split
-from ..splitting.cost import total_moved
+from ..core.transfers import total_moved
 from .timing import Runtime, interleaved
 from .workloads import Workload
 

@@ -12,6 +12,15 @@ import numpy as np
 from jax import lax
 
 
+def nx_example(a, b):
+    """The function from the Nx sharding design note."""
+    x = a + b
+    y = a - b
+    z = jnp.sum(x, axis=1)
+    w = jnp.sum(y, axis=0)
+    return z[:, None] + w[None, :]
+
+
 def matmul(a, b):
     return a @ b
 

@@ -99,7 +99,7 @@ def call_overhead(function, mesh, args, specs, rounds: int, calls: int = 100) ->
 
 def small_call_overhead(mesh, rounds: int) -> list[dict]:
     """:func:`call_overhead` of the Nx example at 16×8 on ``mesh``'s first two axes."""
-    from ..cli.demo import nx_example
+    from .models import nx_example
 
     a = np.linspace(-1, 1, 128, dtype=np.float32).reshape(16, 8)
     spec = P(*mesh.axis_names[:2])

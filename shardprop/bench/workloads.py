@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import models
-from ..cli.demo import nx_example
+from .models import nx_example
 
 DATA, MODEL = "data", "model"
 MESHES = {"data": ((8,), (DATA,)), "tensor": ((8,), (MODEL,)), "2-D": ((4, 2), (DATA, MODEL))}

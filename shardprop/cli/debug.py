@@ -9,7 +9,7 @@ import json
 import math
 
 from ..errors import OptionError, ShardingError
-from ..splitting.collectives import Strategy
+from ..splitting.strategy import Strategy
 from .inspect import emit, load_function, parse_arg, parse_mesh, parse_spec
 
 

@@ -8,16 +8,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ..api import autoshard
+from ..bench.models import nx_example
 from ..mesh import make_mesh
-
-
-def nx_example(a, b):
-    """The function from the Nx sharding design note."""
-    x = a + b
-    y = a - b
-    z = jnp.sum(x, axis=1)
-    w = jnp.sum(y, axis=0)
-    return z[:, None] + w[None, :]
 
 
 def mlp(params, x):

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import OptionError
-from ..splitting.collectives import Strategy
+from ..splitting.strategy import Strategy
 
 DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8", "i16": "int16",
           "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",

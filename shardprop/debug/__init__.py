@@ -1,6 +1,6 @@
 """Stage-by-stage debugging of a compiled :class:`~shardprop.Program`.
 
-    dbg = sp.Debugger(prog, a, b)          # or prog.debug(a, b)
+    dbg = sp.Debugger(prog, a, b)
     dbg.step()                             # stage 0 on its own: ops, specs, wall time, bytes moved
     dbg.value("e"); dbg.blocks("e")        # the global value; every device's block with its index ranges
     dbg.run()                              # to the end (or the next breakpoint: dbg.break_at("e"))

@@ -21,7 +21,7 @@ from ..distributed import any_process
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, value_name
 from ..inspect.listing import typed_name
-from ..propagation.sharding import is_refinement, layout_to_spec
+from ..core.layouts import is_refinement, layout_to_spec
 from ..splitting import Plan
 from ..splitting.cost import movement
 from .findings import FindingKind, Where, as_numpy, check_value

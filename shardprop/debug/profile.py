@@ -15,7 +15,8 @@ from rich.table import Table
 from ..backends import parse_hlo
 from ..inspect.listing import format_bytes, format_ms, stage_ops
 from ..program import as_lowering_errors
-from ..splitting.cost import stage_estimate, total_moved
+from ..splitting.cost import stage_estimate
+from ..core.transfers import total_moved
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from ..inspect.listing import crossing, format_bytes, format_ms, stage_ops, type
 from ..inspect.pictures import device_blocks, device_coords
 from ..inspect.products import resolve_value
 from ..program import Program, as_lowering_errors
-from ..propagation.sharding import Sharded, layout_to_spec, shard_count
+from ..core.layouts import Sharded, layout_to_spec, shard_count
 from ..splitting import Stage
-from ..splitting.cost import Transfer, total_moved
+from ..core.transfers import Transfer, total_moved
 
 KEEP = ("outputs", "all")
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import RenderError
 from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, short_source, value_name
 from ..gc_pause import gc_paused
-from ..propagation.sharding import format_layout, layout_refines
+from ..core.layouts import format_layout, layout_refines
 from ..splitting.cost import move_bytes, movement
 from .listing import format_bytes
 from .products import as_plan

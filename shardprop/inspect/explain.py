@@ -16,10 +16,11 @@ from ..expr.graph import CONSTANT, PARAMETER, format_params, short_source, value
 from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
-from ..propagation.sharding import Sharded, is_refinement, layout_to_spec
+from ..core.layouts import Sharded, is_refinement, layout_to_spec
 from ..splitting import CollectiveKind, Plan
 from ..splitting.cost import collective_bytes, move_bytes, movement
-from .lineage.boxes import LineageContext, full_box, hull
+from ..core.boxes import LineageContext, full_box, hull
+from .lineage.walk import seeded_dependencies
 from .listing import body_lines, format_bytes, typed_name
 from .products import Scope, body_prefix, locate
 
@@ -268,7 +269,8 @@ def _feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:
     k = node.outputs.index(v)
     shape = avals[v].shape
     probe = full_box(shape)[:axis] + ((0, 1),) + full_box(shape)[axis + 1:]
-    ctx = LineageContext(tuple(avals[u].shape for u in node.operands), tuple(avals[o].shape for o in node.outputs))
+    ctx = LineageContext(tuple(avals[u].shape for u in node.operands), tuple(avals[o].shape for o in node.outputs),
+                         seeded_dependencies)
     feeding = []
     for u, boxes in zip(node.operands, lookup(node.op).lineage(ctx, probe, k, **node.params), strict=True):
         if not boxes:

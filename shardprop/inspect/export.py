@@ -12,7 +12,7 @@ from typing import Any
 
 from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
 from ..gc_pause import gc_paused
-from ..propagation.sharding import Sharded
+from ..core.layouts import Sharded
 from ..splitting import CollectiveKind, Plan, Source
 from .products import as_plan, body_prefix
 

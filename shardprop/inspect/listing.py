@@ -19,11 +19,10 @@ inside it and its outputs.
 
 from __future__ import annotations
 
-from typing import Any
 
 from ..expr.graph import CONSTANT, PARAMETER, render, short_dtype, short_source, value_name
 from ..gc_pause import gc_paused
-from ..propagation.sharding import Layout, format_layout, layout_to_spec
+from ..core.layouts import Layout, format_layout, layout_to_spec
 from ..splitting import Plan, Stage, StageInput
 from ..splitting.cost import Move, collective_bytes, move_bytes, movement
 from .products import Scope, body_prefix, part_name
@@ -265,26 +264,13 @@ class StageTable(tuple):
 
 
 class AnnotatedGraph:
-    """``prog.graph``: the program's sharded graph as the plan holds it. ``print`` it for the annotated
-    listing, stage by stage; every other attribute reads the propagated graph (:class:`~shardprop.ShardedGraph`:
-    ``.graph``, ``.in_specs``, ``.describe(v)``, ...). Kept for ``print(prog.graph)``; code that wants a
-    product takes ``prog.sharded`` or ``prog.plan``."""
+    """``prog.graph``: the program's sharded graph as the plan holds it, which prints as the annotated listing,
+    stage by stage. The products themselves are ``prog.plan`` and ``prog.sharded``."""
 
     __slots__ = ("plan",)
 
     def __init__(self, plan: Plan):
         self.plan = plan
-
-    @classmethod
-    def of(cls, plan: Plan) -> AnnotatedGraph:
-        """The view of ``plan`` (the constructor's name before 0.2, as ``StagedGraph.of``)."""
-        return cls(plan)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.plan.sharded, name)
-
-    def __dir__(self):
-        return sorted(set(dir(type(self))) | set(dir(self.plan.sharded)))
 
     def __str__(self) -> str:
         return format_listing(self.plan)

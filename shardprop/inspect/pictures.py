@@ -18,8 +18,9 @@ from rich.text import Text
 
 from ..errors import OptionError
 from ..expr.graph import short_dtype, value_name
-from ..propagation.sharding import format_layout, layout_to_spec, shard_count
-from ..splitting.cost import body_transfers, collective_bytes, total_moved
+from ..core.layouts import format_layout, layout_to_spec, shard_count
+from ..splitting.cost import body_transfers, collective_bytes
+from ..core.transfers import total_moved
 from .listing import crossing, format_bytes, format_listing, stage_ops
 from .products import as_plan, resolve_value
 

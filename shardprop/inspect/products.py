@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import OptionError, UnknownValueError
 from ..expr.graph import Node, short_source, value_name
 from ..propagation import ShardedGraph
-from ..propagation.product import Body
+from ..core.rules import Body
 from ..splitting import Plan
 from ..splitting.decisions import BodyPlan
 

@@ -2,64 +2,70 @@
 
 Each family module (``elementwise.py``, ``reductions.py``, ...) defines the pieces for its ops — the sharding
 rule, the lineage rule, the per-block evaluation, the collective that may finish it — next to each other, and
-lists its records in ``OPS``. :func:`table` collects those lists (no import side effects; a name defined
-twice is an error); every pass reads a primitive's knowledge through :func:`lookup`::
+lists its records in ``OPS``. :func:`table` collects those lists (a name defined twice is an error); every pass
+reads a primitive's knowledge through :func:`lookup`::
 
-    lookup("reduce_sum").finish.kind   # CollectiveKind.PSUM: a sum over sharded axes can finish with a psum
-    lookup("while").is_fallback        # True: the conservative record
+    lookup("reduce_sum").finish            # the piece that finishes a sum over sharded axes with a psum
+    lookup("while").is_fallback            # False: while loops have a record of their own
 
-The family modules import the vocabulary each piece speaks (``propagation.context``, ``inspect.lineage.boxes``,
-``backends.blocks``, ``splitting.collectives``), so the table is built on first use, when every package is
-loaded.
+The family modules speak the vocabulary of :mod:`shardprop.core` (layouts, rule context, boxes, blocks,
+collectives) and nothing above it: ``ops`` never imports a pass. What a record needs of a pass — a loop's body
+propagated, walked or run on blocks — the pass hands it (``RuleContext.propagate_body``, ``LineageContext.walk``,
+``Blocks.bodies``).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from . import (contractions, control_flow, convolutions, elementwise, indexing, linalg, placement, random,
+               reductions, reshape, scans, shapes, slicing)
+from .fallback import fallback_for
 from .opdef import Family, OpDef, defs, first_sentence
 
-FAMILY_MODULES = ("elementwise", "reductions", "scans", "shapes", "reshape", "slicing", "indexing",
-                  "contractions", "convolutions", "linalg", "control_flow", "random", "placement")
+FAMILIES = (elementwise, reductions, scans, shapes, reshape, slicing, indexing, contractions, convolutions, linalg,
+            control_flow, random, placement)
 
 
-@functools.cache
-def table() -> Mapping[str, OpDef]:
-    """``{primitive name: OpDef}`` for every primitive shardprop has a record for."""
+def _collect() -> Mapping[str, OpDef]:
     records: dict[str, OpDef] = {}
-    for module_name in FAMILY_MODULES:
-        module = importlib.import_module(f"{__name__}.{module_name}")
+    for module in FAMILIES:
         for op in module.OPS:
             if op.name in records:
-                raise ValueError(f"primitive {op.name!r} is defined twice ({module_name} and "
+                raise ValueError(f"primitive {op.name!r} is defined twice ({module.__name__} and "
                                  f"{records[op.name].propagate.__module__})")
             records[op.name] = op
     return MappingProxyType(records)
 
 
+_TABLE = _collect()
+
+
+def table() -> Mapping[str, OpDef]:
+    """``{primitive name: OpDef}`` for every primitive shardprop has a record for."""
+    return _TABLE
+
+
 def lookup(name: str) -> OpDef:
     """The record of primitive ``name``: its own, or the conservative one (``is_fallback``) when it has none."""
-    op = table().get(name)
+    op = _TABLE.get(name)
     return _fallback(name) if op is None else op
 
 
 @functools.cache
 def _fallback(name: str) -> OpDef:
-    from .fallback import fallback_for
-
     return fallback_for(name)
 
 
 def has_record(name: str) -> bool:
-    return name in table()
+    return name in _TABLE
 
 
 def names(family: Family) -> frozenset[str]:
     """The primitives of one family."""
-    return frozenset(name for name, op in table().items() if op.family is family)
+    return frozenset(name for name, op in _TABLE.items() if op.family is family)
 
 
-__all__ = ["FAMILY_MODULES", "Family", "OpDef", "defs", "first_sentence", "has_record", "lookup", "names", "table"]
+__all__ = ["FAMILIES", "Family", "OpDef", "defs", "first_sentence", "has_record", "lookup", "names", "table"]

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 
-from ..backends.blocks import bind_as_is
+from ..core.blocks import bind_as_is
 from ..expr.graph import Node
-from ..inspect.lineage.boxes import Box, LineageContext
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import Sharded, TensorSharding
-from ..splitting.collectives import Collective, CollectiveKind
+from ..core.boxes import Box, LineageContext
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import Sharded, TensorSharding
+from ..core.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
 from .opdef import Family, Linearity, OpDef
 

@@ -13,25 +13,24 @@ their outputs brought to the layout they have in common. Only a body containing 
 the op fall back (gathered, replicated, run on whole arrays), and the warning names that primitive.
 
 On blocks, a sharded scan is a ``lax.scan`` (a while loop a ``lax.while_loop``, a cond a ``lax.switch`` on its
-replicated index) over the per-block evaluation of its bodies.
+replicated index) over its bodies, each a function of its input blocks (``Blocks.bodies``).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any  # a body's ShardedGraph (propagation's product), as ctx.propagate_body hands it back
 
 from jax import lax
 
-from ..backends.blocks import Blocks
-from ..backends.evaluate import run_body, starting_carry
+from ..core.blocks import Blocks
 from ..errors import ShardingConflictError, ShardingError, SpecError
 from ..expr import Graph
 from ..expr import jax_adapter as jx
 from ..expr.graph import Node, short_source
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.product import Body, Carry, ShardedGraph
-from ..propagation.sharding import (Layout, Sharded, TensorSharding, common_layout, elements_moved,
-                                   layout_refines)
+from ..core.rules import RuleContext, RuleOutput
+from ..core.rules import Body, Carry
+from ..core.layouts import Layout, Sharded, TensorSharding, common_layout, elements_moved, layout_refines
 from .control_flow_lineage import body_graph, cond_lineage, scan_lineage, while_lineage
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef
@@ -41,7 +40,7 @@ class _NoBody(Exception):
     """A body that cannot be sharded (a primitive without a rule inside it): the op falls back, saying why."""
 
 
-def _sharded_body(ctx: RuleContext, graph: Graph, layouts: list[Layout]) -> ShardedGraph:
+def _sharded_body(ctx: RuleContext, graph: Graph, layouts: list[Layout]) -> Any:
     try:
         body = ctx.propagate_body(graph, layouts)
     except (ShardingConflictError, SpecError):
@@ -74,7 +73,7 @@ def _sharded_like(ctx: RuleContext, shape, layout, operands) -> TensorSharding:
     return TensorSharding(tuple(shape), tuple(axes))
 
 
-def _carry_fixed_point(ctx: RuleContext, graph: Graph, init: list[Layout], inputs) -> tuple[list[Layout], ShardedGraph]:
+def _carry_fixed_point(ctx: RuleContext, graph: Graph, init: list[Layout], inputs) -> tuple[list[Layout], Any]:
     """The carry layouts and the body propagated with them: ``inputs(carry)`` are the body's input layouts, the
     carry its first ``len(init)`` outputs. Where the carry comes out otherwise than it went in, the next round
     refines it (the initial carry can be sliced locally) or keeps what both agree on; a carry that has not settled
@@ -171,21 +170,16 @@ def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, bra
         for k, b in enumerate(sharded)))
 
 
-def _run(plan, inputs: list) -> list:
-    return run_body(plan, list(inputs))
-
-
 def scan_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
     params = node.params
-    if blocks.body is None:  # the conservative rule: everything replicated, the scan as it is (its constraints dropped)
+    if blocks.bodies is None:  # the conservative rule: all replicated, the scan as it is (its constraints dropped)
         return jx.bind(node.primitive, invals, jx.without_placements(params))
-    (plan,) = blocks.body
+    (run,) = blocks.bodies
     n_consts, n_carry = params["num_consts"], params["num_carry"]
-    consts, xs = invals[:n_consts], invals[n_consts + n_carry:]
-    init = starting_carry(plan, invals, blocks.mesh_shape)
+    consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
 
     def step(carry, x):
-        outs = _run(plan, [*consts, *carry, *x])
+        outs = run([*consts, *carry, *x])
         return outs[:n_carry], outs[n_carry:]
 
     carry, ys = lax.scan(step, init, list(xs), length=params["length"], reverse=params["reverse"],
@@ -195,21 +189,20 @@ def scan_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
 
 def while_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
     params = node.params
-    if blocks.body is None:
+    if blocks.bodies is None:
         return jx.bind(node.primitive, invals, jx.without_placements(params))
-    cond_plan, body_plan = blocks.body
+    run_cond, run_body = blocks.bodies
     n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
-    cond_consts, body_consts = invals[:n_cond], invals[n_cond:n_cond + n_body]
-    init = starting_carry(body_plan, invals, blocks.mesh_shape)
-    return list(lax.while_loop(lambda carry: _run(cond_plan, [*cond_consts, *carry])[0],
-                               lambda carry: _run(body_plan, [*body_consts, *carry]), init))
+    cond_consts, body_consts, init = invals[:n_cond], invals[n_cond:n_cond + n_body], invals[n_cond + n_body:]
+    return list(lax.while_loop(lambda carry: run_cond([*cond_consts, *carry])[0],
+                               lambda carry: run_body([*body_consts, *carry]), init))
 
 
 def cond_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
-    if blocks.body is None:  # the conservative rule: operands whole, the cond as it is (its constraints dropped)
+    if blocks.bodies is None:  # the conservative rule: operands whole, the cond as it is (its constraints dropped)
         return jx.bind(node.primitive, invals, jx.without_placements(node.params))
     index, operands = invals[0], invals[1:]
-    branches = [functools.partial(lambda plan, *xs: _run(plan, xs), plan) for plan in blocks.body]
+    branches = [functools.partial(lambda run, *xs: run(list(xs)), run) for run in blocks.bodies]
     return list(lax.switch(index, branches, *operands))
 
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import functools
 
 from ..expr import Graph, trace_jaxpr
-from ..inspect.lineage.boxes import Box, LineageContext, contains, full_box, normalize
-from ..inspect.lineage.walk import seeded_dependencies
+from ..core.boxes import Box, LineageContext, contains, full_box, normalize
 
 
 @functools.lru_cache(maxsize=128)
@@ -42,7 +41,7 @@ def _seeds(body: Graph, num_consts: int, carry_boxes: dict[int, list[Box]]) -> d
     return seeds
 
 
-def _grow_carry(body: Graph, num_consts: int, num_carry: int, carry_asked: dict[int, list[Box]],
+def _grow_carry(walk, body: Graph, num_consts: int, num_carry: int, carry_asked: dict[int, list[Box]],
                 asked_of: dict[int, list[Box]]) -> tuple[dict[int, list[Box]], bool]:
     """The carry regions every iteration reads, from ``carry_asked`` (``{body input: boxes}`` asked of the last
     incoming carry): what one iteration needs of its incoming carry is asked of the previous iteration's outgoing
@@ -54,7 +53,7 @@ def _grow_carry(body: Graph, num_consts: int, num_carry: int, carry_asked: dict[
     for _ in range(MAX_CARRY_ROUNDS):
         if not any(frontier.values()):
             return carry_asked, exact
-        found, step_exact = seeded_dependencies(body, _seeds(body, num_consts, frontier))
+        found, step_exact = walk(body, _seeds(body, num_consts, frontier))
         exact = exact and step_exact
         for i, boxes in found.items():
             asked_of[i].extend(boxes)
@@ -62,7 +61,7 @@ def _grow_carry(body: Graph, num_consts: int, num_carry: int, carry_asked: dict[
         carry_asked = {c: normalize(carry_asked[c] + found[c])[0] for c in carry_in}
     # Still growing: ask for the whole carry.
     carry_asked = {c: [full_box(body.avals[body.inputs[c]].shape)] for c in carry_in}
-    found, _ = seeded_dependencies(body, _seeds(body, num_consts, carry_asked))
+    found, _ = walk(body, _seeds(body, num_consts, carry_asked))
     for i, boxes in found.items():
         asked_of[i].extend(boxes)
     return carry_asked, False
@@ -78,11 +77,11 @@ def scan_lineage(ctx: LineageContext, box: Box, output: int, *, jaxpr, length, r
     carry_in = list(range(num_consts, num_consts + num_carry))
     is_y = output >= num_carry
     # What one iteration's outputs are asked for: a y block drops its leading (iteration) axis.
-    found, exact = seeded_dependencies(body, {body.outputs[output]: [box[1:] if is_y else box]})
+    found, exact = ctx.walk(body, {body.outputs[output]: [box[1:] if is_y else box]})
     asked_of = {i: list(found[i]) for i in range(len(ctx.in_shapes))}
     carry_asked = {c: normalize(found[c])[0] for c in carry_in}
     uses_carry = any(carry_asked.values())
-    carry_asked, grow_exact = _grow_carry(body, num_consts, num_carry, carry_asked, asked_of)
+    carry_asked, grow_exact = _grow_carry(ctx.walk, body, num_consts, num_carry, carry_asked, asked_of)
     exact = exact and grow_exact
 
     # Which iterations run code that the block reads.
@@ -113,11 +112,11 @@ def while_lineage(ctx: LineageContext, box: Box, output: int, *, cond_jaxpr, bod
     ctx.exact = False
     cond, body = body_graph(cond_jaxpr), body_graph(body_jaxpr)
     n_carry = len(body.outputs)
-    found, _ = seeded_dependencies(cond, {cond.outputs[0]: [full_box(cond.avals[cond.outputs[0]].shape)]})
+    found, _ = ctx.walk(cond, {cond.outputs[0]: [full_box(cond.avals[cond.outputs[0]].shape)]})
     asked_of = {i: [] for i in range(len(body.inputs))}
     carry_asked = {body_nconsts + k: normalize(found[cond_nconsts + k] + ([box] if k == output else []))[0]
                    for k in range(n_carry)}
-    carry_asked, _ = _grow_carry(body, body_nconsts, n_carry, carry_asked, asked_of)
+    carry_asked, _ = _grow_carry(ctx.walk, body, body_nconsts, n_carry, carry_asked, asked_of)
     answer = [found[i] for i in range(cond_nconsts)]
     answer += [asked_of[i] for i in range(body_nconsts)]
     answer += [normalize(carry_asked[body_nconsts + k] + asked_of[body_nconsts + k])[0] for k in range(n_carry)]
@@ -129,7 +128,7 @@ def cond_lineage(ctx: LineageContext, box: Box, output: int, *, branches, **para
     exact = len(branches) == 1
     for branch in branches:
         body = body_graph(branch)
-        found, branch_exact = seeded_dependencies(body, {body.outputs[output]: [box]})
+        found, branch_exact = ctx.walk(body, {body.outputs[output]: [box]})
         exact = exact and branch_exact
         for i in range(len(ctx.in_shapes) - 1):
             answer[i + 1].extend(found[i])

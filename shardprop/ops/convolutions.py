@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import math
 
-from ..backends.blocks import bind_as_is
-from ..inspect.lineage.boxes import Box, LineageContext, full_box
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
+from ..core.blocks import bind_as_is
+from ..core.boxes import Box, LineageContext, full_box
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import TensorSharding
 from .contractions import finish_summed_pairs
 from .opdef import Family, Linearity, OpDef, defs
 

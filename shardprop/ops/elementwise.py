@@ -9,11 +9,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ..backends.blocks import bind_as_is
+from ..core.blocks import bind_as_is
 from ..expr.graph import Graph, Node
-from ..inspect.lineage.boxes import Box, LineageContext
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import Layout, TensorSharding
+from ..core.boxes import Box, LineageContext
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import Layout, TensorSharding
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef, defs
 

@@ -9,10 +9,10 @@ would under ``jax.jit``.
 
 from __future__ import annotations
 
-from ..backends.blocks import bind_globally
-from ..inspect.lineage.boxes import Box, LineageContext, full_box
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
+from ..core.blocks import bind_globally
+from ..core.boxes import Box, LineageContext, full_box
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import TensorSharding
 from .opdef import Family, Linearity, OpDef
 
 
@@ -29,4 +29,5 @@ def whole_operands(ctx: LineageContext, box: Box, output: int, **params) -> list
 def fallback_for(name: str) -> OpDef:
     """The record used for primitive ``name`` when it has none of its own."""
     return OpDef(name, Family.FALLBACK, propagate=conservative, lineage=whole_operands, lineage_exact=False,
-                 per_block=bind_globally, finish=None, pull=None, linear=Linearity.NONE)
+                 per_block=bind_globally, finish=None, pull=None, linear=Linearity.NONE,
+                 runs_outside_shard_map=True)

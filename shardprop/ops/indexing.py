@@ -17,12 +17,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ..backends.blocks import Blocks, bind_as_is, block_index
+from ..core.blocks import Blocks, bind_as_is, block_index
 from ..expr import jax_adapter as jx
-from ..inspect.lineage.boxes import Box, LineageContext, full_box
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import Sharded, TensorSharding
-from ..splitting.collectives import Collective, CollectiveKind
+from ..core.boxes import Box, LineageContext, full_box
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import Sharded, TensorSharding
+from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef, defs
 
 SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max")

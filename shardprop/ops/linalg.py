@@ -12,10 +12,10 @@ params describe the core axes, which each device holds whole.
 
 from __future__ import annotations
 
-from ..backends.blocks import bind_as_is
-from ..inspect.lineage.boxes import Box, LineageContext, full_box
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
+from ..core.blocks import bind_as_is
+from ..core.boxes import Box, LineageContext, full_box
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import TensorSharding
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef
 

@@ -9,12 +9,14 @@
                    moves gathers upwards through ops that have one)
     linear         how a partial sum passes through it (:class:`Linearity`): where it does, a sum's ``psum`` may
                    wait until after it (a loop's carry accumulating gradients keeps its partial sum)
-    work           the multiply-adds one device does, given its operand and output blocks — the one optional
-                   piece, for ops whose work grows faster than their data (contractions, convolutions): the
-                   cost model weighs the redundant work a gather causes against the bytes a collective moves
+    work           the multiply-adds one device does, given its operand and output blocks — optional, for ops
+                   whose work grows faster than their data (contractions, convolutions): the cost model weighs
+                   the redundant work a gather causes against the bytes a collective moves
+    runs_outside_shard_map   True for a primitive run on whole arrays outside ``shard_map`` (the records of
+                   primitives without one of their own); False by default
 
-Every field is required: a family module that defines an op says what each piece is, or that it has none
-(``finish=None``), so a missing piece is a construction error rather than a silent default. The signatures::
+Every field but the last two is required: a family module that defines an op says what each piece is, or that it
+has none (``finish=None``), so a missing piece is a construction error rather than a silent default. The signatures::
 
     propagate(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput
     lineage(ctx: LineageContext, box: Box, output: int, **params) -> list[list[Box]]   # per operand
@@ -97,18 +99,14 @@ class OpDef:
     pull: Callable[..., Any] | None
     linear: Linearity
     work: Callable[..., float] | None = None
+    # True when the primitive runs on whole arrays in a stage of its own outside ``shard_map`` (a primitive without
+    # a record: its ``per_block`` is ``bind_globally``), a stage boundary on either side.
+    runs_outside_shard_map: bool = False
 
     @property
     def is_fallback(self) -> bool:
         """True for the conservative record of a primitive without one of its own."""
         return self.family is Family.FALLBACK
-
-    @property
-    def runs_outside_shard_map(self) -> bool:
-        """True when the primitive runs on whole arrays in a stage of its own outside ``shard_map``."""
-        from ..backends.blocks import bind_globally
-
-        return self.per_block is bind_globally
 
     @cached_property
     def rule_name(self) -> str:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from jax.sharding import AxisType, PartitionSpec
 
-from ..backends.blocks import Blocks, bind_with
+from ..core.blocks import Blocks, bind_with
 from ..expr.graph import Node
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import Open, Sharded, TensorSharding, layout_from_spec
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import Open, Sharded, TensorSharding, layout_from_spec
 from .elementwise import identity, identity_lineage
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef

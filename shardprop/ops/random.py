@@ -19,11 +19,11 @@ import math
 import numpy as np
 from jax import lax
 
-from ..backends.blocks import Blocks, bind_as_is, block_index
+from ..core.blocks import Blocks, bind_as_is, block_index
 from ..expr import jax_adapter as jx
 from ..expr.graph import Node
-from ..propagation.context import CREATED, RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
+from ..core.rules import CREATED, RuleContext, RuleOutput
+from ..core.layouts import TensorSharding
 from .fallback import conservative as _conservative
 from .fallback import whole_operands
 from .opdef import Family, Linearity, OpDef, defs

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backends.blocks import bind_as_is
+from ..core.blocks import bind_as_is
 from ..expr import jax_adapter as jx
 from ..expr.graph import Node
-from ..inspect.lineage.boxes import Box, LineageContext
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
-from ..splitting.collectives import Collective, CollectiveKind
+from ..core.boxes import Box, LineageContext
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import TensorSharding
+from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef
 
 

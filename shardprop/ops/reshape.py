@@ -11,10 +11,10 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..backends.blocks import Blocks, bind_with
-from ..inspect.lineage.boxes import Box, LineageContext, bounded_product, full_box, hull
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import Sharded, TensorSharding, shard_count
+from ..core.blocks import Blocks, bind_with
+from ..core.boxes import Box, LineageContext, bounded_product, full_box, hull
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import Sharded, TensorSharding, shard_count
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef
 

@@ -6,10 +6,10 @@ keys and itself whole along the sorted axis; ``top_k`` reads the whole axis it p
 
 from __future__ import annotations
 
-from ..backends.blocks import bind_as_is
-from ..inspect.lineage.boxes import Box, LineageContext
-from ..propagation.context import RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
+from ..core.blocks import bind_as_is
+from ..core.boxes import Box, LineageContext
+from ..core.rules import RuleContext, RuleOutput
+from ..core.layouts import TensorSharding
 from .opdef import Family, Linearity, OpDef, defs
 
 

@@ -10,12 +10,12 @@ device's block.
 
 from __future__ import annotations
 
-from ..backends.blocks import Blocks, bind_as_is, bind_with, block_index, cut_to_blocks
+from ..core.blocks import Blocks, bind_as_is, bind_with, block_index, cut_to_blocks
 from ..expr import jax_adapter as jx
 from ..expr.graph import Graph, Node
-from ..inspect.lineage.boxes import Box, LineageContext, product
-from ..propagation.context import CREATED, RuleContext, RuleOutput
-from ..propagation.sharding import Layout, TensorSharding
+from ..core.boxes import Box, LineageContext, product
+from ..core.rules import CREATED, RuleContext, RuleOutput
+from ..core.layouts import Layout, TensorSharding
 from .opdef import Family, Linearity, OpDef
 
 

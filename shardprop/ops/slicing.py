@@ -12,10 +12,10 @@ sharded axes become block sizes.
 
 from __future__ import annotations
 
-from ..backends.blocks import Blocks, bind_as_is, bind_with, cut_to_blocks
-from ..inspect.lineage.boxes import Box, LineageContext, full_box, product
-from ..propagation.context import CREATED, RuleContext, RuleOutput
-from ..propagation.sharding import TensorSharding
+from ..core.blocks import Blocks, bind_as_is, bind_with, cut_to_blocks
+from ..core.boxes import Box, LineageContext, full_box, product
+from ..core.rules import CREATED, RuleContext, RuleOutput
+from ..core.layouts import TensorSharding
 from .opdef import Family, Linearity, OpDef
 
 

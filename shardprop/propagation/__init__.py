@@ -7,6 +7,6 @@ rules themselves are the primitives' records in :mod:`shardprop.ops`.
 
 from .product import RuleName, ShardedGraph
 from .propagate import propagate
-from .sharding import Layout, Open, Shard, Sharded, TensorSharding
+from ..core.layouts import Layout, Open, Shard, Sharded, TensorSharding
 
 __all__ = ["Layout", "Open", "RuleName", "Shard", "Sharded", "ShardedGraph", "TensorSharding", "propagate"]

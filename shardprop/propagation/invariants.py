@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..checks import enabled
 from ..errors import InvariantError
 from .product import ShardedGraph
-from .sharding import Layout, Sharded, shard_count, uses_mesh_axes_once
+from ..core.layouts import Layout, Sharded, shard_count, uses_mesh_axes_once
 
 
 def checked(sharded: ShardedGraph) -> ShardedGraph:

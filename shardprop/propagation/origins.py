@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node
-from .sharding import Shard, Sharded, TensorSharding
+from ..core.layouts import Shard, Sharded, TensorSharding
 
 
 @dataclass(frozen=True)

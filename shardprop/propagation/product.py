@@ -4,47 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 from enum import StrEnum
 from functools import cached_property
 
 from jax.sharding import Mesh, PartitionSpec
 
 from ..expr.graph import Graph, Node, render, short_dtype
-from .sharding import Layout, Shard, Sharded, TensorSharding
-
-
-class Carry(NamedTuple):
-    """A value a loop carries from one iteration to the next: the body takes it as input ``body_input`` and
-    returns it as output ``body_output`` (None: a body that only reads it, a while loop's condition); the loop
-    node takes its initial value as operand ``operand`` and returns the last as output ``output``."""
-
-    body_input: int
-    body_output: int | None
-    operand: int
-    output: int
-
-
-@dataclass(frozen=True, eq=False)
-class Body:
-    """A sub-computation a rule sharded (a loop body, a while loop's condition, a branch of a ``cond``).
-
-    ``sharded`` is its propagated graph; the op takes the body's outputs in ``out_layouts`` (an output held
-    otherwise is moved at the end of the body, inside the loop); ``repeats`` is how many times the body runs
-    per execution of the op (a scan's length; None when unknown, a while loop); ``carries`` the loop-carried
-    values (empty for a branch). ``name`` is the body's part of the op as inspection names it (``body``,
-    ``cond``, ``branch1``: values inside are ``e/body/c``); ``operands[i]`` is the op's operand that body input
-    ``i`` comes from (a scan's ``xs``: one iteration's slice; a carry: its initial value, then the last
-    iteration's); ``sliced`` the body inputs that are one iteration's slice of their operand (a scan's ``xs``).
-    """
-
-    sharded: ShardedGraph
-    out_layouts: tuple[Layout, ...]
-    repeats: int | None = 1
-    carries: tuple[Carry, ...] = ()
-    name: str = "body"
-    operands: tuple[int, ...] = ()
-    sliced: frozenset[int] = frozenset()
+from ..core.layouts import Layout, Shard, Sharded, TensorSharding
+from ..core.rules import Body
 
 
 class RuleName(StrEnum):

@@ -26,12 +26,12 @@ from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, called_at, short_dtype, short_source, value_name
 from ..ops import has_record, lookup
-from .context import CREATED, OpenTracker, RuleConflict, RuleContext
+from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
-from .sharding import (Layout, Open, Sharded, TensorSharding, elements_moved, is_all_to_all,
-                       layout_from_spec, layout_to_spec, moved_axes, shard_count, uses_mesh_axes_once)
+from ..core.layouts import (Layout, Open, Sharded, TensorSharding, elements_moved, is_all_to_all, layout_from_spec,
+    layout_to_spec, moved_axes, shard_count, uses_mesh_axes_once)
 
 CONFLICT_MODES = ("reshard", "error")
 

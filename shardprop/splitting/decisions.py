@@ -23,9 +23,9 @@ from types import MappingProxyType
 
 from ..expr.graph import Graph, Node
 from ..propagation import ShardedGraph
-from ..propagation.product import Body
-from ..propagation.sharding import Layout
-from .collectives import Collective
+from ..core.rules import Body
+from ..core.layouts import Layout
+from ..core.collectives import Collective
 
 _EMPTY: Mapping = MappingProxyType({})
 

@@ -15,7 +15,7 @@ from ..checks import enabled
 from ..errors import InvariantError
 from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import lookup
-from ..propagation.sharding import Layout, layout_refines, uses_mesh_axes_once
+from ..core.layouts import Layout, layout_refines, uses_mesh_axes_once
 from .plan import Plan, Source
 
 

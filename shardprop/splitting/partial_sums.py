@@ -22,7 +22,7 @@ import numpy as np
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node
 from ..ops import lookup
 from ..ops.opdef import Linearity
-from .collectives import Collective, CollectiveKind
+from ..core.collectives import Collective, CollectiveKind
 from .decisions import BodyPlan, Decisions
 
 def carries_partial(graph: Graph, node: Node, partial_operands: list[bool]) -> bool:

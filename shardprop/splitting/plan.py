@@ -9,8 +9,8 @@ from typing import NamedTuple
 from jax.sharding import PartitionSpec
 
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, layout_to_spec
-from .collectives import Strategy
+from ..core.layouts import Layout, layout_to_spec
+from .strategy import Strategy
 from .decisions import BodyPlan, Decisions
 
 
@@ -105,20 +105,12 @@ class Plan(Decisions):
                 first.setdefault(n, stage.id)
         return first
 
-    def stage_of(self, node_id: int | None = None):
+    def stage_of(self, node_id: int) -> int | None:
         """The stage that runs node ``node_id`` (a constant: the first stage that embeds it); None for
-        arguments, and for every node of an unsplit plan. Called without a node (as before 0.2): the whole
-        ``{node_id: stage_id}`` map."""
-        if node_id is None:
-            return dict(self._stage_of)
+        arguments, and for every node of an unsplit plan."""
         return self._stage_of.get(node_id)
 
-    def __str__(self) -> str:
-        # Printing is inspection's job; the product only asks for it.
-        from ..inspect.listing import format_stages
-
-        return format_stages(self)
-
-    def format_stages(self) -> str:
-        """The stage table (``str(plan)``)."""
-        return str(self)
+    def __repr__(self) -> str:
+        # Printing the stage table is inspection's job (prog.stages, sp.inspect.format_stages(plan)).
+        n = len(self.stages)
+        return f"<Plan {n} stage{'' if n == 1 else 's'}, {len(self.graph.nodes)} nodes, strategy {self.strategy}>"

@@ -23,11 +23,12 @@ from ..errors import OptionError
 from ..expr.graph import CONSTANT, PARAMETER
 from ..gc_pause import gc_paused
 from ..propagation import ShardedGraph
-from ..propagation.sharding import Layout, layout_refines, received_layout
-from .collectives import Strategy
+from ..core.layouts import Layout, layout_refines, received_layout
+from .strategy import Strategy
 from .decisions import BodyPlan, Decisions
-from .collectives import Collective
-from .cost import body_transfers, collective_bytes, total_moved
+from ..core.collectives import Collective
+from .cost import body_transfers, collective_bytes
+from ..core.transfers import total_moved
 from .partial_sums import deferred_sums
 from ..ops import lookup
 from .invariants import checked
@@ -54,13 +55,8 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     bytes.
     """
     if not isinstance(sharded, ShardedGraph):
-        # prog.graph (the printed view of a plan) or a Program: split the graph it was propagated from afresh,
-        # as sp.split(prog.graph) did before the products stopped pointing at each other
-        plan = getattr(sharded, "plan", None)
-        if not isinstance(plan, Plan):
-            raise OptionError(f"split takes a ShardedGraph (sp.propagate(...), or prog.sharded of a Program), got "
-                              f"{type(sharded).__name__}")
-        sharded = plan.sharded
+        raise OptionError(f"split takes a ShardedGraph (sp.propagate(...), or prog.sharded of a Program), got "
+                          f"{type(sharded).__name__}")
     strategy = Strategy.parse(strategy)
     decisions = decide(sharded, strategy)
     stages, output_sources = cut_into_stages(decisions)

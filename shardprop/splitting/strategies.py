@@ -17,8 +17,8 @@ collective finishes a primitive, which operand layouts give an output layout) is
 from __future__ import annotations
 
 from ..ops import lookup
-from ..propagation.sharding import Layout, layout_refines, received_layout, shard_count
-from .collectives import Collective, CollectiveKind
+from ..core.layouts import Layout, layout_refines, received_layout, shard_count
+from ..core.collectives import Collective, CollectiveKind
 from .cost import collective_bytes, compute_bytes, move_bytes, node_move_bytes
 from .decisions import Decisions, Draft, Pending
 from .partial_sums import carries_partial

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 import shardprop as sp
 from examples import attention, layernorm, mlp
 from shardprop.backends.hlo import _groups, parse_hlo
-from shardprop.splitting.cost import total_moved
+from shardprop.core.transfers import total_moved
 from tests.functions import nx_example
 
 S = jax.ShapeDtypeStruct

@@ -129,7 +129,7 @@ def test_bfloat16_values_are_compared_as_floats_with_their_own_precision(meshes)
     x = np.abs(RNG.normal(size=(16, 8))).astype(jnp.bfloat16) + 1
     x[3, 5] = -1
     prog = sp.autoshard(lambda x: jnp.sqrt(x) * 2, mesh=meshes["4x2"], in_specs=(P("i", "j"),)).trace(x)
-    dbg = prog.debug(x)
+    dbg = sp.Debugger(prog, x)
     assert dbg.first_divergence() is None and dbg.compare().agree  # NaN in both: agrees
     found = dbg.first_nonfinite()
     assert found.where.op == "sqrt" and found.index == (3, 5)

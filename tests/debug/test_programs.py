@@ -58,7 +58,7 @@ def test_debugger_on_uncommon_programs(name, f, args, specs, strategy, mesh):
     prog = _compile(f, args, specs, strategy, mesh)
     assert bool(prog.plan.pending) == (name == "deferred_sum")
     whole = prog(*args)
-    dbg = prog.debug(*args)
+    dbg = sp.Debugger(prog, *args)
     dbg.run()
     for g, w in zip(jax.tree_util.tree_leaves(dbg.outputs), jax.tree_util.tree_leaves(whole), strict=True):
         assert g.sharding.is_equivalent_to(w.sharding, g.ndim) and g.dtype == w.dtype
@@ -74,7 +74,7 @@ def test_debugger_on_uncommon_programs(name, f, args, specs, strategy, mesh):
 
 def test_held_finer_than_propagated_blocks_follow_the_plan(mesh):
     prog = _compile(*CASES[0][1:4], "collective", mesh)
-    dbg = prog.debug(X, W, W)
+    dbg = sp.Debugger(prog, X, W, W)
     dbg.run()
     d = prog.sharded.graph.producer[3]
     assert prog.plan.collective(d).kind == "psum_scatter"
@@ -88,7 +88,7 @@ def test_a_stage_with_keys_and_bfloat16_is_saved_and_rerun(tmp_path, mesh):
 
     args = (jax.random.key(1), X.astype(jnp.bfloat16))
     prog = _compile(f, args, (None, P("i", "j")), "auto", mesh)
-    script = prog.debug(*args).save_stage(len(prog.stages) - 1, tmp_path)
+    script = sp.Debugger(prog, *args).save_stage(len(prog.stages) - 1, tmp_path)
     run = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "uint32[2, 2] matches" in run.stdout and "bfloat16[8] matches" in run.stdout
@@ -97,7 +97,7 @@ def test_a_stage_with_keys_and_bfloat16_is_saved_and_rerun(tmp_path, mesh):
 def test_a_stage_that_calls_back_to_python_cannot_be_exported(tmp_path, mesh):
     prog = _compile(_callback, (X,), (P("i", "j"),), "auto", mesh)
     with pytest.raises(sp.ArtifactError, match="stage 0 cannot be saved with jax.export"):
-        prog.debug(X).save_stage(0, tmp_path)
+        sp.Debugger(prog, X).save_stage(0, tmp_path)
 
 
 @pytest.mark.parametrize("keep", ["outputs", "all"])

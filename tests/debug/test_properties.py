@@ -31,7 +31,7 @@ def test_the_debugger_agrees_with_the_program_and_the_reference(case, keep, mesh
             prog = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, **options).trace(*args)
     except (sp.IndivisibleAxisError, sp.ShardingConflictError):
         return  # bad inputs, as the fuzzer counts them
-    dbg = prog.debug(*args, keep=keep)
+    dbg = sp.Debugger(prog, *args, keep=keep)
     dbg.run()
     for g, w in zip(jax.tree_util.tree_leaves(dbg.outputs), jax.tree_util.tree_leaves(prog(*args)), strict=True):
         assert g.sharding.is_equivalent_to(w.sharding, g.ndim)

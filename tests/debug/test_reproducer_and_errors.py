@@ -151,7 +151,7 @@ def test_relative_error_is_infinite_where_the_reference_is_zero():
 
 
 def test_the_readme_walk(prog):
-    dbg = prog.debug(A, B)
+    dbg = sp.Debugger(prog, A, B)
     assert dbg.break_at("i") == 1
     dbg.run()
     assert dbg.stage == 1 and not dbg.done

@@ -47,7 +47,7 @@ def test_stepping_every_stage_reproduces_the_program_and_the_unsharded_function(
         name, f, args, mesh_name, specs, strategy, meshes):
     prog = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, strategy=strategy).trace(*args)
     whole = prog(*args)
-    dbg = prog.debug(*args)
+    dbg = sp.Debugger(prog, *args)
     reports = []
     while not dbg.done:
         assert dbg.stage == len(reports)

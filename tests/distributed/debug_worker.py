@@ -77,7 +77,7 @@ xs, h0 = rng.normal(size=(6, 8, 16)).astype(np.float32), rng.normal(size=(8, 16)
 rnn = (recurrent.init_rnn(16), xs, h0)
 grad = jax.grad(recurrent.rnn_loss)
 loop = sp.autoshard(grad, mesh=mesh, in_specs=(None, P(None, "i"), P("i"))).trace(*rnn)
-dbg = loop.debug(*rnn)
+dbg = sp.Debugger(loop, *rnn)
 dbg.run()
 for got, w in zip(jax.tree_util.tree_leaves(sp.distributed.fetch(dbg.outputs)),
                   jax.tree_util.tree_leaves(unsharded(grad, *rnn)), strict=True):
@@ -96,7 +96,7 @@ def log_sum(v):
     return jnp.sum(jnp.log(v * 2.0), axis=0)
 
 
-found = sp.autoshard(log_sum, mesh=mesh, in_specs=(P("i", "j"),)).trace(x).debug(x).first_nonfinite()
+found = sp.Debugger(sp.autoshard(log_sum, mesh=mesh, in_specs=(P("i", "j"),)).trace(x), x).first_nonfinite()
 assert found is not None and found.where.op == "log" and found.index == (13, 5), found
 assert found.device not in mine if me == 0 else found.device in mine, (me, found.device)
 assert found.coords == {"i": 3, "j": 1}

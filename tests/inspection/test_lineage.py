@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from shardprop.inspect.lineage import block_box, dependencies, mask
-from shardprop.inspect.lineage.boxes import MAX_BOXES
+from shardprop.core.boxes import MAX_BOXES
 
 
 def nx_example(a, b):
@@ -93,7 +93,7 @@ def test_lineage_matches_jacobian_pattern(name, f, shapes, in_specs, mesh):
     rng = np.random.default_rng(0)
     args = [jnp.asarray(rng.normal(size=s), dtype=jnp.float32) for s in shapes]
     prog = sp.autoshard(f, mesh=mesh, in_specs=in_specs).trace(*args)
-    graph = prog.graph.graph
+    graph = prog.sharded.graph
     out = graph.outputs[0]
     layout = prog.plan.layout(out)
     counts = [int(np.prod([mesh.shape[m] for m in axes])) for axes in layout]

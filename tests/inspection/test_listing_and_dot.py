@@ -74,7 +74,7 @@ def test_dot_structure_agrees_with_the_graph_and_the_plan(workload, strategy, me
 
     _, fn, args, mesh_name, specs = next(w for w in WORKLOADS if w[0] == workload)
     prog = sp.autoshard(fn, mesh=meshes[mesh_name], in_specs=specs, strategy=strategy).trace(*args)
-    graph, plan = prog.graph.graph, prog.plan
+    graph, plan = prog.sharded.graph, prog.plan
     dot = sp.to_dot(prog)
 
     clusters = {int(k): {int(n) for n in re.findall(r"^\s+n(\d+) \[", body, re.M)}

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 import shardprop as sp
 from shardprop.inspect import SCHEMA, as_text
 from shardprop.inspect.pictures import device_blocks
-from shardprop.propagation.sharding import layout_from_spec, shard_count
+from shardprop.core.layouts import layout_from_spec, shard_count
 
 from .nx_example import f as nx_example
 
@@ -65,7 +65,7 @@ def test_block_picture_of_a_3d_tensor_projects_and_says_so(meshes):
 
 def test_block_picture_of_scalars_and_bad_axes(mesh):
     prog = sp.autoshard(lambda x: jnp.sum(x), mesh=mesh, in_specs=(P("i"),)).trace(jnp.ones(16))
-    out = prog.graph.graph.outputs[0]
+    out = prog.sharded.graph.outputs[0]
     assert "dev 0-7" in as_text(sp.blocks(prog, out))
     with pytest.raises(sp.OptionError, match="at most two distinct axes"):
         sp.blocks(prog, "a", axes=(0, 3))
@@ -110,7 +110,7 @@ def test_json_of_a_workload_with_collectives_and_scans_validates(mesh):
     doc = sp.to_json(prog)
     jsonschema.validate(json.loads(json.dumps(doc)), SCHEMA)
     assert any(n["collective"] for n in doc["nodes"])
-    assert len(doc["values"]) == len(prog.graph.graph.avals)
+    assert len(doc["values"]) == len(prog.sharded.graph.avals)
 
 
 def test_json_marks_a_stage_outside_shard_map_and_still_validates(mesh):

@@ -15,8 +15,8 @@ from shardprop.errors import ConflictKind
 from shardprop.expr.graph import Aval, Graph, Node
 from shardprop.ops import lookup
 from shardprop.propagation import ShardedGraph
-from shardprop.propagation.context import CREATED, OpenTracker, RuleConflict, RuleContext
-from shardprop.propagation.sharding import Sharded, TensorSharding
+from shardprop.core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
+from shardprop.core.layouts import Sharded, TensorSharding
 from shardprop.splitting import CollectiveKind, Decisions
 
 MESH = {"i": 4, "j": 2, "k": 2}

@@ -7,8 +7,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardprop.backends.blocks import local_slice
-from shardprop.propagation.sharding import layout_from_spec, layout_to_spec, received_layout
+from shardprop.core.blocks import local_slice
+from shardprop.core.layouts import layout_from_spec, layout_to_spec, received_layout
 from shardprop.splitting.cost import movement
 
 MESH = {"i": 4, "j": 2}

@@ -91,7 +91,7 @@ def test_rule(case, meshes):
 def test_a_refining_layout_is_a_local_slice_with_no_communication(mesh_name, specs, meshes):
     a = jax.ShapeDtypeStruct(M, F32)
     prog = sp.autoshard(lambda x, y: x * y + x, mesh=meshes[mesh_name], in_specs=specs).trace(a, a)
-    assert len(prog.stages) == 1 and prog.graph.out_specs == (specs[0],)
+    assert len(prog.stages) == 1 and prog.out_specs == (specs[0],)
     assert prog.communication() == []  # measured in the compiled HLO
 
 
@@ -122,10 +122,10 @@ def test_primitive_without_rule_falls_back_with_one_warning_at_the_users_line(me
         prog = assert_same_as_unsharded(_doubled, random_args([(M, F32)]), mesh=mesh, in_specs=P("i", "j"))
     (warning,) = [w for w in caught if issubclass(w.category, sp.FallbackWarning)]
     assert warning.filename.endswith("test_rules.py") and warning.lineno == line  # the user's line
-    (node,) = [n for n in prog.graph.graph.nodes if n.op == "pure_callback"]
-    assert node.id in prog.graph.fallbacks
-    assert all(m == () for need in prog.graph.needs[node.id] for m in need)  # every operand gathered
-    assert all(m == () for v in node.outputs for m in prog.graph.layout(v))  # every output replicated
+    (node,) = [n for n in prog.sharded.graph.nodes if n.op == "pure_callback"]
+    assert node.id in prog.sharded.fallbacks
+    assert all(m == () for need in prog.sharded.needs[node.id] for m in need)  # every operand gathered
+    assert all(m == () for v in node.outputs for m in prog.sharded.layout(v))  # every output replicated
     # once per traced program and primitive: two loops, one warning; another program, warned again
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default", sp.FallbackWarning)
@@ -152,6 +152,6 @@ def test_every_unary_and_binary_float_rule_in_one_program(spec, mesh):
 
     args = random_args([(M, F32)])
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=(spec,), rtol=1e-5, atol=1e-5)
-    assert not prog.graph.fallbacks
+    assert not prog.sharded.fallbacks
     expected = P() if spec is None else spec
-    assert set(prog.graph.out_specs) == {expected}
+    assert set(prog.out_specs) == {expected}

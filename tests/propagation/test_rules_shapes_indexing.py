@@ -149,9 +149,9 @@ def test_random_numbers_are_drawn_per_block_and_equal_the_unsharded_ones(mesh):
         return a * jax.random.uniform(key, a.shape) + jax.random.normal(jax.random.fold_in(key, 1), a.shape)
 
     prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),), rtol=1e-6)
-    assert not prog.graph.fallbacks  # random ops have explicit rules, so no warning
-    assert prog.graph.out_specs == (P("i", "j"),)
-    bits = [n for n in prog.graph.graph.nodes if n.op == "random_bits"]
+    assert not prog.sharded.fallbacks  # random ops have explicit rules, so no warning
+    assert prog.out_specs == (P("i", "j"),)
+    bits = [n for n in prog.sharded.graph.nodes if n.op == "random_bits"]
     assert bits and all(prog.plan.layout(n.output) == (("i",), ("j",)) for n in bits)  # each device its block
     assert not prog.communication()
 
@@ -170,8 +170,8 @@ def test_random_bits_of_a_block_are_the_unsharded_bits_at_its_positions(mesh_nam
     fs = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=(spec,))
     np.testing.assert_array_equal(np.asarray(fs(a)), np.asarray(jax.random.bits(key, a.shape, dtype)))
     prog = fs.trace(a)
-    (bits,) = [n for n in prog.graph.graph.nodes if n.op == "random_bits"]
-    assert prog.graph.layout(bits.output) == prog.graph.layout(prog.graph.graph.inputs[0])
+    (bits,) = [n for n in prog.sharded.graph.nodes if n.op == "random_bits"]
+    assert prog.sharded.layout(bits.output) == prog.sharded.layout(prog.sharded.graph.inputs[0])
     assert not prog.communication()
 
 
@@ -188,8 +188,8 @@ def _rbg_key(a):
 def test_other_random_generators_stay_replicated_and_exact(f, mesh):
     """Bits that do not depend on position alone are drawn whole on every device (conservative, on purpose)."""
     prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),), rtol=1e-6)
-    bits = [n for n in prog.graph.graph.nodes if n.op in ("random_bits", "rng_bit_generator")]
-    assert bits and all(all(not m for m in prog.graph.layout(v)) for n in bits for v in n.outputs)
+    bits = [n for n in prog.sharded.graph.nodes if n.op in ("random_bits", "rng_bit_generator")]
+    assert bits and all(all(not m for m in prog.sharded.layout(v)) for n in bits for v in n.outputs)
 
 
 def test_random_bits_without_partitionable_threefry_stay_replicated(mesh):
@@ -200,8 +200,8 @@ def test_random_bits_without_partitionable_threefry_stay_replicated(mesh):
 
     with jax.threefry_partitionable(False):
         prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),), rtol=1e-6)
-        (bits,) = [n for n in prog.graph.graph.nodes if n.op == "random_bits"]
-        assert prog.graph.layout(bits.output) == ((), ())
+        (bits,) = [n for n in prog.sharded.graph.nodes if n.op == "random_bits"]
+        assert prog.sharded.layout(bits.output) == ((), ())
 
 
 def _host_doubled(x):
@@ -224,9 +224,9 @@ def test_a_body_without_a_rule_falls_back_naming_the_body_primitive(name, f, mes
         prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),))
     (message,) = [str(w.message) for w in caught if f"primitive `{name}`" in str(w.message)]
     assert "`pure_callback` at test_rules_shapes_indexing.py:" in message and "inside its body" in message
-    (node,) = [n for n in prog.graph.graph.nodes if n.op == name]
-    assert node.id in prog.graph.fallbacks
-    assert all(m == () for v in node.outputs for m in prog.graph.layout(v))
+    (node,) = [n for n in prog.sharded.graph.nodes if n.op == name]
+    assert node.id in prog.sharded.fallbacks
+    assert all(m == () for v in node.outputs for m in prog.sharded.layout(v))
     with pytest.raises(sp.NoRuleError, match=rf"`{name}` .*`pure_callback` at .* inside its body has no rule"):
         sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"),), strict=True).trace(jax.ShapeDtypeStruct(M, F32))
 
@@ -245,9 +245,9 @@ def test_branches_that_need_no_gather_stay_sharded(name, f, mesh):
             warnings.simplefilter("error", sp.FallbackWarning)
             prog = assert_same_as_unsharded(f, random_args([(M, F32)]), mesh=mesh, in_specs=(P("i", "j"),),
                                             strategy=strategy)
-        assert prog.graph.out_specs == (P("i", "j"),)
-        (node,) = [n for n in prog.graph.graph.nodes if n.op == "cond"]
-        assert prog.graph.layout(node.outputs[0]) == (("i",), ("j",))  # each device took the branch on its block
+        assert prog.out_specs == (P("i", "j"),)
+        (node,) = [n for n in prog.sharded.graph.nodes if n.op == "cond"]
+        assert prog.sharded.layout(node.outputs[0]) == (("i",), ("j",))  # each device took the branch on its block
 
 
 def rnn(h0, xs, w):
@@ -270,10 +270,10 @@ def test_scan_is_sharded_through_when_the_body_needs_no_gather(mesh_name, specs,
     args = [rng.normal(size=(8, 16)).astype(F32), rng.normal(size=(5, 8, 16)).astype(F32),
             (rng.normal(size=(16, 16)) / 4).astype(F32)]
     prog = assert_same_as_unsharded(rnn, args, mesh=meshes[mesh_name], in_specs=specs)
-    assert prog.graph.out_specs == expected
-    assert not prog.graph.fallbacks and len(prog.stages) == 1
-    (node,) = [n for n in prog.graph.graph.nodes if n.op == "scan"]
-    assert node.id in prog.graph.bodies
+    assert prog.out_specs == expected
+    assert not prog.sharded.fallbacks and len(prog.stages) == 1
+    (node,) = [n for n in prog.sharded.graph.nodes if n.op == "scan"]
+    assert node.id in prog.sharded.bodies
 
 
 def _cross_entropy(logits, labels):
@@ -291,7 +291,7 @@ def test_a_batched_scatter_pairs_its_batch_axes_as_gather_does(mesh_name, strate
     grad = jax.grad(_cross_entropy)
     prog = assert_same_as_unsharded(grad, (logits, labels), mesh=meshes[mesh_name], in_specs=(P("i"), P("i")),
                                     strategy=strategy)
-    assert prog.communication() == [] and prog.graph.out_specs == (P("i"),)
+    assert prog.communication() == [] and prog.out_specs == (P("i"),)
 
 
 def test_a_vmapped_scatter_with_several_index_axes_stays_sharded_over_the_batch(meshes):
@@ -303,4 +303,4 @@ def test_a_vmapped_scatter_with_several_index_axes_stays_sharded_over_the_batch(
     idx = (np.arange(40).reshape(8, 5) * 3 % 6).astype(np.int32)
     prog = assert_same_as_unsharded(f, (x, idx, u), mesh=meshes["4x2"], in_specs=(P("i", None, "j"), P("i"),
                                                                                   P("i", None, "j")))
-    assert prog.communication() == [] and prog.graph.out_specs == (P("i", None, "j"),)
+    assert prog.communication() == [] and prog.out_specs == (P("i", None, "j"),)

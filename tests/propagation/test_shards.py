@@ -90,7 +90,7 @@ def test_unannotated_meeting_two_shardings_is_replicated(mesh):
 
     args = random_args([((16, 8), np.float32)] * 3)
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=(P("i"), P("j"), None))
-    assert prog.graph.in_specs[2] == P()
+    assert prog.in_specs[2] == P()
 
 
 def test_two_unannotated_inputs_adopt_together(mesh):
@@ -99,7 +99,7 @@ def test_two_unannotated_inputs_adopt_together(mesh):
 
     args = random_args([((16, 8), np.float32)] * 3)
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=(P("i", "j"), None, None))
-    assert prog.graph.in_specs == (P("i", "j"),) * 3
+    assert prog.in_specs == (P("i", "j"),) * 3
 
 
 def test_unannotated_never_uses_a_mesh_axis_twice(mesh):
@@ -108,7 +108,7 @@ def test_unannotated_never_uses_a_mesh_axis_twice(mesh):
 
     args = random_args([((8, 8), np.float32)] * 2)
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=(P("i"), None))
-    layout = prog.graph.layout(prog.graph.graph.inputs[1])
+    layout = prog.sharded.layout(prog.sharded.graph.inputs[1])
     names = [n for m in layout for n in m]
     assert len(names) == len(set(names))
 
@@ -116,4 +116,4 @@ def test_unannotated_never_uses_a_mesh_axis_twice(mesh):
 def test_everything_unannotated_is_replicated(mesh):
     args = random_args([((16, 8), np.float32)] * 2)
     prog = assert_same_as_unsharded(nx_example, args, mesh=mesh, in_specs=None)
-    assert prog.graph.in_specs == (P(), P()) and len(prog.stages) == 1
+    assert prog.in_specs == (P(), P()) and len(prog.stages) == 1

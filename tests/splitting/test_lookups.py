@@ -126,7 +126,7 @@ def test_a_scatter_into_a_sharded_axis_updates_each_block_in_place(mesh_name, sp
     np.testing.assert_array_equal(np.asarray(fs(x)), want)
     prog = fs.trace(x)
     assert not prog.communication()
-    assert prog.graph.out_specs == (spec,)
+    assert prog.out_specs == (spec,)
 
 
 @pytest.mark.parametrize("strategy", ["collective", "auto"])

@@ -115,7 +115,7 @@ def test_a_primitive_without_a_record_runs_in_its_own_stage_outside_shard_map(me
 
 def test_stage_table_prints_sources_and_gathers(mesh):
     plan = plan_of(nx_example, (A, A), (P("i", "j"), P("i", "j")), mesh)
-    text = str(plan)
+    text = sp.inspect.format_stages(plan)
     assert "stage 0: 2 ops (add, sub)" in text
     assert "in  c:f32[16@i,8]  P('i',)  <- stage 0 output 0  (gathered from [16@i,8@j])" in text
     assert "in  d:f32[16,8@j]  P(None, 'j')  <- stage 0 output 1  (gathered from [16@i,8@j])" in text

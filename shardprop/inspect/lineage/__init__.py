@@ -13,23 +13,12 @@ from typing import Any
 from ...errors import OptionError
 from ...expr.graph import value_name
 from ...gc_pause import gc_paused
-from ...propagation.sharding import shard_count
+from ...core.layouts import shard_count
 from ..products import as_plan, resolve_value
-from .boxes import Box, full_box, mask
+from ...core.boxes import Box, full_box, mask
 from .walk import dependencies, seeded_dependencies
 
 __all__ = ["Lineage", "block_box", "dependencies", "lineage", "mask", "seeded_dependencies"]
-
-
-def __getattr__(name: str):
-    # Kept for code written before the primitives' records (0.2): a read-only view of the lineage rules.
-    if name == "LINEAGE_RULES":
-        from types import MappingProxyType
-
-        from ...ops import table
-
-        return MappingProxyType({op_name: (op.lineage, op.lineage_exact) for op_name, op in table().items()})
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Lineage(dict):

@@ -3,9 +3,9 @@ the ``lineage`` piece of each primitive's record (:func:`shardprop.ops.lookup`).
 
 from __future__ import annotations
 
+from ...core.boxes import Box, LineageContext, normalize
 from ...expr.graph import CONSTANT, PARAMETER, Graph
 from ...ops import lookup
-from .boxes import Box, LineageContext, normalize
 
 
 def dependencies(graph: Graph, value: int, boxes: list[Box]) -> tuple[dict[int, list[Box]], bool]:
@@ -37,7 +37,7 @@ def seeded_dependencies(graph: Graph, seeds: dict[int, list[Box]]) -> tuple[dict
         if node.op == CONSTANT:
             continue
         ctx = LineageContext(tuple(avals[v].shape for v in node.operands),
-                             tuple(avals[v].shape for v in node.outputs))
+                             tuple(avals[v].shape for v in node.outputs), seeded_dependencies)
         op = lookup(node.op)
         per_operand: list[list[Box]] = [[] for _ in node.operands]
         for k, out_boxes in asked:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 Box = tuple[tuple[int, int], ...]
 
 
 class LineageContext:
-    """What a lineage rule may know besides its params: the shapes of the node's operands and outputs. A rule
-    that has to widen its answer past the exact set (too many pieces) sets ``exact = False``.
+    """What a lineage rule may know besides its params: the shapes of the node's operands and outputs, and
+    ``walk`` — the backward walk itself, ``walk(graph, {value: boxes}) -> ({input: boxes}, exact)``, for a rule
+    whose op has a body (a loop's lineage walks its body). A rule that has to widen its answer past the exact set
+    (too many pieces) sets ``exact = False``.
 
     A lineage rule (the ``lineage`` piece of a primitive's :class:`~shardprop.ops.OpDef`) has one signature::
 
@@ -25,10 +28,11 @@ class LineageContext:
     It gets one box of output ``output`` and returns, per operand, the boxes that box reads.
     """
 
-    __slots__ = ("in_shapes", "out_shapes", "exact")
+    __slots__ = ("in_shapes", "out_shapes", "exact", "walk")
 
-    def __init__(self, in_shapes: tuple[tuple[int, ...], ...], out_shapes: tuple[tuple[int, ...], ...]):
-        self.in_shapes, self.out_shapes, self.exact = in_shapes, out_shapes, True
+    def __init__(self, in_shapes: tuple[tuple[int, ...], ...], out_shapes: tuple[tuple[int, ...], ...],
+                 walk: Callable | None = None):
+        self.in_shapes, self.out_shapes, self.exact, self.walk = in_shapes, out_shapes, True, walk
 
 MAX_BOXES = 64
 

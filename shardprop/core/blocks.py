@@ -19,7 +19,7 @@ from jax import lax
 
 from ..expr import jax_adapter as jx
 from ..expr.graph import Node
-from ..propagation.sharding import Layout
+from .layouts import Layout
 
 Shape = tuple[int, ...]
 
@@ -35,7 +35,9 @@ class Blocks:
     out_blocks: tuple[Shape, ...]
     out_layouts: tuple[Layout, ...]
     mesh_shape: Mapping[str, int]
-    body: Any = None  # the sharded body of a scan, when its rule proved one
+    # A loop's or a cond's bodies, when its rule sharded them: each a function from its input blocks to its output
+    # blocks (the backend evaluates the body's own plan); None otherwise.
+    bodies: tuple[Callable[[list], list], ...] | None = None
 
 
 def bind_as_is(node: Node, invals: list, blocks: Blocks) -> list:

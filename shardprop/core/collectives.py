@@ -1,7 +1,8 @@
-"""The words the split pass decides in: a :class:`Strategy`, and the :class:`Collective` that finishes a node.
+"""The collective that finishes a node whose devices each hold a partial result (:class:`Collective`): what an
+op's ``finish`` piece returns, and what the split pass decides in.
 
-Both are enums of strings, so ``strategy="gather"`` and ``collective.kind == "psum"`` keep working, while
-code compares against members (``Strategy.GATHER``) and a typo is an error, not a silent ``False``.
+``CollectiveKind`` is an enum of strings, so ``collective.kind == "psum"`` keeps working, while code compares
+against members and a typo is an error, not a silent ``False``.
 """
 
 from __future__ import annotations
@@ -9,23 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..errors import OptionError
-
-
-class Strategy(StrEnum):
-    """How the split pass pays for an axis an op needs whole (see :func:`shardprop.split`)."""
-
-    AUTO = "auto"              # per node, whichever the cost model says moves fewer bytes
-    GATHER = "gather"          # the Nx design: cut, and the next stage receives the operand gathered
-    COLLECTIVE = "collective"  # finish sums, maxima, minima and contractions with a collective, no cut
-
-    @classmethod
-    def parse(cls, value: str) -> Strategy:
-        """``value`` as a member; an unknown name is an :class:`~shardprop.OptionError`."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise OptionError(f"unknown strategy {value!r}; expected one of {tuple(s.value for s in cls)}") from None
 
 
 class CollectiveKind(StrEnum):

@@ -10,11 +10,11 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..api import autoshard
-from ..backends import parse_hlo
-from ..mesh import as_auto_mesh
-from ..program import Program
-from ..splitting.cost import Transfer, total_moved
+from .api import autoshard
+from .backends import parse_hlo
+from .mesh import as_auto_mesh
+from .program import Program
+from .core.transfers import Transfer, total_moved
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,9 @@ def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: st
     """
     mesh = as_auto_mesh(mesh)
     program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
-    compiled = lower_with_jit(f, mesh, program.graph.in_specs, *args).compile()
+    compiled = lower_with_jit(f, mesh, program.in_specs, *args).compile()
     jit_out = tuple(getattr(s, "spec", PartitionSpec()) for s in jax.tree_util.tree_leaves(compiled.output_shardings))
-    return Comparison(program.communication(), parse_hlo(compiled.as_text(), mesh), program.graph.out_specs,
+    return Comparison(program.communication(), parse_hlo(compiled.as_text(), mesh), program.out_specs,
                       jit_out, program)
 
 

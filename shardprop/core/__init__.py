@@ -1,0 +1,11 @@
+"""The vocabulary every pass and every primitive's record speaks, below all of them.
+
+``layouts.py``  the Nx data model: shards with parents, per-axis shardings, layouts and specs
+``rules.py``    what a sharding rule sees and returns (:class:`RuleContext`, :class:`RuleOutput`, bodies)
+``boxes.py``    the element sets lineage talks about, and what a lineage rule sees
+``blocks.py``   what a per-block piece sees (:class:`Blocks`) and the helpers it binds primitives with
+``collectives.py``  the collective that finishes a node's partial result (:class:`Collective`)
+``transfers.py``    one collective's price (:class:`Transfer`), for estimates and compiled HLO alike
+
+Nothing here imports ``ops`` or a pass: they import this.
+"""

@@ -1,0 +1,24 @@
+"""The communication strategy the split pass follows (:class:`Strategy`): an enum of strings, so
+``strategy="gather"`` keeps working while code compares against members."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from ..errors import OptionError
+
+
+class Strategy(StrEnum):
+    """How the split pass pays for an axis an op needs whole (see :func:`shardprop.split`)."""
+
+    AUTO = "auto"              # per node, whichever the cost model says moves fewer bytes
+    GATHER = "gather"          # the Nx design: cut, and the next stage receives the operand gathered
+    COLLECTIVE = "collective"  # finish sums, maxima, minima and contractions with a collective, no cut
+
+    @classmethod
+    def parse(cls, value: str) -> Strategy:
+        """``value`` as a member; an unknown name is an :class:`~shardprop.OptionError`."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise OptionError(f"unknown strategy {value!r}; expected one of {tuple(s.value for s in cls)}") from None

@@ -1,0 +1,101 @@
+"""Imports flow one way: the packages of shardprop form no cycle, counting imports inside functions too.
+
+Data flows ``expr → propagation → splitting → backends``, with the vocabulary (``core``) below the primitives'
+records (``ops``), which are below every pass. A lazy import inside a function hides a cycle from Python but not
+from this test. The one recursion allowed is the domain's own: a derivative program is compiled by the same
+pipeline (``api`` → ``derivatives``, which is handed the compile function rather than importing it back).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import networkx as nx
+
+import shardprop
+
+ROOT = pathlib.Path(shardprop.__file__).parent
+
+
+def unit_of(module: str) -> str | None:
+    """The package-level unit a module belongs to: ``shardprop.splitting.cost`` -> ``splitting``."""
+    parts = module.split(".")
+    if parts[0] != "shardprop" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: pathlib.Path, root: pathlib.Path = ROOT) -> set[str]:
+    """Every module ``path`` imports, at any depth (function-level imports included), as absolute names."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            found.add(target)
+            # `from . import x` imports the submodule x
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def unit_graph(root: pathlib.Path = ROOT) -> nx.DiGraph:
+    """``unit -> unit`` for every import between shardprop's top-level packages and modules."""
+    graph = nx.DiGraph()
+    for path in root.rglob("*.py"):
+        source = unit_of(module_name(path, root))
+        if source is None:
+            continue
+        graph.add_node(source)
+        for target in imports_of(path, root):
+            unit = unit_of(target)
+            if unit is not None and unit != source and ((root / unit).is_dir() or (root / f"{unit}.py").exists()):
+                graph.add_edge(source, unit, example=(str(path.relative_to(root.parent)), target))
+    return graph
+
+
+ALLOWED = {frozenset({"api", "derivatives"})}
+
+
+def test_packages_import_one_way():
+    graph = unit_graph()
+    cycles = [c for c in nx.simple_cycles(graph) if frozenset(c) not in ALLOWED]
+    described = []
+    for cycle in sorted(cycles, key=len)[:10]:
+        steps = [f"{a} -> {b} ({graph.edges[a, b]['example'][0]})"
+                 for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True)]
+        described.append("; ".join(steps))
+    assert not cycles, f"{len(cycles)} import cycles, e.g.:\n" + "\n".join(described)
+
+
+def test_the_vocabulary_and_the_records_import_no_pass():
+    graph = unit_graph()
+    passes = {"propagation", "splitting", "backends", "inspect", "debug", "program", "api", "bench", "cli"}
+    assert not set(graph.successors("core")) & (passes | {"ops"})
+    assert not set(graph.successors("ops")) & passes
+    assert not set(graph.successors("expr")) & (passes | {"ops", "core"})
+
+
+def test_the_checker_sees_a_planted_cycle(tmp_path):
+    """The test above would catch a lazy import: one planted inside a function of ``ops`` closes a cycle."""
+    planted = tmp_path / "shardprop"
+    for path in ROOT.rglob("*.py"):
+        target = planted / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    (planted / "ops" / "planted.py").write_text("def f():\n    from ..splitting import split\n    return split\n")
+    graph = unit_graph(planted)
+    assert any({"ops", "splitting"} <= set(c) for c in nx.simple_cycles(graph))
