@@ -305,36 +305,48 @@ def process_local(rows: Any, mesh, spec) -> Any:
 
 def stage_fingerprints(plan) -> list[int]:
     """One number per stage of ``plan`` that two processes agree on exactly when they made the same stage: its
-    ops and their params, the layouts it consumes and holds, its collectives and its loops' bodies' decisions,
-    its inputs and outputs — nothing that depends on where the process runs (no source paths, object ids or
-    hash seeds)."""
+    sharded IR — every op and its params, every move and collective with its mesh axes and the types it takes and
+    gives (partial sums included), its loops' bodies' IR — its inputs and outputs; nothing that depends on where
+    the process runs (no source paths, object ids or hash seeds)."""
     import hashlib
-
-    from .expr.graph import format_params
-
-    def decisions_text(view, node_ids) -> list[str]:
-        out = []
-        for n in node_ids:
-            node = view.graph.nodes[n]
-            out.append(f"{node.op}{format_params(node)} {node.operands}->{node.outputs} "
-                       f"{view.needs(n) if node.operands else ()} {[view.layout(v) for v in node.outputs]} "
-                       f"{view.collective(n)} {sorted(view.deferred.get(n, ()))}")
-            for body_plan in view.body_plans(n) or ():
-                inner = body_plan.decisions
-                body = body_plan.body
-                out.append(f"body {body.name} {sorted(inner.partial_inputs.items())} {body.out_layouts} "
-                           f"{body.repeats} {body.carries} {body.operands} {sorted(body.sliced)}")
-                out += decisions_text(inner, [m.id for m in inner.graph.nodes])
-        return out
 
     prints = []
     for stage in plan.stages:
         lines = [f"stage {stage.outside_shard_map}"] + [f"in {i.value} {i.layout} {i.source}" for i in stage.inputs]
-        lines += decisions_text(plan, stage.nodes)
+        lines += _ir_text(plan.graph, stage.instructions)
         lines += [f"out {v} {layout}" for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]
         digest = hashlib.sha256("\n".join(lines).encode()).digest()
         prints.append(int.from_bytes(digest[:8], "little", signed=True))
     return prints
+
+
+def _ir_text(graph, instructions) -> list[str]:
+    """The instructions as text, bodies included (see :func:`stage_fingerprints`)."""
+    from .expr.graph import format_params
+    from .splitting.ir import Compute, Move
+
+    def ref(r) -> str:
+        return f"{r.value}:{r.type.layout}+{r.type.partial}{r.type.reduction if r.type.partial else ''}"
+
+    out = []
+    for instruction in instructions:
+        if isinstance(instruction, Compute):
+            node = graph.nodes[instruction.node]
+            out.append(f"{node.op}{format_params(node)} {[ref(r) for r in instruction.inputs]} -> "
+                       f"{[ref(r) for r in instruction.outputs]}")
+            for body in instruction.bodies or ():
+                b = body.plan.body
+                out.append(f"body {b.name} {b.repeats} {b.carries} {b.operands} {sorted(b.sliced)} "
+                           f"{[ref(r) for r in body.inputs]} -> {[ref(r) for r in body.outputs]}")
+                out += _ir_text(b.sharded.graph, body.instructions)
+        elif isinstance(instruction, Move):
+            step = instruction.step
+            out.append(f"move {step.kind} {step.mesh_axes} {step.axis} {step.to_axis} {ref(instruction.source)} -> "
+                       f"{ref(instruction.result)}")
+        else:
+            out.append(f"finish {instruction.kind} {instruction.mesh_axes} {ref(instruction.source)} -> "
+                       f"{ref(instruction.result)}")
+    return out
 
 
 def check_same_plan(plan) -> None:

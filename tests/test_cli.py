@@ -11,7 +11,8 @@ def test_demo_runs_checks_and_says_so():
     out = result.stdout
     assert "mesh: {'i': 4, 'j': 2} on 8 cpu devices" in out
     assert "c:f32[16@i,8@j] = add a b" in out                      # the annotated graph
-    assert "in  c:f32[16@i,8]  P('i',)  <- stage 0 output 0  (gathered from [16@i,8@j])" in out   # the stage table
+    assert "in  c:f32[16@i,8@j]  P('i', 'j')  <- stage 0 output 0" in out   # the stage table
+    assert "all_gather[j axis=1] c -> c:f32[16@i,8], 64 B" in out
     assert "check nx_example: sharded (16, 8) == unsharded" in out
     assert out.count("== unsharded") == 4 and "!=" not in out
     assert "psum over j finishes `reduce_sum`" in out             # the default strategy, auto

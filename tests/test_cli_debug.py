@@ -26,7 +26,7 @@ def test_text_steps_every_stage_compares_and_profiles():
     out = run(*ARGS).stdout
     assert "2 stage(s), 9 nodes, strategy gather" in out
     assert "stage 0: 2 ops (add, sub)" in out and "stage 1: 5 ops (reduce_sum×2, broadcast_in_dim×2, add)" in out
-    assert "c:f32[16@i,8]  P('i',)  <- stage 0 output 0, gathered over j (64 B)" in out
+    assert "c:f32[16@i,8@j]  P('i', 'j')  <- stage 0 output 0, all-gather over j on axis 1 (64 B)" in out
     assert out.count("vs unsharded: all") == 2
     assert "all 7 values agree with the unsharded function" in out
     assert "every device holds what the plan says it holds" in out

@@ -27,7 +27,7 @@ def run(*extra, check=True, base=True):
 
 def test_text_has_listing_stage_table_explanation_lineage_and_blocks():
     out = run("--explain", "e", "--lineage", "0:0,1", "--blocks", "c").stdout
-    assert "c:f32[16@i,8@j] = add a b" in out and "── stage 1 ── receives:" in out   # listing
+    assert "c:f32[16@i,8@j] = add a b" in out and "c:f32[16@i,8] = all_gather[j axis=1] c" in out   # listing
     assert "2 stage(s), strategy gather" in out and "total ≈ 256 B moved per device" in out  # stage table
     assert "origin: argument 0 (a) has spec P('i', 'j'); this is its axis 0" in out    # explain
     assert "lineage 0:0,1: i[0:4, 4:8] depends on" in out                             # lineage

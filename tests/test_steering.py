@@ -207,8 +207,8 @@ def test_x_plus_its_transpose_is_resolved_by_moving_one_operand(mesh, strategy):
     assert warning.filename.endswith("test_steering.py")
     assert warning.lineno == inspect.getsourcelines(_symmetrized)[1] + 1
     assert "mesh axis 'i' would shard both output axes" in str(warning.message)  # the conflict it resolved
-    assert "an all-to-all over i moves it to the other operand's layout, P('i',), ~192 B per device" in str(
-        warning.message)
+    assert ("all-to-all over i from axis 1 to axis 0 moves it to the other operand's layout, P('i',), ~192 B per "
+            "device") in str(warning.message)
     prog = fs.trace(SQUARE)
     assert out.sharding.spec == P("i")
     add = next(n for n in prog.sharded.graph.nodes if n.op == "add")

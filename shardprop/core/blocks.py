@@ -108,28 +108,3 @@ def first_device_only(x, mesh_axes: tuple[str, ...], mesh_shape: Mapping[str, in
     """``x`` on the first device of each group over ``mesh_axes``, zero on the others: a partial sum over those
     axes whose total is ``x``."""
     return lax.select(block_index(mesh_axes, mesh_shape) == 0, x, lax.full_like(x, 0))
-
-
-def move_block(x, have: Layout, want: Layout, mesh_shape: Mapping[str, int]):
-    """This device's block of a value held as ``have``, moved so that it is laid out as ``want`` — inside a
-    body, where a stage boundary cannot do it: the mesh axes one axis sends to another (an all-to-all) or gives
-    up (an all-gather) move, then ``want`` is cut locally."""
-    for axis, (h, w) in enumerate(zip(have, want, strict=True)):
-        k = 0
-        while k < min(len(h), len(w)) and h[k] == w[k]:
-            k += 1
-        extra = h[k:]
-        if not extra:
-            continue
-        # An all-to-all when one mesh axis leaves this axis for another that wants it next and holds it nowhere.
-        if len(extra) == 1:
-            to = [b for b, (hb, wb) in enumerate(zip(have, want, strict=True)) if b != axis and
-                  len(wb) > len(hb) and wb[:len(hb)] == hb and wb[len(hb)] == extra[0]]
-            if to:
-                b = to[0]
-                x = lax.all_to_all(x, extra[0], split_axis=b, concat_axis=axis, tiled=True)
-                have = tuple(m + extra if a == b else m[:k] if a == axis else m for a, m in enumerate(have))
-                continue
-        x = lax.all_gather(x, extra if len(extra) > 1 else extra[0], axis=axis, tiled=True)
-        have = tuple(m[:k] if a == axis else m for a, m in enumerate(have))
-    return local_slice(x, have, want, mesh_shape)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .types import Reduction
 
 
 class CollectiveKind(StrEnum):
@@ -20,26 +21,20 @@ class CollectiveKind(StrEnum):
     PMIN = "pmin"
     ARGMAX = "argmax"              # each device's winning index, offset, then agreed with pmax/pmin
     ARGMIN = "argmin"
-    PSUM_SCATTER = "psum_scatter"  # a psum whose result each device keeps only a block of (reduce-scatter)
+
+    @property
+    def reduction(self) -> Reduction:
+        """How the devices' partial results combine: the ``reduction`` of the type the node computes."""
+        return Reduction.SUM if self is CollectiveKind.PSUM else Reduction(str(self).removeprefix("p"))
 
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """Node output finished by ``kind`` over ``mesh_axes`` (``psum_scatter``: scattered along ``dimension``)."""
+    """A node's partial results (computed partial over ``mesh_axes``) combined by ``kind``, right after the node. Which
+    outputs it finishes, and into which layout (a reduce-scatter's is finer), the node's types say."""
 
     kind: CollectiveKind
     mesh_axes: tuple[str, ...]
-    dimension: int | None = None
-    # The outputs (by position) it finishes; None: all of them. A loop finishes only the carries it kept partial.
-    outputs: tuple[int, ...] | None = None
-    # Operands (by position) the sum must count once: each group takes them on its first device, zero on the others
-    # (a scatter-add's operand, to which every device adds its own updates).
-    once: tuple[int, ...] = ()
-
-    def finishes(self, position: int) -> bool:
-        return self.outputs is None or position in self.outputs
 
     def __str__(self) -> str:
-        along = "" if self.dimension is None else f" along axis {self.dimension}"
-        which = "" if self.outputs is None else f" of outputs {', '.join(map(str, self.outputs))}"
-        return f"{self.kind} over {'*'.join(self.mesh_axes)}{along}{which}"
+        return f"{self.kind} over {'*'.join(self.mesh_axes)}"

@@ -15,7 +15,6 @@ replicated). Splitting and lowering only need layouts; shards are for lineage an
 
 from __future__ import annotations
 
-import itertools
 
 import math
 from collections.abc import Mapping
@@ -187,41 +186,6 @@ def uses_mesh_axes_once(layout: Layout) -> bool:
     return len(names) == len(set(names))
 
 
-def received_layout(produced: Layout, needed: Layout) -> Layout:
-    """The layout a value held as ``produced`` is moved into for a consumer that needs ``needed`` (which is then
-    a local slice of it). When the same mesh axes only change tensor axes — ``P(None, 'i')`` to ``P('i')`` —
-    an all-to-all gets there and every device keeps a block of the same size; otherwise what the two layouts
-    have in common (per axis, the longest common prefix), which is an all-gather.
-
-    >>> received_layout(((), ("i",)), (("i",), ()))     # all-to-all over i
-    (('i',), ())
-    >>> received_layout((("i",), ()), ((), ("j",)))     # gathered over i, then sliced over j
-    ((), ())
-    """
-    common = common_layout(produced, needed)
-    if common == produced:
-        return common
-    have = {name for m in produced for name in m}
-    moved = tuple(tuple(itertools.takewhile(have.__contains__, n)) for n in needed)
-    return moved if {name for m in moved for name in m} == have else common
-
-
-def moved_axes(produced: Layout, needed: Layout) -> tuple[str, ...]:
-    """The mesh axes whose blocks move (gathered, or exchanged by an all-to-all) to bring a value from
-    ``produced`` to ``needed``: those past the longest common prefix of each axis.
-
-    >>> moved_axes((("i",), ("j",)), (("i",), ()))
-    ('j',)
-    """
-    common = common_layout(produced, needed)
-    return tuple(name for p, c in zip(produced, common, strict=True) for name in p[len(c):])
-
-
-def is_all_to_all(produced: Layout, needed: Layout) -> bool:
-    """A value held as ``produced`` reaches ``needed`` by an all-to-all (no gather): see ``received_layout``."""
-    return received_layout(produced, needed) != common_layout(produced, needed)
-
-
 def common_layout(produced: Layout, needed: Layout) -> Layout:
     """Per axis, the longest common prefix: what must be moved so that ``needed`` is a local slice of it."""
     out = []
@@ -231,13 +195,3 @@ def common_layout(produced: Layout, needed: Layout) -> Layout:
             k += 1
         out.append(p[:k])
     return tuple(out)
-
-
-def elements_moved(shape, have: Layout, need: Layout, mesh_shape) -> float:
-    """Elements one device receives to bring a value from ``have`` to ``need`` (all-to-all or all-gather, ring
-    model): the strategies' cost model in elements, which is all a choice between operands of one op needs."""
-    axes = moved_axes(have, need)
-    if not axes:
-        return 0.0
-    block = math.prod(block_shape(shape, received_layout(have, need), mesh_shape))
-    return block * (1 - 1 / shard_count(mesh_shape, axes))

@@ -3,18 +3,31 @@
 ``layout`` says which block of the value each device holds (per tensor axis, the mesh axes it is laid out over,
 major first). ``partial`` names the mesh axes over which the devices of a group each hold one *summand* of that
 block: the value is their sum, not yet reduced (Shardy's unreduced axes, JAX's ``P(unreduced=...)``, DTensor's
-``Partial``). A mesh axis shards a value or sums it, never both. Every move between two types — a gather, an
+``Partial``). A mesh axis shards a value or sums it, never both. A maximum (minimum, arg-maximum) over a sharded
+axis is partial too until its collective combines the devices' results (``reduction``); only sums move and
+wait: the others are finished right after the op that computed them. Every move between two types — a gather, an
 all-to-all, a psum, taking a whole value as a partial one — is planned by :mod:`shardprop.core.moves`.
 
-    >>> format_type((16, 8), ValueType((("i",), ()), partial=("j",)))
-    '16@i,8{+j}'
+    ``type_string(Aval((16, 8), float32), ValueType((("i",), ()), partial=("j",)))`` is ``'f32[16@i,8]{+j}'``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
+from ..expr.graph import short_dtype, value_name
 from .layouts import Layout, format_layout
+
+
+class Reduction(StrEnum):
+    """How the devices' partial results of a value combine."""
+
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    ARGMAX = "argmax"
+    ARGMIN = "argmin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +36,7 @@ class ValueType:
 
     layout: Layout
     partial: tuple[str, ...] = ()
+    reduction: Reduction = Reduction.SUM  # how the partial results combine (meaningful when partial)
 
     def __post_init__(self):
         used = {name for m in self.layout for name in m}
@@ -34,12 +48,32 @@ class ValueType:
     def is_partial(self) -> bool:
         return bool(self.partial)
 
+    @property
+    def is_partial_sum(self) -> bool:
+        """Partial, and summed: the only partial values that move and wait (linear ops pass them on)."""
+        return bool(self.partial) and self.reduction is Reduction.SUM
+
     def whole(self) -> ValueType:
         """The same layout, summed: what a ``psum`` over ``partial`` gives."""
         return ValueType(self.layout)
 
 
-def format_type(shape: tuple[int, ...], vtype: ValueType) -> str:
-    """``16@i,8`` and, for a partial sum over ``j``, ``16@i,8{+j}`` (the dims of a printed type)."""
-    dims = format_layout(shape, vtype.layout)
-    return dims if not vtype.partial else f"{dims}{{+{'*'.join(vtype.partial)}}}"
+def whole(layouts) -> tuple[ValueType, ...]:
+    """Layouts as the types of whole (not partial) values."""
+    return tuple(ValueType(layout) for layout in layouts)
+
+
+def type_string(aval, vtype: ValueType) -> str:
+    """``f32[16@i,8@j]``: dtype, and each axis's size ``@`` the mesh axes it is laid out over; a partial sum over
+    ``j`` adds ``{+j}`` (a partial maximum ``{max j}``): ``f32[16@i,8]{+j}``. The one spelling of a sharded type,
+    in every listing, table and message."""
+    text = f"{short_dtype(aval.dtype)}[{format_layout(aval.shape, vtype.layout)}]"
+    if not vtype.partial:
+        return text
+    how = "+" if vtype.reduction is Reduction.SUM else f"{vtype.reduction} "
+    return f"{text}{{{how}{'*'.join(vtype.partial)}}}"
+
+
+def typed(value: int, aval, vtype: ValueType) -> str:
+    """``c:f32[16@i,8]``: the value's listing name and its :func:`type_string`."""
+    return f"{value_name(value)}:{type_string(aval, vtype)}"

@@ -20,10 +20,10 @@ from rich.table import Table
 from ..distributed import any_process
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, value_name
-from ..inspect.listing import typed_name
-from ..core.layouts import is_refinement, layout_to_spec
+from ..core.layouts import layout_to_spec
+from ..core.types import typed
+from ..inspect.listing import move_equation
 from ..splitting import Plan
-from ..splitting.cost import movement
 from .findings import FindingKind, Where, as_numpy, check_value
 from .reference import Reference, Tolerance, bind_whole, errors, magnitude
 
@@ -240,29 +240,32 @@ def _with_fault(row: NodeError) -> NodeError:
 
 
 def _operands(plan: Plan, node) -> list[str]:
-    return [f"{typed_name(plan, u, plan.layout(u))}  {layout_to_spec(plan.layout(u))}, consumed as "
-            f"{layout_to_spec(need)}" for u, need in plan.edges(node)]
+    return [f"{typed(u, plan.graph.avals[u], plan.type(u))}  {layout_to_spec(plan.layout(u))}, consumed as "
+            f"{layout_to_spec(need.layout)}" for u, need in plan.edges(node)]
 
 
 def decision(plan: Plan, node) -> list[str]:
     """What the plan decided for ``node``: how each operand reaches it and what finishes it."""
     stage = plan.stage_of(node.id)
+    ir = plan.node_ir(node.id)
     lines = []
-    for u, need in plan.edges(node):
-        have, name = plan.layout(u), value_name(u)
-        here = plan.stage_of(plan.graph.producer[u]) == stage
-        move = movement(have, need)
+    for u, need in dict.fromkeys(plan.edges(node)):
+        have, name = plan.type(u), value_name(u)
+        moves = [m for m in (ir.moves_in if ir else ()) if m.source.value == u and m.result.value == u]
+        how = f"{layout_to_spec(have.layout)} -> {layout_to_spec(need.layout)}"
         if have == need:
-            lines.append(f"{name}: used as held, {layout_to_spec(need)}")
-        elif move.kind is not None and not here:
-            lines.append(f"{name}: {move} before stage {stage} ({layout_to_spec(have)} -> {layout_to_spec(need)})")
-        elif all(is_refinement(h, w) for h, w in zip(have, need, strict=True)):
-            lines.append(f"{name}: local slice {layout_to_spec(have)} -> {layout_to_spec(need)}, no communication")
+            lines.append(f"{name}: used as held, {layout_to_spec(need.layout)}")
+        elif any(m.transfer is not None for m in moves):
+            steps = ", then ".join(str(m.step) for m in moves)
+            lines.append(f"{name}: {steps} in stage {stage} ({how})")
+        elif need.partial and not have.partial:
+            lines.append(f"{name}: taken once over {'*'.join(need.partial)} (zero on the other devices of each group), "
+                         "no communication")
         else:
-            lines.append(f"{name}: consumed as {layout_to_spec(need)} from {layout_to_spec(have)}")
-    collective = plan.collective(node.id)
-    if collective is not None:
-        lines.append(f"finished by {collective} inside stage {stage}")
+            lines.append(f"{name}: local slice {how}, no communication")
+    finishes = ir.finishes if ir else ()
+    if finishes:
+        lines.append(f"finished by {', then '.join(move_equation(f) for f in finishes)} inside stage {stage}")
     else:
         lines.append(f"computed on each device's blocks (rule {plan.sharded.rules[node.id]}), no collective")
     return lines

@@ -15,7 +15,7 @@ from rich.table import Table
 from ..backends import parse_hlo
 from ..inspect.listing import format_bytes, format_ms, stage_ops
 from ..program import as_lowering_errors
-from ..splitting.cost import stage_estimate
+from ..splitting.cost import instructions_transfers
 from ..core.transfers import total_moved
 
 
@@ -83,5 +83,5 @@ def profile(session, repeats: int) -> Profile:
         measured = parse_hlo(compiled.as_text(), session.mesh)
         ops = len(stage_ops(plan, stage))
         rows.append(StageProfile(stage.id, ops, statistics.median(times), tuple(times), total_moved(measured),
-                                 total_moved(stage_estimate(plan, stage)), len(measured)))
+                                 total_moved(instructions_transfers(stage.instructions)), len(measured)))
     return Profile(tuple(rows), repeats)

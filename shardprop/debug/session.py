@@ -26,12 +26,13 @@ from ..distributed import assemble, every_block, in_step
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
 from ..expr.graph import PARAMETER, value_name
-from ..inspect.listing import crossing, format_bytes, format_ms, stage_ops, typed_name
+from ..inspect.listing import format_bytes, format_ms, stage_ops, typed_name
 from ..inspect.pictures import device_blocks, device_coords
 from ..inspect.products import resolve_value
 from ..program import Program, as_lowering_errors
 from ..core.layouts import Sharded, layout_to_spec, shard_count
 from ..splitting import Stage
+from ..splitting.ir import Move
 from ..core.transfers import Transfer, total_moved
 
 KEEP = ("outputs", "all")
@@ -82,8 +83,8 @@ class Gathered:
 @dataclass(frozen=True)
 class Port:
     """A stage input or output: the value, its type as laid out (``c:f32[16@i,8]``), its spec, and for an
-    input its source and how it is moved in: ``moved`` says it (``gathered over i``, ``all-to-all over i``, or
-    empty), with the bytes per device."""
+    input its source and how the stage moves it: ``moved`` says it (``all-gather over i on axis 0``, ``all-to-all
+    over i from axis 1 to axis 0``, or empty), with the bytes per device."""
 
     value: str
     type: str
@@ -245,7 +246,7 @@ class Session:
             raise NotComputedError(f"all {_stages(len(self.plan.stages))} have run; dbg.reset() starts again")
         stage = self.plan.stages[self._next]
         outs, seconds, compiled, compile_time = self._run(stage)
-        kept = self.readout(stage, dict(zip(stage.outputs, outs, strict=True))) if self.keep == "all" else {}
+        kept = self.readout(stage, outs) if self.keep == "all" else {}
         report = self._report(stage, seconds, compiled, compile_time)
         self._results[stage.id] = outs
         self._kept.update(kept)
@@ -407,25 +408,29 @@ class Session:
         graph = self.plan.graph
         return tuple(v for n in stage.nodes for v in graph.nodes[n].outputs)
 
-    def readout(self, stage: Stage, outputs: dict[int, jax.Array] | None = None) -> dict[int, jax.Array]:
+    def readout(self, stage: Stage, outputs: Sequence[jax.Array] | None = None) -> dict[int, jax.Array]:
         """Run stage ``stage`` again as segments (``backends.readout_segments``) that return every value it
-        computes, each laid out as the plan holds it; its inputs are the arrays earlier stages left. The stage's
-        outputs are those its step returned (``outputs``; default: the kept ones), also where a later segment
-        reads them, so every analysis sees what ``value()`` shows."""
+        computes, each laid out as the plan holds it (a partial sum read out summed); its inputs are the arrays
+        earlier stages left. The stage's outputs are those its step returned (``outputs``, in ``stage.outputs``
+        order; default: the kept ones), also where a later segment reads them, so every analysis sees what
+        ``value()`` shows."""
         if outputs is None:
-            outputs = dict(zip(stage.outputs, self.stage_outputs(stage), strict=True))
-        inputs = dict(zip(stage.inputs, self.stage_inputs(stage), strict=True))
+            outputs = self.stage_outputs(stage)
+        returned = dict(zip(stage.output_refs, outputs, strict=True))
+        refs = {i.ref: x for i, x in zip(stage.inputs, self.stage_inputs(stage), strict=True)}
         values: dict[int, jax.Array] = {}
         for k, segment in enumerate(readout_segments(self.plan, stage)):
-            args = [inputs[i] for i in segment.inputs] + [outputs.get(v, values.get(v)) for v in segment.carried]
+            args = [refs[r] for r in segment.inputs] + [returned.get(r, refs.get(r)) for r in segment.carried]
             key = ("readout", stage.id, k)
             if key not in self._compiled:
-                fn = self._jit(stage, segment_function(self.plan, stage, segment, self.mesh), segment.outputs)
+                fn = self._jit(stage, segment_function(self.plan, stage, segment, self.mesh),
+                               [r.type.layout for r in segment.outputs])
                 self._compiled[key] = (as_lowering_errors(lambda f=fn, a=args: f.lower(*a).compile(),
                                                           mesh=self.mesh), 0.0)
             results = as_lowering_errors(self._compiled[key][0], *args, mesh=self.mesh)
-            values.update(zip(segment.outputs, results, strict=True))
-        values.update(outputs)
+            refs.update(zip(segment.outputs, results, strict=True))
+            values.update(zip(segment.values, results[:len(segment.values)], strict=True))
+        values.update(self.held_outputs(stage, outputs))
         return values
 
     def stage_at(self, k: Any) -> Stage:
@@ -461,24 +466,28 @@ class Session:
             raise NotComputedError(f"{value_name(v)} is computed by stage {stage_id}, which has not run yet "
                                    f"(the next stage to run is stage {self._next})")
         stage = self.plan.stages[stage_id]
-        if v in stage.outputs:
-            return self._results[stage_id][stage.outputs.index(v)]
-        return self.stage_values(stage)[v]
+        outputs = self.held_outputs(stage, self._results[stage_id])
+        return outputs[v] if v in outputs else self.stage_values(stage)[v]
 
-    def _jit(self, stage: Stage, fn, outputs: Sequence[int]):
+    def held_outputs(self, stage: Stage, arrays) -> dict[int, jax.Array]:
+        """``{value: array}`` of the stage outputs (``arrays``, in ``stage.outputs`` order) that are values as the
+        plan holds them (a stage may also output a value it moved, for a later stage to take)."""
+        return {ref.value: x for ref, x in zip(stage.output_refs, arrays, strict=True)
+                if ref.type == self.plan.type(ref.value)}
+
+    def _jit(self, stage: Stage, fn, layouts: Sequence):
         if not stage.outside_shard_map:
             return jax.jit(fn)
         # Left to itself, XLA places what a stage outside shard_map returns as it likes (a host callback's
         # result on one device, claimed on all): hold it as the plan says, on the mesh.
-        return jax.jit(fn, out_shardings=tuple(NamedSharding(self.mesh, layout_to_spec(self.plan.layout(v)))
-                                               for v in outputs))
+        return jax.jit(fn, out_shardings=tuple(NamedSharding(self.mesh, layout_to_spec(layout)) for layout in layouts))
 
     def compiled_stage(self, stage: Stage):
         """Stage ``stage`` compiled for its inputs: ``(compiled, seconds it took)``."""
         if stage.id not in self._compiled:
             inputs = self.stage_inputs(stage)
             start = time.perf_counter()
-            fn = self._jit(stage, stage_function(self.plan, stage, self.mesh), stage.outputs)
+            fn = self._jit(stage, stage_function(self.plan, stage, self.mesh), stage.out_layouts)
             compiled = as_lowering_errors(lambda: fn.lower(*inputs).compile(), mesh=self.mesh)
             self._compiled[stage.id] = (compiled, time.perf_counter() - start)
         return self._compiled[stage.id]
@@ -494,11 +503,14 @@ class Session:
 
     def _report(self, stage: Stage, seconds: float, compiled, compile_time: float) -> StageReport:
         plan = self.plan
+        graph = plan.graph
         inputs = []
         for i in stage.inputs:
-            move, nbytes = crossing(plan, i)
+            moves = [m for m in stage.instructions if isinstance(m, Move) and m.result.value == i.value
+                     and m.transfer is not None and graph.producer[i.value] not in stage.nodes]
             inputs.append(Port(value_name(i.value), typed_name(plan, i.value, i.layout), str(layout_to_spec(i.layout)),
-                               str(i.source), str(move) if move.kind else "", nbytes))
+                               str(i.source), ", then ".join(str(m.step) for m in moves),
+                               sum(m.transfer.moved_bytes for m in moves)))
         outputs = [Port(value_name(v), typed_name(plan, v, layout), str(layout_to_spec(layout)))
                    for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]
         ops = tuple(stage_ops(plan, stage))

@@ -1,8 +1,8 @@
 """Pictures of the graph: graphviz DOT text (:func:`to_dot`) and files drawn by ``dot`` (:func:`render`).
 
 Each stage is a cluster with its own colour; arguments are ellipses, constants plain text. An edge is
-labelled with the layout the value travels in; an edge that crosses into a later stage with a gather is
-red and says which mesh axes are gathered and the bytes each device receives.
+labelled with the type the value travels in; an edge on which the IR moves the value (a gather, an all-to-all, a
+permute) is red and says the steps and the bytes each device sends. A node finished by a collective says which.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RenderError
-from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_dtype, short_source, value_name
+from ..core.types import type_string
+from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_source, value_name
 from ..gc_pause import gc_paused
-from ..core.layouts import format_layout, layout_refines
-from ..splitting.cost import move_bytes, movement
-from .listing import format_bytes
+from ..splitting.ir import transfers_of
+from .listing import format_bytes, move_equation
 from .products import as_plan
 
 STAGE_COLOURS = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc")
@@ -50,7 +50,7 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
              "  edge [fontname=Helvetica, fontsize=9];"]
 
     def typ(v: int) -> str:
-        return f"{short_dtype(avals[v].dtype)}[{format_layout(avals[v].shape, plan.layout(v))}]"
+        return type_string(avals[v], plan.type(v))
 
     def node_line(node, indent: str, fill: str | None = None) -> str:
         outs = " ".join(value_name(v) for v in node.outputs)
@@ -66,8 +66,9 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
             return f"{indent}n{node.id} [label={_quote(label)}, shape=plaintext, style=\"\"];"
         types = "\n".join(f"{value_name(v)}: {typ(v)}" for v in node.outputs)
         where = short_source(node.source)
-        collective = plan.collective(node.id)
-        extra = f"\n{collective}" if collective is not None else ""
+        ir = plan.node_ir(node.id)
+        finishes = ir.finishes if ir else ()
+        extra = "".join(f"\n{move_equation(f).rsplit(' ', 1)[0]}" for f in finishes)
         label = f"{node.op}\n{types}" + (f"\n{where}" if where else "") + extra
         colour = f", fillcolor={_quote(fill)}" if fill else ""
         return f"{indent}n{node.id} [label={_quote(label)}{colour}];"
@@ -95,16 +96,15 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
     for node in graph.nodes:
         if node.op in (PARAMETER, CONSTANT):
             continue
+        ir = plan.node_ir(node.id)
         for v, need in dict.fromkeys(plan.edges(node)):
-            have = plan.layout(v)
-            shape = avals[v].shape
-            if layout_refines(have, need):
-                lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(format_layout(shape, have))}];")
+            moves = [m for m in (ir.moves_in if ir else ()) if m.source.value == v]
+            if not any(transfers_of(m) for m in moves):
+                lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(typ(v))}];")
                 continue
-            move = movement(have, need)
-            nbytes = format_bytes(move_bytes(plan, v, have, need))
-            label = (f"{format_layout(shape, have)} → {format_layout(shape, move.received)}\n{move.short} · "
-                     f"{nbytes}/device")
+            nbytes = format_bytes(sum(t.moved_bytes for m in moves for t in transfers_of(m)))
+            steps = ", ".join(m.step.short for m in moves)
+            label = f"{typ(v)} → {type_string(avals[v], need)}\n{steps} · {nbytes}/device"
             lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(label)}, color={_quote(GATHER)}, "
                          f"fontcolor={_quote(GATHER)}, penwidth=2];")
     for k, v in enumerate(graph.outputs):

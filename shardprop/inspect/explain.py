@@ -17,11 +17,13 @@ from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
 from ..core.layouts import Sharded, is_refinement, layout_to_spec
-from ..splitting import CollectiveKind, Plan
-from ..splitting.cost import collective_bytes, move_bytes, movement
+from ..core.moves import StepKind
+from ..core.types import typed
+from ..splitting import Plan
+from ..splitting.ir import Move, transfers_of
 from ..core.boxes import LineageContext, full_box, hull
 from .lineage.walk import seeded_dependencies
-from .listing import body_lines, format_bytes, typed_name
+from .listing import collective_lines, format_bytes, move_equation
 from .products import Scope, body_prefix, locate
 
 
@@ -77,6 +79,7 @@ class Explanation:
     axes: tuple[AxisWhy, ...]
     consumes: tuple[str, ...]
     mesh_shape: Any
+    partial: str | None = None  # why the value is held as a partial sum, and where it is summed
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: value names instead of ids."""
@@ -86,13 +89,15 @@ class Explanation:
                       "steps": [{"value": value_name(s.value), "axis": s.axis, "op": s.op, "rule": s.rule,
                                  "source": s.source} for s in a.steps],
                       "reason": a.reason} for a in self.axes],
-            "consumes": list(self.consumes),
+            "consumes": list(self.consumes), "partial": self.partial,
         }
 
     def __str__(self) -> str:
         lines = [self.equation, f"  rule: {self.rule}"]
         for axis in self.axes:
             lines += ["  " + line for line in axis.lines(self.mesh_shape)]
+        if self.partial:
+            lines.append(f"  partial: {self.partial}")
         if self.consumes:
             lines.append("  operands:")
             lines += [f"    {c}" for c in self.consumes]
@@ -131,21 +136,48 @@ def explain(prog: Any, value: Any) -> Explanation:
             origin, steps, reason = _replicated_origin(plan, v, axis, scopes)
             axes.append(AxisWhy(axis, size, (), origin, steps, reason))
     return Explanation(v, _equation(plan, node, v, scope), sharded.rules[node.id], tuple(axes),
-                       tuple(_consumes(plan, node, scope)), plan.mesh_shape)
+                       tuple(_consumes(plan, node, scope)), plan.mesh_shape, _partial(plan, v, scope))
 
 
 def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated: tuple[str, ...]) -> str:
     was = f"sharded over {'*'.join(propagated)}" if propagated else "replicated"
-    collective = plan.collective(node.id)
-    if collective is not None and collective.kind is CollectiveKind.PSUM_SCATTER and collective.dimension == axis:
-        return (f"`{node.op}` at {_where(node.source)} is finished by {collective}: each device keeps only its "
-                f"block over {'*'.join(held)} of the sum (propagation alone left this axis {was}; the consumers "
-                "slice it anyway)")
+    ir = plan.node_ir(node.id)
+    scattered = [f for f in (ir.finishes if ir else ()) if isinstance(f, Move)
+                 and f.step.kind is StepKind.PSUM_SCATTER and f.step.axis == axis]
+    if scattered:
+        return (f"`{node.op}` at {_where(node.source)} is finished by a reduce-scatter "
+                f"({move_equation(scattered[0])}): each device keeps only its block over {'*'.join(held)} of the sum "
+                f"(propagation alone left this axis {was}; the consumers slice it anyway)")
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
 
 
+def _partial(plan: Plan, v: int, scope: Scope | None) -> str | None:
+    """Why ``v`` is held as a partial sum, and which collective sums it: a sum's ``psum`` waits for a later, smaller
+    value (each device carries its summand through ops linear in it), or — in a loop's body — for the loop's end."""
+    axes = plan.type(v).partial
+    if not axes:
+        return None
+    graph = plan.graph
+    chain, u = [], v
+    while plan.type(u).partial and u not in graph.outputs and len(graph.consumers[u]) == 1:
+        consumer = graph.nodes[graph.consumers[u][0]]
+        chain.append(consumer)
+        u = consumer.outputs[0]
+    over = "*".join(axes)
+    head = (f"each device holds one summand of its block (the sum over {over} is not reduced yet), carried through "
+            f"{', '.join(f'`{n.op}`' for n in chain[:-1]) or 'no op'} linear in it")
+    if plan.type(u).partial:  # inside a loop's body: a carry summed once after the loop
+        where = f" of {scope.describe()}" if scope else ""
+        return f"{head}; it is a carry{where} kept partial: one psum after the loop sums it, not one per iteration"
+    finisher = chain[-1]
+    ir = plan.node_ir(finisher.id)
+    sent = sum(t.moved_bytes for f in (ir.finishes if ir else ()) for t in transfers_of(f))
+    return (f"{head}; `{finisher.op}` at {_where(finisher.source)} consumes it partial and a psum of its smaller "
+            f"result sums it ({format_bytes(sent)} per device there)")
+
+
 def _equation(plan: Plan, node, v: int, scope: Scope | None) -> str:
-    typ = typed_name(plan, v, plan.layout(v))
+    typ = typed(v, plan.graph.avals[v], plan.type(v))
     where = f"   [in {scope.path}: {scope.describe()}]" if scope else ""
     if node.op == PARAMETER:
         return f"{typ} = {'body input' if scope else 'argument'} {node.params['index']}{where}"
@@ -282,56 +314,64 @@ def _feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:
 
 
 def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
-    """How the node consumes each operand whose sharding it does not keep: which axes it takes whole and
-    what pays for it (a gather at a stage boundary, or a collective that finishes the result)."""
+    """How the node consumes each operand whose sharding it does not keep: which axes it takes whole and what pays
+    for it (the moves the IR makes before it, or a collective that finishes its result), an operand a sum counts
+    once, a conflict resolved by moving an operand, and its bodies' moves."""
     if node.op in (PARAMETER, CONSTANT):
         return []
-    collective = plan.collective(node.id)
+    ir = plan.node_ir(node.id)
     out = []
     for u, need in dict.fromkeys(plan.edges(node)):
-        have = plan.layout(u)
-        whole = [j for j, (h, w) in enumerate(zip(have, need, strict=True)) if h and not is_refinement(h, w)]
-        if not whole:
-            continue
-        taken = ", ".join(f"axis {j} (sharded over {'*'.join(have[j])})" for j in whole)
-        line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need)}. {_why_rule(node.op)}"
-        move = movement(have, need)
-        if plan.is_split and move.kind is not None:  # a stage boundary pays for it
-            nbytes = move_bytes(plan, u, have, need)
-            how = f"gathering {value_name(u)}" if move.kind == "all-gather" else f"an {move}"
-            when = f"inside {scope.describe()}, each time" if scope else "before this stage"
-            line += f" Paid for by {how} {when} ({format_bytes(nbytes)} per device)."
-        out.append(line)
+        have = plan.type(u)
+        whole = [j for j, (h, w) in enumerate(zip(have.layout, need.layout, strict=True))
+                 if h and not is_refinement(h, w)]
+        if whole:
+            taken = ", ".join(f"axis {j} (sharded over {'*'.join(have.layout[j])})" for j in whole)
+            line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need.layout)}. {_why_rule(node.op)}"
+            paid = _paid_by(ir, u)
+            if paid:
+                when = f"inside {scope.describe()}, each time" if scope else "before it, in its stage"
+                line += f" Paid for by {paid} {when}."
+            out.append(line)
+        if need.partial and not have.partial:
+            what = "starts a carry kept a partial sum" if ir and ir.compute.bodies else "counted once in the sum"
+            out.append(f"{value_name(u)}: {what} — taken on each group's first device over {'*'.join(need.partial)}, "
+                       "zero on the others (every device adds its own share to it)")
     resolved = plan.sharded.reshards.get(node.id)
     if resolved is not None:
         operand = node.operands[resolved[0]]
-        have, need = plan.layout(operand), plan.needs(node.id)[resolved[0]]
-        move = movement(have, need)
-        how = (f"an all-to-all over {'*'.join(move.mesh_axes)} moves it" if move.kind == "all-to-all" else
-               f"it is {move} and sliced")
+        have, need = plan.layout(operand), plan.needs(node.id)[resolved[0]].layout
+        how = _paid_by(ir, operand) or "a local slice"
         out.append(f"{value_name(operand)}: moved to resolve a sharding conflict (the operands were sharded "
-                   f"incompatibly; conflicts='error' refuses instead): {how} from {layout_to_spec(have)} to "
+                   f"incompatibly; conflicts='error' refuses instead): {how}, from {layout_to_spec(have)} to "
                    f"{layout_to_spec(need)}, the other operand's layout")
-    plans = plan.body_plans(node.id)
-    if plans:
+    bodies = ir.compute.bodies if ir else None
+    if bodies:
         outer = f"{scope.path}/" if scope else ""
-        out += body_lines(plan, node.id, "")
-        paths = " or ".join(f"'{body_prefix(node, p.body, outer)}/<value>'" for p in plans)
+        out += collective_lines(plan, (ir.compute,), "")
+        paths = " or ".join(f"'{body_prefix(node, b.plan.body, outer)}/<value>'" for b in bodies)
         out.append(f"values inside: sp.explain(prog, {paths}) (print(prog.graph) lists them under the op)")
-    if node.id in plan.deferred:
-        axes = plan.deferred[node.id]
-        reduced = ", ".join(f"{value_name(u)} axis {j} ({'*'.join(m)})" for u in dict.fromkeys(node.operands)
-                            for j, m in enumerate(plan.layout(u)) if set(m) & set(axes))
-        out.append(f"each device works on its own blocks of {reduced} and keeps its partial sum over "
-                   f"{'*'.join(axes)}: it only flows into carries summed once, by a psum after the loop (not one "
-                   "per iteration)")
+    collective = plan.collective(node.id)
     if collective is not None:
         reduced = ", ".join(
             f"{value_name(u)} axis {j} ({'*'.join(m)})" for u in dict.fromkeys(node.operands)
             for j, m in enumerate(plan.layout(u)) if set(m) & set(collective.mesh_axes))
-        out.append(f"each device works on its own blocks of {reduced}; {collective} finishes the result "
-                   f"({format_bytes(collective_bytes(plan, node, collective))} per device)")
+        finishes = ir.finishes if ir else ()
+        how = ", then ".join(move_equation(f) for f in finishes) or str(collective)
+        sent = sum(t.moved_bytes for f in finishes for t in transfers_of(f))
+        out.append(f"each device works on its own blocks of {reduced or 'its operands'}; {how} finishes the result "
+                   f"({format_bytes(sent)} per device)")
     return out
+
+
+def _paid_by(ir, value: int) -> str:
+    """The moves the IR makes to bring ``value`` to the node, and what they send (``all_gather[j axis=1] c,
+    64 B per device``); empty when it sends nothing."""
+    moves = [m for m in (ir.moves_in if ir else ()) if m.source.value == value]
+    sent = sum(t.moved_bytes for m in moves for t in transfers_of(m))
+    if not any(transfers_of(m) for m in moves):
+        return ""
+    return f"{', then '.join(move_equation(m) for m in moves)} ({format_bytes(sent)} per device)"
 
 
 def _why_rule(op: str, fallback: bool = False, cause: str | None = None) -> str:

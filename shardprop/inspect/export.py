@@ -1,9 +1,11 @@
-"""The JSON form of a sharded program, for tools: values with their shards (and shard parents), nodes with
-their rules and stages, stages with their inputs, outputs and collectives. :data:`SCHEMA` is its JSON Schema
-(``shardprop inspect --schema`` prints it); ``docs/inspecting.md`` describes every field.
+"""The JSON form of a sharded program, for tools: values with their shards (and shard parents) and types, nodes
+with their rules and stages, stages with their inputs, outputs and sharded IR — every move and collective an
+instruction with its price. :data:`SCHEMA` is its JSON Schema (``shardprop inspect --schema`` prints it);
+``docs/inspecting.md`` describes every field.
 
 Layouts are lists with one entry per tensor axis: the list of mesh axes the axis is laid out over, major
-first (``[]`` when replicated). Values are named as in the listing (``"a"``, ``"b"``, ...).
+first (``[]`` when replicated). A type is a layout and ``partial``, the mesh axes over which the value is still an
+unreduced partial sum (``[]``: whole). Values are named as in the listing (``"a"``, ``"b"``, ...).
 """
 
 from __future__ import annotations
@@ -13,14 +15,51 @@ from typing import Any
 from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
 from ..gc_pause import gc_paused
 from ..core.layouts import Sharded
+from ..core.types import Reduction, ValueType
 from ..splitting import CollectiveKind, Plan, Source
+from ..splitting.ir import Compute, Move, Ref, transfers_of
+from .listing import move_equation
 from .products import as_plan, body_prefix
 
-SCHEMA_ID = "shardprop.inspect/1"
+SCHEMA_ID = "shardprop.inspect/2"
 
 
 def _layout(layout) -> list[list[str]]:
     return [list(m) for m in layout]
+
+
+def _type(vtype: ValueType) -> dict[str, Any]:
+    out: dict[str, Any] = {"layout": _layout(vtype.layout), "partial": list(vtype.partial)}
+    if vtype.partial and vtype.reduction is not Reduction.SUM:
+        out["reduction"] = str(vtype.reduction)
+    return out
+
+
+def _ref(ref: Ref) -> dict[str, Any]:
+    return {"value": value_name(ref.value), **_type(ref.type)}
+
+
+def _instructions(instructions) -> list[dict[str, Any]]:
+    """Each instruction of the IR: a node run on blocks, or one move or finish with what it sends."""
+    out = []
+    for instruction in instructions:
+        if isinstance(instruction, Compute):
+            out.append({"kind": "compute", "node": instruction.node,
+                        "inputs": [_ref(r) for r in instruction.inputs],
+                        "outputs": [_ref(r) for r in instruction.outputs]})
+            continue
+        sent = transfers_of(instruction)
+        entry = {"kind": "move" if isinstance(instruction, Move) else "finish", "node": instruction.node,
+                 "op": move_equation(instruction).split("[")[0], "from": _ref(instruction.source),
+                 "to": _ref(instruction.result), "moved_bytes": sum(t.moved_bytes for t in sent),
+                 "transfers": [str(t.kind) for t in sent]}
+        if isinstance(instruction, Move):
+            step = instruction.step
+            entry.update(mesh_axes=list(step.mesh_axes), axis=step.axis, to_axis=step.to_axis)
+        else:
+            entry.update(mesh_axes=list(instruction.mesh_axes), axis=None, to_axis=None)
+        out.append(entry)
+    return out
 
 
 @gc_paused
@@ -37,6 +76,7 @@ def to_json(prog: Any) -> dict[str, Any]:
                         "source": _source(i.source)} for i in stage.inputs],
             "outputs": [{"value": value_name(v), "layout": _layout(layout)}
                         for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)],
+            "instructions": _instructions(stage.instructions),
         })
     split = plan.is_split
     return {
@@ -66,7 +106,7 @@ def _values_and_nodes(plan: Plan, path: str) -> dict[str, list]:
             axes.append({"axis": k, "mesh_axes": list(a.mesh_axes) if isinstance(a, Sharded) else [],
                          "shards": shards})
         values.append({"id": v, "name": value_name(v), "dtype": short_dtype(avals[v].dtype),
-                       "shape": list(avals[v].shape), "layout": _layout(plan.layout(v)),
+                       "shape": list(avals[v].shape), **_type(plan.type(v)),
                        "producer": graph.producer[v], "axes": axes})
     nodes = []
     for node in graph.nodes:
@@ -77,27 +117,24 @@ def _values_and_nodes(plan: Plan, path: str) -> dict[str, list]:
             "operands": [value_name(v) for v in node.operands], "outputs": [value_name(v) for v in node.outputs],
             "params": format_params(node), "source": node.source, "rule": str(sharded.rules[node.id]),
             "fallback": node.id in sharded.fallbacks, "stage": plan.stage_of(node.id),
-            "needs": [_layout(n) for n in needs],
+            "needs": [_type(n) for n in needs],
             "collective": None if collective is None else {
-                "kind": str(collective.kind), "mesh_axes": list(collective.mesh_axes),
-                "dimension": collective.dimension,
-                **({"outputs": list(collective.outputs)} if collective.outputs is not None else {})},
+                "kind": str(collective.kind), "mesh_axes": list(collective.mesh_axes)},
         }
-        if node.id in plan.deferred:
-            entry["partial_over"] = list(plan.deferred[node.id])
         bodies = []
-        for body_plan in plan.body_plans(node.id) or ():
-            body = body_plan.body
-            inner = Plan.of_body(body_plan, plan.strategy)
+        for program in plan.body_programs(node.id):
+            body = program.plan.body
+            inner = Plan.of_body(program, plan.strategy)
             prefix = body_prefix(node, body, path)
             bodies.append({
-                "name": body.name, "path": prefix, "repeats": body.repeats if body.carries else 1,
-                "inputs": [{"index": k, "value": value_name(v), "layout": _layout(inner.layout(v)),
-                            "operand": body.operands[k]} for k, v in enumerate(inner.graph.inputs)],
-                "outputs": [{"index": k, "value": value_name(v), "layout": _layout(layout)}
-                            for k, (v, layout) in enumerate(zip(inner.graph.outputs, body.out_layouts, strict=True))],
-                "partial_carries": [{"output": c.output, "mesh_axes": list(inner.partial_inputs[c.body_input])}
-                                    for c in body.carries if c.body_input in inner.partial_inputs],
+                "name": body.name, "path": prefix, "repeats": program.repeats,
+                "inputs": [{"index": k, "value": value_name(r.value), **_type(r.type), "operand": body.operands[k]}
+                           for k, r in enumerate(program.inputs)],
+                "outputs": [{"index": k, "value": value_name(r.value), **_type(r.type)}
+                            for k, r in enumerate(program.outputs)],
+                "partial_carries": [{"output": output, "mesh_axes": list(axes)}
+                                    for output, axes in program.plan.partial_carries],
+                "instructions": _instructions(program.instructions),
                 **_values_and_nodes(inner, prefix + "/"),
             })
         if bodies:
@@ -127,48 +164,63 @@ def _object(properties: dict, required: list[str] | None = None) -> dict:
             "additionalProperties": False}
 
 
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+# a type: a layout, and the mesh axes over which the value is still a partial sum ("reduction": a partial maximum,
+# minimum or arg-extreme, only just before the collective that combines it)
+_TYPE_FIELDS = {"layout": _LAYOUT, "partial": _STRINGS,
+                "reduction": {"enum": [r.value for r in Reduction if r is not Reduction.SUM]}}
+_TYPE_REQUIRED = ["layout", "partial"]
+_TYPE = _object(_TYPE_FIELDS, _TYPE_REQUIRED)
+_REF = _object({"value": _NAME, **_TYPE_FIELDS}, ["value", *_TYPE_REQUIRED])
+# the sharded IR: a node run on blocks ("compute"), one step of a move, or a maximum's (minimum's, arg-extreme's)
+# collective ("finish"), with what it sends; "node" is the node a move serves (null: a body's output moved at its end)
+_INSTRUCTIONS = {"type": "array", "items": {"oneOf": [
+    _object({"kind": {"const": "compute"}, "node": {"type": "integer", "minimum": 0},
+             "inputs": {"type": "array", "items": _REF}, "outputs": {"type": "array", "items": _REF}}),
+    _object({"kind": {"enum": ["move", "finish"]}, "node": {"type": ["integer", "null"]}, "op": {"type": "string"},
+             "from": _REF, "to": _REF, "moved_bytes": {"type": "number", "minimum": 0}, "transfers": _STRINGS,
+             "mesh_axes": _STRINGS, "axis": {"type": ["integer", "null"]}, "to_axis": {"type": ["integer", "null"]}}),
+]}}
+_SHARDS = {"type": "array", "items": _object({
+    "id": {"type": "integer", "minimum": 0}, "start": {"type": "integer", "minimum": 0},
+    "stop": {"type": "integer", "minimum": 0},
+    "parents": {"type": "array", "items": {"type": "integer", "minimum": 0}}})}
+_AXES = {"type": "array", "items": _object({
+    "axis": {"type": "integer", "minimum": 0}, "mesh_axes": {"type": "array", "items": {"type": "string"}},
+    "shards": _SHARDS})}
 _VALUES = {"type": "array", "items": _object({
     "id": {"type": "integer", "minimum": 0}, "name": _NAME, "dtype": {"type": "string"},
-    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "layout": _LAYOUT,
-    "producer": {"type": "integer", "minimum": 0},
-    "axes": {"type": "array", "items": _object({
-        "axis": {"type": "integer", "minimum": 0},
-        "mesh_axes": {"type": "array", "items": {"type": "string"}},
-        "shards": {"type": "array", "items": _object({
-            "id": {"type": "integer", "minimum": 0}, "start": {"type": "integer", "minimum": 0},
-            "stop": {"type": "integer", "minimum": 0},
-            "parents": {"type": "array", "items": {"type": "integer", "minimum": 0}}})}})}})}
-_STRINGS = {"type": "array", "items": {"type": "string"}}
+    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}}, **_TYPE_FIELDS,
+    "producer": {"type": "integer", "minimum": 0}, "axes": _AXES},
+    ["id", "name", "dtype", "shape", *_TYPE_REQUIRED, "producer", "axes"])}
 _NODE = _object({
     "id": {"type": "integer", "minimum": 0}, "op": {"type": "string"},
     "operands": {"type": "array", "items": _NAME}, "outputs": {"type": "array", "items": _NAME},
     "params": {"type": "string"}, "source": {"type": ["string", "null"]}, "rule": {"type": "string"},
     "fallback": {"type": "boolean"}, "stage": {"type": ["integer", "null"]},
-    "needs": {"type": "array", "items": _LAYOUT},
+    "needs": {"type": "array", "items": _TYPE},
+    # the collective that finishes the node right after it (which outputs, and into which types: its IR says)
     "collective": {"oneOf": [{"type": "null"}, _object({
-        "kind": {"enum": [kind.value for kind in CollectiveKind]}, "mesh_axes": _STRINGS,
-        "dimension": {"type": ["integer", "null"]},
-        # a loop finished by one psum of these outputs (its carries kept partial sums)
-        "outputs": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-    }, required=["kind", "mesh_axes", "dimension"])]},
-    "partial_over": _STRINGS,  # a sum inside a body left partial over these mesh axes (summed after the loop)
+        "kind": {"enum": [kind.value for kind in CollectiveKind]}, "mesh_axes": _STRINGS})]},
     # a loop's or a cond's bodies: ``path`` names their values in sp.explain ("e/body/c"); ``repeats`` is null
     # for a while loop (unknown trip count); input ``operand`` is the op's operand it comes from
     "bodies": {"type": "array", "items": _object({
         "name": {"type": "string"}, "path": {"type": "string"}, "repeats": {"type": ["integer", "null"]},
         "inputs": {"type": "array", "items": _object({"index": {"type": "integer"}, "value": _NAME,
-                                                      "layout": _LAYOUT, "operand": {"type": "integer"}})},
+                                                      **_TYPE_FIELDS, "operand": {"type": "integer"}},
+                                                     ["index", "value", *_TYPE_REQUIRED, "operand"])},
         "outputs": {"type": "array", "items": _object({"index": {"type": "integer"}, "value": _NAME,
-                                                       "layout": _LAYOUT})},
+                                                       **_TYPE_FIELDS}, ["index", "value", *_TYPE_REQUIRED])},
         "partial_carries": {"type": "array", "items": _object({"output": {"type": "integer"},
                                                                "mesh_axes": _STRINGS})},
+        "instructions": _INSTRUCTIONS,
         "values": _VALUES, "nodes": {"type": "array", "items": {"$ref": "#/$defs/node"}}})},
 }, required=["id", "op", "operands", "outputs", "params", "source", "rule", "fallback", "stage", "needs",
              "collective"])
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://shardprop.dev/schema/inspect-1.json",
+    "$id": "https://shardprop.dev/schema/inspect-2.json",
     "title": "shardprop inspect output",
     "$defs": {"node": _NODE},
     **_object({
@@ -188,8 +240,9 @@ SCHEMA: dict[str, Any] = {
             "nodes": {"type": "array", "items": {"type": "integer", "minimum": 0}},
             "outside_shard_map": {"const": True},  # present only for a stage that runs outside shard_map
             "inputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT, "source": _SOURCE})},
-            "outputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT})}},
-            required=["id", "nodes", "inputs", "outputs"])},
+            "outputs": {"type": "array", "items": _object({"value": _NAME, "layout": _LAYOUT})},
+            "instructions": _INSTRUCTIONS},
+            required=["id", "nodes", "inputs", "outputs", "instructions"])},
         # --explain NAME: {NAME: Explanation.to_dict()}
         "explain": {"type": "object", "additionalProperties": _object({
             "value": _NAME, "equation": {"type": "string"}, "rule": {"type": "string"},
@@ -200,7 +253,8 @@ SCHEMA: dict[str, Any] = {
                     "value": _NAME, "axis": {"type": "integer", "minimum": 0}, "op": {"type": "string"},
                     "rule": {"type": "string"}, "source": {"type": ["string", "null"]}})},
                 "reason": {"type": ["string", "null"]}})},
-            "consumes": {"type": "array", "items": {"type": "string"}}})},
+            "consumes": {"type": "array", "items": {"type": "string"}},
+            "partial": {"type": ["string", "null"]}})},
         # --lineage OUT:BLOCK: {OUT:BLOCK: {value, box, exact, inputs: {flat input index: [box, ...]}}}
         "lineage": {"type": "object", "additionalProperties": _object({
             "value": _NAME, "box": _BOX, "exact": {"type": "boolean"},

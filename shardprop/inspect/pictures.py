@@ -19,9 +19,10 @@ from rich.text import Text
 from ..errors import OptionError
 from ..expr.graph import short_dtype, value_name
 from ..core.layouts import format_layout, layout_to_spec, shard_count
-from ..splitting.cost import body_transfers, collective_bytes
 from ..core.transfers import total_moved
-from .listing import crossing, format_bytes, format_listing, stage_ops
+from ..splitting.cost import instructions_transfers
+from ..splitting.ir import Compute, transfers_of
+from .listing import format_bytes, format_listing, move_equation, stage_ops
 from .products import as_plan, resolve_value
 
 PALETTE = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc", "#e6b8af",
@@ -136,26 +137,22 @@ def stage_table(prog: Any) -> Table:
         ops = stage_ops(plan, stage)
         counts = {op: ops.count(op) for op in dict.fromkeys(ops)}
         moved = 0.0
-        inputs = []
-        for i in stage.inputs:
-            move, nbytes = crossing(plan, i)
-            moved += nbytes
-            src = i.source.brief()
-            how = f", {move.short} ({format_bytes(nbytes)})" if move.kind else ""
-            inputs.append(f"{value_name(i.value)} {layout_to_spec(i.layout)} ← {src}{how}")
+        inputs = [f"{value_name(i.value)} {layout_to_spec(i.layout)} ← {i.source.brief()}" for i in stage.inputs]
         collectives = []
-        for n in stage.nodes:
-            c = plan.collective(n)
-            if c is not None:
-                nbytes = collective_bytes(plan, graph.nodes[n], c)
+        for instruction in stage.instructions:
+            if isinstance(instruction, Compute):
+                inside = instructions_transfers([instruction])
+                if inside:  # what a loop's or a cond's bodies move, every iteration
+                    nbytes = total_moved(inside)
+                    moved += nbytes
+                    op = graph.nodes[instruction.node].op
+                    collectives.append(f"inside `{op}` ({format_bytes(nbytes)} in all iterations)")
+                continue
+            sent = transfers_of(instruction)
+            if sent:
+                nbytes = total_moved(sent)
                 moved += nbytes
-                finished = [value_name(v) for k, v in enumerate(graph.nodes[n].outputs) if c.finishes(k)]
-                collectives.append(f"{c} → {','.join(finished)} ({format_bytes(nbytes)})")
-            inside = body_transfers(plan, n)
-            if inside:  # what a loop's or a cond's bodies move, every iteration
-                nbytes = total_moved(inside)
-                moved += nbytes
-                collectives.append(f"inside `{graph.nodes[n].op}` ({format_bytes(nbytes)} in all iterations)")
+                collectives.append(f"{move_equation(instruction)} ({format_bytes(nbytes)})")
         outputs = [f"{value_name(v)} {layout_to_spec(layout)}" for v, layout in
                    zip(stage.outputs, stage.out_layouts, strict=True)]
         total += moved

@@ -13,6 +13,7 @@ from ..propagation import ShardedGraph
 from ..core.rules import Body
 from ..splitting import Plan
 from ..splitting.decisions import BodyPlan
+from ..splitting.ir import BodyProgram
 
 
 def as_plan(prog: Any) -> Plan:
@@ -116,14 +117,22 @@ def locate(prog: Any, ref: Any) -> tuple[Plan, int, tuple[Scope, ...]]:
                                     "e.g. 'e/body/c'")
         name, part, parts = parts[0], parts[1], parts[2:]
         node = plan.graph.nodes[plan.graph.producer[resolve_value(plan, name)]]
-        plans = plan.body_plans(node.id) or ()
-        names = [p.body.name for p in plans]
+        plans = plan.body_programs(node.id) or tuple(plan.body_plans(node.id) or ())
+        names = [_body_of(p).name for p in plans]
         if part not in names:
             has = f"its parts are {', '.join(map(repr, names))}" if names else \
                 "it has no body (not a loop or a cond, or one that fell back)"
             raise UnknownValueError(f"{ref!r}: `{node.op}` computing {name!r} has no part {part!r}; {has}")
-        body_plan = plans[names.index(part)]
-        prefix = body_prefix(node, body_plan.body, prefix) + "/"
-        scopes.append(Scope(prefix[:-1], node, body_plan))
-        plan = Plan.of_body(body_plan, plan.strategy)
+        found = plans[names.index(part)]
+        prefix = body_prefix(node, _body_of(found), prefix) + "/"
+        if isinstance(found, BodyProgram):
+            scopes.append(Scope(prefix[:-1], node, found.plan))
+            plan = Plan.of_body(found, plan.strategy)
+        else:  # an unsplit plan: propagation's view of the body, no IR
+            scopes.append(Scope(prefix[:-1], node, found))
+            plan = Plan.unsplit(found.body.sharded)
     return plan, resolve_value(plan, parts[0]), tuple(scopes)
+
+
+def _body_of(found) -> Body:
+    return found.plan.body if isinstance(found, BodyProgram) else found.body

@@ -24,6 +24,7 @@ from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
+from ..core.types import whole
 from ..core.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
 from .opdef import Family, Linearity, OpDef
@@ -93,7 +94,7 @@ def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c):
     the partial results. None where a mesh axis would shard two axes of an operand or one of the output."""
     lhs, rhs = node.operands
     lhs_have, rhs_have = decisions.layout(lhs), decisions.layout(rhs)
-    lhs_need, rhs_need = (list(n) for n in decisions.needs(node.id))
+    lhs_need, rhs_need = (list(n) for n in decisions.need_layouts(node.id))
     mesh_axes: list[str] = []
     for a, b in zip(lhs_c, rhs_c, strict=True):
         if lhs_have[a] and rhs_have[b] and lhs_have[a] != rhs_have[b]:
@@ -113,7 +114,7 @@ def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c):
         return None
     # A free axis propagation takes whole (``h.T @ c`` with both free axes over one mesh axis) is still gathered;
     # the contracting axes no longer are.
-    return (tuple(lhs_need), tuple(rhs_need)), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
+    return whole((tuple(lhs_need), tuple(rhs_need))), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
 
 
 def contraction_work(node: Node, operand_blocks, out_block) -> float:

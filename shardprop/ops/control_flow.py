@@ -30,7 +30,9 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import Node, short_source
 from ..core.rules import RuleContext, RuleOutput
 from ..core.rules import Body, Carry
-from ..core.layouts import Layout, Sharded, TensorSharding, common_layout, elements_moved, layout_refines
+from ..core.layouts import Layout, Sharded, TensorSharding, common_layout, layout_refines
+from ..core.moves import move_transfers
+from ..core.types import ValueType
 from .control_flow_lineage import body_graph, cond_lineage, scan_lineage, while_lineage
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef
@@ -135,16 +137,17 @@ def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jax
     return RuleOutput(outputs, (*cond_layouts, *body_layouts, *carry), body=bodies)
 
 
-def _merged(layouts: list[Layout], shape, mesh_shape) -> Layout:
+def _merged(layouts: list[Layout], aval, mesh_shape) -> Layout:
     """The layout the branches' outputs are brought to: of theirs and of what they all have in common, the one the
-    branches together move the fewest elements to reach (a branch that can cut it locally moves nothing); the
+    branches together move the fewest bytes to reach (a branch that can cut it locally moves nothing); the
     finer on a tie. Independent of the branches' order."""
     common = layouts[0]
     for b in layouts[1:]:
         common = common_layout(common, b)
 
     def cost(candidate: Layout) -> tuple[float, int]:
-        moved = sum(0.0 if layout_refines(b, candidate) else elements_moved(shape, b, candidate, mesh_shape)
+        moved = sum(0.0 if layout_refines(b, candidate) else sum(t.moved_bytes for t in move_transfers(
+            aval.shape, aval.dtype, ValueType(b), ValueType(candidate), mesh_shape))
                     for b in layouts)
         return moved, -sum(map(len, candidate))
 
@@ -161,7 +164,7 @@ def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, bra
         sharded = [_sharded_body(ctx, body_graph(branch), layouts) for branch in branches]
     except _NoBody as why:
         return _fallback(ctx, (index, *operands), why)
-    out = [_merged([body.layout(body.graph.outputs[k]) for body in sharded], aval.shape, ctx.mesh_shape)
+    out = [_merged([body.layout(body.graph.outputs[k]) for body in sharded], aval, ctx.mesh_shape)
            for k, aval in enumerate(ctx.out_avals)]
     shardings = tuple(_sharded_like(ctx, a.shape, layout, operands)
                       for a, layout in zip(ctx.out_avals, out, strict=True))

@@ -22,6 +22,7 @@ from ..expr import jax_adapter as jx
 from ..core.boxes import Box, LineageContext, full_box
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
+from ..core.types import ValueType, whole
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef, defs
 
@@ -114,7 +115,7 @@ def finish_scatter_add(decisions, node):
     dn = node.params["dimension_numbers"]
     _, indices, updates = node.operands
     indices_have, updates_have = decisions.layout(indices), decisions.layout(updates)
-    operand_need, indices_need, updates_need = (list(n) for n in decisions.needs(node.id))
+    operand_need, indices_need, updates_need = (list(n) for n in decisions.need_layouts(node.id))
     update_scatter = [u for u in range(len(updates_have)) if u not in dn.update_window_dims]
     mesh_axes: list[str] = []
     for i, u in enumerate(update_scatter):
@@ -133,8 +134,9 @@ def finish_scatter_add(decisions, node):
                       (updates_need, update_scatter)):
         if summed & {name for k, m in enumerate(need) if k not in own for name in m}:
             return None  # a mesh axis would shard two axes of one operand, or the output
-    return (tuple(operand_need), tuple(indices_need), tuple(updates_need)), \
-        Collective(CollectiveKind.PSUM, tuple(mesh_axes), once=(0,))
+    # The operand is consumed as a partial sum: taken on each group's first device, zero on the others.
+    needs = (ValueType(tuple(operand_need), tuple(mesh_axes)), *whole((tuple(indices_need), tuple(updates_need))))
+    return needs, Collective(CollectiveKind.PSUM, tuple(mesh_axes))
 
 
 def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
@@ -215,7 +217,7 @@ def finish_gather(decisions, node):
     dn, slice_sizes = node.params["dimension_numbers"], node.params["slice_sizes"]
     operand, _ = node.operands
     have = decisions.layout(operand)
-    operand_need, indices_need = (list(n) for n in decisions.needs(node.id))
+    operand_need, indices_need = (list(n) for n in decisions.need_layouts(node.id))
     mesh_axes: list[str] = []
     for k in dn.start_index_map:
         if have[k] and slice_sizes[k] == 1:
@@ -228,7 +230,7 @@ def finish_gather(decisions, node):
         decisions.layout(node.outputs[0]))
     if summed & {name for m in others for name in m}:
         return None  # a mesh axis would shard two axes of an operand, or the output
-    return (tuple(operand_need), tuple(indices_need)), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
+    return whole((tuple(operand_need), tuple(indices_need))), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
 
 
 def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:

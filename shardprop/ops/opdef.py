@@ -21,7 +21,7 @@ has none (``finish=None``), so a missing piece is a construction error rather th
     propagate(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput
     lineage(ctx: LineageContext, box: Box, output: int, **params) -> list[list[Box]]   # per operand
     per_block(node: Node, invals: list, blocks: Blocks) -> list                      # output blocks
-    finish(decisions: Decisions, node: Node) -> (operand needs, Collective) | None
+    finish(decisions: Decisions, node: Node) -> (operand need types, Collective) | None
     pull(graph: Graph, node: Node, target: Layout) -> operand needs | None
     work(node: Node, operand_blocks: list[Shape], out_block: Shape) -> float
 """

@@ -17,6 +17,7 @@ from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import TensorSharding
+from ..core.types import whole
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef
 
@@ -85,7 +86,7 @@ class FinishReduction:
         mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])
         if not mesh_axes:
             return None
-        return (produced,), Collective(self.kind, mesh_axes)
+        return whole((produced,)), Collective(self.kind, mesh_axes)
 
 
 def _reduction(name: str, finish: FinishReduction | None, linear: Linearity = Linearity.NONE) -> OpDef:

@@ -21,7 +21,6 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ..errors import (ConflictKind, FallbackWarning, NoRuleError, OptionError, ReshardWarning, ShardingConflictError,
                       ShardingError, SpecError, SpecTreeError)
-from ..expr import jax_adapter as jx
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, called_at, short_dtype, short_source, value_name
@@ -30,8 +29,10 @@ from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
-from ..core.layouts import (Layout, Open, Sharded, TensorSharding, elements_moved, is_all_to_all, layout_from_spec,
-    layout_to_spec, moved_axes, shard_count, uses_mesh_axes_once)
+from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
+                            uses_mesh_axes_once)
+from ..core.moves import exchanges, move_transfers, plan_move
+from ..core.types import ValueType
 
 CONFLICT_MODES = ("reshard", "error")
 
@@ -110,16 +111,29 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None
         node = graph.nodes[node_id]
         moved = node.operands[operand]
         have, need = sharded.layout(moved), sharded.needs[node_id][operand]
-        how = (f"an all-to-all over {'*'.join(moved_axes(have, need))} moves it" if is_all_to_all(have, need) else
-               "it is gathered before the op, which slices it")
         aval = sharded.graph.avals[moved]
-        nbytes = elements_moved(aval.shape, have, need, sharded.mesh_shape) * jx.itemsize(aval.dtype)
+        how, nbytes = describe_move(aval, have, need, sharded.mesh_shape)
         text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
                 f"{called_at(node)}{inside} by moving operand {operand} "
                 f"({value_name(moved)}, "
                 f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
                 f"(conflicts='error' refuses instead)\n{message}")
         _warn_at(text, ReshardWarning, node.caller or node.source)  # the user's line: filters, and where it shows
+
+
+def describe_move(aval, have: Layout, need: Layout, mesh_shape) -> tuple[str, float]:
+    """How a value of ``aval`` held as ``have`` is moved to ``need`` (``an all-to-all over i from axis 1 to axis 0
+    moves it``), and the bytes one device sends: the move planner's plan, as the program runs it."""
+    steps = plan_move(aval.shape, aval.dtype, ValueType(have), ValueType(need), mesh_shape)
+    sent = [s for s in steps if exchanges(s, mesh_shape)]
+    how = f"{', then '.join(map(str, sent))} moves it" if sent else "each device slices it locally"
+    return how, move_cost(aval, have, need, mesh_shape)
+
+
+def move_cost(aval, have: Layout, need: Layout, mesh_shape) -> float:
+    """Bytes one device sends to bring a value of ``aval`` from ``have`` to ``need``."""
+    return sum(t.moved_bytes for t in move_transfers(aval.shape, aval.dtype, ValueType(have), ValueType(need),
+                                                     mesh_shape))
 
 
 def _caller(node: Node) -> str:
@@ -330,7 +344,7 @@ class _Walk:
                 result, outputs = self._apply(ctx, node, op, trial)
             except RuleConflict:
                 continue
-            moved = elements_moved(avals[node.operands[k]].shape, sharding.layout, result.needs[k], self.mesh_shape)
+            moved = move_cost(avals[node.operands[k]], sharding.layout, result.needs[k], self.mesh_shape)
             options.append((moved, -k, result, outputs))
         if not options:
             raise self._conflict(node, conflict) from None

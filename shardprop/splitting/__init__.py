@@ -9,7 +9,8 @@ from ..core.collectives import Collective, CollectiveKind
 from .strategy import Strategy
 from .decisions import Decisions
 from .plan import Plan, Source, Stage, StageInput
-from .split import needs_gather, split
+from .cut import needs_gather
+from .split import split
 
 __all__ = ["Collective", "CollectiveKind", "Decisions", "Plan", "Source", "Stage", "StageInput", "Strategy",
            "needs_gather", "split"]

@@ -17,12 +17,15 @@ partial (zeros), that value is still taken on each group's first device only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node
 from ..ops import lookup
 from ..ops.opdef import Linearity
 from ..core.collectives import Collective, CollectiveKind
+from ..core.types import ValueType
 from .decisions import BodyPlan, Decisions
 
 def carries_partial(graph: Graph, node: Node, partial_operands: list[bool]) -> bool:
@@ -53,10 +56,22 @@ def _finite_constant(graph: Graph, value: int, *, nonzero: bool) -> bool:
 
 
 
+def _summed_here(view: Decisions, graph: Graph) -> dict[int, Collective]:
+    """The nodes of a body whose own psum finishes them (not a nested loop's, which finishes its carries)."""
+    return {n: c for n, c in view.collectives.items()
+            if c.kind is CollectiveKind.PSUM and view.sharded.bodies.get(n) is None}
+
+
+def _counted_once(view: Decisions, node: Node) -> set[int]:
+    """The operands (by position) ``node``'s sum counts once: consumed partial though held whole (a scatter-add's
+    operand, taken on each group's first device)."""
+    return {k for k, (v, need) in enumerate(view.edges(node)) if need.partial and not view.type(v).partial}
+
+
 def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> tuple[set[int], set[int]]:
     """The values that can be held partial (a greatest fixed point) given the candidate carries ``carried``
     (``{body input value: body output position}``), and the psum-finished nodes that feed them."""
-    psums = {n: c for n, c in view.collectives.items() if c.kind is CollectiveKind.PSUM and c.outputs is None}
+    psums = _summed_here(view, graph)
     outputs_at: dict[int, set[int]] = {}
     for position, v in enumerate(graph.outputs):
         outputs_at.setdefault(v, set()).add(position)
@@ -66,8 +81,8 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
     def finished_partially(node: Node) -> bool:
         """A psum-finished node whose psum can wait: none of its summed operands is partial already. An operand
         its sum counts once (a scatter-add's) may be partial — the node is then linear in it — or not, and is
-        then taken on each group's first device (:func:`counted_once`)."""
-        once = psums[node.id].once
+        then taken on each group's first device."""
+        once = _counted_once(view, node)
         return not any(v in partial for k, v in enumerate(node.operands) if k not in once)
 
     for node in graph.nodes:  # forward: everything that could be partial
@@ -100,19 +115,19 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
     return partial, {n for n in psums if graph.nodes[n].outputs[0] in partial}
 
 
-def counted_once(view: Decisions, graph: Graph, psums: set[int], partial: set[int]) -> dict[int, tuple[int, ...]]:
-    """The operands (by position) of the deferred ``psums`` that must still be counted once, on each group's first
-    device: those its collective said so of that are not partial themselves (a scatter-add into zeros; into the
-    partial carry, every device adds its own copy, which already sums to the value)."""
-    out = {}
-    for n in psums:
-        once = tuple(k for k in view.collectives[n].once if graph.nodes[n].operands[k] not in partial)
-        if once:
-            out[n] = once
-    return out
+@dataclass(frozen=True)
+class DeferredSums:
+    """A loop whose body keeps carries partial sums: its body plans, the ``psum`` that finishes those carries
+    after the loop, the loop outputs it finishes and the loop operands (their initial values) consumed partial —
+    each taken on the first device of its group, zero on the others, so that the group's sum is the value."""
+
+    plans: tuple[BodyPlan, ...]
+    collective: Collective
+    outputs: tuple[int, ...]
+    operands: tuple[int, ...]
 
 
-def deferred_sums(plans: tuple[BodyPlan, ...]) -> tuple[tuple[BodyPlan, ...], Collective] | None:
+def deferred_sums(plans: tuple[BodyPlan, ...]) -> DeferredSums | None:
     """A loop's body plans with every carry that only accumulates sums kept partial (see the module docstring),
     and the ``psum`` of those loop outputs that finishes them after the loop; None when there is none."""
     loops = [k for k, p in enumerate(plans) if any(c.body_output is not None for c in p.body.carries)]
@@ -138,15 +153,22 @@ def deferred_sums(plans: tuple[BodyPlan, ...]) -> tuple[tuple[BodyPlan, ...], Co
     if not carried or len(axes) != 1:
         return None
     (mesh_axes,) = axes
-    if any(name in mesh_axes for v in partial for m in view.layout(v) for name in m):
+    summed = set(mesh_axes)
+    out_layouts = dict(zip(graph.outputs, plan.body.out_layouts, strict=True))
+    consumed = [need.layout for node in graph.nodes for v, need in view.edges(node) if v in partial]
+    layouts = [view.layout(v) for v in partial] + consumed + [out_layouts[v] for v in partial if v in out_layouts]
+    if any(summed & set(name for m in layout for name in m) for layout in layouts):
         return None  # a value sharded over the axes it would be partial over: not a sum of whole copies
+    types = {v: ValueType(view.layout(v), mesh_axes) for v in partial}
+    needs = {node.id: tuple(ValueType(need.layout, mesh_axes) if v in partial else need
+                            for v, need in view.edges(node))
+             for node in graph.nodes if any(v in partial for v in node.operands)}
+    body_view = view.revised(unfinished=frozenset(psums), held=types, computed=types, needs=needs)
     inputs = {graph.inputs.index(v) for v in carried}
     kept = [c for c in plan.body.carries if c.body_input in inputs]
-    body_view = view.revised(finished_here=frozenset(psums), deferred={n: mesh_axes for n in psums},
-                             partial_inputs={c.body_input: mesh_axes for c in kept},
-                             counted_once=counted_once(view, graph, psums, partial))
     new = plans[:k] + (BodyPlan(plan.body, body_view),) + plans[k + 1:]
-    return new, Collective(CollectiveKind.PSUM, mesh_axes, outputs=tuple(sorted(c.output for c in kept)))
+    return DeferredSums(new, Collective(CollectiveKind.PSUM, mesh_axes), tuple(sorted(c.output for c in kept)),
+                        tuple(sorted(c.operand for c in kept)))
 
 
 def _fed_by(graph: Graph, psums: set[int], partial: set[int]) -> set[int]:

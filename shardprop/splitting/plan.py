@@ -11,7 +11,9 @@ from jax.sharding import PartitionSpec
 from ..propagation import ShardedGraph
 from ..core.layouts import Layout, layout_to_spec
 from .strategy import Strategy
-from .decisions import BodyPlan, Decisions
+from ..core.types import ValueType
+from .decisions import Decisions
+from .ir import BodyProgram, Instruction, NodeIR, Ref, index_nodes
 
 
 class Source(NamedTuple):
@@ -35,21 +37,27 @@ class Source(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class StageInput:
-    """Value ``value``, delivered to the stage laid out as ``layout``, taken from ``source``."""
+    """Value ``value``, laid out as ``layout`` (whole: a partial value never crosses a stage boundary), taken from
+    ``source`` as it made it — an argument in its spec, a value as an earlier stage held it or moved it."""
 
     value: int
     layout: Layout
     source: Source
 
+    @property
+    def ref(self) -> Ref:
+        return Ref(self.value, ValueType(self.layout))
+
 
 @dataclass(frozen=True, eq=False)
 class Stage:
-    """A piece of the graph that runs as one ``shard_map`` with no gather inside (collectives may finish
-    nodes inside it) — or, with ``outside_shard_map``, one primitive without a record that runs on whole
-    arrays under the program's ``jax.jit``.
+    """A piece of the graph that runs as one ``shard_map`` — the Nx design cuts one where data must be gathered,
+    and the gather is the first thing the next stage does — or, with ``outside_shard_map``, one primitive without
+    a record that runs on whole arrays under the program's ``jax.jit``.
 
-    ``nodes`` are node ids (constants first, then graph order); ``outputs`` are the values later stages or
-    the program need, each in the layout the plan holds it in.
+    ``nodes`` are node ids (constants first, then graph order); ``instructions`` its sharded IR (:mod:`.ir`): the
+    moves its nodes' operands need, the nodes, the collectives that finish them; ``outputs`` are the values later
+    stages or the program take from it, each laid out as ``out_layouts`` says (whole).
     """
 
     id: int
@@ -57,7 +65,12 @@ class Stage:
     inputs: tuple[StageInput, ...]
     outputs: tuple[int, ...]
     out_layouts: tuple[Layout, ...]
+    instructions: tuple[Instruction, ...] = ()
     outside_shard_map: bool = False
+
+    @property
+    def output_refs(self) -> tuple[Ref, ...]:
+        return tuple(Ref(v, ValueType(layout)) for v, layout in zip(self.outputs, self.out_layouts, strict=True))
 
     @property
     def in_specs(self) -> tuple[PartitionSpec, ...]:
@@ -76,6 +89,8 @@ class Plan(Decisions):
     stages: tuple[Stage, ...]
     output_sources: tuple[Source, ...]
     strategy: Strategy | None
+    # A body's plan (:meth:`of_body`) has no stages: its IR, which runs inside its op's stage, is here.
+    instructions: tuple[Instruction, ...] = ()
 
     @property
     def is_split(self) -> bool:
@@ -88,14 +103,26 @@ class Plan(Decisions):
         return cls(sharded=sharded, stages=(), output_sources=(), strategy=None)
 
     @classmethod
-    def of_body(cls, body_plan: BodyPlan, strategy: Strategy | None) -> Plan:
-        """A body's decisions as a plan with no stages (a body runs inside its op's stage), for inspection."""
-        d = body_plan.decisions
-        return cls(sharded=d.sharded, need_overrides=d.need_overrides, collectives=d.collectives, held=d.held,
-                   bodies=d.bodies, partial_inputs=d.partial_inputs, deferred=d.deferred,
-                   counted_once=d.counted_once, pending=d.pending,
-                   stages=(), output_sources=(),
-                   strategy=strategy)
+    def of_body(cls, body: BodyProgram, strategy: Strategy | None) -> Plan:
+        """A body's decisions and IR as a plan with no stages (a body runs inside its op's stage), for inspection."""
+        d = body.plan.decisions
+        return cls(sharded=d.sharded, need_overrides=d.need_overrides, held=d.held, computed=d.computed,
+                   collectives=d.collectives, bodies=d.bodies, stages=(), output_sources=(), strategy=strategy,
+                   instructions=body.instructions)
+
+    @cached_property
+    def _node_ir(self) -> dict[int, NodeIR]:
+        return index_nodes([i for stage in self.stages for i in stage.instructions] + list(self.instructions))
+
+    def node_ir(self, node_id: int) -> NodeIR | None:
+        """What the IR does for node ``node_id`` (its operands' moves, the node, its finish); None for arguments, and
+        for every node of an unsplit plan."""
+        return self._node_ir.get(node_id)
+
+    def body_programs(self, node_id: int) -> tuple[BodyProgram, ...]:
+        """The IR of a loop's or a cond's bodies (none for other nodes, and in an unsplit plan)."""
+        found = self._node_ir.get(node_id)
+        return () if found is None or found.compute.bodies is None else found.compute.bodies
 
     @cached_property
     def _stage_of(self) -> dict[int, int]:

@@ -16,11 +16,12 @@ collective finishes a primitive, which operand layouts give an output layout) is
 
 from __future__ import annotations
 
-from ..ops import lookup
-from ..core.layouts import Layout, layout_refines, received_layout, shard_count
 from ..core.collectives import Collective, CollectiveKind
+from ..core.layouts import Layout, layout_refines, shard_count
+from ..core.types import ValueType, whole
+from ..ops import lookup
 from .cost import collective_bytes, compute_bytes, move_bytes, node_move_bytes
-from .decisions import Decisions, Draft, Pending
+from .decisions import Decisions, Draft
 from .partial_sums import carries_partial
 
 
@@ -29,9 +30,11 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
     finished by it. With ``only_if_cheaper`` (the ``"auto"`` strategy) a node takes the collective only when
     the cost model says it costs no more than gathering: the bytes moved, and the work a gather makes every
     device repeat (a contraction over a gathered batch: each device computes the whole product), in bytes' worth
-    (on a tie the collective wins: it needs no cut, so the stage keeps its data where it is)."""
-    needs: dict[int, tuple[Layout, ...]] = {}
+    (on a tie the collective wins: it needs no cut, so the stage keeps its data where it is). The node's outputs
+    are then computed partial and held whole."""
+    needs: dict[int, tuple[ValueType, ...]] = {}
     collectives: dict[int, Collective] = {}
+    computed: dict[int, ValueType] = {}
     for node in decisions.graph.nodes:
         op = lookup(node.op)
         found = op.finish(decisions, node) if op.finish is not None else None
@@ -42,8 +45,16 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
         finishing = (cheapest_point(decisions, node.id, found[1])[2] + node_move_bytes(decisions, node, found[0])
                      + compute_bytes(decisions, node, found[0]))
         if not only_if_cheaper or finishing <= node_move_bytes(decisions, node) + compute_bytes(decisions, node):
-            needs[node.id], collectives[node.id] = found
-    return decisions.revised(needs=needs, collectives=collectives)
+            needs[node.id], collective = found
+            collectives[node.id] = collective
+            computed.update(_partial_results(decisions, node, collective))
+    return decisions.revised(needs=needs, collectives=collectives, computed=computed)
+
+
+def _partial_results(decisions: Decisions, node, collective: Collective) -> dict[int, ValueType]:
+    """Each output of ``node`` as its devices compute it before ``collective`` combines them."""
+    return {v: ValueType(decisions.sharded.layout(v), collective.mesh_axes, collective.kind.reduction)
+            for v in node.outputs}
 
 
 def defer_sums_past_linear_consumers(decisions: Decisions) -> Decisions:
@@ -53,20 +64,35 @@ def defer_sums_past_linear_consumers(decisions: Decisions) -> Decisions:
     contraction sharded all-reduces a scalar, not the product (DTensor's ``Partial``; ``jax.jit`` sums the
     product). The chain follows values used once, not program outputs, consumed in place (no gather of a
     partial value) and sharded over none of the summed mesh axes; a sum on it with a psum of its own over other
-    mesh axes ends it, with one psum over both. The nodes on the chain run in the finisher's stage."""
+    mesh axes ends it, with one psum over both. The values on the chain are held partial and consumed partial;
+    the nodes on it run in the finisher's stage (a partial value never crosses a stage boundary)."""
     moved: dict[int, Collective] = {}
-    pending: dict[int, Pending] = {}
+    held: dict[int, ValueType] = {}
+    needs: dict[int, tuple[ValueType, ...]] = {}
+    computed: dict[int, ValueType] = {}
+    waiting: set[int] = set()
+    graph = decisions.graph
     for node_id, collective in decisions.collectives.items():
-        if node_id in moved:
+        if node_id in moved or node_id in waiting:
             continue
-        chain, best, _ = cheapest_point(decisions, node_id, collective, taken=pending.keys() | moved.keys())
-        if best is not None:
-            finisher, finishing = chain[-1], best
-            moved[finisher] = finishing
-            pending.update({n: Pending(finisher, collective.mesh_axes) for n in [node_id, *chain[:-1]]})
+        chain, best, _ = cheapest_point(decisions, node_id, collective, taken=waiting | moved.keys())
+        if best is None:
+            continue
+        finisher = chain[-1]
+        moved[finisher] = best
+        for n in [node_id, *chain[:-1]]:
+            waiting.add(n)
+            (out,) = graph.nodes[n].outputs
+            held[out] = computed[out] = ValueType(decisions.layout(out), collective.mesh_axes)
+        for c in chain:  # each consumes its predecessor's partial value partial
+            node = graph.nodes[c]
+            needs[c] = tuple(ValueType(need.layout, held[v].partial) if v in held else need
+                             for v, need in decisions.edges(node))
+        computed.update(_partial_results(decisions, graph.nodes[finisher], best))
     if not moved:
         return decisions
-    return decisions.revised(collectives=moved, finished_here=frozenset(pending), pending=pending)
+    return decisions.revised(collectives=moved, unfinished=frozenset(waiting), held=held, needs=needs,
+                             computed=computed)
 
 
 def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, taken=frozenset()
@@ -78,7 +104,7 @@ def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, t
     graph = decisions.graph
     node = graph.nodes[node_id]
     cost_here = collective_bytes(decisions, node, collective)
-    if not _plain_psum(collective) or len(node.outputs) != 1:
+    if collective.kind is not CollectiveKind.PSUM or len(node.outputs) != 1 or _counts_once(decisions, node):
         return [], None, cost_here
     outputs = graph.outputs
     summed = set(collective.mesh_axes)
@@ -90,15 +116,16 @@ def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, t
         op = lookup(c.op)
         own = decisions.collectives.get(c.id)
         if (c.id in taken or len(c.outputs) != 1 or op.runs_outside_shard_map
-                or (own is not None and not (_plain_psum(own) and summed.isdisjoint(own.mesh_axes)))
+                or (own is not None and not (own.kind is CollectiveKind.PSUM and not _counts_once(decisions, c)
+                                             and summed.isdisjoint(own.mesh_axes)))
                 or not carries_partial(graph, c, [u == v for u in c.operands])):
             break
         out = c.outputs[0]
-        if (own is None and decisions.layout(out) != decisions.computed_layout(out)) or any(
-                u == v and not layout_refines(decisions.layout(v), need) for u, need in decisions.edges(c)):
+        if (own is None and decisions.type(out) != decisions.computed_type(out)) or any(
+                u == v and not layout_refines(decisions.layout(v), need.layout) for u, need in decisions.edges(c)):
             break  # held otherwise, or the partial value would be gathered
-        if summed & {name for layout in (*decisions.needs(c.id), decisions.sharded.layout(out)) for m in layout
-                     for name in m}:
+        if summed & {name for layout in (*decisions.need_layouts(c.id), decisions.sharded.layout(out))
+                     for m in layout for name in m}:
             break  # a block over a summed mesh axis: the devices' partial values would not line up
         chain.append(c.id)
         v = out
@@ -114,35 +141,35 @@ def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, t
     return chain[:best[0]], best[1], best[2]
 
 
-def _plain_psum(collective: Collective) -> bool:
-    """A psum of the whole result, counting no operand once (those are the sums a partial value may wait for)."""
-    return collective.kind is CollectiveKind.PSUM and collective.outputs is None and not collective.once
+def _counts_once(decisions: Decisions, node) -> bool:
+    """The node consumes an operand held whole as a partial sum (a scatter-add's operand, taken on each group's
+    first device): its psum cannot wait for a later value (the chain would count that operand on every device)."""
+    return any(need.partial and not decisions.type(v).partial for v, need in decisions.edges(node))
 
 
 def scatter_where_consumers_slice(decisions: Decisions) -> Decisions:
-    """Turn a ``psum`` into a ``psum_scatter`` (reduce-scatter: half the bytes of an all-reduce) when every
-    consumer of the summed value takes it sliced over the same mesh axes along one axis anyway, as in the
-    shard_map doc's ``matmul_reduce_scatter``; the plan then holds the value in that finer layout. Program
-    outputs keep their propagated layout."""
+    """Hold a ``psum``'s result finer — a reduce-scatter, half the bytes of an all-reduce — when every consumer of
+    the summed value takes it sliced over the same mesh axes along one axis anyway, as in the shard_map doc's
+    ``matmul_reduce_scatter``. Program outputs keep their propagated layout."""
     graph = decisions.graph
     outputs = set(graph.outputs)
-    held: dict[int, Layout] = {}
-    scattered: dict[int, Collective] = {}
+    held: dict[int, ValueType] = {}
     for node_id, collective in decisions.collectives.items():
         outs = graph.nodes[node_id].outputs
         if collective.kind is not CollectiveKind.PSUM or len(outs) != 1 or outs[0] in outputs:
             continue
         (v,) = outs
+        if decisions.type(v).partial:
+            continue
         layout, shape = decisions.layout(v), graph.avals[v].shape
-        wants = [need for c in graph.consumers[v] for u, need in decisions.edges(graph.nodes[c]) if u == v]
+        wants = [need.layout for c in graph.consumers[v] for u, need in decisions.edges(graph.nodes[c]) if u == v]
         for d in range(len(layout)):
             target = layout[:d] + (layout[d] + collective.mesh_axes,) + layout[d + 1:]
             if wants and shape[d] % shard_count(decisions.mesh_shape, target[d]) == 0 and all(
                     layout_refines(target, want) for want in wants):
-                held[v] = target
-                scattered[node_id] = Collective(CollectiveKind.PSUM_SCATTER, collective.mesh_axes, d)
+                held[v] = ValueType(target)
                 break
-    return decisions.revised(collectives=scattered, held=held)
+    return decisions.revised(held=held)
 
 
 def pull_gathers_back(decisions: Decisions) -> Decisions:
@@ -150,7 +177,7 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
     whose record can say which operand layouts give its output in a layout (elementwise ops, broadcasts)
     and nothing else reads it, gathering that op's operands instead and running it on the gathered blocks can
     be cheaper (a broadcast row is smaller than the matrix it becomes). The search follows such chains
-    upwards and keeps the cheapest place."""
+    upwards and keeps the cheapest place. Partial values never move here."""
     draft = Draft.of(decisions)
     graph = draft.graph
     nodes, producer, consumers = graph.nodes, graph.producer, graph.consumers
@@ -158,11 +185,11 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
 
     def cheapest(v: int, target: Layout) -> tuple[float, list]:
         """Bytes to have ``v`` in ``target``, and the pulls (node, operand needs, value, layout) to get there."""
-        direct = move_bytes(draft, v, draft.layout(v), target)
+        direct = move_bytes(draft, v, draft.type(v), ValueType(target))
         p = nodes[producer[v]]
         op = lookup(p.op)
         if (v in outputs or len(consumers[v]) != 1 or len(p.outputs) != 1 or p.id in draft.need_overrides
-                or p.id in draft.collectives or p.id in draft.pending or op.pull is None):  # no partial value moves
+                or p.id in draft.collectives or draft.type(v).partial or op.pull is None):
             return direct, []
         pulled = op.pull(graph, p, target)
         if pulled is None:
@@ -170,15 +197,15 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
         total, steps = 0.0, [(p.id, pulled, v, target)]
         for u, need in zip(p.operands, pulled, strict=True):
             if not layout_refines(draft.layout(u), need):
-                cost, more = cheapest(u, received_layout(draft.layout(u), need))
+                cost, more = cheapest(u, need)
                 total += cost
                 steps += more
         return (total, steps) if total < direct else (direct, [])
 
     for consumer in reversed(nodes):
         for v, need in draft.edges(consumer):
-            if not layout_refines(draft.layout(v), need):
-                for node_id, pulled, value, target in cheapest(v, received_layout(draft.layout(v), need))[1]:
-                    draft.set_needs(node_id, pulled)
-                    draft.hold(value, target)
+            if not need.partial and not layout_refines(draft.layout(v), need.layout):
+                for node_id, pulled, value, target in cheapest(v, need.layout)[1]:
+                    draft.set_needs(node_id, whole(pulled))
+                    draft.hold(value, ValueType(target))
     return draft.frozen()

@@ -146,4 +146,4 @@ def test_a_value_whose_mesh_axes_change_tensor_axes_moves_by_all_to_all(strategy
     measured = list(map(key, prog.communication()))
     assert measured == list(map(key, prog.estimated_communication()))
     assert measured == [("all-to-all", ("i",), 256 * 64 * 4, 256 * 64 * 4 * 3 / 4)]  # a quarter of a gather
-    assert "all-to-all over i: [256,256@i] -> [256@i,256]" in str(prog.graph)
+    assert "b:f32[256@i,256] = all_to_all[i axis=1->0] b" in str(prog.graph)  # the move, in the listing

@@ -35,7 +35,7 @@ def test_each_stage_runs_on_its_own(nx):
     np.testing.assert_allclose(y, a - b, rtol=1e-6)
     (out,) = prog.stage(1)(x, y)
     np.testing.assert_allclose(out, nx_example(a, b), rtol=1e-5, atol=1e-5)
-    with pytest.raises(sp.InputMismatchError, match=r"stage 1 takes \(c:f32\[16@i,8\], d:f32\[16,8@j\]\)"):
+    with pytest.raises(sp.InputMismatchError, match=r"stage 1 takes \(c:f32\[16@i,8@j\], d:f32\[16@i,8@j\]\)"):
         prog.stage(1)(x)
     with pytest.raises(sp.InputMismatchError, match="stage 0 takes"):
         prog.stage(0)(a, b[:8])

@@ -67,13 +67,15 @@ def test_a_missing_psum_is_found_by_first_divergence_and_by_check(monkeypatch, m
     assert [n.op for n in summed] == ["reduce_sum", "reduce_sum"]
     # The lowering step that finishes partial sums forgets to: each device keeps its partial sum while the
     # plan says the result is replicated over the reduced mesh axis (a false replication claim).
-    monkeypatch.setattr(evaluate, "finish", lambda node, invals, outs, collective, mesh_shape: outs)
+    real_step = evaluate.apply_step
+    monkeypatch.setattr(evaluate, "apply_step", lambda x, step, mesh_shape: x if step.kind == "psum" else
+                        real_step(x, step, mesh_shape))
     dbg = sp.Debugger(prog, A, B)
     dbg.run()
     found = dbg.first_divergence()
     assert found.where.name == "e" and found.where.op == "reduce_sum"
     assert found.where.source.endswith(f"nx_example.py:{_line_of('z = jnp.sum(x, axis=1)')}")
-    assert any("psum over j" in line for line in found.decision)
+    assert any("finished by psum[j] e" in line for line in found.decision)
     # both sums are at fault; what is computed from them only inherits the difference
     table = dbg.compare()
     assert [r.where.name for r in table.rows if r.fault] == ["e", "f"]

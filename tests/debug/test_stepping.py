@@ -147,7 +147,7 @@ def test_step_reports_ops_specs_time_and_bytes(meshes):
     assert second.collective_bytes == pytest.approx(256)
     assert second.wall_time > 0 and second.compile_time > 0
     text = str(second)
-    assert "stage 1" in text and "gathered over j" in text and "P('i', 'j')" in text
+    assert "stage 1" in text and "all-gather over j on axis 1 (64 B)" in text and "P('i', 'j')" in text
 
 
 def test_keep_all_holds_intermediates_and_outputs_recomputes_them(meshes):

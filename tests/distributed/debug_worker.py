@@ -105,7 +105,7 @@ print(f"ok first non-finite: {found}", flush=True)
 # 4. Planted bugs, on both processes: a wrong per-block `sub` (first_divergence names it, with every device's
 # block), then a forgotten psum over i, the mesh axis that spans the processes (check sees the replicas differ
 # between process 0's devices and process 1's).
-real_lookup, real_finish = evaluate.lookup, evaluate.finish
+real_lookup, real_step = evaluate.lookup, evaluate.apply_step
 evaluate.lookup = lambda name: (dataclasses.replace(real_lookup(name), per_block=lambda node, invals, blocks:
                                                     [invals[0] + invals[1]]) if name == "sub" else real_lookup(name))
 found = sp.Debugger(sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None), strategy="collective")
@@ -116,13 +116,13 @@ assert len(found.blocks) == 8, found.blocks
 print(f"ok planted sub: first divergence {found.where.name} (`{found.where.op}`), {len(found.blocks)} blocks differ",
       flush=True)
 
-evaluate.finish = lambda node, invals, outs, collective, mesh_shape: outs
+evaluate.apply_step = lambda x, step, mesh_shape: x if step.kind == "psum" else real_step(x, step, mesh_shape)
 dbg = sp.Debugger(sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), None), strategy="collective")
                   .trace(a, b), a, b)
 dbg.run()
 findings = dbg.check()
 divergence = dbg.first_divergence()
-evaluate.finish = real_finish
+evaluate.apply_step = real_step
 across = [f for f in findings if f.kind is FindingKind.REPLICAS_DIFFER and f.where.name == "f"]
 assert across and set(across[0].devices) & (everyone - mine) and set(across[0].devices) & mine, findings
 assert "replicated over i" in across[0].detail, across[0].detail

@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
+from tests.ir import finishes
 
 from .nx_example import f as nx_example
 
@@ -53,7 +54,7 @@ def test_replicated_axis_names_the_op_that_dropped_it(mesh):
     assert other.origin == "argument 1 (b) has spec P('j',)" and [s.op for s in other.steps] == [
         "dot_general", "tanh", "cumsum"]
     matmul = sp.explain(prog, "c")
-    assert any("psum over j finishes the result" in c for c in matmul.consumes)
+    assert any("psum[j] c finishes the result" in c for c in matmul.consumes)
 
 
 def test_fallback_is_named_as_the_reason(mesh):
@@ -105,12 +106,13 @@ def test_a_value_held_finer_by_a_reduce_scatter_is_explained_as_the_plan_holds_i
     block of the sum (psum_scatter), so explain, the listing and the block picture all say axis 1 is over j."""
     args = (jnp.ones((16, 8)), jnp.ones((8, 8)), jnp.ones((8, 8)))
     prog = program(lambda x, w, v: (x @ w) @ v, args, (P("i", "j"), P("j", None), P("j")), mesh, "collective")
-    assert prog.plan.collectives[prog.sharded.graph.producer[3]].kind == "psum_scatter"
+    assert [f.step.kind for f in finishes(prog, prog.sharded.graph.producer[3])] == ["psum-scatter"]
     why = sp.explain(prog, "d")
     assert why.equation.startswith("d:f32[16@i,8@j] = dot_general")
-    assert "d:f32[16@i,8@j] = dot_general" in str(prog.graph)
+    listing = str(prog.graph)  # computed partial, then held as each device's block of the sum
+    assert "d:f32[16@i,8]{+j} = dot_general" in listing and "d:f32[16@i,8@j] = psum_scatter[j axis=1] d" in listing
     assert [a.mesh_axes for a in why.axes] == [("i",), ("j",)] == [tuple(m) for m in prog.plan.layout(3)]
-    assert "finished by psum_scatter over j along axis 1" in why.axes[1].origin
+    assert "finished by a reduce-scatter (psum_scatter[j axis=1] d)" in why.axes[1].origin
 
 
 def test_splitting_a_program_again_starts_from_its_propagated_graph(mesh):
@@ -155,7 +157,8 @@ def test_explain_descends_into_a_loop_body_by_the_path_the_listing_prints(mesh):
     why = sp.explain(prog, "ba/body/o")
     at = _line_of(recurrent_source(), "_, hs = lax.scan(step, h0, xs)")
     assert f"[in ba/body: the body of `scan` at recurrent.py:{at}, run 6 times]" in why.equation
-    assert any("keeps its partial sum over i" in c and "by a psum after the loop" in c for c in why.consumes)
+    assert why.equation.startswith("o:f32[16]{+i} = reduce_sum")  # its type says it is a partial sum
+    assert "kept partial: one psum after the loop sums it, not one per iteration" in why.partial
     sharded = sp.explain(prog, "ba/body/n")  # the batch-sharded cotangent inside the body
     assert sharded.axes[0].mesh_axes == ("i",)
     assert sharded.axes[0].origin == ("body input 4 (e) is carry 3 of `scan` (it starts as t, then is the previous "
@@ -172,11 +175,12 @@ def test_explain_names_the_gather_inside_a_body_and_what_it_costs_each_iteration
     prog = program(recurrent.gru_loss, (recurrent.init_gru(), jnp.ones((6, 8, 16)), jnp.ones((8, 16))),
                    (gates_on_j, P(None, "i"), P("i")), mesh)
     listing = str(prog.graph)
-    assert "h gathered over j" in listing  # the split's operand, noted on the line inside the body
+    assert "h:f32[8@i,48] = all_gather[j axis=1] h" in listing  # the split's operand, moved inside the body
     why = sp.explain(prog, "f/body/j")  # one gate: the split needs the gate axis whole
     (line,) = [c for c in why.consumes if c.startswith("h: takes axis 1 (sharded over j) whole")]
     at = _line_of(recurrent_source(), "_, hs = lax.scan(step, h0, xs)", after="def gru_loss")
-    assert f"Paid for by gathering h inside the body of `scan` at recurrent.py:{at}, run 6 times, each time" in line
+    assert (f"Paid for by all_gather[j axis=1] h (192 B per device) inside the body of `scan` at recurrent.py:{at}, "
+            "run 6 times, each time") in line
     weight = sp.explain(prog, "f/body/a")
     assert weight.axes[1].origin == "body input 0 (a) is c, operand 0 of `scan`, held as P(None, 'j'); this is its " \
         "axis 1"
@@ -189,7 +193,7 @@ def test_explain_follows_while_conditions_and_nested_bodies(mesh):
     grow = program(recurrent.grow_until, (x,), (P("i", "j"),), mesh)
     why = sp.explain(grow, "b/cond/c")
     assert "the condition of `while`" in why.equation and "every iteration" in why.equation
-    assert any("psum over i*j finishes the result" in c for c in why.consumes)
+    assert any("psum[i*j] c finishes the result" in c for c in why.consumes)
     nested = program(recurrent.nested_loops, (x,), (P("i", "j"),), mesh)
     inner = sp.explain(nested, "b/body/b/body/d")
     at = _line_of(recurrent_source(), "c = lax.fori_loop(0, 3")

@@ -93,9 +93,14 @@ def test_json_follows_its_schema_and_shard_parents_resolve(mesh):
     shard_ids = {s["id"] for v in doc["values"] for axis in v["axes"] for s in axis["shards"]}
     assert all(p in shard_ids for v in doc["values"] for axis in v["axes"] for s in axis["shards"]
                for p in s["parents"])
-    # the stage inputs say where they come from, in the layout they arrive in
+    # the stage inputs say where they come from, in the layout they arrive in; the stage's IR gathers them
     stage1 = doc["stages"][1]
-    assert stage1["inputs"][0] == {"value": "c", "layout": [["i"], []], "source": {"stage": 0, "output": 0}}
+    assert stage1["inputs"][0] == {"value": "c", "layout": [["i"], ["j"]], "source": {"stage": 0, "output": 0}}
+    gather = stage1["instructions"][0]
+    assert (gather["kind"], gather["op"], gather["mesh_axes"], gather["axis"], gather["moved_bytes"]) == (
+        "move", "all_gather", ["j"], 1, 64.0)
+    assert gather["from"] == {"value": "c", "layout": [["i"], ["j"]], "partial": []}
+    assert gather["to"] == {"value": "c", "layout": [["i"], []], "partial": []}
     assert doc["outputs"] == [{"index": 0, "value": "i", "layout": [["i"], ["j"]],
                                "source": {"stage": 1, "output": 0}}]
     assert [n["stage"] for n in doc["nodes"]] == [None, None, 0, 0, 1, 1, 1, 1, 1]
@@ -141,13 +146,17 @@ def test_json_lists_loop_bodies_with_their_paths_partial_sums_and_collectives(me
     jsonschema.validate(doc, SCHEMA)
     forward, backward = [n for n in doc["nodes"] if n["op"] == "scan"]
     assert [b["path"] for b in forward["bodies"] + backward["bodies"]] == ["g/body", "ba/body"]
-    assert backward["collective"] == {"kind": "psum", "mesh_axes": ["i"], "dimension": None, "outputs": [0, 1, 2]}
+    assert backward["collective"] == {"kind": "psum", "mesh_axes": ["i"]}
+    (stage,) = doc["stages"]  # after the loop, one psum of each carry it kept partial
+    finished = [i for i in stage["instructions"] if i["kind"] == "move" and i["from"]["value"] in backward["outputs"]]
+    assert [(i["op"], i["from"]["partial"], i["to"]["partial"]) for i in finished] == [("psum", ["i"], [])] * 3
     (body,) = backward["bodies"]
     assert body["repeats"] == 6 and [c["output"] for c in body["partial_carries"]] == [0, 1, 2]
     assert [i["operand"] for i in body["inputs"]] == list(range(len(backward["operands"])))
-    partial = [n for n in body["nodes"] if "partial_over" in n]
-    assert {n["op"] for n in partial} == {"reduce_sum", "dot_general"} and all(
-        n["partial_over"] == ["i"] and n["collective"] is None for n in partial)
+    values = {v["name"]: v for v in body["values"]}
+    partial = [n for n in body["nodes"] if n["op"] != "parameter" and values[n["outputs"][0]]["partial"]]
+    assert {"reduce_sum", "dot_general"} <= {n["op"] for n in partial} and all(
+        values[n["outputs"][0]]["partial"] == ["i"] and n["collective"] is None for n in partial)
 
     loop = sp.autoshard(recurrent.grow_until, mesh=mesh, in_specs=(P("i", "j"),)).trace(jnp.ones((8, 16)))
     doc = json.loads(json.dumps(sp.to_json(loop)))

@@ -11,6 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
+from shardprop.core.types import ValueType, whole
 from shardprop.errors import ConflictKind
 from shardprop.expr.graph import Aval, Graph, Node
 from shardprop.ops import lookup
@@ -143,14 +144,14 @@ def test_finish_of_reductions(op, layout, dtype, expected):
     found = record.finish(decisions, node) if record.finish else None
     assert (None if found is None else (found[1].kind, found[1].mesh_axes)) == expected
     if found is not None:
-        assert found[0] == ((Ii, J),)  # consumed as it is: no gather
+        assert found[0] == (ValueType((Ii, J)),)  # consumed as it is: no gather
 
 
 def test_finish_of_a_contraction_sharded_alike_on_both_sides():
     decisions, node = _decisions([(8, 4), (4, 6)], [(Ii, J), (J, NO)], "dot_general", {"dimension_numbers": DOT},
                                  (8, 6))
     needs, collective = lookup("dot_general").finish(decisions, node)
-    assert needs == ((Ii, J), (J, NO)) and (collective.kind, collective.mesh_axes) == (CollectiveKind.PSUM, J)
+    assert needs == whole(((Ii, J), (J, NO))) and (collective.kind, collective.mesh_axes) == (CollectiveKind.PSUM, J)
 
 
 def test_pull_of_elementwise_and_broadcast():

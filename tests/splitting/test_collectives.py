@@ -10,6 +10,8 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from tests.functions import nx_example
+from shardprop.splitting.ir import Move
+from tests.ir import finishes, steps
 from tests.conftest import MESH_SHAPES, assert_same_as_unsharded, random_args
 from tests.test_workloads import WORKLOADS
 
@@ -22,9 +24,10 @@ def test_nx_example_is_one_stage_with_two_all_reduces(mesh):
     assert len(prog.stages) == 1 and prog.out_specs == (P("i", "j"),)
     assert sorted((c.kind, c.mesh_axes) for c in prog.plan.collectives.values()) == [("psum", ("i",)),
                                                                                      ("psum", ("j",))]
+    assert sorted(steps(prog)) == [("psum", ("i",)), ("psum", ("j",))]  # the IR's only collectives
     hlo = prog.lower(a, b).compile().as_text()
     assert "all-reduce" in hlo and "all-gather" not in hlo
-    assert "psum over j finishes `reduce_sum`" in str(prog.stages)
+    assert "psum[j] e -> e:f32[16@i], 16 B (finishes `reduce_sum`" in str(prog.stages)
 
 
 def test_matmul_basic_from_the_shard_map_doc(mesh):
@@ -79,7 +82,7 @@ def test_ops_without_a_combine_form_keep_their_gather(mesh):
     prog = assert_same_as_unsharded(f, random_args([((16, 8), np.float32)]), mesh=mesh, in_specs=P("i", "j"),
                                     strategy="collective")
     assert not prog.plan.collectives  # sort and cumsum gather their axis; the final sum is local by then
-    assert [i.layout for i in prog.stages[0].inputs] == [(("i",), ())]
+    assert steps(prog) == [("all-gather", ("j",))]  # one gather of the argument, shared by both
 
 
 def test_unknown_strategy_is_an_option_error(mesh):
@@ -106,8 +109,9 @@ def test_matmul_reduce_scatter_when_the_consumer_wants_the_result_sharded(mesh_n
     f = lambda a, b, c: (a @ b) * c  # noqa: E731
     args = random_args([((16, 32), np.float32), ((32, 16), np.float32), ((16, 16), np.float32)])
     prog = assert_same_as_unsharded(f, args, mesh=meshes[mesh_name], in_specs=specs, strategy="collective")
-    (collective,) = prog.plan.collectives.values()
-    assert collective.kind == "psum_scatter" and collective.dimension == 1
+    ((node_id, collective),) = prog.plan.collectives.items()
+    (scatter,) = finishes(prog, node_id)
+    assert collective.kind == "psum" and scatter.step.kind == "psum-scatter" and scatter.step.axis == 1
     assert "reduce-scatter" in prog.hlo() and "all-reduce" not in prog.hlo()
     assert [t.kind for t in prog.communication()] == [t.kind for t in prog.estimated_communication()]
 
@@ -292,7 +296,9 @@ def test_a_scatter_add_over_sharded_rows_is_finished_by_a_psum_counting_its_oper
     prog = assert_same_as_unsharded(f, (base, ids, u), mesh=meshes[mesh_name], in_specs=(P(), spec, spec),
                                     strategy="collective")
     assert [t.kind for t in prog.communication()] == ["all-reduce"]
-    assert [c.once for c in prog.plan.collectives.values()] == [(0,)]
+    ((node_id, _),) = prog.plan.collectives.items()  # the operand is consumed partial: taken once, locally
+    assert [need.partial != () for need in prog.plan.needs(node_id)] == [True, False, False]
+    assert [kind for kind, _ in steps(prog, sending=False)] == ["take-once", "psum"]
 
 
 def test_auto_all_reduces_an_embedding_gradient_when_the_table_is_smaller_than_the_batch(meshes):
@@ -369,8 +375,9 @@ def test_a_scatter_add_into_a_non_zero_operand_inside_a_loop_counts_the_operand_
                                     strategy=strategy)
     if strategy != "gather":
         assert [(t.kind, t.repeats) for t in prog.communication()] == [("all-reduce", 1)]
-        (body,) = prog.plan.body_plans(next(iter(prog.plan.bodies)))
-        assert list(body.decisions.counted_once.values()) == [(0,)]
+        (loop,) = prog.plan.bodies
+        (body,) = prog.plan.body_programs(loop)  # inside: the constant operand taken once, every iteration
+        assert [i.step.kind for i in body.instructions if isinstance(i, Move)].count("take-once") == 1
 
 
 @pytest.mark.parametrize("strategy", ["collective", "auto"])

@@ -8,6 +8,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
+from shardprop.core.types import whole
+from shardprop.splitting.ir import Move
 from tests.conftest import assert_same_as_unsharded, random_args
 from tests.functions import nx_example
 
@@ -31,10 +33,13 @@ def test_nx_example_has_exactly_the_two_stages_of_the_design(mesh):
     assert first.out_specs == (P("i", "j"), P("i", "j"))
     x, y = first.outputs
     assert graph.nodes[graph.producer[x]].op == "add" and graph.nodes[graph.producer[y]].op == "sub"
-    # x gathered along axis 1, y along axis 0; the remaining sharding kept.
+    # Both arrive as stage 0 made them; inside stage 1, x is gathered along axis 1 and y along axis 0, the remaining
+    # sharding kept.
     assert [(i.value, i.source, i.layout) for i in second.inputs] == [
-        (x, (0, 0), (("i",), ())), (y, (0, 1), ((), ("j",)))]
-    assert second.in_specs == (P("i"), P(None, "j"))
+        (x, (0, 0), (("i",), ("j",))), (y, (0, 1), (("i",), ("j",)))]
+    moves = [m for m in second.instructions if isinstance(m, Move)]
+    assert [(m.source.value, str(m.step), m.result.type.layout) for m in moves] == [
+        (x, "all-gather over j on axis 1", (("i",), ())), (y, "all-gather over i on axis 0", ((), ("j",)))]
     assert second.out_specs == (P("i", "j"),)
     assert plan.output_sources == ((1, 0),)
 
@@ -73,7 +78,7 @@ def test_auto_all_reduces_a_weight_gradient_when_gathering_would_repeat_its_matm
     prog = sp.autoshard(lambda x, dh: x.T @ dh, mesh=meshes["8"], in_specs=(P("i"), P("i"))).trace(x, dh)
     assert [t.kind for t in prog.communication()] == ["all-reduce"]
     (dot,) = [n for n in prog.plan.graph.nodes if n.op == "dot_general"]
-    gathered = compute_bytes(prog.plan, dot, (((), ()), ((), ())))
+    gathered = compute_bytes(prog.plan, dot, whole((((), ()), ((), ()))))
     assert gathered == 8 * compute_bytes(prog.plan, dot)  # the whole batch on every device
     (x, dh) = random_args([((256, 256), np.float32), ((256, 512), np.float32)])
     assert_same_as_unsharded(lambda x, dh: x.T @ dh, (x, dh), mesh=meshes["8"], in_specs=(P("i"), P("i")),
@@ -96,9 +101,9 @@ def test_shared_subexpression_is_computed_once(mesh):
     assert len(placed) == len(set(placed))
     exp = next(n.id for n in plan.sharded.graph.nodes if n.op == "exp")
     assert plan.stage_of(exp) == 0
-    second_inputs = [(i.source, i.layout) for i in plan.stages[1].inputs]
-    assert ((0, 0), (("i",), ())) in second_inputs        # x gathered along axis 1 for the sum
-    assert ((0, 0), (("i",), ("j",))) in second_inputs    # and x as it is for the product
+    assert [(i.source, i.layout) for i in plan.stages[1].inputs] == [((0, 0), (("i",), ("j",)))]  # x, once
+    moves = [m for m in plan.stages[1].instructions if isinstance(m, Move)]
+    assert [str(m.step) for m in moves] == ["all-gather over j on axis 1"]  # gathered for the sum, kept for the product
 
 
 def test_a_primitive_without_a_record_runs_in_its_own_stage_outside_shard_map(mesh):
@@ -109,16 +114,18 @@ def test_a_primitive_without_a_record_runs_in_its_own_stage_outside_shard_map(me
     ops = [[plan.graph.nodes[n].op for n in s.nodes if plan.graph.nodes[n].op != "constant"] for s in plan.stages]
     assert ops == [["exp"], ["pure_callback"], ["add"]]
     assert [s.outside_shard_map for s in plan.stages] == [False, True, False]
-    (gathered,) = plan.stages[1].inputs
-    assert gathered.layout == ((), ())
+    (taken,) = plan.stages[1].inputs  # as stage 0 holds it: the callback runs on the whole array, as under jax.jit
+    assert taken.layout == (("i",), ("j",)) and not [i for i in plan.stages[1].instructions if isinstance(i, Move)]
 
 
 def test_stage_table_prints_sources_and_gathers(mesh):
     plan = plan_of(nx_example, (A, A), (P("i", "j"), P("i", "j")), mesh)
     text = sp.inspect.format_stages(plan)
     assert "stage 0: 2 ops (add, sub)" in text
-    assert "in  c:f32[16@i,8]  P('i',)  <- stage 0 output 0  (gathered from [16@i,8@j])" in text
-    assert "in  d:f32[16,8@j]  P(None, 'j')  <- stage 0 output 1  (gathered from [16@i,8@j])" in text
+    assert "in  c:f32[16@i,8@j]  P('i', 'j')  <- stage 0 output 0" in text
+    assert "in  d:f32[16@i,8@j]  P('i', 'j')  <- stage 0 output 1" in text
+    assert "all_gather[j axis=1] c -> c:f32[16@i,8], 64 B (for `reduce_sum`" in text
+    assert "all_gather[i axis=0] d -> d:f32[16,8@j], 192 B (for `reduce_sum`" in text
     assert text.endswith("program outputs: stage 1 output 0")
 
 

@@ -1,0 +1,85 @@
+"""Finishing a maximum, minimum or arg-extreme over sharded axes (a :class:`~shardprop.splitting.ir.Finish`): each
+device reduced its own block; one collective combines the devices' results into what the unsharded reduction
+gives — NaN, signed zeros, ties and first indices included."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..core.blocks import block_index
+from ..core.collectives import CollectiveKind
+from ..expr.graph import Node
+
+
+def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...], partial, block, mesh_shape):
+    """The devices' partial results ``partial`` of reduction ``node`` (``block``: this device's operand block)
+    combined by ``kind`` over ``mesh_axes``."""
+    if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):  # each device found its block's winner
+        return _combine_arg(node, block, partial, kind, mesh_axes, mesh_shape)
+    axes = node.params["axes"]
+    ties = jnp.sum(block == jnp.expand_dims(partial, axes), axis=axes, dtype=jnp.int32)
+    return _extreme(partial, ties, kind is CollectiveKind.PMAX, mesh_axes)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _extreme(x, ties, is_max: bool, mesh_axes):
+    """The maximum (minimum) of every device's ``x``, as ``jnp.max`` (``jnp.min``) would give it over the whole
+    array: XLA's cross-device max and min neither propagate NaN nor tell -0 from +0, so floats are combined as
+    integers in IEEE total order (one all-reduce of the same size, no flags): a NaN on any device wins, and a zero
+    result takes the sign the unsharded reduction gives it (+0 for max, -0 for min)."""
+    combine = lax.pmax if is_max else lax.pmin
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return combine(x, mesh_axes)
+    nan = jnp.array(jnp.nan if is_max else -jnp.nan, x.dtype)  # above +inf (below -inf) in total order
+    key = _total_order(jnp.where(jnp.isnan(x), nan, x))
+    best = lax.bitcast_convert_type(_total_order_inverse(combine(key, mesh_axes)), x.dtype)
+    return jnp.where(jnp.isnan(best), jnp.array(jnp.nan, x.dtype), best)
+
+
+def _total_order(x):
+    """An integer with the order of IEEE totalOrder on floats: -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN
+    (the sign-magnitude bits, with the magnitude bits of negative numbers flipped)."""
+    bits = lax.bitcast_convert_type(x, jnp.dtype(f"int{8 * x.dtype.itemsize}"))
+    return jnp.where(bits < 0, bits ^ jnp.iinfo(bits.dtype).max, bits)
+
+
+def _total_order_inverse(key):
+    return jnp.where(key < 0, key ^ jnp.iinfo(key.dtype).max, key)  # flipping again is the inverse
+
+
+@_extreme.defjvp
+def _extreme_jvp(is_max, mesh_axes, primals, tangents):
+    """``pmax``/``pmin`` have no differentiation rule; this is ``jnp.max``'s (``jnp.min``'s): the tangent of
+    the elements attaining the extreme, averaged over all of them. ``x``'s tangent is already its block's average
+    over the block's ``ties`` (elements equal to ``x``), so each device's share is weighted by its count."""
+    (x, ties), (x_dot, _) = primals, tangents
+    y = _extreme(x, ties, is_max, mesh_axes)
+    weight = jnp.where(x == y, ties, 0).astype(x_dot.dtype)
+    return y, lax.psum(x_dot * weight, mesh_axes) / lax.psum(weight, mesh_axes)
+
+
+def _combine_arg(node, block, local_index, kind: CollectiveKind, mesh_axes, mesh_shape):
+    """The global argmax (argmin) from each device's: offset the local index by the block's start, then take
+    the smallest index among the devices holding the extreme value — or, as ``jnp.argmax`` does, the first
+    NaN if there is any."""
+    (axis,) = node.params["axes"]
+    block = lax.stop_gradient(block)  # an index has no derivative; pmax/pmin have no rule to carry one through
+    is_max = kind is CollectiveKind.ARGMAX
+    index_dtype = local_index.dtype
+    index = local_index + (block_index(mesh_axes, mesh_shape) * block.shape[axis]).astype(index_dtype)
+    value = (jnp.max if is_max else jnp.min)(block, axis=axis)
+    if jnp.issubdtype(block.dtype, jnp.floating):
+        nan = jnp.isnan(value)
+        any_nan = lax.pmax(nan.astype(jnp.int32), mesh_axes) > 0
+        clean = jnp.where(nan, -jnp.inf if is_max else jnp.inf, value)
+    else:
+        nan = any_nan = jnp.zeros(value.shape, bool)
+        clean = value
+    best = (lax.pmax if is_max else lax.pmin)(clean, mesh_axes)
+    winner = jnp.where(any_nan, nan, clean == best)
+    candidate = jnp.where(winner, index, jnp.iinfo(index_dtype).max)
+    return lax.pmin(candidate, mesh_axes)

@@ -1,0 +1,65 @@
+"""Running a planned move (:func:`shardprop.core.moves.plan_move`) on this device's block, inside ``jax.shard_map``.
+
+Each :class:`~shardprop.core.moves.Step` is one ``lax`` call over the mesh axes the caller's ``shard_map`` names
+(``check_vma=False``: the steps change which mesh axes a block varies over, which the caller states in its
+``out_specs``). A step that sends nothing between devices (groups of one device) is skipped, as
+:func:`~shardprop.core.moves.step_transfer` prices it at nothing. Steps that only move data move the bits of
+bfloat16 and float8 blocks: XLA:CPU would move them as wider floats, twice the bytes priced.
+
+    steps = plan_move(x.shape, x.dtype, have, want, mesh_shape)
+    jax.shard_map(lambda b: apply_steps(b, steps, mesh_shape), mesh=mesh, in_specs=layout_to_spec(have.layout),
+                  out_specs=layout_to_spec(want.layout), check_vma=False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+from jax import lax
+
+from ..core.blocks import block_index, first_device_only
+from ..core.layouts import shard_count
+from ..core.moves import Step, StepKind, exchanges, permute_pairs
+from ..expr import jax_adapter as jx
+
+
+def apply_step(x, step: Step, mesh_shape: Mapping[str, int]):
+    """This device's block after ``step`` (``x`` is its block held as ``step.before``)."""
+    names = step.mesh_axes
+    if step.kind is StepKind.SLICE:
+        size = x.shape[step.axis] // shard_count(mesh_shape, names)
+        return lax.dynamic_slice_in_dim(x, block_index(names, mesh_shape) * size, size, step.axis)
+    if step.kind is StepKind.TAKE_ONCE:
+        return first_device_only(x, names, mesh_shape)
+    if not exchanges(step, mesh_shape):  # over mesh axes of size 1: the block stays as it is
+        return x
+    if step.kind is StepKind.ALL_GATHER:
+        return _as_bits(lambda b: lax.all_gather(b, names, axis=step.axis, tiled=True), x)
+    if step.kind is StepKind.ALL_TO_ALL:
+        return _as_bits(lambda b: lax.all_to_all(b, names, split_axis=step.to_axis, concat_axis=step.axis,
+                                                 tiled=True), x)
+    if step.kind is StepKind.PERMUTE:
+        return _as_bits(lambda b: lax.ppermute(b, names, perm=permute_pairs(step, mesh_shape)), x)
+    if step.kind is StepKind.PSUM:
+        return lax.psum(x, names)
+    if step.kind is StepKind.PSUM_SCATTER:
+        return lax.psum_scatter(x, names, scatter_dimension=step.axis, tiled=True)
+    raise ValueError(f"no executor for step {step}")
+
+
+def apply_steps(x, steps: Iterable[Step], mesh_shape: Mapping[str, int]):
+    """This device's block after every step of a move, in order."""
+    for step in steps:
+        x = apply_step(x, step, mesh_shape)
+    return x
+
+
+def _as_bits(move, x):
+    """``move(x)`` on the bits of a bfloat16 or float8 ``x``, as unsigned integers of its width: XLA:CPU widens
+    those floats in a collective (bfloat16 to float32, float8 to float16), moving twice the bytes; bits move as
+    they are on every backend. Sums cannot do this: a psum of bfloat16 on CPU moves float32."""
+    if jx.dtype_kind(x.dtype) != "f" or np.dtype(x.dtype).kind != "V":  # numpy's own floats move as they are
+        return move(x)
+    bits = np.dtype(f"uint{8 * x.dtype.itemsize}")
+    return lax.bitcast_convert_type(move(lax.bitcast_convert_type(x, bits)), x.dtype)

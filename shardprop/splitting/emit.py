@@ -1,0 +1,140 @@
+"""Emitting the sharded IR (:mod:`.ir`) from the decisions: the instructions of a stage, or of a loop's body.
+
+For each node, in order: every operand is brought from the type it is available in to the type the node consumes
+it in (:func:`~shardprop.core.moves.plan_move`, one :class:`~.ir.Move` per step, each value and type moved once),
+the node runs (:class:`~.ir.Compute`), and a collective that finishes it follows: a sum as the moves from the type
+it is computed in to the type it is held in (a psum, or a reduce-scatter where it is held finer), a maximum,
+minimum or arg-extreme as a :class:`~.ir.Finish`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable, Mapping
+
+import numpy as np
+
+from ..core.collectives import CollectiveKind
+from ..core.moves import plan_move, step_transfer
+from ..core.transfers import TransferKind, transfer
+from ..core.types import ValueType
+from ..errors import LoweringError
+from ..expr import jax_adapter as jx
+from ..expr.graph import CONSTANT, PARAMETER, Aval
+from .decisions import BodyPlan, Decisions
+from .ir import BodyProgram, Compute, Finish, Instruction, Move, Ref
+
+
+class Emitter:
+    """The instructions of one stage or body being emitted, the refs available to them so far, and the refs it
+    takes from outside (``importable``: what earlier stages made, and the arguments), in the order first taken."""
+
+    def __init__(self, view: Decisions, available: Iterable[Ref] = (), importable: Container[Ref] = ()):
+        self.view = view
+        self.instructions: list[Instruction] = []
+        self.available: set[Ref] = set(available)
+        self.importable = importable
+        self.imported: list[Ref] = []
+
+    def held(self, value: int) -> Ref:
+        """``value`` as the plan holds it."""
+        return Ref(value, self.view.type(value))
+
+    def has(self, ref: Ref) -> bool:
+        """True when ``ref`` is available here, taking it from outside if it can be."""
+        if ref in self.available:
+            return True
+        if ref in self.importable:
+            self.imported.append(ref)
+            self.available.add(ref)
+            return True
+        return False
+
+    def bring(self, source: Ref, want: ValueType, node: int | None) -> Ref:
+        """``source``'s value in type ``want`` for node ``node``: the moves that get it there, emitted once (from the
+        furthest point on the way that is already available, here or from an earlier stage)."""
+        target = Ref(source.value, want)
+        if self.has(target):
+            return target
+        graph, mesh_shape = self.view.graph, self.view.mesh_shape
+        aval = graph.avals[source.value]
+        steps = plan_move(aval.shape, aval.dtype, source.type, want, mesh_shape)
+        at, start = source, 0
+        for k in reversed(range(len(steps) - 1)):
+            if self.has(Ref(source.value, steps[k].after)):
+                at, start = Ref(source.value, steps[k].after), k + 1
+                break
+        else:
+            if not self.has(source):
+                raise LoweringError(f"value {source.value} is needed as {want} by node {node} but neither computed "
+                                    "before it nor received (a shardprop bug)")
+        for step in steps[start:]:
+            after = Ref(source.value, step.after)
+            self._made(Move(step, at, after, step_transfer(step, aval.shape, aval.dtype, mesh_shape), node))
+            at = after
+        return target
+
+    def node(self, node_id: int, sources: Mapping[int, Ref] | None = None) -> None:
+        """Node ``node_id``: its operands brought (from ``sources[value]`` where given, else as held), the node, and
+        the collective that finishes it."""
+        view = self.view
+        node = view.graph.nodes[node_id]
+        if node.op == CONSTANT:
+            self._made(Compute(node_id, (), (self.held(node.output),)))
+            return
+        inputs = tuple(self.bring(sources[v] if sources and v in sources else self.held(v), need, node_id)
+                       for v, need in view.edges(node))
+        outputs = tuple(Ref(v, view.computed_type(v)) for v in node.outputs)
+        plans = view.body_plans(node_id)
+        bodies = None if plans is None else tuple(body_program(plan) for plan in plans)
+        self._made(Compute(node_id, inputs, outputs, bodies))
+        collective = view.collective(node_id)
+        if collective is None:
+            return
+        for ref in outputs:
+            held = view.type(ref.value)
+            if ref.type == held:
+                continue  # an output the collective does not finish (a loop's carry that was never partial)
+            if collective.kind is CollectiveKind.PSUM:
+                self.bring(ref, held, node_id)
+            else:
+                self._finish(node, collective, ref, held, inputs[0])
+
+    def outside(self, node_id: int) -> None:
+        """Node ``node_id`` run outside shard_map, on whole arrays: no moves (its operands are global values)."""
+        node = self.view.graph.nodes[node_id]
+        inputs = tuple(self.held(v) for v in node.operands)
+        for ref in inputs:
+            self.has(ref)
+        self._made(Compute(node_id, inputs, tuple(self.held(v) for v in node.outputs)))
+
+    def _finish(self, node, collective, source: Ref, held: ValueType, operand: Ref) -> None:
+        graph, mesh_shape = self.view.graph, self.view.mesh_shape
+        aval = graph.avals[source.value]
+        dtypes = [aval.dtype]
+        if collective.kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):
+            # the extreme values too, and for floats a NaN flag (a float pmax/pmin is an all-reduce of integers of
+            # the same size: total order keeps NaN and signed zeros)
+            operand_dtype = graph.avals[node.operands[0]].dtype
+            dtypes += [operand_dtype] + ([np.dtype(np.int32)] if jx.dtype_kind(operand_dtype) == "f" else [])
+        prices = tuple(transfer(TransferKind.ALL_REDUCE, collective.mesh_axes, Aval(aval.shape, np.dtype(dt)),
+                                held.layout, mesh_shape) for dt in dtypes)
+        self._made(Finish(node.id, collective.kind, collective.mesh_axes, source, Ref(source.value, held), operand,
+                          prices))
+
+    def _made(self, instruction: Instruction) -> None:
+        self.instructions.append(instruction)
+        self.available.update(instruction.outputs if isinstance(instruction, Compute) else (instruction.result,))
+
+
+def body_program(plan: BodyPlan) -> BodyProgram:
+    """A body's IR: its nodes, then its outputs brought into the types the loop or cond takes them in."""
+    view = plan.decisions
+    graph = view.graph
+    inputs = tuple(Ref(v, view.type(v)) for v in graph.inputs)
+    emitter = Emitter(view, inputs)
+    for node in graph.nodes:
+        if node.op != PARAMETER:
+            emitter.node(node.id)
+    outputs = tuple(emitter.bring(emitter.held(v), want, None)
+                    for v, want in zip(graph.outputs, plan.out_types, strict=True))
+    return BodyProgram(plan, inputs, tuple(emitter.instructions), outputs)

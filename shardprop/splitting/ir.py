@@ -1,0 +1,151 @@
+"""The sharded IR: what each stage (and each loop body) runs, as a list of instructions over typed values.
+
+After splitting, every value a stage handles is a :class:`Ref` — a graph value in one
+:class:`~shardprop.core.types.ValueType` (a layout, and the mesh axes over which it is still a partial sum). Three
+instructions make a stage:
+
+* :class:`Compute` runs one graph node on per-device blocks: its operands as the refs it consumes them in, its
+  results as the refs it computes (partial, where a collective finishes them);
+* :class:`Move` is one step of moving a value from one type to another — a local slice, an all-gather, an
+  all-to-all, a permute, a psum, a reduce-scatter, taking a whole value once as a partial sum — with its price;
+* :class:`Finish` combines the devices' partial maxima, minima or arg-extremes right after their reduction (it
+  reads the reduction's operand block too: ties, offsets).
+
+Lowering runs these instructions; the cost model sums their prices; the listing, ``sp.explain``, ``sp.to_json``,
+the stage table, the plan fingerprint and the debugger read them. Nothing re-derives a move from a pair of
+layouts: :func:`shardprop.core.moves.plan_move` planned each once, when the IR was emitted (``emit.py``).
+
+A listing prints a stage's instructions one per line, moves included::
+
+    c:f32[16@i,8] = all-gather[j, axis=1] c                 # 64 B per device
+    e:f32[16@i] = reduce_sum[axes=(1,)] c                   # f.py:10
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Iterable
+from typing import NamedTuple, Union
+
+from ..core.collectives import CollectiveKind
+from ..core.moves import Step
+from ..core.transfers import Transfer
+from ..core.types import ValueType
+
+
+class Ref(NamedTuple):
+    """Graph value ``value`` held as ``type``: one IR value. A value moved to another layout is another ref."""
+
+    value: int
+    type: ValueType
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Node ``node`` run on blocks: ``inputs`` are its operands as it consumes them, ``outputs`` its results as it
+    computes them; ``bodies`` are a loop's or a cond's bodies, each an IR program of its own."""
+
+    node: int
+    inputs: tuple[Ref, ...]
+    outputs: tuple[Ref, ...]
+    bodies: tuple[BodyProgram, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One step of a move: ``source`` becomes ``result`` by ``step``; ``transfer`` is what it sends (None for a
+    local step). ``node`` is the node it serves — the consumer it brings an operand to, or the node whose
+    partial sum it finishes; None for a body's output brought to the type its loop takes it in."""
+
+    step: Step
+    source: Ref
+    result: Ref
+    transfer: Transfer | None
+    node: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The partial maximum (minimum, arg-extreme) ``source`` of reduction ``node``, combined by ``kind`` over
+    ``mesh_axes`` into ``result``; ``operand`` is the reduction's operand block (ties, offsets); ``transfers``
+    what it sends."""
+
+    node: int
+    kind: CollectiveKind
+    mesh_axes: tuple[str, ...]
+    source: Ref
+    result: Ref
+    operand: Ref
+    transfers: tuple[Transfer, ...]
+
+
+Instruction = Union[Compute, Move, Finish]
+
+
+@dataclass(frozen=True, eq=False)
+class BodyProgram:
+    """A body's IR: ``inputs`` are its graph inputs as the loop hands them over (one iteration's), ``outputs``
+    its results as the loop takes them back; ``repeats`` times per run of the loop (a scan's length; None:
+    unknown, a while loop). ``plan`` is the body with its decisions (:class:`~shardprop.splitting.BodyPlan`)."""
+
+    plan: object
+    inputs: tuple[Ref, ...]
+    instructions: tuple[Instruction, ...]
+    outputs: tuple[Ref, ...]
+
+    @property
+    def repeats(self) -> int | None:
+        body = self.plan.body
+        return (body.repeats if body.carries else 1)
+
+
+@dataclass(frozen=True)
+class NodeIR:
+    """What the IR does for one graph node: the moves that bring its operands (``moves_in``), the node itself
+    (``compute``), and the instructions that finish its results (``finishes``: a psum, a reduce-scatter, a
+    ``Finish``)."""
+
+    compute: Compute
+    moves_in: tuple[Move, ...]
+    finishes: tuple[Move | Finish, ...]
+
+
+def index_nodes(instructions: Iterable[Instruction]) -> dict[int, NodeIR]:
+    """:class:`NodeIR` of every node ``instructions`` compute (not inside their bodies)."""
+    computes: dict[int, Compute] = {}
+    moves_in: dict[int, list[Move]] = {}
+    finishes: dict[int, list[Move | Finish]] = {}
+    for instruction in instructions:
+        if isinstance(instruction, Compute):
+            computes[instruction.node] = instruction
+        elif instruction.node is None:
+            continue  # a body's output, moved at its end
+        elif isinstance(instruction, Finish) or instruction.node in computes and any(
+                instruction.source.value == ref.value for ref in computes[instruction.node].outputs):
+            finishes.setdefault(instruction.node, []).append(instruction)
+        else:
+            moves_in.setdefault(instruction.node, []).append(instruction)
+    return {n: NodeIR(c, tuple(moves_in.get(n, ())), tuple(finishes.get(n, ()))) for n, c in computes.items()}
+
+
+def results(instruction: Instruction) -> tuple[Ref, ...]:
+    """The refs ``instruction`` makes."""
+    return instruction.outputs if isinstance(instruction, Compute) else (instruction.result,)
+
+
+def reads(instruction: Instruction) -> tuple[Ref, ...]:
+    """The refs ``instruction`` reads."""
+    if isinstance(instruction, Compute):
+        return instruction.inputs
+    if isinstance(instruction, Finish):
+        return (instruction.source, instruction.operand)
+    return (instruction.source,)
+
+
+def transfers_of(instruction: Instruction) -> tuple[Transfer, ...]:
+    """What ``instruction`` sends between devices, once (a loop's bodies: see :func:`body_transfers`)."""
+    if isinstance(instruction, Move):
+        return () if instruction.transfer is None else (instruction.transfer,)
+    if isinstance(instruction, Finish):
+        return instruction.transfers
+    return ()
