@@ -15,10 +15,10 @@ from jax import lax
 from jax.sharding import Mesh
 
 from ..core.layouts import layout_to_spec
-from ..expr import jax_adapter as jx
 from ..splitting import Plan, Stage
 from ..splitting.ir import Compute, Instruction, Ref, reads, results
 from .evaluate import run_instructions
+from .runner import StageRunner
 
 
 def stage_function(plan: Plan, stage: Stage, mesh: Mesh) -> Callable:
@@ -125,19 +125,6 @@ def segment_function(plan: Plan, stage: Stage, segment: Segment, mesh: Mesh) -> 
 
 
 def program_function(plan: Plan, stage_fns: Sequence[Callable]) -> Callable:
-    """The whole program on flat arguments: every stage in order, each fed from the arguments and the outputs
-    of earlier stages as the plan's sources say; returns the flat outputs."""
-
-    def run(*flat_args):
-        results_: list[Sequence[jax.Array]] = []
-        for stage, fn in zip(plan.stages, stage_fns, strict=True):
-            args = [flat_args[i.source.index] if i.source.is_argument else results_[i.source.stage][i.source.index]
-                    for i in stage.inputs]
-            results_.append(fn(*args))
-        outs = [flat_args[s.index] if s.is_argument else results_[s.stage][s.index] for s in plan.output_sources]
-        # Our constants are strongly typed numpy arrays, so `s * 2` of a Python scalar `s` comes out strong;
-        # give each output the weak type jax.jit gives it.
-        weak = plan.graph.weak_outputs
-        return [jx.with_weak_type(x, w) for x, w in zip(outs, weak, strict=True)]
-
-    return run
+    """The whole program on flat arguments: every stage in order (the :class:`~.runner.StageRunner`), returning the
+    flat outputs."""
+    return StageRunner(plan, lambda stage, inputs: stage_fns[stage.id](*inputs))

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ..backends import parse_hlo, stage_function
+from ..backends.runner import StageRunner
 from ..backends.shard_map import readout_segments, segment_function
 from ..distributed import assemble, every_block, in_step
 from ..errors import NotComputedError, OptionError, StageIndexError
@@ -191,6 +192,9 @@ class Session:
             self.args = prog.placed_args(args, kwargs)  # InputMismatchError for arguments it was not traced with
             prog.agree_on_plan()  # several processes: all step the same stages, or their collectives deadlock
         self._compiled: dict[tuple[int, tuple[int, ...]], Any] = {}
+        # The program's routing of values between stages; each stage compiled on its own, timed (see _run).
+        self.runner = StageRunner(self.plan, self._run)
+        self._timings: dict[int, tuple[float, Any, float]] = {}
         self._breakpoints: dict[int, list[str]] = {}
         self._coords = device_coords(self.mesh)
         self.reset()
@@ -245,10 +249,10 @@ class Session:
         if self.done:
             raise NotComputedError(f"all {_stages(len(self.plan.stages))} have run; dbg.reset() starts again")
         stage = self.plan.stages[self._next]
-        outs, seconds, compiled, compile_time = self._run(stage)
+        outs = self.runner.step(stage, self.args, self._results)
+        seconds, compiled, compile_time = self._timings.pop(stage.id)
         kept = self.readout(stage, outs) if self.keep == "all" else {}
         report = self._report(stage, seconds, compiled, compile_time)
-        self._results[stage.id] = outs
         self._kept.update(kept)
         self.reports.append(report)
         self._next += 1
@@ -304,11 +308,8 @@ class Session:
         if not self.done:
             raise NotComputedError(f"stages {self._next} to {len(self.plan.stages) - 1} have not run yet; "
                                    "dbg.run() runs them")
-        graph = self.plan.graph
-        flat = [self.args[s.index] if s.is_argument else self._results[s.stage][s.index]
-                for s in self.plan.output_sources]
-        flat = [jx.with_weak_type(x, w) for x, w in zip(flat, graph.weak_outputs, strict=True)]
-        return jax.tree_util.tree_unflatten(graph.out_tree, flat)
+        flat = self.runner.outputs(self.args, self._results)
+        return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, flat)
 
     # -- values and blocks ----------------------------------------------------------------------------
     def value(self, name: Any) -> jax.Array:
@@ -452,8 +453,7 @@ class Session:
         missing = sorted({i.source.stage for i in stage.inputs if not i.source.is_argument} - set(self._results))
         if missing:
             raise NotComputedError(f"stage {stage.id} reads stage {missing[0]}, which has not run yet")
-        return [self.args[i.source.index] if i.source.is_argument else self._results[i.source.stage][i.source.index]
-                for i in stage.inputs]
+        return self.runner.inputs(stage, self.args, self._results)
 
     def held(self, v: int):
         """Value ``v`` as the debugger holds it (an intermediate not kept: its stage read out again)."""
@@ -492,14 +492,15 @@ class Session:
             self._compiled[stage.id] = (compiled, time.perf_counter() - start)
         return self._compiled[stage.id]
 
-    def _run(self, stage: Stage):
-        """Run ``stage``: ``(outputs, seconds, compiled, compile_time)``."""
+    def _run(self, stage: Stage, inputs: list) -> tuple:
+        """Run ``stage`` on ``inputs`` compiled on its own, timed (the runner's ``run_stage``; the timing waits in
+        ``_timings`` for the step's report)."""
         compiled, compile_time = self.compiled_stage(stage)
-        inputs = self.stage_inputs(stage)
         start = time.perf_counter()
         results = as_lowering_errors(compiled, *inputs, mesh=self.mesh)
         jax.block_until_ready(results)
-        return tuple(results), time.perf_counter() - start, compiled, compile_time
+        self._timings[stage.id] = (time.perf_counter() - start, compiled, compile_time)
+        return tuple(results)
 
     def _report(self, stage: Stage, seconds: float, compiled, compile_time: float) -> StageReport:
         plan = self.plan
