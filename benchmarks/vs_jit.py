@@ -5,7 +5,8 @@ runtime ratio over interleaved runs (these 2-core machines are noisy: read ratio
     python benchmarks/vs_jit.py [--repeats 30]
 
 Then the per-call overhead at a small size: a cached call of a Program and of an autoshard function against the
-same function under ``jax.jit`` with the same in_shardings, for arguments already placed and for NumPy arrays.
+same function under ``jax.jit`` with the same in_shardings, for arguments already placed and for NumPy arrays, called
+with the same shapes every time and alternating between two shapes (train and eval batches).
 
 ``shardprop bench`` is the full benchmark (more workloads, loops, flax/equinox/haiku/optax models, memory, compile
 times, pass scaling, docs/benchmarks.md); this script keeps the examples/ rows of docs/performance.md, timed with
@@ -77,7 +78,8 @@ def main() -> None:
             runtime = interleaved(program, jax.jit(f), placed, args.repeats)
             print(f"{name:24} {strategy:10} {comparison.shardprop_bytes:>15.0f} {comparison.jit_bytes:>10.0f} "
                   f"{runtime.ratio:>10.2f}")
-    print(f"\nper-call overhead, nx_example 16x8, {args.repeats} interleaved rounds of 100 calls, median per call")
+    print(f"\nper-call overhead, nx_example 16x8 (alternating: with 8x8), {args.repeats} interleaved rounds of 100 "
+          "calls, median per call")
     print("\n".join(overhead_lines(small_call_overhead(mesh, args.repeats))))
 
 

@@ -11,37 +11,46 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 from jax.sharding import Mesh
 
 from .calling import Convention, Traced, constrain_outputs, user_call_site
-from .errors import SpecError
 from .derivatives import derivatives_for
+from .errors import SpecError
 from .expr import jax_adapter as jx
 from .expr import trace
 from .mesh import as_auto_mesh
-from .expr.trace import abstractify
-from .program import HotPathMiss, Program, lower
+from .program import Program, lower
 from .propagation import propagate
+from .signature import Signature, call_key
 from .splitting import split
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
-                    strategy: str = "auto", conflicts: str = "reshard") -> Program:
-    """``trace → propagate → split → lower`` for one set of argument shapes."""
+                    strategy: str = "auto", conflicts: str = "reshard", traced: Traced | None = None,
+                    donated: Sequence[int] = ()) -> Program:
+    """``trace → propagate → split → lower`` for one set of argument shapes (arrays, ShapeDtypeStructs or tracers).
+    The Program differentiates as ``f`` does (its custom derivative rules: a derivative program is compiled by
+    this same pipeline); ``traced`` and ``donated`` are the calling convention it was traced with and the argument
+    leaves it donates (see :class:`Program`)."""
     with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
         graph = trace(f, *args)
     sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts)
     plan = split(sharded, strategy=strategy)
-    program = lower(plan, mesh)
-    program.derivatives = derivatives_for(graph, f, sharded.in_specs, mesh=mesh, strategy=strategy,
-                                          conflicts=conflicts)
-    return program
+    compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
+    derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
+    return lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated)
 
 
 class AutoSharded:
-    """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes, dtypes and
-    static values. Called as ``jax.jit`` functions are: keyword arguments (unannotated: they adopt the sharding
-    they meet) and ``static_argnums`` / ``static_argnames`` (hashable values the trace depends on)."""
+    """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes, dtypes, weak
+    types and static values. Called as ``jax.jit`` functions are: keyword arguments (unannotated: they adopt the
+    sharding they meet) and ``static_argnums`` / ``static_argnames`` (hashable values the trace depends on).
+
+    A call finds its program by its static values and signature, as ``jax.jit``'s cache does (a cheap key of the
+    dynamic arguments' structure, shapes, dtypes and weak types; the first call of a signature traces and compiles
+    it), and goes into that program's own ``jax.jit`` (``dispatch.py``): a call costs what a ``jax.jit`` call
+    costs, alternating signatures or not."""
 
     def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
                  static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
@@ -50,48 +59,47 @@ class AutoSharded:
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
         self.out_specs, self.conflicts = out_specs, conflicts
         self.convention = Convention.of(static_argnums, static_argnames, donate_argnums, donate_argnames, fun=f)
-        self._programs: dict[Any, Program] = {}
-        self._last: Program | None = None  # the program of the last call: the next is most likely the same
+        self._programs: dict[tuple, Program] = {}  # by static values and Signature
+        self._seen: dict[tuple, Program] = {}  # by static values and call_key: the programs of calls seen
+        self._statics = bool(self.convention.static_argnums or self.convention.static_argnames)
         functools.update_wrapper(self, f)
 
     def trace(self, *args, **kwargs) -> Program:
         """The compiled plan for these arguments (arrays or ShapeDtypeStructs), for inspection."""
         call = self.convention.split(args, kwargs)
         program_args = call.program_args()
-        avals, tree = abstractify(program_args)
-        key = (call.statics, tree, tuple((tuple(a.shape), str(a.dtype), a.weak_type) for a in avals))
+        key = (call.statics, Signature.of(program_args))
         program = self._programs.get(key)
         if program is None:
             f = constrain_outputs(self.f, self.out_specs, as_auto_mesh(self.mesh))
             try:
                 program = compile_program(call.bind(f), program_args, mesh=self.mesh,
                                           in_specs=call.in_specs(self.in_specs, len(args)), strict=self.strict,
-                                          strategy=self.strategy, conflicts=self.conflicts)
+                                          strategy=self.strategy, conflicts=self.conflicts,
+                                          traced=None if call.plain else Traced(self.convention, call.statics),
+                                          donated=call.donated_leaves())
             except SpecError as err:  # a bad in_specs: say which call (a constraint's error names its own line)
                 if " at " in str(err):
                     raise
                 raise type(err)(f"{err} (call at {user_call_site()})") from None
-            if not call.plain:
-                program.traced = Traced(self.convention, call.statics)
-            program.donate(call.donated_leaves())
             self._programs[key] = program
         return program
 
     def __call__(self, *args, **kwargs):
-        last = self._last
-        if last is not None and not kwargs:  # the common case: called again as last time, straight into jax.jit
-            try:
-                return last.call_hot(args, weak_types=True)
-            except HotPathMiss:
-                pass
-        program = self.trace(*args, **kwargs)
-        self._last = program
-        if not kwargs:  # the hot path's same variant as the calls after it: one compile, not one per variant
-            try:
-                return program.call_hot(args, weak_types=True)
-            except HotPathMiss:
-                pass
-        return program.call_checked(args, kwargs)
+        """``f(*args, **kwargs)``, sharded: the program of this call's static values and signature (traced and
+        compiled the first time it is seen), on the call's dynamic arguments."""
+        statics, program_args = (), args
+        if kwargs or self._statics:  # split off the static values (checking the options against the call)
+            call = self.convention.split(args, kwargs)
+            statics, program_args = call.statics, call.program_args()
+        leaves, tree = jax.tree_util.tree_flatten(program_args)
+        key = call_key(tree, leaves)
+        program = None if key is None else self._seen.get((statics, key))
+        if program is None:
+            program = self.trace(*args, **kwargs)
+            if key is not None:
+                self._seen[statics, key] = program
+        return program.call_flat(leaves)
 
     def lower(self, *args, **kwargs):
         """``jax.stages.Lowered`` of the program for these arguments."""

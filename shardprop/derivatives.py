@@ -15,14 +15,14 @@ JAX applies every rule. Programs without such calls are differentiated directly,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import warnings
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
+from .calling import user_call_site
+from .errors import FallbackWarning
 from .expr import jax_adapter as jx
 
 
@@ -37,11 +37,12 @@ def _float0_zeros(x):
 
 class Derivatives:
     """How a Program is differentiated: ``function`` maps the program's flat argument leaves to its flat output
-    leaves; its derivative programs are sharded with the Program's resolved input specs and options."""
+    leaves; ``compile(fn, in_specs=...)`` shards a derivative function as the program was sharded (an autoshard
+    function on its mesh, with its options: the same pipeline, handed in rather than imported), and its derivative
+    programs are sharded with the Program's resolved input specs."""
 
-    def __init__(self, function: Callable, in_specs: tuple, *, mesh, strategy: str, conflicts: str, reverse: bool):
-        self.function, self.in_specs, self.reverse = function, tuple(in_specs), reverse
-        self.options: dict[str, Any] = {"mesh": mesh, "strategy": strategy, "conflicts": conflicts}
+    def __init__(self, function: Callable, in_specs: tuple, *, compile: Callable, reverse: bool):
+        self.function, self.in_specs, self.compile, self.reverse = function, tuple(in_specs), compile, reverse
         self._pushforward = self._pullback = None
         self._warned = False
 
@@ -80,9 +81,6 @@ class Derivatives:
             return False
         if not self._warned:
             self._warned = True
-            from .calling import user_call_site
-            from .errors import FallbackWarning
-
             where = user_call_site()
             filename, _, line = where.rpartition(":")
             warnings.warn_explicit(
@@ -95,8 +93,6 @@ class Derivatives:
     def pushforward(self, primals) -> Callable:
         """The sharded ``(primals, tangents of the float leaves) -> (outputs, tangents of the float outputs)``."""
         if self._pushforward is None:
-            from .api import autoshard
-
             mask = [_differentiable(p) for p in primals]
             function = self.function
 
@@ -107,7 +103,7 @@ class Derivatives:
                 return outs, [t for o, t in zip(outs, out_tangents, strict=True) if _differentiable(o)]
 
             specs = (self.in_specs, tuple(s for s, m in zip(self.in_specs, mask, strict=True) if m))
-            self._pushforward = autoshard(pushforward, in_specs=specs, **self.options)
+            self._pushforward = self.compile(pushforward, in_specs=specs)
         return self._pushforward
 
     # -- reverse mode (a custom_vjp inside): jax.vjp of the function, sharded -----------------------------
@@ -130,8 +126,6 @@ class Derivatives:
     def pullback(self, primals, cotangents) -> Callable:
         """The sharded ``(primals, cotangents of the float outputs) -> cotangents of the float arguments``."""
         if self._pullback is None:
-            from .api import autoshard
-
             in_mask = [_differentiable(p) for p in primals]
             out_mask = [_differentiable(c) for c in cotangents]
             function = self.function
@@ -143,13 +137,14 @@ class Derivatives:
                 return [g for g, m in zip(vjp(cts), in_mask, strict=True) if m]
 
             specs = (self.in_specs, None)
-            self._pullback = autoshard(pullback, in_specs=specs, **self.options)
+            self._pullback = self.compile(pullback, in_specs=specs)
         return self._pullback
 
 
-def derivatives_for(graph, f: Callable, in_specs, *, mesh, strategy: str, conflicts: str) -> Derivatives | None:
-    """The :class:`Derivatives` of a program traced from ``f`` (on ``graph.in_tree``'s arguments), or None
-    when its graph inlined no call with custom derivative rules (the program's own ops then differentiate)."""
+def derivatives_for(graph, f: Callable, in_specs, *, compile: Callable) -> Derivatives | None:
+    """The :class:`Derivatives` of a program traced from ``f`` (on ``graph.in_tree``'s arguments), its derivative
+    programs sharded by ``compile`` (see :class:`Derivatives`), or None when its graph inlined no call with custom
+    derivative rules (the program's own ops then differentiate)."""
     if not graph.custom_derivatives:
         return None
     in_tree = graph.in_tree
@@ -158,4 +153,4 @@ def derivatives_for(graph, f: Callable, in_specs, *, mesh, strategy: str, confli
         return jax.tree_util.tree_leaves(f(*jax.tree_util.tree_unflatten(in_tree, leaves)))
 
     reverse = bool(graph.custom_derivatives & jx.CUSTOM_VJP_CALLS)
-    return Derivatives(flat, in_specs, mesh=mesh, strategy=strategy, conflicts=conflicts, reverse=reverse)
+    return Derivatives(flat, in_specs, compile=compile, reverse=reverse)

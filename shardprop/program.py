@@ -3,35 +3,43 @@ one ``jax.jit`` of them, so XLA moves data between stages (the gathers) and can 
 
 A :class:`Program` holds the products of the passes, newest first: ``prog.plan`` (the split plan, which holds
 ``prog.sharded``, which holds the traced graph ``prog.sharded.graph``). ``prog.graph`` prints the annotated
-listing and ``prog.stages`` the stage table.
+listing and ``prog.stages`` the stage table. A Program is immutable, built once with everything a call needs: the
+plan, the mesh, the :class:`~shardprop.signature.Signature` it was traced with, its derivative rules, the calling
+convention it was traced with and its donated leaves. How a call reaches the jit: ``dispatch.py``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import jax
 from jax.sharding import Mesh, NamedSharding
 
 from .backends import parse_hlo, program_function, stage_function
 from .calling import Traced
+from .core.transfers import Transfer
+from .derivatives import Derivatives
+from .dispatch import donated_in_place, goes_straight
 from .errors import InputMismatchError, LoweringError, MeshError, OptionError, ShardingError
 from .expr import jax_adapter as jx
 from .expr.graph import Aval, value_name
-from .expr.trace import abstractify
 from .gc_pause import gc_paused
 from .inspect.listing import AnnotatedGraph, StageTable
 from .mesh import as_auto_mesh
 from .propagation import ShardedGraph
+from .signature import Signature, check_runnable
 from .splitting import Plan
-from .core.transfers import Transfer
 from .splitting.cost import estimate
 
 
-class HotPathMiss(Exception):
-    """The call cannot take the hot path (``Program.call_hot``); the checked path takes it."""
+@dataclass
+class _Runs:
+    """What a Program learns by running, kept apart from its frozen attributes: whether the processes agreed on
+    its plan, and its stages jitted one by one (``stage(k)``)."""
 
-
-def _raise(err: Exception):
-    raise err
+    plan_agreed: bool
+    stages: dict[int, Callable] = field(default_factory=dict)
 
 
 class Program:
@@ -39,52 +47,40 @@ class Program:
 
     ``plan`` and ``sharded`` are the products of splitting and propagation; ``graph`` prints the annotated
     listing (and reads like ``sharded``); ``stages`` is the stage table; ``stage(k)`` one stage as its own
-    jitted callable (its inputs in ``stages[k].inputs`` order).
+    jitted callable (its inputs in ``stages[k].inputs`` order). ``signature`` is what it was traced with: a call
+    with another structure, shapes or dtypes is an :class:`~shardprop.InputMismatchError` (weak types may differ,
+    as for a compiled ``jax.jit`` function: the program keeps its own).
+
+    Immutable: everything is given when it is built (by :func:`lower` or an autoshard function). ``derivatives``
+    says how to differentiate it when its graph inlined custom derivative rules (``derivatives.py``; None: its own
+    ops differentiate); ``traced`` is how an autoshard function traced it with keyword or static arguments (None:
+    it takes ``*args``); ``donated`` are the argument leaves (flat indices) it donates, as ``jax.jit``'s
+    ``donate_argnums``: their buffers may hold the outputs, and the arrays are invalid after a call.
     """
 
-    def __init__(self, plan: Plan, mesh: Mesh):
-        self.user_mesh = mesh
-        mesh = as_auto_mesh(mesh)
-        self.plan, self.mesh = plan, mesh
-        self.graph = AnnotatedGraph(plan)
-        self.stages = StageTable(plan)
-        self._stage_fns = [stage_function(plan, stage, mesh) for stage in plan.stages]
-        self._jitted_stages: dict[int, object] = {}
+    def __init__(self, plan: Plan, mesh: Mesh, *, derivatives: Derivatives | None = None,
+                 traced: Traced | None = None, donated: Sequence[int] = ()):
+        self.plan, self.user_mesh, self.mesh = plan, mesh, as_auto_mesh(mesh)
+        self.graph, self.stages = AnnotatedGraph(plan), StageTable(plan)
+        self.signature = Signature.of_graph(plan.graph)
+        self.derivatives, self.traced, self.donated = derivatives, traced, tuple(sorted(set(donated)))
+        self._stage_fns = tuple(stage_function(plan, stage, self.mesh) for stage in plan.stages)
         self._program_fn = program_function(plan, self._stage_fns)
-        self._jitted = jax.jit(self._program_fn)
-        self._hot: dict[bool, object] = {}  # the hot path (see call_hot), made on the first call that takes it
-        self.donated: tuple[int, ...] = ()  # argument leaves donated to the whole-program jit
-        self._hot_donated: tuple[int, ...] | None = ()  # the arguments the hot path donates (None: it cannot)
-        # How to differentiate it when its graph inlined custom derivative rules (see derivatives.py): set by
-        # autoshard, which knows the function; None otherwise.
-        self.derivatives = None
-        graph = plan.graph
-        self._in_avals = tuple(graph.avals[v] for v in graph.inputs)
-        self._in_shardings = tuple(NamedSharding(mesh, spec) for spec in plan.sharded.in_specs)
-        # The hot path takes the arguments as the user's mesh types them (Explicit axes: on that mesh), one per argument
-        self._hot_shardings = jax.tree_util.tree_unflatten(graph.in_tree, tuple(
-            NamedSharding(self.user_mesh, spec) for spec in plan.sharded.in_specs))
-        # How an autoshard function traced it (keyword or static arguments), or None: traced on ``*args``.
-        self.traced: Traced | None = None
-        self._single_process = jax.process_count() == 1
-        self._plan_agreed = self._single_process
+        self._in_shardings = tuple(NamedSharding(self.mesh, spec) for spec in plan.sharded.in_specs)
+        # One jit of the program on its flat argument leaves (dispatch.py). On a mesh with Explicit axes the outputs
+        # are typed on it: given as out_specs say them (P('j'), where the type would say P('j', None))
+        out_shardings = (None if self.user_mesh is self.mesh else
+                         [NamedSharding(self.user_mesh, spec) for spec in plan.sharded.out_specs])
+        self._jit = jax.jit(self._traced_call, donate_argnums=self.donated, out_shardings=out_shardings)
+        self._devices = jx.device_list(self.mesh)
+        self._several_processes = jax.process_count() > 1
+        self._runs = _Runs(plan_agreed=not self._several_processes)
+        self._frozen = True
 
-    def donate(self, leaves: tuple[int, ...]) -> None:
-        """Donate these argument leaves (flat indices) to the whole-program jit, as ``jax.jit``'s
-        ``donate_argnums``: their buffers may hold the outputs, and the arrays are invalid after a call."""
-        leaves = tuple(sorted(set(leaves)))
-        if leaves != self.donated:
-            self.donated = leaves
-            self._jitted = jax.jit(self._program_fn, donate_argnums=leaves)
-            self._hot = {}
-            # The hot path donates whole arguments (jax.jit's donate_argnums): where the donated leaves are exactly
-            # some arguments' leaves, those arguments; otherwise donated calls stay on the checked path.
-            counts = [child.num_leaves for child in self.plan.graph.in_tree.children()]
-            starts = [sum(counts[:k]) for k in range(len(counts))]
-            whole = tuple(k for k, (start, n) in enumerate(zip(starts, counts, strict=True))
-                          if n and set(range(start, start + n)) <= set(leaves))
-            covered = {leaf for k in whole for leaf in range(starts[k], starts[k] + counts[k])}
-            self._hot_donated = whole if covered == set(leaves) else None
+    def __setattr__(self, name: str, value) -> None:
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"a Program is immutable: {name!r} is given when it is built (sp.lower, autoshard)")
+        object.__setattr__(self, name, value)
 
     @property
     def sharded(self) -> ShardedGraph:
@@ -102,36 +98,27 @@ class Program:
         return self.plan.sharded.out_specs
 
     # -- calling --------------------------------------------------------------------------------------
-    def _flat_args(self, args: tuple) -> list:
-        """The argument leaves, checked against the traced shapes and dtypes.
+    def __call__(self, *args, **kwargs):
+        """The program on these arguments, called as it was traced (another structure, shape or dtype is an
+        :class:`~shardprop.InputMismatchError`): the original function's outputs, laid out as ``out_specs`` say.
+        A call goes straight into the program's ``jax.jit`` unless it needs Python first (``dispatch.py``)."""
+        return self.call_flat(self._leaves(args, kwargs))
 
-        Shapes and (canonical) dtypes must match; weak types need not, as for a compiled ``jax.jit``
-        function: the program keeps the weak types it was traced with."""
-        try:
-            avals, tree = abstractify(args)
-        except ShardingError as err:
-            raise InputMismatchError(str(err)) from None
-        graph = self.plan.graph
-        if tree != graph.in_tree:
-            raise InputMismatchError(f"arguments have structure {tree}, but the program was traced with "
-                                     f"{graph.in_tree}")
-        problems = [
-            f"  argument leaf {k}: got {Aval(tuple(a.shape), jx.as_dtype(a.dtype))}, traced with {want}"
-            for k, (a, want) in enumerate(zip(avals, self._in_avals, strict=True))
-            if tuple(a.shape) != want.shape or jx.as_dtype(a.dtype) != want.dtype
-        ]
-        if problems:
-            raise InputMismatchError(
-                "arguments differ from the traced ones (trace again, or call the autoshard function, which "
-                "retraces per shape):\n" + "\n".join(problems))
-        return jax.tree_util.tree_leaves(args)
+    def call_flat(self, leaves: list):
+        """The call (see ``__call__``) on argument leaves already in the traced structure: an autoshard function
+        calls the program its call's signature maps to so."""
+        if (self._runs.plan_agreed and goes_straight(leaves, self._devices, self._several_processes)
+                and (not self.donated or donated_in_place([leaves[k] for k in self.donated], leaves))):
+            out = as_lowering_errors(self._jit, *leaves, check_arguments=lambda: self._check_leaves(leaves))
+        else:
+            out = self._call_checked(leaves)
+        return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
 
     def program_args(self, args: tuple, kwargs: dict | None = None) -> tuple:
         """A call's arguments as the program was traced on them: ``args`` as they are, or — for a program an
         autoshard function traced with keyword or static arguments — its dynamic ``(args, kwargs)``."""
-        kwargs = kwargs or {}
         if self.traced is not None:
-            return self.traced.program_args(args, kwargs)
+            return self.traced.program_args(args, kwargs or {})
         if kwargs:
             raise InputMismatchError(f"this Program was traced without keyword arguments; called with "
                                      f"{', '.join(kwargs)} (call the autoshard function, which traces per call form)")
@@ -140,18 +127,80 @@ class Program:
     def placed_args(self, args: tuple, kwargs: dict | None = None) -> list[jax.Array]:
         """The argument leaves checked (see ``__call__``) and placed on the mesh in the program's input
         shardings, with the weak types it was traced with: what its first stage reads."""
-        flat = self._flat_args(self.program_args(args, kwargs))
-        if any(isinstance(x, jax.ShapeDtypeStruct) for x in flat):
-            raise InputMismatchError("a Program runs on arrays; use program.lower(...) for ShapeDtypeStructs")
-        if any(jx.typed_on_explicit_axes(x) for x in flat):
-            raise MeshError(
-                "transformed (jax.jit, jax.grad, jax.vmap, ...) under jax.set_mesh of a mesh with Explicit axes, "
-                "where shardings are part of the types: shardprop programs run on Auto axes. Call the autoshard "
-                "function untransformed there (it is one jitted program already, and works under that set_mesh), "
-                "or set a mesh with Auto axes (jax.make_mesh(..., axis_types=(AxisType.Auto,) * n)) around the "
-                "transformation")
-        return [jx.with_weak_type(self._place(k, x, s), w)
-                for k, (x, s, w) in enumerate(zip(flat, self._in_shardings, self.plan.graph.weak_inputs, strict=True))]
+        leaves = self._leaves(args, kwargs)
+        self._check_leaves(leaves)
+        return [jx.with_weak_type(x, w) for x, w in zip(self._placed(leaves), self.signature.weak_types, strict=True)]
+
+    def agree_on_plan(self) -> None:
+        """On a mesh spanning several processes, check once (before any stage runs) that every process made this
+        plan: their stages' collectives must match, or they wait for each other forever. Raises
+        :class:`~shardprop.PlanMismatchError` on every process, naming the first stage that differs. Every way of
+        running the program calls it (a call, ``stage(k)``, the debugger); a single process skips it."""
+        if not self._runs.plan_agreed:
+            from .distributed import check_same_plan
+
+            check_same_plan(self.plan)
+            self._runs.plan_agreed = True
+
+    def _run_in_trace(self, leaves: Sequence) -> list:
+        """The program on its argument leaves inside its jit's trace, as flat outputs: each leaf with the weak type
+        it was traced with, laid out as the program takes it.
+
+        The one place that handles meshes with Explicit axes: where the leaves are typed on one (arrays placed on
+        a ``jax.make_mesh`` mesh, or traced under ``jax.set_mesh`` of one) or the program's own mesh has them, the
+        program runs on those axes made Auto and its outputs come back typed on that mesh
+        (``jax.sharding.auto_axes``); otherwise it runs with its own mesh as JAX's context mesh."""
+        leaves = [jx.with_weak_type(x, w) for x, w in zip(leaves, self.signature.weak_types, strict=True)]
+        typed = jx.explicit_mesh_of(leaves)
+        if typed is None and self.user_mesh is not self.mesh:
+            typed = self.user_mesh
+        if typed is not None:
+            return list(jx.on_auto_axes(self._placed_program, typed, tuple(self.out_specs))(*leaves))
+        with jx.program_mesh_context(self.mesh):
+            return list(self._placed_program(*leaves))
+
+    def _placed_program(self, *leaves) -> tuple:
+        return tuple(self._program_fn(*(jx.place(x, s) for x, s in zip(leaves, self._in_shardings, strict=True))))
+
+    def _traced_call(self, *leaves) -> list:
+        """The body of the program's jit: the leaves checked against the signature (when it traces: a call that
+        hits the jit's cache costs nothing here), then the program; returns the output leaves."""
+        self.signature.check(Signature.of(jax.tree_util.tree_unflatten(self.signature.tree, leaves)))
+        return self._run_in_trace(leaves)
+
+    def _leaves(self, args: tuple, kwargs: dict | None) -> list:
+        """A call's argument leaves, in the structure it was traced with (else an InputMismatchError)."""
+        plain = self.traced is None and not kwargs
+        leaves, tree = jax.tree_util.tree_flatten(args if plain else self.program_args(args, kwargs))
+        self.signature.check_structure(tree)
+        return leaves
+
+    def _check_leaves(self, leaves: list) -> None:
+        """Raise the :class:`~shardprop.InputMismatchError` these leaves deserve, if any: another shape or dtype, a
+        leaf that is not an array, a ShapeDtypeStruct, a deleted array."""
+        self.signature.check_call(jax.tree_util.tree_unflatten(self.signature.tree, leaves))
+        check_runnable(leaves)
+
+    def _call_checked(self, leaves: list) -> list:
+        """A call through Python first (``dispatch.py``): the arguments checked, concrete ones placed on the mesh
+        (host values checked to be the same on every process), the plan agreed on, donations checked and copies
+        invalidated; under a transformation, the derivative rules put around the jit. Returns the output leaves."""
+        self._check_leaves(leaves)
+        placed = self._placed(leaves)
+        self.agree_on_plan()
+        if any(jx.is_traced(x) for x in placed):
+            return as_lowering_errors(self._differentiable(placed), *placed)
+        self._check_donations(placed)
+        out = as_lowering_errors(self._jit, *placed)
+        if self.donated:
+            self._invalidate_donated(leaves, placed, out)
+        return out
+
+    def _placed(self, leaves: list) -> list:
+        """Concrete leaves put on the mesh in the program's input shardings; tracers as they are (the program
+        lays them out inside its jit)."""
+        return [x if jx.is_traced(x) else self._place(k, x, s)
+                for k, (x, s) in enumerate(zip(leaves, self._in_shardings, strict=True))]
 
     def _place(self, k: int, x, sharding):
         try:
@@ -164,132 +213,11 @@ class Program:
                 "the global value and must be the same on every process (seed random data alike), or be built from "
                 "each process's own rows: sp.distributed.process_local(rows, mesh, spec)") from None
 
-    def agree_on_plan(self) -> None:
-        """On a mesh spanning several processes, check once (before any stage runs) that every process made this
-        plan: their stages' collectives must match, or they wait for each other forever. Raises
-        :class:`~shardprop.PlanMismatchError` on every process, naming the first stage that differs. Every way of
-        running the program calls it (a call, ``stage(k)``, the debugger); a single process skips it."""
-        if not self._plan_agreed:
-            from .distributed import check_same_plan
-
-            check_same_plan(self.plan)
-            self._plan_agreed = True
-
-    def __call__(self, *args, **kwargs):
-        if not kwargs:
-            try:
-                return self.call_hot(args)
-            except HotPathMiss:
-                pass
-        return self.call_checked(args, kwargs)
-
-    def call_hot(self, args: tuple, weak_types: bool = False):
-        """The call on the hot path — ``jax.jit`` of the call's own arguments with the program's ``in_shardings``,
-        so JAX's C++ dispatch checks the arguments' types and places them, and a call costs what a ``jax.jit`` call
-        costs — or :class:`HotPathMiss`, and the checked path (``__call__``) takes the call and raises its errors.
-        It runs the traced call only: another signature (with ``weak_types``, another weak type too) raises while
-        tracing, and ``jax.jit`` refuses an argument laid out otherwise (the checked path moves it). On a user mesh
-        with Explicit axes the arguments and outputs are typed on that mesh, as the checked path gives them back.
-        Calls with tracers (a transformation: derivative rules), keyword or static arguments, an
-        unchecked plan on several processes, host arrays there (the checked path makes sure they are the same on
-        every process), and donated leaves that are not whole arguments, not laid out as the program takes them
-        (the checked path copies them into place and invalidates them) or passed twice take the checked path."""
-        if not (self._plan_agreed and self._hot_donated is not None and self.traced is None):
-            raise HotPathMiss
-        several = not self._single_process
-        leaves = jax.tree_util.tree_leaves(args)
-        for x in leaves:
-            if jx.is_traced(x) or (several and not isinstance(x, jax.Array)):
-                raise HotPathMiss
-        if self.donated and not self._donated_in_place(leaves):
-            raise HotPathMiss
-        jitted = self._hot.get(weak_types)
-        if jitted is None:
-            jitted = self._hot[weak_types] = jax.jit(self._traced_call(weak_types),
-                                                     in_shardings=tuple(self._hot_shardings),
-                                                     out_shardings=self._hot_out_shardings,
-                                                     donate_argnums=self._hot_donated)
-        try:
-            return jitted(*args)
-        except Exception as err:  # noqa: BLE001 -- not the traced call, or a failure: the checked path says which
-            if any(leaves[k].is_deleted() for k in self.donated):
-                # It ran and consumed its donated buffers: another run cannot take them; report this failure as
-                # the checked path reports one.
-                as_lowering_errors(_raise, err)
-            raise HotPathMiss from err
-
-    @property
-    def _hot_out_shardings(self):
-        """On a user mesh with Explicit axes, the outputs' shardings on it (specs as the checked path gives them);
-        otherwise None: jax.jit keeps the program's own."""
-        if self.user_mesh is self.mesh:
-            return None
-        return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, [
-            NamedSharding(self.user_mesh, spec) for spec in self.out_specs])
-
-    def _donated_in_place(self, leaves: list) -> bool:
-        """Every donated leaf is an array laid out as the program takes it, passed once: ``jax.jit`` donates its
-        buffer as it is (no copy that the checked path would have to invalidate)."""
-        if len(leaves) != len(self._in_shardings):
-            return False
-        donated = [leaves[k] for k in self.donated]
-        hot = jax.tree_util.tree_leaves(self._hot_shardings)  # on the user's mesh, as the hot path takes them
-        if any(not isinstance(x, jax.Array) or x.sharding != hot[k]
-               for x, k in zip(donated, self.donated, strict=True)):
-            return False
-        ids = [id(x) for x in leaves]
-        return all(ids.count(id(x)) == 1 for x in donated)
-
-    def _traced_call(self, weak_types: bool):
-        """The program as a function of the call's own arguments, refusing at trace time any other signature."""
-        graph = self.plan.graph
-        want = [(tuple(a.shape), a.dtype) for a in self._in_avals]
-        if weak_types:
-            want = [(*w, weak) for w, weak in zip(want, graph.weak_inputs, strict=True)]
-        program = self._program_fn
-        if self.user_mesh is not self.mesh:  # typed on the user's Explicit axes: the program runs on them made Auto
-            program = jx.on_auto_axes(lambda *xs: tuple(self._program_fn(*xs)), self.user_mesh,
-                                      tuple(jax.tree_util.tree_leaves(self._hot_out_shardings)))
-
-        def traced_call(*args):
-            leaves, tree = jax.tree_util.tree_flatten(args)
-            got = [(tuple(x.shape), jx.as_dtype(x.dtype)) + ((bool(jax.typeof(x).weak_type),) if weak_types else ())
-                   for x in leaves]
-            if tree != graph.in_tree or got != want:
-                raise HotPathMiss
-            leaves = [jx.with_weak_type(x, w) for x, w in zip(leaves, graph.weak_inputs, strict=True)]
-            return jax.tree_util.tree_unflatten(graph.out_tree, list(program(*leaves)))
-
-        return traced_call
-
-    def call_checked(self, args: tuple, kwargs: dict):
-        """A call through the checks: arguments checked against the traced ones and placed in Python, derivative
-        rules, donations, the user's Explicit mesh. Every error a call can raise is raised here. Traced arguments
-        typed on a mesh's Explicit axes (``jax.jit`` or ``jax.grad`` of arrays placed on a ``jax.make_mesh`` mesh)
-        are seen on those axes made Auto, and the outputs come back typed on it (``jax.sharding.auto_axes``)."""
-        typed = jx.explicit_mesh_of(jax.tree_util.tree_leaves((args, kwargs)))
-        if typed is not None:
-            specs = jax.tree_util.tree_unflatten(self.plan.graph.out_tree, list(self.out_specs))
-            return jx.on_auto_axes(lambda *a: self._call_checked(a, kwargs), typed, specs)(*args)
-        return self._call_checked(args, kwargs)
-
-    def _call_checked(self, args: tuple, kwargs: dict):
-        placed = self.placed_args(args, kwargs)
-        self.agree_on_plan()
-        self._check_donations(placed)
-        out = as_lowering_errors(self._differentiable(placed), *placed, mesh=self.mesh)
-        if self.donated:
-            self._invalidate_donated(jax.tree_util.tree_leaves(self.program_args(args, kwargs)), placed, out)
-        if self.user_mesh is not self.mesh:  # the user's mesh has Explicit axes: give the outputs back on it
-            out = [jx.place(x, NamedSharding(self.user_mesh, x.sharding.spec))
-                   if not jx.is_traced(x) and isinstance(x.sharding, NamedSharding) else x for x in out]
-        return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
-
-    def _differentiable(self, placed: list):
-        """The whole-program jit, differentiated as the user's function is when the graph inlined custom
-        derivative rules (relu, a custom_vjp): see ``shardprop/derivatives.py``."""
-        if not self.plan.graph.custom_derivatives or not any(jx.is_traced(x) for x in placed):
-            return self._jitted  # concrete arguments: nothing differentiates this call
+    def _differentiable(self, placed: list) -> Callable:
+        """The program's jit, differentiated as the user's function is when the graph inlined custom derivative
+        rules (relu, a custom_vjp): see ``shardprop/derivatives.py``."""
+        if not self.plan.graph.custom_derivatives:
+            return self._jit
         if self.derivatives is None:
             if any(jx.is_differentiated(x) for x in placed):
                 kinds = ", ".join(sorted(self.plan.graph.custom_derivatives))
@@ -297,8 +225,8 @@ class Program:
                     f"this Program was lowered from a plan, without its function, and its graph inlined calls with "
                     f"custom derivative rules ({kinds}): differentiating its ops would not apply them. "
                     "Differentiate the autoshard function (or sp.compile_program's Program) instead")
-            return self._jitted
-        return self.derivatives.wrap(self._jitted)
+            return self._jit
+        return self.derivatives.wrap(self._jit)
 
     def _check_donations(self, placed: list) -> None:
         """One buffer cannot be donated and read in the same call (``jax.jit`` refuses ``f(donate(a), a)``)."""
@@ -309,28 +237,30 @@ class Program:
                         f"argument leaf {k} is donated, and the same array is also passed as argument leaf {m}: a "
                         "buffer cannot be donated and read in one call (as under jax.jit); pass a copy of it")
 
-    def _invalidate_donated(self, flat: list, placed: list, out: list) -> None:
+    def _invalidate_donated(self, leaves: list, placed: list, out: list) -> None:
         """A donated array that had to be copied into place is invalid afterwards too, as under ``jax.jit`` (its
         memory is what donating was for) — unless it is passed again undonated or comes back as an output."""
         kept = {id(x) for x in [*placed, *out]}
         for k in self.donated:
-            x = flat[k]
+            x = leaves[k]
             if isinstance(x, jax.Array) and not jx.is_traced(x) and id(x) not in kept and not x.is_deleted():
                 x.delete()
 
-    def lower(self, *args, **kwargs) -> jax.stages.Lowered:
-        """``jax.jit(...).lower`` of the whole program: ``.compile().as_text()`` shows its HLO."""
-        self._flat_args(self.program_args(args, kwargs))
-        return as_lowering_errors(self._jitted.lower, *self._shaped_args(), mesh=self.mesh)
-
-    def _shaped_args(self) -> list[jax.ShapeDtypeStruct]:
-        return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=w) for a, s, w in
-                zip(self._in_avals, self._in_shardings, self.plan.graph.weak_inputs, strict=True)]
-
     # -- looking at it --------------------------------------------------------------------------------
+    def lower(self, *args, **kwargs) -> jax.stages.Lowered:
+        """``jax.jit(...).lower`` of the whole program (arrays or ShapeDtypeStructs of the traced shapes):
+        ``.compile().as_text()`` shows its HLO."""
+        leaves = self._leaves(args, kwargs)
+        self.signature.check_call(jax.tree_util.tree_unflatten(self.signature.tree, leaves))
+        return self._lowered()
+
+    def _lowered(self) -> jax.stages.Lowered:
+        shaped = self.signature.shape_dtype_structs(self._in_shardings)
+        return as_lowering_errors(self._jit.lower, *shaped, mesh=self.mesh)
+
     def hlo(self) -> str:
         """The compiled program's HLO text (for the traced shapes)."""
-        return as_lowering_errors(self._jitted.lower, *self._shaped_args(), mesh=self.mesh).compile().as_text()
+        return as_lowering_errors(lambda: self._lowered().compile().as_text())
 
     def communication(self) -> list[Transfer]:
         """The collectives of the compiled program, read from its HLO."""
@@ -344,10 +274,10 @@ class Program:
         """Stage ``k`` alone, jitted: call it with its inputs in ``prog.stages[k].inputs`` order (whole arrays;
         other shapes or dtypes are an :class:`~shardprop.InputMismatchError` naming what the stage expects)."""
         self.agree_on_plan()
-        if k not in self._jitted_stages:
-            self._jitted_stages[k] = _checked_stage(self.plan, self.plan.stages[k], jax.jit(self._stage_fns[k]),
-                                                    self.mesh)
-        return self._jitted_stages[k]
+        if k not in self._runs.stages:
+            self._runs.stages[k] = _checked_stage(self.plan, self.plan.stages[k], jax.jit(self._stage_fns[k]),
+                                                  self.mesh)
+        return self._runs.stages[k]
 
     def __repr__(self) -> str:
         n = len(self.plan.stages)
@@ -376,12 +306,15 @@ def _checked_stage(plan: Plan, stage, jitted, mesh: Mesh):
     return call
 
 
-def as_lowering_errors(fn, *args, mesh: Mesh | None = None):
+def as_lowering_errors(fn, *args, mesh: Mesh | None = None, check_arguments: Callable[[], None] | None = None):
     """User mistakes are caught before this point; anything JAX or XLA raises now is shardprop's fault and
     is reported as a :class:`LoweringError`, not as a raw traceback from deep inside the lowering.
 
     With ``mesh`` (the program's, Auto axes), ``fn`` runs with it as JAX's context mesh: a user calling under
-    ``jax.set_mesh`` of a mesh with Explicit axes would otherwise have ``shard_map`` refuse our mesh."""
+    ``jax.set_mesh`` of a mesh with Explicit axes would otherwise have ``shard_map`` refuse our mesh.
+    ``check_arguments`` is for a call that went into ``jax.jit`` unchecked (``dispatch.py``): when it fails, it is
+    called first and raises the error the arguments deserve if they are at fault (JAX refusing a string, say) —
+    the error the checked path raises for them. Either way the call is not run again."""
     try:
         if mesh is not None:
             with jx.program_mesh_context(mesh):
@@ -392,16 +325,23 @@ def as_lowering_errors(fn, *args, mesh: Mesh | None = None):
     except Exception as err:
         if jx.refuses_transformation(err):  # JAX refusing what the user asked, as it would under jax.jit
             raise
+        if check_arguments is not None:
+            try:
+                check_arguments()
+            except ShardingError as mistake:
+                raise mistake from None
         raise LoweringError(
             f"compiling or running the sharded program failed: {type(err).__name__}: {err}\n"
             "(this is a shardprop bug: please report it with the function and in_specs)") from err
 
 
 @gc_paused
-def lower(plan: Plan, mesh: Mesh | None = None) -> Program:
-    """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on)."""
+def lower(plan: Plan, mesh: Mesh | None = None, *, derivatives: Derivatives | None = None,
+          traced: Traced | None = None, donated: Sequence[int] = ()) -> Program:
+    """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on).
+    The keyword arguments are the Program's (an autoshard function passes them; a plan alone needs none)."""
     mesh = plan.sharded.mesh if mesh is None else mesh
     if dict(mesh.shape) != plan.mesh_shape:
         raise MeshError(
             f"the plan was propagated on mesh {plan.mesh_shape}, it cannot be lowered on {dict(mesh.shape)}")
-    return Program(plan, mesh)
+    return Program(plan, mesh, derivatives=derivatives, traced=traced, donated=donated)

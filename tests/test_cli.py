@@ -15,5 +15,5 @@ def test_demo_runs_checks_and_says_so():
     assert "all_gather[j axis=1] c -> c:f32[16@i,8], 64 B" in out
     assert "check nx_example: sharded (16, 8) == unsharded" in out
     assert out.count("== unsharded") == 4 and "!=" not in out
-    assert "psum over j finishes `reduce_sum`" in out             # the default strategy, auto
+    assert "psum[j] e -> e:f32[16@i], 16 B (finishes `reduce_sum`)" in out   # the default strategy, auto
     assert out.rstrip().endswith("all sharded results equal the unsharded ones")

@@ -71,39 +71,65 @@ def interleaved(ours, theirs, args, rounds: int, round_seconds: float = 0.02, wa
                    rounds, calls)
 
 
-def call_overhead(function, mesh, args, specs, rounds: int, calls: int = 100) -> list[dict]:
+def _median_us_per_call(cycles: dict[str, list[tuple]], rounds: int, calls: int) -> dict[str, float]:
+    """Median microseconds per call of each named cycle of ``(function, args)`` calls, over ``rounds`` interleaved
+    rounds (the order reversed every other round) of ``calls`` calls, each blocked on (dispatch and run)."""
+    for cycle in cycles.values():
+        for _ in range(10):
+            for f, args in cycle:
+                jax.block_until_ready(f(*args))
+    per_call = {name: [] for name in cycles}
+    for k in range(rounds):
+        order = list(cycles.items()) if k % 2 == 0 else list(reversed(cycles.items()))
+        for name, cycle in order:
+            start = time.perf_counter()
+            for n in range(calls):
+                f, args = cycle[n % len(cycle)]
+                jax.block_until_ready(f(*args))
+            per_call[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: statistics.median(times) for name, times in per_call.items()}
+
+
+def call_overhead(function, mesh, args, other_args, specs, rounds: int, calls: int = 100) -> list[dict]:
     """Median microseconds per call (blocking on each) of ``jax.jit`` with ``in_shardings``, a cached
     :class:`~shardprop.Program` and an autoshard function, over interleaved rounds of ``calls`` calls: once with
-    arguments already placed (``jax.Array``), once with NumPy arrays. One dict per kind of argument."""
+    arguments already placed (``jax.Array``), once with NumPy arrays. Each is measured twice: called with ``args``
+    every time, and called alternately with ``args`` and ``other_args`` (another shape, as train and eval batches
+    or a last short batch are), where ``jax.jit`` and the autoshard function each dispatch between two compiled
+    programs and the ``Program`` column alternates between the two Programs traced (one is fixed to its shapes).
+    One dict per kind of argument; the alternating measurement under ``"alternating"``."""
     from ..api import autoshard
 
     shardings = tuple(NamedSharding(mesh, s) for s in specs)
     fs = autoshard(function, mesh=mesh, in_specs=specs)
-    placed = tuple(jax.device_put(x, s) for x, s in zip(args, shardings, strict=True))
-    functions = {"jit": jax.jit(function, in_shardings=shardings), "program": fs.trace(*placed), "autoshard": fs}
+    jitted = jax.jit(function, in_shardings=shardings)
     out = []
-    for kind, call_args in (("jax.Array", placed), ("NumPy", tuple(args))):
-        per_call = {name: [] for name in functions}
-        for f in functions.values():
-            for _ in range(20):
-                jax.block_until_ready(f(*call_args))
-        for k in range(rounds):
-            order = list(functions.items()) if k % 2 == 0 else list(reversed(functions.items()))
-            for name, f in order:
-                per_call[name].append(_per_call(f, call_args, calls) * 1e6)
-        jit, prog, auto = (statistics.median(per_call[n]) for n in ("jit", "program", "autoshard"))
-        out.append({"arguments": kind, "jit_us": jit, "program_us": prog, "autoshard_us": auto,
-                    "program_ratio": prog / jit, "autoshard_ratio": auto / jit, "rounds": rounds, "calls": calls})
+    for kind, place in (("jax.Array", True), ("NumPy", False)):
+        one, two = ((tuple(jax.device_put(x, s) for x, s in zip(a, shardings, strict=True)) if place else tuple(a))
+                    for a in (args, other_args))
+        programs = fs.trace(*one), fs.trace(*two)
+        row = {"arguments": kind, "rounds": rounds, "calls": calls}
+        for mode, pairs in (("same", ((0, one),)), ("alternating", ((0, one), (1, two)))):
+            us = _median_us_per_call({"jit": [(jitted, a) for _, a in pairs],
+                                      "program": [(programs[k], a) for k, a in pairs],
+                                      "autoshard": [(fs, a) for _, a in pairs]}, rounds, calls)
+            measured = {"jit_us": us["jit"], "program_us": us["program"], "autoshard_us": us["autoshard"],
+                        "program_ratio": us["program"] / us["jit"], "autoshard_ratio": us["autoshard"] / us["jit"]}
+            if mode == "same":
+                row.update(measured)
+            else:
+                row["alternating"] = measured
+        out.append(row)
     return out
 
 
 def small_call_overhead(mesh, rounds: int) -> list[dict]:
-    """:func:`call_overhead` of the Nx example at 16×8 on ``mesh``'s first two axes."""
+    """:func:`call_overhead` of the Nx example at 16×8 (alternating with 8×8) on ``mesh``'s first two axes."""
     from .models import nx_example
 
     a = np.linspace(-1, 1, 128, dtype=np.float32).reshape(16, 8)
     spec = P(*mesh.axis_names[:2])
-    return call_overhead(nx_example, mesh, (a, a + 1), (spec, spec), rounds)
+    return call_overhead(nx_example, mesh, (a, a + 1), (a[:8], a[:8] - 1), (spec, spec), rounds)
 
 
 # -- how the passes scale ----------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from .findings import Finding, FindingKind, NonFinite, Where
 from .profile import Profile, StageProfile
 from .comparison import Divergence, ErrorTable, NodeError
 from .reference import Tolerance
-from .session import DeviceBlock, Port, Session, StageReport, collective
+from .reports import DeviceBlock, Port, StageReport
+from .session import Session, collective
 
 
 class Debugger(Session):

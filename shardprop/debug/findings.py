@@ -24,7 +24,7 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, short_source, value_name
 from ..inspect.listing import typed_name
 from ..splitting import Plan
-from .session import Gathered, format_device, format_ranges
+from .reports import Gathered, format_device, format_ranges
 
 
 class FindingKind(StrEnum):

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import OptionError, ReferenceEvaluationError
 from ..distributed import whole
 from ..expr import jax_adapter as jx
-from ..expr.graph import CONSTANT, Node, short_source
+from ..expr.graph import CONSTANT, Node, where
 from ..ops import has_record, lookup
 from ..ops.opdef import Family
 from ..splitting import Plan, Stage
@@ -125,7 +125,7 @@ def bind_whole(node: Node, operands: list, reference: bool = False) -> list:
     except Exception as err:
         what = "the unsharded reference" if reference else "re-computing it from its sharded operands"
         raise ReferenceEvaluationError(
-            f"evaluating `{node.op}` at {short_source(node.source, 'an unknown line')} for {what} failed: "
+            f"evaluating `{node.op}` at {where(node)} for {what} failed: "
             f"{type(err).__name__}: {err}") from err
 
 

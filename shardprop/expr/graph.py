@@ -13,6 +13,8 @@ nested ``jit`` are already inlined). ``str(graph)`` prints a jaxpr-like listing:
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -229,11 +231,22 @@ def render(
     return "\n".join(lines)
 
 
-def called_at(node: Node, unknown: str = "an unknown line") -> str:
-    """Where ``node`` is, for messages: ``_update.py:9 (called from train.py:30)`` when its line is in a library
-    the user called, else ``train.py:30``."""
+def where(node: Node, unknown: str = "an unknown line") -> str:
+    """Where ``node`` is, for every message and listing that names a line: ``train.py:30``, or
+    ``_update.py:9 (called from train.py:30)`` when its line is in a library the user called."""
     where = short_source(node.source, unknown)
     return where if node.caller is None else f"{where} (called from {short_source(node.caller)})"
+
+
+def warn_at(node: Node, message: str, category) -> None:
+    """Warn ``message`` at the user's line of ``node`` — the line that called into a library, when the op is inside
+    one — so that Python's warning filters and the printed location name the user's code; shown once per traced
+    program (a fresh registry), not once per process."""
+    filename, _, line = (node.caller or node.source or "").rpartition(":")
+    if filename and line.isdigit():
+        warnings.warn_explicit(message, category, filename, int(line), registry={})
+    else:
+        warnings.warn(message, category, stacklevel=3)
 
 
 def short_source(source: str | None, unknown: str = "") -> str:

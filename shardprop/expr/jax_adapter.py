@@ -201,6 +201,18 @@ def typed_on_explicit_axes(x) -> bool:
     return explicit_mesh_of([x]) is not None
 
 
+def abstract_type(x) -> Any:
+    """``jax.typeof(x)`` of a JAX array or tracer (shape, dtype, weak type and, on Explicit axes, sharding), read
+    without ``typeof``'s dispatch: a hashable key for a call's signature."""
+    return x.aval
+
+
+def device_list(mesh_or_sharding) -> Any:
+    """The devices of a mesh or a sharding, in order, as ``jax.jit`` compares them when it checks that the
+    arguments of a computation and its shardings agree on their devices (cheap to compare)."""
+    return mesh_or_sharding._internal_device_list
+
+
 def refuses_transformation(err: Exception) -> bool:
     """``err`` is JAX refusing a transformation the user applied, as it would to the unsharded function
     (``jax.jvp`` of a function holding a ``custom_vjp``): the user's to see, not a shardprop bug."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..expr.graph import CONSTANT, PARAMETER, format_params, short_source, value_name
+from ..expr.graph import CONSTANT, PARAMETER, format_params, short_source, value_name, where
 from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
@@ -38,7 +38,8 @@ class Step:
     source: str | None
 
     def __str__(self) -> str:
-        return f"{value_name(self.value)} axis {self.axis}: `{self.op}` at {_where(self.source)} (rule {self.rule})"
+        at = short_source(self.source, "an unknown line")
+        return f"{value_name(self.value)} axis {self.axis}: `{self.op}` at {at} (rule {self.rule})"
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
     scattered = [f for f in (ir.finishes if ir else ()) if isinstance(f, Move)
                  and f.step.kind is StepKind.PSUM_SCATTER and f.step.axis == axis]
     if scattered:
-        return (f"`{node.op}` at {_where(node.source)} is finished by a reduce-scatter "
+        return (f"`{node.op}` at {where(node)} is finished by a reduce-scatter "
                 f"({move_equation(scattered[0])}): each device keeps only its block over {'*'.join(held)} of the sum "
                 f"(propagation alone left this axis {was}; the consumers slice it anyway)")
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
@@ -167,25 +168,25 @@ def _partial(plan: Plan, v: int, scope: Scope | None) -> str | None:
     head = (f"each device holds one summand of its block (the sum over {over} is not reduced yet), carried through "
             f"{', '.join(f'`{n.op}`' for n in chain[:-1]) or 'no op'} linear in it")
     if plan.type(u).partial:  # inside a loop's body: a carry summed once after the loop
-        where = f" of {scope.describe()}" if scope else ""
-        return f"{head}; it is a carry{where} kept partial: one psum after the loop sums it, not one per iteration"
+        of_body = f" of {scope.describe()}" if scope else ""
+        return f"{head}; it is a carry{of_body} kept partial: one psum after the loop sums it, not one per iteration"
     finisher = chain[-1]
     ir = plan.node_ir(finisher.id)
     sent = sum(t.moved_bytes for f in (ir.finishes if ir else ()) for t in transfers_of(f))
-    return (f"{head}; `{finisher.op}` at {_where(finisher.source)} consumes it partial and a psum of its smaller "
+    return (f"{head}; `{finisher.op}` at {where(finisher)} consumes it partial and a psum of its smaller "
             f"result sums it ({format_bytes(sent)} per device there)")
 
 
 def _equation(plan: Plan, node, v: int, scope: Scope | None) -> str:
     typ = typed(v, plan.graph.avals[v], plan.type(v))
-    where = f"   [in {scope.path}: {scope.describe()}]" if scope else ""
+    inside = f"   [in {scope.path}: {scope.describe()}]" if scope else ""
     if node.op == PARAMETER:
-        return f"{typ} = {'body input' if scope else 'argument'} {node.params['index']}{where}"
+        return f"{typ} = {'body input' if scope else 'argument'} {node.params['index']}{inside}"
     if node.op == CONSTANT:
-        return f"{typ} = constant{where}"
+        return f"{typ} = constant{inside}"
     rhs = " ".join([node.op + format_params(node), *(value_name(u) for u in node.operands)])
     stage = plan.stage_of(node.id)
-    return f"{typ} = {rhs}   # {_where(node.source)}" + (where or ("" if stage is None else f"   [stage {stage}]"))
+    return f"{typ} = {rhs}   # {where(node)}" + (inside or ("" if stage is None else f"   [stage {stage}]"))
 
 
 def _body_input(plan: Plan, scopes: tuple[Scope, ...], index: int) -> str:
@@ -218,8 +219,8 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
         where_from = "from the ops it meets"
     else:
         node = plan.graph.nodes[met]
-        where_from = (f"from the sharding constraint at {_where(node.source)}" if node.op == "sharding_constraint"
-                      else f"where it meets a sharded operand of `{node.op}` at {_where(node.source)}")
+        where_from = (f"from the sharding constraint at {where(node)}" if node.op == "sharding_constraint"
+                      else f"where it meets a sharded operand of `{node.op}` at {where(node)}")
     if origin.is_argument:
         index = origin.node.params["index"]
         if scopes:
@@ -231,7 +232,7 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
             text = (f"argument {index} ({value_name(root)}) has spec {sharded.spec(root)}; this is its axis "
                     f"{origin.axis}")
     else:
-        text = (f"`{origin.node.op}` at {_where(origin.node.source)} created {value_name(root)} axis "
+        text = (f"`{origin.node.op}` at {where(origin.node)} created {value_name(root)} axis "
                 f"{origin.axis}, unannotated; it adopted {names} {where_from}")
     return text, steps
 
@@ -267,7 +268,7 @@ def _replicated_origin(plan: Plan, v: int, axis: int,
             break
         step = Step(v, axis, node.op, sharded.rules[node.id], node.source)
         if node.id in sharded.fallbacks:
-            origin, reason = f"`{node.op}` at {_where(node.source)}", _why_rule(node.op, fallback=True,
+            origin, reason = f"`{node.op}` at {where(node)}", _why_rule(node.op, fallback=True,
                                                                             cause=sharded.fallback_causes.get(node.id))
             steps.append(step)
             break
@@ -277,13 +278,13 @@ def _replicated_origin(plan: Plan, v: int, axis: int,
         dropped = [(u, j) for u, j in feeding if sharded.layout(u)[j]]
         if dropped:
             u, j = dropped[0]
-            origin = (f"`{node.op}` at {_where(node.source)} takes {value_name(u)} axis {j} (sharded over "
+            origin = (f"`{node.op}` at {where(node)} takes {value_name(u)} axis {j} (sharded over "
                       f"{'*'.join(sharded.layout(u)[j])}) and leaves {here} replicated")
             reason = _why_rule(node.op)
             steps.append(step)
             break
         if not feeding:
-            origin = f"`{node.op}` at {_where(node.source)} created {here}"
+            origin = f"`{node.op}` at {where(node)} created {here}"
             reason = ("a new axis starts unannotated; it met no sharding, or several different ones, so it stays "
                       "replicated" if lookup(node.op).lineage_exact else _why_rule(node.op))
             steps.append(step)
@@ -381,6 +382,3 @@ def _why_rule(op: str, fallback: bool = False, cause: str | None = None) -> str:
         return fallback_for(op).why + f" ({cause or 'no proven rule for this op here'})"
     return record.why
 
-
-def _where(source: str | None) -> str:
-    return short_source(source, "an unknown line")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..core.layouts import Layout, layout_to_spec
 from ..core.moves import StepKind
 from ..core.types import ValueType, type_string, typed
-from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, short_source, value_name
+from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, short_source, value_name, where
 from ..gc_pause import gc_paused
 from ..splitting import Plan, Stage
 from ..splitting.ir import BodyProgram, Compute, Finish, Move, Ref, transfers_of
@@ -157,7 +157,7 @@ def _describe(body: BodyProgram, node) -> str:
     part = part if part.startswith("branch") else f"the {part}"
     runs = "" if not body.plan.body.carries else \
         ", every iteration" if body.repeats is None else f", run {body.repeats} times"
-    return f"{part} of `{node.op}` at {short_source(node.source, 'an unknown line')}{runs}"
+    return f"{part} of `{node.op}` at {where(node)}{runs}"
 
 
 def _kept(body: BodyProgram) -> str:

@@ -17,9 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import OptionError
-from ..expr.graph import short_dtype, value_name
-from ..core.layouts import format_layout, layout_to_spec, shard_count
+from ..expr.graph import value_name
+from ..core.layouts import layout_to_spec, shard_count
 from ..core.transfers import total_moved
+from ..core.types import ValueType, typed
 from ..splitting.cost import instructions_transfers
 from ..splitting.ir import Compute, transfers_of
 from .listing import format_bytes, format_listing, move_equation, stage_ops
@@ -96,7 +97,7 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
 
     caption = [f"axis {k}{'@' + '*'.join(layout[k]) if layout[k] else ''}: block {index[k]} of {counts[k]}"
                for k in hidden if counts[k] > 1]
-    title = f"{value_name(v)}: {short_dtype(aval.dtype)}[{format_layout(shape, layout)}]  {layout_to_spec(layout)}"
+    title = f"{typed(v, aval, ValueType(layout))}  {layout_to_spec(layout)}"
     table = Table(title=title, caption="; ".join(caption) or None, box=box.SQUARE, show_lines=True,
                   show_header=col_axis is not None)
     corner = f"axis {row_axis} \\ axis {col_axis}" if row_axis is not None else (

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionError, UnknownValueError
-from ..expr.graph import Node, short_source, value_name
+from ..expr.graph import Node, value_name, where
 from ..propagation import ShardedGraph
 from ..core.rules import Body
 from ..splitting import Plan
@@ -88,7 +88,7 @@ class Scope:
             ", every iteration" if body.repeats is None else f", run {body.repeats} times"
         part = part_name(body)
         part = part if part.startswith("branch") else f"the {part}"
-        return f"{part} of `{self.node.op}` at {short_source(self.node.source, 'an unknown line')}{runs}"
+        return f"{part} of `{self.node.op}` at {where(self.node)}{runs}"
 
 
 def part_name(body: Body) -> str:

@@ -27,7 +27,7 @@ from ..core.blocks import Blocks
 from ..errors import ShardingConflictError, ShardingError, SpecError
 from ..expr import Graph
 from ..expr import jax_adapter as jx
-from ..expr.graph import Node, short_source
+from ..expr.graph import Node, where
 from ..core.rules import RuleContext, RuleOutput
 from ..core.rules import Body, Carry
 from ..core.layouts import Layout, Sharded, TensorSharding, common_layout, layout_refines
@@ -53,7 +53,7 @@ def _sharded_body(ctx: RuleContext, graph: Graph, layouts: list[Layout]) -> Any:
         first = min(body.fallbacks)
         node = graph.nodes[first]
         inner = body.fallback_causes.get(first)
-        raise _NoBody(f"`{node.op}` at {short_source(node.source, 'an unknown line')} inside its body has no rule"
+        raise _NoBody(f"`{node.op}` at {where(node)} inside its body has no rule"
                       + (f": {inner}" if inner else ""))
     return body
 

@@ -9,9 +9,10 @@ from functools import cached_property
 
 from jax.sharding import Mesh, PartitionSpec
 
-from ..expr.graph import Graph, Node, render, short_dtype
+from ..expr.graph import Graph, Node, render
 from ..core.layouts import Layout, Shard, Sharded, TensorSharding
 from ..core.rules import Body
+from ..core.types import ValueType, type_string
 
 
 class RuleName(StrEnum):
@@ -75,7 +76,7 @@ class ShardedGraph:
 
     def value_type(self, value: int) -> str:
         """``f32[16@i,8@j]``."""
-        return f"{short_dtype(self.graph.avals[value].dtype)}[{self.shardings[value].format_dims()}]"
+        return type_string(self.graph.avals[value], ValueType(self.layout(value)))
 
     def describe(self, value: int) -> str:
         """Every shard of ``value``: id, range and parents, one axis per line."""

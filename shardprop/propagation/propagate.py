@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import warnings
 from typing import Any
 
 import jax
@@ -23,7 +22,7 @@ from ..errors import (ConflictKind, FallbackWarning, NoRuleError, OptionError, R
                       ShardingError, SpecError, SpecTreeError)
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
-from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, called_at, short_dtype, short_source, value_name
+from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name, warn_at, where
 from ..ops import has_record, lookup
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
@@ -90,7 +89,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     if strict and sharded.fallbacks:
         first = min(sharded.fallbacks)
         node, cause = graph.nodes[first], sharded.fallback_causes.get(first)
-        raise NoRuleError(f"no sharding rule applies to `{node.op}` at {short_source(node.source, 'an unknown line')}"
+        raise NoRuleError(f"no sharding rule applies to `{node.op}` at {where(node)}"
                           f"{f' ({cause})' if cause else ''} (strict=True; without it the conservative rule would "
                           "gather its operands)")
     warn_fallbacks(graph, sharded.fallbacks, sharded.fallback_causes)
@@ -104,9 +103,9 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None
     for node_id, bodies in sorted(sharded.bodies.items()):
         node = graph.nodes[node_id]
         for body in bodies:
-            where = f" inside the {body.name} of `{node.op}` at {short_source(node.source, 'an unknown line')}" + \
+            inside_body = f" inside the {body.name} of `{node.op}` at {where(node)}" + \
                 ("" if not body.carries else ", on every iteration")
-            warn_reshards(body.sharded.graph, body.sharded, where)
+            warn_reshards(body.sharded.graph, body.sharded, inside_body)
     for node_id, (operand, message) in sorted(sharded.reshards.items()):
         node = graph.nodes[node_id]
         moved = node.operands[operand]
@@ -114,11 +113,11 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None
         aval = sharded.graph.avals[moved]
         how, nbytes = describe_move(aval, have, need, sharded.mesh_shape)
         text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
-                f"{called_at(node)}{inside} by moving operand {operand} "
+                f"{where(node)}{inside} by moving operand {operand} "
                 f"({value_name(moved)}, "
                 f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
                 f"(conflicts='error' refuses instead)\n{message}")
-        _warn_at(text, ReshardWarning, node.caller or node.source)  # the user's line: filters, and where it shows
+        warn_at(node, text, ReshardWarning)
 
 
 def describe_move(aval, have: Layout, need: Layout, mesh_shape) -> tuple[str, float]:
@@ -136,20 +135,6 @@ def move_cost(aval, have: Layout, need: Layout, mesh_shape) -> float:
                                                      mesh_shape))
 
 
-def _caller(node: Node) -> str:
-    """`` (called from train.py:30)`` for an op inside a library the user called, else nothing."""
-    return "" if node.caller is None else f" (called from {node.caller})"
-
-
-def _warn_at(message: str, category, source: str | None) -> None:
-    filename, _, line = (source or "").rpartition(":")
-    if filename and line.isdigit():
-        # a fresh registry: shown once per traced program, not once per process
-        warnings.warn_explicit(message, category, filename, int(line), registry={})
-    else:
-        warnings.warn(message, category, stacklevel=4)
-
-
 def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
     """One :class:`FallbackWarning` per primitive that fell back in this program, attributed to the user's line
     of its first use (so that Python's warning filters, and the printed location, name the user's code)."""
@@ -160,12 +145,11 @@ def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
     for name, nodes in sorted(uses.items()):
         first = nodes[0]
         more = "" if len(nodes) == 1 else f" (and {len(nodes) - 1} more use(s))"
-        where = called_at(first)
         cause = (causes or {}).get(first.id)
-        message = (f"shardprop: no sharding rule for primitive `{name}` at {where}{more} "
+        message = (f"shardprop: no sharding rule for primitive `{name}` at {where(first)}{more} "
                    f"({cause or 'or none that applies here'}); using the conservative rule (operands gathered, "
                    "result replicated)")
-        _warn_at(message, FallbackWarning, first.caller or first.source)
+        warn_at(first, message, FallbackWarning)
 
 
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
@@ -179,7 +163,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
             node = missing[0]
             raise NoRuleError(
                 f"no sharding rule for primitive `{node.op}` at "
-                f"{node.source or 'an unknown source line'}{_caller(node)} "
+                f"{where(node)} "
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
@@ -266,7 +250,7 @@ class _Walk:
                 except RuleConflict as conflict:
                     result, outputs = self._reshard(ctx, node, op, operands, conflict)
                 except SpecError as err:  # an annotation inside the graph (a sharding constraint) is bad
-                    raise type(err)(f"`{node.op}` at {node.source or 'an unknown source line'}: {err}") from None
+                    raise type(err)(f"`{node.op}` at {where(node)}: {err}") from None
                 needs = result.needs
                 if result.body is not None:
                     self.bodies[node.id] = result.body
@@ -369,7 +353,7 @@ class _Walk:
                     seen[name] = k
 
     def _conflict(self, node: Node, conflict: RuleConflict) -> ShardingConflictError:
-        lines = [f"sharding conflict in `{node.op}` at {node.source or 'an unknown source line'}{_caller(node)}"]
+        lines = [f"sharding conflict in `{node.op}` at {where(node)}"]
         for i, v in enumerate(node.operands):
             sharding = self.shardings[v]
             dtype = short_dtype(self.graph.avals[v].dtype)
@@ -378,8 +362,8 @@ class _Walk:
                 for axis, a in enumerate(sharding.axes):
                     if isinstance(a, Sharded):
                         lines.append(f"    axis {axis} @{'*'.join(a.mesh_axes)}: {self._origin(v, axis)}")
-        where = f"output axis {conflict.axis}: " if conflict.axis is not None else ""
-        lines.append(f"  {where}{conflict.detail}")
+        on_axis = f"output axis {conflict.axis}: " if conflict.axis is not None else ""
+        lines.append(f"  {on_axis}{conflict.detail}")
         lines.append("  fix: constrain one operand to the other's layout (jax.lax.with_sharding_constraint), or "
                      "change an input spec so that they agree; conflicts='reshard' (autoshard's default) moves the "
                      "operand cheaper to move")
@@ -395,13 +379,10 @@ class _Walk:
             root = (f"argument {node.params['index']} ({value_name(origin.value)}) has spec "
                     f"{self.shardings[origin.value].spec}")
         else:
-            root = f"`{node.op}` at {_where(node.source)} adopted it"
-        ops = [f"`{n.op}` at {_where(n.source)}" for _, _, n in origin.steps]
+            root = f"`{node.op}` at {where(node)} adopted it"
+        ops = [f"`{n.op}` at {where(n)}" for _, _, n in origin.steps]
         if not ops:
             return root
         more = f" -> ... {len(ops) - 4} more ops" if len(ops) > 4 else ""
         return f"{root}, via {' -> '.join(ops[:4])}{more}"
 
-
-def _where(source: str | None) -> str:
-    return short_source(source, "an unknown line")

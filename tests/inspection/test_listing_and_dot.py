@@ -27,7 +27,7 @@ def test_golden(name, mesh):
 def test_listing_marks_what_crosses_the_stage_boundary(mesh):
     text = str(nx_program(mesh, "gather").graph)
     assert "── stage 0 ──" in text and "── stage 1 ──" in text
-    lines = [" ".join(line.split()) for line in text.splitlines()]  # the moves are equations of the stage that makes them
+    lines = [" ".join(line.split()) for line in text.splitlines()]  # the moves: equations of the stage making them
     assert "c:f32[16@i,8] = all_gather[j axis=1] c # 64 B per device" in lines
     assert "d:f32[16,8@j] = all_gather[i axis=0] d # 192 B per device" in lines
     # the auto strategy finishes both sums with collectives instead: one stage, no gathers

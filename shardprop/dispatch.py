@@ -1,0 +1,59 @@
+"""How a call reaches its compiled program: straight into that program's ``jax.jit``, or through Python first.
+
+Every :class:`~shardprop.Program` holds one ``jax.jit`` of itself on its flat argument leaves, whose trace checks the
+call's :class:`~shardprop.signature.Signature`: a call that hits the jit's C++ cache costs what a ``jax.jit`` call
+costs. The jit has no ``in_shardings``: XLA places NumPy and host values as the compiled program reads them, and an
+array laid out otherwise is moved inside the program (one executable per input layout, as under ``jax.jit``). An
+autoshard function finds the program of a call as ``jax.jit``'s cache finds an executable, by the call's signature:
+a dict keyed by :func:`~shardprop.signature.call_key`, read in about a microsecond per leaf. So calls alternating
+between signatures (train and eval batches, a last short batch) each go straight into their own program's jit.
+
+A few calls need Python before the jit; :func:`goes_straight` and :func:`donated_in_place` find them by cheap
+predicates, up front, never by a failed attempt:
+
+- a tracer of an outer transformation (``jax.grad``, ``jax.vmap``, ``jax.jit`` of the function): the call is
+  traced in Python, where the custom derivative rules are put around the jit (``derivatives.py``);
+- an array committed to other devices than the mesh's, which ``jax.jit`` refuses: copied onto the mesh first;
+- a host value on a mesh spanning several processes: checked to be the same on every process first;
+- a donated leaf that is not a live committed array passed once: copied into place and invalidated afterwards,
+  or refused (a buffer donated and also read, or donated after it was deleted, would crash the process in XLA).
+
+Keyword and static arguments (through ``AutoSharded.trace``) and a plan not yet agreed on by the processes go
+through Python too, then into the program's jit. A failed jit call is reported once — the user's mistake when
+the arguments are at fault (``as_lowering_errors``'s ``check_arguments``), a :class:`~shardprop.LoweringError`
+otherwise — and never run again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from .expr import jax_adapter as jx
+
+
+def goes_straight(leaves: Sequence, devices: Any, several_processes: bool) -> bool:
+    """Whether ``jax.jit`` of a computation on the mesh of ``devices`` (``jax_adapter.device_list``) takes these
+    argument leaves as they are: no tracer, no array committed to other devices, and — on a mesh spanning several
+    processes — no host value."""
+    for x in leaves:
+        if isinstance(x, jax.Array):  # tracers too
+            if jx.is_traced(x) or (x.committed and jx.device_list(x.sharding) != devices):
+                return False
+        elif several_processes:
+            return False
+    return True
+
+
+def donated_in_place(donated: Sequence, leaves: Sequence) -> bool:
+    """Every ``donated`` leaf is a live committed array passed once among ``leaves``: ``jax.jit`` donates its
+    buffer as it is. (An uncommitted one is copied onto the mesh and the copy donated: the checked path
+    invalidates the original. A buffer donated and also read, or donated when already deleted, crashes the
+    process in XLA: the checked path refuses them.)"""
+    if any(not isinstance(x, jax.Array) or jx.is_traced(x) or not x.committed or x.is_deleted() for x in donated):
+        return False
+    passed = Counter(map(id, leaves))
+    return all(passed[id(x)] == 1 for x in donated)
