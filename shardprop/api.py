@@ -14,7 +14,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from .calling import Convention, Traced, constrain_outputs, user_call_site
+from .calling import Convention, Traced, constrain_outputs, call_site
 from .derivatives import derivatives_for
 from .errors import SpecError
 from .expr import jax_adapter as jx
@@ -81,7 +81,7 @@ class AutoSharded:
             except SpecError as err:  # a bad in_specs: say which call (a constraint's error names its own line)
                 if " at " in str(err):
                     raise
-                raise type(err)(f"{err} (call at {user_call_site()})") from None
+                raise type(err)(f"{err} (call at {call_site()})") from None
             self._programs[key] = program
         return program
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import jax
 
+from .expr import jax_adapter as jx
+from .expr.graph import short_source
 from .errors import InputMismatchError, OptionError, SpecTreeError
 
 
@@ -87,7 +89,7 @@ class Call:
                 if any(s is not None for s in specs[count:]):
                     raise SpecTreeError(
                         f"in_specs {in_specs!r} annotates {len(specs)} positional argument(s), but the call at "
-                        f"{user_call_site()} passes {count} positionally and the others by keyword: keyword "
+                        f"{call_site()} passes {count} positionally and the others by keyword: keyword "
                         "arguments are unannotated (as jax.jit's in_shardings cover positional arguments only); "
                         "pass the annotated ones positionally")
                 specs = [s for i, s in enumerate(specs[:count]) if i not in self.positions]
@@ -116,17 +118,17 @@ def constrain_outputs(f, out_specs: Any, mesh):
             subtrees = spec_tree.flatten_up_to(jax.tree_util.tree_unflatten(tree, [0] * len(leaves)))
         except (ValueError, TypeError) as err:
             raise SpecTreeError(f"out_specs {out_specs!r} is not a pytree prefix of the outputs (structure "
-                                f"{tree}) of the call at {user_call_site()}: {err}") from None
+                                f"{tree}) of the call at {call_site()}: {err}") from None
         specs = []
         for spec, sub in zip(spec_leaves, subtrees, strict=True):
             if not is_leaf(spec):
-                raise SpecTreeError(f"out_specs leaf {spec!r} (call at {user_call_site()}) is neither a "
+                raise SpecTreeError(f"out_specs leaf {spec!r} (call at {call_site()}) is neither a "
                                     "PartitionSpec nor None")
             specs += [spec] * len(jax.tree_util.tree_leaves(sub))
         pinned = []
         for k, (x, spec) in enumerate(zip(leaves, specs, strict=True)):
             if spec is not None:
-                where = f"out_specs for output {k} (call at {user_call_site()})"
+                where = f"out_specs for output {k} (call at {call_site()})"
                 layout_from_spec(spec, tuple(jax.numpy.shape(x)), mesh_shape, where)
                 x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
             pinned.append(x)
@@ -160,14 +162,14 @@ class Convention:
                          _positions("donate_argnums", donate_argnums), _names("donate_argnames", donate_argnames),
                          _parameters(fun))
         for name in set(convention.names(static=True)) & set(convention.names(static=False)):
-            raise OptionError(f"argument {name!r} is both static and donated (at {user_call_site()}): a static "
+            raise OptionError(f"argument {name!r} is both static and donated (at {call_site()}): a static "
                               "argument is not an array")
         known = _keyword_names(fun)
         for option, names in (("static_argnames", convention.static_argnames),
                               ("donate_argnames", convention.donate_argnames)):
             for name in names:
                 if known is not None and name not in known:
-                    raise OptionError(f"{option} names {name!r} (at {user_call_site()}), but "
+                    raise OptionError(f"{option} names {name!r} (at {call_site()}), but "
                                       f"{getattr(fun, '__name__', 'the function')} has no such parameter; its "
                                       f"parameters: {', '.join(sorted(known)) or 'none'}")
         return convention
@@ -186,7 +188,7 @@ class Convention:
         option, nums = ("static_argnums", self.static_argnums) if static else ("donate_argnums", self.donate_argnums)
         for n in nums:
             if not -count <= n < count and not (0 <= n < len(self.parameters) and self.parameters[n]):
-                raise OptionError(f"{option} has {n}, but the call at {user_call_site()} has {count} positional "
+                raise OptionError(f"{option} has {n}, but the call at {call_site()} has {count} positional "
                                   "argument(s)")
         names = self.names(static=static)
         named = (i for i, name in enumerate(self.parameters[:count]) if name and name in names)
@@ -199,7 +201,7 @@ class Convention:
         positions, donated = self.resolve(static=True, count=count), self.resolve(static=False, count=count)
         for n in set(positions) & set(donated):
             raise OptionError(f"argument {n} is both static and donated (static_argnums and donate_argnums) at "
-                              f"{user_call_site()}: a static argument is not an array")
+                              f"{call_site()}: a static argument is not an array")
         static_names = self.names(static=True)
         statics = [(f"argument {i}", args[i]) for i in positions]
         statics += [(f"keyword {name}", kwargs[name]) for name in static_names if name in kwargs]
@@ -207,7 +209,7 @@ class Convention:
             try:
                 hash(value)
             except TypeError as err:
-                raise OptionError(f"static {where} = {value!r} at {user_call_site()} is not hashable ({err}); a "
+                raise OptionError(f"static {where} = {value!r} at {call_site()} is not hashable ({err}); a "
                                   "static argument keys the programs traced, as in jax.jit: pass a tuple instead of "
                                   "a list, or make it a dynamic (array) argument") from None
         dynamic = tuple(a for i, a in enumerate(args) if i not in positions)
@@ -257,20 +259,6 @@ def _parameters(fun) -> tuple[str | None, ...]:
     return tuple(p.name if p.kind is p.POSITIONAL_OR_KEYWORD else None for p in positional)
 
 
-def user_call_site() -> str:
-    """``file:line`` of the innermost frame outside shardprop (and JAX): where the user called in."""
-    import os
-    import traceback
-
-    ours = os.path.dirname(os.path.abspath(__file__))
-    jax_dir = os.path.dirname(os.path.abspath(jax.__file__))
-    for frame in reversed(traceback.extract_stack()):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith((ours, jax_dir)):
-            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
-    return "?"
-
-
 @dataclass(frozen=True)
 class Traced:
     """How a Program was traced: the convention and the static values, for calling it again."""
@@ -286,3 +274,8 @@ class Traced:
                 f"this Program was traced with static values {dict(self.statics)}, called with {dict(call.statics)}"
                 " (call the autoshard function, which traces one program per static value)")
         return (call.args, call.kwargs)
+
+
+def call_site() -> str:
+    """``file.py:12``: the user's line calling in now, as messages name lines."""
+    return short_source(jx.user_call_site(), "an unknown line")

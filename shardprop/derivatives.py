@@ -15,15 +15,14 @@ JAX applies every rule. Programs without such calls are differentiated directly,
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import jax
 import numpy as np
 
-from .calling import user_call_site
 from .errors import FallbackWarning
 from .expr import jax_adapter as jx
+from .expr.graph import warn_at
 
 
 def _differentiable(x) -> bool:
@@ -81,13 +80,10 @@ class Derivatives:
             return False
         if not self._warned:
             self._warned = True
-            where = user_call_site()
-            filename, _, line = where.rpartition(":")
-            warnings.warn_explicit(
-                "shardprop: a higher-order derivative through custom derivative rules inside a custom rule ("
-                f"{', '.join(sorted(program.plan.graph.custom_derivatives))} in the derivative): computed by JAX "
-                "from the function, without shardprop's stages, so that every rule applies", FallbackWarning,
-                filename or "?", int(line) if line.isdigit() else 0, registry={})
+            warn_at(jx.user_call_site(),
+                    "shardprop: a higher-order derivative through custom derivative rules inside a custom rule ("
+                    f"{', '.join(sorted(program.plan.graph.custom_derivatives))} in the derivative): computed by JAX "
+                    "from the function, without shardprop's stages, so that every rule applies", FallbackWarning)
         return True
 
     def pushforward(self, primals) -> Callable:

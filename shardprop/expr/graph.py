@@ -238,11 +238,12 @@ def where(node: Node, unknown: str = "an unknown line") -> str:
     return where if node.caller is None else f"{where} (called from {short_source(node.caller)})"
 
 
-def warn_at(node: Node, message: str, category) -> None:
-    """Warn ``message`` at the user's line of ``node`` — the line that called into a library, when the op is inside
-    one — so that Python's warning filters and the printed location name the user's code; shown once per traced
-    program (a fresh registry), not once per process."""
-    filename, _, line = (node.caller or node.source or "").rpartition(":")
+def warn_at(site: Node | str | None, message: str, category) -> None:
+    """Warn ``message`` at the user's line: of a node (the line that called into a library, when the op is inside
+    one), or a ``file:line`` — so that Python's warning filters and the printed location name the user's code;
+    shown once per traced program (a fresh registry), not once per process."""
+    source = (site.caller or site.source) if isinstance(site, Node) else site
+    filename, _, line = (source or "").rpartition(":")
     if filename and line.isdigit():
         warnings.warn_explicit(message, category, filename, int(line), registry={})
     else:

@@ -415,6 +415,17 @@ def _sources(traceback) -> tuple[str | None, str | None]:
     """The ``file:line`` JAX names as the user's for an equation (None when it recorded none) and, when that line is
     inside an installed library (flax, optax, equinox: code the user did not write), the user's own line that
     called into it — what a warning should point at."""
+    return _user_lines(traceback)
+
+
+def user_call_site() -> str | None:
+    """``file:line`` of the user's frame calling in now (past an installed library, to the user's own line), found
+    as every equation's line is: JAX's user frames, shardprop's own excluded. None when there is none."""
+    source, caller = _user_lines(_source_info_util.current().traceback)
+    return caller or source
+
+
+def _user_lines(traceback) -> tuple[str | None, str | None]:
     frames = _source_info_util.user_frames(traceback)
     first = next(frames, None)
     if first is None:
