@@ -1,5 +1,6 @@
-"""Small functions for docs/inspecting.md: the Nx design note's example, and a matmul whose result is
-scanned (so that some axes end up replicated, and the page can show why), and an RNN gradient (loops)."""
+"""Small functions for docs/inspecting.md and docs/design.md: the Nx design note's example, a matmul whose result is
+scanned (so that some axes end up replicated, and the page can show why), a loss whose IR shows every kind of
+instruction, and an RNN gradient (loops)."""
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,14 @@ def nx(a, b):
 def scanned_matmul(x, w):
     h = jnp.tanh(x @ w)
     return jnp.cumsum(h, axis=0)
+
+
+def ir_loss(x, w, v):
+    """With x P('i', 'j'), w P('j', None), v P('j', None): a contraction finished by a psum, a gather for the
+    cumulative sum, a local slice, and a product left a partial sum down to one psum of the scalar."""
+    h = jnp.tanh(x @ w)
+    y = jnp.cumsum(h, axis=0)
+    return jnp.sum((y @ v) * 0.5)
 
 
 def rnn_grad(w, xs, h0):

@@ -13,6 +13,7 @@ all-to-all, a psum, taking a whole value as a partial one — is planned by :mod
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -39,6 +40,8 @@ class ValueType:
     reduction: Reduction = Reduction.SUM  # how the partial results combine (meaningful when partial)
 
     def __post_init__(self):
+        if not self.partial:  # the common case, on every edge of 10^5-node graphs
+            return
         used = {name for m in self.layout for name in m}
         if used & set(self.partial):
             raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
@@ -60,6 +63,12 @@ class ValueType:
 
 def whole(layouts) -> tuple[ValueType, ...]:
     """Layouts as the types of whole (not partial) values."""
+    return _whole(tuple(layouts))
+
+
+@functools.lru_cache(maxsize=65536)
+def _whole(layouts: tuple) -> tuple[ValueType, ...]:
+    # a graph has few distinct layouts, asked for on every edge
     return tuple(ValueType(layout) for layout in layouts)
 
 

@@ -7,6 +7,7 @@ and sums their ``moved_bytes``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -28,8 +29,16 @@ def move_transfers(view: Decisions, value: int, have: ValueType, want: ValueType
     """The collectives that bring ``value`` from type ``have`` to type ``want``, as planned
     (:func:`~shardprop.core.moves.plan_move`: gathers, all-to-alls, permutes, a psum or a reduce-scatter of a
     partial sum; local slices and taking a value once cost nothing)."""
+    if have == want:
+        return []
     aval = view.graph.avals[value]
-    return planned_transfers(aval.shape, aval.dtype, have, want, view.mesh_shape)
+    return list(_priced(aval.shape, aval.dtype, have, want, tuple(view.mesh_shape.items())))
+
+
+@functools.lru_cache(maxsize=65536)
+def _priced(shape, dtype, have: ValueType, want: ValueType, mesh: tuple) -> tuple[Transfer, ...]:
+    # the strategies price the same few moves on every edge of a graph (a Transfer is immutable: shared)
+    return tuple(planned_transfers(shape, dtype, have, want, dict(mesh)))
 
 
 def move_bytes(view: Decisions, value: int, have: ValueType, want: ValueType) -> float:

@@ -9,6 +9,7 @@ minimum or arg-extreme as a :class:`~.ir.Finish`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Container, Iterable, Mapping
 
 import numpy as np
@@ -69,7 +70,7 @@ class Emitter:
                                     "before it nor received (a shardprop bug)")
         for step in steps[start:]:
             after = Ref(source.value, step.after)
-            self._made(Move(step, at, after, step_transfer(step, aval.shape, aval.dtype, mesh_shape), node))
+            self._made(Move(step, at, after, _price(step, aval.shape, aval.dtype, tuple(mesh_shape.items())), node))
             at = after
         return target
 
@@ -138,3 +139,9 @@ def body_program(plan: BodyPlan) -> BodyProgram:
     outputs = tuple(emitter.bring(emitter.held(v), want, None)
                     for v, want in zip(graph.outputs, plan.out_types, strict=True))
     return BodyProgram(plan, inputs, tuple(emitter.instructions), outputs)
+
+
+@functools.lru_cache(maxsize=65536)
+def _price(step, shape, dtype, mesh: tuple):
+    # the same few steps recur on every edge of a large graph (a Transfer is immutable: shared)
+    return step_transfer(step, shape, dtype, dict(mesh))
