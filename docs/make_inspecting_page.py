@@ -67,11 +67,14 @@ below was pasted by `docs/make_inspecting_page.py` from running the command show
 
 ## The annotated listing and the stage table
 
-Every value prints with its per-axis sharding: `16@i` is an axis of 16 elements laid out over mesh axis
-`i` (`@(i,j)` over both, major first; no `@` means replicated). Values are listed stage by stage; a stage
-header says what crosses into the stage — which value, from which stage, which mesh axes are gathered, and
-the bytes each device receives (ring all-gather model). A node finished by a collective says so after its
-source line. The stage table sums it up per stage.
+The listing is the program's sharded IR, stage by stage. Every value prints with its type: `16@i` is an axis of
+16 elements laid out over mesh axis `i` (`@(i,j)` over both, major first; no `@` means replicated), and `{{+j}}`
+after the type says the value is still a partial sum over `j` (each device holds one summand of its block).
+Every move is an equation of the stage that runs it — `all_gather`, `all_to_all`, `ppermute`, a local `slice`,
+`take_once` — and so is every collective that finishes a node (`psum`, `psum_scatter`, `pmax`, ...), each with the
+bytes one device sends (ring model) or `local`. A stage takes its inputs as their source made them and moves them
+itself. The stage table sums it up per stage: its inputs and where they come from, the collectives inside it
+(what each does, its bytes, the node it serves) and its outputs.
 
 {block([*NX])}
 With the default strategy (`auto`) the cost model finishes both sums with collectives instead, and the whole
@@ -83,8 +86,9 @@ function is one stage:
 For each axis of a value: if sharded, the chain of ops (with the rule that carried the sharding and the
 source line) back to the input spec that started it — followed through the shard parents; if replicated,
 the op that dropped the sharding and why (the first sentence of that rule's documentation), or the input
-spec that never had one. Then how the node consumes its operands: which sharded axes it takes whole, and the
-gather or collective that pays for it.
+spec that never had one. A value held as a partial sum says why (`partial:`) and which collective sums it. Then
+how the node consumes its operands: which sharded axes it takes whole, and the moves or the collective that pay
+for it.
 
 {block([*NX, "--brief", "--explain", "e"])}
 A matmul whose result is scanned: the scan needs its axis whole, and the columns were never sharded.
@@ -93,9 +97,9 @@ A matmul whose result is scanned: the scan needs its axis whole, and the columns
 ## Inside loops and branches
 
 A `scan`, a `while` loop (a `fori_loop` with a traced bound) or a `cond` stays one node of its stage, and the
-listing prints each of its bodies indented under it — the body's values in the layouts each device holds its
+listing prints each of its bodies' IR indented under it — the body's values in the types each device holds its
 blocks in, what it moves and the collectives that finish its nodes (on every iteration), and the carries kept
-partial sums (summed by one collective after the loop). A body's values are named by a path: `t/body/l` is
+partial sums (typed `{{+i}}` inside, summed by one collective after the loop). A body's values are named by a path: `t/body/l` is
 value `l` of the body of the op computing `t` (`e/cond/c` for a while loop's condition, `e/branch1/c` for a
 branch of a `cond`; nested loops continue the path). `sp.explain` and `--explain` take those paths. The
 gradient of a small RNN (batch sharded over `i`): the backward scan's weight gradient is a sum over the batch;
@@ -153,9 +157,9 @@ fixed at one block (the caption says which; `index={{2: 3}}` picks another).
 {block([*NX, "--brief", "--blocks", "c", "--blocks", "e"])}
 ## Pictures: `sp.to_dot`, `sp.render`, `--format dot|svg`
 
-Graphviz DOT text: one cluster per stage, nodes coloured by stage, edges labelled with the layout the value
-travels in; an edge that crosses a stage boundary with a gather is red and names the mesh axes and the
-bytes per device. `sp.render(prog, "graph.svg")` (or `.png`, `.pdf`) runs graphviz's `dot`; without it,
+Graphviz DOT text: one cluster per stage, nodes coloured by stage, edges labelled with the type the value
+travels in; an edge on which the IR moves the value is red and names the steps (`gather j@1`, `all-to-all
+i@1->0`) and the bytes per device; a node finished by a collective names it. `sp.render(prog, "graph.svg")` (or `.png`, `.pdf`) runs graphviz's `dot`; without it,
 it raises `sp.RenderError` saying how to install graphviz or to render the DOT text elsewhere.
 
 ```bash
@@ -167,18 +171,18 @@ it raises `sp.RenderError` saying how to install graphviz or to render the DOT t
 {block([*NX, "--format", "dot"], lang="dot")}
 ## JSON for tools: `sp.to_json` / `--format json`
 
-A stable document, schema id `shardprop.inspect/1`; `shardprop inspect --schema` prints its JSON Schema
+A stable document, schema id `shardprop.inspect/2`; `shardprop inspect --schema` prints its JSON Schema
 (`shardprop.inspect.SCHEMA`), and the tests validate the output against it.
 
 | field | contents |
 |---|---|
-| `schema` | `"shardprop.inspect/1"` |
+| `schema` | `"shardprop.inspect/2"` |
 | `mesh` | `axis_names` and `shape` |
 | `strategy` | `"gather"`, `"collective"` or `"auto"` (null for a sharded graph without a plan) |
 | `inputs`, `outputs` | per flat input/output: `index`, `value` (its name in the listing), `layout`; outputs also their `source` |
-| `values` | per value: `id`, `name`, `dtype`, `shape`, `layout` (as the plan holds it), `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards` as propagation made them, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt. The two differ only where a reduce-scatter holds a value finer than its shards (`layout` over `j`, the shards replicated) |
-| `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the layout each operand is consumed in), `collective` (`{{kind, mesh_axes, dimension}}` or null; `outputs` when one collective finishes only those outputs of a loop); a node inside a body whose sum is left partial has `partial_over` (mesh axes); a loop or a cond has `bodies`: per body its `name` (`body`, `cond`, `branch0`...), `path` (`t/body`, as `--explain` takes it), `repeats` (null for a while loop), `inputs` (`index`, `value`, `layout`, `operand`: the op's operand it comes from), `outputs` (`index`, `value`, the `layout` the op takes it in), `partial_carries` (`output`, `mesh_axes`), and its own `values` and `nodes` |
-| `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it arrives in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`); `"outside_shard_map": true` for a stage that runs a primitive without a record on whole arrays under the program's `jax.jit` |
+| `values` | per value: `id`, `name`, `dtype`, `shape`, its type as the plan holds it — `layout` and `partial` (the mesh axes over which it is still a partial sum, `[]` when whole) — `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards` as propagation made them, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt. The two differ only where a reduce-scatter holds a value finer than its shards (`layout` over `j`, the shards replicated) |
+| `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the type each operand is consumed in: `layout`, `partial`), `collective` (`{{kind, mesh_axes}}` or null: the collective that finishes the node; which outputs, into which types, the IR says); a loop or a cond has `bodies`: per body its `name` (`body`, `cond`, `branch0`...), `path` (`t/body`, as `--explain` takes it), `repeats` (null for a while loop), `inputs` (`index`, `value`, type, `operand`: the op's operand it comes from), `outputs` (`index`, `value`, the type the op takes it in), `partial_carries` (`output`, `mesh_axes`), its `instructions`, and its own `values` and `nodes` |
+| `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it is taken in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`), `instructions` (its IR, in order: `{{"kind": "compute", "node", "inputs", "outputs"}}`, each input and output a `{{value, layout, partial}}`; or a `"move"` or `"finish"` with `op` (`all_gather`, `all_to_all`, `ppermute`, `psum`, `psum_scatter`, `slice`, `take_once`, `pmax`, ...), `mesh_axes`, `axis`/`to_axis`, `from` and `to` (typed values), `moved_bytes` per device, `transfers` (the collectives XLA runs for it) and `node`, the node it serves); `"outside_shard_map": true` for a stage that runs a primitive without a record on whole arrays under the program's `jax.jit` |
 | `explain`, `lineage` | present when asked for with `--explain` / `--lineage`: `Explanation.to_dict()`, and `{{value, box, exact, inputs: {{index: boxes}}}}` |
 
 A *layout* is one list per tensor axis of the mesh axes it is laid out over (`[]`: replicated). An excerpt
