@@ -111,7 +111,7 @@ def test_a_constraint_moves_a_value_that_arrives_otherwise(mesh):
 
     prog = sp.autoshard(transposed, mesh=mesh, in_specs=(P("i", "j"),)).trace(A)
     assert "d:f32[16@j,8@i] = sharding_constraint c" in str(prog.graph)
-    assert "all-to-all over i*j" in str(prog.graph)  # the same mesh axes change tensor axes: nothing gathered
+    assert "all_to_all[i[minor 2] axis=0->1] c" in str(prog.graph)  # a permute and an all-to-all: nothing gathered
     assert {t.kind for t in prog.communication()} <= {"all-to-all", "collective-permute"}
     out = prog(A)
     assert out.sharding.spec == P("j", "i")

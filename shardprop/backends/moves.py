@@ -3,8 +3,10 @@
 Each :class:`~shardprop.core.moves.Step` is one ``lax`` call over the mesh axes the caller's ``shard_map`` names
 (``check_vma=False``: the steps change which mesh axes a block varies over, which the caller states in its
 ``out_specs``). A step that sends nothing between devices (groups of one device) is skipped, as
-:func:`~shardprop.core.moves.step_transfer` prices it at nothing. Steps that only move data move the bits of
-bfloat16 and float8 blocks: XLA:CPU would move them as wider floats, twice the bytes priced.
+:func:`~shardprop.core.moves.step_transfer` prices it at nothing. A step over a sub-axis (``i[minor 2]``, see
+:mod:`shardprop.core.subaxes`) is the collective over its mesh axis in groups (``axis_index_groups``) of the devices
+that differ only on it; a slice over one cuts by the device's coordinate on it. Steps that only move data move the
+bits of bfloat16 and float8 blocks: XLA:CPU would move them as wider floats, twice the bytes priced.
 
     steps = plan_move(x.shape, x.dtype, have, want, mesh_shape)
     jax.shard_map(lambda b: apply_steps(b, steps, mesh_shape), mesh=mesh, in_specs=layout_to_spec(have.layout),
@@ -20,7 +22,8 @@ from jax import lax
 
 from ..core.blocks import block_index, first_device_only
 from ..core.layouts import shard_count
-from ..core.moves import Step, StepKind, exchanges, permute_pairs
+from ..core.steps import Step, StepKind, exchanges, permute_pairs
+from ..core.subaxes import groups, is_whole, sizes_with, span
 from ..expr import jax_adapter as jx
 
 
@@ -28,23 +31,27 @@ def apply_step(x, step: Step, mesh_shape: Mapping[str, int]):
     """This device's block after ``step`` (``x`` is its block held as ``step.before``)."""
     names = step.mesh_axes
     if step.kind is StepKind.SLICE:
-        size = x.shape[step.axis] // shard_count(mesh_shape, names)
-        return lax.dynamic_slice_in_dim(x, block_index(names, mesh_shape) * size, size, step.axis)
+        size = x.shape[step.axis] // shard_count(sizes_with(names, mesh_shape), names)
+        return lax.dynamic_slice_in_dim(x, _block_index(names, mesh_shape) * size, size, step.axis)
     if step.kind is StepKind.TAKE_ONCE:
-        return first_device_only(x, names, mesh_shape)
+        if is_whole(names, mesh_shape):
+            return first_device_only(x, names, mesh_shape)
+        return lax.select(_block_index(names, mesh_shape) == 0, x, lax.full_like(x, 0))
     if not exchanges(step, mesh_shape):  # over mesh axes of size 1: the block stays as it is
         return x
+    if step.kind is StepKind.PERMUTE:  # over whole mesh axes, whatever its layouts use
+        return _as_bits(lambda b: lax.ppermute(b, names, perm=permute_pairs(step, mesh_shape)), x)
+    # over sub-axes: over their mesh axes, in groups of the devices that differ only on them
+    names, within = (names, None) if is_whole(names, mesh_shape) else groups(names, mesh_shape)
     if step.kind is StepKind.ALL_GATHER:
-        return _as_bits(lambda b: lax.all_gather(b, names, axis=step.axis, tiled=True), x)
+        return _as_bits(lambda b: lax.all_gather(b, names, axis=step.axis, tiled=True, axis_index_groups=within), x)
     if step.kind is StepKind.ALL_TO_ALL:
         return _as_bits(lambda b: lax.all_to_all(b, names, split_axis=step.to_axis, concat_axis=step.axis,
-                                                 tiled=True), x)
-    if step.kind is StepKind.PERMUTE:
-        return _as_bits(lambda b: lax.ppermute(b, names, perm=permute_pairs(step, mesh_shape)), x)
+                                                 tiled=True, axis_index_groups=within), x)
     if step.kind is StepKind.PSUM:
-        return lax.psum(x, names)
+        return lax.psum(x, names, axis_index_groups=within)
     if step.kind is StepKind.PSUM_SCATTER:
-        return lax.psum_scatter(x, names, scatter_dimension=step.axis, tiled=True)
+        return lax.psum_scatter(x, names, scatter_dimension=step.axis, tiled=True, axis_index_groups=within)
     raise ValueError(f"no executor for step {step}")
 
 
@@ -53,6 +60,17 @@ def apply_steps(x, steps: Iterable[Step], mesh_shape: Mapping[str, int]):
     for step in steps:
         x = apply_step(x, step, mesh_shape)
     return x
+
+
+def _block_index(names: tuple[str, ...], mesh_shape: Mapping[str, int]):
+    """This device's block number along an axis laid out over ``names`` (mesh axes or sub-axes), major first."""
+    if is_whole(names, mesh_shape):
+        return block_index(names, mesh_shape)
+    index = 0
+    for name in names:
+        parent, minor, size = span(name, mesh_shape)
+        index = index * size + lax.axis_index(parent) // minor % size
+    return index
 
 
 def _as_bits(move, x):

@@ -1,9 +1,13 @@
 """The vocabulary every pass and every primitive's record speaks, below all of them.
 
-``layouts.py``  the Nx data model: shards with parents, per-axis shardings, layouts and specs
-``rules.py``    what a sharding rule sees and returns (:class:`RuleContext`, :class:`RuleOutput`, bodies)
-``boxes.py``    the element sets lineage talks about, and what a lineage rule sees
-``blocks.py``   what a per-block piece sees (:class:`Blocks`) and the helpers it binds primitives with
+``layouts.py``      the Nx data model: shards with parents, per-axis shardings, layouts and specs
+``types.py``        a value's type: its layout and the mesh axes over which it is still a partial sum
+``moves.py``        the move planner: the steps from one type to another, fewest bytes first (``plan_move``);
+                    ``steps.py`` one step and its price, ``move_search.py`` the search, ``subaxes.py`` a mesh
+                    axis cut in two inside a move
+``rules.py``        what a sharding rule sees and returns (:class:`RuleContext`, :class:`RuleOutput`, bodies)
+``boxes.py``        the element sets lineage talks about, and what a lineage rule sees
+``blocks.py``       what a per-block piece sees (:class:`Blocks`) and the helpers it binds primitives with
 ``collectives.py``  the collective that finishes a node's partial result (:class:`Collective`)
 ``transfers.py``    one collective's price (:class:`Transfer`), for estimates and compiled HLO alike
 

@@ -17,7 +17,7 @@ from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
 from ..core.layouts import Sharded, is_refinement, layout_to_spec
-from ..core.moves import StepKind
+from ..core.steps import StepKind
 from ..core.types import typed
 from ..splitting import Plan
 from ..splitting.ir import Move, transfers_of

@@ -20,7 +20,7 @@ their sources), the collectives inside it and its outputs.
 from __future__ import annotations
 
 from ..core.layouts import Layout, layout_to_spec
-from ..core.moves import StepKind
+from ..core.steps import StepKind
 from ..core.types import ValueType, type_string, typed
 from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, short_source, value_name, where
 from ..gc_pause import gc_paused

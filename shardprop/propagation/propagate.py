@@ -30,7 +30,8 @@ from .origins import trace_origin
 from .product import RuleName, ShardedGraph
 from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
                             uses_mesh_axes_once)
-from ..core.moves import exchanges, move_transfers, plan_move
+from ..core.moves import move_transfers, plan_move
+from ..core.steps import exchanges
 from ..core.types import ValueType
 
 CONFLICT_MODES = ("reshard", "error")

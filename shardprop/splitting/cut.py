@@ -16,6 +16,7 @@ left to XLA between stages.
 from __future__ import annotations
 
 from ..core.layouts import Layout, layout_refines
+from ..core.moves import is_mesh_type
 from ..core.types import ValueType
 from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import lookup
@@ -79,11 +80,14 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
     return _emit_stages(decisions, members, runs_outside)
 
 
-def worth_taking(instruction, nodes) -> bool:
+def worth_taking(instruction, nodes, mesh_shape) -> bool:
     """A result a later stage takes rather than makes again: a whole value computed here (not a constant), or moved
-    here by a collective. Partial values never leave their stage; local slices are redone where needed."""
+    here by a collective into a layout over whole mesh axes (a move's intermediate over a sub-axis has no spec a
+    ``shard_map`` could pass it in). Partial values never leave their stage; local slices are redone where
+    needed."""
     if isinstance(instruction, Move):
-        return instruction.transfer is not None and not instruction.result.type.partial
+        result = instruction.result.type
+        return instruction.transfer is not None and not result.partial and is_mesh_type(result, mesh_shape)
     if isinstance(instruction, Compute) and nodes[instruction.node].op == CONSTANT:
         return False
     return not any(ref.type.partial for ref in results(instruction))
@@ -119,7 +123,7 @@ def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: l
             emitter.outside(n) if runs_outside[s] else emitter.node(n)
         inputs = tuple(StageInput(ref.value, ref.type.layout, take(ref)) for ref in emitter.imported)
         for instruction in emitter.instructions:  # what later stages may take from this one instead of redoing it
-            if worth_taking(instruction, nodes):
+            if worth_taking(instruction, nodes, decisions.mesh_shape):
                 for ref in results(instruction):
                     source_of.setdefault(ref, (s, -1))
         built.append((tuple(constants) + tuple(n for n in stage_nodes if nodes[n].op != CONSTANT), inputs,

@@ -15,7 +15,8 @@ from collections.abc import Container, Iterable, Mapping
 import numpy as np
 
 from ..core.collectives import CollectiveKind
-from ..core.moves import plan_move, step_transfer
+from ..core.moves import plan_move
+from ..core.steps import step_transfer
 from ..core.transfers import TransferKind, transfer
 from ..core.types import ValueType
 from ..errors import LoweringError

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import NamedTuple, Union
 
 from ..core.collectives import CollectiveKind
-from ..core.moves import Step
+from ..core.steps import Step
 from ..core.transfers import Transfer
 from ..core.types import ValueType
 

@@ -1,0 +1,181 @@
+"""One step of a move (:class:`Step`): what it does to a block, and what it costs — the collective XLA compiles
+it to (:func:`step_transfer`). The steps are planned by :mod:`.moves` and run by ``shardprop/backends/moves.py``."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+import numpy as np
+
+from ..expr import jax_adapter as jx
+from ..expr.graph import Aval
+from .layouts import Layout, shard_count
+from .subaxes import (coordinate, parents, sizes_with, span)
+from .transfers import Transfer, TransferKind, transfer
+from .types import ValueType
+
+
+
+class StepKind(StrEnum):
+    """What one step does to a block (see :class:`Step`)."""
+
+    SLICE = "slice"                # cut this device's finer block locally: free
+    ALL_GATHER = "all-gather"      # an axis gives up its minor-most mesh axes
+    ALL_TO_ALL = "all-to-all"      # an axis hands its minor-most mesh axes to another axis's minor end
+    PERMUTE = "permute"            # every device receives, whole, a block some other device holds
+    PSUM = "psum"                  # a partial sum is reduced over some of its mesh axes
+    PSUM_SCATTER = "psum-scatter"  # ... and scattered over them along an axis (a reduce-scatter)
+    TAKE_ONCE = "take-once"        # a whole value becomes a partial sum: the first device of a group keeps it
+
+
+# The collective XLA compiles each communicating step to.
+TRANSFER_KIND = {
+    StepKind.ALL_GATHER: TransferKind.ALL_GATHER,
+    StepKind.ALL_TO_ALL: TransferKind.ALL_TO_ALL,
+    StepKind.PERMUTE: TransferKind.COLLECTIVE_PERMUTE,
+    StepKind.PSUM: TransferKind.ALL_REDUCE,
+    StepKind.PSUM_SCATTER: TransferKind.REDUCE_SCATTER,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One move: ``kind`` over ``mesh_axes``, taking a block held as ``before`` to one held as ``after``.
+
+    ``axis`` is the tensor axis a slice cuts, a gather gathers, a reduce-scatter scatters, or an all-to-all
+    concatenates (the axis giving up ``mesh_axes``); ``to_axis`` is the axis an all-to-all splits (the axis
+    receiving them). A permute's device pairs follow from ``before``, ``after`` and the mesh
+    (:func:`permute_pairs`); its ``mesh_axes`` are the mesh axes either layout uses, in mesh order. Between the
+    ends of a move, ``mesh_axes`` and the types may name sub-axes (``i[minor 2]``, :mod:`.subaxes`); a permute's
+    ``mesh_axes`` are whole.
+
+    >>> str(Step(StepKind.ALL_GATHER, ("j",), ValueType(((), ("i", "j"))), ValueType(((), ("i",))), axis=1))
+    'all-gather over j on axis 1'
+    """
+
+    kind: StepKind
+    mesh_axes: tuple[str, ...]
+    before: ValueType
+    after: ValueType
+    axis: int | None = None
+    to_axis: int | None = None
+
+    def __str__(self) -> str:
+        over = f"{'take once' if self.kind is StepKind.TAKE_ONCE else self.kind} over {'*'.join(self.mesh_axes)}"
+        if self.kind is StepKind.ALL_TO_ALL:
+            return f"{over} from axis {self.axis} to axis {self.to_axis}"
+        if self.kind is StepKind.PSUM_SCATTER:
+            return f"{over} onto axis {self.axis}"
+        return over if self.axis is None else f"{over} on axis {self.axis}"
+
+    @property
+    def short(self) -> str:
+        """``gather j@1``, ``all-to-all i@2->1``, ``psum j``: for tables and graph edges."""
+        verb = "gather" if self.kind is StepKind.ALL_GATHER else str(self.kind)
+        axes = "*".join(self.mesh_axes)
+        if self.kind is StepKind.ALL_TO_ALL:
+            return f"{verb} {axes}@{self.axis}->{self.to_axis}"
+        return f"{verb} {axes}" if self.axis is None else f"{verb} {axes}@{self.axis}"
+
+
+def step_transfer(step: Step, shape: tuple[int, ...], dtype, mesh_shape: Mapping[str, int]) -> Transfer | None:
+    """The collective ``step`` compiles to, priced; None for a step that sends nothing between devices (a
+    slice, taking once, a collective over groups of one device, or of an empty value, which XLA drops).
+
+    The per-device result XLA reports is the block ``after`` holds: the gathered block, the scattered block,
+    and for an all-to-all, a permute and a psum the block itself (the same size before and after)."""
+    sizes = step_sizes(step, mesh_shape)
+    if not _exchanges(step, sizes) or 0 in shape:
+        return None
+    groups = tuple(n for n in step.mesh_axes if sizes[n] > 1)  # a mesh axis of size 1 groups nothing
+    found = transfer(TRANSFER_KIND[step.kind], groups, Aval(tuple(shape), as_dtype(dtype)), step.after.layout,
+                     sizes)
+    # over a sub-axis, the groups are devices of its mesh axis (as the HLO reader names them)
+    return found if sizes is mesh_shape else replace(found, mesh_axes=parents(groups, mesh_shape))
+
+
+def exchanges(step: Step, mesh_shape: Mapping[str, int]) -> bool:
+    """True when ``step`` sends data between devices: a collective over groups of more than one device (a
+    permute that moves some block; one that only renames mesh axes of size 1 moves none)."""
+    return step.kind in TRANSFER_KIND and _exchanges(step, step_sizes(step, mesh_shape))
+
+
+def _exchanges(step: Step, sizes: Mapping[str, int]) -> bool:
+    """:func:`exchanges`, given the sizes of the mesh axes and sub-axes ``step`` names."""
+    if step.kind not in TRANSFER_KIND:
+        return False
+    if step.kind is StepKind.PERMUTE:
+        return without_trivial(step.before.layout, sizes) != without_trivial(step.after.layout, sizes)
+    return shard_count(sizes, step.mesh_axes) > 1
+
+
+def permute_pairs(step: Step, mesh_shape: Mapping[str, int]) -> tuple[tuple[int, int], ...]:
+    """``(source, destination)`` pairs for ``lax.ppermute`` over ``step.mesh_axes``: device numbers are linear
+    indices over those axes, major first (whole mesh axes: the layouts may use sub-axes of them). Each device
+    receives the block it wants from a device holding it; one already holding its block sends to itself (XLA keeps
+    such pairs as local copies), so the pairs are a bijection and no device is left with zeros.
+
+    >>> s = Step(StepKind.PERMUTE, ("i", "j"), ValueType((("i",), ("j",))), ValueType((("j",), ("i",))))
+    >>> permute_pairs(s, {"i": 2, "j": 2})
+    ((0, 0), (1, 2), (2, 1), (3, 3))
+    """
+    return _pairs(step.mesh_axes, step.before.layout, step.after.layout, tuple(mesh_shape.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pairs(names: tuple[str, ...], have: Layout, want: Layout, mesh: tuple[tuple[str, int], ...]):
+    sizes = dict(mesh)
+    devices = list(itertools.product(*(range(sizes[n]) for n in names)))
+
+    def block(layout: Layout, coords: tuple[int, ...]) -> tuple[int, ...]:
+        at = dict(zip(names, coords, strict=True))
+        return tuple(_linear(m, at, sizes) for m in layout)
+
+    holders: dict[tuple[int, ...], list[int]] = {}
+    needers: dict[tuple[int, ...], list[int]] = {}
+    pairs = []
+    for d, coords in enumerate(devices):
+        held, wanted = block(have, coords), block(want, coords)
+        if held == wanted:
+            pairs.append((d, d))
+        else:
+            holders.setdefault(held, []).append(d)
+            needers.setdefault(wanted, []).append(d)
+    for key, to in needers.items():
+        pairs += zip(holders[key], to, strict=True)
+    return tuple(sorted(pairs))
+
+
+def _linear(mesh_axes: tuple[str, ...], at: Mapping[str, int], mesh_shape: Mapping[str, int]) -> int:
+    """The block number of a device at ``at`` (per mesh axis) along an axis laid out over ``mesh_axes``."""
+    index = 0
+    for name in mesh_axes:
+        _, _, size = span(name, mesh_shape)
+        index = index * size + coordinate(name, at, mesh_shape)
+    return index
+
+
+def step_sizes(step: Step, mesh_shape: Mapping[str, int]) -> Mapping[str, int]:
+    """``mesh_shape`` and the sizes of the sub-axes ``step`` uses (:mod:`.subaxes`): ``mesh_shape`` itself when it
+    uses none, the common case."""
+    groups = (step.mesh_axes, *step.before.layout, *step.after.layout)
+    for m in groups:  # plain loops: this runs for every step priced
+        for n in m:
+            if n not in mesh_shape:
+                return sizes_with(itertools.chain(*groups), mesh_shape)
+    return mesh_shape
+
+
+def without_trivial(layout: Layout, mesh_shape: Mapping[str, int]) -> Layout:
+    """``layout`` without its mesh axes of size 1 (which select nothing)."""
+    return tuple(tuple(n for n in m if mesh_shape[n] > 1) for m in layout)
+
+
+def as_dtype(dtype):
+    return dtype if jx.is_extended_dtype(dtype) else np.dtype(dtype)
+
+
