@@ -4,9 +4,8 @@ Inside ``shard_map`` every value is a per-device block, but equation params that
 A primitive whose params carry no global shape is evaluated with :func:`bind_as_is`; one whose params do
 rewrites them for the block (:func:`bind_with`: ``broadcast_in_dim.shape`` becomes the output's block
 shape); one whose block is not the op applied to the operand blocks (``iota``, whose values on a sharded
-axis start at the block's offset) has its own evaluator. Operands that a node consumes more finely sharded
-than they are held (a replicated operand meeting a sharded one) are cut locally with :func:`local_slice` —
-no communication.
+axis start at the block's offset) has its own evaluator. Each operand block arrives in the layout the node
+consumes it in (``in_layouts``): the IR's moves brought it there, a local slice where it was held coarser.
 """
 
 from __future__ import annotations
@@ -87,21 +86,6 @@ def block_index(mesh_axes: tuple[str, ...], mesh_shape: Mapping[str, int]):
     for name in mesh_axes:
         index = index * mesh_shape[name] + lax.axis_index(name)
     return index
-
-
-def local_slice(x, have: Layout, want: Layout, mesh_shape: Mapping[str, int]):
-    """Cut this device's ``want`` block out of a block laid out as ``have`` (``have`` must be a prefix of
-    ``want`` on every axis: the extra mesh axes select the sub-block, major first)."""
-    for axis, (h, w) in enumerate(zip(have, want, strict=True)):
-        extra = w[len(h):]
-        if not extra:
-            continue
-        count = 1
-        for name in extra:
-            count *= mesh_shape[name]
-        size = x.shape[axis] // count
-        x = lax.dynamic_slice_in_dim(x, block_index(extra, mesh_shape) * size, size, axis)
-    return x
 
 
 def first_device_only(x, mesh_axes: tuple[str, ...], mesh_shape: Mapping[str, int]):

@@ -3,7 +3,8 @@
     propagate      how shardings flow through it (the propagation pass)
     lineage        which operand elements one box of an output reads (``sp.lineage``, ``sp.explain``)
     per_block      how to evaluate it on per-device blocks inside ``shard_map`` (lowering)
-    finish         the collective that finishes a partial result computed on blocks, or None: the op is
+    finish         the collective that finishes a partial result computed on blocks, with the types the op then
+                   consumes its operands in (an operand the sum counts once: a partial type), or None: the op is
                    given its operands whole instead (the split pass cuts or gathers before it)
     pull           which operand layouts give its output in a wanted layout, or None (the ``"auto"`` strategy
                    moves gathers upwards through ops that have one)
