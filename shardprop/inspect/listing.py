@@ -208,7 +208,7 @@ def collective_lines(plan_or_graph, instructions, indent: str, graph=None) -> li
 def _for(graph, instruction: Move | Finish) -> str:
     node = None if instruction.node is None else graph.nodes[instruction.node]
     if node is None:
-        return " at the end of each iteration"
+        return " at the end of the body"
     where = f" at {short_source(node.source)}" if node.source else ""
     finishes = isinstance(instruction, Finish) or instruction.source.value in node.outputs
     return f" (finishes `{node.op}`{where})" if finishes else f" (for `{node.op}`{where})"
