@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .api import autoshard
 from .backends import parse_hlo
+from .expr.trace import abstractify
 from .mesh import as_auto_mesh
 from .program import Program
 from .core.transfers import Transfer, total_moved
@@ -62,9 +63,10 @@ def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: st
 def lower_with_jit(f: Callable, mesh: Mesh, flat_specs: Any, *args) -> jax.stages.Lowered:
     """``jax.jit(f)`` lowered for ``args`` (arrays or ShapeDtypeStructs) with ``in_shardings`` on ``mesh`` from
     ``flat_specs``, one ``PartitionSpec`` per argument leaf (a program's ``graph.in_specs``)."""
-    flat_args, tree = jax.tree_util.tree_flatten(args)
+    structs, tree = abstractify(args)  # arrays, ShapeDtypeStructs and Python scalars (weakly typed), as autoshard
     shardings = [NamedSharding(mesh, spec) for spec in flat_specs]
-    shaped = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(flat_args, shardings, strict=True)]
+    shaped = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s, weak_type=x.weak_type)
+              for x, s in zip(structs, shardings, strict=True)]
 
     def flat_f(*flat):
         return f(*jax.tree_util.tree_unflatten(tree, flat))

@@ -22,7 +22,7 @@ import numpy as np
 from ..distributed import any_process, whole
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, short_source, value_name
-from ..inspect.listing import typed_name
+from ..core.types import typed
 from ..splitting import Plan
 from .reports import Gathered, format_device, format_ranges
 
@@ -46,7 +46,7 @@ class Where:
     @classmethod
     def of(cls, plan: Plan, v: int) -> Where:
         node = plan.graph.nodes[plan.graph.producer[v]]
-        return cls(v, typed_name(plan, v, plan.layout(v)), node.op, node.source, plan.stage_of(node.id),
+        return cls(v, typed(v, plan.graph.avals[v], plan.type(v)), node.op, node.source, plan.stage_of(node.id),
                    plan.sharded.rules[node.id])
 
     @property

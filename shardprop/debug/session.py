@@ -204,7 +204,8 @@ class Session:
 
     def blocks(self, name: Any, all_processes: bool = False) -> list[DeviceBlock]:
         """Every device's block of ``name``, in mesh order: device id, mesh coordinates, the global index
-        ranges its shards name, and the block itself (they reassemble to ``value(name)``). On a mesh spanning
+        ranges its shards name, and the block itself (they reassemble to ``value(name)``; a value the plan holds as a
+        partial sum is read out summed, so the devices of a summing group show the same block). On a mesh spanning
         several processes, the blocks of this process's devices; ``all_processes=True`` gathers the others' too
         (then every process must call it)."""
         v = resolve_value(self.plan, name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..expr.graph import CONSTANT, PARAMETER, format_params, short_source, value_name, where
+from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, short_source, value_name, where
 from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
@@ -165,8 +165,9 @@ def _partial(plan: Plan, v: int, scope: Scope | None) -> str | None:
         chain.append(consumer)
         u = consumer.outputs[0]
     over = "*".join(axes)
-    head = (f"each device holds one summand of its block (the sum over {over} is not reduced yet), carried through "
-            f"{', '.join(f'`{n.op}`' for n in chain[:-1]) or 'no op'} linear in it")
+    through = ", ".join(f"`{n.op}`" for n in chain[:-1])
+    head = f"each device holds one summand of its block (the sum over {over} is not reduced yet)" + (
+        f", carried through {through}, linear in it" if through else "")
     if plan.type(u).partial:  # inside a loop's body: a carry summed once after the loop
         of_body = f" of {scope.describe()}" if scope else ""
         return f"{head}; it is a carry{of_body} kept partial: one psum after the loop sums it, not one per iteration"
@@ -183,7 +184,7 @@ def _equation(plan: Plan, node, v: int, scope: Scope | None) -> str:
     if node.op == PARAMETER:
         return f"{typ} = {'body input' if scope else 'argument'} {node.params['index']}{inside}"
     if node.op == CONSTANT:
-        return f"{typ} = constant{inside}"
+        return f"{typ} = constant {format_constant(node, plan.graph.avals[v])}{inside}"
     rhs = " ".join([node.op + format_params(node), *(value_name(u) for u in node.operands)])
     stage = plan.stage_of(node.id)
     return f"{typ} = {rhs}   # {where(node)}" + (inside or ("" if stage is None else f"   [stage {stage}]"))

@@ -18,7 +18,7 @@ from ..core.layouts import Sharded
 from ..core.types import Reduction, ValueType
 from ..splitting import CollectiveKind, Plan, Source
 from ..splitting.ir import Compute, Move, Ref, transfers_of
-from .listing import move_equation
+from .listing import finishes, move_equation
 from .products import as_plan, body_prefix
 
 SCHEMA_ID = "shardprop.inspect/2"
@@ -39,8 +39,10 @@ def _ref(ref: Ref) -> dict[str, Any]:
     return {"value": value_name(ref.value), **_type(ref.type)}
 
 
-def _instructions(instructions) -> list[dict[str, Any]]:
-    """Each instruction of the IR: a node run on blocks, or one move or finish with what it sends."""
+def _instructions(instructions, graph) -> list[dict[str, Any]]:
+    """Each instruction of the IR: a node run on blocks, or one move or finish with what it sends (``finishes``:
+    whether it combines its node's partial results — a psum, a reduce-scatter, a pmax — rather than bringing an
+    operand to it)."""
     out = []
     for instruction in instructions:
         if isinstance(instruction, Compute):
@@ -50,6 +52,7 @@ def _instructions(instructions) -> list[dict[str, Any]]:
             continue
         sent = transfers_of(instruction)
         entry = {"kind": "move" if isinstance(instruction, Move) else "finish", "node": instruction.node,
+                 "finishes": finishes(instruction, graph),
                  "op": move_equation(instruction).split("[")[0], "from": _ref(instruction.source),
                  "to": _ref(instruction.result), "moved_bytes": sum(t.moved_bytes for t in sent),
                  "transfers": [str(t.kind) for t in sent]}
@@ -76,7 +79,7 @@ def to_json(prog: Any) -> dict[str, Any]:
                         "source": _source(i.source)} for i in stage.inputs],
             "outputs": [{"value": value_name(v), "layout": _layout(layout)}
                         for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)],
-            "instructions": _instructions(stage.instructions),
+            "instructions": _instructions(stage.instructions, graph),
         })
     split = plan.is_split
     return {
@@ -134,7 +137,7 @@ def _values_and_nodes(plan: Plan, path: str) -> dict[str, list]:
                             for k, r in enumerate(program.outputs)],
                 "partial_carries": [{"output": output, "mesh_axes": list(axes)}
                                     for output, axes in program.plan.partial_carries],
-                "instructions": _instructions(program.instructions),
+                "instructions": _instructions(program.instructions, inner.graph),
                 **_values_and_nodes(inner, prefix + "/"),
             })
         if bodies:
@@ -177,7 +180,8 @@ _REF = _object({"value": _NAME, **_TYPE_FIELDS}, ["value", *_TYPE_REQUIRED])
 _INSTRUCTIONS = {"type": "array", "items": {"oneOf": [
     _object({"kind": {"const": "compute"}, "node": {"type": "integer", "minimum": 0},
              "inputs": {"type": "array", "items": _REF}, "outputs": {"type": "array", "items": _REF}}),
-    _object({"kind": {"enum": ["move", "finish"]}, "node": {"type": ["integer", "null"]}, "op": {"type": "string"},
+    _object({"kind": {"enum": ["move", "finish"]}, "node": {"type": ["integer", "null"]},
+             "finishes": {"type": "boolean"}, "op": {"type": "string"},
              "from": _REF, "to": _REF, "moved_bytes": {"type": "number", "minimum": 0}, "transfers": _STRINGS,
              "mesh_axes": _STRINGS, "axis": {"type": ["integer", "null"]}, "to_axis": {"type": ["integer", "null"]}}),
 ]}}

@@ -205,13 +205,19 @@ def collective_lines(plan_or_graph, instructions, indent: str, graph=None) -> li
     return out
 
 
+def finishes(instruction: Move | Finish, graph) -> bool:
+    """Whether ``instruction`` combines its node's partial results (a psum, a reduce-scatter, a ``Finish``) rather
+    than bringing an operand to it."""
+    return isinstance(instruction, Finish) or (
+        instruction.node is not None and instruction.source.value in graph.nodes[instruction.node].outputs)
+
+
 def _for(graph, instruction: Move | Finish) -> str:
     node = None if instruction.node is None else graph.nodes[instruction.node]
     if node is None:
         return " at the end of the body"
     where = f" at {short_source(node.source)}" if node.source else ""
-    finishes = isinstance(instruction, Finish) or instruction.source.value in node.outputs
-    return f" (finishes `{node.op}`{where})" if finishes else f" (for `{node.op}`{where})"
+    return f" (finishes `{node.op}`{where})" if finishes(instruction, graph) else f" (for `{node.op}`{where})"
 
 
 def _body_collectives(plan, compute: Compute, graph, indent: str) -> list[str]:

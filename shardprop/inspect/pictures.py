@@ -20,7 +20,7 @@ from ..errors import OptionError
 from ..expr.graph import value_name
 from ..core.layouts import layout_to_spec, shard_count
 from ..core.transfers import total_moved
-from ..core.types import ValueType, typed
+from ..core.types import typed
 from ..splitting.cost import instructions_transfers
 from ..splitting.ir import Compute, transfers_of
 from .listing import format_bytes, format_listing, move_equation, stage_ops
@@ -97,7 +97,11 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
 
     caption = [f"axis {k}{'@' + '*'.join(layout[k]) if layout[k] else ''}: block {index[k]} of {counts[k]}"
                for k in hidden if counts[k] > 1]
-    title = f"{typed(v, aval, ValueType(layout))}  {layout_to_spec(layout)}"
+    vtype = plan.type(v)
+    if vtype.partial:  # the devices sharing a block each hold one summand of it
+        caption.append(f"a partial sum over {'*'.join(vtype.partial)}: the devices listed for a block each hold one "
+                       "summand of it")
+    title = f"{typed(v, aval, vtype)}  {layout_to_spec(layout)}"
     table = Table(title=title, caption="; ".join(caption) or None, box=box.SQUARE, show_lines=True,
                   show_header=col_axis is not None)
     corner = f"axis {row_axis} \\ axis {col_axis}" if row_axis is not None else (
@@ -172,10 +176,17 @@ def as_text(renderable, width: int = 120) -> str:
     return "\n".join(line.rstrip() for line in console.export_text().splitlines())
 
 
+def _console() -> Console:
+    """A console for printing: the terminal's width, or — writing to a file or a log, where rich would assume 80
+    columns and cut op lists and specs mid-word — wide enough for the tables."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
 def show(prog: Any, *, console: Console | None = None) -> None:
     """Print the annotated listing (stage by stage) and the stage table."""
     plan = as_plan(prog)
-    console = console or Console()
+    console = console or _console()
     console.print(format_listing(plan), markup=False, highlight=False, soft_wrap=True)
     if plan.is_split:
         console.print(stage_table(plan))
@@ -183,6 +194,6 @@ def show(prog: Any, *, console: Console | None = None) -> None:
 
 def show_blocks(prog: Any, value: Any, *, console: Console | None = None, **options) -> None:
     """Print :func:`blocks` of ``value``."""
-    (console or Console()).print(blocks(prog, value, **options))
+    (console or _console()).print(blocks(prog, value, **options))
 
 

@@ -136,3 +136,30 @@ def test_a_deferred_sum_is_seen_by_explain_json_and_the_plan_fingerprint(monkeyp
     assert len(undeferred.stages) == len(prog.plan.stages) and not any(
         undeferred.type(v).partial for v in range(len(undeferred.graph.avals)))
     assert stage_fingerprints(undeferred) != stage_fingerprints(prog.plan)
+
+
+def test_every_view_says_a_value_is_a_partial_sum_and_where_it_is_summed():
+    """Found by a new-user pass: the listing typed a partial value ``{+j}`` but the block picture, the debugger's
+    comparison and the JSON's moves did not say it."""
+    mesh = sp.make_mesh((4, 2), ("i", "j"))
+    w = RNG.normal(size=(8, 4)).astype(np.float32)
+    f = lambda x, w: jnp.sum((x @ w * 3.0).T, 0)  # noqa: E731
+    prog = assert_same_as_unsharded(f, (X, w), mesh=mesh, in_specs=(P("i", "j"), P("j")), rtol=1e-4)
+    (partial,) = [v for v in held_partial(prog) if prog.plan.graph.nodes[prog.plan.graph.producer[v]].op == "mul"]
+    picture = sp.inspect.as_text(sp.blocks(prog, partial))
+    assert "]{+j}" in picture and "a partial sum over j" in picture
+    dbg = sp.Debugger(prog, X, w)
+    dbg.run()
+    assert any("{+j}" in row.where.typed for row in dbg.compare().rows)
+    doc = sp.to_json(prog)
+    kinds = {(i["op"], i["finishes"]) for s in doc["stages"] for i in s["instructions"] if i["kind"] != "compute"}
+    assert ("psum", True) in kinds
+
+
+def test_compare_with_jit_takes_python_scalars():
+    """Found by a new-user pass: a Python scalar argument crashed the comparison (autoshard took it)."""
+    mesh = sp.make_mesh((4, 2), ("i", "j"))
+    f = lambda a, s: jax.lax.dynamic_slice_in_dim(a, s, 4, axis=0) * 2.0  # noqa: E731
+    comparison = sp.compare_with_jit(f, mesh, (P("i", "j"), None), X, 3)
+    np.testing.assert_allclose(np.asarray(comparison.program(X, 3)), np.asarray(f(X, 3)))
+    assert sp.compare_with_jit(lambda a, s: a * s, mesh, (P("i", "j"), None), X, 2.0).shardprop_bytes == 0
