@@ -206,6 +206,11 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
     collective finishes transposed by JAX) equals jax.grad of the unsharded function."""
     program, mesh_name, specs, options = case
     assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
+    # JAX's own derivative of a scatter-max/-min whose indices are clipped or dropped is wrong (jax-ml/jax#40626:
+    # `x.at[[3]].max(1.5, mode='clip')` of a length-3 x has gradient 1 where its output is the constant 1.5), so
+    # the unsharded reference is not an oracle there
+    assume(not any(f".{how}(" in line and "mode='promise_in_bounds'" not in line
+                   for line in program.lines for how in ("max", "min") if ".at[" in line))
     note(reproducer(program, mesh_name, specs, options))
     f, unconstrained = program_functions(program, meshes[mesh_name])
     args = random_inputs(program)
