@@ -1,5 +1,6 @@
-"""``lower(plan, mesh) -> Program``: a split plan made callable — every stage a ``jax.shard_map``, the program
-one ``jax.jit`` of them, so XLA moves data between stages (the gathers) and can overlap work.
+"""``lower(plan, mesh) -> Program``: a split plan made callable — every stage a ``jax.shard_map`` that runs its IR
+(its moves included: no layout change is left to XLA between stages), the program one ``jax.jit`` of them, so XLA
+can overlap the stages' work.
 
 A :class:`Program` holds the products of the passes, newest first: ``prog.plan`` (the split plan, which holds
 ``prog.sharded``, which holds the traced graph ``prog.sharded.graph``). ``prog.graph`` prints the annotated
@@ -25,7 +26,7 @@ from .errors import InputMismatchError, LoweringError, MeshError, OptionError, S
 from .expr import jax_adapter as jx
 from .expr.graph import Aval, value_name
 from .gc_pause import gc_paused
-from .inspect.listing import AnnotatedGraph, StageTable
+from .inspect.listing import AnnotatedGraph, StageTable, typed_name
 from .mesh import as_auto_mesh
 from .propagation import ShardedGraph
 from .signature import Signature, check_runnable
@@ -273,11 +274,12 @@ class Program:
     def stage(self, k: int):
         """Stage ``k`` alone, jitted: call it with its inputs in ``prog.stages[k].inputs`` order (whole arrays;
         other shapes or dtypes are an :class:`~shardprop.InputMismatchError` naming what the stage expects)."""
+        stage = self.plan.stage_at(k)
         self.agree_on_plan()
-        if k not in self._runs.stages:
-            self._runs.stages[k] = _checked_stage(self.plan, self.plan.stages[k], jax.jit(self._stage_fns[k]),
-                                                  self.mesh)
-        return self._runs.stages[k]
+        if stage.id not in self._runs.stages:
+            self._runs.stages[stage.id] = _checked_stage(self.plan, stage, jax.jit(self._stage_fns[stage.id]),
+                                                         self.mesh)
+        return self._runs.stages[stage.id]
 
     def __repr__(self) -> str:
         n = len(self.plan.stages)
@@ -290,8 +292,6 @@ class Program:
 
 def _checked_stage(plan: Plan, stage, jitted, mesh: Mesh):
     """``jitted`` (stage ``stage``), checking its arguments against the stage's inputs first."""
-    from .inspect.listing import typed_name
-
     avals = [plan.graph.avals[i.value] for i in stage.inputs]
     wanted = ", ".join(typed_name(plan, i.value, i.layout) for i in stage.inputs)
 

@@ -2,9 +2,8 @@
 (:func:`program_function`); :class:`shardprop.Program` puts them under one ``jax.jit``. ``hlo.py`` reads a
 compiled program's collectives back."""
 
-from .evaluate import run_body, run_instructions
 from .hlo import parse_hlo
 from .shard_map import program_function, stage_function
 
-__all__ = ["parse_hlo", "program_function", "run_body", "run_instructions", "stage_function"]
+__all__ = ["parse_hlo", "program_function", "stage_function"]
 

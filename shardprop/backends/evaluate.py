@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from ..core.blocks import Blocks
 from ..core.layouts import block_shape
 from ..errors import LoweringError
-from ..expr.graph import CONSTANT, Graph
+from ..expr.graph import CONSTANT, Graph, where
 from ..ops import lookup
 from ..splitting.ir import BodyProgram, Compute, Finish, Move, Ref
 from .finish import finish_extreme
@@ -64,7 +64,7 @@ def _compute(graph: Graph, mesh_shape, instruction: Compute, env: dict[Ref, obje
     except LoweringError:
         raise
     except Exception as err:
-        raise LoweringError(f"evaluating `{node.op}` at {node.source} on per-device blocks failed: "
+        raise LoweringError(f"evaluating `{node.op}` at {where(node)} on per-device blocks failed: "
                             f"{type(err).__name__}: {err}") from err
 
 

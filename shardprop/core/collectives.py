@@ -10,6 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+
+from ..expr import jax_adapter as jx
+from ..expr.graph import Aval
+from .layouts import Layout
+from .transfers import Transfer, TransferKind, transfer
 from .types import Reduction
 
 
@@ -38,3 +44,16 @@ class Collective:
 
     def __str__(self) -> str:
         return f"{self.kind} over {'*'.join(self.mesh_axes)}"
+
+
+def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Aval, operand_dtype, layout: Layout,
+                     mesh_shape) -> tuple[Transfer, ...]:
+    """The all-reduces that finish a partial maximum, minimum or arg-extreme of ``aval`` laid out as ``layout``
+    (a float ``pmax``/``pmin`` is one all-reduce of integers of the same size: total order keeps NaN and signed
+    zeros); ``argmax``/``argmin`` also all-reduce the extreme values (of ``operand_dtype``) and, for floats, a NaN
+    flag. (A partial sum is a move: :func:`~shardprop.core.moves.move_transfers`.)"""
+    dtypes = [aval.dtype]
+    if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):
+        dtypes += [operand_dtype] + ([np.dtype(np.int32)] if jx.dtype_kind(operand_dtype) == "f" else [])
+    return tuple(transfer(TransferKind.ALL_REDUCE, mesh_axes, Aval(aval.shape, np.dtype(dt)), layout, mesh_shape)
+                 for dt in dtypes)

@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 
+
 from .layouts import block_shape, shard_count
 from .subaxes import (cut_mesh, cut_type, cuts, is_whole, merged, parents, spelled)
 from .transfers import Transfer
@@ -72,10 +73,30 @@ def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
 
 
 def move_transfers(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
-                   mesh_shape: Mapping[str, int]) -> list[Transfer]:
-    """The collectives of :func:`plan_move`'s plan, in order."""
+                   mesh_shape: Mapping[str, int]) -> tuple[Transfer, ...]:
+    """The collectives of :func:`plan_move`'s plan, in order (local slices and taking a value once send nothing)."""
+    if have == want:
+        return ()
+    return _transfers(tuple(shape), dtype, have, want, tuple(mesh_shape.items()))
+
+
+def move_bytes(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType, mesh_shape: Mapping[str, int]) -> float:
+    """Bytes one device sends to bring a value of ``shape`` and ``dtype`` from ``have`` to ``want`` (ring model):
+    the one price of a move, for the strategies, the conflict warnings and the branches' meeting layout.
+
+    >>> move_bytes((8, 8), "float32", ValueType((("i",), ())), ValueType(((), ())), {"i": 4})
+    192.0
+    """
+    return sum(t.moved_bytes for t in move_transfers(shape, dtype, have, want, mesh_shape))
+
+
+@functools.lru_cache(maxsize=65536)
+def _transfers(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
+               mesh: tuple[tuple[str, int], ...]) -> tuple[Transfer, ...]:
+    # the passes price the same few moves on every edge of a graph (a Transfer is immutable: shared)
+    mesh_shape = dict(mesh)
     found = (step_transfer(s, shape, dtype, mesh_shape) for s in plan_move(shape, dtype, have, want, mesh_shape))
-    return [t for t in found if t is not None]
+    return tuple(t for t in found if t is not None)
 
 
 def plan_bytes(shape: tuple[int, ...], dtype, steps: tuple[Step, ...], mesh_shape: Mapping[str, int]) -> float:

@@ -33,7 +33,8 @@ class Reduction(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ValueType:
-    """How each device holds a value: its ``layout``, and the mesh axes over which it is an unreduced sum."""
+    """How each device holds a value: its ``layout``, and the mesh axes over which it is an unreduced sum (a set,
+    kept sorted so that equal types compare equal; a whole value's ``reduction`` is always ``SUM``)."""
 
     layout: Layout
     partial: tuple[str, ...] = ()
@@ -41,24 +42,20 @@ class ValueType:
 
     def __post_init__(self):
         if not self.partial:  # the common case, on every edge of 10^5-node graphs
+            if self.reduction is not Reduction.SUM:  # a whole value is a whole value, however it was combined
+                object.__setattr__(self, "reduction", Reduction.SUM)
             return
+        if list(self.partial) != sorted(self.partial):  # a set of mesh axes: one spelling, so equal types compare equal
+            object.__setattr__(self, "partial", tuple(sorted(self.partial)))
         used = {name for m in self.layout for name in m}
         if used & set(self.partial):
             raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
                              f"{self.partial}")
 
     @property
-    def is_partial(self) -> bool:
-        return bool(self.partial)
-
-    @property
     def is_partial_sum(self) -> bool:
         """Partial, and summed: the only partial values that move and wait (linear ops pass them on)."""
         return bool(self.partial) and self.reduction is Reduction.SUM
-
-    def whole(self) -> ValueType:
-        """The same layout, summed: what a ``psum`` over ``partial`` gives."""
-        return ValueType(self.layout)
 
 
 def whole(layouts) -> tuple[ValueType, ...]:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..core.transfers import Transfer, total_moved
-from ..inspect.listing import format_bytes, format_ms
+from ..inspect.listing import format_bytes, format_ms, ops_summary
 
 
 def format_device(device: int, coords: dict[str, int]) -> str:
@@ -116,9 +116,8 @@ class StageReport:
 
     def __str__(self) -> str:
         where = ", outside shard_map" if self.outside_shard_map else ""
-        counts = {op: self.ops.count(op) for op in dict.fromkeys(self.ops)}
-        ops = ", ".join(f"{op}×{k}" if k > 1 else op for op, k in counts.items())
-        lines = [f"stage {self.stage}: {len(self.ops)} ops ({ops}){where} — ran in {format_ms(self.wall_time)} "
+        ops = ops_summary(list(self.ops), counted=True)
+        lines = [f"stage {self.stage}: {ops}{where} — ran in {format_ms(self.wall_time)} "
                  f"(compiled in {format_ms(self.compile_time)}), {format_bytes(self.collective_bytes)} moved per "
                  "device"]
         lines += [f"  in  {port}" for port in self.inputs]

@@ -32,6 +32,7 @@ from ..inspect.products import resolve_value
 from ..program import Program, as_lowering_errors
 from ..core.layouts import Sharded, layout_to_spec, shard_count
 from ..splitting import Stage
+from ..splitting.plan import stage_count
 from .reports import DeviceBlock, Gathered, Port, StageReport
 from ..splitting.ir import Move
 
@@ -53,12 +54,6 @@ def collective(method):
             return method(self, *args, **kwargs)
 
     return call
-
-
-def _stages(count: int) -> str:
-    if count == 0:
-        return "no stages (its outputs are its arguments)"
-    return "1 stage (stage 0)" if count == 1 else f"{count} stages (0 to {count - 1})"
 
 
 class Session:
@@ -132,7 +127,7 @@ class Session:
         if not self.plan.stages:
             raise NotComputedError("this program has no stages: its outputs are its arguments")
         if self.done:
-            raise NotComputedError(f"all {_stages(len(self.plan.stages))} have run; dbg.reset() starts again")
+            raise NotComputedError(f"all {stage_count(len(self.plan.stages))} have run; dbg.reset() starts again")
         stage = self.plan.stages[self._next]
         outs = self.runner.step(stage, self.args, self._results)
         seconds, compiled, compile_time = self._timings.pop(stage.id)
@@ -149,7 +144,7 @@ class Session:
         the end). A ``k`` behind the current stage starts again from stage 0."""
         count = len(self.plan.stages)
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k <= count:
-            raise StageIndexError(f"no stage {k!r}: this program has {_stages(count)} (run_to({count}) runs to "
+            raise StageIndexError(f"no stage {k!r}: this program has {stage_count(count)} (run_to({count}) runs to "
                                   "the end)")
         if k < self._next:
             self.reset()
@@ -322,10 +317,7 @@ class Session:
 
     def stage_at(self, k: Any) -> Stage:
         """Stage ``k`` of the program (a :class:`StageIndexError` naming the range otherwise)."""
-        count = len(self.plan.stages)
-        if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k < count:
-            raise StageIndexError(f"no stage {k!r}: this program has {_stages(count)}")
-        return self.plan.stages[int(k)]
+        return self.plan.stage_at(k)
 
     def stage_outputs(self, stage: Stage) -> tuple[jax.Array, ...]:
         """What stage ``stage`` returned (it must have run)."""

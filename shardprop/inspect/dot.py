@@ -14,10 +14,10 @@ from typing import Any
 
 from ..errors import RenderError
 from ..core.types import type_string
-from ..expr.graph import CONSTANT, PARAMETER, format_constant, short_source, value_name
+from ..expr.graph import CONSTANT, PARAMETER, format_constant, value_name, where as node_where
 from ..gc_pause import gc_paused
 from ..splitting.ir import transfers_of
-from .listing import format_bytes, move_equation
+from .listing import format_bytes, move_op
 from .products import as_plan
 
 STAGE_COLOURS = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc")
@@ -65,10 +65,10 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
             label = f"{outs} = {format_constant(node, avals[node.output])}"
             return f"{indent}n{node.id} [label={_quote(label)}, shape=plaintext, style=\"\"];"
         types = "\n".join(f"{value_name(v)}: {typ(v)}" for v in node.outputs)
-        where = short_source(node.source)
+        where = node_where(node) if node.source else ""
         ir = plan.node_ir(node.id)
         finishes = ir.finishes if ir else ()
-        extra = "".join(f"\n{move_equation(f).rsplit(' ', 1)[0]}" for f in finishes)
+        extra = "".join(f"\n{move_op(f)}" for f in finishes)
         label = f"{node.op}\n{types}" + (f"\n{where}" if where else "") + extra
         colour = f", fillcolor={_quote(fill)}" if fill else ""
         return f"{indent}n{node.id} [label={_quote(label)}{colour}];"

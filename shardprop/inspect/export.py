@@ -18,7 +18,7 @@ from ..core.layouts import Sharded
 from ..core.types import Reduction, ValueType
 from ..splitting import CollectiveKind, Plan, Source
 from ..splitting.ir import Compute, Move, Ref, transfers_of
-from .listing import finishes, move_equation
+from .listing import move_op_name
 from .products import as_plan, body_prefix
 
 SCHEMA_ID = "shardprop.inspect/2"
@@ -52,8 +52,7 @@ def _instructions(instructions, graph) -> list[dict[str, Any]]:
             continue
         sent = transfers_of(instruction)
         entry = {"kind": "move" if isinstance(instruction, Move) else "finish", "node": instruction.node,
-                 "finishes": finishes(instruction, graph),
-                 "op": move_equation(instruction).split("[")[0], "from": _ref(instruction.source),
+                 "finishes": instruction.finishes, "op": move_op_name(instruction), "from": _ref(instruction.source),
                  "to": _ref(instruction.result), "moved_bytes": sum(t.moved_bytes for t in sent),
                  "transfers": [str(t.kind) for t in sent]}
         if isinstance(instruction, Move):

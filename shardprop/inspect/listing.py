@@ -47,6 +47,20 @@ def stage_ops(plan: Plan, stage: Stage) -> list[str]:
     return [nodes[n].op for n in stage.nodes if nodes[n].op != CONSTANT]
 
 
+def ops_summary(ops: list[str], counted: bool = False) -> str:
+    """``2 ops (add, sub)``, ``1 op (dot_general)``; with ``counted``, ``3 ops (add×2, sub)``; a stage that only
+    moves values (before a stage outside shard_map) runs ``no ops (moves only)``.
+
+    >>> ops_summary(["add", "add", "sub"], counted=True)
+    '3 ops (add×2, sub)'
+    """
+    if not ops:
+        return "no ops (moves only)"
+    kinds = {op: ops.count(op) for op in dict.fromkeys(ops)}
+    names = ", ".join(f"{op}×{k}" if counted and k > 1 else op for op, k in kinds.items())
+    return f"{len(ops)} op{'' if len(ops) == 1 else 's'} ({names})"
+
+
 def typed_name(plan: Plan, value: int, layout: Layout) -> str:
     """``c:f32[16@i,8@j]``: the value's name and its type laid out as ``layout`` (whole)."""
     return typed(value, plan.graph.avals[value], ValueType(layout))
@@ -57,17 +71,27 @@ _MOVE_OPS = {StepKind.SLICE: "slice", StepKind.ALL_GATHER: "all_gather", StepKin
              StepKind.TAKE_ONCE: "take_once"}
 
 
-def move_equation(move: Move | Finish) -> str:
-    """``all_gather[j axis=1] c``: a move (or a finish) as the right-hand side of an equation."""
+def move_op_name(move: Move | Finish) -> str:
+    """``all_gather``, ``psum``, ``pmax``: the operation a move (or a finish) runs, as the listing names it."""
+    return str(move.kind) if isinstance(move, Finish) else _MOVE_OPS[move.step.kind]
+
+
+def move_op(move: Move | Finish) -> str:
+    """``all_gather[j axis=1]``: the operation with its parameters."""
     if isinstance(move, Finish):
-        return f"{move.kind}[{'*'.join(move.mesh_axes)}] {value_name(move.source.value)}"
+        return f"{move_op_name(move)}[{'*'.join(move.mesh_axes)}]"
     step = move.step
     params = ["*".join(step.mesh_axes)]
     if step.kind is StepKind.ALL_TO_ALL:
         params.append(f"axis={step.axis}->{step.to_axis}")
     elif step.axis is not None:
         params.append(f"axis={step.axis}")
-    return f"{_MOVE_OPS[step.kind]}[{' '.join(params)}] {value_name(move.source.value)}"
+    return f"{move_op_name(move)}[{' '.join(params)}]"
+
+
+def move_equation(move: Move | Finish) -> str:
+    """``all_gather[j axis=1] c``: a move (or a finish) as the right-hand side of an equation."""
+    return f"{move_op(move)} {value_name(move.source.value)}"
 
 
 def _instruction_rows(plan_graph, instructions, note, indent: str, body_rows) -> list[tuple[str, str | None]]:
@@ -176,7 +200,7 @@ def format_stages(plan: Plan) -> str:
     for stage in plan.stages:
         ops = stage_ops(plan, stage)
         where = ", outside shard_map" if stage.outside_shard_map else ""
-        lines.append(f"stage {stage.id}: {len(ops)} ops ({', '.join(dict.fromkeys(ops))}){where}")
+        lines.append(f"stage {stage.id}: {ops_summary(ops)}{where}")
         for i in stage.inputs:
             lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {i.source}")
         lines += collective_lines(plan, stage.instructions, "  ")
@@ -205,19 +229,12 @@ def collective_lines(plan_or_graph, instructions, indent: str, graph=None) -> li
     return out
 
 
-def finishes(instruction: Move | Finish, graph) -> bool:
-    """Whether ``instruction`` combines its node's partial results (a psum, a reduce-scatter, a ``Finish``) rather
-    than bringing an operand to it."""
-    return isinstance(instruction, Finish) or (
-        instruction.node is not None and instruction.source.value in graph.nodes[instruction.node].outputs)
-
-
 def _for(graph, instruction: Move | Finish) -> str:
     node = None if instruction.node is None else graph.nodes[instruction.node]
     if node is None:
         return " at the end of the body"
-    where = f" at {short_source(node.source)}" if node.source else ""
-    return f" (finishes `{node.op}`{where})" if finishes(instruction, graph) else f" (for `{node.op}`{where})"
+    at = f" at {where(node)}" if node.source else ""
+    return f" (finishes `{node.op}`{at})" if instruction.finishes else f" (for `{node.op}`{at})"
 
 
 def _body_collectives(plan, compute: Compute, graph, indent: str) -> list[str]:
@@ -233,7 +250,7 @@ def _body_collectives(plan, compute: Compute, graph, indent: str) -> list[str]:
         what = part_name(body.plan.body)
         times = "" if not body.plan.body.carries else " every iteration" if body.repeats is None else \
             f", x{body.repeats}"
-        out.append(f"{indent}`{node.op}` at {short_source(node.source)} {what}{times}:")
+        out.append(f"{indent}`{node.op}` at {where(node)} {what}{times}:")
         out += [f"{indent}  {line}" for line in said]
     return out
 
@@ -270,4 +287,4 @@ class AnnotatedGraph:
 
 
 __all__ = ["AnnotatedGraph", "StageTable", "collective_lines", "format_bytes", "format_listing", "format_ms",
-           "format_stages", "move_equation", "stage_ops", "type_string", "typed_name"]
+           "format_stages", "move_equation", "move_op", "move_op_name", "stage_ops", "type_string", "typed_name"]

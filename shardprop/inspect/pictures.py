@@ -23,7 +23,7 @@ from ..core.transfers import total_moved
 from ..core.types import typed
 from ..splitting.cost import instructions_transfers
 from ..splitting.ir import Compute, transfers_of
-from .listing import format_bytes, format_listing, move_equation, stage_ops
+from .listing import format_bytes, format_listing, move_equation, ops_summary, stage_ops
 from .products import as_plan, resolve_value
 
 PALETTE = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc", "#e6b8af",
@@ -127,8 +127,8 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
 
 
 def stage_table(prog: Any) -> Table:
-    """Per stage: its ops, inputs (spec, source stage, what is gathered), outputs, collectives, and the
-    bytes each device receives (estimated, ring model)."""
+    """Per stage: its ops, inputs (spec, source stage), outputs, the moves and collectives it runs, and the bytes
+    each device sends (estimated, ring model)."""
     plan = as_plan(prog)
     if not plan.is_split:
         raise OptionError("the stage table needs a split plan: pass a Program (fs.trace(...)) or sp.split(...)")
@@ -140,7 +140,6 @@ def stage_table(prog: Any) -> Table:
     total = 0.0
     for stage in plan.stages:
         ops = stage_ops(plan, stage)
-        counts = {op: ops.count(op) for op in dict.fromkeys(ops)}
         moved = 0.0
         inputs = [f"{value_name(i.value)} {layout_to_spec(i.layout)} ← {i.source.brief()}" for i in stage.inputs]
         collectives = []
@@ -161,8 +160,7 @@ def stage_table(prog: Any) -> Table:
         outputs = [f"{value_name(v)} {layout_to_spec(layout)}" for v, layout in
                    zip(stage.outputs, stage.out_layouts, strict=True)]
         total += moved
-        summary = f"{len(ops)}: " + ", ".join(f"{op}×{k}" if k > 1 else op for op, k in counts.items())
-        table.add_row(str(stage.id), summary,
+        table.add_row(str(stage.id), ops_summary(ops, counted=True),
                       "\n".join(inputs) or "-", "\n".join(outputs) or "-", "\n".join(collectives) or "-",
                       format_bytes(moved))
     table.caption = f"total ≈ {format_bytes(total)} moved per device"

@@ -31,7 +31,7 @@ from ..expr.graph import Node, where
 from ..core.rules import RuleContext, RuleOutput
 from ..core.rules import Body, Carry
 from ..core.layouts import Layout, Sharded, TensorSharding, common_layout, layout_refines
-from ..core.moves import move_transfers
+from ..core.moves import move_bytes
 from ..core.types import ValueType
 from .control_flow_lineage import body_graph, cond_lineage, scan_lineage, while_lineage
 from .fallback import conservative
@@ -146,9 +146,8 @@ def _merged(layouts: list[Layout], aval, mesh_shape) -> Layout:
         common = common_layout(common, b)
 
     def cost(candidate: Layout) -> tuple[float, int]:
-        moved = sum(0.0 if layout_refines(b, candidate) else sum(t.moved_bytes for t in move_transfers(
-            aval.shape, aval.dtype, ValueType(b), ValueType(candidate), mesh_shape))
-                    for b in layouts)
+        moved = sum(0.0 if layout_refines(b, candidate) else move_bytes(
+            aval.shape, aval.dtype, ValueType(b), ValueType(candidate), mesh_shape) for b in layouts)
         return moved, -sum(map(len, candidate))
 
     return min(sorted(set(layouts) | {common}), key=cost)

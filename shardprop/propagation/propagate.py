@@ -30,7 +30,7 @@ from .origins import trace_origin
 from .product import RuleName, ShardedGraph
 from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
                             uses_mesh_axes_once)
-from ..core.moves import move_transfers, plan_move
+from ..core.moves import move_bytes, plan_move
 from ..core.steps import exchanges
 from ..core.types import ValueType
 
@@ -132,8 +132,7 @@ def describe_move(aval, have: Layout, need: Layout, mesh_shape) -> tuple[str, fl
 
 def move_cost(aval, have: Layout, need: Layout, mesh_shape) -> float:
     """Bytes one device sends to bring a value of ``aval`` from ``have`` to ``need``."""
-    return sum(t.moved_bytes for t in move_transfers(aval.shape, aval.dtype, ValueType(have), ValueType(need),
-                                                     mesh_shape))
+    return move_bytes(aval.shape, aval.dtype, ValueType(have), ValueType(need), mesh_shape)
 
 
 def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:

@@ -7,43 +7,33 @@ and sums their ``moved_bytes``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
-import numpy as np
 
-from ..expr import jax_adapter as jx
-from ..expr.graph import Aval, Node
+from ..expr.graph import Node
 from ..core.layouts import block_shape
-from ..core.collectives import Collective, CollectiveKind
-from ..core.moves import move_transfers as planned_transfers
+from ..core.collectives import Collective, finish_transfers
+from ..core.moves import move_bytes as planned_bytes, move_transfers as planned_transfers
 from ..core.types import ValueType
-from ..core.transfers import Transfer, TransferKind, total_moved, transfer
+from ..core.transfers import Transfer, total_moved
 from ..ops import lookup
 from .decisions import Decisions
 from .emit import body_program
 from .ir import Compute, transfers_of
 
 
-def move_transfers(view: Decisions, value: int, have: ValueType, want: ValueType) -> list[Transfer]:
+def move_transfers(view: Decisions, value: int, have: ValueType, want: ValueType) -> tuple[Transfer, ...]:
     """The collectives that bring ``value`` from type ``have`` to type ``want``, as planned
     (:func:`~shardprop.core.moves.plan_move`: gathers, all-to-alls, permutes, a psum or a reduce-scatter of a
     partial sum; local slices and taking a value once cost nothing)."""
-    if have == want:
-        return []
     aval = view.graph.avals[value]
-    return list(_priced(aval.shape, aval.dtype, have, want, tuple(view.mesh_shape.items())))
-
-
-@functools.lru_cache(maxsize=65536)
-def _priced(shape, dtype, have: ValueType, want: ValueType, mesh: tuple) -> tuple[Transfer, ...]:
-    # the strategies price the same few moves on every edge of a graph (a Transfer is immutable: shared)
-    return tuple(planned_transfers(shape, dtype, have, want, dict(mesh)))
+    return planned_transfers(aval.shape, aval.dtype, have, want, view.mesh_shape)
 
 
 def move_bytes(view: Decisions, value: int, have: ValueType, want: ValueType) -> float:
     """Bytes one device moves to bring ``value`` from type ``have`` to type ``want`` (ring model)."""
-    return total_moved(move_transfers(view, value, have, want))
+    aval = view.graph.avals[value]
+    return planned_bytes(aval.shape, aval.dtype, have, want, view.mesh_shape)
 
 
 def node_move_bytes(view: Decisions, node: Node, needs: tuple[ValueType, ...] | None = None) -> float:
@@ -92,23 +82,17 @@ def finishing_types(view: Decisions, node: Node, collective: Collective,
 
 def collective_transfers(view: Decisions, node: Node, collective: Collective,
                          outputs: tuple[int, ...] | None = None) -> list[Transfer]:
-    """The collectives that finish ``node`` (see :func:`finishing_types`): a sum's all-reduce or reduce-scatter,
-    an all-reduce for a maximum or minimum (a float ``pmax``/``pmin`` is one all-reduce of integers of the same
-    size: total order keeps NaN and signed zeros); ``argmax``/``argmin`` also all-reduce the extreme values and,
-    for floats, a NaN flag."""
+    """The collectives that finish ``node`` (see :func:`finishing_types`): a sum's move (an all-reduce or a
+    reduce-scatter), a maximum's, minimum's or arg-extreme's all-reduces
+    (:func:`~shardprop.core.collectives.finish_transfers`)."""
     graph = view.graph
     out = []
     for v, computed, held in finishing_types(view, node, collective, outputs):
         if computed.is_partial_sum:
             out += move_transfers(view, v, computed, held)
             continue
-        aval = graph.avals[v]
-        dtypes = [aval.dtype]
-        if collective.kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):
-            operand_dtype = graph.avals[node.operands[0]].dtype
-            dtypes += [operand_dtype] + ([np.dtype(np.int32)] if jx.dtype_kind(operand_dtype) == "f" else [])
-        out += [transfer(TransferKind.ALL_REDUCE, collective.mesh_axes, Aval(aval.shape, np.dtype(dt)),
-                         computed.layout, view.mesh_shape) for dt in dtypes]
+        out += finish_transfers(collective.kind, collective.mesh_axes, graph.avals[v],
+                                graph.avals[node.operands[0]].dtype, computed.layout, view.mesh_shape)
     return out
 
 

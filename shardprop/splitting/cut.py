@@ -10,13 +10,19 @@ finishes it.
 
 A stage receives each value as it was made (an argument in its spec, a value as an earlier stage holds it, or as
 an earlier stage already moved it) and moves it inside its own ``shard_map`` (:mod:`.emit`): no layout change is
-left to XLA between stages.
+left to XLA between stages. A primitive without a record runs outside ``shard_map``, on whole arrays, in a stage
+after its level's ``shard_map`` stage, which brings its operands whole.
+
+Since every move is an instruction, the cuts are not needed for correctness — one ``shard_map`` could run the
+whole IR. They are kept because they are the Nx design's stages: the granularity at which the debugger steps,
+compares and profiles, and at which a stage is run on its own (``Program.stage(k)``).
 """
 
 from __future__ import annotations
 
 from ..core.layouts import Layout, layout_refines
 from ..core.moves import is_mesh_type
+from ..core.steps import StepKind
 from ..core.types import ValueType
 from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import lookup
@@ -37,11 +43,14 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
     nodes, producer = graph.nodes, graph.producer
     leaf_ops = (PARAMETER, CONSTANT)
 
-    # Primitives without a record run outside shard_map, on whole arrays: a stage boundary on either side.
+    # Primitives without a record run outside shard_map, on whole arrays, in a stage of their own after their
+    # level's shard_map stage (which brings their operands whole); what reads their results starts the next level.
     outside = {n.id for n in nodes if n.op not in leaf_ops and lookup(n.op).runs_outside_shard_map}
 
     def boundary(v: int, need: ValueType, consumer: int) -> bool:
-        return needs_gather(decisions.layout(v), need.layout) or producer[v] in outside or consumer in outside
+        if producer[v] in outside:
+            return consumer not in outside
+        return consumer not in outside and needs_gather(decisions.layout(v), need.layout)
 
     level_of: dict[int, int] = {}
     for node in nodes:
@@ -60,7 +69,10 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
             level_of[node.id] = min(level_of[c] for v in node.outputs for c in graph.consumers[v])
     # Each level is a shard_map stage, followed by a stage outside shard_map when the level holds such nodes
     # (they neither read nor feed the shard_map stage of their own level).
-    kinds = sorted({(level, n in outside) for n, level in level_of.items()})
+    # A level with nodes outside shard_map always has a shard_map stage before them: it brings their operands to
+    # the types they take them in (whole), so that no layout change is left to XLA; an empty one is dropped.
+    kinds = sorted({(level, n in outside) for n, level in level_of.items()} |
+                   {(level, False) for n, level in level_of.items() if n in outside})
     stage_number = {kind: k for k, kind in enumerate(kinds)}
     stage_of = {n: stage_number[(level, n in outside)] for n, level in level_of.items()}
     runs_outside = [is_outside for _, is_outside in kinds]
@@ -80,22 +92,23 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
     return _emit_stages(decisions, members, runs_outside)
 
 
-def worth_taking(instruction, nodes, mesh_shape) -> bool:
-    """A result a later stage takes rather than makes again: a whole value computed here (not a constant), or moved
-    here by a collective into a layout over whole mesh axes (a move's intermediate over a sub-axis has no spec a
-    ``shard_map`` could pass it in). Partial values never leave their stage; local slices are redone where
-    needed."""
-    if isinstance(instruction, Move):
-        result = instruction.result.type
-        return instruction.transfer is not None and not result.partial and is_mesh_type(result, mesh_shape)
-    if isinstance(instruction, Compute) and nodes[instruction.node].op == CONSTANT:
+def worth_taking(instruction, ref: Ref, nodes, mesh_shape) -> bool:
+    """True when a later stage takes ``ref``, a result of ``instruction``, rather than making it again: a whole value
+    over whole mesh axes (a move's intermediate over a sub-axis has no spec a ``shard_map`` could pass it in), not a
+    constant (each stage embeds its own) and not a local slice (redone where needed, for free). Partial values
+    never leave their stage."""
+    if ref.type.partial or not is_mesh_type(ref.type, mesh_shape):
         return False
-    return not any(ref.type.partial for ref in results(instruction))
+    if isinstance(instruction, Move):
+        return instruction.step.kind is not StepKind.SLICE
+    return not (isinstance(instruction, Compute) and nodes[instruction.node].op == CONSTANT)
 
 
 def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: list[bool]):
     """Each stage's IR, its inputs (each ref from the earliest source that has it) and its outputs (every ref a
-    later stage or the program takes from it)."""
+    later stage or the program takes from it). The operands of a stage outside ``shard_map`` are brought to the
+    types it takes them in by the ``shard_map`` stage before it; a ``shard_map`` stage left with nothing to do is
+    dropped."""
     graph = decisions.graph
     nodes, producer = graph.nodes, graph.producer
     # Where each ref can be taken from: arguments as their specs lay them out, then whatever earlier stages made.
@@ -109,35 +122,58 @@ def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: l
             return Source(None, index)
         return Source(stage, outputs[stage].setdefault(ref, len(outputs[stage])))
 
-    built = []
+    emitters: list[Emitter] = []
+    published = [0] * len(members)
+
+    def publish(s: int) -> None:  # what later stages may take from stage s instead of redoing it
+        instructions = emitters[s].instructions
+        for instruction in instructions[published[s]:]:
+            for ref in results(instruction):
+                if worth_taking(instruction, ref, nodes, decisions.mesh_shape):
+                    source_of.setdefault(ref, (s, -1))
+        published[s] = len(instructions)
+
+    constants: list[tuple[int, ...]] = []  # each stage embeds the constants it uses
     for s, stage_nodes in enumerate(members):
         emitter = Emitter(decisions, importable=source_of.keys())
-        constants = sorted({producer[v] for n in stage_nodes for v in nodes[n].operands
-                            if nodes[producer[v]].op == CONSTANT} | {n for n in stage_nodes
-                                                                    if nodes[n].op == CONSTANT})
-        for n in constants:
+        constants.append(tuple(sorted({producer[v] for n in stage_nodes for v in nodes[n].operands
+                                       if nodes[producer[v]].op == CONSTANT} |
+                                      {n for n in stage_nodes if nodes[n].op == CONSTANT})))
+        for n in constants[s]:
             emitter.node(n)
+        if runs_outside[s]:
+            before = emitters[s - 1]  # a shard_map stage (see cut_into_stages)
+            for n in stage_nodes:
+                for v, need in decisions.edges(nodes[n]):
+                    if nodes[producer[v]].op != CONSTANT and producer[v] not in stage_nodes:
+                        before.bring(before.held(v), need, n)
+            publish(s - 1)
         for n in stage_nodes:
             if nodes[n].op == CONSTANT:
                 continue
             emitter.outside(n) if runs_outside[s] else emitter.node(n)
-        inputs = tuple(StageInput(ref.value, ref.type.layout, take(ref)) for ref in emitter.imported)
-        for instruction in emitter.instructions:  # what later stages may take from this one instead of redoing it
-            if worth_taking(instruction, nodes, decisions.mesh_shape):
-                for ref in results(instruction):
-                    source_of.setdefault(ref, (s, -1))
-        built.append((tuple(constants) + tuple(n for n in stage_nodes if nodes[n].op != CONSTANT), inputs,
-                      tuple(emitter.instructions)))
+        emitters.append(emitter)
+        publish(s)
     for v in graph.outputs:  # a constant output: built, and output, by the last stage
         if nodes[producer[v]].op == CONSTANT:
             source_of.setdefault(Ref(v, decisions.type(v)), (len(members) - 1, -1))
-    output_sources = tuple(take(Ref(v, decisions.type(v))) for v in graph.outputs)
+    output_sources = [take(Ref(v, decisions.type(v))) for v in graph.outputs]
+    inputs = [tuple(StageInput(ref.value, ref.type.layout, take(ref)) for ref in emitter.imported)
+              for emitter in emitters]
+    kept = [s for s, emitter in enumerate(emitters) if emitter.instructions or outputs[s]]
+    number = {s: k for k, s in enumerate(kept)}
+
+    def renumbered(source: Source) -> Source:
+        return source if source.stage is None else Source(number[source.stage], source.index)
+
     stages = []
-    for s, (stage_nodes, inputs, instructions) in enumerate(built):
+    for s in kept:
         refs = tuple(outputs[s])
-        stages.append(Stage(s, stage_nodes, inputs, tuple(r.value for r in refs), tuple(r.type.layout for r in refs),
-                            instructions, runs_outside[s]))
-    return tuple(stages), output_sources
+        stages.append(Stage(number[s], constants[s] + tuple(n for n in members[s] if nodes[n].op != CONSTANT),
+                            tuple(StageInput(i.value, i.layout, renumbered(i.source)) for i in inputs[s]),
+                            tuple(r.value for r in refs), tuple(r.type.layout for r in refs),
+                            tuple(emitters[s].instructions), runs_outside[s]))
+    return tuple(stages), tuple(renumbered(source) for source in output_sources)
 
 
 def _sink_argument_only_nodes(decisions: Decisions, stage_of: dict[int, int], boundary) -> None:

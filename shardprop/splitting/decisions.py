@@ -87,9 +87,6 @@ class Decisions:
         found = self.computed.get(value)
         return self.type(value) if found is None else found
 
-    def computed_layout(self, value: int) -> Layout:
-        return self.computed_type(value).layout
-
     # Answered from tables built once: the passes ask on every edge of 10^5-node graphs.
     @cached_property
     def _needs(self) -> tuple[tuple[ValueType, ...], ...]:

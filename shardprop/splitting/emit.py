@@ -10,18 +10,15 @@ minimum or arg-extreme as a :class:`~.ir.Finish`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable
 
-import numpy as np
 
-from ..core.collectives import CollectiveKind
+from ..core.collectives import CollectiveKind, finish_transfers
 from ..core.moves import plan_move
 from ..core.steps import step_transfer
-from ..core.transfers import TransferKind, transfer
 from ..core.types import ValueType
 from ..errors import LoweringError
-from ..expr import jax_adapter as jx
-from ..expr.graph import CONSTANT, PARAMETER, Aval
+from ..expr.graph import CONSTANT, PARAMETER
 from .decisions import BodyPlan, Decisions
 from .ir import BodyProgram, Compute, Finish, Instruction, Move, Ref
 
@@ -51,8 +48,9 @@ class Emitter:
             return True
         return False
 
-    def bring(self, source: Ref, want: ValueType, node: int | None) -> Ref:
-        """``source``'s value in type ``want`` for node ``node``: the moves that get it there, emitted once (from the
+    def bring(self, source: Ref, want: ValueType, node: int | None, finishing: bool = False) -> Ref:
+        """``source``'s value in type ``want`` for node ``node`` (``finishing``: ``source`` is ``node``'s partial
+        result, summed into the type the plan holds it in): the moves that get it there, emitted once (from the
         furthest point on the way that is already available, here or from an earlier stage)."""
         target = Ref(source.value, want)
         if self.has(target):
@@ -71,19 +69,20 @@ class Emitter:
                                     "before it nor received (a shardprop bug)")
         for step in steps[start:]:
             after = Ref(source.value, step.after)
-            self._made(Move(step, at, after, _price(step, aval.shape, aval.dtype, tuple(mesh_shape.items())), node))
+            self._made(Move(step, at, after, _price(step, aval.shape, aval.dtype, tuple(mesh_shape.items())), node,
+                            finishing))
             at = after
         return target
 
-    def node(self, node_id: int, sources: Mapping[int, Ref] | None = None) -> None:
-        """Node ``node_id``: its operands brought (from ``sources[value]`` where given, else as held), the node, and
-        the collective that finishes it."""
+    def node(self, node_id: int) -> None:
+        """Node ``node_id``: its operands brought from the types they are held in, the node, and the collective that
+        finishes it."""
         view = self.view
         node = view.graph.nodes[node_id]
         if node.op == CONSTANT:
             self._made(Compute(node_id, (), (self.held(node.output),)))
             return
-        inputs = tuple(self.bring(sources[v] if sources and v in sources else self.held(v), need, node_id)
+        inputs = tuple(self.bring(self.held(v), need, node_id)
                        for v, need in view.edges(node))
         outputs = tuple(Ref(v, view.computed_type(v)) for v in node.outputs)
         plans = view.body_plans(node_id)
@@ -97,29 +96,30 @@ class Emitter:
             if ref.type == held:
                 continue  # an output the collective does not finish (a loop's carry that was never partial)
             if collective.kind is CollectiveKind.PSUM:
-                self.bring(ref, held, node_id)
+                self.bring(ref, held, node_id, finishing=True)
             else:
                 self._finish(node, collective, ref, held, inputs[0])
 
     def outside(self, node_id: int) -> None:
-        """Node ``node_id`` run outside shard_map, on whole arrays: no moves (its operands are global values)."""
-        node = self.view.graph.nodes[node_id]
-        inputs = tuple(self.held(v) for v in node.operands)
-        for ref in inputs:
-            self.has(ref)
-        self._made(Compute(node_id, inputs, tuple(self.held(v) for v in node.outputs)))
+        """Node ``node_id`` run outside shard_map, on whole arrays: its operands as it takes them (brought there by the
+        ``shard_map`` stage before; a constant as this stage builds it)."""
+        view = self.view
+        node = view.graph.nodes[node_id]
+        inputs = []
+        for v, need in view.edges(node):
+            ref = Ref(v, need)
+            if not self.has(ref) and view.graph.nodes[view.graph.producer[v]].op == CONSTANT:
+                ref = self.held(v)
+            if not self.has(ref):
+                raise LoweringError(f"value {v} is needed as {need} by node {node_id}, which runs outside shard_map, "
+                                    "but no stage before it brought it there (a shardprop bug)")
+            inputs.append(ref)
+        self._made(Compute(node_id, tuple(inputs), tuple(self.held(v) for v in node.outputs)))
 
     def _finish(self, node, collective, source: Ref, held: ValueType, operand: Ref) -> None:
-        graph, mesh_shape = self.view.graph, self.view.mesh_shape
-        aval = graph.avals[source.value]
-        dtypes = [aval.dtype]
-        if collective.kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):
-            # the extreme values too, and for floats a NaN flag (a float pmax/pmin is an all-reduce of integers of
-            # the same size: total order keeps NaN and signed zeros)
-            operand_dtype = graph.avals[node.operands[0]].dtype
-            dtypes += [operand_dtype] + ([np.dtype(np.int32)] if jx.dtype_kind(operand_dtype) == "f" else [])
-        prices = tuple(transfer(TransferKind.ALL_REDUCE, collective.mesh_axes, Aval(aval.shape, np.dtype(dt)),
-                                held.layout, mesh_shape) for dt in dtypes)
+        graph = self.view.graph
+        prices = finish_transfers(collective.kind, collective.mesh_axes, graph.avals[source.value],
+                                  graph.avals[node.operands[0]].dtype, held.layout, self.view.mesh_shape)
         self._made(Finish(node.id, collective.kind, collective.mesh_axes, source, Ref(source.value, held), operand,
                           prices))
 

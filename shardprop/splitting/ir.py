@@ -55,13 +55,15 @@ class Compute:
 class Move:
     """One step of a move: ``source`` becomes ``result`` by ``step``; ``transfer`` is what it sends (None for a
     local step). ``node`` is the node it serves — the consumer it brings an operand to, or the node whose
-    partial sum it finishes; None for a body's output brought to the type its loop takes it in."""
+    partial sum it finishes; None for a body's output brought to the type its loop takes it in. ``finishes``: the move
+    combines ``node``'s partial results (a psum, a reduce-scatter) rather than bringing it an operand."""
 
     step: Step
     source: Ref
     result: Ref
     transfer: Transfer | None
     node: int | None
+    finishes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,11 @@ class Finish:
     result: Ref
     operand: Ref
     transfers: tuple[Transfer, ...]
+
+    @property
+    def finishes(self) -> bool:
+        """Always: a ``Finish`` combines its node's partial results (as a finishing :class:`Move` does)."""
+        return True
 
 
 Instruction = Union[Compute, Move, Finish]
@@ -111,21 +118,31 @@ class NodeIR:
 
 
 def index_nodes(instructions: Iterable[Instruction]) -> dict[int, NodeIR]:
-    """:class:`NodeIR` of every node ``instructions`` compute (not inside their bodies)."""
-    computes: dict[int, Compute] = {}
-    moves_in: dict[int, list[Move]] = {}
+    """:class:`NodeIR` of every node ``instructions`` compute (not inside their bodies). A node's ``moves_in`` are
+    the whole chain of moves that made each operand ref it reads — also when an earlier consumer's moves made it
+    (``t = b.T`` read by ``a + t`` and then ``a * t``), or an earlier stage's."""
+    instructions = list(instructions)
+    computes = {i.node: i for i in instructions if isinstance(i, Compute)}
+    made_by: dict[Ref, Move] = {}  # each ref a move brings an operand to, and the move that made it
     finishes: dict[int, list[Move | Finish]] = {}
     for instruction in instructions:
-        if isinstance(instruction, Compute):
-            computes[instruction.node] = instruction
-        elif instruction.node is None:
-            continue  # a body's output, moved at its end
-        elif isinstance(instruction, Finish) or instruction.node in computes and any(
-                instruction.source.value == ref.value for ref in computes[instruction.node].outputs):
+        if isinstance(instruction, Compute) or instruction.node is None:
+            continue  # a node, or a body's output moved at its end
+        if instruction.finishes:
             finishes.setdefault(instruction.node, []).append(instruction)
         else:
-            moves_in.setdefault(instruction.node, []).append(instruction)
-    return {n: NodeIR(c, tuple(moves_in.get(n, ())), tuple(finishes.get(n, ()))) for n, c in computes.items()}
+            made_by.setdefault(instruction.result, instruction)
+    out = {}
+    for n, compute in computes.items():
+        moves_in: dict[int, Move] = {}  # by identity, in order: two operands may share a chain
+        for ref in compute.inputs:
+            chain = []
+            while (move := made_by.get(ref)) is not None:
+                chain.append(move)
+                ref = move.source
+            moves_in.update((id(m), m) for m in reversed(chain))
+        out[n] = NodeIR(compute, tuple(moves_in.values()), tuple(finishes.get(n, ())))
+    return out
 
 
 def results(instruction: Instruction) -> tuple[Ref, ...]:

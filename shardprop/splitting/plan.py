@@ -6,14 +6,23 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
 
+import numpy as np
 from jax.sharding import PartitionSpec
 
+from ..errors import StageIndexError
 from ..propagation import ShardedGraph
 from ..core.layouts import Layout, layout_to_spec
 from .strategy import Strategy
 from ..core.types import ValueType
 from .decisions import Decisions
 from .ir import BodyProgram, Instruction, NodeIR, Ref, index_nodes
+
+
+def stage_count(count: int) -> str:
+    """``2 stages (0 to 1)``: how many stages a program has, for messages."""
+    if count == 0:
+        return "no stages (its outputs are its arguments)"
+    return "1 stage (stage 0)" if count == 1 else f"{count} stages (0 to {count - 1})"
 
 
 class Source(NamedTuple):
@@ -52,8 +61,9 @@ class StageInput:
 @dataclass(frozen=True, eq=False)
 class Stage:
     """A piece of the graph that runs as one ``shard_map`` — the Nx design cuts one where data must be gathered,
-    and the gather is the first thing the next stage does — or, with ``outside_shard_map``, one primitive without
-    a record that runs on whole arrays under the program's ``jax.jit``.
+    and the gather is the first thing the next stage does — or, with ``outside_shard_map``, primitives without a
+    record that run on whole arrays under the program's ``jax.jit`` (the ``shard_map`` stage before brings their
+    operands whole; it may hold nothing else: ``no ops (moves only)``).
 
     ``nodes`` are node ids (constants first, then graph order); ``instructions`` its sharded IR (:mod:`.ir`): the
     moves its nodes' operands need, the nodes, the collectives that finish them; ``outputs`` are the values later
@@ -131,6 +141,17 @@ class Plan(Decisions):
             for n in stage.nodes:
                 first.setdefault(n, stage.id)
         return first
+
+    def stage_at(self, k) -> Stage:
+        """Stage ``k`` (a :class:`~shardprop.StageIndexError` naming the range otherwise).
+
+        >>> plan.stage_at(5)  # doctest: +SKIP
+        StageIndexError: no stage 5: this program has 2 stages (0 to 1)
+        """
+        count = len(self.stages)
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k < count:
+            raise StageIndexError(f"no stage {k!r}: this program has {stage_count(count)}")
+        return self.stages[int(k)]
 
     def stage_of(self, node_id: int) -> int | None:
         """The stage that runs node ``node_id`` (a constant: the first stage that embeds it); None for

@@ -1,7 +1,7 @@
 """Communication strategies: how the split pass pays for data an op needs whole.
 
-Under ``"gather"`` (the Nx design) a reduction over a sharded axis cuts the graph: the next stage receives the
-operand gathered. Under ``"collective"`` each device reduces its own block and a collective over the mesh
+Under ``"gather"`` (the Nx design) a reduction over a sharded axis cuts the graph: the next stage gathers the
+operand first thing. Under ``"collective"`` each device reduces its own block and a collective over the mesh
 axes of the reduced axes (``psum`` for sums and contractions, ``pmax``/``pmin`` for maxima/minima and for
 ``any``/``all`` over bools, index combining for ``argmax``/``argmin``) finishes the result, as in the
 shard_map design doc's ``matmul_basic``; the operand is consumed as it is, so no cut
@@ -130,7 +130,8 @@ def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, t
         chain.append(c.id)
         v = out
         if own is not None:  # a sum finished by a psum of its own: one psum over both sets of mesh axes
-            merged = Collective(CollectiveKind.PSUM, own.mesh_axes + collective.mesh_axes)
+            both = set(own.mesh_axes) | set(collective.mesh_axes)  # in mesh order: one type, one spelling
+            merged = Collective(CollectiveKind.PSUM, tuple(n for n in decisions.mesh_shape if n in both))
             cost = collective_bytes(decisions, c, merged) - collective_bytes(decisions, c, own)
             if cost < best[2]:
                 best = (len(chain), merged, cost)

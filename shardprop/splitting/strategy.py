@@ -12,7 +12,7 @@ class Strategy(StrEnum):
     """How the split pass pays for an axis an op needs whole (see :func:`shardprop.split`)."""
 
     AUTO = "auto"              # per node, whichever the cost model says moves fewer bytes
-    GATHER = "gather"          # the Nx design: cut, and the next stage receives the operand gathered
+    GATHER = "gather"          # the Nx design: cut, and the next stage gathers the operand first
     COLLECTIVE = "collective"  # finish sums, maxima, minima and contractions with a collective, no cut
 
     @classmethod
