@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from .backends import parse_hlo, program_function, stage_function
+from .backends import jit_stage, parse_hlo, program_function, stage_function
 from .calling import Traced
 from .core.transfers import Transfer
 from .derivatives import Derivatives
@@ -277,8 +277,8 @@ class Program:
         stage = self.plan.stage_at(k)
         self.agree_on_plan()
         if stage.id not in self._runs.stages:
-            self._runs.stages[stage.id] = _checked_stage(self.plan, stage, jax.jit(self._stage_fns[stage.id]),
-                                                         self.mesh)
+            self._runs.stages[stage.id] = _checked_stage(self.plan, stage, jit_stage(stage, self._stage_fns[stage.id],
+                                                                                     self.mesh), self.mesh)
         return self._runs.stages[stage.id]
 
     def __repr__(self) -> str:

@@ -3,7 +3,7 @@
 compiled program's collectives back."""
 
 from .hlo import parse_hlo
-from .shard_map import program_function, stage_function
+from .shard_map import jit_stage, program_function, stage_function
 
-__all__ = ["parse_hlo", "program_function", "stage_function"]
+__all__ = ["parse_hlo", "jit_stage", "program_function", "stage_function"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import jax
 from jax import lax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from ..core.layouts import layout_to_spec
 from ..splitting import Plan, Stage
@@ -27,6 +27,17 @@ def stage_function(plan: Plan, stage: Stage, mesh: Mesh) -> Callable:
     runs its nodes on the whole arrays as they are (its layouts are replicated), under the caller's jit."""
     return instructions_function(plan, stage, mesh, stage.instructions, [i.ref for i in stage.inputs],
                                  stage.output_refs)
+
+
+def jit_stage(stage: Stage, fn: Callable, mesh: Mesh, out_layouts: Sequence | None = None):
+    """``fn`` (stage ``stage``'s function, or a part of it returning ``out_layouts``) under a ``jax.jit`` of its
+    own, to run the stage alone. Left to itself, XLA places what a stage outside shard_map returns as it likes (a
+    host callback's result on one device, claimed on all), which the next stage's ``shard_map`` cannot take: such
+    outputs are held as the plan says, on the mesh."""
+    if not stage.outside_shard_map:
+        return jax.jit(fn)
+    layouts = stage.out_layouts if out_layouts is None else out_layouts
+    return jax.jit(fn, out_shardings=tuple(NamedSharding(mesh, layout_to_spec(layout)) for layout in layouts))
 
 
 def instructions_function(plan: Plan, stage: Stage, mesh: Mesh, instructions: Sequence[Instruction],

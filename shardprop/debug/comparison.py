@@ -256,8 +256,8 @@ def decision(plan: Plan, node) -> list[str]:
         if have == need:
             lines.append(f"{name}: used as held, {layout_to_spec(need.layout)}")
         elif any(m.transfer is not None for m in moves):
-            steps = ", then ".join(str(m.step) for m in moves)
-            lines.append(f"{name}: {steps} in stage {stage} ({how})")
+            steps = ", then ".join(f"{m.step} in stage {plan.stage_running(m)}" for m in moves)
+            lines.append(f"{name}: {steps} ({how})")
         elif need.partial and not have.partial:
             lines.append(f"{name}: taken once over {'*'.join(need.partial)} (zero on the other devices of each group), "
                          "no communication")

@@ -95,6 +95,7 @@ class StageReport:
     compile_time: float
     transfers: tuple[Transfer, ...] = field(repr=False)
     outside_shard_map: bool = False
+    moves: bool = False  # the stage runs moves (one with no ops does nothing else)
 
     @property
     def collective_bytes(self) -> float:
@@ -116,7 +117,7 @@ class StageReport:
 
     def __str__(self) -> str:
         where = ", outside shard_map" if self.outside_shard_map else ""
-        ops = ops_summary(list(self.ops), counted=True)
+        ops = ops_summary(list(self.ops), counted=True, moves=self.moves)
         lines = [f"stage {self.stage}: {ops}{where} — ran in {format_ms(self.wall_time)} "
                  f"(compiled in {format_ms(self.compile_time)}), {format_bytes(self.collective_bytes)} moved per "
                  "device"]

@@ -19,14 +19,14 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from ..backends import parse_hlo, stage_function
+from ..backends import jit_stage, parse_hlo, stage_function
 from ..backends.runner import StageRunner
 from ..backends.shard_map import readout_segments, segment_function
 from ..distributed import assemble, every_block, in_step
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
 from ..expr.graph import PARAMETER, value_name
-from ..inspect.listing import stage_ops, typed_name
+from ..inspect.listing import moves_values, stage_ops, typed_name
 from ..inspect.pictures import device_blocks, device_coords
 from ..inspect.products import resolve_value
 from ..program import Program, as_lowering_errors
@@ -305,7 +305,7 @@ class Session:
             args = [refs[r] for r in segment.inputs] + [returned.get(r, refs.get(r)) for r in segment.carried]
             key = ("readout", stage.id, k)
             if key not in self._compiled:
-                fn = self._jit(stage, segment_function(self.plan, stage, segment, self.mesh),
+                fn = jit_stage(stage, segment_function(self.plan, stage, segment, self.mesh), self.mesh,
                                [r.type.layout for r in segment.outputs])
                 self._compiled[key] = (as_lowering_errors(lambda f=fn, a=args: f.lower(*a).compile(),
                                                           mesh=self.mesh), 0.0)
@@ -353,19 +353,12 @@ class Session:
         return {ref.value: x for ref, x in zip(stage.output_refs, arrays, strict=True)
                 if ref.type == self.plan.type(ref.value)}
 
-    def _jit(self, stage: Stage, fn, layouts: Sequence):
-        if not stage.outside_shard_map:
-            return jax.jit(fn)
-        # Left to itself, XLA places what a stage outside shard_map returns as it likes (a host callback's
-        # result on one device, claimed on all): hold it as the plan says, on the mesh.
-        return jax.jit(fn, out_shardings=tuple(NamedSharding(self.mesh, layout_to_spec(layout)) for layout in layouts))
-
     def compiled_stage(self, stage: Stage):
         """Stage ``stage`` compiled for its inputs: ``(compiled, seconds it took)``."""
         if stage.id not in self._compiled:
             inputs = self.stage_inputs(stage)
             start = time.perf_counter()
-            fn = self._jit(stage, stage_function(self.plan, stage, self.mesh), stage.out_layouts)
+            fn = jit_stage(stage, stage_function(self.plan, stage, self.mesh), self.mesh)
             compiled = as_lowering_errors(lambda: fn.lower(*inputs).compile(), mesh=self.mesh)
             self._compiled[stage.id] = (compiled, time.perf_counter() - start)
         return self._compiled[stage.id]
@@ -395,4 +388,4 @@ class Session:
         ops = tuple(stage_ops(plan, stage))
         transfers = tuple(parse_hlo(compiled.as_text(), self.mesh))
         return StageReport(stage.id, ops, tuple(inputs), tuple(outputs), seconds, compile_time, transfers,
-                           stage.outside_shard_map)
+                           stage.outside_shard_map, moves_values(stage))

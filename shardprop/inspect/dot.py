@@ -99,11 +99,16 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
         ir = plan.node_ir(node.id)
         for v, need in dict.fromkeys(plan.edges(node)):
             moves = [m for m in (ir.moves_in if ir else ()) if m.source.value == v]
-            if not any(transfers_of(m) for m in moves):
-                lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(typ(v))}];")
+            if not any(transfers_of(m) for m in moves if m.node == node.id):
+                # moved for another consumer (red on its edge, counted once) and reused here, or not moved at all
+                reused = [m.node for m in moves if transfers_of(m)]
+                label = typ(v) if not reused else (f"{typ(v)} → {type_string(avals[v], need)}\nreused (moved "
+                                                   f"for {graph.nodes[reused[0]].op})")
+                lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(label)}];")
                 continue
-            nbytes = format_bytes(sum(t.moved_bytes for m in moves for t in transfers_of(m)))
-            steps = ", ".join(m.step.short for m in moves)
+            mine = [m for m in moves if m.node == node.id]  # a first step made for another consumer is on its edge
+            nbytes = format_bytes(sum(t.moved_bytes for m in mine for t in transfers_of(m)))
+            steps = ", ".join(m.step.short for m in mine)
             label = f"{typ(v)} → {type_string(avals[v], need)}\n{steps} · {nbytes}/device"
             lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(label)}, color={_quote(GATHER)}, "
                          f"fontcolor={_quote(GATHER)}, penwidth=2];")

@@ -330,10 +330,9 @@ def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
         if whole:
             taken = ", ".join(f"axis {j} (sharded over {'*'.join(have.layout[j])})" for j in whole)
             line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need.layout)}. {_why_rule(node.op)}"
-            paid = _paid_by(ir, u)
+            paid = _paid_by(plan, ir, u, scope)
             if paid:
-                when = f"inside {scope.describe()}, each time" if scope else "before it, in its stage"
-                line += f" Paid for by {paid} {when}."
+                line += f" Paid for by {paid}."
             out.append(line)
         if need.partial and not have.partial:
             what = "starts a carry kept a partial sum" if ir and ir.compute.bodies else "counted once in the sum"
@@ -343,7 +342,7 @@ def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
     if resolved is not None:
         operand = node.operands[resolved[0]]
         have, need = plan.layout(operand), plan.needs(node.id)[resolved[0]].layout
-        how = _paid_by(ir, operand) or "a local slice"
+        how = _paid_by(plan, ir, operand, scope) or "a local slice"
         out.append(f"{value_name(operand)}: moved to resolve a sharding conflict (the operands were sharded "
                    f"incompatibly; conflicts='error' refuses instead): {how}, from {layout_to_spec(have)} to "
                    f"{layout_to_spec(need)}, the other operand's layout")
@@ -366,14 +365,28 @@ def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
     return out
 
 
-def _paid_by(ir, value: int) -> str:
-    """The moves the IR makes to bring ``value`` to the node, and what they send (``all_gather[j axis=1] c,
-    64 B per device``); empty when it sends nothing."""
+def _paid_by(plan: Plan, ir, value: int, scope: Scope | None) -> str:
+    """The moves the IR makes to bring ``value`` to the node, what they send and where they run
+    (``all_gather[j axis=1] c (64 B per device) before it, in its stage``; a move made earlier, for another
+    consumer, says so); empty when they send nothing."""
     moves = [m for m in (ir.moves_in if ir else ()) if m.source.value == value]
     sent = sum(t.moved_bytes for m in moves for t in transfers_of(m))
     if not any(transfers_of(m) for m in moves):
         return ""
-    return f"{', then '.join(move_equation(m) for m in moves)} ({format_bytes(sent)} per device)"
+    if scope:
+        return (f"{', then '.join(move_equation(m) for m in moves)} ({format_bytes(sent)} per device) inside "
+                f"{scope.describe()}, each time")
+    node = ir.compute.node
+    parts = []
+    for m in moves:
+        if m.node == node:
+            parts.append(move_equation(m))
+        else:
+            other = plan.graph.nodes[m.node]
+            parts.append(f"{move_equation(m)} (made in stage {plan.stage_running(m)} for `{other.op}` at "
+                         f"{where(other)}, reused here)")
+    ours = all(m.node == node for m in moves)
+    return f"{', then '.join(parts)} ({format_bytes(sent)} per device){' before it, in its stage' if ours else ''}"
 
 
 def _why_rule(op: str, fallback: bool = False, cause: str | None = None) -> str:

@@ -47,18 +47,24 @@ def stage_ops(plan: Plan, stage: Stage) -> list[str]:
     return [nodes[n].op for n in stage.nodes if nodes[n].op != CONSTANT]
 
 
-def ops_summary(ops: list[str], counted: bool = False) -> str:
-    """``2 ops (add, sub)``, ``1 op (dot_general)``; with ``counted``, ``3 ops (add×2, sub)``; a stage that only
-    moves values (before a stage outside shard_map) runs ``no ops (moves only)``.
+def ops_summary(ops: list[str], counted: bool = False, moves: bool = False) -> str:
+    """``2 ops (add, sub)``, ``1 op (dot_general)``; with ``counted``, ``3 ops (add×2, sub)``. A stage with no ops
+    only moves values (``moves``: before a stage outside shard_map) or builds constants (a program's constant
+    outputs).
 
     >>> ops_summary(["add", "add", "sub"], counted=True)
     '3 ops (add×2, sub)'
     """
     if not ops:
-        return "no ops (moves only)"
+        return "no ops (moves only)" if moves else "no ops (constants only)"
     kinds = {op: ops.count(op) for op in dict.fromkeys(ops)}
     names = ", ".join(f"{op}×{k}" if counted and k > 1 else op for op, k in kinds.items())
     return f"{len(ops)} op{'' if len(ops) == 1 else 's'} ({names})"
+
+
+def moves_values(stage: Stage) -> bool:
+    """True when ``stage`` runs a move."""
+    return any(isinstance(i, Move) for i in stage.instructions)
 
 
 def typed_name(plan: Plan, value: int, layout: Layout) -> str:
@@ -200,7 +206,7 @@ def format_stages(plan: Plan) -> str:
     for stage in plan.stages:
         ops = stage_ops(plan, stage)
         where = ", outside shard_map" if stage.outside_shard_map else ""
-        lines.append(f"stage {stage.id}: {ops_summary(ops)}{where}")
+        lines.append(f"stage {stage.id}: {ops_summary(ops, moves=moves_values(stage))}{where}")
         for i in stage.inputs:
             lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {i.source}")
         lines += collective_lines(plan, stage.instructions, "  ")

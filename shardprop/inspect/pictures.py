@@ -23,7 +23,7 @@ from ..core.transfers import total_moved
 from ..core.types import typed
 from ..splitting.cost import instructions_transfers
 from ..splitting.ir import Compute, transfers_of
-from .listing import format_bytes, format_listing, move_equation, ops_summary, stage_ops
+from .listing import format_bytes, format_listing, move_equation, moves_values, ops_summary, stage_ops
 from .products import as_plan, resolve_value
 
 PALETTE = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc", "#e6b8af",
@@ -160,7 +160,7 @@ def stage_table(prog: Any) -> Table:
         outputs = [f"{value_name(v)} {layout_to_spec(layout)}" for v, layout in
                    zip(stage.outputs, stage.out_layouts, strict=True)]
         total += moved
-        table.add_row(str(stage.id), ops_summary(ops, counted=True),
+        table.add_row(str(stage.id), ops_summary(ops, counted=True, moves=moves_values(stage)),
                       "\n".join(inputs) or "-", "\n".join(outputs) or "-", "\n".join(collectives) or "-",
                       format_bytes(moved))
     table.caption = f"total ≈ {format_bytes(total)} moved per device"

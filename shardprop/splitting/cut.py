@@ -142,11 +142,14 @@ def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: l
         for n in constants[s]:
             emitter.node(n)
         if runs_outside[s]:
-            before = emitters[s - 1]  # a shard_map stage (see cut_into_stages)
+            before, local = emitters[s - 1], set(stage_nodes)  # the shard_map stage before (see cut_into_stages)
             for n in stage_nodes:
                 for v, need in decisions.edges(nodes[n]):
-                    if nodes[producer[v]].op != CONSTANT and producer[v] not in stage_nodes:
-                        before.bring(before.held(v), need, n)
+                    wanted = Ref(v, need)
+                    if nodes[producer[v]].op == CONSTANT or producer[v] in local or wanted in source_of:
+                        continue  # built here, made here, or already made (and taken from where it was)
+                    before.bring(before.held(v), need, n)
+                    source_of.setdefault(wanted, (s - 1, -1))  # taken as made, whatever a later stage would redo
             publish(s - 1)
         for n in stage_nodes:
             if nodes[n].op == CONSTANT:

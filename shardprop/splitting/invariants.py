@@ -6,8 +6,9 @@
 * a ``Compute`` consumes its operands in the types the plan says and makes its results in the types it computes
   them in; every value a stage computes is made in the type the plan holds it in; a ``Move`` takes its step's
   ``before`` type to its ``after``;
-* stage inputs and outputs are whole (a partial value never crosses a stage boundary), and every stage input and
-  program output comes from a source that exists earlier and is that value;
+* stage inputs and outputs are whole (a partial value never crosses a stage boundary), every stage input and
+  program output comes from a source that exists earlier and is that value, and a stage reads every input it
+  takes;
 * a stage outside ``shard_map`` holds only primitives that run there, and no other stage holds one;
 * no layout uses a mesh axis twice.
 """
@@ -61,6 +62,10 @@ def check_plan(plan: Plan) -> None:
         for ref in stage.output_refs:
             if ref not in made:
                 _fail(f"stage {stage.id} outputs {ref}, which it neither makes nor receives")
+        read = {ref for instruction in stage.instructions for ref in reads(instruction)}
+        unread = [i.ref for i in stage.inputs if i.ref not in read]
+        if unread:
+            _fail(f"stage {stage.id} takes {unread[:3]} and never reads them")
     missing = [n.id for n in nodes if n.op not in (PARAMETER, CONSTANT) and n.id not in placed]
     if plan.stages and missing:
         _fail(f"nodes {missing[:5]} run in no stage")

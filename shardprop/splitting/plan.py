@@ -135,6 +135,15 @@ class Plan(Decisions):
         return () if found is None or found.compute.bodies is None else found.compute.bodies
 
     @cached_property
+    def _instruction_stage(self) -> dict[int, int]:
+        return {id(instruction): stage.id for stage in self.stages for instruction in stage.instructions}
+
+    def stage_running(self, instruction: Instruction) -> int | None:
+        """The stage whose IR holds ``instruction`` (a move of ``node_ir(n).moves_in`` may have run in an earlier
+        stage, for an earlier consumer); None for a body's instruction, and in a plan without stages."""
+        return self._instruction_stage.get(id(instruction))
+
+    @cached_property
     def _stage_of(self) -> dict[int, int]:
         first: dict[int, int] = {}
         for stage in self.stages:

@@ -230,3 +230,68 @@ def test_a_stage_out_of_range_is_a_stage_index_error(mesh):
     for k in (len(prog.plan.stages), -1, "0"):
         with pytest.raises(sp.StageIndexError, match=f"no stage {k!r}: this program has"):
             prog.stage(k)
+
+
+def _twice(x):
+    return jax.pure_callback(lambda v: np.asarray(v) * 2.0, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def test_stages_run_one_by_one_through_a_callback_equal_the_program(mesh):
+    # The callback's stage, run alone, holds its result on the mesh as the plan says (XLA would leave it on the
+    # device that ran the callback, which the next stage's shard_map cannot take).
+    def f(a):
+        return _twice(a) * a
+
+    x = jnp.arange(128.0).reshape(16, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        prog = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"),)).trace(x)
+    outputs = {}
+    for stage in prog.plan.stages:
+        args = [x if i.source.is_argument else outputs[i.source.stage][i.source.index] for i in stage.inputs]
+        outputs[stage.id] = prog.stage(stage.id)(*args)
+    (source,) = prog.plan.output_sources
+    np.testing.assert_allclose(outputs[source.stage][source.index], f(x))
+
+
+def test_a_stage_before_a_callback_takes_only_what_it_reads(mesh):
+    # b is made by one callback and read by another: the sort's stage between them does not take it.
+    def f(a):
+        b = _twice(a)
+        c = jnp.sort(a * 2, axis=0)
+        return jax.pure_callback(lambda u, v: np.asarray(u) + np.asarray(v), jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                 b, c), b
+
+    x = jnp.arange(128.0).reshape(16, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.FallbackWarning)
+        prog = assert_same_as_unsharded(f, (x,), mesh=mesh, in_specs=(P("i", "j"),))
+    (sort_stage,) = [s for s in prog.plan.stages if "sort" in [prog.plan.graph.nodes[n].op for n in s.nodes]]
+    assert [prog.plan.graph.nodes[prog.plan.graph.producer[i.value]].op for i in sort_stage.inputs] == ["mul"]
+
+
+def test_a_move_made_in_an_earlier_stage_for_another_consumer_is_named_where_it_ran(mesh):
+    def f(a):
+        m = a * 2
+        s = jnp.cumsum(jnp.sort(m, axis=0), axis=1)  # the sort's stage gathers m over i ...
+        return jnp.cumsum(m, axis=0) + s             # ... and the next stage's cumsum reuses it
+
+    x = jnp.arange(128.0).reshape(16, 8)
+    prog = assert_same_as_unsharded(f, (x,), mesh=mesh, in_specs=(P("i", "j"),))
+    plan = prog.plan
+    sort, cumsum = (n for n in plan.graph.nodes if n.op in ("sort", "cumsum") and n.operands[0] == 2)
+    assert (plan.stage_of(sort.id), plan.stage_of(cumsum.id)) == (1, 2)
+    (gather,) = plan.node_ir(cumsum.id).moves_in
+    assert plan.stage_running(gather) == 1 and gather.node == sort.id
+    explained = str(sp.explain(prog, cumsum.outputs[0]))
+    assert "Paid for by all_gather[i axis=0] c (made in stage 1 for `sort` at test_split.py:" in explained
+    assert "in its stage" not in explained
+    assert "all-gather over i on axis 0 in stage 1" in "\n".join(sp.debug.comparison.decision(plan, cumsum))
+    dot = sp.to_dot(prog)
+    assert dot.count("gather i@0 · 192 B/device") == 1 and "reused (moved for sort)" in dot
+
+
+def test_a_stage_that_only_builds_constants_says_so(mesh):
+    prog = sp.autoshard(lambda a: (jnp.asarray(np.arange(6.0, dtype=np.float32)), a), mesh=mesh,
+                        in_specs=(P("i", "j"),)).trace(jnp.ones((16, 8)))
+    assert str(prog.stages).startswith("stage 0: no ops (constants only)")
