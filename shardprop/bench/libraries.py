@@ -272,11 +272,16 @@ KERNEL_GRADIENT_MOVED = (
     "output features; the all-to-all that moves it for optax's `p + u` (1,152 B, the ReshardWarning at update.py:42) "
     "leaves shardprop 1% above jax.jit, which all-reduces the activations' gradient instead")
 
+GATHERS_INSIDE_SHARD_MAP = (
+    "its gathers run inside shard_map, as every planned move does (the same 13 collectives and 167.1 KiB as when "
+    "XLA placed them between stages); XLA:CPU's layout assignment adds eight small transposing copies around them "
+    "(f32[16,5] {1,0} to {0,1}): 1.10-1.11x in A/B runs against 1.08x with the gathers left to XLA")
+
 LIBRARIES = [
     Workload("flax CNN+BatchNorm (sgd)", "library", "data", flax_cnn("data"), rtol=2e-4, atol=2e-5,
              requires=(FLAX, OPTAX)),
     Workload("flax CNN+BatchNorm (adam)", "library", "2-D", flax_cnn("2-D", "adam"), rtol=2e-4, atol=2e-5,
-             requires=(FLAX, OPTAX)),
+             requires=(FLAX, OPTAX), known_gap=GATHERS_INSIDE_SHARD_MAP),
     Workload("flax embedding classifier", "library", "data", flax_embedding("data"), rtol=2e-4, atol=2e-5,
              requires=(FLAX, OPTAX), quick=True),
     Workload("flax embedding classifier", "library", "2-D", flax_embedding("2-D"), rtol=2e-4, atol=2e-5,
