@@ -22,7 +22,7 @@ from jax import lax
 
 from ..core.blocks import block_index, first_device_only
 from ..core.layouts import shard_count
-from ..core.steps import Step, StepKind, exchanges, permute_pairs
+from ..core.steps import Step, StepKind, exchanges, halo_rows, permute_pairs
 from ..core.subaxes import groups, is_whole, sizes_with, span
 from ..expr import jax_adapter as jx
 
@@ -37,6 +37,8 @@ def apply_step(x, step: Step, mesh_shape: Mapping[str, int]):
         if is_whole(names, mesh_shape):
             return first_device_only(x, names, mesh_shape)
         return lax.select(_block_index(names, mesh_shape) == 0, x, lax.full_like(x, 0))
+    if step.kind is StepKind.HALO:
+        return _halo(x, step, mesh_shape)
     if not exchanges(step, mesh_shape):  # over mesh axes of size 1: the block stays as it is
         return x
     if step.kind is StepKind.PERMUTE:  # over whole mesh axes, whatever its layouts use
@@ -60,6 +62,23 @@ def apply_steps(x, steps: Iterable[Step], mesh_shape: Mapping[str, int]):
     for step in steps:
         x = apply_step(x, step, mesh_shape)
     return x
+
+
+def _halo(x, step: Step, mesh_shape: Mapping[str, int]):
+    """``x`` with the rows of a halo step added on its side: sliced from every device's own block (the rows before
+    its halo), shifted ``step.shift`` devices along the axis's mesh axes by one ``ppermute``. A device with no
+    device that far away receives zeros, as past the ends of the array (the op masks them where it pads otherwise)."""
+    axis = step.axis
+    lo, hi = step.before.halo_of(axis)
+    block = x.shape[axis] - lo - hi
+    first, rows = halo_rows(step, block)
+    piece = lax.slice_in_dim(x, lo + first, lo + first + rows, axis=axis)
+    n = shard_count(mesh_shape, step.mesh_axes)
+    pairs = [(d, d + step.shift) for d in range(n) if 0 <= d + step.shift < n]
+    got = (_as_bits(lambda b: lax.ppermute(b, step.mesh_axes, perm=pairs), piece) if pairs
+           else lax.full_like(piece, 0))
+    before = step.after.halo_of(axis)[0] != lo
+    return lax.concatenate([got, x] if before else [x, got], axis)
 
 
 def _block_index(names: tuple[str, ...], mesh_shape: Mapping[str, int]):

@@ -106,11 +106,13 @@ def _format_dim(size: int, axis: AxisSharding) -> str:
     return str(size)
 
 
-def format_layout(shape: tuple[int, ...], layout: Layout) -> str:
-    return ",".join(
-        str(n) if not m else (f"{n}@{m[0]}" if len(m) == 1 else f"{n}@({','.join(m)})")
-        for n, m in zip(shape, layout, strict=True)
-    )
+def format_layout(shape: tuple[int, ...], layout: Layout, halo: tuple[tuple[int, int], ...] = ()) -> str:
+    """``16@i,8``; with a halo of one row on either side of axis 0, ``16@i<1,1>,8``."""
+    def one(n, m, rows) -> str:
+        text = str(n) if not m else (f"{n}@{m[0]}" if len(m) == 1 else f"{n}@({','.join(m)})")
+        return text if rows == (0, 0) else f"{text}<{rows[0]},{rows[1]}>"
+
+    return ",".join(one(n, m, halo[k] if halo else (0, 0)) for k, (n, m) in enumerate(zip(shape, layout, strict=True)))
 
 
 def layout_to_spec(layout: Layout) -> PartitionSpec:

@@ -50,7 +50,7 @@ from .types import Reduction, ValueType
 
 
 from .move_search import Search, State, Edge
-from .steps import Step, StepKind, step_sizes, step_transfer, without_trivial
+from .steps import Step, StepKind, halo_step, step_sizes, step_transfer, without_trivial
 
 
 def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
@@ -69,6 +69,15 @@ def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
     """
     if have == want:  # the common case, on almost every edge of a graph
         return ()
+    if want.halo:  # the blocks first, then the neighbours' rows
+        if have.halo:  # some of them already: the rest
+            if have.without_halo() != want.without_halo() or not all(
+                    a <= c and b <= d for (a, b), (c, d) in zip(have.halo, want.halo, strict=True)):
+                raise ValueError(f"have: {have} holds a halo {want} does not contain (a haloed value lives only "
+                                 "until the op that reads it)")
+            return _halo_steps(tuple(shape), have, want, tuple(mesh_shape.items()))
+        core = plan_move(shape, dtype, have, want.without_halo(), mesh_shape)
+        return core + _halo_steps(tuple(shape), want.without_halo(), want, tuple(mesh_shape.items()))
     return _plan(tuple(shape), have, want, tuple(mesh_shape.items()))
 
 
@@ -116,9 +125,33 @@ def describe(shape: tuple[int, ...], steps: tuple[Step, ...], mesh_shape: Mappin
 
 
 def is_mesh_type(vtype: ValueType, mesh_shape: Mapping[str, int]) -> bool:
-    """True when ``vtype`` names mesh axes only, as the ends of every plan do; the types between the steps of a
-    move may name sub-axes (:mod:`.subaxes`), which no ``shard_map`` spec can: such a type stays inside its move."""
-    return all(is_whole(m, mesh_shape) for m in vtype.layout) and is_whole(vtype.partial, mesh_shape)
+    """True when ``vtype`` names mesh axes only and holds no halo, as a value between stages does; the types between
+    the steps of a move may name sub-axes (:mod:`.subaxes`), which no ``shard_map`` spec can, and a haloed block is
+    no block of the array: such a type stays inside its stage."""
+    return not vtype.halo and all(is_whole(m, mesh_shape) for m in vtype.layout) and is_whole(vtype.partial, mesh_shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _halo_steps(shape: tuple[int, ...], have: ValueType, want: ValueType,
+                mesh: tuple[tuple[str, int], ...]) -> tuple[Step, ...]:
+    """The halo exchange that brings blocks held as ``have`` (a smaller halo, or none) to ``want``: per axis in order
+    (an axis exchanged after another sends the rows the first one added, so corners arrive too), the rows before then
+    the rows after, one step per neighbour they come from — the nearest first."""
+    sizes = dict(mesh)
+    _check(shape, want, sizes, "want")
+    steps, at = [], have
+    halo = [have.halo_of(axis) for axis in range(len(shape))]
+    for axis, (lo, hi) in enumerate(want.halo):
+        block = shape[axis] // shard_count(sizes, want.layout[axis])
+        for side, rows in ((0, lo), (1, hi)):
+            done = halo[axis][side]
+            while done < rows:
+                reach = min(rows, (done // block + 1) * block)  # up to the end of the next neighbour's block
+                halo[axis] = (reach, halo[axis][1]) if side == 0 else (halo[axis][0], reach)
+                after = ValueType(want.layout, want.partial, want.reduction, tuple(halo))
+                steps.append(halo_step(want.layout[axis], at, after, axis, block))
+                at, done = after, reach
+    return tuple(steps)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -208,6 +241,10 @@ def _check(shape: tuple[int, ...], vtype: ValueType, sizes: Mapping[str, int], w
         if n % shard_count(sizes, m):
             raise ValueError(f"{what}: axis {axis} of shape {shape} (size {n}) cannot be laid out over {m}: "
                              f"{shard_count(sizes, m)} blocks do not divide it")
+    if vtype.halo and (len(vtype.halo) != len(shape) or any(
+            lo < 0 or hi < 0 or ((lo or hi) and (not m or 0 in shape))
+            for (lo, hi), m in zip(vtype.halo, vtype.layout, strict=True))):
+        raise ValueError(f"{what}: {vtype} holds a halo of negative rows, or on an axis that is not sharded")
     if vtype.partial and vtype.reduction is not Reduction.SUM:
         raise ValueError(f"{what}: {vtype} is a partial {vtype.reduction}: only partial sums move (its collective "
                          "finishes it right after the op that computed it)")

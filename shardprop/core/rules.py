@@ -153,6 +153,22 @@ class RuleContext:
             return self.derive(axis, size, [source])
         return source
 
+    def carry_window(self, axis: int, size: int, source: Sharded, reach: tuple[int, int]) -> Sharded:
+        """A windowed op's output ``axis`` laid out like operand axis ``source``: block ``i`` of the output is computed
+        from block ``i`` of the operand and the rows ``reach`` (before, after) past it, so its parents are every
+        operand shard those rows touch (its neighbours' too)."""
+        if not self.lineage:
+            return source
+        count = len(source.shards)
+        length, block = size // count, source.shards[0].length
+        ids = self._ids
+        shards = []
+        for i in range(count):
+            first, last = i * block - reach[0], (i + 1) * block + reach[1]  # the operand rows read, [first, last)
+            parents = tuple(s for s in source.shards if s.start < last and first < s.start + s.length)
+            shards.append(Shard(next(ids), axis, i * length, length, parents))
+        return Sharded(source.mesh_axes, tuple(shards))
+
     def carry_unused(self, axis: int, size: int, source: AxisSharding, used: set[str]) -> AxisSharding:
         """:meth:`carry`, unless ``source`` is laid out over a mesh axis that an earlier output axis already
         uses (``used``, updated): one mesh axis shards at most one axis of a tensor, so this axis is then

@@ -15,7 +15,7 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
 from .layouts import Layout, shard_count
 from .subaxes import (coordinate, parents, sizes_with, span)
-from .transfers import Transfer, TransferKind, transfer
+from .transfers import Transfer, TransferKind, hlo_dtype_name, transfer
 from .types import ValueType
 
 
@@ -30,6 +30,7 @@ class StepKind(StrEnum):
     PSUM = "psum"                  # a partial sum is reduced over some of its mesh axes
     PSUM_SCATTER = "psum-scatter"  # ... and scattered over them along an axis (a reduce-scatter)
     TAKE_ONCE = "take-once"        # a whole value becomes a partial sum: the first device of a group keeps it
+    HALO = "halo"                  # every device receives rows of a neighbour's block next to its own (a shift)
 
 
 # The collective XLA compiles each communicating step to.
@@ -39,6 +40,7 @@ TRANSFER_KIND = {
     StepKind.PERMUTE: TransferKind.COLLECTIVE_PERMUTE,
     StepKind.PSUM: TransferKind.ALL_REDUCE,
     StepKind.PSUM_SCATTER: TransferKind.REDUCE_SCATTER,
+    StepKind.HALO: TransferKind.COLLECTIVE_PERMUTE,
 }
 
 
@@ -51,7 +53,8 @@ class Step:
     receiving them). A permute's device pairs follow from ``before``, ``after`` and the mesh
     (:func:`permute_pairs`); its ``mesh_axes`` are the mesh axes either layout uses, in mesh order. Between the
     ends of a move, ``mesh_axes`` and the types may name sub-axes (``i[minor 2]``, :mod:`.subaxes`); a permute's
-    ``mesh_axes`` are whole.
+    ``mesh_axes`` are whole. A halo step adds to ``axis`` the rows ``after`` holds past the block that ``before``
+    does not, all from device ``d - shift`` (:func:`halo_rows`); its ``mesh_axes`` are the axis's.
 
     >>> str(Step(StepKind.ALL_GATHER, ("j",), ValueType(((), ("i", "j"))), ValueType(((), ("i",))), axis=1))
     'all-gather over j on axis 1'
@@ -63,6 +66,7 @@ class Step:
     after: ValueType
     axis: int | None = None
     to_axis: int | None = None
+    shift: int = 0  # a halo step: device d receives from device d - shift along ``axis``'s mesh axes
 
     def __str__(self) -> str:
         over = f"{'take once' if self.kind is StepKind.TAKE_ONCE else self.kind} over {'*'.join(self.mesh_axes)}"
@@ -70,6 +74,9 @@ class Step:
             return f"{over} from axis {self.axis} to axis {self.to_axis}"
         if self.kind is StepKind.PSUM_SCATTER:
             return f"{over} onto axis {self.axis}"
+        if self.kind is StepKind.HALO:
+            side, rows = _halo_side(self)
+            return f"{over} on axis {self.axis}: {rows} row{'s' * (rows != 1)} {side}"
         return over if self.axis is None else f"{over} on axis {self.axis}"
 
     @property
@@ -79,6 +86,9 @@ class Step:
         axes = "*".join(self.mesh_axes)
         if self.kind is StepKind.ALL_TO_ALL:
             return f"{verb} {axes}@{self.axis}->{self.to_axis}"
+        if self.kind is StepKind.HALO:
+            lo, hi = self.after.halo_of(self.axis)
+            return f"{verb} {axes}@{self.axis}<{lo},{hi}>"
         return f"{verb} {axes}" if self.axis is None else f"{verb} {axes}@{self.axis}"
 
 
@@ -91,6 +101,8 @@ def step_transfer(step: Step, shape: tuple[int, ...], dtype, mesh_shape: Mapping
     sizes = step_sizes(step, mesh_shape)
     if not _exchanges(step, sizes) or 0 in shape:
         return None
+    if step.kind is StepKind.HALO:
+        return _halo_transfer(step, shape, dtype, sizes)
     groups = tuple(n for n in step.mesh_axes if sizes[n] > 1)  # a mesh axis of size 1 groups nothing
     found = transfer(TRANSFER_KIND[step.kind], groups, Aval(tuple(shape), as_dtype(dtype)), step.after.layout,
                      sizes)
@@ -110,6 +122,8 @@ def _exchanges(step: Step, sizes: Mapping[str, int]) -> bool:
         return False
     if step.kind is StepKind.PERMUTE:
         return without_trivial(step.before.layout, sizes) != without_trivial(step.after.layout, sizes)
+    if step.kind is StepKind.HALO:  # a neighbour that far away exists
+        return shard_count(sizes, step.mesh_axes) > abs(step.shift)
     return shard_count(sizes, step.mesh_axes) > 1
 
 
@@ -179,3 +193,49 @@ def as_dtype(dtype):
     return dtype if jx.is_extended_dtype(dtype) else np.dtype(dtype)
 
 
+
+
+def _halo_side(step: Step) -> tuple[str, int]:
+    """A halo step's side (``"before"``, ``"after"``) and the rows it adds."""
+    (lo0, hi0), (lo1, hi1) = step.before.halo_of(step.axis), step.after.halo_of(step.axis)
+    return ("before", lo1 - lo0) if lo1 != lo0 else ("after", hi1 - hi0)
+
+
+def halo_step(mesh_axes: tuple[str, ...], before: ValueType, after: ValueType, axis: int, block: int) -> Step:
+    """The halo step from ``before`` to ``after`` along ``axis`` (blocks of ``block`` rows): the rows it adds all
+    lie in one device's block, ``shift`` devices away.
+
+    >>> s = halo_step(("i",), ValueType((("i",),)), ValueType((("i",),), halo=((2, 0),)), 0, 8)
+    >>> s.shift, halo_rows(s, 8)
+    (1, (6, 2))
+    """
+    (lo0, hi0), (lo1, hi1) = before.halo_of(axis), after.halo_of(axis)
+    # the rows added, relative to the start of device d's block; relative row r is in device d + floor(r / B)'s
+    first, last = (-lo1, -lo0 - 1) if lo1 != lo0 else (block + hi0, block + hi1 - 1)
+    if first // block != last // block:
+        raise ValueError(f"a halo step adds rows of one block: {before.halo_of(axis)} -> {after.halo_of(axis)} "
+                         f"with blocks of {block}")
+    shift = -(first // block)
+    return Step(StepKind.HALO, mesh_axes, before, after, axis, shift=shift)
+
+
+def halo_rows(step: Step, block: int) -> tuple[int, int]:
+    """``(first, rows)``: device ``d`` receives rows ``[first, first + rows)`` of device ``d - step.shift``'s block
+    (``block`` rows long) for a halo step."""
+    (lo0, hi0), (lo1, hi1) = step.before.halo_of(step.axis), step.after.halo_of(step.axis)
+    if lo1 != lo0:
+        return step.shift * block - lo1, lo1 - lo0
+    return hi0 + (step.shift + 1) * block, hi1 - hi0
+
+
+def _halo_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str, int]) -> Transfer:
+    """A halo step's collective-permute: its result is the rows it adds, across the block (and the rows earlier halo
+    steps added on other axes)."""
+    piece = [n // shard_count(sizes, m) + sum(step.before.halo_of(k)) for k, (n, m) in
+             enumerate(zip(shape, step.before.layout, strict=True))]
+    piece[step.axis] = _halo_side(step)[1]
+    dtype = as_dtype(dtype)
+    nbytes = int(jx.itemsize(dtype) * int(np.prod(piece)))
+    groups = tuple(n for n in sizes if n in step.mesh_axes and sizes[n] > 1)
+    return Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, shard_count(sizes, groups), tuple(piece),
+                    hlo_dtype_name(dtype), nbytes, float(nbytes))

@@ -5,10 +5,14 @@ major first). ``partial`` names the mesh axes over which the devices of a group 
 block: the value is their sum, not yet reduced (Shardy's unreduced axes, JAX's ``P(unreduced=...)``, DTensor's
 ``Partial``). A mesh axis shards a value or sums it, never both. A maximum (minimum, arg-maximum) over a sharded
 axis is partial too until its collective combines the devices' results (``reduction``); only sums move and
-wait: the others are finished right after the op that computed them. Every move between two types — a gather, an
+wait: the others are finished right after the op that computed them. ``halo`` is what a windowed op (a
+convolution, a pooling window) reads past its block along a sharded axis: each device also holds that many rows of
+its neighbours' blocks on either side (zeros past the ends of the array). A haloed value lives only between the
+move that exchanges the rows and the op that reads them. Every move between two types — a gather, an
 all-to-all, a psum, taking a whole value as a partial one — is planned by :mod:`shardprop.core.moves`.
 
-    ``type_string(Aval((16, 8), float32), ValueType((("i",), ()), partial=("j",)))`` is ``'f32[16@i,8]{+j}'``.
+    ``type_string(Aval((16, 8), float32), ValueType((("i",), ()), partial=("j",)))`` is ``'f32[16@i,8]{+j}'``;
+    with ``halo=((1, 2), (0, 0))``, ``'f32[16@i<1,2>,8]'``.
 """
 
 from __future__ import annotations
@@ -39,8 +43,12 @@ class ValueType:
     layout: Layout
     partial: tuple[str, ...] = ()
     reduction: Reduction = Reduction.SUM  # how the partial results combine (meaningful when partial)
+    # per tensor axis, (rows before, rows after) of the neighbours' blocks each device also holds; () for none
+    halo: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
+        if self.halo and not any(lo or hi for lo, hi in self.halo):  # no rows from anyone: one spelling
+            object.__setattr__(self, "halo", ())
         if not self.partial:  # the common case, on every edge of 10^5-node graphs
             if self.reduction is not Reduction.SUM:  # a whole value is a whole value, however it was combined
                 object.__setattr__(self, "reduction", Reduction.SUM)
@@ -57,6 +65,14 @@ class ValueType:
         """Partial, and summed: the only partial values that move and wait (linear ops pass them on)."""
         return bool(self.partial) and self.reduction is Reduction.SUM
 
+    def without_halo(self) -> ValueType:
+        """This type without the neighbours' rows: the blocks a halo exchange starts from."""
+        return ValueType(self.layout, self.partial, self.reduction) if self.halo else self
+
+    def halo_of(self, axis: int) -> tuple[int, int]:
+        """``(rows before, rows after)`` this type holds past its block along tensor axis ``axis``."""
+        return self.halo[axis] if self.halo else (0, 0)
+
 
 def whole(layouts) -> tuple[ValueType, ...]:
     """Layouts as the types of whole (not partial) values."""
@@ -70,10 +86,11 @@ def _whole(layouts: tuple) -> tuple[ValueType, ...]:
 
 
 def type_string(aval, vtype: ValueType) -> str:
-    """``f32[16@i,8@j]``: dtype, and each axis's size ``@`` the mesh axes it is laid out over; a partial sum over
+    """``f32[16@i,8@j]``: dtype, and each axis's size ``@`` the mesh axes it is laid out over (``<1,1>``: one row of
+    each neighbour's block on either side, a halo); a partial sum over
     ``j`` adds ``{+j}`` (a partial maximum ``{max j}``): ``f32[16@i,8]{+j}``. The one spelling of a sharded type,
     in every listing, table and message."""
-    text = f"{short_dtype(aval.dtype)}[{format_layout(aval.shape, vtype.layout)}]"
+    text = f"{short_dtype(aval.dtype)}[{format_layout(aval.shape, vtype.layout, vtype.halo)}]"
     if not vtype.partial:
         return text
     how = "+" if vtype.reduction is Reduction.SUM else f"{vtype.reduction} "

@@ -74,7 +74,7 @@ def typed_name(plan: Plan, value: int, layout: Layout) -> str:
 
 _MOVE_OPS = {StepKind.SLICE: "slice", StepKind.ALL_GATHER: "all_gather", StepKind.ALL_TO_ALL: "all_to_all",
              StepKind.PERMUTE: "ppermute", StepKind.PSUM: "psum", StepKind.PSUM_SCATTER: "psum_scatter",
-             StepKind.TAKE_ONCE: "take_once"}
+             StepKind.TAKE_ONCE: "take_once", StepKind.HALO: "halo"}
 
 
 def move_op_name(move: Move | Finish) -> str:
@@ -90,6 +90,9 @@ def move_op(move: Move | Finish) -> str:
     params = ["*".join(step.mesh_axes)]
     if step.kind is StepKind.ALL_TO_ALL:
         params.append(f"axis={step.axis}->{step.to_axis}")
+    elif step.kind is StepKind.HALO:  # the rows it adds, as the type after it holds them: halo[i axis=1 <1,1>]
+        lo, hi = step.after.halo_of(step.axis)
+        params.append(f"axis={step.axis} <{lo},{hi}>")
     elif step.axis is not None:
         params.append(f"axis={step.axis}")
     return f"{move_op_name(move)}[{' '.join(params)}]"

@@ -1,29 +1,35 @@
-"""Convolutions and windowed reductions.
+"""Convolutions.
 
-``conv_general_dilated``: the batch axis and the output-feature axis propagate (from the input and the
-kernel); spatial and input-feature axes are needed whole. Windowed reductions keep the sharding of axes
-whose window is a single element with stride 1 and no padding or dilation; so do the ``select_and_*`` ops
-that differentiate a max-pool (their operands merge on those axes).
+``conv_general_dilated``: the batch axis and the output-feature axis propagate (from the input and the kernel);
+input-feature axes are needed whole. A spatial axis stays sharded where each device can compute its block of the
+output from its block of the input and a few rows of its neighbours' (a *halo*, :mod:`.windows`): a SAME or strided
+convolution (the output the input's length over the stride, the stride dividing the block), its input gradient (a
+dilated input), and its kernel gradient (the kernel's axis sharded like the input's: a partial sum). Other spatial
+axes are needed whole. The windowed reductions are in ``pooling.py``.
 
-Lineage: a window reduction's output reads the windows it covers; a convolution reads whole spatial and
-input-feature axes, and a scatter into windows the windows that overlap the box (sound, not exact).
+Lineage: a convolution reads whole spatial and input-feature axes (sound, not exact).
 
 Finish: a convolution sums over the input-feature axes of its two operands, so where both are sharded alike
 each device convolves its blocks and a ``psum`` adds the partial results, as for a contraction. That is the
 kernel gradient of a data-parallel convolution: JAX transposes the batch axis into the input-feature position,
-and the small kernel-shaped result is all-reduced instead of the batch-sharded activations being gathered.
+and the small kernel-shaped result is all-reduced instead of the batch-sharded activations being gathered. The
+kernel gradient of a spatially sharded convolution sums over the spatial axes the same way.
 """
 
 from __future__ import annotations
 
 import math
 
-from ..core.blocks import bind_as_is
+
+from ..core.blocks import Blocks, bind_as_is
 from ..core.boxes import Box, LineageContext, full_box
+from ..core.layouts import Sharded, TensorSharding, shard_count
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import TensorSharding
+from ..expr import jax_adapter as jx
 from .contractions import finish_summed_pairs
-from .opdef import Family, Linearity, OpDef, defs
+from .opdef import Family, Linearity, OpDef
+from .windows import (dilated_window_reach, reach_or_bug, summed_window_reach, window_out, window_reach,
+                      with_halo)
 
 
 def conv_general_dilated(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, dimension_numbers,
@@ -38,19 +44,104 @@ def conv_general_dilated(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShard
         axes[out_spec[0]] = ctx.carry_unused(out_spec[0], out_shape[out_spec[0]], lhs.axes[lhs_spec[0]], used)
     if feature_group_count == 1 and batch_group_count == 1:
         axes[out_spec[1]] = ctx.carry_unused(out_spec[1], out_shape[out_spec[1]], rhs.axes[rhs_spec[0]], used)
+    for k_in, k_out, window in _spatial(lhs_spec, rhs_spec, out_spec, params, rhs.shape):
+        source = lhs.axes[k_in]
+        if not isinstance(source, Sharded) or used.intersection(source.mesh_axes):
+            continue
+        reach = _conv_reach(lhs.shape[k_in], shard_count(ctx.mesh_shape, source.mesh_axes), out_shape[k_out], window)
+        if reach is not None:
+            axes[k_out] = ctx.carry_window(k_out, out_shape[k_out], source, reach[:2])
+            used.update(source.mesh_axes)
+            lhs_need[k_in] = source.mesh_axes
     out = TensorSharding(out_shape, tuple(axes))
     lhs_need[lhs_spec[0]] = out.layout[out_spec[0]]
     rhs_need[rhs_spec[0]] = out.layout[out_spec[1]]
     return RuleOutput((out,), (tuple(lhs_need), tuple(rhs_need)))
 
 
+def _spatial(lhs_spec, rhs_spec, out_spec, params, rhs_shape):
+    """Per spatial axis of a convolution: its lhs axis, its output axis, and its window (for :func:`window_reach`)."""
+    strides, padding = params["window_strides"], params["padding"]
+    lhs_dilation = params.get("lhs_dilation") or (1,) * len(strides)
+    rhs_dilation = params.get("rhs_dilation") or (1,) * len(strides)
+    for i, (k_in, k_rhs, k_out) in enumerate(zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:], strict=True)):
+        yield k_in, k_out, dict(window=rhs_shape[k_rhs], stride=strides[i], padding=tuple(padding[i]),
+                                dilation=rhs_dilation[i], base_dilation=lhs_dilation[i])
+
+
+def _summed_spatial(params, shapes, lhs_layout, rhs_layout, mesh_shape):
+    """``(lhs axis, rhs axis, reach)`` for each spatial axis whose window (the rhs's) is sharded like the lhs's and
+    can be summed in blocks (:func:`summed_window_reach`)."""
+    dn = params["dimension_numbers"]
+    lhs_shape, rhs_shape = shapes[0], shapes[1]
+    for k_in, k_rhs, (_, _, window) in zip(dn.lhs_spec[2:], dn.rhs_spec[2:], _spatial(
+            dn.lhs_spec, dn.rhs_spec, dn.out_spec, params, rhs_shape), strict=True):
+        if lhs_layout[k_in] and lhs_layout[k_in] == rhs_layout[k_rhs]:
+            n = shard_count(mesh_shape, lhs_layout[k_in])
+            reach = summed_window_reach(lhs_shape[k_in], rhs_shape[k_rhs], n, window_out(lhs_shape[k_in], **window),
+                                        **{key: v for key, v in window.items() if key != "window"})
+            if reach is not None:
+                yield k_in, k_rhs, reach
+
+
+def _conv_reaches(params, shapes, layouts, mesh_shape) -> dict[int, tuple[int, int, tuple[int, int]]]:
+    """lhs axis -> ``(before, after, local padding)``: the rows past its block the convolution reads and how the window
+    pads the haloed block, for each spatial axis the lhs is consumed sharded on — :func:`summed_window_reach` where
+    the kernel's axis is sharded alike, :func:`dilated_window_reach` for a dilated input, else :func:`window_reach`."""
+    lhs_shape, rhs_shape = shapes[0], shapes[1]
+    out = params["dimension_numbers"]
+    reaches = {k_in: (*reach, (0, min(reach[1], 0)))
+               for k_in, _, reach in _summed_spatial(params, shapes, *layouts, mesh_shape)}
+    for k_in, _, window in _spatial(out.lhs_spec, out.rhs_spec, out.out_spec, params, rhs_shape):
+        if layouts[0][k_in] and k_in not in reaches:
+            found = _conv_reach(lhs_shape[k_in], shard_count(mesh_shape, layouts[0][k_in]),
+                                window_out(lhs_shape[k_in], **window), window)
+            reaches[k_in] = reach_or_bug(lhs_shape[k_in], layouts[0][k_in], window, found)
+    return reaches
+
+
+def _conv_reach(size, blocks, out_size, window):
+    """:func:`window_reach` or :func:`dilated_window_reach` with the local padding; None where neither applies."""
+    if window["base_dilation"] > 1:
+        return dilated_window_reach(size, blocks, out_size, **window)
+    reach = window_reach(size, blocks, out_size, **window)
+    return None if reach is None else (*reach, (0, min(reach[1], 0)))
+
+
+def convolution_halo(node, in_shapes, needs, mesh_shape):
+    """The lhs of a convolution consumed with the halo of every sharded spatial axis."""
+    reaches = _conv_reaches(node.params, in_shapes, (needs[0].layout, needs[1].layout), mesh_shape)
+    return (with_halo(needs[0], reaches), *needs[1:])
+
+
+def convolution_block(node, invals, blocks: Blocks) -> list:
+    """The convolution on blocks: along a sharded spatial axis the lhs block arrives with its halo, so the window
+    runs unpadded there (the halo holds the padding at the ends of the array: zeros), over the rows it reads."""
+    reaches = _conv_reaches(node.params, blocks.in_global, blocks.in_layouts, blocks.mesh_shape)
+    if not reaches:
+        return bind_as_is(node, invals, blocks)
+    lhs, rhs = invals
+    lhs_spec = node.params["dimension_numbers"].lhs_spec
+    padding = list(node.params["padding"])
+    for i, k in enumerate(lhs_spec[2:]):
+        if k in reaches:
+            padding[i] = reaches[k][2]
+    return jx.bind(node.primitive, [lhs, rhs], {**node.params, "padding": tuple(padding)})
+
+
 def finish_convolution(decisions, node):
     """The input-feature axes (``lhs_spec[1]``, ``rhs_spec[1]``) summed per block and finished by a ``psum`` (see
-    :func:`~.contractions.finish_summed_pairs`); not with feature or batch groups, whose features pair by group."""
+    :func:`~.contractions.finish_summed_pairs`); not with feature or batch groups, whose features pair by group. So
+    are the spatial axes whose window is sharded like the input (:func:`summed_window_reach`, the kernel gradient of
+    a spatially sharded convolution), each device's input block with its halo."""
     if node.params["feature_group_count"] != 1 or node.params["batch_group_count"] != 1:
         return None
     lhs_spec, rhs_spec, _ = node.params["dimension_numbers"]
-    return finish_summed_pairs(decisions, node, (lhs_spec[1],), (rhs_spec[1],))
+    shapes = [decisions.graph.avals[v].shape for v in node.operands]
+    have = tuple(decisions.layout(v) for v in node.operands)
+    spatial = [(k_in, k_rhs) for k_in, k_rhs, _ in _summed_spatial(node.params, shapes, *have, decisions.mesh_shape)]
+    return finish_summed_pairs(decisions, node, (lhs_spec[1], *(a for a, _ in spatial)),
+                               (rhs_spec[1], *(b for _, b in spatial)))
 
 
 def convolution_work(node, operand_blocks, out_block) -> float:
@@ -75,109 +166,8 @@ def conv_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_number
     return [[tuple(lhs_box)], [tuple(rhs_box)]]
 
 
-def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions, window_strides, padding,
-                  base_dilation, window_dilation, **params) -> RuleOutput:
-    n_arrays = len(ctx.out_avals)  # generic reduce_window takes operands then as many init values
-    arrays, inits = operands[:n_arrays], operands[n_arrays:]
-    shape = arrays[0].shape
-    keep = _trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
-    out_shape = ctx.out_avals[0].shape
-    outputs = tuple(
-        TensorSharding(out_shape, tuple(ctx.merge(k, out_shape[k], [a.axes[k] for a in arrays]) if kept else None
-                                        for k, kept in enumerate(keep)))
-        for _ in range(n_arrays)
-    )
-    need = outputs[0].layout if shape == out_shape else tuple(
-        m if kept else () for m, kept in zip(outputs[0].layout, keep, strict=True))
-    return RuleOutput(outputs, (need,) * n_arrays + tuple(((),) * len(i.shape) for i in inits))
-
-
-def reduce_window_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
-                          padding, base_dilation=None, window_dilation=None, **params):
-    """Output ``o`` reads operand ``[o·stride − lo, o·stride − lo + (w − 1)·dilation]``; where windows
-    leave gaps (stride > window) or are dilated, the answer is the hull of the windows (flagged inexact)."""
-    n_operands = len(ctx.in_shapes) // 2 if len(ctx.in_shapes) > 1 else 1
-    shape = ctx.in_shapes[0]
-    base_dilation = base_dilation or (1,) * len(shape)
-    window_dilation = window_dilation or (1,) * len(shape)
-    if any(d != 1 for d in base_dilation):
-        ctx.exact = False
-        return [[full_box(s)] for s in ctx.in_shapes]
-    box_in = []
-    for n, w, st, (lo, _), wd, (s, e) in zip(shape, window_dimensions, window_strides, padding, window_dilation,
-                                             box, strict=True):
-        if (st > w and e - s > 1) or (wd != 1 and w > 1):  # gaps between windows, or inside a dilated one
-            ctx.exact = False
-        first, last = s * st - lo, (e - 1) * st - lo + (w - 1) * wd + 1
-        box_in.append((max(0, first), min(n, last)))
-    if n_operands > 1:  # a variadic window's reducer may pair operands any way: each output reads them all
-        ctx.exact = False
-    operand_boxes = [[tuple(box_in)] if all(a < b for a, b in box_in) else [] for _ in range(n_operands)]
-    return operand_boxes + [[()] for _ in ctx.in_shapes[n_operands:]]
-
-
-def _trivial_windows(window_dimensions, window_strides, padding, base_dilation=None, window_dilation=None):
-    """Per axis: True where the window is one element with stride 1 and no padding or dilation."""
-    ones = (1,) * len(window_dimensions)
-    return [w == 1 and s == 1 and tuple(p) == (0, 0) and b == 1 and d == 1 for w, s, p, b, d in zip(
-        window_dimensions, window_strides, padding, base_dilation or ones, window_dilation or ones, strict=True)]
-
-
-def select_and_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions, window_strides, padding,
-                      base_dilation=None, window_dilation=None, **params) -> RuleOutput:
-    """Axes with a trivial window merge the two operands and keep the sharding; the others are needed whole."""
-    keep = _trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
-    out_shape = ctx.out_avals[0].shape
-    axes = tuple(ctx.merge(k, n, [op.axes[k] for op in operands]) if kept else None
-                 for k, (n, kept) in enumerate(zip(out_shape, keep, strict=True)))
-    out = TensorSharding(out_shape, axes)
-    need = tuple(m if kept else () for m, kept in zip(out.layout, keep, strict=True))
-    return RuleOutput((out,), (need,) * len(operands))
-
-
-def _windows_over(s: int, e: int, n_windows: int, n: int, w: int, stride: int, lo: int):
-    """The windows (``[first, last)``) that overlap operand range ``[s, e)``, and the operand range they cover."""
-    first = max(0, -(-(s + lo - w + 1) // stride))
-    last = min(n_windows, (e - 1 + lo) // stride + 1)
-    return (first, last), (max(0, first * stride - lo), min(n, (last - 1) * stride - lo + w))
-
-
-def select_and_scatter_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
-                               padding, **params):
-    """An output element (operand-shaped) receives the source values of the windows that contain it, chosen
-    by comparing those windows of the operand."""
-    source_shape, operand_shape = ctx.in_shapes  # select_and_scatter_add(source, operand)
-    source_box, operand_box = [], []
-    for (s, e), n, m, w, st, (lo, _) in zip(box, operand_shape, source_shape, window_dimensions, window_strides,
-                                            padding, strict=True):
-        windows, covered = _windows_over(s, e, m, n, w, st, lo)
-        source_box.append(windows)
-        operand_box.append(covered)
-    return [[tuple(source_box)] if all(a < b for a, b in source_box) else [], [tuple(operand_box)]]
-
-
-def select_and_gather_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
-                              padding, **params):
-    """An output element reads its window of the operand (to select) and of the tangents."""
-    shape = ctx.in_shapes[0]
-    window = []
-    for n, w, st, (lo, _), (s, e) in zip(shape, window_dimensions, window_strides, padding, box, strict=True):
-        window.append((max(0, s * st - lo), min(n, (e - 1) * st - lo + w)))
-    return [[tuple(window)], [tuple(window)]]
-
-
 OPS = [
     OpDef("conv_general_dilated", Family.WINDOW, propagate=conv_general_dilated, lineage=conv_lineage,
-          lineage_exact=False, per_block=bind_as_is, finish=finish_convolution, pull=None, linear=Linearity.EITHER,
-          work=convolution_work),
-    *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
-          propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=bind_as_is,
-          finish=None, pull=None, linear=Linearity.NONE),
-    # The max-pool's derivatives: a scatter of the source into the selected element of each window, and a
-    # gather of the tangent at it.
-    OpDef("select_and_scatter_add", Family.WINDOW, propagate=select_and_window,
-          lineage=select_and_scatter_lineage, lineage_exact=False, per_block=bind_as_is, finish=None, pull=None,
-          linear=Linearity.NONE),
-    OpDef("select_and_gather_add", Family.WINDOW, propagate=select_and_window, lineage=select_and_gather_lineage,
-          lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
+          lineage_exact=False, per_block=convolution_block, finish=finish_convolution, pull=None,
+          linear=Linearity.EITHER, work=convolution_work, halo=convolution_halo),
 ]

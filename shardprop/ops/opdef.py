@@ -13,6 +13,9 @@
     work           the multiply-adds one device does, given its operand and output blocks — optional, for ops
                    whose work grows faster than their data (contractions, convolutions): the cost model weighs
                    the redundant work a gather causes against the bytes a collective moves
+    halo           the rows past its block each operand's block must come with, given the types the op consumes
+                   its operands in — optional, for windowed ops (a convolution, a pooling window) whose output
+                   block is computed from the operand's block and its neighbours' edges
     runs_outside_shard_map   True for a primitive run on whole arrays outside ``shard_map`` (the records of
                    primitives without one of their own); False by default
 
@@ -25,6 +28,7 @@ has none (``finish=None``), so a missing piece is a construction error rather th
     finish(decisions: Decisions, node: Node) -> (operand need types, Collective) | None
     pull(graph: Graph, node: Node, target: Layout) -> operand needs | None
     work(node: Node, operand_blocks: list[Shape], out_block: Shape) -> float
+    halo(node: Node, in_shapes, needs: tuple[ValueType, ...], mesh_shape) -> tuple[ValueType, ...]  # with halos
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class OpDef:
     pull: Callable[..., Any] | None
     linear: Linearity
     work: Callable[..., float] | None = None
+    halo: Callable[..., Any] | None = None
     # True when the primitive runs on whole arrays in a stage of its own outside ``shard_map`` (a primitive without
     # a record: its ``per_block`` is ``bind_globally``), a stage boundary on either side.
     runs_outside_shard_map: bool = False

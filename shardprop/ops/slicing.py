@@ -3,7 +3,7 @@
 An axis the op takes whole and unchanged (a full slice, no padding, not the concatenation axis) keeps its
 sharding; an axis it cuts, pads, reverses or joins is needed whole and comes out replicated — except the
 pieces of a ``split``, whose split axis each device can cut its own block of (it starts unannotated and
-adopts what it meets).
+adopts what it meets), and the operand of a ``dynamic_update_slice``, which each device writes its own rows of.
 
 Lineage: each output element reads the operand element it was cut from (the data-dependent slices: any
 element of a sliced axis, so not exact). On blocks: ``slice``'s limits and ``dynamic_slice``'s sizes of
@@ -12,10 +12,15 @@ sharded axes become block sizes.
 
 from __future__ import annotations
 
-from ..core.blocks import Blocks, bind_as_is, bind_with, cut_to_blocks
+import jax.numpy as jnp
+from jax import lax
+
+from ..core.blocks import Blocks, bind_as_is, bind_with, block_index, cut_to_blocks
 from ..core.boxes import Box, LineageContext, full_box, product
 from ..core.rules import CREATED, RuleContext, RuleOutput
 from ..core.layouts import TensorSharding
+from ..core.collectives import Collective, CollectiveKind
+from ..core.types import ValueType
 from .opdef import Family, Linearity, OpDef
 
 
@@ -53,16 +58,95 @@ def dynamic_slice(ctx: RuleContext, operand: TensorSharding, *indices: TensorSha
     return RuleOutput(out.outputs, out.needs + _scalar_needs(indices))
 
 
+def finish_dynamic_slice(decisions, node):
+    """A slice at an offset along a sharded axis: each device cuts the rows of the slice that lie in its block (zeros
+    elsewhere, :func:`dynamic_slice_block`) and a ``psum`` over the axis's mesh axes adds them up — the slice, not
+    the operand, moves. Not for booleans (no sum)."""
+    graph = decisions.graph
+    operand = node.operands[0]
+    aval = graph.avals[operand]
+    if jnp.dtype(aval.dtype) == jnp.bool_:
+        return None
+    have = decisions.layout(operand)
+    need, *rest = decisions.needs(node.id)
+    layout = list(need.layout)
+    summed: list[str] = []
+    for k, (n, size) in enumerate(zip(aval.shape, node.params["slice_sizes"], strict=True)):
+        if have[k] and size < n:
+            layout[k] = have[k]
+            summed += have[k]
+    others = {name for k, m in enumerate(layout) if not (have[k] and m == have[k] and m and
+                                                          node.params["slice_sizes"][k] < aval.shape[k]) for name in m}
+    if not summed or others & set(summed):
+        return None
+    in_mesh_order = tuple(name for name in decisions.mesh_shape if name in summed)
+    return (ValueType(tuple(layout)), *rest), Collective(CollectiveKind.PSUM, in_mesh_order)
+
+
+def dynamic_slice_block(node, invals, blocks: Blocks) -> list:
+    """The slice on this device's block. An axis sliced whole is cut to the block. Along an axis the slice takes
+    part of and the operand is sharded on (a partial sum, :func:`finish_dynamic_slice`), the block is padded by the
+    slice's length on either side and the slice cut where it lands relative to the block: the rows of other
+    devices' blocks come out as zeros. The start is clamped over the whole axis, as ``lax.dynamic_slice`` does."""
+    operand, *indices = invals
+    layout, sizes = blocks.in_layouts[0], node.params["slice_sizes"]
+    spans = [k for k, (n, size) in enumerate(zip(blocks.in_global[0], sizes, strict=True)) if layout[k] and size < n]
+    if not spans:
+        return bind_with(_dynamic_slice_block_params)(node, invals, blocks)
+    starts = list(indices)
+    for k in spans:
+        n, size, block = blocks.in_global[0][k], sizes[k], operand.shape[k]
+        first = block_index(layout[k], blocks.mesh_shape) * block
+        start = jnp.clip(jnp.asarray(indices[k], jnp.int32), 0, n - size) - first
+        operand = lax.pad(operand, jnp.zeros((), operand.dtype),
+                          [(size, size, 0) if j == k else (0, 0, 0) for j in range(operand.ndim)])
+        starts[k] = jnp.clip(start, -size, block) + size
+    block_sizes = _dynamic_slice_block_params(node.params, blocks)["slice_sizes"]
+    return [lax.dynamic_slice(operand, [jnp.asarray(i, jnp.int32) for i in starts], block_sizes)]
+
+
 def dynamic_update_slice(ctx: RuleContext, operand: TensorSharding, update: TensorSharding,
                          *indices: TensorSharding, **params):
+    """An axis the update covers merges operand and update (their blocks line up); an axis it writes part of keeps
+    the operand's sharding, the update taken whole along it: each device writes the rows that land in its block
+    (none, for most: a KV-cache write moves nothing)."""
     axes = []
+    update_need = []
     for k, n in enumerate(operand.shape):
-        if update.shape[k] == n:  # the update covers the axis: operand and update blocks line up
+        if update.shape[k] == n:
             axes.append(ctx.merge(k, n, [operand.axes[k], update.axes[k]]))
+            update_need.append(None)
         else:
-            axes.append(None)
+            axes.append(ctx.carry(k, n, operand.axes[k]))
+            update_need.append(())
     out = TensorSharding(operand.shape, tuple(axes))
-    return RuleOutput((out,), (out.layout, out.layout) + _scalar_needs(indices))
+    update_layout = tuple(m if need is None else need for m, need in zip(out.layout, update_need, strict=True))
+    return RuleOutput((out,), (out.layout, update_layout) + _scalar_needs(indices))
+
+
+def dynamic_update_slice_block(node, invals, blocks: Blocks) -> list:
+    """The write on this device's block: along an axis the update writes part of and the operand is sharded on,
+    the block is padded by the update's length on either side, the update written where it lands relative to the
+    block (clamped into the padding where it misses it), and the block cut back out — the update's rows outside the
+    block fall into the padding. The start is clamped over the whole axis, as ``lax.dynamic_update_slice`` does."""
+    operand, update, *indices = invals
+    layout = blocks.in_layouts[0]
+    spans = [k for k, (n, u) in enumerate(zip(blocks.in_global[0], blocks.in_global[1], strict=True))
+             if layout[k] and u < n]
+    if not spans:
+        return bind_as_is(node, invals, blocks)
+    starts = list(indices)
+    for k in spans:
+        n, u, block = blocks.in_global[0][k], update.shape[k], operand.shape[k]
+        first = block_index(layout[k], blocks.mesh_shape) * block
+        start = jnp.clip(jnp.asarray(indices[k], jnp.int32), 0, n - u) - first  # relative to this block
+        operand = lax.pad(operand, jnp.zeros((), operand.dtype),
+                          [(u, u, 0) if j == k else (0, 0, 0) for j in range(operand.ndim)])
+        starts[k] = jnp.clip(start, -u, block) + u
+    out = lax.dynamic_update_slice(operand, update, [jnp.asarray(i, jnp.int32) for i in starts])
+    for k in spans:
+        out = lax.slice_in_dim(out, update.shape[k], update.shape[k] + blocks.in_blocks[0][k], axis=k)
+    return [out]
 
 
 def concatenate(ctx: RuleContext, *operands: TensorSharding, dimension, **params):
@@ -191,8 +275,8 @@ OPS = [
     _slicing("concatenate", concatenate, concatenate_lineage, linear=Linearity.JOINT),
     _slicing("split", split, split_lineage, per_block=cut_to_blocks, linear=Linearity.NONE),
     # Where these slices start depends on index values: any element of a sliced axis may be read.
-    _slicing("dynamic_slice", dynamic_slice, dynamic_slice_lineage, exact=False,
-             per_block=bind_with(_dynamic_slice_block_params)),
+    OpDef("dynamic_slice", Family.SLICING, propagate=dynamic_slice, lineage=dynamic_slice_lineage, lineage_exact=False,
+          per_block=dynamic_slice_block, finish=finish_dynamic_slice, pull=None, linear=Linearity.FIRST),
     _slicing("dynamic_update_slice", dynamic_update_slice, dynamic_update_slice_lineage, exact=False,
-             linear=Linearity.NONE),
+             per_block=dynamic_update_slice_block, linear=Linearity.NONE),
 ]

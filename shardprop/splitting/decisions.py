@@ -32,6 +32,7 @@ from ..core.layouts import Layout
 from ..core.rules import Body
 from ..core.types import ValueType, whole
 from ..expr.graph import Graph, Node
+from ..ops import lookup
 from ..propagation import ShardedGraph
 
 _EMPTY: Mapping = MappingProxyType({})
@@ -93,6 +94,11 @@ class Decisions:
         table = [whole(needs) for needs in self.sharded.needs]
         for node_id, needs in self.need_overrides.items():
             table[node_id] = needs
+        for node in self.graph.nodes:  # a windowed op reads its neighbours' edges: the halo is part of its need
+            halo = lookup(node.op).halo
+            if halo is not None:
+                shapes = [self.graph.avals[v].shape for v in node.operands]
+                table[node.id] = halo(node, shapes, table[node.id], self.mesh_shape)
         return tuple(table)
 
     @cached_property

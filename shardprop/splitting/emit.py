@@ -33,6 +33,7 @@ class Emitter:
         self.available: set[Ref] = set(available)
         self.importable = importable
         self.imported: list[Ref] = []
+        self.haloed: dict[int, list[Ref]] = {}  # value -> the haloed refs of it made here
 
     def held(self, value: int) -> Ref:
         """``value`` as the plan holds it."""
@@ -57,6 +58,8 @@ class Emitter:
             return target
         graph, mesh_shape = self.view.graph, self.view.mesh_shape
         aval = graph.avals[source.value]
+        if want.halo:  # its blocks, then the rows not yet received for another op (XLA would merge the exchanges)
+            source = self._most_halo(self.bring(source, want.without_halo(), node, finishing), want)
         steps = plan_move(aval.shape, aval.dtype, source.type, want, mesh_shape)
         at, start = source, 0
         for k in reversed(range(len(steps) - 1)):
@@ -73,6 +76,18 @@ class Emitter:
                             finishing))
             at = after
         return target
+
+    def _most_halo(self, core: Ref, want: ValueType) -> Ref:
+        """The ref of ``core``'s value with the most of ``want``'s halo already received here (``core`` if none)."""
+        best, most = core, 0
+        for ref in self.haloed.get(core.value, ()):
+            halo = ref.type.halo
+            if ref.type.without_halo() == core.type and all(
+                    a <= c and b <= d for (a, b), (c, d) in zip(halo, want.halo, strict=True)):
+                rows = sum(a + b for a, b in halo)
+                if rows > most:
+                    best, most = ref, rows
+        return best
 
     def node(self, node_id: int) -> None:
         """Node ``node_id``: its operands brought from the types they are held in, the node, and the collective that
@@ -126,6 +141,8 @@ class Emitter:
     def _made(self, instruction: Instruction) -> None:
         self.instructions.append(instruction)
         self.available.update(instruction.outputs if isinstance(instruction, Compute) else (instruction.result,))
+        if isinstance(instruction, Move) and instruction.result.type.halo:
+            self.haloed.setdefault(instruction.result.value, []).append(instruction.result)
 
 
 def body_program(plan: BodyPlan) -> BodyProgram:

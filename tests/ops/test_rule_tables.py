@@ -83,9 +83,10 @@ ROWS = [
      [(4, 6, 2)], {}, ((Ii, NO, NO),), ((Ii, NO, NO), (Ii, NO, NO))),
     ("fft_last_axis_whole", "fft", [((8, 4), (Ii, J))], [(8, 4)], {"fft_type": 0, "fft_lengths": (4,)},
      ((Ii, NO),), ((Ii, NO),)),
+    # a 2x2 pool's windows lie within the blocks of j: each device scatters into its own block (no halo)
     ("max_pool_gradient", "select_and_scatter_add", [((8, 2), (Ii, NO)), ((8, 4), (Ii, J))], [(8, 4)],
      {"select_prim": None, "window_dimensions": (1, 2), "window_strides": (1, 2), "padding": ((0, 0), (0, 0))},
-     ((Ii, NO),), ((Ii, NO), (Ii, NO))),
+     ((Ii, J),), ((Ii, J), (Ii, J))),
     ("ragged_dot_keeps_rhs_free_axes", "ragged_dot_general", [((8, 4), (Ii, NO)), ((2, 4, 6), (NO, NO, J)),
                                                               ((2,), (NO,))], [(8, 6)],
      {"ragged_dot_dimension_numbers": type("RDN", (), {"dot_dimension_numbers": (((1,), (1,)), ((), ())),

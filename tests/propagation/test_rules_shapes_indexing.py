@@ -53,8 +53,9 @@ CASES = [
      "dynamic_slice"),
     ("dynamic_slice_whole_axis_ignores_index", lambda a: lax.dynamic_slice(a, (5, 2), (16, 4)), [(M, F32)], "8",
      (P("i"),), P("i"), "dynamic_slice"),
+    # the update writes part of axis 1: each device writes the columns that land in its block
     ("dynamic_update_slice", lambda a, u: lax.dynamic_update_slice(a, u, (0, 2)), [(M, F32), ((16, 4), F32)],
-     "4x2", (P("i", "j"), None), P("i"), "dynamic_update_slice"),
+     "4x2", (P("i", "j"), None), P("i", "j"), "dynamic_update_slice"),
     ("gather_rows", lambda a: a[IDX16], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "gather"),
     ("gather_sharded_indices", lambda a, i: a[i], [(M, F32), ((16,), I32)], "4x2", (P(None, "j"), P("i")),
      P("i", "j"), "gather"),
@@ -80,8 +81,9 @@ CASES = [
      [((8, 4, 6, 6), F32), ((8, 4, 3, 3), F32)], "4x2", (P("i", "j"), None), P("i"), "conv_general_dilated"),
     ("max_pool", lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
      [((8, 6, 6, 4), F32)], "4x2", (P("i", None, None, "j"),), P("i", None, None, "j"), "reduce_window_max"),
+    # a window along a sharded axis keeps it sharded: each device reads one row of its neighbour's block (a halo)
     ("avg_pool_sum", lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 1, 1, 1), "SAME"),
-     [((8, 6, 6, 4), F32)], "4x2", (P("i", "j"),), P("i"), "reduce_window_sum"),
+     [((8, 6, 6, 4), F32)], "4x2", (P("i", "j"),), P("i", "j"), "reduce_window_sum"),
     ("copy", lambda a: jnp.array(a, copy=True) + lax.optimization_barrier(a), [(M, F32)], "4x2",
      (P("i", "j"),), P("i", "j"), "add"),
     ("bitcast_same_width", lambda a: lax.bitcast_convert_type(a, jnp.int32), [(M, F32)], "4x2", (P("i", "j"),),

@@ -1,0 +1,267 @@
+"""Windowed reductions (pooling) and the derivatives of a max-pool.
+
+``reduce_window_*`` keep the sharding of axes whose window is a single element with stride 1 and no padding or
+dilation, and of axes where each device can compute its block of the output from its block and its neighbours'
+edges (a halo, :mod:`.windows`: a SAME pool, a strided pool whose stride divides the block, a VALID 2x2 pool); the
+rows past the ends of the array become the reduction's identity (-inf for a maximum). ``select_and_scatter_add``
+and ``select_and_gather_add`` (a max-pool's gradient and tangent) keep the operand's sharding the same way
+(:func:`select_reaches`); trivial windows merge their two operands.
+
+Lineage: a window reduction's output reads the windows it covers; a scatter into windows reads the windows that
+overlap the box (sound, not exact).
+"""
+
+from __future__ import annotations
+
+from jax import lax
+
+from ..core.blocks import Blocks, bind_as_is
+from ..core.boxes import Box, LineageContext, full_box
+from ..core.layouts import Sharded, TensorSharding, shard_count
+from ..core.rules import RuleContext, RuleOutput
+from ..expr import jax_adapter as jx
+from .opdef import Family, Linearity, OpDef, defs
+from .windows import (identity, past_the_ends, reach_or_bug, trivial_windows, unpadded, window_of, window_out,
+                      window_reach, with_halo)
+
+
+def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions, window_strides, padding,
+                  base_dilation, window_dilation, **params) -> RuleOutput:
+    n_arrays = len(ctx.out_avals)  # generic reduce_window takes operands then as many init values
+    arrays, inits = operands[:n_arrays], operands[n_arrays:]
+    shape = arrays[0].shape
+    keep = trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
+    out_shape = ctx.out_avals[0].shape
+    axes = []
+    for k, kept in enumerate(keep):
+        source = arrays[0].axes[k]
+        reach = None
+        if not kept and n_arrays == 1 and isinstance(source, Sharded):
+            window = window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation)
+            reach = window_reach(shape[k], shard_count(ctx.mesh_shape, source.mesh_axes), out_shape[k], **window)
+        if kept:
+            axes.append(ctx.merge(k, out_shape[k], [a.axes[k] for a in arrays]))
+        elif reach is not None:
+            axes.append(ctx.carry_window(k, out_shape[k], source, reach))
+        else:
+            axes.append(None)
+    outputs = tuple(TensorSharding(out_shape, tuple(axes)) for _ in range(n_arrays))
+    need = outputs[0].layout
+    return RuleOutput(outputs, (need,) * n_arrays + tuple(((),) * len(i.shape) for i in inits))
+
+
+def _pool_reaches(params, shape, layout, mesh_shape) -> dict[int, tuple[int, int]]:
+    """Axis -> its :func:`window_reach` for each axis with a window that a windowed reduction consumes sharded."""
+    names = ("window_dimensions", "window_strides", "padding", "base_dilation", "window_dilation")
+    reaches = {}
+    for k, kept in enumerate(trivial_windows(*(params.get(n) for n in names))):
+        if layout[k] and not kept:
+            window = window_of(k, *(params.get(n) for n in names))
+            found = window_reach(shape[k], shard_count(mesh_shape, layout[k]), window_out(shape[k], **window),
+                                 **window)
+            reaches[k] = reach_or_bug(shape[k], layout[k], window, found)
+    return reaches
+
+
+def pool_halo(node, in_shapes, needs, mesh_shape):
+    """The operand of a windowed reduction consumed with the halo of every sharded axis with a window."""
+    reaches = _pool_reaches(node.params, in_shapes[0], needs[0].layout, mesh_shape)
+    return (with_halo(needs[0], reaches), *needs[1:])
+
+
+def pool_block(node, invals, blocks: Blocks) -> list:
+    """The windowed reduction on blocks: along a sharded axis with a window the block arrives with its halo, whose
+    rows past the ends of the array become the reduction's identity (what it pads with: the init value, -inf for a
+    maximum), and the window runs unpadded there."""
+    reaches = _pool_reaches(node.params, blocks.in_global[0], blocks.in_layouts[0], blocks.mesh_shape)
+    if not reaches:
+        return bind_as_is(node, invals, blocks)
+    x, *inits = invals
+    fill = inits[0] if inits else identity(node.primitive.name, x.dtype)
+    padding = list(node.params["padding"])
+    for k, reach in reaches.items():
+        x = past_the_ends(x, k, reach[0], blocks.in_global[0][k], blocks.in_layouts[0][k], blocks.mesh_shape, fill)
+        x, padding[k] = unpadded(x, k, reach), (0, 0)
+    return jx.bind(node.primitive, [x, *inits], {**node.params, "padding": tuple(padding)})
+
+
+def reduce_window_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
+                          padding, base_dilation=None, window_dilation=None, **params):
+    """Output ``o`` reads operand ``[o·stride − lo, o·stride − lo + (w − 1)·dilation]``; where windows
+    leave gaps (stride > window) or are dilated, the answer is the hull of the windows (flagged inexact)."""
+    n_operands = len(ctx.in_shapes) // 2 if len(ctx.in_shapes) > 1 else 1
+    shape = ctx.in_shapes[0]
+    base_dilation = base_dilation or (1,) * len(shape)
+    window_dilation = window_dilation or (1,) * len(shape)
+    if any(d != 1 for d in base_dilation):
+        ctx.exact = False
+        return [[full_box(s)] for s in ctx.in_shapes]
+    box_in = []
+    for n, w, st, (lo, _), wd, (s, e) in zip(shape, window_dimensions, window_strides, padding, window_dilation,
+                                             box, strict=True):
+        if (st > w and e - s > 1) or (wd != 1 and w > 1):  # gaps between windows, or inside a dilated one
+            ctx.exact = False
+        first, last = s * st - lo, (e - 1) * st - lo + (w - 1) * wd + 1
+        box_in.append((max(0, first), min(n, last)))
+    if n_operands > 1:  # a variadic window's reducer may pair operands any way: each output reads them all
+        ctx.exact = False
+    operand_boxes = [[tuple(box_in)] if all(a < b for a, b in box_in) else [] for _ in range(n_operands)]
+    return operand_boxes + [[()] for _ in ctx.in_shapes[n_operands:]]
+
+
+def select_and_scatter(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
+    """``select_and_scatter_add``: see :func:`select_and_window`."""
+    return select_and_window("select_and_scatter_add", ctx, *operands, **params)
+
+
+def select_and_gather(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
+    """``select_and_gather_add``: see :func:`select_and_window`."""
+    return select_and_window("select_and_gather_add", ctx, *operands, **params)
+
+
+def select_and_window(op: str, ctx: RuleContext, *operands: TensorSharding, window_dimensions, window_strides,
+                      padding, base_dilation=None, window_dilation=None, **params) -> RuleOutput:
+    """Axes with a trivial window merge the two operands and keep the sharding; an axis with a window keeps the
+    operand's (the second) where each device can compute its block from its own and its neighbours' edges
+    (:func:`select_reaches`); the others are needed whole."""
+    keep = trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
+    out_shape = ctx.out_avals[0].shape
+    operand = operands[1]
+    axes = []
+    for k, (n, kept) in enumerate(zip(out_shape, keep, strict=True)):
+        source = operand.axes[k]
+        reach = None if kept or not isinstance(source, Sharded) else select_reaches(
+            op, operand.shape[k], shard_count(ctx.mesh_shape, source.mesh_axes),
+            **window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation))
+        if kept:
+            axes.append(ctx.merge(k, n, [op.axes[k] for op in operands]))
+        elif reach is not None:
+            axes.append(ctx.carry_window(k, n, source, reach[1]))
+        else:
+            axes.append(None)
+    out = TensorSharding(out_shape, tuple(axes))
+    need = tuple(m if kept or out.layout[k] else () for k, (m, kept) in enumerate(zip(out.layout, keep, strict=True)))
+    return RuleOutput((out,), (need,) * len(operands))
+
+
+def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int, padding: tuple[int, int],
+                   dilation: int = 1, base_dilation: int = 1):
+    """``(first operand's reach, operand's reach)`` (each ``(before, after)``) for a max-pool's derivative along an
+    axis of the operand ``size`` long in ``blocks`` even blocks, the windows ``size / stride`` many, or None.
+
+    ``select_and_gather_add`` (tangent, operand -> per window) reads as a pooling window does (:func:`window_reach`).
+    ``select_and_scatter_add`` (per-window source, operand -> per operand row) computes a device's rows from every
+    window that overlaps them: the source's windows before and after its own, and the operand rows those windows
+    cover; the rows its windows scatter into its neighbours' rows are the neighbours' to compute.
+
+    >>> select_reaches("select_and_scatter_add", 64, 8, window=3, stride=2, padding=(0, 1))   # a 3x3/2 SAME pool
+    ((1, 0), (2, 1))
+    """
+    if blocks <= 1 or dilation != 1 or base_dilation != 1 or size % blocks or padding[0] < 0:
+        return None
+    block, before = size // blocks, padding[0]
+    windows = window_out(size, window=window, stride=stride, padding=padding, dilation=1, base_dilation=1)
+    if block % stride or windows * stride != size:
+        return None
+    if op == "select_and_gather_add":
+        reach = window_reach(size, blocks, windows, window=window, stride=stride, padding=padding)
+        return None if reach is None else (reach, reach)
+    windows_before = (window - 1 - before) // stride  # the windows that start in a block before and reach into it
+    windows_after = (before - 1) // stride + 1
+    rows = (before + windows_before * stride, (windows_after - 1) * stride - before + window)
+    if max(rows[0], 0) + max(rows[1], 0) > (blocks - 1) * block or min(windows_before, windows_after) < 0:
+        return None
+    return (windows_before, windows_after), rows
+
+
+def _select_reaches(node, in_shapes, layouts, mesh_shape):
+    """Axis -> :func:`select_reaches` for each axis with a window the op consumes its operand sharded on."""
+    names = ("window_dimensions", "window_strides", "padding", "base_dilation", "window_dilation")
+    params = [node.params.get(n) for n in names]
+    reaches = {}
+    for k, kept in enumerate(trivial_windows(*params)):
+        if layouts[1][k] and not kept:
+            found = select_reaches(node.op, in_shapes[1][k], shard_count(mesh_shape, layouts[1][k]),
+                                   **window_of(k, *params))
+            if found is None:
+                raise ValueError(f"`{node.op}` along axis {k} has no halo: the rule keeps such an axis whole (a "
+                                 "shardprop bug)")
+            reaches[k] = found
+    return reaches
+
+
+def select_halo(node, in_shapes, needs, mesh_shape):
+    """Both operands of a max-pool's derivative consumed with their halos (:func:`select_reaches`)."""
+    reaches = _select_reaches(node, in_shapes, [n.layout for n in needs], mesh_shape)
+    return (with_halo(needs[0], {k: r[0] for k, r in reaches.items()}),
+            with_halo(needs[1], {k: r[1] for k, r in reaches.items()}))
+
+
+def select_block(node, invals, blocks: Blocks) -> list:
+    """A max-pool's derivative on haloed blocks: the operand's rows past the ends of the array can never be selected
+    (the lowest value for a maximum), the windows run unpadded, and ``select_and_scatter_add`` keeps the rows of its
+    own block."""
+    reaches = _select_reaches(node, blocks.in_global, blocks.in_layouts, blocks.mesh_shape)
+    if not reaches:
+        return bind_as_is(node, invals, blocks)
+    first, operand = invals
+    fill = identity("reduce_window_max" if node.params["select_prim"] is lax.ge_p else "reduce_window_min",
+                     operand.dtype)
+    padding = list(node.params["padding"])
+    for k, (first_reach, rows) in reaches.items():
+        size, mesh_axes = blocks.in_global[1][k], blocks.in_layouts[1][k]
+        operand = unpadded(past_the_ends(operand, k, rows[0], size, mesh_axes, blocks.mesh_shape, fill), k, rows)
+        first = unpadded(first, k, first_reach)
+        padding[k] = (0, 0)
+    out = jx.bind(node.primitive, [first, operand], {**node.params, "padding": tuple(padding)})[0]
+    if node.op == "select_and_scatter_add":
+        for k, (_, rows) in reaches.items():
+            out = lax.slice_in_dim(out, rows[0], rows[0] + blocks.in_global[1][k] // shard_count(
+                blocks.mesh_shape, blocks.in_layouts[1][k]), axis=k)
+    return [out]
+
+
+def _windows_over(s: int, e: int, n_windows: int, n: int, w: int, stride: int, lo: int):
+    """The windows (``[first, last)``) that overlap operand range ``[s, e)``, and the operand range they cover."""
+    first = max(0, -(-(s + lo - w + 1) // stride))
+    last = min(n_windows, (e - 1 + lo) // stride + 1)
+    return (first, last), (max(0, first * stride - lo), min(n, (last - 1) * stride - lo + w))
+
+
+def select_and_scatter_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
+                               padding, **params):
+    """An output element (operand-shaped) receives the source values of the windows that contain it, chosen
+    by comparing those windows of the operand."""
+    source_shape, operand_shape = ctx.in_shapes  # select_and_scatter_add(source, operand)
+    source_box, operand_box = [], []
+    for (s, e), n, m, w, st, (lo, _) in zip(box, operand_shape, source_shape, window_dimensions, window_strides,
+                                            padding, strict=True):
+        windows, covered = _windows_over(s, e, m, n, w, st, lo)
+        source_box.append(windows)
+        operand_box.append(covered)
+    return [[tuple(source_box)] if all(a < b for a, b in source_box) else [], [tuple(operand_box)]]
+
+
+def select_and_gather_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,
+                              padding, **params):
+    """An output element reads its window of the operand (to select) and of the tangents."""
+    shape = ctx.in_shapes[0]
+    window = []
+    for n, w, st, (lo, _), (s, e) in zip(shape, window_dimensions, window_strides, padding, box, strict=True):
+        window.append((max(0, s * st - lo), min(n, (e - 1) * st - lo + w)))
+    return [[tuple(window)], [tuple(window)]]
+
+
+OPS = [
+    *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
+          propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=pool_block,
+          finish=None, pull=None, linear=Linearity.NONE, halo=pool_halo),
+    # The max-pool's derivatives: a scatter of the source into the selected element of each window, and a
+    # gather of the tangent at it.
+    OpDef("select_and_scatter_add", Family.WINDOW, propagate=select_and_scatter,
+          lineage=select_and_scatter_lineage, lineage_exact=False, per_block=select_block, finish=None, pull=None,
+          linear=Linearity.NONE, halo=select_halo),
+    OpDef("select_and_gather_add", Family.WINDOW, propagate=select_and_gather, lineage=select_and_gather_lineage,
+          lineage_exact=False, per_block=select_block, finish=None, pull=None, linear=Linearity.NONE,
+          halo=select_halo),
+]

@@ -1,0 +1,157 @@
+"""The geometry of a window along a sharded axis: which rows past its own block each device reads (its *halo*).
+
+A window op (a convolution, a pooling window, a max-pool's derivative) can keep an axis sharded when every device
+computes its own block of the output from its own block of the input and a few rows of its neighbours' blocks. Those
+rows arrive by a halo exchange (a move, ``StepKind.HALO``: one ``ppermute`` per neighbour the rows come from) before
+the op; past the ends of the array the exchange leaves zeros, which the op turns into what it pads with. The
+functions here say when that works and how many rows it takes, for the family modules (``convolutions.py``,
+``pooling.py``) and their per-block pieces.
+
+    >>> window_reach(64, 8, 64, window=3, stride=1, padding=(1, 1))   # a 3x3 SAME convolution, rows over 8 devices
+    (1, 1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..core.blocks import block_index
+from ..core.layouts import shard_count
+from ..expr import jax_adapter as jx
+
+
+def window_reach(size: int, blocks: int, out_size: int, *, window: int, stride: int, padding: tuple[int, int],
+                 dilation: int = 1, base_dilation: int = 1) -> tuple[int, int] | None:
+    """``(before, after)``: the rows past its block each device reads when a window of ``window`` elements (``dilation``
+    apart), every ``stride`` rows of an axis of ``size`` padded by ``padding``, computes ``out_size`` outputs and the
+    axis is cut in ``blocks`` even blocks — if each device can compute its own block of the output so (the output
+    ``size / stride`` long, the stride dividing the block, no base dilation) and that moves less than a gather; else
+    None. ``after`` is negative where a device does not read its own last rows.
+
+    >>> window_reach(64, 8, 64, window=3, stride=1, padding=(1, 1))   # a 3x3 SAME convolution
+    (1, 1)
+    >>> window_reach(64, 8, 32, window=2, stride=2, padding=(0, 0))   # a 2x2 pool
+    (0, 0)
+    >>> window_reach(64, 8, 62, window=3, stride=1, padding=(0, 0)) is None   # VALID: the output blocks are uneven
+    True
+    """
+    if blocks <= 1 or base_dilation != 1 or size % blocks:
+        return None
+    block = size // blocks
+    before = padding[0]
+    if before < 0 or block % stride or out_size * stride != size:
+        return None
+    after = (window - 1) * dilation + 1 - stride - before
+    if before + max(after, 0) > (blocks - 1) * block:  # reading past every other block: a gather moves less
+        return None
+    return before, after
+
+
+def summed_window_reach(size: int, window_size: int, blocks: int, out_size: int, *, stride: int,
+                        padding: tuple[int, int], dilation: int = 1, base_dilation: int = 1) -> tuple[int, int] | None:
+    """:func:`window_reach` for a convolution whose *window* axis (the kernel's, ``window_size`` long) is sharded like
+    the input axis it slides over (``size`` long), both cut in ``blocks`` even blocks: each device sums the products
+    of its part of the window over every output position — the kernel gradient of a spatially sharded convolution
+    (its result a partial sum, finished by a ``psum``). Needs the window's blocks ``dilation`` apart to start where
+    the input's do; None otherwise.
+
+    >>> summed_window_reach(64, 64, 8, 3, stride=1, padding=(1, 1))   # the kernel gradient of a 3x3 SAME conv
+    (1, 1)
+    """
+    if blocks <= 1 or base_dilation != 1 or size % blocks or window_size % blocks or padding[0] < 0:
+        return None
+    block, window_block = size // blocks, window_size // blocks
+    if window_block * dilation != block:
+        return None
+    before, after = padding[0], (out_size - 1) * stride - dilation - padding[0] + 1
+    if before + max(after, 0) > (blocks - 1) * block:
+        return None
+    return before, after
+
+
+def dilated_window_reach(size: int, blocks: int, out_size: int, *, window: int, stride: int,
+                         padding: tuple[int, int], dilation: int = 1, base_dilation: int = 1):
+    """``(before, after, local padding)`` for a convolution whose input is dilated (``base_dilation``: the input
+    gradient of a strided convolution, a transposed convolution) along an axis of ``size`` in ``blocks`` even blocks:
+    each device's output block is ``base_dilation`` times its input block; it reads ``before``/``after`` input rows
+    past its block and pads the dilated rows by ``local padding`` (negative: rows it does not read). None unless
+    the window moves one row at a time and the output is ``base_dilation`` times the input.
+
+    >>> dilated_window_reach(32, 8, 64, window=3, stride=1, padding=(1, 2), base_dilation=2)  # 3x3/2 SAME's gradient
+    (0, 1, (1, 0))
+    """
+    if blocks <= 1 or base_dilation <= 1 or stride != 1 or size % blocks or out_size != size * base_dilation:
+        return None
+    block, s, extent = size // blocks, base_dilation, (window - 1) * dilation + 1
+    before = padding[0] // s
+    after = (extent - 2 - padding[0]) // s + 1
+    if padding[0] < 0 or before + max(after, 0) > (blocks - 1) * block:
+        return None
+    rows = block + before + max(after, 0)
+    low = padding[0] - before * s
+    return before, after, (low, block * s - 1 + extent - ((rows - 1) * s + 1) - low)
+
+
+def window_out(size, *, window, stride, padding, dilation, base_dilation) -> int:
+    """The output length of a window along an axis (lax's formula)."""
+    padded = (size - 1) * base_dilation + 1 + padding[0] + padding[1]
+    return max(0, (padded - ((window - 1) * dilation + 1)) // stride + 1)
+
+
+def reach_or_bug(size, mesh_axes, window, reach):
+    """``reach``, found for an axis the op consumes sharded (its rule keeps no other axis sharded)."""
+    if reach is None:
+        raise ValueError(f"a window along an axis of {size} over {mesh_axes} has no halo ({window}): the rule "
+                         "keeps such an axis whole (a shardprop bug)")
+    return reach
+
+
+def with_halo(need, reaches: dict[int, tuple[int, int]]):
+    """``need`` holding, on each axis of ``reaches``, the rows before and after its block the window reads."""
+    if not reaches:
+        return need
+    return replace(need, halo=tuple((reaches[k][0], max(reaches[k][1], 0)) if k in reaches else (0, 0)
+                                    for k in range(len(need.layout))))
+
+
+def unpadded(x, axis: int, reach: tuple[int, int]):
+    """A haloed block without the rows the window does not read (a negative ``after``: its own last rows)."""
+    after = reach[1]
+    return x if after >= 0 else lax.slice_in_dim(x, 0, x.shape[axis] + after, axis=axis)
+
+
+def identity(primitive: str, dtype):
+    """What ``reduce_window_{sum,max,min}`` pads with: 0, the lowest value, the highest value."""
+    if primitive == "reduce_window_sum":
+        return np.zeros((), dtype)
+    kind, lowest = jx.dtype_kind(dtype), primitive == "reduce_window_max"
+    if kind == "f":
+        return np.array(-np.inf if lowest else np.inf, dtype)
+    if kind == "b":
+        return np.array(not lowest, dtype)
+    return np.array(np.iinfo(dtype).min if lowest else np.iinfo(dtype).max, dtype)
+
+
+def past_the_ends(x, axis: int, before: int, size: int, mesh_axes, mesh_shape, fill):
+    """``x`` (a block with ``before`` halo rows first) with ``fill`` in its rows past the ends of the array."""
+    first = block_index(mesh_axes, mesh_shape) * (size // shard_count(mesh_shape, mesh_axes)) - before
+    index = lax.broadcasted_iota(np.int32, x.shape, axis) + first
+    return jnp.where((index >= 0) & (index < size), x, jnp.asarray(fill, x.dtype))
+
+
+def trivial_windows(window_dimensions, window_strides, padding, base_dilation=None, window_dilation=None):
+    """Per axis: True where the window is one element with stride 1 and no padding or dilation."""
+    ones = (1,) * len(window_dimensions)
+    return [w == 1 and s == 1 and tuple(p) == (0, 0) and b == 1 and d == 1 for w, s, p, b, d in zip(
+        window_dimensions, window_strides, padding, base_dilation or ones, window_dilation or ones, strict=True)]
+
+
+def window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation) -> dict:
+    """Axis ``k``'s window of a windowed reduction (for :func:`window_reach`)."""
+    return dict(window=window_dimensions[k], stride=window_strides[k], padding=tuple(padding[k]),
+                dilation=(window_dilation or (1,) * len(window_dimensions))[k],
+                base_dilation=(base_dilation or (1,) * len(window_dimensions))[k])

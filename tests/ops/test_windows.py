@@ -1,0 +1,182 @@
+"""Windows along a sharded axis (convolutions, pooling, a max-pool's derivatives): the axis stays sharded, each device
+receiving only the rows of its neighbours' blocks its window reads (a halo exchange).
+
+Oracles: the unsharded function on the same inputs (values), ``jax.jit`` on the same input shardings (bytes moved
+and output shardings, from its compiled HLO), and the compiled HLO of our own program (the estimate). The geometry
+is checked against a brute-force count of the rows each device's outputs read.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.core.transfers import total_moved
+from shardprop.inspect.listing import format_listing
+from shardprop.ops.pooling import select_reaches
+from shardprop.ops.windows import dilated_window_reach, summed_window_reach, window_out, window_reach
+from tests.conftest import assert_same_as_unsharded, random_args
+
+DN = ("NHWC", "HWIO", "NHWC")
+X = ((2, 32, 16, 4), jnp.float32)
+W = ((3, 3, 4, 8), jnp.float32)
+
+
+def conv(x, w, stride=1, padding="SAME", **kw):
+    return lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=DN, **kw)
+
+
+def max_pool(x, window=3, stride=1, padding="SAME"):
+    return lax.reduce_window(x, -jnp.inf, lax.max, (1, window, window, 1), (1, stride, stride, 1), padding)
+
+
+def loss_grad(f, argnums=(0, 1)):
+    return jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2), argnums=argnums)
+
+
+# (id, f(x, w), mesh, in_specs, the output specs jax.jit gives and so must we, fewer bytes than jit expected)
+CASES = [
+    ("conv_same_rows", lambda x, w: conv(x, w), "8", (P(None, "i"), P()), (P(None, "i"),), False),
+    ("conv_strided", lambda x, w: conv(x, w, 2), "8", (P(None, "i"), P()), (P(None, "i"),), False),
+    ("conv_dilated_kernel", lambda x, w: conv(x, w, rhs_dilation=(2, 2)), "8", (P(None, "i"), P()),
+     (P(None, "i"),), False),
+    ("conv_5x5_reaches_past_the_neighbour", lambda x, w: conv(x, jnp.tile(w, (2, 2, 1, 1))[:5, :5]), "8",
+     (P(None, "i"), P()), (P(None, "i"),), False),
+    ("conv_depthwise", lambda x, w: lax.conv_general_dilated(
+        x, w[:, :, :1, :4], (1, 1), "SAME", dimension_numbers=DN, feature_group_count=4), "8",
+     (P(None, "i"), P()), (P(None, "i"),), False),
+    ("conv_rows_and_columns", lambda x, w: conv(x, w), "4x2", (P(None, "i", "j"), P()), (P(None, "i", "j"),), False),
+    ("conv_batch_and_rows", lambda x, w: conv(x, w), "4x2", (P("j", "i"), P()), (P("j", "i"),), False),
+    ("two_convs", lambda x, w: conv(jax.nn.relu(conv(x, w))[..., :4], w), "8", (P(None, "i"), P()),
+     (P(None, "i"),), False),
+    ("conv_input_gradient", loss_grad(lambda x, w: conv(x, w), 0), "8", (P(None, "i"), P()), (P(None, "i"),),
+     False),
+    ("conv_both_gradients", loss_grad(lambda x, w: conv(x, w)), "8", (P(None, "i"), P()), (P(None, "i"), P()),
+     True),
+    ("strided_conv_both_gradients", loss_grad(lambda x, w: conv(x, w, 2)), "8", (P(None, "i"), P()),
+     (P(None, "i"), P()), True),
+    ("conv_gradients_rows_and_columns", loss_grad(lambda x, w: conv(x, w)), "4x2", (P(None, "i", "j"), P()),
+     (P(None, "i", "j"), P()), True),
+    ("max_pool_same", lambda x, w: max_pool(x), "8", (P(None, "i"), P()), (P(None, "i"),), False),
+    ("max_pool_strided", lambda x, w: max_pool(x, 3, 2), "8", (P(None, "i"), P()), (P(None, "i"),), False),
+    ("avg_pool_2x2_moves_nothing", lambda x, w: lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1),
+                                                                   "VALID") / 4, "8", (P(None, "i"), P()),
+     (P(None, "i"),), False),
+    ("min_pool", lambda x, w: lax.reduce_window(x, jnp.inf, lax.min, (1, 3, 1, 1), (1, 1, 1, 1), "SAME"), "8",
+     (P(None, "i"), P()), (P(None, "i"),), False),
+    ("int_max_pool", lambda x, w: lax.reduce_window((x * 10).astype(jnp.int32), jnp.iinfo(jnp.int32).min, lax.max,
+                                                    (1, 3, 1, 1), (1, 1, 1, 1), "SAME"), "8", (P(None, "i"), P()),
+     (P(None, "i"),), False),
+    ("generic_product_window", lambda x, w: lax.reduce_window(x, 1.0, lax.mul, (1, 3, 1, 1), (1, 1, 1, 1), "SAME"),
+     "8", (P(None, "i"), P()), (P(None, "i"),), False),
+    ("window_of_9_sums", lambda x, w: lax.reduce_window(x, 0.0, lax.add, (1, 9, 1, 1), (1, 1, 1, 1), "SAME"), "8",
+     (P(None, "i"), P()), (P(None, "i"),), False),
+    ("max_pool_gradient", loss_grad(lambda x, w: max_pool(x), 0), "8", (P(None, "i"), P()), (P(None, "i"),), True),
+    ("strided_max_pool_gradient", loss_grad(lambda x, w: max_pool(x, 3, 2), 0), "8", (P(None, "i"), P()),
+     (P(None, "i"),), True),
+    ("max_pool_gradient_rows_and_columns", loss_grad(lambda x, w: max_pool(x), 0), "4x2", (P(None, "i", "j"), P()),
+     (P(None, "i", "j"),), True),
+    ("max_pool_tangent", lambda x, w: jax.jvp(max_pool, (x,), (x * 2,))[1], "8", (P(None, "i"), P()),
+     (P(None, "i"),), False),
+    ("conv_in_a_loop", lambda x, w: lax.fori_loop(0, 3, lambda _, h: jnp.tanh(conv(h, w[..., :4])), x), "8",
+     (P(None, "i"), P()), (P(None, "i"),), False),
+]
+
+
+@pytest.mark.parametrize("name,f,mesh_name,specs,out_specs,fewer", CASES, ids=[c[0] for c in CASES])
+def test_window_along_a_sharded_axis(name, f, mesh_name, specs, out_specs, fewer, meshes):
+    """Equal to the unsharded function; the output as sharded as jax.jit's; no more bytes than jit (fewer where a
+    halo replaces jit's gathers); the estimate equals the compiled program."""
+    mesh = meshes[mesh_name]
+    args = random_args([X, W])
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, rtol=1e-4, atol=1e-4)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    assert prog.out_specs == out_specs == comparison.jit_out_specs, str(comparison)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+    if fewer:
+        assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
+    assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
+    assert not prog.sharded.fallbacks
+
+
+def test_a_halo_is_a_move_in_the_listing(meshes):
+    """The halo exchange is a move node of its own: the listing names it and the haloed type (``<1,1>``)."""
+    args = random_args([X, W])
+    prog = sp.autoshard(lambda x, w: conv(x, w), mesh=meshes["8"], in_specs=(P(None, "i"), P())).trace(*args)
+    text = format_listing(prog.plan)
+    ir = prog.plan.node_ir(next(n.id for n in prog.sharded.graph.nodes if n.op == "conv_general_dilated"))
+    kinds = [m.step.kind for m in ir.moves_in]
+    assert kinds == ["halo", "halo"]
+    (lhs, _) = ir.compute.inputs
+    assert lhs.type.halo == ((0, 0), (1, 1), (0, 0), (0, 0))
+    assert "a:f32[2,32@i<1,1>,16,4] = halo[i axis=1 <1,1>] a" in text, text
+
+
+def test_a_valid_convolution_is_still_gathered_and_right(meshes):
+    """A VALID convolution's output blocks would be uneven (30 rows on 8 devices): the rows are gathered (no halo),
+    the result equals the unsharded one."""
+    args = random_args([X, W])
+    prog = assert_same_as_unsharded(lambda x, w: conv(x, w, padding="VALID"), args, mesh=meshes["8"],
+                                    in_specs=(P(None, "i"), P()), rtol=1e-4, atol=1e-4)
+    assert prog.out_specs == (P(),)
+
+
+# --- the geometry, against a brute-force count ----------------------------------------------------------------
+
+def _read_rows(size, blocks, out_size, window, stride, lo, dilation=1):
+    """The input rows each device's output block reads (outside [0, size): padding), by brute force."""
+    out_block = out_size // blocks
+    reads = []
+    for d in range(blocks):
+        rows = {o * stride - lo + t * dilation for o in range(d * out_block, (d + 1) * out_block)
+                for t in range(window)}
+        reads.append((min(rows), max(rows)))
+    return reads
+
+
+@pytest.mark.parametrize("size,blocks,window,stride,padding,dilation", [
+    (64, 8, 3, 1, (1, 1), 1), (64, 8, 3, 2, (0, 1), 1), (64, 8, 2, 2, (0, 0), 1), (64, 8, 5, 1, (2, 2), 1),
+    (64, 8, 3, 1, (2, 2), 2), (64, 4, 9, 1, (4, 4), 1), (48, 8, 4, 2, (1, 1), 1), (64, 8, 7, 1, (9, 9), 3),
+])
+def test_window_reach_is_the_rows_read(size, blocks, window, stride, padding, dilation):
+    out_size = window_out(size, window=window, stride=stride, padding=padding, dilation=dilation, base_dilation=1)
+    before, after = window_reach(size, blocks, out_size, window=window, stride=stride, padding=padding,
+                                 dilation=dilation)
+    block = size // blocks
+    for d, (first, last) in enumerate(_read_rows(size, blocks, out_size, window, stride, padding[0], dilation)):
+        assert first == d * block - before
+        assert last == (d + 1) * block - 1 + after
+
+
+@pytest.mark.parametrize("size,blocks,out_size,window,stride,padding", [
+    (62, 8, 62, 3, 1, (0, 0)),   # 62 rows do not divide
+    (64, 8, 62, 3, 1, (0, 0)),   # VALID: uneven output blocks
+    (64, 8, 64, 65, 1, (32, 32)),  # reads past every other block: a gather moves less
+    (64, 8, 22, 3, 3, (1, 1)),   # the stride does not divide the block
+])
+def test_no_halo_where_the_blocks_do_not_line_up(size, blocks, out_size, window, stride, padding):
+    assert window_reach(size, blocks, out_size, window=window, stride=stride, padding=padding) is None
+
+
+def test_summed_and_dilated_reaches():
+    """The kernel gradient of a 3x3 SAME convolution reads one row either side; the input gradient of a strided
+    one reads one gradient row after its block and pads the dilated rows (1, 0)."""
+    assert summed_window_reach(64, 64, 8, 3, stride=1, padding=(1, 1)) == (1, 1)
+    assert summed_window_reach(64, 32, 8, 3, stride=1, padding=(0, 1), dilation=2) == (0, 1)
+    assert dilated_window_reach(32, 8, 64, window=3, stride=1, padding=(1, 2), base_dilation=2) == (0, 1, (1, 0))
+    assert select_reaches("select_and_scatter_add", 64, 8, window=3, stride=2, padding=(0, 1)) == ((1, 0), (2, 1))
+    assert select_reaches("select_and_scatter_add", 64, 8, window=2, stride=2, padding=(0, 0)) == ((0, 0), (0, 0))
+
+
+def test_halo_rows_past_the_ends_are_what_the_window_pads_with(meshes):
+    """A max over windows at the first and last rows, where every value is negative: padding read as zeros would
+    win the max (the identity, -inf, must)."""
+    x = -np.abs(np.asarray(random_args([X])[0])) - 1.0
+    f = lambda x: max_pool(x)  # noqa: E731
+    got = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"),))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.asarray(x))))
