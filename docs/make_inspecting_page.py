@@ -91,7 +91,8 @@ how the node consumes its operands: which sharded axes it takes whole, and the m
 for it.
 
 {block([*NX, "--brief", "--explain", "e"])}
-A matmul whose result is scanned: the scan needs its axis whole, and the columns were never sharded.
+A matmul whose result is scanned: each device scans its block of rows and `prefix[i]` adds the totals of the
+blocks before it (one row per device moves, the rows stay sharded); the columns were never sharded.
 
 {block([*MATMUL, "--brief", "--explain", "e", "--explain", "c"])}
 ## Inside loops and branches

@@ -3,6 +3,11 @@
 import pathlib
 from collections import defaultdict
 
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
 from shardprop.expr.jax_adapter import INLINED_CALLS
 from shardprop.ops import table
 from shardprop.ops.opdef import Linearity
@@ -60,6 +65,32 @@ primitive and its line. `jax.checkpoint` (`remat2`) is inlined: rematerialisatio
 `sharding_constraint` is an annotation: it pins its value's layout, open axes upstream adopt it,
 and an operand that arrives laid out otherwise is moved there.
 
+## Along a sharded axis: halos, offsets and scans
+
+Most rules keep an axis sharded only when the op takes it whole and unchanged. A few ops move data *along* an
+axis, and keep it sharded all the same:
+
+* **Windows** (`conv_general_dilated`, `reduce_window_*`, `select_and_scatter_add`, `select_and_gather_add`): where
+  each device can compute its block of the output from its own block and a few rows of its neighbours' (a SAME or
+  strided convolution or pool, a convolution's input and kernel gradients, a max-pool's gradient), the operand is
+  consumed with a *halo*: the type `f32[2,64@i<1,1>,4]` holds one row of each neighbour's block on either side, and
+  a `halo` move (`ppermute`, one per neighbour the rows come from; a window reaching past the direct neighbour
+  fetches the blocks it needs, nothing else) brings it there. Past the ends of the array the halo holds what the op
+  pads with (zeros; the identity of a maximum or minimum). A kernel gradient is a partial sum over the spatial mesh
+  axes, finished by a `psum`. A VALID window whose output blocks would be uneven still gathers its axis.
+* **Offsets** (`dynamic_update_slice`, `dynamic_slice`): each device writes the rows of the update that land in
+  its block (a KV-cache write moves nothing), or cuts the rows of the slice that lie in its block, which a `psum`
+  adds up — the slice moves, not the operand.
+* **Cumulative ops** (`cumsum`, `cumprod`, `cummax`, `cummin`, `cumlogsumexp`, reversed too): each device scans its
+  block (`{{prefix i}}`: each block lacks the totals of the blocks before it) and a `prefix` finish all-gathers one
+  row per device (the block totals) and combines those of the blocks before it — under every strategy.
+
+A 1-D convolution and a cumulative sum along a sequence sharded over 8 devices (`x` `P(None, 'i')`):
+
+```
+{window_listing}
+```
+
 ## Primitives without a record
 
 Calls are inlined by the tracer, so their bodies' primitives are what the rules see:
@@ -100,8 +131,26 @@ def page() -> str:
         by_reason[reason].append(f"`{name}`")
     without = [f"| {reason} | {', '.join(names)} |" for reason, names in by_reason.items()]
     inlined = ", ".join(f"`{name}`" for name in sorted(INLINED_CALLS))
-    return HEADER + "\n".join(lines) + "\n" + FOOTER.format(inlined=inlined) + "\n".join(without) + "\n"
+    return (HEADER + "\n".join(lines) + "\n" + FOOTER.format(inlined=inlined, window_listing=window_listing())
+            + "\n".join(without) + "\n")
+
+
+def convolve_and_scan(x, w):
+    h = lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NHC", "HIO", "NHC"))
+    return jnp.cumsum(jax.nn.relu(h), axis=1)
+
+
+def window_listing() -> str:
+    """The listing of :func:`convolve_and_scan` on 8 devices, the sequence sharded (a real run)."""
+    import shardprop as sp
+    from shardprop.inspect.listing import format_listing
+
+    mesh = sp.make_mesh((8,), ("i",))
+    args = (jax.ShapeDtypeStruct((2, 64, 4), jnp.float32), jax.ShapeDtypeStruct((3, 4, 4), jnp.float32))
+    prog = sp.autoshard(convolve_and_scan, mesh=mesh, in_specs=(P(None, "i"), P())).trace(*args)
+    return "\n".join(line.rstrip() for line in format_listing(prog.plan).splitlines())
 
 
 if __name__ == "__main__":
+    jax.config.update("jax_num_cpu_devices", 8)
     (pathlib.Path(__file__).parent / "rules.md").write_text(page())

@@ -20,8 +20,9 @@ def scanned_matmul(x, w):
 
 
 def ir_loss(x, w, v):
-    """With x P('i', 'j'), w P('j', None), v P('j', None): a contraction finished by a psum, a gather for the
-    cumulative sum, a local slice, and a product left a partial sum down to one psum of the scalar."""
+    """With x P('i', 'j'), w P('j', None), v P('j', None): a contraction finished by a psum, a cumulative sum scanned
+    block by block and finished by its block totals, a local slice, and a product left a partial sum down to one
+    psum of the scalar."""
     h = jnp.tanh(x @ w)
     y = jnp.cumsum(h, axis=0)
     return jnp.sum((y @ v) * 0.5)

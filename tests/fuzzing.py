@@ -2,7 +2,8 @@
 
 A program is plain source code (so a failure prints as a reproducer): ``def f(x0, x1): ...`` built from
 elementwise ops with broadcasting, reductions (``any``/``all`` of comparisons too), ``dot_general`` with
-random dimension numbers, reshape, transpose, slice, pad, concatenate, cumsum, select, iota, gather and scatter, over
+random dimension numbers, reshape, transpose, slice, pad, concatenate, cumulative ops, windowed reductions, 1-D
+convolutions, reads and writes at an offset, select, iota, gather and scatter, over
 float32 values whose shapes are tracked as the program grows — and, given a mesh, sharding constraints
 (``constrain(v, P(...))``: ``jax.lax.with_sharding_constraint`` on the program's mesh; the unsharded reference
 runs without them, as JAX refuses a constraint that does not divide even unsharded).
@@ -185,11 +186,78 @@ def concatenate(draw, pool):
 
 
 def cumsum(draw, pool):
+    """A cumulative op (reversed too) along a random axis: scanned block by block where the axis is sharded."""
     v = draw(st.sampled_from(pool))
     if not v.shape:
         return None
     k = draw(st.integers(0, len(v.shape) - 1))
-    return "cumsum", f"jnp.cumsum({v.name}, axis={k})", v.shape
+    op = draw(st.sampled_from(["cumsum", "cummax", "cummin", "cumlogsumexp", "cumprod"]))
+    reverse = draw(st.booleans())
+    operand = f"jnp.tanh({v.name})" if op == "cumprod" else v.name  # bounded: a product of 16 stays finite
+    return op, f"lax.{op}({operand}, axis={k}, reverse={reverse})", v.shape
+
+
+def window(draw, pool):
+    """A windowed sum, maximum or minimum along one random axis (any window, stride and padding)."""
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    n = v.shape[k]
+    w, stride = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    padding = draw(st.sampled_from(["SAME", "VALID", (0, 1), (1, 1), (2, 0)]))
+    if padding == "SAME":
+        out = -(-n // stride)
+    else:
+        lo, hi = (0, 0) if padding == "VALID" else padding
+        if n + lo + hi < w:
+            return None
+        out = (n + lo + hi - w) // stride + 1
+    op, init = draw(st.sampled_from([("lax.add", "0.0"), ("lax.max", "-jnp.inf"), ("lax.min", "jnp.inf")]))
+    dims = tuple(w if d == k else 1 for d in range(len(v.shape)))
+    strides = tuple(stride if d == k else 1 for d in range(len(v.shape)))
+    pads = repr(padding) if padding in ("SAME", "VALID") else repr(tuple(padding if d == k else (0, 0)
+                                                                         for d in range(len(v.shape))))
+    shape = v.shape[:k] + (out,) + v.shape[k + 1:]
+    return "reduce_window", f"lax.reduce_window({v.name}, {init}, {op}, {dims}, {strides}, {pads})", shape
+
+
+def conv(draw, pool):
+    """A 1-D convolution (NHC, a constant kernel) of a rank-3 value along its axis 1: SAME or VALID, strided or
+    dilated."""
+    v = draw(st.sampled_from(pool))
+    if len(v.shape) != 3:
+        return None
+    n, c = v.shape[1], v.shape[2]
+    w, stride, dilation = draw(st.integers(1, 4)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    padding = draw(st.sampled_from(["SAME", "VALID"]))
+    extent = (w - 1) * dilation + 1
+    if padding == "VALID" and n < extent:
+        return None
+    out = -(-n // stride) if padding == "SAME" else (n - extent) // stride + 1
+    kernel = f"(np.arange({w * c * c}, dtype=np.float32).reshape({w}, {c}, {c}) % 5 - 2) * 0.25"
+    expr = (f"lax.conv_general_dilated({v.name}, {kernel}, ({stride},), {padding!r}, rhs_dilation=({dilation},), "
+            f"dimension_numbers=('NHC', 'HIO', 'NHC'))")
+    return "conv", expr, (v.shape[0], out, c)
+
+
+def at_offset(draw, pool):
+    """A read (``dynamic_slice``) or a write (``dynamic_update_slice``) at an offset along a random axis, the offset
+    out of range too (clamped)."""
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    n = v.shape[k]
+    size = draw(st.integers(1, n))
+    start = draw(st.integers(-2, n + 1))
+    if draw(st.booleans()):
+        shape = v.shape[:k] + (size,) + v.shape[k + 1:]
+        return "dynamic_slice", f"lax.dynamic_slice_in_dim({v.name}, {start}, {size}, axis={k})", shape
+    update = v.shape[:k] + (size,) + v.shape[k + 1:]
+    return ("dynamic_update_slice",
+            f"lax.dynamic_update_slice_in_dim({v.name}, jnp.full({update}, 1.5, jnp.float32), {start}, axis={k})",
+            v.shape)
 
 
 def iota(draw, pool):
@@ -227,7 +295,7 @@ def scatter(draw, pool):
 
 
 OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather,
-       scatter]
+       scatter, window, conv, at_offset]
 
 
 BODY_OPS = tuple(op for op in OPS if op is not meet)

@@ -18,11 +18,46 @@ from ..expr.graph import Node
 def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...], partial, block, mesh_shape):
     """The devices' partial results ``partial`` of reduction ``node`` (``block``: this device's operand block)
     combined by ``kind`` over ``mesh_axes``."""
+    if kind is CollectiveKind.PREFIX:  # each device scanned its block
+        return _finish_prefix(node, mesh_axes, partial, mesh_shape)
     if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):  # each device found its block's winner
         return _combine_arg(node, block, partial, kind, mesh_axes, mesh_shape)
     axes = node.params["axes"]
     ties = jnp.sum(block == jnp.expand_dims(partial, axes), axis=axes, dtype=jnp.int32)
     return _extreme(partial, ties, kind is CollectiveKind.PMAX, mesh_axes)
+
+
+def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):
+    """A cumulative op finished: every device's block total (its scan's last row; first, reversed) all-gathered, the
+    totals of the blocks before this one (after it, reversed) combined, and that combined into each row of its
+    scan — a sum added, a product multiplied, a maximum taken, a log-sum-exp log-added."""
+    axis, reverse = node.params["axis"], node.params.get("reverse", False)
+    rows = scanned.shape[axis]
+    if rows == 0:
+        return scanned
+    total = lax.slice_in_dim(scanned, 0, 1, axis=axis) if reverse else lax.slice_in_dim(scanned, rows - 1, rows,
+                                                                                          axis=axis)
+    totals = lax.all_gather(total, mesh_axes, axis=axis, tiled=True)
+    index = lax.broadcasted_iota(jnp.int32, totals.shape, axis)
+    here = block_index(mesh_axes, mesh_shape)
+    earlier = index > here if reverse else index < here
+    op, dtype = node.op, scanned.dtype
+    if op == "cumsum":
+        return scanned + jnp.sum(jnp.where(earlier, totals, 0), axis=axis, keepdims=True, dtype=dtype)
+    if op == "cumprod":
+        return scanned * jnp.prod(jnp.where(earlier, totals, 1), axis=axis, keepdims=True, dtype=dtype)
+    if op == "cumlogsumexp":
+        lowest = jnp.array(-jnp.inf, dtype)
+        return jnp.logaddexp(scanned, jax.nn.logsumexp(jnp.where(earlier, totals, lowest), axis=axis, keepdims=True))
+    is_max = op == "cummax"
+    if jnp.issubdtype(dtype, jnp.floating):
+        bound = jnp.array(-jnp.inf if is_max else jnp.inf, dtype)
+    elif dtype == jnp.bool_:
+        bound = jnp.array(not is_max)
+    else:
+        bound = jnp.array(jnp.iinfo(dtype).min if is_max else jnp.iinfo(dtype).max, dtype)
+    combine = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
+    return combine[1](scanned, combine[0](jnp.where(earlier, totals, bound), axis=axis, keepdims=True))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))

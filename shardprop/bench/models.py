@@ -168,3 +168,51 @@ def embedding_sequence_gradient(table, ids):
 def summed_product(x, w):
     """A loss that sums a product: its contraction's psum can wait for the sum (a scalar)."""
     return jnp.sum(jnp.tanh(x) @ w) / x.shape[0]
+
+
+def init_cnn(channels=8, features=16, classes=10, seed=2):
+    """A two-convolution network's parameters (3x3 kernels, HWIO), its classifier's weights and bias."""
+    rng = np.random.default_rng(seed)
+    return {"k1": (rng.normal(size=(3, 3, channels, features)) * 0.2).astype(np.float32),
+            "k2": (rng.normal(size=(3, 3, features, features)) * 0.1).astype(np.float32),
+            "w": (rng.normal(size=(features, classes)) * 0.1).astype(np.float32),
+            "b": np.zeros((classes,), np.float32)}
+
+
+def cnn_loss(params, images, labels):
+    """Convolution, ReLU, a 3x3 max-pool of stride 2, convolution, ReLU, global average, classifier, cross-entropy
+    (NHWC images: rows sharded, every device holds a band of each image)."""
+    def conv(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    h = jax.nn.relu(conv(images, params["k1"]))
+    h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+    h = jax.nn.relu(conv(h, params["k2"]))
+    logits = jnp.mean(h, axis=(1, 2)) @ params["w"] + params["b"]
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(labels, logits.shape[-1]), axis=-1))
+
+
+def cnn_train_step(params, images, labels, lr=0.1):
+    """One SGD step of :func:`cnn_loss`: the loss and the updated parameters."""
+    loss, grads = jax.value_and_grad(cnn_loss)(params, images, labels)
+    return loss, jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+
+
+def kv_cache_decode(cache_k, cache_v, queries, keys, values, start):
+    """Greedy decoding's attention over a sequence-sharded KV cache: each step writes its key and value at its
+    position (a ``dynamic_update_slice`` along the sharded axis), attends over the positions written so far (a
+    masked softmax over the sharded axis): the caches and each step's attended value."""
+    seq = cache_k.shape[1]
+
+    def step(t, carry):
+        cache_k, cache_v, out = carry
+        pos = start + t
+        cache_k = jax.lax.dynamic_update_slice(cache_k, keys[:, t][:, None], (0, pos, 0))
+        cache_v = jax.lax.dynamic_update_slice(cache_v, values[:, t][:, None], (0, pos, 0))
+        scores = jnp.einsum("bd,bsd->bs", queries[:, t], cache_k) / np.sqrt(cache_k.shape[-1])
+        scores = jnp.where(jnp.arange(seq)[None, :] <= pos, scores, -jnp.inf)
+        attended = jnp.einsum("bs,bsd->bd", jax.nn.softmax(scores, axis=-1), cache_v)
+        return cache_k, cache_v, out.at[:, t].set(attended)
+
+    out = jnp.zeros(queries.shape, queries.dtype)
+    return jax.lax.fori_loop(0, queries.shape[1], step, (cache_k, cache_v, out))

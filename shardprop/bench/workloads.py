@@ -20,8 +20,9 @@ from jax.sharding import PartitionSpec as P
 from . import models
 from .models import nx_example
 
-DATA, MODEL = "data", "model"
-MESHES = {"data": ((8,), (DATA,)), "tensor": ((8,), (MODEL,)), "2-D": ((4, 2), (DATA, MODEL))}
+DATA, MODEL, ROWS, SEQ = "data", "model", "rows", "seq"
+MESHES = {"data": ((8,), (DATA,)), "tensor": ((8,), (MODEL,)), "2-D": ((4, 2), (DATA, MODEL)),
+          "spatial": ((8,), (ROWS,)), "sequence": ((8,), (SEQ,))}
 
 
 class Case(NamedTuple):
@@ -36,7 +37,7 @@ class Case(NamedTuple):
 class Workload:
     name: str
     kind: str  # "own" (the project's models), "loop" (scan / fori_loop) or "library" (flax, equinox, haiku, optax)
-    parallel: str  # a key of MESHES: "data", "tensor" or "2-D"
+    parallel: str  # a key of MESHES: "data", "tensor", "2-D", "spatial" (image rows) or "sequence"
     build: Callable[[], Case]
     rtol: float = 1e-5
     atol: float = 1e-5
@@ -166,6 +167,20 @@ def _summed_product() -> Case:
     return Case(models.summed_product, (normal(512, 256), normal(256, 512, scale=0.05)), (P(None, MODEL), P(MODEL)))
 
 
+def _cnn_spatial() -> Case:
+    normal, rng = arrays(8)
+    labels = rng.integers(0, 10, size=(8,)).astype(np.int32)
+    return Case(models.cnn_train_step, (models.init_cnn(), normal(8, 64, 32, 8), labels), (None, P(None, ROWS), None))
+
+
+def _kv_decode() -> Case:
+    normal, _ = arrays(9)
+    batch, seq, steps, dim = 4, 256, 6, 32
+    return Case(models.kv_cache_decode, (normal(batch, seq, dim), normal(batch, seq, dim), normal(batch, steps, dim),
+                                         normal(batch, steps, dim), normal(batch, steps, dim), np.int32(100)),
+                (P(None, SEQ), P(None, SEQ), None, None, None, None))
+
+
 # Why rows miss a goal, as measured on the development machine (8 virtual CPU devices on 2 cores).
 REDUCE_SCATTER_ON_CPU = (
     "the reduce-scatter moves half jax.jit's bytes, but XLA:CPU runs it slower than its all-reduce of the same "
@@ -190,6 +205,9 @@ OWN = [
     Workload("transformer_block", "own", "data", _transformer("data"), rtol=1e-4, atol=1e-4),
     Workload("transformer_block", "own", "tensor", _transformer("tensor"), rtol=1e-4, atol=1e-4),
     Workload("transformer_block", "own", "2-D", _transformer("2-D"), rtol=1e-4, atol=1e-4),
+    Workload("cnn_train_step", "own", "spatial", _cnn_spatial, rtol=2e-4, atol=2e-5, quick=True,
+             fewer_expected="the image rows stay sharded through the convolutions, the max-pool and their gradients "
+                            "(halo exchanges of a row or two); jax.jit gathers rows for the max-pool's gradient"),
 ]
 
 LOOPS = [
@@ -208,6 +226,7 @@ LOOPS = [
              rtol=2e-4, atol=2e-5),
     Workload("mlp fori_loop training", "loop", "2-D", _mlp("2-D", models.fori_training_loop, batch=128),
              rtol=2e-4, atol=2e-5),
+    Workload("kv-cache decode (fori_loop)", "loop", "sequence", _kv_decode, rtol=1e-4, atol=1e-5),
 ]
 
 

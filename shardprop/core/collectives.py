@@ -14,7 +14,7 @@ import numpy as np
 
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
-from .layouts import Layout
+from .layouts import Layout, shard_count
 from .transfers import Transfer, TransferKind, transfer
 from .types import Reduction
 
@@ -27,11 +27,12 @@ class CollectiveKind(StrEnum):
     PMIN = "pmin"
     ARGMAX = "argmax"              # each device's winning index, offset, then agreed with pmax/pmin
     ARGMIN = "argmin"
+    PREFIX = "prefix"              # each device's block total gathered, the totals before it combined into its scan
 
     @property
     def reduction(self) -> Reduction:
         """How the devices' partial results combine: the ``reduction`` of the type the node computes."""
-        return Reduction.SUM if self is CollectiveKind.PSUM else Reduction(str(self).removeprefix("p"))
+        return _REDUCTIONS[self]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +47,24 @@ class Collective:
         return f"{self.kind} over {'*'.join(self.mesh_axes)}"
 
 
+_REDUCTIONS = {CollectiveKind.PSUM: Reduction.SUM, CollectiveKind.PMAX: Reduction.MAX,
+               CollectiveKind.PMIN: Reduction.MIN, CollectiveKind.ARGMAX: Reduction.ARGMAX,
+               CollectiveKind.ARGMIN: Reduction.ARGMIN, CollectiveKind.PREFIX: Reduction.PREFIX}
+
+
 def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Aval, operand_dtype, layout: Layout,
                      mesh_shape) -> tuple[Transfer, ...]:
     """The all-reduces that finish a partial maximum, minimum or arg-extreme of ``aval`` laid out as ``layout``
     (a float ``pmax``/``pmin`` is one all-reduce of integers of the same size: total order keeps NaN and signed
     zeros); ``argmax``/``argmin`` also all-reduce the extreme values (of ``operand_dtype``) and, for floats, a NaN
-    flag. (A partial sum is a move: :func:`~shardprop.core.moves.move_transfers`.)"""
+    flag; ``prefix`` all-gathers one row per device (its block's total) along the scanned axis. (A partial sum is a
+    move: :func:`~shardprop.core.moves.move_transfers`.)"""
+    if kind is CollectiveKind.PREFIX:
+        (axis,) = [k for k, m in enumerate(layout) if m == tuple(mesh_axes)]
+        n = shard_count(mesh_shape, mesh_axes)
+        totals = Aval(tuple(n if k == axis else size for k, size in enumerate(aval.shape)), aval.dtype)
+        gathered = tuple(() if k == axis else m for k, m in enumerate(layout))
+        return (transfer(TransferKind.ALL_GATHER, mesh_axes, totals, gathered, mesh_shape),)
     dtypes = [aval.dtype]
     if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):
         dtypes += [operand_dtype] + ([np.dtype(np.int32)] if jx.dtype_kind(operand_dtype) == "f" else [])

@@ -5,11 +5,14 @@ major first). ``partial`` names the mesh axes over which the devices of a group 
 block: the value is their sum, not yet reduced (Shardy's unreduced axes, JAX's ``P(unreduced=...)``, DTensor's
 ``Partial``). A mesh axis shards a value or sums it, never both. A maximum (minimum, arg-maximum) over a sharded
 axis is partial too until its collective combines the devices' results (``reduction``); only sums move and
-wait: the others are finished right after the op that computed them. ``halo`` is what a windowed op (a
-convolution, a pooling window) reads past its block along a sharded axis: each device also holds that many rows of
-its neighbours' blocks on either side (zeros past the ends of the array). A haloed value lives only between the
-move that exchanges the rows and the op that reads them. Every move between two types — a gather, an
-all-to-all, a psum, taking a whole value as a partial one — is planned by :mod:`shardprop.core.moves`.
+wait: the others are finished right after the op that computed them. A cumulative op (``cumsum``) over an axis
+sharded over mesh axes computes each block's own scan: partial over those same axes (``reduction`` ``PREFIX``, the
+one partial type whose mesh axes also shard it), finished by combining the totals of the blocks before each.
+``halo`` is what a windowed op (a convolution, a pooling window) reads past its block along a sharded axis: each
+device also holds that many rows of its neighbours' blocks on either side (zeros past the ends of the array). A
+haloed value lives only between the move that exchanges the rows and the op that reads them. Every move between two
+types — a gather, an all-to-all, a psum, a halo exchange, taking a whole value as a partial one — is planned by
+:mod:`shardprop.core.moves`.
 
     ``type_string(Aval((16, 8), float32), ValueType((("i",), ()), partial=("j",)))`` is ``'f32[16@i,8]{+j}'``;
     with ``halo=((1, 2), (0, 0))``, ``'f32[16@i<1,2>,8]'``.
@@ -33,6 +36,7 @@ class Reduction(StrEnum):
     MIN = "min"
     ARGMAX = "argmax"
     ARGMIN = "argmin"
+    PREFIX = "prefix"  # a cumulative op scanned block by block: each block lacks what the blocks before it hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,7 @@ class ValueType:
         if list(self.partial) != sorted(self.partial):  # a set of mesh axes: one spelling, so equal types compare equal
             object.__setattr__(self, "partial", tuple(sorted(self.partial)))
         used = {name for m in self.layout for name in m}
-        if used & set(self.partial):
+        if used & set(self.partial) and self.reduction is not Reduction.PREFIX:
             raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
                              f"{self.partial}")
 

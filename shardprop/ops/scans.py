@@ -1,4 +1,8 @@
-"""Axis-wise scans and sorts need the scanned axis whole; the other axes keep their sharding.
+"""Axis-wise scans and sorts need the scanned axis whole; the other axes keep their sharding — except a cumulative
+op (``cumsum``, ``cumprod``, ``cummax``, ``cummin``, ``cumlogsumexp``) under a communication strategy: each device
+scans its own block and one all-gather of the block totals (one row per device) finishes it, each device combining
+the totals of the blocks before it (after it, reversed) into its scan (:func:`finish_cumulative`); the axis stays
+sharded. ``jax.jit`` gathers the axis.
 
 Lineage: a cumulative op reads the prefix (or, reversed, the suffix) of the scanned axis; a sort reads its
 keys and itself whole along the sorted axis; ``top_k`` reads the whole axis it picks from.
@@ -7,6 +11,7 @@ keys and itself whole along the sorted axis; ``top_k`` reads the whole axis it p
 from __future__ import annotations
 
 from ..core.blocks import bind_as_is
+from ..core.collectives import Collective, CollectiveKind
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import TensorSharding
@@ -14,10 +19,22 @@ from .opdef import Family, Linearity, OpDef, defs
 
 
 def cumulative(ctx: RuleContext, operand: TensorSharding, *, axis, **params) -> RuleOutput:
-    axes = tuple(None if k == axis else ctx.carry(k, n, a)
-                 for k, (n, a) in enumerate(zip(operand.shape, operand.axes, strict=True)))
+    """Every axis keeps its sharding, the scanned one too: its blocks are scanned alone, and the split pass always
+    finishes them (:func:`finish_cumulative`)."""
+    axes = tuple(ctx.carry(k, n, a) for k, (n, a) in enumerate(zip(operand.shape, operand.axes, strict=True)))
     out = TensorSharding(operand.shape, axes)
     return RuleOutput((out,), (out.layout,))
+
+
+def finish_cumulative(decisions, node):
+    """A cumulative op whose scanned axis its rule keeps sharded: each device scans its block, and the prefix of the
+    block totals (:class:`~shardprop.core.collectives.CollectiveKind` ``PREFIX``) finishes it — under every
+    strategy (the rule relies on it)."""
+    axis = node.params["axis"]
+    (need,) = decisions.needs(node.id)
+    if not need.layout[axis]:
+        return None
+    return (need,), Collective(CollectiveKind.PREFIX, need.layout[axis])
 
 
 def cumulative_lineage(ctx: LineageContext, box: Box, output: int, *, axis, reverse=False, **params):
@@ -74,7 +91,7 @@ def approx_top_k_lineage(ctx: LineageContext, box: Box, output: int, *, reductio
 
 OPS = [
     *defs(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), Family.SCAN, propagate=cumulative,
-          lineage=cumulative_lineage, lineage_exact=True, per_block=bind_as_is, finish=None, pull=None,
+          lineage=cumulative_lineage, lineage_exact=True, per_block=bind_as_is, finish=finish_cumulative, pull=None,
           linear={"cumsum": Linearity.FIRST}),
     OpDef("sort", Family.SCAN, propagate=sort, lineage=sort_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None, linear=Linearity.NONE),

@@ -20,9 +20,29 @@ from ..core.collectives import Collective, CollectiveKind
 from ..core.layouts import Layout, layout_refines, shard_count
 from ..core.types import ValueType, whole
 from ..ops import lookup
+from ..ops.opdef import Family
 from .cost import collective_bytes, compute_bytes, move_bytes, node_move_bytes
 from .decisions import Decisions, Draft
 from .partial_sums import carries_partial
+
+
+def finish_scans(decisions: Decisions) -> Decisions:
+    """Every cumulative op whose rule kept its scanned axis sharded, finished by the prefix of its block totals
+    (under every strategy: its blocks are scanned alone)."""
+    needs: dict[int, tuple[ValueType, ...]] = {}
+    collectives: dict[int, Collective] = {}
+    computed: dict[int, ValueType] = {}
+    for node in decisions.graph.nodes:
+        op = lookup(node.op)
+        if op.family is not Family.SCAN or op.finish is None:
+            continue
+        found = op.finish(decisions, node)
+        if found is not None:
+            needs[node.id], collectives[node.id] = found
+            computed.update(_partial_results(decisions, node, found[1]))
+    if not collectives:
+        return decisions
+    return decisions.revised(needs=needs, collectives=collectives, computed=computed)
 
 
 def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> Decisions:
@@ -37,6 +57,8 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
     computed: dict[int, ValueType] = {}
     for node in decisions.graph.nodes:
         op = lookup(node.op)
+        if node.id in decisions.collectives:  # finished already (a cumulative op)
+            continue
         found = op.finish(decisions, node) if op.finish is not None else None
         # A finish may still move an operand along an axis it does not sum over (a free axis taken whole); its psum
         # may wait for a smaller value further on (the cheapest point of its linear chain).

@@ -51,8 +51,9 @@ ROWS = [
     ("reduce_sum_drops_the_axis", "reduce_sum", [((8, 4), (Ii, J))], [(8,)], {"axes": (1,)}, ((Ii,),), ((Ii, NO),)),
     ("argmax_keeps_the_other", "argmax", [((8, 4), (Ii, J))], [(4,)], {"axes": (0,), "index_dtype": np.int32},
      ((J,),), ((NO, J),)),
-    ("cumsum_needs_its_axis", "cumsum", [((8, 4), (Ii, J))], [(8, 4)], {"axis": 0, "reverse": False},
-     ((NO, J),), ((NO, J),)),
+    # scanned block by block (the split pass finishes it with the prefix of the block totals)
+    ("cumsum_scans_its_blocks", "cumsum", [((8, 4), (Ii, J))], [(8, 4)], {"axis": 0, "reverse": False},
+     ((Ii, J),), ((Ii, J),)),
     ("dot_free_axes", "dot_general", [((8, 4), (Ii, NO)), ((4, 6), (NO, J))], [(8, 6)], {"dimension_numbers": DOT},
      ((Ii, J),), ((Ii, NO), (NO, J))),
     ("dot_contracting_dropped", "dot_general", [((8, 4), (Ii, J)), ((4, 6), (J, NO))], [(8, 6)],
