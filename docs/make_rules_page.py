@@ -91,6 +91,12 @@ A 1-D convolution and a cumulative sum along a sequence sharded over 8 devices (
 {window_listing}
 ```
 
+Still gathered along a sharded axis (open items): slices, strided slices, pads, flips, rolls and concatenations
+(their blocks would be uneven: shards with ranges are not implemented yet); VALID windows whose output blocks would
+be uneven; scatters of slices (`x.at[2:10].set(v)`, a `scatter`, not a `dynamic_update_slice`); `sort` and `top_k`.
+An argument whose axis does not divide by its mesh axes is refused (`IndivisibleAxisError`), as `jax.jit` refuses
+it.
+
 ## Primitives without a record
 
 Calls are inlined by the tracer, so their bodies' primitives are what the rules see:

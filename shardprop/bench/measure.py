@@ -35,7 +35,8 @@ STRATEGIES = ("gather", "collective", "auto")
 @dataclass(frozen=True)
 class Compiled:
     """One compiled program: its collectives (instructions in the HLO; ``runs`` counts each once per loop
-    iteration), bytes moved per device, peak memory per device and the seconds XLA took to compile it."""
+    iteration), bytes moved per device, peak memory per device, the seconds XLA took to compile it, and the bytes of
+    its outputs each device holds (a sharded output: its blocks; a replicated one: the whole)."""
 
     collectives: int
     runs: int
@@ -43,12 +44,20 @@ class Compiled:
     peak_memory: int | None
     compile_seconds: float
     kinds: tuple[str, ...]
+    output_bytes: int | None = None
 
     @classmethod
     def of(cls, compiled, mesh, compile_seconds: float) -> Compiled:
         transfers = parse_hlo(compiled.as_text(), mesh)
         return cls(len(transfers), sum(t.repeats for t in transfers), total_moved(transfers),
-                   peak_memory(compiled), compile_seconds, tuple(sorted({str(t.kind) for t in transfers})))
+                   peak_memory(compiled), compile_seconds, tuple(sorted({str(t.kind) for t in transfers})),
+                   output_bytes(compiled))
+
+
+def output_bytes(compiled) -> int | None:
+    """Bytes of a compiled program's outputs held per device (``compiled.memory_analysis()``), or None."""
+    stats = compiled.memory_analysis()
+    return None if stats is None else int(stats.output_size_in_bytes)
 
 
 def peak_memory(compiled) -> int | None:

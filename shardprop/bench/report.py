@@ -12,7 +12,8 @@ from . import plots
 from .goals import GEOMEAN_LIMIT, ROW_RUNTIME_LIMIT, UNEXPLAINED, row_label
 
 HEADERS = ("workload", "parallel", "equals unsharded", "bytes gather", "bytes collective", "bytes auto",
-           "bytes jax.jit", "collectives auto / jit", "peak memory auto / jit", "our passes", "XLA compile ours / jit",
+           "bytes jax.jit", "collectives auto / jit", "peak memory auto / jit", "output / device auto / jit",
+           "our passes", "XLA compile ours / jit",
            "runtime auto / jit (IQR)", "goals")
 
 
@@ -51,6 +52,7 @@ def row_cells(row: dict, misses: list[dict]) -> list[str]:
         *(human_bytes(by[s]["compiled"]["bytes"]) for s in ("gather", "collective", "auto")),
         human_bytes(jit["bytes"]), f"{auto['collectives']} / {jit['collectives']}",
         f"{human_bytes(auto['peak_memory'])} / {human_bytes(jit['peak_memory'])}",
+        f"{human_bytes(auto.get('output_bytes'))} / {human_bytes(jit.get('output_bytes'))}",
         _ms(row["passes_seconds"]), f"{_ms(auto['compile_seconds'])} / {_ms(jit['compile_seconds'])}",
         "–" if not runtime else
         f"{runtime['ratio']:.3f}× ({runtime['ratio_q1']:.2f}–{runtime['ratio_q3']:.2f})",
@@ -136,11 +138,14 @@ def markdown(doc: dict, images: list[str]) -> str:
            "Each row runs one function through shardprop under each strategy and through `jax.jit` (GSPMD/Shardy) "
            "with the same input shardings on the same mesh: *data* parallel is the batch over the 8 devices of "
            "`data`, *tensor* parallel hidden units, heads or classes over the 8 devices of `model`, *2-D* both on a "
-           "(4, 2) mesh. *Equals unsharded*: every strategy's result against `jax.jit` of the function on unplaced "
+           "(4, 2) mesh, *spatial* the rows of the images over 8 devices, *sequence* the positions of a sequence "
+           "over 8 devices. *Equals unsharded*: every strategy's result against `jax.jit` of the function on unplaced "
            "inputs (one device), each output within `atol + rtol × max|expected|` (the row's tolerances are in the "
            "JSON). *Bytes*: collective bytes moved per device, read from each compiled HLO (ring model; a collective "
            "in a loop counted once per iteration). *Collectives*: collective instructions in the HLO. *Peak "
-           "memory*: per device, from `compiled.memory_analysis()`. *Our passes*: trace + propagate + split + lower "
+           "memory* and *output / device* (the outputs each device holds): per device, from "
+           "`compiled.memory_analysis()`. "
+           "*Our passes*: trace + propagate + split + lower "
            "for the `auto` program; *XLA compile*: compiling our program, and `jax.jit`'s lowering and compile. "
            "*Runtime*: the median of per-round ratios auto / `jax.jit` over interleaved rounds on the same placed "
            "inputs, with the interquartile range. These machines are small and shared: read ratios, not times.",
