@@ -78,12 +78,16 @@ axis, and keep it sharded all the same:
   fetches the blocks it needs, nothing else) brings it there. Past the ends of the array the halo holds what the op
   pads with (zeros; the identity of a maximum or minimum). A kernel gradient is a partial sum over the spatial mesh
   axes, finished by a `psum`. A VALID window whose output blocks would be uneven still gathers its axis.
-* **Offsets** (`dynamic_update_slice`, `dynamic_slice`): each device writes the rows of the update that land in
-  its block (a KV-cache write moves nothing), or cuts the rows of the slice that lie in its block, which a `psum`
-  adds up — the slice moves, not the operand.
+* **Offsets** (`dynamic_update_slice`, `dynamic_slice`, a `scatter` of windows such as `x.at[2:10].set(v)`): each
+  device writes the rows of the update that land in its block (a KV-cache write moves nothing), or cuts the rows of
+  the slice that lie in its block, which a `psum` adds up — the slice moves, not the operand.
 * **Cumulative ops** (`cumsum`, `cumprod`, `cummax`, `cummin`, `cumlogsumexp`, reversed too): each device scans its
   block (`{{prefix i}}`: each block lacks the totals of the blocks before it) and a `prefix` finish all-gathers one
   row per device (the block totals) and combines those of the blocks before it — under every strategy.
+
+* **Reversals and strides** (`rev`, a `slice` taking every `s`-th element from one of the first `s`): each device
+  reverses its block and a `mirror` finish sends it to the device at the mirrored position (a collective-permute,
+  `{{mirrored i}}` before it); `x[:, ::2]`, `x[:, 1::2]` take each device's elements from its own block.
 
 A 1-D convolution and a cumulative sum along a sequence sharded over 8 devices (`x` `P(None, 'i')`):
 
@@ -91,9 +95,9 @@ A 1-D convolution and a cumulative sum along a sequence sharded over 8 devices (
 {window_listing}
 ```
 
-Still gathered along a sharded axis (open items): slices, strided slices, pads, flips, rolls and concatenations
-(their blocks would be uneven: shards with ranges are not implemented yet); VALID windows whose output blocks would
-be uneven; scatters of slices (`x.at[2:10].set(v)`, a `scatter`, not a `dynamic_update_slice`); `sort` and `top_k`.
+Still gathered along a sharded axis (open items): other slices, pads, rolls and concatenations (their blocks would
+be uneven: shards with ranges are not implemented yet); VALID windows whose output blocks would
+be uneven; `sort` and `top_k`.
 An argument whose axis does not divide by its mesh axes is refused (`IndivisibleAxisError`), as `jax.jit` refuses
 it.
 

@@ -5,6 +5,7 @@ gives — NaN, signed zeros, ties and first indices included."""
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,8 @@ from ..expr.graph import Node
 def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...], partial, block, mesh_shape):
     """The devices' partial results ``partial`` of reduction ``node`` (``block``: this device's operand block)
     combined by ``kind`` over ``mesh_axes``."""
+    if kind is CollectiveKind.MIRROR:  # each device reversed its block: its mirror device's
+        return _to_mirror(node, mesh_axes, partial, mesh_shape)
     if kind is CollectiveKind.PREFIX:  # each device scanned its block
         return _finish_prefix(node, mesh_axes, partial, mesh_shape)
     if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):  # each device found its block's winner
@@ -25,6 +28,17 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
     axes = node.params["axes"]
     ties = jnp.sum(block == jnp.expand_dims(partial, axes), axis=axes, dtype=jnp.int32)
     return _extreme(partial, ties, kind is CollectiveKind.PMAX, mesh_axes)
+
+
+def _to_mirror(node: Node, mesh_axes: tuple[str, ...], reversed_block, mesh_shape):
+    """A reversal finished: each device's reversed block sent to the device at the mirrored position along every
+    reversed axis (``n - 1 - i`` of its ``n`` blocks), one ``ppermute`` over ``mesh_axes``."""
+    # every mesh axis named lays out a reversed axis (a block index over (i, j) mirrors as i and j both mirror)
+    sizes = [mesh_shape[name] for name in mesh_axes]
+    devices = list(itertools.product(*(range(n) for n in sizes)))
+    pairs = [(d, devices.index(tuple(n - 1 - c for n, c in zip(sizes, coords, strict=True))))
+             for d, coords in enumerate(devices)]
+    return lax.ppermute(reversed_block, mesh_axes, perm=pairs)
 
 
 def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):

@@ -28,6 +28,12 @@ class CollectiveKind(StrEnum):
     ARGMAX = "argmax"              # each device's winning index, offset, then agreed with pmax/pmin
     ARGMIN = "argmin"
     PREFIX = "prefix"              # each device's block total gathered, the totals before it combined into its scan
+    MIRROR = "mirror"              # each device's reversed block sent to its mirror device (a collective-permute)
+
+    @property
+    def required(self) -> bool:
+        """True for the finishes the op's rule relies on (it keeps the axis sharded): applied under every strategy."""
+        return self in (CollectiveKind.PREFIX, CollectiveKind.MIRROR)
 
     @property
     def reduction(self) -> Reduction:
@@ -49,7 +55,8 @@ class Collective:
 
 _REDUCTIONS = {CollectiveKind.PSUM: Reduction.SUM, CollectiveKind.PMAX: Reduction.MAX,
                CollectiveKind.PMIN: Reduction.MIN, CollectiveKind.ARGMAX: Reduction.ARGMAX,
-               CollectiveKind.ARGMIN: Reduction.ARGMIN, CollectiveKind.PREFIX: Reduction.PREFIX}
+               CollectiveKind.ARGMIN: Reduction.ARGMIN, CollectiveKind.PREFIX: Reduction.PREFIX,
+               CollectiveKind.MIRROR: Reduction.MIRRORED}
 
 
 def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Aval, operand_dtype, layout: Layout,
@@ -59,6 +66,8 @@ def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Ava
     zeros); ``argmax``/``argmin`` also all-reduce the extreme values (of ``operand_dtype``) and, for floats, a NaN
     flag; ``prefix`` all-gathers one row per device (its block's total) along the scanned axis. (A partial sum is a
     move: :func:`~shardprop.core.moves.move_transfers`.)"""
+    if kind is CollectiveKind.MIRROR:  # the block itself, once
+        return (transfer(TransferKind.COLLECTIVE_PERMUTE, mesh_axes, aval, layout, mesh_shape),)
     if kind is CollectiveKind.PREFIX:
         (axis,) = [k for k, m in enumerate(layout) if m == tuple(mesh_axes)]
         n = shard_count(mesh_shape, mesh_axes)

@@ -169,6 +169,16 @@ class RuleContext:
             shards.append(Shard(next(ids), axis, i * length, length, parents))
         return Sharded(source.mesh_axes, tuple(shards))
 
+    def carry_reversed(self, axis: int, size: int, source: Sharded) -> Sharded:
+        """Operand axis ``source`` reversed onto output ``axis``: block ``i`` of the output is block ``n - 1 - i`` of
+        the operand, reversed."""
+        if not self.lineage:
+            return source
+        count, ids = len(source.shards), self._ids
+        length = size // count
+        shards = (Shard(next(ids), axis, i * length, length, (source.shards[count - 1 - i],)) for i in range(count))
+        return Sharded(source.mesh_axes, tuple(shards))
+
     def carry_unused(self, axis: int, size: int, source: AxisSharding, used: set[str]) -> AxisSharding:
         """:meth:`carry`, unless ``source`` is laid out over a mesh axis that an earlier output axis already
         uses (``used``, updated): one mesh axis shards at most one axis of a tensor, so this axis is then

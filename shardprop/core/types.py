@@ -7,7 +7,9 @@ block: the value is their sum, not yet reduced (Shardy's unreduced axes, JAX's `
 axis is partial too until its collective combines the devices' results (``reduction``); only sums move and
 wait: the others are finished right after the op that computed them. A cumulative op (``cumsum``) over an axis
 sharded over mesh axes computes each block's own scan: partial over those same axes (``reduction`` ``PREFIX``, the
-one partial type whose mesh axes also shard it), finished by combining the totals of the blocks before each.
+one partial type whose mesh axes also shard it, with ``MIRRORED``: a reversal along a sharded axis done block by
+block, each device holding its mirror device's block, finished by a permute), finished by combining the totals of the
+blocks before each.
 ``halo`` is what a windowed op (a convolution, a pooling window) reads past its block along a sharded axis: each
 device also holds that many rows of its neighbours' blocks on either side (zeros past the ends of the array). A
 haloed value lives only between the move that exchanges the rows and the op that reads them. Every move between two
@@ -37,6 +39,7 @@ class Reduction(StrEnum):
     ARGMAX = "argmax"
     ARGMIN = "argmin"
     PREFIX = "prefix"  # a cumulative op scanned block by block: each block lacks what the blocks before it hold
+    MIRRORED = "mirrored"  # a reversal done block by block: each device holds the block its mirror device should
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,7 @@ class ValueType:
         if list(self.partial) != sorted(self.partial):  # a set of mesh axes: one spelling, so equal types compare equal
             object.__setattr__(self, "partial", tuple(sorted(self.partial)))
         used = {name for m in self.layout for name in m}
-        if used & set(self.partial) and self.reduction is not Reduction.PREFIX:
+        if used & set(self.partial) and self.reduction not in (Reduction.PREFIX, Reduction.MIRRORED):
             raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
                              f"{self.partial}")
 

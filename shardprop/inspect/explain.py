@@ -298,7 +298,8 @@ def _replicated_origin(plan: Plan, v: int, axis: int,
 
 def _feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:
     """The operand axes an output axis is computed from: the operand axes that narrow when only the first
-    element of that output axis is asked for (read off the lineage rule of the op)."""
+    element of that output axis is asked for (read off the lineage rule of the op); where none narrows (an element
+    of a sort reads its whole axis), the operand axes at the same position and of the same size."""
     avals = plan.graph.avals
     k = node.outputs.index(v)
     shape = avals[v].shape
@@ -312,6 +313,9 @@ def _feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:
         bounds = hull(boxes)
         feeding += [(u, j) for j, ((s, e), n) in enumerate(zip(bounds, avals[u].shape, strict=True))
                     if n > 1 and (s, e) != (0, n)]
+    if not feeding:
+        feeding = [(u, axis) for u in node.operands
+                   if len(avals[u].shape) == len(shape) and avals[u].shape[axis] == shape[axis] > 1]
     return feeding
 
 

@@ -94,6 +94,13 @@ def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, 
                 used.update(axes[k].mesh_axes)
     window = [k for k in range(len(operand.shape))
               if k not in dn.inserted_window_dims and k not in dn.operand_batching_dims]
+    # An indexed axis whose windows cover part of it (``x.at[2:10].set(v)``) keeps its sharding too: each device
+    # writes the rows of each window that land in its block, the updates whole along it.
+    for k, u in zip(window, dn.update_window_dims, strict=True):
+        if k in dn.scatter_dims_to_operand_dims and updates.shape[u] < operand.shape[k]:
+            axes[k] = ctx.carry_unused(k, operand.shape[k], operand.axes[k], used)
+            if isinstance(axes[k], Sharded):
+                used.update(axes[k].mesh_axes)
     for k, u in zip(window, dn.update_window_dims, strict=True):
         if k not in dn.scatter_dims_to_operand_dims and updates.shape[u] == operand.shape[k]:
             merged = ctx.merge(k, operand.shape[k], [operand.axes[k], updates.axes[u]])
@@ -101,7 +108,7 @@ def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, 
                 axes[k] = merged
     out = TensorSharding(operand.shape, tuple(axes))
     for k, u in zip(window, dn.update_window_dims, strict=True):
-        updates_need[u] = out.layout[k]
+        updates_need[u] = () if k in dn.scatter_dims_to_operand_dims else out.layout[k]
     for o, i, u in pairs:
         indices_need[i] = updates_need[u] = out.layout[o]
     return RuleOutput((out,), (out.layout, tuple(indices_need), tuple(updates_need)))
@@ -142,7 +149,10 @@ def finish_scatter_add(decisions, node):
 def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
     """The scatter on this device's operand block. Along an indexed axis that is sharded each index is shifted to
     the block's start (after clamping it into the whole axis, for ``clip`` and ``promise_in_bounds``) and the
-    updates landing in other devices' blocks are dropped — as out-of-bounds ones already are under ``fill``."""
+    updates landing in other devices' blocks are dropped — as out-of-bounds ones already are under ``fill``. Along a
+    sharded indexed axis whose windows cover part of it (``x.at[2:10].set(v)``) the block is padded by a window's
+    length on either side, each window placed where it lands relative to the block (a window the whole axis would
+    drop, past the padding), and the block cut back out."""
     operand, indices, *rest = invals
     dn = node.params["dimension_numbers"]
     (operand_global, *_), (operand_block, *_) = blocks.in_global, blocks.in_blocks
@@ -150,17 +160,35 @@ def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
     if not sharded:
         return bind_as_is(node, invals, blocks)
     clip = node.params["mode"] != lax.GatherScatterMode.FILL_OR_DROP
-    columns = []
+    updates_shape = blocks.in_global[2]
+    window = [k for k in range(len(operand_global))
+              if k not in dn.inserted_window_dims and k not in dn.operand_batching_dims]
+    spans = {k: updates_shape[u] for k, u in zip(window, dn.update_window_dims, strict=True)
+             if k in dn.scatter_dims_to_operand_dims}  # indexed axes with a window: its length
+    columns, pads = [], {}
     for p, k in enumerate(dn.scatter_dims_to_operand_dims):
         index = _wide(indices[..., p])
+        n, length = operand_global[k], spans.get(k, 1)
+        if clip:  # into the whole axis, as the unsharded scatter clamps (every column: the mode becomes fill)
+            index = jnp.clip(index, 0, n - length)
         if p in sharded:
-            if clip:
-                index = jnp.clip(index, 0, operand_global[k] - 1)
-            offset = block_index(blocks.in_layouts[0][k], blocks.mesh_shape) * operand_block[k]
-            index = index - offset.astype(index.dtype)
+            block = operand_block[k]
+            offset = (block_index(blocks.in_layouts[0][k], blocks.mesh_shape) * block).astype(index.dtype)
+            if k in spans:
+                fits = (index >= 0) & (index <= n - length)  # else the unsharded scatter drops the window
+                index = jnp.where(fits, jnp.clip(index - offset, -length, block) + length, block + 2 * length)
+                pads[k] = length
+            else:
+                index = index - offset
         columns.append(index)
+    if pads:
+        operand = lax.pad(operand, jnp.zeros((), operand.dtype),
+                          [(pads[k], pads[k], 0) if k in pads else (0, 0, 0) for k in range(operand.ndim)])
     params = {**node.params, "mode": lax.GatherScatterMode.FILL_OR_DROP}
-    return jx.bind(node.primitive, [operand, jnp.stack(columns, axis=-1), *rest], params)
+    out = jx.bind(node.primitive, [operand, jnp.stack(columns, axis=-1), *rest], params)
+    for k, length in pads.items():
+        out = [lax.slice_in_dim(o, length, length + operand_block[k], axis=k) for o in out]
+    return out
 
 
 def gather_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numbers, slice_sizes, **params):

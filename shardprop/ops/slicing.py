@@ -18,7 +18,7 @@ from jax import lax
 from ..core.blocks import Blocks, bind_as_is, bind_with, block_index, cut_to_blocks
 from ..core.boxes import Box, LineageContext, full_box, product
 from ..core.rules import CREATED, RuleContext, RuleOutput
-from ..core.layouts import TensorSharding
+from ..core.layouts import Sharded, TensorSharding, shard_count
 from ..core.collectives import Collective, CollectiveKind
 from ..core.types import ValueType
 from .opdef import Family, Linearity, OpDef
@@ -35,9 +35,24 @@ def _scalar_needs(operands) -> tuple:
 
 
 def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_indices, strides, **params):
+    """An axis taken whole keeps its sharding; so does a sharded axis taken every ``s``-th element from one of its
+    first ``s`` (``x[::2]``, ``x[1::2]``) where ``s`` divides the block: each device takes its own block's elements."""
+    out_shape = ctx.out_avals[0].shape
     keep = [s == 0 and lim == n and (strides is None or strides[k] == 1)
+            or _strided_in_blocks(ctx, operand, k, s, (strides or (1,) * len(out_shape))[k], out_shape[k])
             for k, (s, lim, n) in enumerate(zip(start_indices, limit_indices, operand.shape, strict=True))]
-    return _keep_axes(ctx, operand, keep, ctx.out_avals[0].shape)
+    return _keep_axes(ctx, operand, keep, out_shape)
+
+
+def _strided_in_blocks(ctx: RuleContext, operand: TensorSharding, k: int, start: int, stride: int, out: int) -> bool:
+    """Axis ``k`` sliced from ``start`` every ``stride`` elements, ``out`` of them, takes from each block of the
+    operand's sharding the output's block at the same position: every block is ``stride`` times its output block."""
+    layout = operand.layout[k]
+    if stride <= 1 or not layout or not 0 <= start < stride:
+        return False
+    blocks = shard_count(ctx.mesh_shape, layout)
+    n = operand.shape[k]
+    return n % blocks == 0 and (n // blocks) % stride == 0 and out * stride == n
 
 
 def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding, *, padding_config, **params):
@@ -47,8 +62,23 @@ def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding
 
 
 def rev(ctx: RuleContext, operand: TensorSharding, *, dimensions, **params):
-    keep = [k not in dimensions for k in range(len(operand.shape))]
-    return _keep_axes(ctx, operand, keep, operand.shape)
+    """Axes not reversed keep their sharding; so does a reversed one: each device reverses its block, which its
+    mirror device should hold, and a permute sends it there (:func:`finish_rev`, under every strategy)."""
+    axes = tuple(ctx.carry_reversed(k, n, a) if k in dimensions and isinstance(a, Sharded) else
+                 (None if k in dimensions else ctx.carry(k, n, a))
+                 for k, (n, a) in enumerate(zip(operand.shape, operand.axes, strict=True)))
+    out = TensorSharding(operand.shape, axes)
+    return RuleOutput((out,), (out.layout,))
+
+
+def finish_rev(decisions, node):
+    """A reversal along sharded axes: each device's reversed block sent to its mirror device (the block ``n - 1 - i``
+    along each reversed axis), one collective-permute over those axes' mesh axes."""
+    (need,) = decisions.needs(node.id)
+    names = tuple(name for k in node.params["dimensions"] for name in need.layout[k])
+    if not names:
+        return None
+    return (need,), Collective(CollectiveKind.MIRROR, names)
 
 
 def dynamic_slice(ctx: RuleContext, operand: TensorSharding, *indices: TensorSharding, slice_sizes, **params):
@@ -249,9 +279,12 @@ def dynamic_update_slice_lineage(ctx: LineageContext, box: Box, output: int, **p
 
 
 def _slice_block_params(params, blocks: Blocks) -> dict:
-    """Only whole axes (start 0, full limit, stride 1) keep their sharding: their limit is the block size."""
-    limits = tuple(b if b != g else lim for lim, b, g in
-                   zip(params["limit_indices"], blocks.out_blocks[0], blocks.out_global[0], strict=True))
+    """Whole axes (start 0, full limit, stride 1) and strided axes in blocks (:func:`_strided_in_blocks`) keep
+    their sharding: the slice of the block ends after its output block's last element."""
+    strides = params["strides"] or (1,) * len(blocks.out_blocks[0])
+    limits = tuple(lim if b == g else start + (b - 1) * stride + 1 for start, lim, stride, b, g in zip(
+        params["start_indices"], params["limit_indices"], strides, blocks.out_blocks[0], blocks.out_global[0],
+        strict=True))
     return {**params, "limit_indices": limits}
 
 
@@ -271,7 +304,8 @@ def _slicing(name, propagate, lineage, *, exact=True, per_block=bind_as_is, line
 OPS = [
     _slicing("slice", slice_, slice_lineage, per_block=bind_with(_slice_block_params)),
     _slicing("pad", pad, pad_lineage, linear=Linearity.NONE),  # the padding value would be summed too
-    _slicing("rev", rev, rev_lineage),
+    OpDef("rev", Family.SLICING, propagate=rev, lineage=rev_lineage, lineage_exact=True, per_block=bind_as_is,
+          finish=finish_rev, pull=None, linear=Linearity.FIRST),
     _slicing("concatenate", concatenate, concatenate_lineage, linear=Linearity.JOINT),
     _slicing("split", split, split_lineage, per_block=cut_to_blocks, linear=Linearity.NONE),
     # Where these slices start depends on index values: any element of a sliced axis may be read.

@@ -4,7 +4,7 @@ where data must be gathered, and emit each stage's sharded IR.
 The pipeline, one product to the next::
 
     Decisions.propagated(sharded)      propagation's layouts, every value whole
-    -> finish_scans                    cumulative ops scanned block by block, finished by their block totals
+    -> finish_in_blocks                cumulative ops and reversals done block by block, finished by a collective
     -> finish_with_collectives         (collective, auto) sums, maxima, contractions finished in place
     -> defer_sums_past_linear_consumers  a psum moved down a linear chain to its smallest value
     -> scatter_where_consumers_slice   a sum held finer where every consumer slices it anyway (a reduce-scatter)
@@ -26,7 +26,7 @@ from .decisions import BodyPlan, Decisions
 from .invariants import checked
 from .partial_sums import DeferredSums, deferred_sums
 from .plan import Plan
-from .strategies import (defer_sums_past_linear_consumers, finish_scans, finish_with_collectives, pull_gathers_back,
+from .strategies import (defer_sums_past_linear_consumers, finish_in_blocks, finish_with_collectives, pull_gathers_back,
                          scatter_where_consumers_slice)
 from .strategy import Strategy
 
@@ -58,7 +58,7 @@ def decide(sharded: ShardedGraph, strategy: Strategy) -> Decisions:
     """The strategy's decisions for ``sharded`` and, the same way, for every body of its loops and conds (a
     body is not cut: what it must move, it moves inside, every iteration), with the sums a loop can carry
     unreduced (:func:`~shardprop.splitting.partial_sums.deferred_sums`)."""
-    decisions = finish_scans(Decisions.propagated(sharded))
+    decisions = finish_in_blocks(Decisions.propagated(sharded))
     if strategy is not Strategy.GATHER:
         decisions = finish_with_collectives(decisions, only_if_cheaper=strategy is Strategy.AUTO)
         decisions = defer_sums_past_linear_consumers(decisions)

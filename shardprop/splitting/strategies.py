@@ -26,18 +26,19 @@ from .decisions import Decisions, Draft
 from .partial_sums import carries_partial
 
 
-def finish_scans(decisions: Decisions) -> Decisions:
-    """Every cumulative op whose rule kept its scanned axis sharded, finished by the prefix of its block totals
-    (under every strategy: its blocks are scanned alone)."""
+def finish_in_blocks(decisions: Decisions) -> Decisions:
+    """Every op whose rule keeps an axis sharded that its blocks alone do not finish, finished under every strategy
+    (:attr:`CollectiveKind.required`): a cumulative op by the prefix of its block totals, a reversal by sending each
+    reversed block to its mirror device."""
     needs: dict[int, tuple[ValueType, ...]] = {}
     collectives: dict[int, Collective] = {}
     computed: dict[int, ValueType] = {}
     for node in decisions.graph.nodes:
         op = lookup(node.op)
-        if op.family is not Family.SCAN or op.finish is None:
+        if op.family not in (Family.SCAN, Family.SLICING) or op.finish is None:
             continue
         found = op.finish(decisions, node)
-        if found is not None:
+        if found is not None and found[1].kind.required:
             needs[node.id], collectives[node.id] = found
             computed.update(_partial_results(decisions, node, found[1]))
     if not collectives:

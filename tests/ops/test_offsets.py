@@ -78,3 +78,43 @@ def test_a_kv_cache_step_in_a_loop(meshes):
     assert got[0].sharding.spec == P(None, "i")
     comparison = sp.compare_with_jit(decode, meshes["8"], (P(None, "i"), P()), CACHE, x)
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+SLICE_WRITES = [
+    ("set", lambda c, n: jnp.asarray(c).at[:, 2:10].set(n)),
+    ("add_across_blocks", lambda c, n: jnp.asarray(c).at[:, 5:13].add(n)),
+    ("multiply_the_tail", lambda c, n: jnp.asarray(c).at[:, 60:].multiply(2.0)),
+    ("rows_and_columns", lambda c, n: jnp.asarray(c).at[:, 20:28, 1:3].set(n[:, :, :2])),
+    ("max", lambda c, n: jnp.asarray(c).at[:, 3:11].max(n)),
+]
+
+
+@pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[m for m, _ in LAYOUTS])
+@pytest.mark.parametrize("name,f", SLICE_WRITES, ids=[w[0] for w in SLICE_WRITES])
+def test_a_slice_write_is_done_in_place(name, f, mesh_name, spec, meshes):
+    """``x.at[2:10].set(v)`` is a scatter of one window: each device writes the rows landing in its block."""
+    new = np.random.default_rng(2).normal(size=(2, 8, 4, 8)).astype(np.float32)
+    prog, comparison = _check(f, (CACHE, new), meshes[mesh_name], (spec, P()))
+    assert prog.out_specs == (spec,)
+    assert comparison.shardprop_bytes == 0 < comparison.jit_bytes, str(comparison)
+
+
+@pytest.mark.parametrize("mode", [lax.GatherScatterMode.FILL_OR_DROP, lax.GatherScatterMode.CLIP])
+@pytest.mark.parametrize("start", [-1, 0, 7, 56, 57, 70])
+def test_a_window_scatter_out_of_range_is_dropped_or_clamped_as_unsharded(mode, start, meshes):
+    numbers = lax.ScatterDimensionNumbers(update_window_dims=(0, 1, 2, 3), inserted_window_dims=(),
+                                          scatter_dims_to_operand_dims=(1,))
+    new = np.random.default_rng(3).normal(size=(2, 8, 4, 8)).astype(np.float32)
+
+    def f(cache, new, s):
+        return lax.scatter(cache, jnp.array([s]), new, numbers, mode=mode)
+
+    _check(f, (CACHE, new, np.int32(start)), meshes["8"], (P(None, "i"), P(), P()))
+
+
+def test_a_clipped_scatter_clamps_the_index_of_an_axis_that_is_not_sharded(meshes):
+    """Two index columns, the first axis sharded: the second column's out-of-range index is clamped (mode="clip"),
+    as unsharded — it was dropped (the per-block scatter runs in fill mode)."""
+    x = np.zeros((16, 4), np.float32)
+    f = lambda x: jnp.asarray(x).at[jnp.array([3, 12]), jnp.array([9, -7])].set(5.0, mode="clip")  # noqa: E731
+    _check(f, (x,), meshes["8"], (P("i"),))

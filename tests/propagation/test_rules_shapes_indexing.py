@@ -42,13 +42,16 @@ CASES = [
      (P(("i", "j", "k")),), P(("i", "j", "k")), "iota"),
     ("slice_partial_axis", lambda a: a[:, 2:5], [(M, F32)], "4x2", (P("i", "j"),), P("i"), "slice"),
     ("slice_full_axis_keeps", lambda a: a[4:12, :], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "slice"),
-    ("slice_strided", lambda a: a[::2], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "slice"),
+    # every 2nd row from blocks of 4: each device takes its own block's rows
+    ("slice_strided", lambda a: a[::2], [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "slice"),
+    ("slice_strided_across_blocks", lambda a: a[::3], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "slice"),
     ("pad", lambda a: jnp.pad(a, ((0, 0), (1, 2))), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "pad"),
     ("concatenate", lambda a, b: jnp.concatenate([a, b], axis=1), [(M, F32), (M, F32)], "4x2",
      (P("i", "j"), None), P("i"), "concatenate"),
     ("concatenate_other_axis_merges", lambda a, b: jnp.concatenate([a, b], axis=0), [(M, F32), (M, F32)], "4x2",
      (P(None, "j"), P(None, "j")), P(None, "j"), "concatenate"),
-    ("rev", lambda a: a[::-1], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "rev"),
+    # each device reverses its block, a permute sends it to its mirror device
+    ("rev", lambda a: a[::-1], [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "rev"),
     ("dynamic_slice", lambda a: lax.dynamic_slice(a, (0, 3), (16, 4)), [(M, F32)], "4x2", (P("i", "j"),), P("i"),
      "dynamic_slice"),
     ("dynamic_slice_whole_axis_ignores_index", lambda a: lax.dynamic_slice(a, (5, 2), (16, 4)), [(M, F32)], "8",
