@@ -3,7 +3,7 @@
 A program is plain source code (so a failure prints as a reproducer): ``def f(x0, x1): ...`` built from
 elementwise ops with broadcasting, reductions (``any``/``all`` of comparisons too), ``dot_general`` with
 random dimension numbers, reshape, transpose, slice, pad, concatenate, cumulative ops, windowed reductions, 1-D
-convolutions, reads and writes at an offset, select, iota, gather and scatter, over
+convolutions, reads and writes at an offset, flips, select, iota, gather and scatter, over
 float32 values whose shapes are tracked as the program grows — and, given a mesh, sharding constraints
 (``constrain(v, P(...))``: ``jax.lax.with_sharding_constraint`` on the program's mesh; the unsharded reference
 runs without them, as JAX refuses a constraint that does not divide even unsharded).
@@ -158,8 +158,21 @@ def slice_(draw, pool):
     k = draw(st.sampled_from(axes))
     lo = draw(st.integers(0, v.shape[k] - 1))
     hi = draw(st.integers(lo + 1, v.shape[k]))
-    shape = v.shape[:k] + (hi - lo,) + v.shape[k + 1:]
-    return "slice", f"lax.slice_in_dim({v.name}, {lo}, {hi}, axis={k})", shape
+    stride = draw(st.sampled_from([1, 1, 2, 3, 4]))
+    if stride > 1 and draw(st.booleans()):  # every s-th element of the whole axis, from one of the first s
+        lo, hi = draw(st.integers(0, stride - 1)), v.shape[k]
+        if lo >= hi:
+            return None
+    shape = v.shape[:k] + (-(-(hi - lo) // stride),) + v.shape[k + 1:]
+    return "slice", f"lax.slice_in_dim({v.name}, {lo}, {hi}, {stride}, axis={k})", shape
+
+
+def flip(draw, pool):
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    axes = tuple(sorted(set(draw(st.lists(st.integers(0, len(v.shape) - 1), min_size=1, max_size=2)))))
+    return "rev", f"jnp.flip({v.name}, {axes})", v.shape
 
 
 def pad(draw, pool):
@@ -295,7 +308,7 @@ def scatter(draw, pool):
 
 
 OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather,
-       scatter, window, conv, at_offset]
+       scatter, window, conv, at_offset, flip]
 
 
 BODY_OPS = tuple(op for op in OPS if op is not meet)
