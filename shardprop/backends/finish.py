@@ -13,6 +13,7 @@ from jax import lax
 
 from ..core.blocks import block_index
 from ..core.collectives import CollectiveKind
+from .moves import as_bits
 from ..expr.graph import Node
 
 
@@ -51,7 +52,7 @@ def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):
         return scanned
     total = lax.slice_in_dim(scanned, 0, 1, axis=axis) if reverse else lax.slice_in_dim(scanned, rows - 1, rows,
                                                                                           axis=axis)
-    totals = lax.all_gather(total, mesh_axes, axis=axis, tiled=True)
+    totals = as_bits(lambda b: lax.all_gather(b, mesh_axes, axis=axis, tiled=True), total)  # bfloat16 as 16 bits
     index = lax.broadcasted_iota(jnp.int32, totals.shape, axis)
     here = block_index(mesh_axes, mesh_shape)
     earlier = index > here if reverse else index < here

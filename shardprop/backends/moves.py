@@ -15,6 +15,7 @@ bits of bfloat16 and float8 blocks: XLA:CPU would move them as wider floats, twi
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -42,13 +43,13 @@ def apply_step(x, step: Step, mesh_shape: Mapping[str, int]):
     if not exchanges(step, mesh_shape):  # over mesh axes of size 1: the block stays as it is
         return x
     if step.kind is StepKind.PERMUTE:  # over whole mesh axes, whatever its layouts use
-        return _as_bits(lambda b: lax.ppermute(b, names, perm=permute_pairs(step, mesh_shape)), x)
+        return as_bits(lambda b: lax.ppermute(b, names, perm=permute_pairs(step, mesh_shape)), x)
     # over sub-axes: over their mesh axes, in groups of the devices that differ only on them
     names, within = (names, None) if is_whole(names, mesh_shape) else groups(names, mesh_shape)
     if step.kind is StepKind.ALL_GATHER:
-        return _as_bits(lambda b: lax.all_gather(b, names, axis=step.axis, tiled=True, axis_index_groups=within), x)
+        return as_bits(lambda b: lax.all_gather(b, names, axis=step.axis, tiled=True, axis_index_groups=within), x)
     if step.kind is StepKind.ALL_TO_ALL:
-        return _as_bits(lambda b: lax.all_to_all(b, names, split_axis=step.to_axis, concat_axis=step.axis,
+        return as_bits(lambda b: lax.all_to_all(b, names, split_axis=step.to_axis, concat_axis=step.axis,
                                                  tiled=True, axis_index_groups=within), x)
     if step.kind is StepKind.PSUM:
         return lax.psum(x, names, axis_index_groups=within)
@@ -73,12 +74,29 @@ def _halo(x, step: Step, mesh_shape: Mapping[str, int]):
     block = x.shape[axis] - lo - hi
     first, rows = halo_rows(step, block)
     piece = lax.slice_in_dim(x, lo + first, lo + first + rows, axis=axis)
-    n = shard_count(mesh_shape, step.mesh_axes)
-    pairs = [(d, d + step.shift) for d in range(n) if 0 <= d + step.shift < n]
-    got = (_as_bits(lambda b: lax.ppermute(b, step.mesh_axes, perm=pairs), piece) if pairs
-           else lax.full_like(piece, 0))
+    names, pairs = _shift_pairs(step.mesh_axes, step.shift, mesh_shape)
+    got = as_bits(lambda b: lax.ppermute(b, names, perm=pairs), piece) if pairs else lax.full_like(piece, 0)
     before = step.after.halo_of(axis)[0] != lo
     return lax.concatenate([got, x] if before else [x, got], axis)
+
+
+def _shift_pairs(layout_axes: tuple[str, ...], shift: int, mesh_shape: Mapping[str, int]):
+    """``(mesh axes in mesh order, pairs)`` for a ``ppermute`` that sends each device's piece to the device ``shift``
+    blocks further along an axis laid out over ``layout_axes`` (major first): ``ppermute`` numbers the devices of
+    several mesh axes in mesh order, whatever order the layout names them in."""
+    ordered = tuple(name for name in mesh_shape if name in layout_axes)
+    coordinates = list(itertools.product(*(range(mesh_shape[name]) for name in ordered)))
+
+    def block(coords) -> int:
+        at = dict(zip(ordered, coords, strict=True))
+        index = 0
+        for name in layout_axes:
+            index = index * mesh_shape[name] + at[name]
+        return index
+
+    device_of = {block(c): d for d, c in enumerate(coordinates)}
+    pairs = [(d, device_of[block(c) + shift]) for d, c in enumerate(coordinates) if block(c) + shift in device_of]
+    return ordered, pairs
 
 
 def _block_index(names: tuple[str, ...], mesh_shape: Mapping[str, int]):
@@ -92,7 +110,7 @@ def _block_index(names: tuple[str, ...], mesh_shape: Mapping[str, int]):
     return index
 
 
-def _as_bits(move, x):
+def as_bits(move, x):
     """``move(x)`` on the bits of a bfloat16 or float8 ``x``, as unsigned integers of its width: XLA:CPU widens
     those floats in a collective (bfloat16 to float32, float8 to float16), moving twice the bytes; bits move as
     they are on every backend. Sums cannot do this: a psum of bfloat16 on CPU moves float32."""

@@ -121,7 +121,9 @@ def _instruction_rows(plan_graph, instructions, note, indent: str, body_rows) ->
         else:
             result = instruction.result
             sent = sum(t.moved_bytes for t in transfers_of(instruction))
-            comment = f"{format_bytes(sent)} per device" if transfers_of(instruction) else "local"
+            merged = isinstance(instruction, Move) and instruction.merged
+            comment = (f"{format_bytes(sent)} per device" if transfers_of(instruction) else
+                       "rows exchanged already (XLA merges the two)" if merged else "local")
             rows.append((f"{indent}{typed(result.value, avals[result.value], result.type)} = "
                          f"{move_equation(instruction)}", comment))
     return rows

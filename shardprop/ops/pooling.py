@@ -13,6 +13,7 @@ overlap the box (sound, not exact).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 from jax import lax
 
 from ..core.blocks import Blocks, bind_as_is
@@ -36,7 +37,7 @@ def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions
     for k, kept in enumerate(keep):
         source = arrays[0].axes[k]
         reach = None
-        if not kept and n_arrays == 1 and isinstance(source, Sharded):
+        if not kept and n_arrays == 1 and isinstance(source, Sharded) and _halo_allowed(params, padding[k]):
             window = window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation)
             reach = window_reach(shape[k], shard_count(ctx.mesh_shape, source.mesh_axes), out_shape[k], **window)
         if kept:
@@ -48,6 +49,13 @@ def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions
     outputs = tuple(TensorSharding(out_shape, tuple(axes)) for _ in range(n_arrays))
     need = outputs[0].layout
     return RuleOutput(outputs, (need,) * n_arrays + tuple(((),) * len(i.shape) for i in inits))
+
+
+def _halo_allowed(params, padding) -> bool:
+    """A generic ``reduce_window`` (a ``jaxpr`` reducer) with padding on an axis gets no halo there: XLA leaves the
+    padded rows out of its windows, which no fill value past the ends of the array reproduces for an init value
+    that is not the reducer's identity (``lax.reduce_window(x, 1., lax.add, ...)``)."""
+    return "jaxpr" not in params or tuple(padding) == (0, 0)
 
 
 def _pool_reaches(params, shape, layout, mesh_shape) -> dict[int, tuple[int, int]]:
@@ -216,6 +224,9 @@ def select_block(node, invals, blocks: Blocks) -> list:
     out = jx.bind(node.primitive, [first, operand], {**node.params, "padding": tuple(padding)})[0]
     if node.op == "select_and_scatter_add":
         for k, (_, rows) in reaches.items():
+            if rows[1] < 0:  # its last rows, in no window (a stride longer than the window), receive nothing
+                out = lax.pad(out, jnp.zeros((), out.dtype),
+                              [(0, -rows[1], 0) if j == k else (0, 0, 0) for j in range(out.ndim)])
             out = lax.slice_in_dim(out, rows[0], rows[0] + blocks.in_global[1][k] // shard_count(
                 blocks.mesh_shape, blocks.in_layouts[1][k]), axis=k)
     return [out]

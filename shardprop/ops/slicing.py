@@ -127,12 +127,21 @@ def dynamic_slice_block(node, invals, blocks: Blocks) -> list:
     for k in spans:
         n, size, block = blocks.in_global[0][k], sizes[k], operand.shape[k]
         first = block_index(layout[k], blocks.mesh_shape) * block
-        start = jnp.clip(jnp.asarray(indices[k], jnp.int32), 0, n - size) - first
+        start = _clamped_start(indices[k], n, size) - first
         operand = lax.pad(operand, jnp.zeros((), operand.dtype),
                           [(size, size, 0) if j == k else (0, 0, 0) for j in range(operand.ndim)])
         starts[k] = jnp.clip(start, -size, block) + size
     block_sizes = _dynamic_slice_block_params(node.params, blocks)["slice_sizes"]
     return [lax.dynamic_slice(operand, [jnp.asarray(i, jnp.int32) for i in starts], block_sizes)]
+
+
+def _clamped_start(index, n: int, size: int):
+    """A slice's start clamped into ``[0, n - size]`` as ``lax.dynamic_slice`` clamps it, as int32: an unsigned index
+    is clamped before it is converted (a uint32 of 3e9 must clamp to the end, not wrap negative)."""
+    index = jnp.asarray(index)
+    if jnp.issubdtype(index.dtype, jnp.unsignedinteger) and n - size <= jnp.iinfo(index.dtype).max:
+        index = jnp.minimum(index, jnp.asarray(n - size, index.dtype))
+    return jnp.clip(index.astype(jnp.int32), 0, n - size)
 
 
 def dynamic_update_slice(ctx: RuleContext, operand: TensorSharding, update: TensorSharding,
@@ -169,7 +178,7 @@ def dynamic_update_slice_block(node, invals, blocks: Blocks) -> list:
     for k in spans:
         n, u, block = blocks.in_global[0][k], update.shape[k], operand.shape[k]
         first = block_index(layout[k], blocks.mesh_shape) * block
-        start = jnp.clip(jnp.asarray(indices[k], jnp.int32), 0, n - u) - first  # relative to this block
+        start = _clamped_start(indices[k], n, u) - first  # relative to this block
         operand = lax.pad(operand, jnp.zeros((), operand.dtype),
                           [(u, u, 0) if j == k else (0, 0, 0) for j in range(operand.ndim)])
         starts[k] = jnp.clip(start, -u, block) + u

@@ -15,7 +15,8 @@ from collections.abc import Container, Iterable
 
 from ..core.collectives import CollectiveKind, finish_transfers
 from ..core.moves import plan_move
-from ..core.steps import step_transfer
+from ..core.layouts import shard_count
+from ..core.steps import StepKind, halo_rows, step_transfer
 from ..core.types import ValueType
 from ..errors import LoweringError
 from ..expr.graph import CONSTANT, PARAMETER
@@ -34,6 +35,7 @@ class Emitter:
         self.importable = importable
         self.imported: list[Ref] = []
         self.haloed: dict[int, list[Ref]] = {}  # value -> the haloed refs of it made here
+        self.exchanged: set[tuple] = set()  # the halo exchanges made here (see _exchange)
 
     def held(self, value: int) -> Ref:
         """``value`` as the plan holds it."""
@@ -72,8 +74,14 @@ class Emitter:
                                     "before it nor received (a shardprop bug)")
         for step in steps[start:]:
             after = Ref(source.value, step.after)
-            self._made(Move(step, at, after, _price(step, aval.shape, aval.dtype, tuple(mesh_shape.items())), node,
-                            finishing))
+            exchange = _exchange(source.value, step, aval.shape, mesh_shape)
+            if exchange is not None and exchange in self.exchanged:  # the same ppermute again: XLA merges them
+                self._made(Move(step, at, after, None, node, finishing, merged=True))
+            else:
+                self._made(Move(step, at, after, _price(step, aval.shape, aval.dtype, tuple(mesh_shape.items())),
+                                node, finishing))
+                if exchange is not None:
+                    self.exchanged.add(exchange)
             at = after
         return target
 
@@ -157,6 +165,18 @@ def body_program(plan: BodyPlan) -> BodyProgram:
     outputs = tuple(emitter.bring(emitter.held(v), want, None)
                     for v, want in zip(graph.outputs, plan.out_types, strict=True))
     return BodyProgram(plan, inputs, tuple(emitter.instructions), outputs)
+
+
+def _exchange(value: int, step, shape, mesh_shape) -> tuple | None:
+    """What a halo step's ``ppermute`` sends, as a key: the same value's rows ``[first, first + rows)`` of the block
+    ``shift`` devices away along ``axis``, across the rest of a block haloed alike on the other axes. Two steps with
+    one key run the same collective (None for any other step)."""
+    if step.kind is not StepKind.HALO:
+        return None
+    before = step.before
+    block = shape[step.axis] // shard_count(mesh_shape, before.layout[step.axis])
+    others = tuple(before.halo_of(k) for k in range(len(shape)) if k != step.axis)
+    return (value, before.layout, before.partial, step.axis, step.shift, halo_rows(step, block), others)
 
 
 @functools.lru_cache(maxsize=65536)

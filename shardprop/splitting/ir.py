@@ -56,7 +56,9 @@ class Move:
     """One step of a move: ``source`` becomes ``result`` by ``step``; ``transfer`` is what it sends (None for a
     local step). ``node`` is the node it serves — the consumer it brings an operand to, or the node whose
     partial sum it finishes; None for a body's output brought to the type its loop takes it in. ``finishes``: the move
-    combines ``node``'s partial results (a psum, a reduce-scatter) rather than bringing it an operand."""
+    combines ``node``'s partial results (a psum, a reduce-scatter) rather than bringing it an operand. ``merged``: a
+    halo step whose rows an earlier step of its stage already exchanged — the same ``ppermute``, which XLA merges
+    into the earlier one, so it sends nothing more (``transfer`` None)."""
 
     step: Step
     source: Ref
@@ -64,6 +66,7 @@ class Move:
     transfer: Transfer | None
     node: int | None
     finishes: bool = False
+    merged: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,3 +64,15 @@ def test_nan_and_infinities_propagate_as_unsharded(meshes):
     for f in (lambda x: jnp.cumsum(x, axis=1), lambda x: lax.cummax(x, axis=1), lambda x: lax.cumlogsumexp(x, axis=1)):
         got = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"),))(x)
         np.testing.assert_allclose(np.asarray(got), np.asarray(f(jnp.asarray(x))), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_block_totals_move_as_16_bits(meshes):
+    """XLA:CPU gathers bfloat16 as float32 (twice the bytes priced); the totals move as their bits."""
+    x = X.astype(jnp.bfloat16)
+    f = lambda x: jnp.cumsum(x, axis=1)  # noqa: E731
+    fs = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"),))
+    got = fs(x)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(f(jnp.asarray(x)), np.float32), rtol=2e-2,
+                               atol=0.3)
+    comparison = sp.compare_with_jit(f, meshes["8"], (P(None, "i"),), x)
+    assert total_moved(fs.trace(x).estimated_communication()) == pytest.approx(comparison.shardprop_bytes)

@@ -118,3 +118,12 @@ def test_a_clipped_scatter_clamps_the_index_of_an_axis_that_is_not_sharded(meshe
     x = np.zeros((16, 4), np.float32)
     f = lambda x: jnp.asarray(x).at[jnp.array([3, 12]), jnp.array([9, -7])].set(5.0, mode="clip")  # noqa: E731
     _check(f, (x,), meshes["8"], (P("i"),))
+
+
+def test_an_unsigned_start_past_int32_clamps_to_the_end(meshes):
+    """A uint32 start of 3e9 clamps to the end of the axis (it wrapped negative, to the start)."""
+    x = np.arange(32 * 4, dtype=np.float32).reshape(32, 4)
+    start = np.uint32(3_000_000_000)
+    _check(lambda x, s: lax.dynamic_slice_in_dim(x, s, 5, axis=0), (x, start), meshes["8"], (P("i"), P()))
+    _check(lambda x, s: lax.dynamic_update_slice_in_dim(x, -np.ones((2, 4), np.float32), s, axis=0), (x, start),
+           meshes["8"], (P("i"), P()))
