@@ -148,8 +148,10 @@ class _GraphBuilder:
                 env[eqn.outvars[0]] = self._constant(np.int32(jx.static_platform_index(eqn)))
                 continue
             if self._folds(eqn, operands):  # index arithmetic on constants (lax.switch clamps its index)
-                (value,) = jx.bind(eqn.primitive, [np.asarray(self.scalar_constants[o]) for o in operands], eqn.params)
-                env[eqn.outvars[0]] = self._constant(np.asarray(value))
+                # each operand in its own dtype (an int16 index stays int16: the folded value must match its type)
+                (value,) = jx.bind(eqn.primitive, [np.asarray(self.scalar_constants[o], self.avals[o].dtype)
+                                                   for o in operands], eqn.params)
+                env[eqn.outvars[0]] = self._constant(np.asarray(value, jx.aval_of(eqn.outvars[0])[1]))
                 continue
             call = jx.call_body(eqn)
             if call is None and eqn.primitive.name == "cond" and operands[0] in self.scalar_constants:

@@ -117,7 +117,8 @@ def dynamic_slice_block(node, invals, blocks: Blocks) -> list:
     """The slice on this device's block. An axis sliced whole is cut to the block. Along an axis the slice takes
     part of and the operand is sharded on (a partial sum, :func:`finish_dynamic_slice`), the block is padded by the
     slice's length on either side and the slice cut where it lands relative to the block: the rows of other
-    devices' blocks come out as zeros. The start is clamped over the whole axis, as ``lax.dynamic_slice`` does."""
+    devices' blocks come out as zeros (the psum turns a -0.0 of the slice into +0.0). The start is clamped over the
+    whole axis, as ``lax.dynamic_slice`` does."""
     operand, *indices = invals
     layout, sizes = blocks.in_layouts[0], node.params["slice_sizes"]
     spans = [k for k, (n, size) in enumerate(zip(blocks.in_global[0], sizes, strict=True)) if layout[k] and size < n]

@@ -127,3 +127,13 @@ def test_an_unsigned_start_past_int32_clamps_to_the_end(meshes):
     _check(lambda x, s: lax.dynamic_slice_in_dim(x, s, 5, axis=0), (x, start), meshes["8"], (P("i"), P()))
     _check(lambda x, s: lax.dynamic_update_slice_in_dim(x, -np.ones((2, 4), np.float32), s, axis=0), (x, start),
            meshes["8"], (P("i"), P()))
+
+
+@pytest.mark.parametrize("index_dtype", [np.int8, np.int16, np.uint8])
+@pytest.mark.parametrize("spec", [P("i"), P()], ids=["sharded", "replicated"])
+def test_a_narrow_index_type(index_dtype, spec, meshes):
+    """``lax.dynamic_slice`` normalizes each start (``i + 32`` where negative) in the index's own type; the constant
+    index arithmetic the tracer folds keeps that type (an int16 start folded to int32 was a LoweringError)."""
+    x = np.arange(32 * 8, dtype=np.float32).reshape(32, 8)
+    f = lambda x, i: lax.dynamic_slice(x, (i, jnp.zeros_like(i)), (5, 8))  # noqa: E731
+    _check(f, (x, index_dtype(3)), meshes["8"], (spec, P()))
