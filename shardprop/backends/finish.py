@@ -39,7 +39,7 @@ def _to_mirror(node: Node, mesh_axes: tuple[str, ...], reversed_block, mesh_shap
     devices = list(itertools.product(*(range(n) for n in sizes)))
     pairs = [(d, devices.index(tuple(n - 1 - c for n, c in zip(sizes, coords, strict=True))))
              for d, coords in enumerate(devices)]
-    return lax.ppermute(reversed_block, mesh_axes, perm=pairs)
+    return as_bits(lambda b: lax.ppermute(b, mesh_axes, perm=pairs), reversed_block)  # bfloat16 as 16 bits
 
 
 def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):

@@ -314,9 +314,14 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
 
 def _wide(index):
     """An index as int32 at least: a block's offset, or the axis's end, may not fit a narrower index type (uint8
-    indices into a 512-row table)."""
-    return index if index.dtype.itemsize >= 4 and jnp.issubdtype(index.dtype, jnp.signedinteger) else \
-        index.astype(jnp.promote_types(index.dtype, jnp.int32))
+    indices into a 512-row table). A uint32 index past int32 saturates (it is out of bounds either way: clamped to
+    the end, or dropped), where converting it would wrap it negative."""
+    if index.dtype.itemsize >= 4 and jnp.issubdtype(index.dtype, jnp.signedinteger):
+        return index
+    wide = jnp.promote_types(index.dtype, jnp.int32)
+    if jnp.issubdtype(index.dtype, jnp.unsignedinteger) and jnp.iinfo(index.dtype).max > jnp.iinfo(wide).max:
+        index = jnp.minimum(index, jnp.asarray(jnp.iinfo(wide).max, index.dtype))
+    return index.astype(wide)
 
 
 def params_fill(params, dtype):

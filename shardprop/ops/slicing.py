@@ -75,7 +75,9 @@ def finish_rev(decisions, node):
     """A reversal along sharded axes: each device's reversed block sent to its mirror device (the block ``n - 1 - i``
     along each reversed axis), one collective-permute over those axes' mesh axes."""
     (need,) = decisions.needs(node.id)
-    names = tuple(name for k in node.params["dimensions"] for name in need.layout[k])
+    sizes = decisions.mesh_shape
+    # a mesh axis of size 1 holds the whole axis on every device: its block reversed is the result
+    names = tuple(name for k in node.params["dimensions"] for name in need.layout[k] if sizes[name] > 1)
     if not names:
         return None
     return (need,), Collective(CollectiveKind.MIRROR, names)

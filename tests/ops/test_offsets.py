@@ -137,3 +137,13 @@ def test_a_narrow_index_type(index_dtype, spec, meshes):
     x = np.arange(32 * 8, dtype=np.float32).reshape(32, 8)
     f = lambda x, i: lax.dynamic_slice(x, (i, jnp.zeros_like(i)), (5, 8))  # noqa: E731
     _check(f, (x, index_dtype(3)), meshes["8"], (spec, P()))
+
+
+@pytest.mark.parametrize("mode", [lax.GatherScatterMode.CLIP, lax.GatherScatterMode.FILL_OR_DROP])
+def test_a_uint32_scatter_index_past_int32(mode, meshes):
+    """A uint32 index of 3e9 is out of bounds: clamped to the end (clip) or dropped (fill), not wrapped to 0."""
+    x = np.arange(4 * 32, dtype=np.float32).reshape(4, 32)
+    window = lax.ScatterDimensionNumbers(update_window_dims=(0, 1), inserted_window_dims=(),
+                                         scatter_dims_to_operand_dims=(1,))
+    f = lambda x, i: lax.scatter(x, i, jnp.ones((4, 5), jnp.float32) * -1, window, mode=mode)  # noqa: E731
+    _check(f, (x, np.array([3_000_000_000], np.uint32)), meshes["8"], (P(None, "i"), P()))

@@ -49,3 +49,22 @@ def test_a_stride_that_does_not_fit_the_blocks_still_gathers(meshes):
     got = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"),))(X)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.asarray(X))))
     assert got.sharding.spec == P()
+
+
+def test_a_bfloat16_flip_moves_its_bits(meshes):
+    """XLA:CPU would permute bfloat16 as float32 (twice the bytes priced): the reversed block moves as 16 bits."""
+    x = X.astype(jnp.bfloat16)
+    f = lambda x: jnp.flip(x, 1)  # noqa: E731
+    fs = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"),))
+    np.testing.assert_array_equal(np.asarray(fs(x), np.float32), np.asarray(f(jnp.asarray(x)), np.float32))
+    comparison = sp.compare_with_jit(f, meshes["8"], (P(None, "i"),), x)
+    assert total_moved(fs.trace(x).estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
+
+
+def test_a_flip_along_a_mesh_axis_of_size_one_moves_nothing():
+    """Every device holds the whole axis: its block reversed is the result (a mirror over it sent the block)."""
+    mesh = sp.make_mesh((8, 1), ("i", "j"))
+    f = lambda x: jnp.flip(x, 1) * 2  # noqa: E731
+    fs = sp.autoshard(f, mesh=mesh, in_specs=(P(None, "j"),))
+    np.testing.assert_array_equal(np.asarray(fs(X)), np.asarray(f(jnp.asarray(X))))
+    assert sp.compare_with_jit(f, mesh, (P(None, "j"),), X).shardprop_bytes == 0
