@@ -87,7 +87,8 @@ axis, and keep it sharded all the same:
 
 * **Reversals and strides** (`rev`, a `slice` taking every `s`-th element from one of the first `s`): each device
   reverses its block and a `mirror` finish sends it to the device at the mirrored position (a collective-permute,
-  `{{mirrored i}}` before it); `x[:, ::2]`, `x[:, 1::2]` take each device's elements from its own block.
+  `{{mirrored i}}` before it); `x[:, ::2]`, `x[:, 1::2]` take each device's elements from its own block, and their
+  gradients (a `pad` with interior padding) spread each device's block in place.
 
 A 1-D convolution and a cumulative sum along a sequence sharded over 8 devices (`x` `P(None, 'i')`):
 

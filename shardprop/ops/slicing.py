@@ -56,9 +56,19 @@ def _strided_in_blocks(ctx: RuleContext, operand: TensorSharding, k: int, start:
 
 
 def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding, *, padding_config, **params):
-    keep = [tuple(cfg) == (0, 0, 0) for cfg in padding_config]
+    """An axis not padded keeps its sharding; so does a sharded axis spread out every ``s``-th element from one of the
+    first ``s`` (interior padding ``s - 1``, the output ``s`` times the operand: the gradient of ``x[1::2]``), each
+    device spreading its own block."""
+    keep = [tuple(cfg) == (0, 0, 0) or _spread_in_blocks(operand, k, *cfg) for k, cfg in enumerate(padding_config)]
     out = _keep_axes(ctx, operand, keep, ctx.out_avals[0].shape)
     return RuleOutput(out.outputs, out.needs + _scalar_needs([padding_value]))
+
+
+def _spread_in_blocks(operand: TensorSharding, k: int, low: int, high: int, interior: int) -> bool:
+    """Axis ``k`` padded to every ``interior + 1``-th element from ``low``, ending a stride's length past the last: each
+    block of the output is the block of the operand at the same position, padded alike."""
+    stride = interior + 1
+    return bool(operand.layout[k]) and stride > 1 and 0 <= low < stride and high == stride - 1 - low
 
 
 def rev(ctx: RuleContext, operand: TensorSharding, *, dimensions, **params):

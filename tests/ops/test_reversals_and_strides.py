@@ -8,6 +8,7 @@ ops only move elements), ``jax.jit``'s HLO on the same input shardings, our comp
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -26,6 +27,9 @@ FUNCTIONS = [
     ("odd_positions", lambda x: x[:, 1::2], 0),
     ("every_fourth_from_3", lambda x: x[:, 3::4], 0),
     ("even_minus_odd", lambda x: x[:, ::2] - x[:, 1::2], 0),
+    # the gradient of a strided slice: a pad with interior padding, each device spreading its own block
+    ("odd_positions_gradient", jax.grad(lambda x: jnp.sum(x[:, 1::2] ** 2)), 0),
+    ("every_fourth_gradient", jax.grad(lambda x: jnp.sum(x[:, ::4] ** 3)), 0),
 ]
 
 
@@ -36,7 +40,7 @@ def test_stays_sharded_and_moves_what_jit_moves(name, f, _, mesh_name, spec, str
     mesh = meshes[mesh_name]
     fs = sp.autoshard(f, mesh=mesh, in_specs=(spec,), strategy=strategy)
     got = fs(X)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.asarray(X))))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(f(jnp.asarray(X))), rtol=1e-6)
     assert got.sharding.spec == spec
     comparison = sp.compare_with_jit(f, mesh, (spec,), X, strategy=strategy)
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
