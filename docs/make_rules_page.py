@@ -78,9 +78,10 @@ axis, and keep it sharded all the same:
   fetches the blocks it needs, nothing else) brings it there. Past the ends of the array the halo holds what the op
   pads with (zeros; the identity of a maximum or minimum). A kernel gradient is a partial sum over the spatial mesh
   axes, finished by a `psum`. A VALID window whose output blocks would be uneven still gathers its axis.
-* **Offsets** (`dynamic_update_slice`, `dynamic_slice`, a `scatter` of windows such as `x.at[2:10].set(v)`): each
-  device writes the rows of the update that land in its block (a KV-cache write moves nothing), or cuts the rows of
-  the slice that lie in its block, which a `psum` adds up — the slice moves, not the operand.
+* **Offsets** (`dynamic_update_slice`, `dynamic_slice`, a `scatter` of windows such as `x.at[2:10].set(v)`, a
+  `gather` of windows such as its gradient): each device writes the rows of the update that land in its block (a
+  KV-cache write moves nothing), or cuts the rows of the slice that lie in its block, which a `psum` adds up — the
+  slice moves, not the operand.
 * **Cumulative ops** (`cumsum`, `cumprod`, `cummax`, `cummin`, `cumlogsumexp`, reversed too): each device scans its
   block (`{{prefix i}}`: each block lacks the totals of the blocks before it) and a `prefix` finish all-gathers one
   row per device (the block totals) and combines those of the blocks before it — under every strategy.

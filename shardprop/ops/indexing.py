@@ -237,8 +237,9 @@ def finish_gather(decisions, node):
     """A lookup along an operand axis that is sharded (the class axis of vocabulary-parallel logits, the rows of
     an embedding table sharded by vocabulary): each device looks up the indices that fall in its block, zero for
     the others, and a ``psum`` over that axis's mesh axes combines them — the operand is never gathered, only the
-    (small) looked-up result is summed. For indexed axes sliced one element at a time; for numbers (no sum of
-    bools or PRNG keys)."""
+    (small) looked-up result is summed. For indexed axes sliced one element at a time or in windows shorter than
+    the axis (the gradient of ``x.at[2:10].set(v)`` with respect to ``v``); for numbers (no sum of bools or PRNG
+    keys)."""
     kind = jx.dtype_kind(decisions.graph.avals[node.outputs[0]].dtype)
     if not kind or kind not in "fiuc":  # "" (a PRNG key) is in every string
         return None
@@ -248,7 +249,7 @@ def finish_gather(decisions, node):
     operand_need, indices_need = (list(n) for n in decisions.need_layouts(node.id))
     mesh_axes: list[str] = []
     for k in dn.start_index_map:
-        if have[k] and slice_sizes[k] == 1:
+        if have[k] and slice_sizes[k] < decisions.graph.avals[operand].shape[k]:
             operand_need[k] = have[k]
             mesh_axes.extend(have[k])
     if not mesh_axes or len(set(mesh_axes)) != len(mesh_axes):
@@ -282,7 +283,7 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
     batch_shape = indices.shape[:-1]
     outside = jnp.zeros(batch_shape, bool)  # out of bounds of the whole operand
     elsewhere = jnp.zeros(batch_shape, bool)  # in another device's block
-    vectors, mesh_axes = [], []
+    vectors, mesh_axes, pads = [], [], {}
     for p, k in enumerate(dn.start_index_map):
         index = _wide(indices[..., p])
         upper = operand_global[k] - slice_sizes[k]
@@ -291,10 +292,18 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
         if p in sharded:
             layout = blocks.in_layouts[0][k]
             index = index - (block_index(layout, blocks.mesh_shape) * operand_block[k]).astype(index.dtype)
-            elsewhere = elsewhere | (index < 0) | (index >= operand_block[k])
-            index = jnp.clip(index, 0, operand_block[k] - 1)
+            if slice_sizes[k] == 1:
+                elsewhere = elsewhere | (index < 0) | (index >= operand_block[k])
+                index = jnp.clip(index, 0, operand_block[k] - 1)
+            else:  # a window: the block padded by its length with zeros, the window placed where it lands
+                size = slice_sizes[k]
+                index = jnp.clip(index, -size, operand_block[k]) + size
+                pads[k] = size
             mesh_axes.extend(layout)
         vectors.append(index)
+    if pads:
+        operand = lax.pad(operand, jnp.zeros((), operand.dtype),
+                          [(pads[k], pads[k], 0) if k in pads else (0, 0, 0) for k in range(operand.ndim)])
     params["mode"] = lax.GatherScatterMode.CLIP
     params["fill_value"] = None
     (out,) = jx.bind(node.primitive, [operand, jnp.stack(vectors, axis=-1)], params)

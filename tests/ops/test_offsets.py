@@ -8,6 +8,7 @@ same input shardings (bytes, from its compiled HLO), our compiled HLO (the estim
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -147,3 +148,29 @@ def test_a_uint32_scatter_index_past_int32(mode, meshes):
                                          scatter_dims_to_operand_dims=(1,))
     f = lambda x, i: lax.scatter(x, i, jnp.ones((4, 5), jnp.float32) * -1, window, mode=mode)  # noqa: E731
     _check(f, (x, np.array([3_000_000_000], np.uint32)), meshes["8"], (P(None, "i"), P()))
+
+
+@pytest.mark.parametrize("method", ["set", "add", "max"])
+def test_the_gradient_of_a_slice_write_moves_the_slice(method, meshes):
+    """The update's gradient is a gather of a window of the cotangent: each device cuts its part, a psum adds
+    them (the cotangent stays sharded; jax.jit gathers it)."""
+    new = np.random.default_rng(4).normal(size=(2, 8, 4, 8)).astype(np.float32)
+
+    def loss(cache, new):
+        return jnp.sum(getattr(jnp.asarray(cache).at[:, 2:10], method)(new) ** 2)
+
+    f = jax.grad(loss, argnums=(0, 1))
+    fs = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"), P()))
+    for got, want in zip(fs(CACHE, new), f(jnp.asarray(CACHE), jnp.asarray(new)), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    comparison = sp.compare_with_jit(f, meshes["8"], (P(None, "i"), P()), CACHE, new)
+    assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
+    assert total_moved(fs.trace(CACHE, new).estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
+
+
+@pytest.mark.parametrize("mode", ["clip", "fill"])
+def test_a_gather_of_windows_along_a_sharded_axis(mode, meshes):
+    numbers = lax.GatherDimensionNumbers(offset_dims=(0, 1, 2, 3), collapsed_slice_dims=(), start_index_map=(1,))
+    starts = jnp.array([[5], [60], [-3], [56]])
+    f = lambda x: lax.gather(x, starts, numbers, (2, 8, 4, 8), mode=mode, fill_value=7.0)  # noqa: E731
+    _check(f, (CACHE,), meshes["8"], (P(None, "i"),))
