@@ -13,6 +13,7 @@ from jax import lax
 
 from ..core.blocks import block_index
 from ..core.collectives import CollectiveKind
+from ..ops.windows import extreme
 from .moves import as_bits
 from ..expr.graph import Node
 
@@ -65,12 +66,7 @@ def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):
         lowest = jnp.array(-jnp.inf, dtype)
         return jnp.logaddexp(scanned, jax.nn.logsumexp(jnp.where(earlier, totals, lowest), axis=axis, keepdims=True))
     is_max = op == "cummax"
-    if jnp.issubdtype(dtype, jnp.floating):
-        bound = jnp.array(-jnp.inf if is_max else jnp.inf, dtype)
-    elif dtype == jnp.bool_:
-        bound = jnp.array(not is_max)
-    else:
-        bound = jnp.array(jnp.iinfo(dtype).min if is_max else jnp.iinfo(dtype).max, dtype)
+    bound = extreme(dtype, lowest=is_max)  # the identity: the blocks after this one count for nothing
     combine = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
     return combine[1](scanned, combine[0](jnp.where(earlier, totals, bound), axis=axis, keepdims=True))
 

@@ -138,14 +138,22 @@ def dynamic_slice_block(node, invals, blocks: Blocks) -> list:
         return bind_with(_dynamic_slice_block_params)(node, invals, blocks)
     starts = list(indices)
     for k in spans:
-        n, size, block = blocks.in_global[0][k], sizes[k], operand.shape[k]
-        first = block_index(layout[k], blocks.mesh_shape) * block
-        start = _clamped_start(indices[k], n, size) - first
-        operand = lax.pad(operand, jnp.zeros((), operand.dtype),
-                          [(size, size, 0) if j == k else (0, 0, 0) for j in range(operand.ndim)])
-        starts[k] = jnp.clip(start, -size, block) + size
+        operand, starts[k] = _placed(operand, k, indices[k], blocks.in_global[0][k], sizes[k], layout[k],
+                                     blocks.mesh_shape)
     block_sizes = _dynamic_slice_block_params(node.params, blocks)["slice_sizes"]
     return [lax.dynamic_slice(operand, [jnp.asarray(i, jnp.int32) for i in starts], block_sizes)]
+
+
+def _placed(block, axis: int, index, n: int, length: int, mesh_axes, mesh_shape):
+    """``(block padded by length zeros on either side of axis, where a window of length starting at global index
+    lands in it)``: the start clamped over the whole axis (as ``lax.dynamic_slice`` does), made relative to this
+    device's block, and clamped into the padding where the window misses the block — one home for the reads and
+    writes at an offset."""
+    rows = block.shape[axis]
+    start = _clamped_start(index, n, length) - block_index(mesh_axes, mesh_shape) * rows
+    padded = lax.pad(block, jnp.zeros((), block.dtype),
+                     [(length, length, 0) if j == axis else (0, 0, 0) for j in range(block.ndim)])
+    return padded, jnp.clip(start, -length, rows) + length
 
 
 def _clamped_start(index, n: int, size: int):
@@ -189,12 +197,8 @@ def dynamic_update_slice_block(node, invals, blocks: Blocks) -> list:
         return bind_as_is(node, invals, blocks)
     starts = list(indices)
     for k in spans:
-        n, u, block = blocks.in_global[0][k], update.shape[k], operand.shape[k]
-        first = block_index(layout[k], blocks.mesh_shape) * block
-        start = _clamped_start(indices[k], n, u) - first  # relative to this block
-        operand = lax.pad(operand, jnp.zeros((), operand.dtype),
-                          [(u, u, 0) if j == k else (0, 0, 0) for j in range(operand.ndim)])
-        starts[k] = jnp.clip(start, -u, block) + u
+        operand, starts[k] = _placed(operand, k, indices[k], blocks.in_global[0][k], update.shape[k], layout[k],
+                                     blocks.mesh_shape)
     out = lax.dynamic_update_slice(operand, update, [jnp.asarray(i, jnp.int32) for i in starts])
     for k in spans:
         out = lax.slice_in_dim(out, update.shape[k], update.shape[k] + blocks.in_blocks[0][k], axis=k)

@@ -128,7 +128,16 @@ def identity(primitive: str, dtype):
     """What ``reduce_window_{sum,max,min}`` pads with: 0, the lowest value, the highest value."""
     if primitive == "reduce_window_sum":
         return np.zeros((), dtype)
-    kind, lowest = jx.dtype_kind(dtype), primitive == "reduce_window_max"
+    return extreme(dtype, lowest=primitive == "reduce_window_max")
+
+
+def extreme(dtype, *, lowest: bool):
+    """The lowest (highest) value of ``dtype``: the identity of a maximum (minimum) — -inf for floats.
+
+    >>> extreme(np.int8, lowest=True), extreme(np.float32, lowest=False)
+    (array(-128, dtype=int8), array(inf, dtype=float32))
+    """
+    kind = jx.dtype_kind(dtype)
     if kind == "f":
         return np.array(-np.inf if lowest else np.inf, dtype)
     if kind == "b":
