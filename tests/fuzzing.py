@@ -2,9 +2,9 @@
 
 A program is plain source code (so a failure prints as a reproducer): ``def f(x0, x1): ...`` built from
 elementwise ops with broadcasting, reductions (``any``/``all`` of comparisons too), ``dot_general`` with
-random dimension numbers, reshape, transpose, slice, pad, concatenate, cumulative ops, windowed reductions, 1-D
-convolutions, reads and writes at an offset, flips, select, iota, gather and scatter, over
-float32 values whose shapes are tracked as the program grows — and, given a mesh, sharding constraints
+random dimension numbers, reshape, transpose, slice, pad (negative widths and values too), roll, concatenate,
+cumulative ops, windowed reductions, 1-D convolutions, reads and writes at an offset, flips, select, iota, gather
+and scatter, over float32 values whose shapes are tracked as the program grows — and, given a mesh, sharding constraints
 (``constrain(v, P(...))``: ``jax.lax.with_sharding_constraint`` on the program's mesh; the unsharded reference
 runs without them, as JAX refuses a constraint that does not divide even unsharded).
 Shapes mix sizes that the meshes divide and sizes they do not.
@@ -180,10 +180,23 @@ def pad(draw, pool):
     if not v.shape:
         return None
     k = draw(st.integers(0, len(v.shape) - 1))
-    lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 2))
-    widths = tuple((lo, hi) if d == k else (0, 0) for d in range(len(v.shape)))
+    lo, hi = draw(st.integers(-1, 5)), draw(st.integers(-1, 5))
+    if v.shape[k] + lo + hi < 1:
+        return None
+    value = draw(st.sampled_from([0.0, 0.0, 1.5, -2.0]))
+    config = tuple((lo, hi, 0) if d == k else (0, 0, 0) for d in range(len(v.shape)))  # negative: cut
     shape = v.shape[:k] + (v.shape[k] + lo + hi,) + v.shape[k + 1:]
-    return "pad", f"jnp.pad({v.name}, {widths})", shape
+    return "pad", f"lax.pad({v.name}, jnp.asarray({value}, {v.name}.dtype), {config})", shape
+
+
+def roll(draw, pool):
+    """``jnp.roll`` along a random axis (two slices joined), by any shift."""
+    v = draw(st.sampled_from(pool))
+    if not v.shape:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    shift = draw(st.integers(-2 * v.shape[k], 2 * v.shape[k]))
+    return "roll", f"jnp.roll({v.name}, {shift}, axis={k})", v.shape
 
 
 def concatenate(draw, pool):
@@ -307,8 +320,8 @@ def scatter(draw, pool):
     return "scatter", f"{v.name}.at[{where}].{method}(1.5, mode={mode!r})", v.shape
 
 
-OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, concatenate, cumsum, iota, gather,
-       scatter, window, conv, at_offset, flip]
+OPS = [unary, binary, meet, select, reduce, dot, reshape, transpose, slice_, pad, roll, concatenate, cumsum, iota,
+       gather, scatter, window, conv, at_offset, flip]
 
 
 BODY_OPS = tuple(op for op in OPS if op is not meet)

@@ -78,10 +78,11 @@ def test_bad_specs(specs, error, pattern, mesh):
         compile(add, specs, mesh)
 
 
-def test_axis_not_divisible_by_the_mesh_axis(mesh):
-    with pytest.raises(sp.IndivisibleAxisError,
-                       match=re.escape("argument 1: axis 0 has size 6, not divisible by 4 (mesh axes i")):
-        compile(lambda a, b: a, (None, P("i")), mesh, A, jax.ShapeDtypeStruct((6, 8), jnp.float32))
+def test_a_constraint_whose_axis_its_mesh_axes_do_not_divide(mesh):
+    # (an argument whose axis does not divide is accepted as ranges: tests/ops/test_ranges.py)
+    constrained = lambda a: jax.lax.with_sharding_constraint(a[:6], jax.sharding.NamedSharding(mesh, P("i")))  # noqa
+    with pytest.raises(sp.IndivisibleAxisError, match=re.escape("axis 0 has size 6, not divisible by 4 (mesh axes i")):
+        compile(constrained, (None,), mesh, A)
 
 
 def test_every_error_is_a_sharding_error_and_exported():

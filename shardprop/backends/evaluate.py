@@ -52,10 +52,14 @@ def _compute(graph: Graph, mesh_shape, instruction: Compute, env: dict[Ref, obje
         in_blocks=tuple(x.shape for x in invals),
         in_layouts=tuple(ref.type.layout for ref in instruction.inputs),
         out_global=tuple(graph.avals[v].shape for v in node.outputs),
-        out_blocks=tuple(block_shape(graph.avals[ref.value].shape, ref.type.layout, mesh_shape)
-                         for ref in instruction.outputs),
+        out_blocks=tuple(block_shape(ref.type.frame(graph.avals[ref.value].shape, mesh_shape), ref.type.layout,
+                                     mesh_shape) for ref in instruction.outputs),
         out_layouts=tuple(ref.type.layout for ref in instruction.outputs),
         mesh_shape=mesh_shape,
+        in_spans=tuple(ref.type.span for ref in instruction.inputs) if any(r.type.span for r in instruction.inputs)
+        else (),
+        out_spans=tuple(ref.type.span for ref in instruction.outputs) if any(r.type.span for r in instruction.outputs)
+        else (),
         bodies=None if instruction.bodies is None else tuple(
             functools.partial(run_body, body, mesh_shape) for body in instruction.bodies),
     )

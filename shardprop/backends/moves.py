@@ -18,12 +18,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from ..core.blocks import block_index, first_device_only
-from ..core.layouts import shard_count
-from ..core.steps import Step, StepKind, exchanges, halo_rows, permute_pairs
+from ..core.layouts import shard_count, standard_span
+from ..core.steps import Step, StepKind, exchanges, halo_rows, permute_pairs, realign_rounds, unspan_rows
 from ..core.subaxes import groups, is_whole, sizes_with, span
 from ..expr import jax_adapter as jx
 
@@ -40,6 +41,12 @@ def apply_step(x, step: Step, mesh_shape: Mapping[str, int]):
         return lax.select(_block_index(names, mesh_shape) == 0, x, lax.full_like(x, 0))
     if step.kind is StepKind.HALO:
         return _halo(x, step, mesh_shape)
+    if step.kind is StepKind.REALIGN:
+        return _realign(x, step, mesh_shape)
+    if step.kind is StepKind.UNSPAN:
+        return _unspan(x, step, mesh_shape)
+    if step.kind is StepKind.TAKE_ROWS:
+        return _take_rows(x, step, mesh_shape)
     if not exchanges(step, mesh_shape):  # over mesh axes of size 1: the block stays as it is
         return x
     if step.kind is StepKind.PERMUTE:  # over whole mesh axes, whatever its layouts use
@@ -80,23 +87,106 @@ def _halo(x, step: Step, mesh_shape: Mapping[str, int]):
     return lax.concatenate([got, x] if before else [x, got], axis)
 
 
+def _realign(x, step: Step, mesh_shape: Mapping[str, int]):
+    """Rows moved into other blocks along an axis (:func:`~shardprop.core.steps.realign_rounds`): per round, each
+    device cuts the piece it sends (where it starts in its block differs by device: a table indexed by the
+    device's block), one ``ppermute`` (none for the pieces a device keeps), and each device places the piece it
+    received where it lands. A position no piece lands on holds the span's fill (the rows no device holds), or
+    zeros (past the axis's ends: nothing reads them)."""
+    axis, names = step.axis, step.mesh_axes
+    count = shard_count(mesh_shape, names)
+    wanted = step.after.span_of(axis)
+    block = wanted.block if wanted is not None else step.length // count
+    held = step.before.span_of(axis)
+    fill = held.fill if held is not None and held.fill is not None else 0
+    here = block_index(names, mesh_shape)
+    out = lax.full(tuple(block if k == axis else n for k, n in enumerate(x.shape)), fill, x.dtype)
+    position = lax.broadcasted_iota(np.int32, tuple(block if k == axis else 1 for k in range(x.ndim)), axis)
+    for number, pieces in enumerate(realign_rounds(step, count)):
+        if not pieces:
+            continue
+        rows = max(p.rows for p in pieces)
+        sent, landed = np.zeros(count, np.int32), np.zeros((2, count), np.int32)
+        for p in pieces:
+            sent[p.source] = p.source_at
+            landed[:, p.target] = (p.target_at, p.rows)
+        padded = lax.pad(x, lax.full((), 0, x.dtype), [(0, rows, 0) if k == axis else (0, 0, 0) for k in range(x.ndim)])
+        piece = lax.dynamic_slice_in_dim(padded, jnp.asarray(sent)[here], rows, axis)
+        if number:  # the pieces kept (round 0) stay where they are
+            piece = _permuted(piece, names, [(p.source, p.target) for p in pieces], mesh_shape)
+        at, length = jnp.asarray(landed[0])[here], jnp.asarray(landed[1])[here]
+        spread = lax.pad(piece, lax.full((), 0, x.dtype), [(block, block, 0) if k == axis else (0, 0, 0)
+                                                           for k in range(x.ndim)])
+        placed = lax.dynamic_slice_in_dim(spread, block - at, block, axis)
+        out = jnp.where((position >= at) & (position < at + length), placed, out)
+    return out
+
+
+def _permuted(piece, names: tuple[str, ...], pairs, mesh_shape: Mapping[str, int]):
+    """``piece`` sent from block ``source`` to block ``target`` for each pair (blocks along an axis laid out over
+    ``names``), by one ``ppermute``."""
+    ordered, device_of = _block_devices(names, mesh_shape)
+    perm = [(device_of[source], device_of[target]) for source, target in pairs]
+    return as_bits(lambda b: lax.ppermute(b, ordered, perm=perm), piece)
+
+
+def _unspan(x, step: Step, mesh_shape: Mapping[str, int]):
+    """A ranged axis gathered whole: each device sends the rows it holds (as many as the most any holds, padded),
+    one ``all_gather``, and the rows are laid end to end — the rows no device holds being the span's fill."""
+    axis, names, length = step.axis, step.mesh_axes, step.length
+    span = step.before.span_of(axis)
+    count = shard_count(mesh_shape, names)
+    held = [span.held(d, length) for d in range(count)]
+    most = unspan_rows(step, count)
+    if most == 0:
+        return lax.full(tuple(length if k == axis else n for k, n in enumerate(x.shape)), span.fill, x.dtype)
+    starts = np.array([first - (d * span.block - span.offset) if stop > first else 0
+                       for d, (first, stop) in enumerate(held)], np.int32)
+    padded = lax.pad(x, lax.full((), 0, x.dtype), [(0, most, 0) if k == axis else (0, 0, 0) for k in range(x.ndim)])
+    mine = lax.dynamic_slice_in_dim(padded, jnp.asarray(starts)[block_index(names, mesh_shape)], most, axis)
+    gathered = as_bits(lambda b: lax.all_gather(b, names, axis=axis, tiled=True), mine)
+    pieces = [lax.slice_in_dim(gathered, d * most, d * most + stop - first, axis=axis)
+              for d, (first, stop) in enumerate(held) if stop > first]
+    rows = lax.concatenate(pieces, axis) if len(pieces) > 1 else pieces[0]
+    first, stop = min(f for f, t in held if t > f), max(t for f, t in held if t > f)
+    if first or stop < length:  # rows no device holds: the fill
+        rows = lax.pad(rows, jnp.asarray(span.fill, x.dtype),
+                       [(first, length - stop, 0) if k == axis else (0, 0, 0) for k in range(x.ndim)])
+    return rows
+
+
+def _take_rows(x, step: Step, mesh_shape: Mapping[str, int]):
+    """A whole axis cut into ranged rows: each device takes the rows of its block (past the axis's ends, whatever the
+    padding holds: nothing reads them)."""
+    axis, names = step.axis, step.mesh_axes
+    span = step.after.span_of(axis) or standard_span(step.length, shard_count(mesh_shape, names))
+    block, length = span.block, x.shape[axis]
+    padded = lax.pad(x, lax.full((), 0, x.dtype),
+                     [(block, block, 0) if k == axis else (0, 0, 0) for k in range(x.ndim)])
+    start = block_index(names, mesh_shape) * block - span.offset + block
+    return lax.dynamic_slice_in_dim(padded, jnp.clip(start, 0, length + block), block, axis)
+
+
 def _shift_pairs(layout_axes: tuple[str, ...], shift: int, mesh_shape: Mapping[str, int]):
     """``(mesh axes in mesh order, pairs)`` for a ``ppermute`` that sends each device's piece to the device ``shift``
-    blocks further along an axis laid out over ``layout_axes`` (major first): ``ppermute`` numbers the devices of
-    several mesh axes in mesh order, whatever order the layout names them in."""
-    ordered = tuple(name for name in mesh_shape if name in layout_axes)
-    coordinates = list(itertools.product(*(range(mesh_shape[name]) for name in ordered)))
+    blocks further along an axis laid out over ``layout_axes`` (major first)."""
+    ordered, device_of = _block_devices(layout_axes, mesh_shape)
+    return ordered, [(device_of[b], device_of[b + shift]) for b in sorted(device_of) if b + shift in device_of]
 
-    def block(coords) -> int:
+
+def _block_devices(layout_axes: tuple[str, ...], mesh_shape: Mapping[str, int]):
+    """``(mesh axes in mesh order, block index -> ppermute device number)`` along an axis laid out over
+    ``layout_axes`` (major first): ``ppermute`` numbers the devices of several mesh axes in mesh order, whatever
+    order the layout names them in."""
+    ordered = tuple(name for name in mesh_shape if name in layout_axes)
+    device_of = {}
+    for d, coords in enumerate(itertools.product(*(range(mesh_shape[name]) for name in ordered))):
         at = dict(zip(ordered, coords, strict=True))
         index = 0
         for name in layout_axes:
             index = index * mesh_shape[name] + at[name]
-        return index
-
-    device_of = {block(c): d for d, c in enumerate(coordinates)}
-    pairs = [(d, device_of[block(c) + shift]) for d, c in enumerate(coordinates) if block(c) + shift in device_of]
-    return ordered, pairs
+        device_of[index] = d
+    return ordered, device_of
 
 
 def _block_index(names: tuple[str, ...], mesh_shape: Mapping[str, int]):

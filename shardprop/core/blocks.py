@@ -37,6 +37,10 @@ class Blocks:
     # A loop's or a cond's bodies, when its rule sharded them: each a function from its input blocks to its output
     # blocks (the backend evaluates the body's own plan); None otherwise.
     bodies: tuple[Callable[[list], list], ...] | None = None
+    # Per operand and per output, the rows each ranged axis holds (``ValueType.span``: a Span or None per axis;
+    # () when none is ranged): :mod:`shardprop.ops.ranges` reads them.
+    in_spans: tuple = ()
+    out_spans: tuple = ()
 
 
 def bind_as_is(node: Node, invals: list, blocks: Blocks) -> list:
@@ -70,7 +74,11 @@ def bind_with(rewrite: Callable[[Mapping[str, Any], Blocks], dict]) -> Callable[
 def cut_to_blocks(node: Node, invals: list, blocks: Blocks) -> list:
     """The primitive on the operand blocks, then each output cut to this device's block along the axes it
     computed whole but holds sharded (axes it *created*, such as a split piece's split axis)."""
-    outs = jx.bind(node.primitive, invals, dict(node.params))
+    return cut_outputs(jx.bind(node.primitive, invals, dict(node.params)), blocks)
+
+
+def cut_outputs(outs: list, blocks: Blocks) -> list:
+    """Each output cut to this device's block along the axes it came out whole but is held in blocks."""
     cut = []
     for x, block, layout in zip(outs, blocks.out_blocks, blocks.out_layouts, strict=True):
         for axis, (have, want) in enumerate(zip(x.shape, block, strict=True)):

@@ -49,16 +49,50 @@ class Shard:
         return f"Shard(#{self.id} axis={self.axis} [{self.start}:{self.stop}] parents=[{parents}])"
 
 
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Which rows of an axis each device holds when they are not the axis's equal blocks (a *ranged* axis, left by a
+    slice, a pad or a concatenation along a sharded axis): the device at block index ``d`` holds rows
+    ``[d * block - offset, (d + 1) * block - offset)``, padded to ``block`` rows where that range runs past the
+    axis's ends (those rows hold anything: whatever reads them masks them). Rows of the axis that no device holds
+    are all ``fill`` (a pad's value; None: every row is held by some device).
+
+    Sliced from a 64-row axis in 8 blocks, ``x[:63]`` is ``Span(0, 8)`` (device 7 holds rows 56-62 and a row of
+    padding) and ``x[63:]`` is ``Span(63, 8)`` (device 7 holds its one row; the others hold nothing); neither
+    moved anything. ``jnp.pad(x, (3, 0))`` is ``Span(-3, 8, fill=0.0)``: rows 0-2 are zeros no device holds.
+    """
+
+    offset: int
+    block: int
+    fill: float | int | bool | None = None
+
+    def held(self, device: int, size: int) -> tuple[int, int]:
+        """``(first, stop)``: the rows of an axis of ``size`` device ``device`` holds (``first == stop``: none)."""
+        first = device * self.block - self.offset
+        return max(0, min(size, first)), max(0, min(size, first + self.block))
+
+    def covers(self, size: int, count: int) -> bool:
+        """True when the ``count`` blocks hold every row of an axis of ``size``."""
+        return self.offset >= 0 and count * self.block - self.offset >= size
+
+
+def standard_span(size: int, count: int) -> Span:
+    """The span of an axis of ``size`` laid out in ``count`` equal blocks (``size`` divisible by ``count``)."""
+    return Span(0, size // count)
+
+
 class Sharded:
-    """An axis laid out over ``mesh_axes`` as ``len(shards)`` equal blocks."""
+    """An axis laid out over ``mesh_axes`` as ``len(shards)`` equal blocks, or — with a ``span`` — as blocks of
+    the rows the span says (a ranged axis: each shard is the range a device holds, possibly empty)."""
 
-    __slots__ = ("mesh_axes", "shards")
+    __slots__ = ("mesh_axes", "shards", "span")
 
-    def __init__(self, mesh_axes: tuple[str, ...], shards: tuple[Shard, ...]):
-        self.mesh_axes, self.shards = mesh_axes, shards
+    def __init__(self, mesh_axes: tuple[str, ...], shards: tuple[Shard, ...], span: Span | None = None):
+        self.mesh_axes, self.shards, self.span = mesh_axes, shards, span
 
     def __repr__(self) -> str:
-        return f"Sharded({'*'.join(self.mesh_axes)}: {' '.join(f'#{s.id}' for s in self.shards)})"
+        ranged = "" if self.span is None else f" {self.span}"
+        return f"Sharded({'*'.join(self.mesh_axes)}: {' '.join(f'#{s.id}' for s in self.shards)}{ranged})"
 
 
 class Open:
@@ -82,11 +116,26 @@ class TensorSharding:
 
     shape: tuple[int, ...]
     axes: tuple[AxisSharding, ...]
-    # Computed once: splitting and lowering ask for it on every edge.
+    # Computed once: splitting and lowering ask for it on every edge. A ranged axis is no equal blocks of the
+    # array: its layout is () (what a rule that knows nothing of ranges sees, and what the program returns), and
+    # ``spans`` names its mesh axes and rows.
     layout: Layout = field(init=False, repr=False, compare=False)
+    spans: tuple[tuple[tuple[str, ...], Span] | None, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "layout", tuple(a.mesh_axes if isinstance(a, Sharded) else () for a in self.axes))
+        object.__setattr__(self, "layout", tuple(a.mesh_axes if isinstance(a, Sharded) and a.span is None else ()
+                                                 for a in self.axes))
+        ranged = any(isinstance(a, Sharded) and a.span is not None for a in self.axes)
+        object.__setattr__(self, "spans", tuple((a.mesh_axes, a.span) if isinstance(a, Sharded) and a.span is not None
+                                                else None for a in self.axes) if ranged else ())
+
+    def without_ranges(self) -> TensorSharding:
+        """This sharding with its ranged axes replicated: what a rule that knows nothing of ranges is given (it then
+        consumes the operand whole along them: gathered, the span's padding dropped)."""
+        if not self.spans:
+            return self
+        return TensorSharding(self.shape, tuple(None if r is not None else a
+                                                for a, r in zip(self.axes, self.spans, strict=True)))
 
     @property
     def spec(self) -> PartitionSpec:
@@ -106,13 +155,23 @@ def _format_dim(size: int, axis: AxisSharding) -> str:
     return str(size)
 
 
-def format_layout(shape: tuple[int, ...], layout: Layout, halo: tuple[tuple[int, int], ...] = ()) -> str:
-    """``16@i,8``; with a halo of one row on either side of axis 0, ``16@i<1,1>,8``."""
-    def one(n, m, rows) -> str:
+def format_layout(shape: tuple[int, ...], layout: Layout, halo: tuple[tuple[int, int], ...] = (),
+                  spans: tuple[Span | None, ...] = ()) -> str:
+    """``16@i,8``; with a halo of one row on either side of axis 0, ``16@i<1,1>,8``; ranged (:class:`Span`), the rows
+    of device ``k``'s block: ``63@i[8k:8k+8],8`` (``x[:63]`` of 64 rows in 8 blocks), ``67@i[8k+3:8k+11]`` (64
+    rows padded by 3 before)."""
+    def one(n, m, rows, span) -> str:
         text = str(n) if not m else (f"{n}@{m[0]}" if len(m) == 1 else f"{n}@({','.join(m)})")
+        if span is not None:
+            text += f"[{_row(span.block, -span.offset)}:{_row(span.block, span.block - span.offset)}]"
         return text if rows == (0, 0) else f"{text}<{rows[0]},{rows[1]}>"
 
-    return ",".join(one(n, m, halo[k] if halo else (0, 0)) for k, (n, m) in enumerate(zip(shape, layout, strict=True)))
+    return ",".join(one(n, m, halo[k] if halo else (0, 0), spans[k] if spans else None)
+                    for k, (n, m) in enumerate(zip(shape, layout, strict=True)))
+
+
+def _row(block: int, at: int) -> str:
+    return f"{block}k" if at == 0 else f"{block}k{at:+d}"
 
 
 def layout_to_spec(layout: Layout) -> PartitionSpec:
@@ -131,10 +190,12 @@ def block_shape(shape: tuple[int, ...], layout: Layout, mesh_shape: Mapping[str,
     return tuple(n // shard_count(mesh_shape, m) for n, m in zip(shape, layout, strict=True))
 
 
-def layout_from_spec(spec, shape: tuple[int, ...], mesh_shape: Mapping[str, int], what: str) -> Layout:
+def layout_from_spec(spec, shape: tuple[int, ...], mesh_shape: Mapping[str, int], what: str,
+                     uneven: bool = False) -> Layout:
     """Validate a user's ``PartitionSpec`` for an argument of ``shape`` and return its layout.
 
-    ``what`` names the argument in error messages (``"argument 0"``).
+    ``what`` names the argument in error messages (``"argument 0"``); ``uneven``: an axis its mesh axes do not
+    divide is accepted (the caller lays it out in ranges, the last blocks short) rather than refused.
     """
     if not isinstance(spec, PartitionSpec):
         raise SpecError(f"{what}: expected a PartitionSpec or None, got {spec!r}")
@@ -160,7 +221,7 @@ def layout_from_spec(spec, shape: tuple[int, ...], mesh_shape: Mapping[str, int]
                 )
             seen.add(name)
         count = shard_count(mesh_shape, names)
-        if shape[axis] % count:
+        if shape[axis] % count and not uneven:
             raise IndivisibleAxisError(
                 f"{what}: axis {axis} has size {shape[axis]}, not divisible by {count} "
                 f"(mesh axes {'*'.join(names)} of spec {spec}, mesh {dict(mesh_shape)})"

@@ -50,7 +50,7 @@ from .types import Reduction, ValueType
 
 
 from .move_search import Search, State, Edge
-from .steps import Step, StepKind, halo_step, step_sizes, step_transfer, without_trivial
+from .steps import Step, StepKind, halo_step, step_sizes, step_span, step_transfer, without_trivial
 
 
 def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
@@ -69,6 +69,8 @@ def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
     """
     if have == want:  # the common case, on almost every edge of a graph
         return ()
+    if have.span or want.span:
+        return _ranged_steps(tuple(shape), dtype, have, want, tuple(mesh_shape.items()))
     if want.halo:  # the blocks first, then the neighbours' rows
         if have.halo:  # some of them already: the rest
             if have.without_halo() != want.without_halo() or not all(
@@ -125,10 +127,66 @@ def describe(shape: tuple[int, ...], steps: tuple[Step, ...], mesh_shape: Mappin
 
 
 def is_mesh_type(vtype: ValueType, mesh_shape: Mapping[str, int]) -> bool:
-    """True when ``vtype`` names mesh axes only and holds no halo, as a value between stages does; the types between
-    the steps of a move may name sub-axes (:mod:`.subaxes`), which no ``shard_map`` spec can, and a haloed block is
-    no block of the array: such a type stays inside its stage."""
-    return not vtype.halo and all(is_whole(m, mesh_shape) for m in vtype.layout) and is_whole(vtype.partial, mesh_shape)
+    """True when ``vtype`` names mesh axes only and holds no halo and no ranged rows, as a value between stages does;
+    the types between the steps of a move may name sub-axes (:mod:`.subaxes`), which no ``shard_map`` spec can, and
+    a haloed or ranged block is no block of the array: such a type stays inside its stage."""
+    return not vtype.halo and not vtype.span and all(is_whole(m, mesh_shape) for m in vtype.layout) and \
+        is_whole(vtype.partial, mesh_shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranged_steps(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
+                  mesh: tuple[tuple[str, int], ...]) -> tuple[Step, ...]:
+    """A move to or from ranged rows (:class:`~shardprop.core.layouts.Span`), axis by axis: a ranged axis that ``want``
+    lays out over the same mesh axes is realigned (each device receives the rows it lacks from the devices holding
+    them, a few rows per permute); another is gathered (the rows each device holds, the padding dropped);
+    an axis ``want`` holds ranged that is whole by then is cut locally, last. The rest is an ordinary move of the
+    blocks, the ranged axes as they are."""
+    sizes = dict(mesh)
+    steps, at = [], have
+    for axis, n in enumerate(shape):  # ranged rows that cannot stay in their blocks: gathered
+        held, wanted = step_span(at, axis, n, sizes), step_span(want, axis, n, sizes)
+        if at.span_of(axis) is not None and not _realignable(at, want, axis, held, wanted):
+            after = _with_rows(at, axis, (), None)
+            steps.append(Step(StepKind.UNSPAN, at.layout[axis], at, after, axis, length=n))
+            at = after
+    for axis, n in enumerate(shape):  # ranged rows (or equal blocks) shifted into the blocks wanted
+        held, wanted = step_span(at, axis, n, sizes), step_span(want, axis, n, sizes)
+        if held is not None and held != wanted and _realignable(at, want, axis, held, wanted):
+            after = _with_rows(at, axis, at.layout[axis], want.span_of(axis))
+            steps.append(Step(StepKind.REALIGN, at.layout[axis], at, after, axis, length=n))
+            at = after
+    # the ranged axes are now as wanted, or whole where want holds them ranged over other mesh axes (cut last)
+    taken = [axis for axis in range(len(shape)) if want.span_of(axis) is not None and at.span_of(axis) is None]
+    middle = want
+    for axis in taken:
+        middle = _with_rows(middle, axis, (), None)
+    kept = at.span
+    core = plan_move(at.frame(shape, sizes), dtype, at.without_span(), middle.without_span(), sizes)
+    steps += [replace(step, before=replace(step.before, span=kept), after=replace(step.after, span=kept))
+              for step in core]  # the ranged axes ride along unchanged
+    at = replace(middle, span=kept)
+    for axis in taken:
+        after = _with_rows(at, axis, want.layout[axis], want.span_of(axis))
+        steps.append(Step(StepKind.TAKE_ROWS, want.layout[axis], at, after, axis, length=shape[axis]))
+        at = after
+    if at != want:
+        raise ValueError(f"no move from {have} to {want} (reached {at})")
+    return tuple(steps)
+
+
+def _realignable(have: ValueType, want: ValueType, axis: int, held, wanted) -> bool:
+    """True when ranged (or equal) blocks along ``axis`` can be moved into those ``want`` holds there, row by row: both
+    laid out over the same mesh axes."""
+    return held is not None and wanted is not None and have.layout[axis] == want.layout[axis]
+
+
+def _with_rows(vtype: ValueType, axis: int, mesh_axes: tuple[str, ...], span) -> ValueType:
+    """``vtype`` with ``axis`` laid out over ``mesh_axes`` holding the rows ``span`` says (None: equal blocks)."""
+    layout = tuple(mesh_axes if k == axis else m for k, m in enumerate(vtype.layout))
+    spans = list(vtype.span or (None,) * len(layout))
+    spans[axis] = span
+    return ValueType(layout, vtype.partial, vtype.reduction, vtype.halo, tuple(spans))
 
 
 @functools.lru_cache(maxsize=4096)

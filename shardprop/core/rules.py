@@ -13,11 +13,13 @@ they raise :class:`RuleConflict` and the dispatcher adds the op, the source line
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 from typing import Any, NamedTuple
 
 from ..errors import ConflictKind
-from ..expr.graph import Aval
-from .layouts import AxisSharding, Layout, Open, Shard, Sharded, TensorSharding, is_refinement, shard_count
+from ..expr.graph import CONSTANT, Aval
+from .layouts import AxisSharding, Layout, Open, Shard, Sharded, Span, TensorSharding, is_refinement, shard_count
 
 
 class RuleOutput(NamedTuple):
@@ -29,6 +31,9 @@ class RuleOutput(NamedTuple):
     fallback: bool = False
     # Why, when the cause is inside a sub-computation (its primitive and line), for the warning and strict=True.
     fallback_cause: str | None = None
+    # A rule that reads ranged rows (:class:`~shardprop.core.layouts.Span`): per operand, per axis, the
+    # ``(mesh axes, span)`` it consumes that axis in (the need's layout says () there), or None; None: no axis.
+    need_spans: tuple | None = None
 
 
 class RuleConflict(Exception):
@@ -101,15 +106,50 @@ class RuleContext:
     is laid out on matters there, so ``derive`` hands back its first source unchanged.
     """
 
-    __slots__ = ("in_avals", "out_avals", "mesh_shape", "lineage", "propagate_body", "node", "_ids", "_opens")
+    __slots__ = ("in_avals", "out_avals", "mesh_shape", "lineage", "propagate_body", "node", "_ids", "_opens",
+                 "graph")
 
     def __init__(self, in_avals: tuple[Aval, ...], out_avals: tuple[Aval, ...], mesh_shape, ids, opens,
-                 lineage: bool = True, propagate_body=None):
+                 lineage: bool = True, propagate_body=None, graph=None):
         self.in_avals, self.out_avals, self.mesh_shape = in_avals, out_avals, mesh_shape
         self._ids, self._opens, self.lineage = ids, opens, lineage
         self.node: int | None = None  # the node whose rule runs (set by the walk)
         # propagate_body(graph, input_layouts) -> ShardedGraph: shards a sub-computation on the same mesh.
         self.propagate_body = propagate_body
+        self.graph = graph  # the graph walked (for the constants a rule may read)
+
+    def scalar_constant(self, operand: int):
+        """The value of operand ``operand`` of the node whose rule runs when it is a scalar literal (a pad's
+        value, as ``jnp.pad`` writes it) as a Python scalar; None otherwise."""
+        if self.graph is None or self.node is None:
+            return None
+        graph = self.graph
+        value = graph.nodes[self.node].operands[operand]
+        if graph.avals[value].shape != ():
+            return None
+        producer = graph.nodes[graph.producer[value]]
+        while producer.op == "convert_element_type":  # jnp.pad's 0 is an int literal converted
+            producer = graph.nodes[graph.producer[producer.operands[0]]]
+        if producer.op != CONSTANT:
+            return None
+        return np.asarray(producer.params["value"]).astype(graph.avals[value].dtype).item()
+
+    def ranged(self, axis: int, size: int, mesh_axes: tuple[str, ...], span: Span,
+               sources: list[tuple[Sharded, int]]) -> Sharded:
+        """Output ``axis`` (of ``size``) over ``mesh_axes``, device ``d`` holding the rows ``span`` says — equal blocks
+        when that is what they are. Each device's shard (its range, possibly empty) has as parents the shards of
+        ``sources`` (an operand axis, and the shift from output rows to its rows) that its range reads."""
+        count = shard_count(self.mesh_shape, mesh_axes)
+        even = size % count == 0 and span.offset == 0 and span.block == size // count
+        if not self.lineage:
+            return Sharded(mesh_axes, (), None if even else span)
+        ids, shards = self._ids, []
+        for d in range(count):
+            first, stop = span.held(d, size)
+            parents = tuple(s for source, shift in sources for s in source.shards
+                            if stop > first and s.start < stop + shift and first + shift < s.stop)
+            shards.append(Shard(next(ids), axis, first, stop - first, parents))
+        return Sharded(mesh_axes, tuple(shards), None if even else span)
 
     def root(self, axis: int, size: int, mesh_axes: tuple[str, ...]) -> Sharded:
         """Fresh shards without parents: ``size`` split evenly over ``mesh_axes``."""

@@ -13,9 +13,9 @@ import numpy as np
 
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
-from .layouts import Layout, shard_count
+from .layouts import Layout, Span, shard_count, standard_span
 from .subaxes import (coordinate, parents, sizes_with, span)
-from .transfers import Transfer, TransferKind, hlo_dtype_name, transfer
+from .transfers import Transfer, TransferKind, hlo_dtype_name, moved, transfer
 from .types import ValueType
 
 
@@ -31,6 +31,9 @@ class StepKind(StrEnum):
     PSUM_SCATTER = "psum-scatter"  # ... and scattered over them along an axis (a reduce-scatter)
     TAKE_ONCE = "take-once"        # a whole value becomes a partial sum: the first device of a group keeps it
     HALO = "halo"                  # every device receives rows of a neighbour's block next to its own (a shift)
+    REALIGN = "realign"            # ranged rows (or equal blocks) moved into other blocks: a few rows per permute
+    UNSPAN = "unspan"              # a ranged axis gathered: the rows each device holds, the padding dropped
+    TAKE_ROWS = "take-rows"        # a whole axis cut into ranged rows: each device its own, locally (free)
 
 
 # The collective XLA compiles each communicating step to.
@@ -41,6 +44,8 @@ TRANSFER_KIND = {
     StepKind.PSUM: TransferKind.ALL_REDUCE,
     StepKind.PSUM_SCATTER: TransferKind.REDUCE_SCATTER,
     StepKind.HALO: TransferKind.COLLECTIVE_PERMUTE,
+    StepKind.REALIGN: TransferKind.COLLECTIVE_PERMUTE,
+    StepKind.UNSPAN: TransferKind.ALL_GATHER,
 }
 
 
@@ -67,6 +72,7 @@ class Step:
     axis: int | None = None
     to_axis: int | None = None
     shift: int = 0  # a halo step: device d receives from device d - shift along ``axis``'s mesh axes
+    length: int = 0  # a step on ranged rows (realign, unspan, take-rows): the length of ``axis``
 
     def __str__(self) -> str:
         over = f"{'take once' if self.kind is StepKind.TAKE_ONCE else self.kind} over {'*'.join(self.mesh_axes)}"
@@ -77,6 +83,8 @@ class Step:
         if self.kind is StepKind.HALO:
             side, rows = _halo_side(self)
             return f"{over} on axis {self.axis}: {rows} row{'s' * (rows != 1)} {side}"
+        if self.kind is StepKind.REALIGN:
+            return f"{over} on axis {self.axis}: rows shifted by {realign_shift(self)}"
         return over if self.axis is None else f"{over} on axis {self.axis}"
 
     @property
@@ -103,6 +111,9 @@ def step_transfer(step: Step, shape: tuple[int, ...], dtype, mesh_shape: Mapping
         return None
     if step.kind is StepKind.HALO:
         return _halo_transfer(step, shape, dtype, sizes)
+    if step.kind in (StepKind.REALIGN, StepKind.UNSPAN):
+        return _rows_transfer(step, shape, dtype, sizes)
+    shape = step.before.frame(shape, sizes)  # a ranged axis moves as its blocks
     groups = tuple(n for n in step.mesh_axes if sizes[n] > 1)  # a mesh axis of size 1 groups nothing
     found = transfer(TRANSFER_KIND[step.kind], groups, Aval(tuple(shape), as_dtype(dtype)), step.after.layout,
                      sizes)
@@ -124,6 +135,10 @@ def _exchanges(step: Step, sizes: Mapping[str, int]) -> bool:
         return without_trivial(step.before.layout, sizes) != without_trivial(step.after.layout, sizes)
     if step.kind is StepKind.HALO:  # a neighbour that far away exists
         return shard_count(sizes, step.mesh_axes) > abs(step.shift)
+    if step.kind is StepKind.REALIGN:
+        return len(realign_rounds(step, shard_count(sizes, step.mesh_axes))) > 1
+    if step.kind is StepKind.UNSPAN:
+        return shard_count(sizes, step.mesh_axes) > 1 and unspan_rows(step, shard_count(sizes, step.mesh_axes)) > 0
     return shard_count(sizes, step.mesh_axes) > 1
 
 
@@ -239,3 +254,95 @@ def _halo_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str
     groups = tuple(n for n in sizes if n in step.mesh_axes and sizes[n] > 1)
     return Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, shard_count(sizes, groups), tuple(piece),
                     hlo_dtype_name(dtype), nbytes, float(nbytes))
+
+
+def step_span(vtype: ValueType, axis: int, length: int, mesh_shape: Mapping[str, int]) -> Span | None:
+    """The rows each device holds along ``axis`` (of ``length``) as a :class:`Span`: its span when ranged, equal
+    blocks as ``Span(0, length / count)``; None when the axis is whole."""
+    span = vtype.span_of(axis)
+    if span is not None:
+        return span
+    mesh_axes = vtype.layout[axis]
+    if not mesh_axes:
+        return None
+    count = shard_count(mesh_shape, mesh_axes)
+    if length % count:
+        raise ValueError(f"{vtype} lays axis {axis} of {length} out in {count} equal blocks, which do not divide it")
+    return standard_span(length, count)
+
+
+def realign_shift(step: Step) -> int:
+    """How many rows further along the axis the start of each device's block is after a realign step than before."""
+    before, after = step.before.span_of(step.axis), step.after.span_of(step.axis)
+    return (before.offset if before else 0) - (after.offset if after else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Rows ``[source_at, source_at + rows)`` of device ``source``'s block, landing at ``[target_at, target_at + rows)``
+    of device ``target``'s (devices by block index along the axis)."""
+
+    source: int
+    target: int
+    source_at: int
+    target_at: int
+    rows: int
+
+
+def realign_rounds(step: Step, count: int) -> tuple[tuple[Piece, ...], ...]:
+    """A realign step's pieces in rounds, each round one ``ppermute`` (every device sends at most one piece and
+    receives at most one): first the pieces a device keeps (sent nowhere), then the others, those from the same
+    number of blocks away together. Only rows of the axis move; a row of it no device holds is the span's fill."""
+    held = step.before.span_of(step.axis) or standard_span(step.length, count)
+    wanted = step.after.span_of(step.axis) or standard_span(step.length, count)
+    return _rounds(held, wanted, step.length, count)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rounds(held: Span, wanted: Span, length: int, count: int) -> tuple[tuple[Piece, ...], ...]:
+    pieces = []
+    for target in range(count):
+        start = target * wanted.block - wanted.offset
+        first, stop = max(start, 0), min(start + wanted.block, length)
+        for source in range(count):
+            at = source * held.block - held.offset
+            lo, hi = max(first, at), min(stop, at + held.block)
+            if lo < hi:
+                pieces.append(Piece(source, target, lo - at, lo - start, hi - lo))
+    kept = tuple(p for p in pieces if p.source == p.target)
+    rounds: list[list[Piece]] = []
+    for piece in sorted((p for p in pieces if p.source != p.target), key=lambda p: (p.source - p.target, p.target)):
+        for found in rounds:
+            if all(p.source != piece.source and p.target != piece.target for p in found):
+                found.append(piece)
+                break
+        else:
+            rounds.append([piece])
+    return (kept,) + tuple(tuple(r) for r in rounds)
+
+
+def unspan_rows(step: Step, count: int) -> int:
+    """The rows each device sends in an unspan step: the most any device holds (each sends that many, padded)."""
+    span = step.before.span_of(step.axis)
+    return max(stop - first for first, stop in (span.held(d, step.length) for d in range(count)))
+
+
+def _rows_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str, int]) -> Transfer:
+    """The collectives of a step on ranged rows: a realign's one or two collective-permutes (one record: the rows
+    of both), an unspan's all-gather of the rows each device holds."""
+    count = shard_count(sizes, step.mesh_axes)
+    frame = step.before.frame(shape, sizes)
+    piece = [n // shard_count(sizes, m) for n, m in zip(frame, step.before.layout, strict=True)]
+    dtype = as_dtype(dtype)
+    groups = tuple(n for n in sizes if n in step.mesh_axes and sizes[n] > 1)
+    if step.kind is StepKind.REALIGN:  # one collective-permute per round, of its longest piece
+        rounds = realign_rounds(step, count)[1:]
+        piece[step.axis] = sum(max(p.rows for p in pieces) for pieces in rounds)
+        nbytes = int(jx.itemsize(dtype) * int(np.prod(piece)))
+        return Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, shard_count(sizes, groups), tuple(piece),
+                        hlo_dtype_name(dtype), nbytes, float(nbytes), arrays=len(rounds))
+    piece[step.axis] = count * unspan_rows(step, count)  # the gathered result
+    nbytes = int(jx.itemsize(dtype) * int(np.prod(piece)))
+    n = shard_count(sizes, groups)
+    return Transfer(TransferKind.ALL_GATHER, groups, n, tuple(piece), hlo_dtype_name(dtype), nbytes,
+                    moved(TransferKind.ALL_GATHER, n, nbytes))

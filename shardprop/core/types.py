@@ -12,12 +12,15 @@ block, each device holding its mirror device's block, finished by a permute), fi
 blocks before each.
 ``halo`` is what a windowed op (a convolution, a pooling window) reads past its block along a sharded axis: each
 device also holds that many rows of its neighbours' blocks on either side (zeros past the ends of the array). A
-haloed value lives only between the move that exchanges the rows and the op that reads them. Every move between two
-types — a gather, an all-to-all, a psum, a halo exchange, taking a whole value as a partial one — is planned by
-:mod:`shardprop.core.moves`.
+haloed value lives only between the move that exchanges the rows and the op that reads them. ``span`` gives a
+*ranged* axis's rows (:class:`~shardprop.core.layouts.Span`): a slice, pad or concatenation along a sharded axis
+leaves each device the rows of its own block (possibly fewer, or none), not equal blocks of the result; a ranged
+value lives inside its stage (the program returns, and stages pass, equal blocks). Every move between two types — a
+gather, an all-to-all, a psum, a halo exchange, a realignment of ranged rows, taking a whole value as a partial one —
+is planned by :mod:`shardprop.core.moves`.
 
     ``type_string(Aval((16, 8), float32), ValueType((("i",), ()), partial=("j",)))`` is ``'f32[16@i,8]{+j}'``;
-    with ``halo=((1, 2), (0, 0))``, ``'f32[16@i<1,2>,8]'``.
+    with ``halo=((1, 2), (0, 0))``, ``'f32[16@i<1,2>,8]'``; ranged, ``'f32[15@i[4k:4k+4],8]'``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..expr.graph import short_dtype, value_name
-from .layouts import Layout, format_layout
+from .layouts import Layout, Span, format_layout, shard_count
 
 
 class Reduction(StrEnum):
@@ -52,10 +55,15 @@ class ValueType:
     reduction: Reduction = Reduction.SUM  # how the partial results combine (meaningful when partial)
     # per tensor axis, (rows before, rows after) of the neighbours' blocks each device also holds; () for none
     halo: tuple[tuple[int, int], ...] = ()
+    # per tensor axis, the rows each device holds of a ranged axis (laid out over the layout's mesh axes), or None;
+    # () for none
+    span: tuple[Span | None, ...] = ()
 
     def __post_init__(self):
         if self.halo and not any(lo or hi for lo, hi in self.halo):  # no rows from anyone: one spelling
             object.__setattr__(self, "halo", ())
+        if self.span and all(s is None for s in self.span):
+            object.__setattr__(self, "span", ())
         if not self.partial:  # the common case, on every edge of 10^5-node graphs
             if self.reduction is not Reduction.SUM:  # a whole value is a whole value, however it was combined
                 object.__setattr__(self, "reduction", Reduction.SUM)
@@ -75,6 +83,29 @@ class ValueType:
     def without_halo(self) -> ValueType:
         """This type without the neighbours' rows: the blocks a halo exchange starts from."""
         return ValueType(self.layout, self.partial, self.reduction) if self.halo else self
+
+    @property
+    def even_layout(self) -> Layout:
+        """The layout of the axes held in equal blocks: ``layout`` with its ranged axes whole."""
+        if not self.span:
+            return self.layout
+        return tuple(() if s is not None else m for m, s in zip(self.layout, self.span, strict=True))
+
+    def span_of(self, axis: int) -> Span | None:
+        """The rows each device holds along ``axis`` when it is ranged; None for equal blocks (or whole)."""
+        return self.span[axis] if self.span else None
+
+    def without_span(self) -> ValueType:
+        """This type as equal blocks of its frame (the array padded to whole blocks): what the collectives see."""
+        return ValueType(self.layout, self.partial, self.reduction, self.halo) if self.span else self
+
+    def frame(self, shape: tuple[int, ...], mesh_shape) -> tuple[int, ...]:
+        """``shape`` with each ranged axis as long as its blocks together (``count * block``): the global shape a
+        ranged value's blocks make up inside ``shard_map``."""
+        if not self.span:
+            return tuple(shape)
+        return tuple(n if s is None else shard_count(mesh_shape, m) * s.block
+                     for n, m, s in zip(shape, self.layout, self.span, strict=True))
 
     def halo_of(self, axis: int) -> tuple[int, int]:
         """``(rows before, rows after)`` this type holds past its block along tensor axis ``axis``."""
@@ -97,7 +128,7 @@ def type_string(aval, vtype: ValueType) -> str:
     each neighbour's block on either side, a halo); a partial sum over
     ``j`` adds ``{+j}`` (a partial maximum ``{max j}``): ``f32[16@i,8]{+j}``. The one spelling of a sharded type,
     in every listing, table and message."""
-    text = f"{short_dtype(aval.dtype)}[{format_layout(aval.shape, vtype.layout, vtype.halo)}]"
+    text = f"{short_dtype(aval.dtype)}[{format_layout(aval.shape, vtype.layout, vtype.halo, vtype.span)}]"
     if not vtype.partial:
         return text
     how = "+" if vtype.reduction is Reduction.SUM else f"{vtype.reduction} "

@@ -20,7 +20,7 @@ their sources), the collectives inside it and its outputs.
 from __future__ import annotations
 
 from ..core.layouts import Layout, layout_to_spec
-from ..core.steps import StepKind
+from ..core.steps import realign_shift, StepKind
 from ..core.types import ValueType, type_string, typed
 from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, short_source, value_name, where
 from ..gc_pause import gc_paused
@@ -74,7 +74,8 @@ def typed_name(plan: Plan, value: int, layout: Layout) -> str:
 
 _MOVE_OPS = {StepKind.SLICE: "slice", StepKind.ALL_GATHER: "all_gather", StepKind.ALL_TO_ALL: "all_to_all",
              StepKind.PERMUTE: "ppermute", StepKind.PSUM: "psum", StepKind.PSUM_SCATTER: "psum_scatter",
-             StepKind.TAKE_ONCE: "take_once", StepKind.HALO: "halo"}
+             StepKind.TAKE_ONCE: "take_once", StepKind.HALO: "halo", StepKind.REALIGN: "realign",
+             StepKind.UNSPAN: "unspan", StepKind.TAKE_ROWS: "take_rows"}
 
 
 def move_op_name(move: Move | Finish) -> str:
@@ -93,6 +94,8 @@ def move_op(move: Move | Finish) -> str:
     elif step.kind is StepKind.HALO:  # the rows it adds, as the type after it holds them: halo[i axis=1 <1,1>]
         lo, hi = step.after.halo_of(step.axis)
         params.append(f"axis={step.axis} <{lo},{hi}>")
+    elif step.kind is StepKind.REALIGN:  # how far the rows move: realign[i axis=1 by=-1]
+        params.append(f"axis={step.axis} by={realign_shift(step)}")
     elif step.axis is not None:
         params.append(f"axis={step.axis}")
     return f"{move_op_name(move)}[{' '.join(params)}]"

@@ -21,12 +21,12 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from . import (contractions, control_flow, convolutions, elementwise, indexing, linalg, placement, pooling, random,
-               reductions, reshape, scans, shapes, slicing)
+               ranges, reductions, reshape, scans, shapes, slicing)
 from .fallback import fallback_for
 from .opdef import Family, OpDef, defs, first_sentence
 
-FAMILIES = (elementwise, reductions, scans, shapes, reshape, slicing, indexing, contractions, convolutions, pooling,
-            linalg, control_flow, random, placement)
+FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, indexing, contractions, convolutions,
+            pooling, linalg, control_flow, random, placement)
 
 
 def _collect() -> Mapping[str, OpDef]:

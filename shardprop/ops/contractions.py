@@ -28,6 +28,7 @@ from ..core.types import whole
 from ..core.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
 from .opdef import Family, Linearity, OpDef
+from .ranges import keep_ranges
 
 
 def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, dimension_numbers,
@@ -36,6 +37,13 @@ def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, d
     out_shape = ctx.out_avals[0].shape
     lhs_free = [k for k in range(len(lhs.shape)) if k not in lhs_contract and k not in lhs_batch]
     rhs_free = [k for k in range(len(rhs.shape)) if k not in rhs_contract and k not in rhs_batch]
+    if lhs.spans or rhs.spans:  # ranged batch and free axes are read row by row: they stay ranged
+        plain = dot_general(ctx, lhs.without_ranges(), rhs.without_ranges(), dimension_numbers=dimension_numbers,
+                            **params)
+        nb, nl = len(lhs_batch), len(lhs_free)
+        rows = [(0, lb, i) for i, lb in enumerate(lhs_batch)] + [(1, rb, i) for i, rb in enumerate(rhs_batch)]
+        rows += [(0, k, nb + i) for i, k in enumerate(lhs_free)] + [(1, k, nb + nl + i) for i, k in enumerate(rhs_free)]
+        return keep_ranges(ctx, plain, (lhs, rhs), rows)
     axes = []
     for lb, rb in zip(lhs_batch, rhs_batch, strict=True):
         axes.append(ctx.merge(len(axes), lhs.shape[lb], [lhs.axes[lb], rhs.axes[rb]]))
@@ -148,7 +156,7 @@ def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShardin
 
 
 OPS = [
-    OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage,
+    OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage, reads_ranges=True,
           lineage_exact=True, per_block=bind_as_is, finish=finish_contraction, pull=None, linear=Linearity.EITHER,
           work=contraction_work),
     OpDef("ragged_dot_general", Family.CONTRACTION, propagate=ragged_dot_general, lineage=whole_operands,

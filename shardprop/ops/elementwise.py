@@ -15,6 +15,7 @@ from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Layout, TensorSharding
 from .fallback import conservative
+from .ranges import keep_ranges
 from .opdef import Family, Linearity, OpDef, defs
 
 UNARY = (
@@ -58,9 +59,15 @@ def operand_needs(out_shape: tuple[int, ...], out_layout: Layout, operand_shapes
 
 def elementwise(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
     """Each output axis merges the operand axes aligned with it (numpy rules, right-aligned); an operand
-    axis of size 1 broadcast to a larger size, or missing (a scalar), takes no part and is never sharded."""
+    axis of size 1 broadcast to a larger size, or missing (a scalar), takes no part and is never sharded. A ranged
+    axis stays ranged (:func:`~shardprop.ops.ranges.keep_ranges`): the op reads it row by row."""
     out_shape = ctx.out_avals[0].shape
     rank = len(out_shape)
+    if any(operand.spans for operand in operands):  # ranged rows are read row by row: they stay ranged
+        plain = elementwise(ctx, *(operand.without_ranges() for operand in operands), **params)
+        rows = [(i, j, j + rank - len(op.shape)) for i, op in enumerate(operands) for j, n in enumerate(op.shape)
+                if n == out_shape[j + rank - len(op.shape)]]
+        return keep_ranges(ctx, plain, operands, rows)
     same_shapes = all(operand.shape == out_shape for operand in operands)
     if same_shapes and len(ctx.out_avals) == 1:  # the common case, kept lean: 10^5-node graphs are the norm
         out = TensorSharding(out_shape, tuple(
@@ -152,8 +159,9 @@ def nothing_read(ctx: LineageContext, box: Box, output: int, **params):
 
 
 OPS = [
-    *defs(UNARY + NARY, Family.ELEMENTWISE,propagate=elementwise, lineage=elementwise_lineage,
-          lineage_exact=True, per_block=bind_as_is, finish=None, pull=pull_elementwise, linear=LINEAR),
+    *defs(UNARY + NARY, Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage,
+          lineage_exact=True, per_block=bind_as_is, finish=None, pull=pull_elementwise, linear=LINEAR,
+          reads_ranges=True),
     OpDef("mulhi", Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage, lineage_exact=True,
           per_block=mulhi_on_blocks, finish=None, pull=pull_elementwise, linear=Linearity.NONE),
     OpDef("bitcast_convert_type", Family.ELEMENTWISE, propagate=bitcast_convert_type, lineage=bitcast_lineage,

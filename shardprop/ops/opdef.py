@@ -16,10 +16,12 @@
     halo           the rows past its block each operand's block must come with, given the types the op consumes
                    its operands in — optional, for windowed ops (a convolution, a pooling window) whose output
                    block is computed from the operand's block and its neighbours' edges
+    reads_ranges   True for a rule that reads ranged axes (the rows a slice, pad or concatenation along a sharded
+                   axis left each device, :class:`~shardprop.core.layouts.Span`); other rules see them replicated
     runs_outside_shard_map   True for a primitive run on whole arrays outside ``shard_map`` (the records of
                    primitives without one of their own); False by default
 
-Every field but the last two is required: a family module that defines an op says what each piece is, or that it
+Every field but the last three is required: a family module that defines an op says what each piece is, or that it
 has none (``finish=None``), so a missing piece is a construction error rather than a silent default. The signatures::
 
     propagate(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput
@@ -105,6 +107,9 @@ class OpDef:
     linear: Linearity
     work: Callable[..., float] | None = None
     halo: Callable[..., Any] | None = None
+    # True for the ops whose rule reads ranged axes (:class:`~shardprop.core.layouts.Span`: a slice, a pad, a
+    # concatenation along a sharded axis); every other rule is given them replicated (it reads them whole).
+    reads_ranges: bool = False
     # True when the primitive runs on whole arrays in a stage of its own outside ``shard_map`` (a primitive without
     # a record: its ``per_block`` is ``bind_globally``), a stage boundary on either side.
     runs_outside_shard_map: bool = False

@@ -11,18 +11,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.blocks import bind_as_is
+import jax.numpy as jnp
+
+from ..core.blocks import bind_as_is, block_index
 from ..expr import jax_adapter as jx
 from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import TensorSharding
-from ..core.types import whole
+from ..core.layouts import Sharded, TensorSharding, shard_count
+from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef
+from .ranges import keep_ranges, row_index
+from .windows import extreme
 
 
 def reduction(ctx: RuleContext, operand: TensorSharding, *, axes, **params) -> RuleOutput:
+    """The reduced axes are needed whole (or finished by a collective), the kept axes keep their sharding — a ranged
+    one stays ranged when no reduced axis is laid out over mesh axes (a reduction over ranged rows reads them in
+    place when a collective finishes it: :class:`FinishReduction`)."""
+    if operand.spans:
+        plain = reduction(ctx, operand.without_ranges(), axes=axes)
+        if any(isinstance(operand.axes[k], Sharded) and operand.axes[k].mesh_axes for k in axes):
+            return plain
+        kept = [k for k in range(len(operand.shape)) if k not in set(axes)]
+        return keep_ranges(ctx, plain, (operand,), [(0, k, i) for i, k in enumerate(kept)])
     reduced = set(axes)
     kept = [k for k in range(len(operand.shape)) if k not in reduced]
     out_shape = ctx.out_avals[0].shape
@@ -82,16 +95,65 @@ class FinishReduction:
         kind = jx.dtype_kind(dtype)  # bfloat16 is a float too; "" (a PRNG key) is in every string
         if not kind or kind not in self.exact_for:
             return None
-        produced = decisions.layout(v)
-        mesh_axes = tuple(name for k in sorted(node.params["axes"]) for name in produced[k])
+        held = decisions.type(v)
+        axes = node.params["axes"]
+        spans = [held.span_of(k) if k in axes and self.kind in _MASKED else None for k in range(len(held.layout))]
+        # rows no device holds (a pad's) are counted in by one device for a sum over that one axis; a maximum or a
+        # minimum takes them in on every device
+        spans = [s if s is not None and (s.fill is None or self.kind is not CollectiveKind.PSUM or len(axes) == 1)
+                 else None for s in spans]
+        produced = tuple(m if k in axes and spans[k] is not None else e
+                         for k, (m, e) in enumerate(zip(held.layout, held.even_layout, strict=True)))
+        mesh_axes = tuple(name for k in sorted(axes) for name in produced[k])
         if not mesh_axes:
             return None
-        return whole((produced,)), Collective(self.kind, mesh_axes)
+        return (ValueType(produced, span=tuple(spans)),), Collective(self.kind, mesh_axes)
+
+
+# The identity each reduction masks the padding of ranged rows with, given the dtype.
+_MASKED = {CollectiveKind.PSUM: lambda dtype: 0, CollectiveKind.PMAX: lambda dtype: extreme(dtype, lowest=True),
+           CollectiveKind.PMIN: lambda dtype: extreme(dtype, lowest=False)}
+_IDENTITY = {"reduce_sum": CollectiveKind.PSUM, "reduce_max": CollectiveKind.PMAX,
+             "reduce_min": CollectiveKind.PMIN, "reduce_or": CollectiveKind.PMAX, "reduce_and": CollectiveKind.PMIN}
+
+
+def reduction_block(node: Node, invals: list, blocks) -> list:
+    """The reduction of this device's block; ranged rows it reduces (finished by a collective over the devices) are
+    first masked past the axis's ends with the reduction's identity (0 for a sum, the lowest value for a maximum),
+    so the padding counts for nothing, and the rows no device holds (a pad's value) are taken in after."""
+    (x,) = invals
+    spans = blocks.in_spans[0] if blocks.in_spans else ()
+    masked = [k for k in node.params["axes"] if spans and spans[k] is not None]
+    if not masked:
+        return bind_as_is(node, [x], blocks)
+    identity = jnp.asarray(_MASKED[_IDENTITY[node.op]](x.dtype), x.dtype)
+    for k in masked:
+        row = row_index(blocks, spans[k], blocks.in_layouts[0][k], x.shape, k)
+        x = jnp.where((row >= 0) & (row < blocks.in_global[0][k]), x, identity)
+    (out,) = bind_as_is(node, [x], blocks)
+    for k in masked:  # the rows no device holds, all the span's fill
+        span, length = spans[k], blocks.in_global[0][k]
+        count = shard_count(blocks.mesh_shape, blocks.in_layouts[0][k])
+        unheld = length - sum(stop - first for first, stop in (span.held(d, length) for d in range(count)))
+        if span.fill is None or unheld == 0:
+            continue
+        fill = jnp.asarray(span.fill, out.dtype)
+        if node.op == "reduce_sum":  # counted in once, by the first device (a sum over this one axis)
+            first = block_index(blocks.in_layouts[0][k], blocks.mesh_shape) == 0
+            out = out + jnp.where(first, fill * unheld, jnp.zeros((), out.dtype))
+        else:
+            out = _COMBINE[node.op](out, fill)
+    return [out]
+
+
+_COMBINE = {"reduce_max": jnp.maximum, "reduce_min": jnp.minimum, "reduce_or": jnp.logical_or,
+            "reduce_and": jnp.logical_and}
 
 
 def _reduction(name: str, finish: FinishReduction | None, linear: Linearity = Linearity.NONE) -> OpDef:
-    return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage,
-                 lineage_exact=True, per_block=bind_as_is, finish=finish, pull=None, linear=linear)
+    return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage, lineage_exact=True,
+                 per_block=reduction_block if name in _IDENTITY else bind_as_is, finish=finish, pull=None,
+                 linear=linear, reads_ranges=True)
 
 
 OPS = [

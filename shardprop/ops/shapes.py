@@ -17,13 +17,19 @@ from ..core.boxes import Box, LineageContext, product
 from ..core.rules import CREATED, RuleContext, RuleOutput
 from ..core.layouts import Layout, TensorSharding
 from .opdef import Family, Linearity, OpDef
+from .ranges import keep_ranges
 
 
 def broadcast_in_dim(ctx: RuleContext, operand: TensorSharding, *dynamic_shape, shape, broadcast_dimensions,
                      **params) -> RuleOutput:
     """Mapped axes keep the operand's sharding; new axes and size-1 axes broadcast to a larger size are
     *created*: they start unannotated and adopt the sharding of what they meet (each device then builds only
-    its block)."""
+    its block). A ranged mapped axis stays ranged."""
+    if operand.spans:
+        plain = broadcast_in_dim(ctx, operand.without_ranges(), *dynamic_shape, shape=shape,
+                                 broadcast_dimensions=broadcast_dimensions, **params)
+        return keep_ranges(ctx, plain, (operand, *dynamic_shape), [
+            (0, k, d) for k, d in enumerate(broadcast_dimensions) if operand.shape[k] == shape[d]])
     source_of = {d: k for k, d in enumerate(broadcast_dimensions)}
     axes = []
     for d, size in enumerate(shape):
@@ -59,8 +65,12 @@ def _broadcast_block_params(params, blocks: Blocks) -> dict:
 
 
 def squeeze(ctx: RuleContext, operand: TensorSharding, *, dimensions, **params) -> RuleOutput:
+    """The kept axes keep their sharding (a ranged one stays ranged)."""
     dropped = {d % len(operand.shape) for d in dimensions}
     kept = [k for k in range(len(operand.shape)) if k not in dropped]
+    if operand.spans:
+        plain = squeeze(ctx, operand.without_ranges(), dimensions=dimensions)
+        return keep_ranges(ctx, plain, (operand,), [(0, k, i) for i, k in enumerate(kept)])
     out = TensorSharding(tuple(operand.shape[k] for k in kept), tuple(
         ctx.carry(i, operand.shape[k], operand.axes[k]) for i, k in enumerate(kept)))
     return RuleOutput((out,), (operand.layout,))
@@ -74,6 +84,10 @@ def squeeze_lineage(ctx: LineageContext, box: Box, output: int, *, dimensions, *
 
 
 def transpose(ctx: RuleContext, operand: TensorSharding, *, permutation, **params) -> RuleOutput:
+    """Every axis keeps its sharding, in its new place (a ranged one stays ranged)."""
+    if operand.spans:
+        plain = transpose(ctx, operand.without_ranges(), permutation=permutation)
+        return keep_ranges(ctx, plain, (operand,), [(0, k, d) for d, k in enumerate(permutation)])
     out = TensorSharding(tuple(operand.shape[k] for k in permutation), tuple(
         ctx.carry(d, operand.shape[k], operand.axes[k]) for d, k in enumerate(permutation)))
     return RuleOutput((out,), (operand.layout,))
@@ -188,10 +202,12 @@ def _empty_block_params(params, blocks: Blocks) -> dict:
 OPS = [
     OpDef("broadcast_in_dim", Family.SHAPE, propagate=broadcast_in_dim, lineage=broadcast_in_dim_lineage,
           lineage_exact=True, per_block=bind_with(_broadcast_block_params), finish=None, pull=pull_broadcast,
+          reads_ranges=True,
           linear=Linearity.FIRST),
-    OpDef("squeeze", Family.SHAPE, propagate=squeeze, lineage=squeeze_lineage, lineage_exact=True,
+    OpDef("squeeze", Family.SHAPE, propagate=squeeze, lineage=squeeze_lineage, lineage_exact=True, reads_ranges=True,
           per_block=bind_as_is, finish=None, pull=None, linear=Linearity.FIRST),
     OpDef("transpose", Family.SHAPE, propagate=transpose, lineage=transpose_lineage, lineage_exact=True,
+          reads_ranges=True,
           per_block=bind_as_is, finish=None, pull=None, linear=Linearity.FIRST),
     OpDef("iota", Family.SHAPE, propagate=iota, lineage=no_operands, lineage_exact=True,
           per_block=iota_on_blocks, finish=None, pull=None, linear=Linearity.NONE),

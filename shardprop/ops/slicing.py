@@ -1,13 +1,13 @@
-"""Slicing ops: slice, pad, concatenate, split, rev, dynamic_slice, dynamic_update_slice.
+"""Slicing ops at an offset or by pieces: rev, split, dynamic_slice, dynamic_update_slice (slice, pad and
+concatenate, which keep a sharded axis as ranges, are :mod:`.ranges`).
 
-An axis the op takes whole and unchanged (a full slice, no padding, not the concatenation axis) keeps its
-sharding; an axis it cuts, pads, reverses or joins is needed whole and comes out replicated — except the
-pieces of a ``split``, whose split axis each device can cut its own block of (it starts unannotated and
-adopts what it meets), and the operand of a ``dynamic_update_slice``, which each device writes its own rows of.
+An axis the op takes whole and unchanged keeps its sharding; a reversed axis too (each device reverses its block
+and sends it to its mirror device); the pieces of a ``split`` are cut by each device from the whole axis (it starts
+unannotated and adopts what it meets); a ``dynamic_slice`` along a sharded axis is cut by each device from its own
+block and summed; the operand of a ``dynamic_update_slice`` is written by each device in its own rows.
 
 Lineage: each output element reads the operand element it was cut from (the data-dependent slices: any
-element of a sliced axis, so not exact). On blocks: ``slice``'s limits and ``dynamic_slice``'s sizes of
-sharded axes become block sizes.
+element of a sliced axis, so not exact). On blocks: ``dynamic_slice``'s sizes of sharded axes become block sizes.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..core.blocks import Blocks, bind_as_is, bind_with, block_index, cut_to_blocks
-from ..core.boxes import Box, LineageContext, full_box, product
+from ..core.boxes import Box, LineageContext, full_box
 from ..core.rules import CREATED, RuleContext, RuleOutput
-from ..core.layouts import Sharded, TensorSharding, shard_count
+from ..core.layouts import Sharded, TensorSharding
 from ..core.collectives import Collective, CollectiveKind
 from ..core.types import ValueType
 from .opdef import Family, Linearity, OpDef
@@ -32,43 +32,6 @@ def _keep_axes(ctx: RuleContext, operand: TensorSharding, keep: list[bool], out_
 
 def _scalar_needs(operands) -> tuple:
     return tuple(((),) * len(op.shape) for op in operands)
-
-
-def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_indices, strides, **params):
-    """An axis taken whole keeps its sharding; so does a sharded axis taken every ``s``-th element from one of its
-    first ``s`` (``x[::2]``, ``x[1::2]``) where ``s`` divides the block: each device takes its own block's elements."""
-    out_shape = ctx.out_avals[0].shape
-    keep = [s == 0 and lim == n and (strides is None or strides[k] == 1)
-            or _strided_in_blocks(ctx, operand, k, s, (strides or (1,) * len(out_shape))[k], out_shape[k])
-            for k, (s, lim, n) in enumerate(zip(start_indices, limit_indices, operand.shape, strict=True))]
-    return _keep_axes(ctx, operand, keep, out_shape)
-
-
-def _strided_in_blocks(ctx: RuleContext, operand: TensorSharding, k: int, start: int, stride: int, out: int) -> bool:
-    """Axis ``k`` sliced from ``start`` every ``stride`` elements, ``out`` of them, takes from each block of the
-    operand's sharding the output's block at the same position: every block is ``stride`` times its output block."""
-    layout = operand.layout[k]
-    if stride <= 1 or not layout or not 0 <= start < stride:
-        return False
-    blocks = shard_count(ctx.mesh_shape, layout)
-    n = operand.shape[k]
-    return n % blocks == 0 and (n // blocks) % stride == 0 and out * stride == n
-
-
-def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding, *, padding_config, **params):
-    """An axis not padded keeps its sharding; so does a sharded axis spread out every ``s``-th element from one of the
-    first ``s`` (interior padding ``s - 1``, the output ``s`` times the operand: the gradient of ``x[1::2]``), each
-    device spreading its own block."""
-    keep = [tuple(cfg) == (0, 0, 0) or _spread_in_blocks(operand, k, *cfg) for k, cfg in enumerate(padding_config)]
-    out = _keep_axes(ctx, operand, keep, ctx.out_avals[0].shape)
-    return RuleOutput(out.outputs, out.needs + _scalar_needs([padding_value]))
-
-
-def _spread_in_blocks(operand: TensorSharding, k: int, low: int, high: int, interior: int) -> bool:
-    """Axis ``k`` padded to every ``interior + 1``-th element from ``low``, ending a stride's length past the last: each
-    block of the output is the block of the operand at the same position, padded alike."""
-    stride = interior + 1
-    return bool(operand.layout[k]) and stride > 1 and 0 <= low < stride and high == stride - 1 - low
 
 
 def rev(ctx: RuleContext, operand: TensorSharding, *, dimensions, **params):
@@ -205,14 +168,6 @@ def dynamic_update_slice_block(node, invals, blocks: Blocks) -> list:
     return [out]
 
 
-def concatenate(ctx: RuleContext, *operands: TensorSharding, dimension, **params):
-    out_shape = ctx.out_avals[0].shape
-    axes = tuple(None if k == dimension else ctx.merge(k, n, [op.axes[k] for op in operands])
-                 for k, n in enumerate(out_shape))
-    out = TensorSharding(out_shape, axes)
-    return RuleOutput((out,), (out.layout,) * len(operands))
-
-
 def split(ctx: RuleContext, operand: TensorSharding, *, sizes, axis, **params):
     """The split axis is needed whole; each piece's split axis is *created*: it adopts what it meets, and each
     device cuts its own block of the piece out of the whole axis. The other axes keep their sharding."""
@@ -224,65 +179,10 @@ def split(ctx: RuleContext, operand: TensorSharding, *, sizes, axis, **params):
     return RuleOutput(outputs, (need,))
 
 
-# A strided slice reads single elements; more than this many on one axis are widened to their hull.
-MAX_STRIDED = 256
-
-
-def _strided(ctx: LineageContext, start: int, stride: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """Operand intervals read by output range ``[lo, hi)`` of ``start + k·stride``."""
-    if lo >= hi:
-        return []
-    if stride == 1:
-        return [(start + lo, start + hi)]
-    if hi - lo > MAX_STRIDED:
-        ctx.exact = False
-        return [(start + lo * stride, start + (hi - 1) * stride + 1)]
-    return [(start + k * stride, start + k * stride + 1) for k in range(lo, hi)]
-
-
-def slice_lineage(ctx: LineageContext, box: Box, output: int, *, start_indices, limit_indices, strides=None,
-                  **params):
-    strides = strides or (1,) * len(box)
-    boxes, exact = product([_strided(ctx, s, st, lo, hi) for s, st, (lo, hi) in zip(start_indices, strides, box,
-                                                                                      strict=True)])
-    ctx.exact = ctx.exact and exact
-    return [boxes]
-
-
-def pad_lineage(ctx: LineageContext, box: Box, output: int, *, padding_config, **params):
-    """Operand element ``j`` lands at ``lo + j·(interior + 1)``; the padding value is read where the box
-    covers a position no operand element lands on."""
-    shape = ctx.in_shapes[0]
-    per_axis, covered = [], 1
-    for n, (lo, _, interior), (s, e) in zip(shape, padding_config, box, strict=True):
-        step = interior + 1
-        first = max(0, -(-(s - lo) // step))
-        last = min(n, -(-(e - lo) // step))  # exclusive
-        per_axis.append([(first, last)] if first < last else [])
-        covered *= max(0, last - first)
-    box_volume = 1
-    for s, e in box:
-        box_volume *= e - s
-    boxes, exact = product(per_axis) if all(per_axis) else ([], True)
-    ctx.exact = ctx.exact and exact
-    return [boxes, [()] if covered < box_volume else []]
-
-
 def rev_lineage(ctx: LineageContext, box: Box, output: int, *, dimensions, **params):
     (shape,) = ctx.in_shapes
     return [[tuple((n - e, n - s) if k in dimensions else (s, e) for k, (n, (s, e)) in enumerate(zip(shape, box,
                                                                                                     strict=True)))]]
-
-
-def concatenate_lineage(ctx: LineageContext, box: Box, output: int, *, dimension, **params):
-    out, offset = [], 0
-    s, e = box[dimension]
-    for shape in ctx.in_shapes:
-        n = shape[dimension]
-        lo, hi = max(s - offset, 0), min(e - offset, n)
-        out.append([box[:dimension] + ((lo, hi),) + box[dimension + 1:]] if lo < hi else [])
-        offset += n
-    return out
 
 
 def split_lineage(ctx: LineageContext, box: Box, output: int, *, sizes, axis, **params):
@@ -304,16 +204,6 @@ def dynamic_update_slice_lineage(ctx: LineageContext, box: Box, output: int, **p
     return [[box], [full_box(update)]] + [[()] for _ in ctx.in_shapes[2:]]
 
 
-def _slice_block_params(params, blocks: Blocks) -> dict:
-    """Whole axes (start 0, full limit, stride 1) and strided axes in blocks (:func:`_strided_in_blocks`) keep
-    their sharding: the slice of the block ends after its output block's last element."""
-    strides = params["strides"] or (1,) * len(blocks.out_blocks[0])
-    limits = tuple(lim if b == g else start + (b - 1) * stride + 1 for start, lim, stride, b, g in zip(
-        params["start_indices"], params["limit_indices"], strides, blocks.out_blocks[0], blocks.out_global[0],
-        strict=True))
-    return {**params, "limit_indices": limits}
-
-
 def _dynamic_slice_block_params(params, blocks: Blocks) -> dict:
     """A sharded axis is sliced whole: its slice size is the block size."""
     return {**params, "slice_sizes": tuple(
@@ -328,11 +218,8 @@ def _slicing(name, propagate, lineage, *, exact=True, per_block=bind_as_is, line
 
 
 OPS = [
-    _slicing("slice", slice_, slice_lineage, per_block=bind_with(_slice_block_params)),
-    _slicing("pad", pad, pad_lineage, linear=Linearity.NONE),  # the padding value would be summed too
     OpDef("rev", Family.SLICING, propagate=rev, lineage=rev_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=finish_rev, pull=None, linear=Linearity.FIRST),
-    _slicing("concatenate", concatenate, concatenate_lineage, linear=Linearity.JOINT),
     _slicing("split", split, split_lineage, per_block=cut_to_blocks, linear=Linearity.NONE),
     # Where these slices start depends on index values: any element of a sliced axis may be read.
     OpDef("dynamic_slice", Family.SLICING, propagate=dynamic_slice, lineage=dynamic_slice_lineage, lineage_exact=False,

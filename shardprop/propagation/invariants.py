@@ -2,7 +2,7 @@
 
 * every value has a sharding of its shape, with no open or created axis left;
 * every sharded axis is divisible by its shard count and has that many equal, contiguous shards (when
-  shards exist);
+  shards exist), but a ranged one, whose shards are the ranges its span says;
 * every node has one need per operand, of the operand's rank and divisible like the operand;
 * no layout (value or need) uses a mesh axis twice.
 """
@@ -32,7 +32,12 @@ def check_sharded(sharded: ShardedGraph) -> None:
         for k, a in enumerate(sharding.axes):
             if a is not None and not isinstance(a, Sharded):
                 _fail(f"value {v} axis {k} is still {a!r} after propagation")
-            if isinstance(a, Sharded):
+            if isinstance(a, Sharded) and a.span is not None:  # ranged: one range per device, as its span says
+                count = shard_count(mesh_shape, a.mesh_axes)
+                if a.shards and [(s.start, s.stop) for s in a.shards] != [a.span.held(d, aval.shape[k])
+                                                                           for d in range(count)]:
+                    _fail(f"value {v} axis {k}: the shards are not the ranges its span {a.span} says")
+            elif isinstance(a, Sharded):
                 count = shard_count(mesh_shape, a.mesh_axes)
                 if aval.shape[k] % count:
                     _fail(f"value {v} axis {k} of size {aval.shape[k]} is sharded {count} ways")

@@ -49,6 +49,9 @@ class ShardedGraph:
     adoptions: Mapping[tuple[int, int], int] = field(default_factory=dict)
     # Fallbacks caused by something inside a sub-computation: node id -> what (a body primitive and its line).
     fallback_causes: Mapping[int, str] = field(default_factory=dict)
+    # Nodes that consume ranged rows (:class:`~shardprop.core.layouts.Span`): node id -> per operand, per axis, the
+    # ``(mesh axes, span)`` it reads that axis in, or None (``needs`` says () there: no equal blocks).
+    need_spans: Mapping[int, tuple] = field(default_factory=dict)
 
     @property
     def mesh_shape(self) -> dict[str, int]:

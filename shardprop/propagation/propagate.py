@@ -28,7 +28,7 @@ from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
-from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
+from ..core.layouts import (Layout, Open, Sharded, Span, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
                             uses_mesh_axes_once)
 from ..core.moves import move_bytes, plan_move
 from ..core.steps import exchanges
@@ -84,7 +84,8 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     input_layouts: list[Layout | None] = []
     for index, (spec, value) in enumerate(zip(specs, graph.inputs, strict=True)):
         shape = graph.avals[value].shape
-        input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}"))
+        input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}",
+                                                                         uneven=True))
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
                                 conflicts="error" if strict else conflicts)
     if strict and sharded.fallbacks:
@@ -189,7 +190,19 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
         final.run()
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
                         frozenset(final.fallbacks), final.bodies, final.reshards, final.adoptions,
-                        final.fallback_causes)
+                        final.fallback_causes, final.need_spans)
+
+
+def _argument_axis(ctx: RuleContext, axis: int, size: int, mesh_axes: tuple[str, ...]):
+    """An argument's axis laid out over ``mesh_axes`` as its spec says: equal blocks, or — where they do not divide
+    it — ranges, the last blocks short (the argument arrives whole along it, as a JAX array cannot be uneven, and
+    each device takes its rows)."""
+    if not mesh_axes:
+        return None
+    count = shard_count(ctx.mesh_shape, mesh_axes)
+    if size % count == 0:
+        return ctx.root(axis, size, mesh_axes)
+    return ctx.ranged(axis, size, mesh_axes, Span(0, -(-size // count)), [])
 
 
 def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh, conflicts: str) -> ShardedGraph:
@@ -217,12 +230,13 @@ class _Walk:
         self.rule_names: list[str] = []
         self.fallbacks: list[int] = []
         self.fallback_causes: dict[int, str] = {}
+        self.need_spans: dict[int, tuple] = {}  # node id -> the ranged rows it consumes (RuleOutput.need_spans)
 
     def run(self) -> None:
         avals = self.graph.avals
         # One context for the whole walk (its avals are set per node): 10^5-node graphs are the norm.
         ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.resolve is not None,
-                          propagate_body=self.propagate_body)
+                          propagate_body=self.propagate_body, graph=self.graph)
         records: dict = {}  # primitive name -> its record, looked up once per walk
         for node in self.graph.nodes:
             ctx.node = node.id
@@ -234,7 +248,7 @@ class _Walk:
                 if layout is None:  # unannotated: every axis is created open
                     axes = tuple(CREATED if n > 1 else None for n in shape)
                 else:
-                    axes = tuple(ctx.root(k, n, layout[k]) if layout[k] else None for k, n in enumerate(shape))
+                    axes = tuple(_argument_axis(ctx, k, n, layout[k]) for k, n in enumerate(shape))
                 rule_name = RuleName.INPUT_SPEC if layout is not None else RuleName.UNANNOTATED_INPUT
                 outputs, needs = (TensorSharding(shape, axes),), ()
             elif node.op == CONSTANT:
@@ -245,6 +259,8 @@ class _Walk:
                 if op is None:
                     op = records[node.op] = lookup(node.op)
                 operands = [self.shardings[v] for v in node.operands]
+                if not op.reads_ranges:  # a ranged axis is no equal blocks: a rule that knows nothing of it reads
+                    operands = [o.without_ranges() for o in operands]  # it whole
                 try:
                     result, outputs = self._apply(ctx, node, op, operands)
                 except RuleConflict as conflict:
@@ -252,6 +268,8 @@ class _Walk:
                 except SpecError as err:  # an annotation inside the graph (a sharding constraint) is bad
                     raise type(err)(f"`{node.op}` at {where(node)}: {err}") from None
                 needs = result.needs
+                if result.need_spans is not None:
+                    self.need_spans[node.id] = result.need_spans
                 if result.body is not None:
                     self.bodies[node.id] = result.body
                 if op.is_fallback or result.fallback:

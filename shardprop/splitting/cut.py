@@ -27,7 +27,7 @@ from ..core.types import ValueType
 from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import lookup
 from .decisions import Decisions
-from .emit import Emitter
+from .emit import Emitter, handed_over
 from .ir import Compute, Move, Ref, results
 from .plan import Source, Stage, StageInput
 
@@ -64,8 +64,8 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
             level = max(level, level_of[p] + boundary(v, need, node.id))
         level_of[node.id] = level
     _sink_argument_only_nodes(decisions, level_of, boundary)
-    for node in reversed(nodes):  # a partial value never crosses a stage boundary: it runs with its consumers
-        if node.id in level_of and any(decisions.type(v).partial for v in node.outputs):
+    for node in reversed(nodes):  # a partial or ranged value never crosses a stage boundary: it runs with its consumers
+        if node.id in level_of and any(decisions.type(v).partial or decisions.type(v).span for v in node.outputs):
             level_of[node.id] = min(level_of[c] for v in node.outputs for c in graph.consumers[v])
     # Each level is a shard_map stage, followed by a stage outside shard_map when the level holds such nodes
     # (they neither read nor feed the shard_map stage of their own level).
@@ -134,7 +134,15 @@ def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: l
         published[s] = len(instructions)
 
     constants: list[tuple[int, ...]] = []  # each stage embeds the constants it uses
+    stage_of = {n: s for s, stage_nodes in enumerate(members) for n in stage_nodes}
     for s, stage_nodes in enumerate(members):
+        for n in stage_nodes:  # a ranged value read in a later stage than it was made in: handed over whole
+            for v in nodes[n].operands:
+                made = stage_of.get(producer[v], s)
+                vtype = decisions.type(v)
+                if made < s and vtype.span and Ref(v, handed_over(vtype)) not in source_of:
+                    emitters[made].bring(emitters[made].held(v), handed_over(vtype), n)
+                    publish(made)
         emitter = Emitter(decisions, importable=source_of.keys())
         constants.append(tuple(sorted({producer[v] for n in stage_nodes for v in nodes[n].operands
                                        if nodes[producer[v]].op == CONSTANT} |

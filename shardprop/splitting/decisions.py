@@ -28,10 +28,10 @@ from functools import cached_property
 from types import MappingProxyType
 
 from ..core.collectives import Collective
-from ..core.layouts import Layout
+from ..core.layouts import Layout, shard_count
 from ..core.rules import Body
 from ..core.types import ValueType, whole
-from ..expr.graph import Graph, Node
+from ..expr.graph import PARAMETER, Graph, Node
 from ..ops import lookup
 from ..propagation import ShardedGraph
 
@@ -80,12 +80,17 @@ class Decisions:
         return self._types[value]
 
     def layout(self, value: int) -> Layout:
-        """The layout of :meth:`type`."""
-        return self._types[value].layout
+        """The layout of :meth:`type`, its ranged axes whole: the axes held in equal blocks, which a need built from it
+        may ask for (a ranged axis is read whole unless a rule reads its ranges)."""
+        return self._types[value].even_layout
 
     def computed_type(self, value: int) -> ValueType:
-        """The type ``value``'s producer computes it in: partial where a collective finishes it."""
+        """The type ``value``'s producer computes it in: partial where a collective finishes it; ranged where it is
+        a result the program (or a body) returns in equal blocks."""
         found = self.computed.get(value)
+        if found is None and value in self._returned and value in self._ranges and self._keeps_ranges(
+                self.graph.nodes[self.graph.producer[value]]):
+            found = self._ranges[value]
         return self.type(value) if found is None else found
 
     # Answered from tables built once: the passes ask on every edge of 10^5-node graphs.
@@ -99,11 +104,53 @@ class Decisions:
             if halo is not None:
                 shapes = [self.graph.avals[v].shape for v in node.operands]
                 table[node.id] = halo(node, shapes, table[node.id], self.mesh_shape)
+        for node_id, per_operand in self.sharded.need_spans.items():  # the ranged rows an op reads
+            node = self.graph.nodes[node_id]
+            if node_id in self.need_overrides or not self._keeps_ranges(node):
+                continue
+            table[node_id] = tuple(need if reads is None or all(r is None for r in reads) else
+                                   _ranged(self.graph.avals[v].shape, need.layout, reads, self.mesh_shape)
+                                   for v, need, reads in zip(node.operands, table[node_id], per_operand, strict=True))
         return tuple(table)
+
+    def _keeps_ranges(self, node: Node) -> bool:
+        """True when ``node`` computes its results as propagation laid them out (no strategy revised what it reads,
+        how it computes or holds them): then it reads, and leaves, the ranges its rule said. A node a strategy
+        revised reads and leaves none (equal blocks or whole, as the revision says)."""
+        return node.id not in self.need_overrides and not any(v in self.held or v in self.computed
+                                                              for v in node.outputs)
+
+    def _ranged_type(self, value: int) -> ValueType | None:
+        """The ranged type ``value`` is held in, or None (returned values are held in equal blocks or whole)."""
+        ranged = self._ranges.get(value)
+        if ranged is None or value in self._returned:
+            return None
+        producer = self.graph.nodes[self.graph.producer[value]]
+        if producer.op == PARAMETER or not self._keeps_ranges(producer):  # an argument arrives whole along it
+            return None
+        return ranged
+
+    @cached_property
+    def _ranges(self) -> dict[int, ValueType]:
+        """value -> its ranged type, for the values propagation left ranged (a strategy's revision of how one is held
+        wins over it)."""
+        found = {}
+        for value, sharding in enumerate(self.sharded.shardings):
+            if sharding.spans:
+                found[value] = _ranged(sharding.shape, sharding.layout, sharding.spans, self.mesh_shape)
+        return found
+
+    @cached_property
+    def _returned(self) -> frozenset[int]:
+        return frozenset(self.graph.outputs)
 
     @cached_property
     def _types(self) -> tuple[ValueType, ...]:
         table = [ValueType(sharding.layout) for sharding in self.sharded.shardings]
+        for value in self._ranges:
+            ranged = self._ranged_type(value)
+            if ranged is not None:
+                table[value] = ranged
         for value, vtype in self.held.items():
             table[value] = vtype
         return tuple(table)
@@ -165,6 +212,21 @@ class BodyPlan:
                 if self.decisions.type(graph.inputs[c.body_input]).partial]
 
 
+def _ranged(shape: tuple[int, ...], layout: Layout, spans, mesh_shape) -> ValueType:
+    """The type of a value laid out as ``layout`` whose ranged axes are ``spans`` (per axis ``(mesh axes, span)`` or
+    None); a span that is the axis's equal blocks is spelled as them."""
+    layout, rows = list(layout), [None] * len(shape)
+    for k, ranged in enumerate(spans):
+        if ranged is None:
+            continue
+        mesh_axes, span = ranged
+        layout[k] = mesh_axes
+        count = shard_count(mesh_shape, mesh_axes)
+        if not (span.offset == 0 and shape[k] % count == 0 and span.block == shape[k] // count):
+            rows[k] = span
+    return ValueType(tuple(layout), span=tuple(rows))
+
+
 class Draft(Decisions):
     """A pass's scratch copy of :class:`Decisions` whose revisions it fills in place, answering through the
     same methods as it goes; :meth:`frozen` is the immutable product the pass returns."""
@@ -181,10 +243,13 @@ class Draft(Decisions):
 
     def type(self, value: int) -> ValueType:
         held = self.held.get(value)
-        return ValueType(self.sharded.layout(value)) if held is None else held
+        if held is not None:
+            return held
+        ranged = self._ranged_type(value)
+        return ValueType(self.sharded.layout(value)) if ranged is None else ranged
 
     def layout(self, value: int) -> Layout:
-        return self.type(value).layout
+        return self.type(value).even_layout
 
     def set_needs(self, node_id: int, needs: tuple[ValueType, ...]) -> None:
         self.need_overrides[node_id] = needs  # type: ignore[index]

@@ -38,8 +38,14 @@ class Emitter:
         self.exchanged: set[tuple] = set()  # the halo exchanges made here (see _exchange)
 
     def held(self, value: int) -> Ref:
-        """``value`` as the plan holds it."""
-        return Ref(value, self.view.type(value))
+        """``value`` as the plan holds it — or, for a ranged value an earlier stage made (ranged rows never leave
+        their stage), as that stage handed it over: its ranged axes whole (:func:`~.cut.cut_into_stages`)."""
+        ref = Ref(value, self.view.type(value))
+        if ref.type.span and not self.has(ref):
+            handed = Ref(value, handed_over(ref.type))
+            if self.has(handed):
+                return handed
+        return ref
 
     def has(self, ref: Ref) -> bool:
         """True when ``ref`` is available here, taking it from outside if it can be."""
@@ -113,6 +119,9 @@ class Emitter:
         self._made(Compute(node_id, inputs, outputs, bodies))
         collective = view.collective(node_id)
         if collective is None:
+            for ref in outputs:  # a ranged result returned: held in equal blocks (or whole)
+                if ref.type.span and ref.type != view.type(ref.value):
+                    self.bring(ref, view.type(ref.value), node_id)
             return
         for ref in outputs:
             held = view.type(ref.value)
@@ -151,6 +160,11 @@ class Emitter:
         self.available.update(instruction.outputs if isinstance(instruction, Compute) else (instruction.result,))
         if isinstance(instruction, Move) and instruction.result.type.halo:
             self.haloed.setdefault(instruction.result.value, []).append(instruction.result)
+
+
+def handed_over(vtype: ValueType) -> ValueType:
+    """How a ranged value made in one stage is handed to a later one: its ranged axes whole."""
+    return ValueType(vtype.even_layout, vtype.partial, vtype.reduction)
 
 
 def body_program(plan: BodyPlan) -> BodyProgram:

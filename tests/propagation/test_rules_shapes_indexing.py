@@ -41,13 +41,14 @@ CASES = [
     ("iota_compound_offsets", lambda a: a + jnp.arange(16.0)[:, None], [(M, F32)], "2x2x2",
      (P(("i", "j", "k")),), P(("i", "j", "k")), "iota"),
     ("slice_partial_axis", lambda a: a[:, 2:5], [(M, F32)], "4x2", (P("i", "j"),), P("i"), "slice"),
-    ("slice_full_axis_keeps", lambda a: a[4:12, :], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "slice"),
+    # rows 4-12 of blocks of 4 realigned to blocks of 2: each device receives the rows its block lacks
+    ("slice_cut_axis_stays_sharded", lambda a: a[4:12, :], [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "slice"),
     # every 2nd row from blocks of 4: each device takes its own block's rows
     ("slice_strided", lambda a: a[::2], [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "slice"),
     ("slice_strided_across_blocks", lambda a: a[::3], [(M, F32)], "4x2", (P("i", "j"),), P(None, "j"), "slice"),
     ("pad", lambda a: jnp.pad(a, ((0, 0), (1, 2))), [(M, F32)], "4x2", (P("i", "j"),), P("i"), "pad"),
     ("concatenate", lambda a, b: jnp.concatenate([a, b], axis=1), [(M, F32), (M, F32)], "4x2",
-     (P("i", "j"), None), P("i"), "concatenate"),
+     (P("i", "j"), None), P("i", "j"), "concatenate"),
     ("concatenate_other_axis_merges", lambda a, b: jnp.concatenate([a, b], axis=0), [(M, F32), (M, F32)], "4x2",
      (P(None, "j"), P(None, "j")), P(None, "j"), "concatenate"),
     # each device reverses its block, a permute sends it to its mirror device

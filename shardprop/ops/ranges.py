@@ -1,0 +1,389 @@
+"""Slices, pads and concatenations along a sharded axis: the axis stays sharded, each device keeping the rows of its
+own block — a *ranged* axis (:class:`~shardprop.core.layouts.Span`), as Nx gives every shard a range.
+
+``x[:, :63]`` of a 64-row axis in 8 blocks leaves device 7 rows 56-62 (and a row of padding), ``x[:, 63:]`` leaves
+device 7 its one row and the others none, ``jnp.pad(x, (3, 0))`` leaves every block where it was, rows 0-2 being zeros
+no device holds: nothing moves. Where the result divides into equal blocks (``jnp.roll``, a shift, the
+``K`` shifted slices of a causal convolution, two sequences joined), the op reads its operand's rows *realigned* to
+those blocks — each device receives the rows it lacks from the devices holding them, a few per permute — and its
+result is an ordinary sharded value. An
+axis taken whole keeps its sharding (ranged or not); a strided slice keeps it where every block is ``s`` times its
+output block (``x[::2]``), and a pad whose interior padding spreads every block in place (their gradients).
+
+A rule that knows nothing of ranges sees a ranged axis replicated: its operand is gathered along it (only the rows
+the devices hold, the span's padding dropped) — what ``jax.jit`` does for an uneven result, which a JAX array cannot
+hold sharded either.
+
+Lineage: each output element reads the operand element it was cut from, or the padding value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..core.blocks import Blocks, block_index, cut_outputs
+from ..core.boxes import Box, LineageContext, product
+from ..core.layouts import Sharded, Span, TensorSharding, shard_count, standard_span
+from ..core.rules import RuleContext, RuleOutput
+from ..expr import jax_adapter as jx
+from .opdef import Family, Linearity, OpDef
+
+# per operand, per axis: (mesh axes, span) the rule reads that axis in, or None
+NeedSpans = tuple[tuple[tuple[tuple[str, ...], Span] | None, ...], ...]
+
+
+def _rows(ctx: RuleContext, operand: TensorSharding, k: int) -> tuple[tuple[str, ...], Span] | None:
+    """``(mesh axes, span)`` of operand axis ``k`` when it is laid out over mesh axes (equal blocks: the standard
+    span); None when it is whole (or open), or when the result is a PRNG key array (whose blocks are not padded
+    or masked: its ranged axes are read whole)."""
+    a = operand.axes[k]
+    if not isinstance(a, Sharded) or not a.mesh_axes or jx.is_extended_dtype(ctx.out_avals[0].dtype):
+        return None
+    return a.mesh_axes, a.span or standard_span(operand.shape[k], shard_count(ctx.mesh_shape, a.mesh_axes))
+
+
+def _kept(ctx: RuleContext, operand: TensorSharding, k: int, size: int):
+    """Operand axis ``k`` taken whole: ``(output axis, need layout, need span)`` — ranged or not, as it is held."""
+    a = operand.axes[k]
+    if isinstance(a, Sharded) and a.span is not None:
+        return ctx.ranged(k, size, a.mesh_axes, a.span, [(a, 0)]), (), (a.mesh_axes, a.span)
+    return (ctx.carry(k, size, a), operand.layout[k], None)
+
+
+def _cut(ctx: RuleContext, operand: TensorSharding, k: int, size: int, shift: int, fill):
+    """Output axis ``k`` of ``size`` rows, row ``r`` being operand row ``r + shift`` (or ``fill``, a pad's value, where
+    that is not one; None for a slice): ``(output axis, need layout, need span)``, or None when the operand axis is
+    not laid out over mesh axes. Where the output is equal blocks as long as the operand's, the op reads its operand
+    realigned to them; else each device keeps the rows it holds (nothing moves)."""
+    rows = _rows(ctx, operand, k)
+    if rows is None:
+        return None
+    mesh_axes, span = rows
+    source = operand.axes[k]
+    count = shard_count(ctx.mesh_shape, mesh_axes)
+    if size % count == 0:  # equal blocks: each device reads the rows its block needs (a few move)
+        out = Span(0, size // count)
+        need = Span(-shift, size // count, span.fill)
+    else:  # each device keeps its rows: out row r = operand row r + shift
+        out = Span(span.offset + shift, span.block, None)
+        need = span
+    if not out.covers(size, count):  # the rows no device holds: the padding value, or those the operand lacked too
+        out = Span(out.offset, out.block, span.fill if fill is None else fill)
+    return ctx.ranged(k, size, mesh_axes, out, [(source, shift)]), (), (mesh_axes, need)
+
+
+def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_indices, strides, **params):
+    """An axis taken whole keeps its sharding (ranged or not); a sharded axis sliced with stride 1 stays sharded,
+    each device keeping its rows (realigned to equal blocks where the slice is as long as ``count`` blocks); a
+    strided slice keeps the axis where every block is ``s`` times its output block (``x[::2]``)."""
+    out_shape = ctx.out_avals[0].shape
+    strides = strides or (1,) * len(out_shape)
+    axes, need, spans = [], [], []
+    for k, (s, lim, n, stride) in enumerate(zip(start_indices, limit_indices, operand.shape, strides, strict=True)):
+        s, lim, stride, size = int(s), int(lim), int(stride), out_shape[k]
+        cut = None
+        if s == 0 and lim == n and stride == 1:
+            cut = _kept(ctx, operand, k, size)
+        elif stride == 1 and size > 0:
+            cut = _cut(ctx, operand, k, size, s, None)
+        elif operand.axes[k] is not None and getattr(operand.axes[k], "span", None) is None and \
+                _strided_in_blocks(ctx, operand, k, s, stride, size):
+            cut = (ctx.carry(k, size, operand.axes[k]), operand.layout[k], None)
+        axis, layout, span = cut if cut is not None else (None, (), None)
+        axes.append(axis)
+        need.append(layout)
+        spans.append(span)
+    return _output(TensorSharding(tuple(out_shape), tuple(axes)), [tuple(need)], [tuple(spans)])
+
+
+def _strided_in_blocks(ctx: RuleContext, operand: TensorSharding, k: int, start: int, stride: int, out: int) -> bool:
+    """Axis ``k`` sliced from ``start`` every ``stride`` elements, ``out`` of them, takes from each block of the
+    operand's sharding the output's block at the same position: every block is ``stride`` times its output block."""
+    layout = operand.layout[k]
+    if stride <= 1 or not layout or not 0 <= start < stride:
+        return False
+    blocks = shard_count(ctx.mesh_shape, layout)
+    n = operand.shape[k]
+    return n % blocks == 0 and (n // blocks) % stride == 0 and out * stride == n
+
+
+def _output(out: TensorSharding, needs: list, spans: list) -> RuleOutput:
+    read = tuple(spans) if any(s is not None for per in spans for s in per) else None
+    return RuleOutput((out,), tuple(needs), need_spans=read)
+
+
+def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding, *, padding_config, **params):
+    """An axis not padded keeps its sharding (ranged or not); a sharded axis padded (or cut: negative padding) at its
+    ends by a literal value stays sharded, each device keeping its rows — the padding rows are the value, no device
+    holds them — or realigned to equal blocks where the result is as long as ``count`` blocks. A sharded axis spread
+    every ``s``-th element from one of the first ``s`` (the gradient of ``x[1::2]``) keeps its sharding, each device
+    spreading its own block."""
+    fill = ctx.scalar_constant(1)
+    if isinstance(fill, float) and math.isnan(fill):
+        fill = None  # a NaN row cannot be told from another: pad on whole rows
+    out_shape = ctx.out_avals[0].shape
+    axes, need, spans = [], [], []
+    for k, (lo, hi, interior) in enumerate((int(lo), int(hi), int(i)) for lo, hi, i in padding_config):
+        size = out_shape[k]
+        cut = None
+        rows = _rows(ctx, operand, k)
+        if (lo, hi, interior) == (0, 0, 0):
+            cut = _kept(ctx, operand, k, size)
+        elif interior == 0 and rows is not None and fill is not None and size > 0 and rows[1].fill in (None, fill):
+            cut = _cut(ctx, operand, k, size, -lo, fill)
+        elif rows is not None and operand.axes[k].span is None and _spread_in_blocks(operand, k, lo, hi, interior):
+            cut = (ctx.carry(k, size, operand.axes[k]), operand.layout[k], None)
+        axis, layout, span = cut if cut is not None else (None, (), None)
+        axes.append(axis)
+        need.append(layout)
+        spans.append(span)
+    scalar = ((),) * len(padding_value.shape)
+    return _output(TensorSharding(tuple(out_shape), tuple(axes)), [tuple(need), scalar],
+                   [tuple(spans), (None,) * len(padding_value.shape)])
+
+
+def _spread_in_blocks(operand: TensorSharding, k: int, low: int, high: int, interior: int) -> bool:
+    """Axis ``k`` padded to every ``interior + 1``-th element from ``low``, ending a stride's length past the last: each
+    block of the output is the block of the operand at the same position, padded alike."""
+    stride = interior + 1
+    return bool(operand.layout[k]) and stride > 1 and 0 <= low < stride and high == stride - 1 - low
+
+
+def concatenate(ctx: RuleContext, *operands: TensorSharding, dimension, **params):
+    """The other axes merge as an elementwise op's. Along the joined axis, when the operands laid out on it agree on
+    their mesh axes, the result stays sharded over them: in equal blocks where it divides (``jnp.roll``: two slices
+    joined; two sequences end to end), else in the operands' blocks, ranged; each device reads the rows of each
+    operand that land in its block (its own and a neighbour's few, realigned; an operand held whole is cut locally).
+    Otherwise the joined axis is needed whole and comes out replicated."""
+    out_shape = ctx.out_avals[0].shape
+    plain = [TensorSharding(op.shape, tuple(None if k != dimension and r is not None else a for k, (a, r) in
+                                            enumerate(zip(op.axes, op.spans or (None,) * len(op.shape), strict=True))))
+             for op in operands]
+    axes = [None if k == dimension else ctx.merge(k, n, [op.axes[k] for op in plain]) for k, n in enumerate(out_shape)]
+    laid = {rows for rows in (_rows(ctx, op, dimension) for op in plain) if rows is not None}
+    size = out_shape[dimension]
+    out_layout = tuple(a.mesh_axes if isinstance(a, Sharded) else () for a in axes)
+    needs = [tuple(m if k != dimension else () for k, m in enumerate(out_layout)) for _ in operands]
+    meshes = {mesh_axes for mesh_axes, _ in laid}
+    if len(meshes) != 1 or size == 0:
+        return RuleOutput((TensorSharding(out_shape, tuple(axes)),), tuple(needs))
+    (mesh_axes,) = meshes
+    count = shard_count(ctx.mesh_shape, mesh_axes)
+    blocks = {span.block for _, span in laid}
+    if size % count == 0:  # equal blocks of the result
+        block = size // count
+    elif len(blocks) == 1 and count * min(blocks) >= size:  # the operands' blocks, ranged
+        block = min(blocks)
+    else:
+        return RuleOutput((TensorSharding(out_shape, tuple(axes)),), tuple(needs))
+    if any(set(mesh_axes) & set(m) for m in out_layout):
+        return RuleOutput((TensorSharding(out_shape, tuple(axes)),), tuple(needs))
+    spans, offset, sources = [], 0, []
+    for op in plain:
+        rows = _rows(ctx, op, dimension)
+        fill = None if rows is None else rows[1].fill
+        reads = [None] * len(out_shape)
+        reads[dimension] = (mesh_axes, Span(offset, block, fill))
+        spans.append(tuple(reads))
+        if rows is not None:
+            sources.append((op.axes[dimension], -offset))
+        offset += op.shape[dimension]
+    axes[dimension] = ctx.ranged(dimension, size, mesh_axes, Span(0, block), sources)
+    return _output(TensorSharding(out_shape, tuple(axes)), needs, spans)
+
+
+def keep_ranges(ctx: RuleContext, plain: RuleOutput, operands: tuple[TensorSharding, ...],
+                pairs: list[tuple[int, int, int]]) -> RuleOutput:
+    """The result of a rule that reads each axis of ``pairs`` row by row — ``(operand, operand axis, output axis)``:
+    row ``r`` of the output axis is computed from row ``r`` of each operand axis mapped to it (an elementwise op, a
+    broadcast's mapped axes, a reduction's kept axes, a contraction's free axes) — with its ranged operand axes kept
+    ranged. ``plain`` is the rule's answer for the operands without their ranges. Where the operand axes mapped to
+    one output axis are ranged over the same mesh axes, the output axis holds the first one's range — or, where
+    some rows are a fill no device holds (the op would change it), blocks that hold every row — and every operand is
+    read in it (another range, or equal blocks over those mesh axes, realigned; an operand held whole cut locally);
+    otherwise the rule's answer stands (the ranged operand is gathered)."""
+    if len(plain.outputs) != 1 or jx.is_extended_dtype(ctx.out_avals[0].dtype):
+        return plain
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for i, k, a in pairs:
+        groups.setdefault(a, []).append((i, k))
+    out = list(plain.outputs[0].axes)
+    needs = [list(n) for n in plain.needs]
+    reads: list[list] = [[None] * len(op.shape) for op in operands]
+    for a, members in groups.items():
+        axes = [operands[i].axes[k] for i, k in members]
+        ranged = [(x.mesh_axes, x.span) for x in axes if isinstance(x, Sharded) and x.span is not None]
+        if not ranged or len({m for m, _ in ranged}) != 1:
+            continue
+        mesh_axes, span = ranged[0]  # the first range: the others are realigned to it
+        others = {x.mesh_axes for x in axes if isinstance(x, Sharded) and x.span is None}
+        used = {name for b, x in enumerate(out) if b != a and isinstance(x, Sharded) for name in x.mesh_axes}
+        if others - {mesh_axes} or used & set(mesh_axes):
+            continue
+        size = plain.outputs[0].shape[a]
+        if span.fill is not None:  # rows no device holds: every operand read in blocks that hold them all
+            count = shard_count(ctx.mesh_shape, mesh_axes)
+            span = Span(0, -(-size // count))
+        out[a] = ctx.ranged(a, size, mesh_axes, span, [(x, 0) for x in axes if isinstance(x, Sharded)])
+        for i, k in members:
+            needs[i][k] = ()
+            reads[i][k] = (mesh_axes, span)
+    if all(r is None for per in reads for r in per):
+        return plain
+    return plain._replace(outputs=(TensorSharding(plain.outputs[0].shape, tuple(out)),),
+                          needs=tuple(tuple(n) for n in needs), need_spans=tuple(tuple(r) for r in reads))
+
+
+# ---- on blocks -------------------------------------------------------------------------------------------------------
+
+def row_index(blocks: Blocks, span: Span, mesh_axes, shape, axis: int):
+    """The global row each position of this device's block along ``axis`` holds (``span``'s rows), broadcastable."""
+    here = block_index(mesh_axes, blocks.mesh_shape) * span.block - span.offset
+    return lax.broadcasted_iota(jnp.int32, tuple(n if k == axis else 1 for k, n in enumerate(shape)), axis) + here
+
+
+def _out_span(blocks: Blocks, k: int, axis: int) -> Span | None:
+    """The rows output ``k``'s block holds along ``axis`` when the op computed it in place (ranged, or equal blocks
+    read realigned); None when the axis is computed the ordinary way."""
+    spans = blocks.out_spans[k] if blocks.out_spans else None
+    span = spans[axis] if spans else None
+    if span is None and blocks.out_layouts[k][axis] and blocks.in_spans and any(
+            s and s[axis] is not None for s in blocks.in_spans):
+        return standard_span(blocks.out_global[k][axis], shard_count(blocks.mesh_shape, blocks.out_layouts[k][axis]))
+    return span
+
+
+def _in_place_axes(blocks: Blocks) -> list[int]:
+    return [k for k in range(len(blocks.out_global[0])) if _out_span(blocks, 0, k) is not None]
+
+
+def slice_block(node, invals, blocks: Blocks) -> list:
+    """Along an axis kept in place (ranged, or read realigned to the output's blocks) the block is the output's
+    block; an axis taken whole or strided in blocks is sliced on the block; any other axis as the op says. An axis
+    laid out in equal blocks that arrived whole is computed whole and cut (the operand was gathered)."""
+    (x,) = invals
+    placed = set(_in_place_axes(blocks))
+    params = node.params
+    strides = params["strides"] or (1,) * x.ndim
+    start, limit, step = [], [], []
+    for k, (s, lim, stride) in enumerate(zip(params["start_indices"], params["limit_indices"], strides, strict=True)):
+        b, g, have = blocks.out_blocks[0][k], blocks.out_global[0][k], blocks.in_blocks[0][k]
+        if k in placed:
+            start.append(0), limit.append(b), step.append(1)
+        elif have == blocks.in_global[0][k]:  # whole: as the op says, cut below where it holds a block
+            start.append(s), limit.append(lim), step.append(stride)
+        else:  # taken whole or strided in blocks: the block's own elements
+            start.append(s), limit.append(lim if b == g else s + (b - 1) * stride + 1), step.append(stride)
+    out = lax.slice(x, start, limit, step)
+    return _cut_whole(out, blocks)
+
+
+def _cut_whole(out, blocks: Blocks) -> list:
+    """``out`` cut to this device's block along the axes it came out whole but is held in equal blocks."""
+    return cut_outputs([out], blocks)
+
+
+def pad_block(node, invals, blocks: Blocks) -> list:
+    """Along an axis kept in place, each row is the operand's row it lands on, or the padding value where that is
+    not a row of the operand; the other axes are padded as the op says (interior padding spreads a block in place)."""
+    x, value = invals
+    placed = _in_place_axes(blocks)
+    config = [(0, 0, 0) if k in placed else tuple(c) for k, c in enumerate(node.params["padding_config"])]
+    out = lax.pad(x, value.astype(x.dtype), config)
+    if not placed:
+        return _cut_whole(out, blocks)
+    keep = None
+    for k in placed:
+        lo = node.params["padding_config"][k][0]
+        row = row_index(blocks, _out_span(blocks, 0, k), blocks.out_layouts[0][k], out.shape, k) - lo
+        inside = (row >= 0) & (row < blocks.in_global[0][k])
+        keep = inside if keep is None else keep & inside
+    return _cut_whole(jnp.where(keep, out, value.astype(x.dtype)), blocks)
+
+
+def concatenate_block(node, invals, blocks: Blocks) -> list:
+    """Along the joined axis kept in blocks, each device's rows are those of the operand each lands in (every operand
+    arrived realigned to the output's blocks); else the operands joined as they are."""
+    axis = node.params["dimension"]
+    span = _out_span(blocks, 0, axis)
+    if span is None:
+        return _cut_whole(lax.concatenate(invals, axis), blocks)
+    row = row_index(blocks, span, blocks.out_layouts[0][axis], invals[0].shape, axis)
+    out, offset = invals[0], 0
+    for x, shape in zip(invals, blocks.in_global, strict=True):
+        n = shape[axis]
+        if offset:
+            out = jnp.where((row >= offset) & (row < offset + n), x, out)
+        offset += n
+    return [out]
+
+
+# ---- lineage ---------------------------------------------------------------------------------------------------------
+
+# A strided slice reads single elements; more than this many on one axis are widened to their hull.
+MAX_STRIDED = 256
+
+
+def _strided(ctx: LineageContext, start: int, stride: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Operand intervals read by output range ``[lo, hi)`` of ``start + k·stride``."""
+    if lo >= hi:
+        return []
+    if stride == 1:
+        return [(start + lo, start + hi)]
+    if hi - lo > MAX_STRIDED:
+        ctx.exact = False
+        return [(start + lo * stride, start + (hi - 1) * stride + 1)]
+    return [(start + k * stride, start + k * stride + 1) for k in range(lo, hi)]
+
+
+def slice_lineage(ctx: LineageContext, box: Box, output: int, *, start_indices, limit_indices, strides=None,
+                  **params):
+    strides = strides or (1,) * len(box)
+    boxes, exact = product([_strided(ctx, s, st, lo, hi) for s, st, (lo, hi) in zip(start_indices, strides, box,
+                                                                                      strict=True)])
+    ctx.exact = ctx.exact and exact
+    return [boxes]
+
+
+def pad_lineage(ctx: LineageContext, box: Box, output: int, *, padding_config, **params):
+    """Operand element ``j`` lands at ``lo + j·(interior + 1)``; the padding value is read where the box
+    covers a position no operand element lands on."""
+    shape = ctx.in_shapes[0]
+    per_axis, covered = [], 1
+    for n, (lo, _, interior), (s, e) in zip(shape, padding_config, box, strict=True):
+        step = interior + 1
+        first = max(0, -(-(s - lo) // step))
+        last = min(n, -(-(e - lo) // step))  # exclusive
+        per_axis.append([(first, last)] if first < last else [])
+        covered *= max(0, last - first)
+    box_volume = int(np.prod([e - s for s, e in box])) if box else 1
+    boxes, exact = product(per_axis) if all(per_axis) else ([], True)
+    ctx.exact = ctx.exact and exact
+    return [boxes, [()] if covered < box_volume else []]
+
+
+def concatenate_lineage(ctx: LineageContext, box: Box, output: int, *, dimension, **params):
+    out, offset = [], 0
+    s, e = box[dimension]
+    for shape in ctx.in_shapes:
+        n = shape[dimension]
+        lo, hi = max(s - offset, 0), min(e - offset, n)
+        out.append([box[:dimension] + ((lo, hi),) + box[dimension + 1:]] if lo < hi else [])
+        offset += n
+    return out
+
+
+def _ranged(name, propagate, lineage, per_block, linear) -> OpDef:
+    return OpDef(name, Family.SLICING, propagate=propagate, lineage=lineage, lineage_exact=True, per_block=per_block,
+                 finish=None, pull=None, linear=linear, reads_ranges=True)
+
+
+OPS = [
+    _ranged("slice", slice_, slice_lineage, slice_block, Linearity.FIRST),
+    _ranged("pad", pad, pad_lineage, pad_block, Linearity.NONE),  # the padding value would be summed too
+    _ranged("concatenate", concatenate, concatenate_lineage, concatenate_block, Linearity.JOINT),
+]

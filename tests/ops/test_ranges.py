@@ -1,0 +1,159 @@
+"""Slices, pads and concatenations along a sharded axis keep it sharded: each device keeps the rows of its block
+(a ranged axis), or reads its neighbours' few rows where the result divides into equal blocks; elementwise ops,
+broadcasts, transposes, contractions' free axes and reductions read ranged rows in place (a reduction masks the
+padding with its identity).
+
+Oracles: the unsharded function on the same inputs (exact: the ops move rows, and a masked reduction adds the same
+numbers), ``jax.jit`` on the same input shardings (bytes, from its compiled HLO), our compiled HLO (the estimate).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.core.transfers import total_moved
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(4, 64, 8)).astype(np.float32)
+A = RNG.normal(size=(4, 64, 8)).astype(np.float32)
+W = RNG.normal(size=(4, 8)).astype(np.float32)
+H = RNG.normal(size=(8, 128)).astype(np.float32)
+VOCAB = RNG.normal(size=(128, 1008)).astype(np.float32)
+
+# (mesh, spec of a sequence-sharded operand): over 8 devices; over i with the batch over j; over both mesh axes
+LAYOUTS = [("8", P(None, "i")), ("4x2", P("j", "i")), ("4x2", P(None, ("i", "j")))]
+
+
+def _causal_conv(x, w):
+    padded = jnp.pad(x, ((0, 0), (3, 0), (0, 0)))
+    return sum(padded[:, k:k + 64] * w[k] for k in range(4))
+
+
+def _logsumexp_of_a_sliced_vocabulary(h, w):
+    return jax.nn.logsumexp(h @ w[:, :1001], axis=-1)
+
+
+# name, f, arguments, which are sequence-sharded (the others replicated), the output's sequence axis stays sharded
+SEQUENCE = [
+    ("roll_right", lambda x: jnp.roll(x, 1, axis=1), (X,), (True,), True),
+    ("roll_left_3", lambda x: jnp.roll(x, -3, axis=1), (X,), (True,), True),
+    ("shift_left", lambda x: jnp.pad(x[:, 1:], ((0, 0), (0, 1), (0, 0))), (X,), (True,), True),
+    ("causal_conv1d", _causal_conv, (X, W), (True, False), True),
+    ("slice_that_divides", lambda x: x[:, :40] * 2.0, (X,), (True,), True),
+    ("pad_that_divides", lambda x: jnp.pad(x, ((0, 0), (3, 5), (0, 0)), constant_values=1.5), (X,), (True,), True),
+    ("concatenate_sequences", lambda x, a: jnp.concatenate([x, a], axis=1), (X, A), (True, True), True),
+    ("concatenate_with_a_replicated_piece", lambda x, a: jnp.concatenate([a[:, :8], x, a[:, :8]], axis=1),
+     (X, A), (True, False), True),
+    # uneven results: a JAX array cannot hold them sharded (as under jax.jit): they come back whole
+    ("slice_that_does_not_divide", lambda x: x[:, 1:] * 2.0, (X,), (True,), False),
+    ("pad_that_does_not_divide", lambda x: jnp.pad(x, ((0, 0), (1, 0), (0, 0))), (X,), (True,), False),
+    # ranged rows reduced in place: the padding masked with the identity
+    ("sum_of_a_ranged_slice", lambda x: jnp.sum(x[:, 3:61], axis=1), (X,), (True,), None),
+    ("max_of_a_ranged_slice", lambda x: jnp.max(x[:, :63] - 1.0, axis=1), (X,), (True,), None),
+    ("min_of_a_padded_axis", lambda x: jnp.min(jnp.pad(x, ((0, 0), (2, 0), (0, 0))), axis=1), (X,), (True,), None),
+]
+
+
+def _run(f, args, mesh, specs):
+    fs = sp.autoshard(f, mesh=mesh, in_specs=specs)
+    got = fs(*args)
+    want = f(*(jnp.asarray(a) for a in args))
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    prog = fs.trace(*args)
+    assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
+    return prog, comparison
+
+
+@pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[f"{m}-{s}" for m, s in LAYOUTS])
+@pytest.mark.parametrize("name,f,args,sharded,stays", SEQUENCE, ids=[row[0] for row in SEQUENCE])
+def test_moving_rows_along_a_sharded_axis_equals_the_unsharded_function(name, f, args, sharded, stays, mesh_name,
+                                                                        spec, meshes):
+    specs = tuple(spec if s else P() for s in sharded)
+    prog, comparison = _run(f, args, meshes[mesh_name], specs)
+    if stays is not None:
+        assert (tuple(prog.out_specs[0])[1:2] == (spec[1],)) is stays, prog.out_specs
+    if stays is not False:  # nothing gathered whole (an uneven result comes back whole: gathered, as under jax.jit)
+        assert not [t for t in prog.estimated_communication() if t.kind == "all-gather" and np.prod(t.shape) >= X.size]
+    if name.startswith("roll"):  # two slices realigned apart: a permute each, where XLA's rotation sends one
+        assert comparison.shardprop_bytes <= 2 * comparison.jit_bytes, str(comparison)
+    elif name == "concatenate_sequences":  # each operand's pieces permuted apart, where XLA's all-to-alls share
+        assert comparison.shardprop_bytes <= 4 / 3 * comparison.jit_bytes, str(comparison)
+    else:
+        assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+@pytest.mark.parametrize("mesh_name", ["8", "4x2"])
+def test_a_vocabulary_padded_to_the_mesh_and_sliced_back_stays_sharded(mesh_name, meshes):
+    mesh = meshes[mesh_name]
+    spec = P(None, "i") if mesh_name == "8" else P(None, ("i", "j"))
+    prog, comparison = _run(_logsumexp_of_a_sliced_vocabulary, (H, VOCAB), mesh, (P(), spec))
+    assert comparison.shardprop_bytes == comparison.jit_bytes < 200, str(comparison)
+    assert "1001@" in str(prog.graph) and "k:126k+126]" in str(prog.graph)
+    grad = jax.grad(lambda h, w: jnp.sum(_logsumexp_of_a_sliced_vocabulary(h, w)), argnums=1)
+    prog, comparison = _run(grad, (H, VOCAB), mesh, (P(), spec))
+    assert prog.out_specs == (spec,)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+def test_the_listing_and_the_shards_show_each_devices_real_range(meshes):
+    prog = sp.autoshard(lambda x: x[:, :63] * 2.0, mesh=meshes["8"], in_specs=(P(None, "i"),)).trace(X)
+    listing = str(prog.graph)
+    assert "63@i[8k:8k+8]" in listing and "unspan[i axis=1]" in listing
+    sliced = prog.sharded.graph.nodes[1].outputs[0]
+    shards = prog.sharded.shards(sliced, 1)
+    assert [(s.start, s.length) for s in shards] == [(8 * d, 8) for d in range(7)] + [(56, 7)]
+    assert [p.start for p in shards[-1].parents] == [56]  # device 7's rows come from its own block of x
+
+
+def test_a_roll_inside_a_loop_stays_sharded(meshes):
+    def f(x):
+        return lax.fori_loop(0, 3, lambda i, y: jnp.roll(y, 1, axis=1) * 0.5 + y, x)
+
+    prog, comparison = _run(f, (X,), meshes["8"], (P(None, "i"),))
+    assert prog.out_specs == (P(None, "i"),)
+    assert comparison.shardprop_bytes <= 2 * comparison.jit_bytes, str(comparison)
+
+
+def test_the_gradient_of_a_causal_convolution_stays_sharded(meshes):
+    grad = jax.grad(lambda x, w: jnp.sum(_causal_conv(x, w) ** 2), argnums=(0, 1))
+    prog, comparison = _run(grad, (X, W), meshes["8"], (P(None, "i"), P()))
+    assert prog.out_specs[0] == P(None, "i")
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+@settings(max_examples=40, deadline=None)
+@given(first=st.integers(0, 30), length=st.integers(1, 34), lo=st.integers(0, 9), hi=st.integers(0, 9),
+       fill=st.sampled_from([0.0, -2.5]), shift=st.integers(-70, 70), spec=st.sampled_from([0, 1]))
+def test_random_slices_pads_and_rolls_equal_the_unsharded_function(first, length, lo, hi, fill, shift, spec, meshes):
+    mesh, in_spec = [(meshes["8"], P(None, "i")), (meshes["4x2"], P("j", "i"))][spec]
+
+    def f(x):
+        piece = x[:, first:first + length]
+        padded = jnp.pad(piece, ((0, 0), (lo, hi), (0, 0)), constant_values=fill)
+        return jnp.roll(padded, shift, axis=1) + jnp.sum(padded, axis=1, keepdims=True), jnp.max(piece, axis=1)
+
+    fs = sp.autoshard(f, mesh=mesh, in_specs=(in_spec,))
+    for got, want in zip(fs(X), f(jnp.asarray(X)), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [10, 13, 3])
+def test_an_argument_its_mesh_axes_do_not_divide_is_taken_as_ranges(rows, meshes):
+    # jax.jit refuses such an argument; it arrives whole (a JAX array cannot be uneven) and each device takes its rows
+    x = RNG.normal(size=(rows, 3)).astype(np.float32)
+    w = RNG.normal(size=(3, 1001)).astype(np.float32)
+    mesh = meshes["8"]
+    prog, _ = _run(lambda x: jnp.sum(jnp.exp(x / 4), axis=0) * x[:1], (x,), mesh, (P("i"),))
+    assert prog.in_specs == (P(),) and "take_rows" in str(prog.graph)
+    prog, comparison = _run(lambda x, w: jnp.max(jnp.tanh(x) @ w, axis=1), (x, w), mesh, (P("i"), P(None, "i")))
+    assert comparison.shardprop_bytes <= 8 * 4 * -(-rows // 8), str(comparison)  # only the rows' maxima gathered
