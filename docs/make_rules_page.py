@@ -97,11 +97,44 @@ A 1-D convolution and a cumulative sum along a sequence sharded over 8 devices (
 {window_listing}
 ```
 
-Still gathered along a sharded axis (open items): other slices, pads, rolls and concatenations (their blocks would
-be uneven: shards with ranges are not implemented yet); VALID windows whose output blocks would
-be uneven; `sort` and `top_k`.
-An argument whose axis does not divide by its mesh axes is refused (`IndivisibleAxisError`), as `jax.jit` refuses
-it.
+## Ranges: slices, pads and concatenations
+
+A `slice`, `pad` (at the ends, by a literal value; negative widths cut) or `concatenate` along a sharded axis keeps
+it sharded (`ops/ranges.py`). Where the result divides into equal blocks, the op reads its operand *realigned* to
+them: a `realign` move sends each device the rows its block lacks, in rounds of `ppermute`s (one piece per device
+per round, the pieces a device keeps first), and the result is an ordinary sharded value — `jnp.roll` (two slices
+joined), a shift, the shifted slices of a causal convolution, two sequences end to end. A concatenation whose
+operands, held in place, are the result's blocks rotated (a roll: `x[63:]` and `x[:63]`) is joined in place and a
+`rotate` finish (under every strategy) permutes the rows crossing each block's edge — one `ppermute`, as XLA's
+rotation. Where the result does not divide, each
+device keeps the rows of its own block and nothing moves: the axis is *ranged*, its type names the rows device `k`
+holds (`63@i[8k:8k+8]`: `x[:, :63]` of 64 rows in blocks of 8; the shards are the real ranges, the last one 7 rows,
+and lineage follows them). Rows no device holds (a pad's rows before the first block) are the span's *fill*, the pad
+value, which a move or a reduction takes in.
+
+The rules that read ranged rows in place: elementwise ops (operands in one range; another range or equal blocks over
+the same mesh axes are realigned, a whole operand cut locally with `take_rows`), `broadcast_in_dim`, `transpose`,
+`squeeze`, a `dot_general`'s batch and free axes, a reduction's kept axes, and a sum, maximum or minimum *over* a
+ranged axis (each device masks its padding with the identity, a `psum`/`pmax`/`pmin` finishes). Every other rule
+sees a ranged axis replicated: an `unspan` move gathers it first (each device sends the rows it holds, as many as
+the most any holds; the padding dropped). A ranged result comes back whole along that axis (a JAX array cannot be
+uneven; `jax.jit` gathers an uneven result too); an argument whose axis its mesh axes do not divide is accepted,
+whole along that axis (`in_specs` says `P()` there), and each device takes its rows.
+
+A roll and the sum of a ranged slice, the sequence sharded over 8 devices:
+
+```
+{ranges_listing}
+```
+
+A `top_k` along a sharded axis whose blocks hold at least `k` takes each block's `k` best (their indices offset to
+the whole axis) and a `top_k` finish all-gathers the candidates and takes the best of them (the indices' gather
+rides on the values'), where that moves less than gathering the axis.
+
+Still gathered along a sharded axis (open items): strided slices across blocks (`x[:, ::3]`); VALID windows whose
+output blocks would be uneven; `sort`; a reduction over a ranged axis that no collective finishes (a
+product); ranges through `reshape`, `gather`, `scatter` and loops' carries. A concatenation of two sharded
+sequences permutes each operand's pieces apart (up to a third above `jax.jit`'s all-to-alls).
 
 ## Primitives without a record
 
@@ -143,7 +176,8 @@ def page() -> str:
         by_reason[reason].append(f"`{name}`")
     without = [f"| {reason} | {', '.join(names)} |" for reason, names in by_reason.items()]
     inlined = ", ".join(f"`{name}`" for name in sorted(INLINED_CALLS))
-    return (HEADER + "\n".join(lines) + "\n" + FOOTER.format(inlined=inlined, window_listing=window_listing())
+    return (HEADER + "\n".join(lines) + "\n" + FOOTER.format(inlined=inlined, window_listing=window_listing(),
+                                                            ranges_listing=ranges_listing())
             + "\n".join(without) + "\n")
 
 
@@ -160,6 +194,21 @@ def window_listing() -> str:
     mesh = sp.make_mesh((8,), ("i",))
     args = (jax.ShapeDtypeStruct((2, 64, 4), jnp.float32), jax.ShapeDtypeStruct((3, 4, 4), jnp.float32))
     prog = sp.autoshard(convolve_and_scan, mesh=mesh, in_specs=(P(None, "i"), P())).trace(*args)
+    return "\n".join(line.rstrip() for line in format_listing(prog.plan).splitlines())
+
+
+def roll_and_sum(x):
+    return jnp.roll(x, 1, axis=1) * 2.0, jnp.sum(x[:, 3:], axis=1)
+
+
+def ranges_listing() -> str:
+    """The listing of :func:`roll_and_sum` on 8 devices, the sequence sharded (a real run)."""
+    import shardprop as sp
+    from shardprop.inspect.listing import format_listing
+
+    mesh = sp.make_mesh((8,), ("i",))
+    prog = sp.autoshard(roll_and_sum, mesh=mesh, in_specs=(P(None, "i"),)).trace(
+        jax.ShapeDtypeStruct((2, 64, 4), jnp.float32))
     return "\n".join(line.rstrip() for line in format_listing(prog.plan).splitlines())
 
 

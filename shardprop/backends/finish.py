@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -14,13 +15,19 @@ from jax import lax
 from ..core.blocks import block_index
 from ..core.collectives import CollectiveKind
 from ..ops.windows import extreme
-from .moves import as_bits
+from .moves import as_bits, rotated
 from ..expr.graph import Node
 
 
-def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...], partial, block, mesh_shape):
-    """The devices' partial results ``partial`` of reduction ``node`` (``block``: this device's operand block)
-    combined by ``kind`` over ``mesh_axes``."""
+def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...], partial, block, mesh_shape,
+                   output: int = 0, shift: int = 0):
+    """The devices' partial results ``partial`` of output ``output`` of reduction ``node`` (``block``: this device's
+    operand block; for a top-k, its values' partial result) combined by ``kind`` over ``mesh_axes`` (a rotation:
+    by ``shift`` rows)."""
+    if kind is CollectiveKind.TOP_K:  # each device's k best: the candidates
+        return _finish_top_k(node, mesh_axes, partial, block, output)
+    if kind is CollectiveKind.ROTATE:  # each device's rows lie shift rows further
+        return _rotate(partial, node.params["dimension"], shift, mesh_axes, mesh_shape)
     if kind is CollectiveKind.MIRROR:  # each device reversed its block: its mirror device's
         return _to_mirror(node, mesh_axes, partial, mesh_shape)
     if kind is CollectiveKind.PREFIX:  # each device scanned its block
@@ -41,6 +48,36 @@ def _to_mirror(node: Node, mesh_axes: tuple[str, ...], reversed_block, mesh_shap
     pairs = [(d, devices.index(tuple(n - 1 - c for n, c in zip(sizes, coords, strict=True))))
              for d, coords in enumerate(devices)]
     return as_bits(lambda b: lax.ppermute(b, mesh_axes, perm=pairs), reversed_block)  # bfloat16 as 16 bits
+
+
+def _rotate(x, axis: int, shift: int, mesh_axes: tuple[str, ...], mesh_shape):
+    """Each device's block of the rows ``shift`` rows further around the axis: the rest of the block ``q`` devices
+    further and the start of the next (``shift = q·B + r``), one ``ppermute`` around the devices for each that is not
+    the device itself."""
+    block = x.shape[axis]
+    count = math.prod(mesh_shape[name] for name in mesh_axes)
+    q, r = divmod(shift % (block * count), block)
+    parts = []
+    for first, stop, away in ((r, block, q % count), (0, r, (q + 1) % count)):
+        if stop <= first:
+            continue
+        piece = lax.slice_in_dim(x, first, stop, axis=axis)
+        parts.append(piece if away == 0 else rotated(piece, mesh_axes, away, mesh_shape))
+    return lax.concatenate(parts, axis) if len(parts) > 1 else parts[0]
+
+
+def _finish_top_k(node: Node, mesh_axes: tuple[str, ...], partial, values, output: int):
+    """A top-k finished: every device's ``k`` candidates (its block's best, their indices offset to the whole axis)
+    all-gathered, and the ``k`` best of them taken — ties and NaN ordered as ``lax.top_k`` orders them, the
+    candidates lying in the order of the indices they came from. The indices take the values' order (their gather is
+    the values' own, which XLA merges)."""
+    axis, k = node.params["axis"] % partial.ndim, node.params["k"]
+    gathered = as_bits(lambda b: lax.all_gather(b, mesh_axes, axis=axis, tiled=True), values)
+    best, order = lax.top_k(jnp.moveaxis(gathered, axis, -1), k)
+    if output == 0:
+        return jnp.moveaxis(best, -1, axis)
+    indices = lax.all_gather(partial, mesh_axes, axis=axis, tiled=True)
+    return jnp.moveaxis(jnp.take_along_axis(jnp.moveaxis(indices, axis, -1), order, axis=-1), -1, axis)
 
 
 def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):

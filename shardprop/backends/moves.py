@@ -122,6 +122,13 @@ def _realign(x, step: Step, mesh_shape: Mapping[str, int]):
     return out
 
 
+def rotated(piece, names: tuple[str, ...], away: int, mesh_shape: Mapping[str, int]):
+    """``piece`` of the device ``away`` blocks further along an axis laid out over ``names``, around its end (one
+    ``ppermute``)."""
+    count = shard_count(mesh_shape, names)
+    return _permuted(piece, names, [((b + away) % count, b) for b in range(count)], mesh_shape)
+
+
 def _permuted(piece, names: tuple[str, ...], pairs, mesh_shape: Mapping[str, int]):
     """``piece`` sent from block ``source`` to block ``target`` for each pair (blocks along an axis laid out over
     ``names``), by one ``ppermute``."""

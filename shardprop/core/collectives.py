@@ -14,8 +14,8 @@ import numpy as np
 
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
-from .layouts import Layout, shard_count
-from .transfers import Transfer, TransferKind, transfer
+from .layouts import Layout, block_shape, shard_count
+from .transfers import Transfer, TransferKind, hlo_dtype_name, transfer
 from .types import Reduction
 
 
@@ -29,11 +29,13 @@ class CollectiveKind(StrEnum):
     ARGMIN = "argmin"
     PREFIX = "prefix"              # each device's block total gathered, the totals before it combined into its scan
     MIRROR = "mirror"              # each device's reversed block sent to its mirror device (a collective-permute)
+    TOP_K = "top_k"                # each device's k candidates all-gathered, the k best of them taken
+    ROTATE = "rotate"              # blocks joined in place rotated into their places (one or two permutes: a roll)
 
     @property
     def required(self) -> bool:
         """True for the finishes the op's rule relies on (it keeps the axis sharded): applied under every strategy."""
-        return self in (CollectiveKind.PREFIX, CollectiveKind.MIRROR)
+        return self in (CollectiveKind.PREFIX, CollectiveKind.MIRROR, CollectiveKind.ROTATE)
 
     @property
     def reduction(self) -> Reduction:
@@ -56,16 +58,30 @@ class Collective:
 _REDUCTIONS = {CollectiveKind.PSUM: Reduction.SUM, CollectiveKind.PMAX: Reduction.MAX,
                CollectiveKind.PMIN: Reduction.MIN, CollectiveKind.ARGMAX: Reduction.ARGMAX,
                CollectiveKind.ARGMIN: Reduction.ARGMIN, CollectiveKind.PREFIX: Reduction.PREFIX,
-               CollectiveKind.MIRROR: Reduction.MIRRORED}
+               CollectiveKind.MIRROR: Reduction.MIRRORED, CollectiveKind.TOP_K: Reduction.TOP_K,
+               CollectiveKind.ROTATE: Reduction.ROTATED}
 
 
 def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Aval, operand_dtype, layout: Layout,
-                     mesh_shape) -> tuple[Transfer, ...]:
+                     mesh_shape, axis: int | None = None, shift: int = 0) -> tuple[Transfer, ...]:
     """The all-reduces that finish a partial maximum, minimum or arg-extreme of ``aval`` laid out as ``layout``
     (a float ``pmax``/``pmin`` is one all-reduce of integers of the same size: total order keeps NaN and signed
     zeros); ``argmax``/``argmin`` also all-reduce the extreme values (of ``operand_dtype``) and, for floats, a NaN
-    flag; ``prefix`` all-gathers one row per device (its block's total) along the scanned axis. (A partial sum is a
-    move: :func:`~shardprop.core.moves.move_transfers`.)"""
+    flag; ``prefix`` all-gathers one row per device (its block's total) along the scanned axis; ``top_k`` all-gathers
+    each device's ``k`` candidates along ``axis`` (one gather per output); ``rotate`` permutes the rows ``shift`` rows
+    further along ``axis`` into each device's block (:func:`rotation_pieces`). (A partial sum is a move:
+    :func:`~shardprop.core.moves.move_transfers`.)"""
+    if kind is CollectiveKind.TOP_K:  # each device's candidates of this output along ``axis`` (a top-k's values and
+        # indices: the values' gather serves both outputs, XLA merging the two identical ones)
+        n, axis = shard_count(mesh_shape, mesh_axes), axis % len(aval.shape)
+        gathered = Aval(tuple(n * size if k == axis else size for k, size in enumerate(aval.shape)), aval.dtype)
+        return (transfer(TransferKind.ALL_GATHER, mesh_axes, gathered, layout, mesh_shape),)
+    if kind is CollectiveKind.ROTATE:  # the rows of the one or two blocks each device's rows lie in
+        block = block_shape(aval.shape, layout, mesh_shape)
+        return tuple(Transfer(TransferKind.COLLECTIVE_PERMUTE, tuple(n for n in mesh_shape if n in mesh_axes),
+                              shard_count(mesh_shape, mesh_axes), piece, hlo_dtype_name(aval.dtype),
+                              _nbytes(piece, aval.dtype), float(_nbytes(piece, aval.dtype)))
+                     for piece in rotation_pieces(block, axis, shift, shard_count(mesh_shape, mesh_axes)))
     if kind is CollectiveKind.MIRROR:  # the block itself, once
         return (transfer(TransferKind.COLLECTIVE_PERMUTE, mesh_axes, aval, layout, mesh_shape),)
     if kind is CollectiveKind.PREFIX:
@@ -79,3 +95,22 @@ def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Ava
         dtypes += [operand_dtype] + ([np.dtype(np.int32)] if jx.dtype_kind(operand_dtype) == "f" else [])
     return tuple(transfer(TransferKind.ALL_REDUCE, mesh_axes, Aval(aval.shape, np.dtype(dt)), layout, mesh_shape)
                  for dt in dtypes)
+
+
+def rotation_pieces(block: tuple[int, ...], axis: int, shift: int, count: int) -> list[tuple[int, ...]]:
+    """The pieces a rotation by ``shift`` rows along ``axis`` (of ``count`` blocks of ``block``) sends: positions
+    ``[0, B - r)`` of each device's block come from the block ``q`` devices further (around the end), positions
+    ``[B - r, B)`` from the one ``q + 1`` further (``shift = q·B + r``); a piece from the device itself sends nothing.
+
+    >>> rotation_pieces((4, 8, 2), 1, 63, 8)   # jnp.roll by 1 of 64 rows in blocks of 8: one row from the device before
+    [(4, 1, 2)]
+    """
+    rows = block[axis]
+    q, r = divmod(shift % (rows * count), rows)
+    pieces = [(rows - r, q % count), (r, (q + 1) % count)]
+    return [tuple(n if k != axis else length for k, n in enumerate(block)) for length, away in pieces
+            if length and away]
+
+
+def _nbytes(shape: tuple[int, ...], dtype) -> int:
+    return int(jx.itemsize(np.dtype(dtype)) * int(np.prod(shape)))

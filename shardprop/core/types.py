@@ -43,6 +43,8 @@ class Reduction(StrEnum):
     ARGMIN = "argmin"
     PREFIX = "prefix"  # a cumulative op scanned block by block: each block lacks what the blocks before it hold
     MIRRORED = "mirrored"  # a reversal done block by block: each device holds the block its mirror device should
+    TOP_K = "top-k"  # a top-k of each block: each device holds its block's k best, the candidates for the whole
+    ROTATED = "rotated"  # blocks joined in place, rotated: each device holds rows some blocks further (a roll)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +73,8 @@ class ValueType:
         if list(self.partial) != sorted(self.partial):  # a set of mesh axes: one spelling, so equal types compare equal
             object.__setattr__(self, "partial", tuple(sorted(self.partial)))
         used = {name for m in self.layout for name in m}
-        if used & set(self.partial) and self.reduction not in (Reduction.PREFIX, Reduction.MIRRORED):
+        if used & set(self.partial) and self.reduction not in (Reduction.PREFIX, Reduction.MIRRORED,
+                                                                Reduction.ROTATED):
             raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
                              f"{self.partial}")
 

@@ -29,6 +29,18 @@ FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, in
             pooling, linalg, control_flow, random, placement)
 
 
+def finished_axis(node) -> int | None:
+    """The axis a finish works along, for the finishes that have one (a top-k's, a rotation's); None otherwise."""
+    return node.params.get("dimension", node.params.get("axis")) if node.op in ("top_k", "concatenate") else None
+
+
+def finish_shift(graph, node, first_operand_type) -> int:
+    """The rows a ``rotate`` finish moves each device's rows by (:func:`.ranges.rotation`); 0 for other finishes."""
+    if node.op != "concatenate":
+        return 0
+    return ranges.rotation(node, first_operand_type, graph.avals[node.outputs[0]].shape[node.params["dimension"]])
+
+
 def _collect() -> Mapping[str, OpDef]:
     records: dict[str, OpDef] = {}
     for module in FAMILIES:

@@ -28,7 +28,9 @@ from jax import lax
 from ..core.blocks import Blocks, block_index, cut_outputs
 from ..core.boxes import Box, LineageContext, product
 from ..core.layouts import Sharded, Span, TensorSharding, shard_count, standard_span
+from ..core.collectives import Collective, CollectiveKind
 from ..core.rules import RuleContext, RuleOutput
+from ..core.types import ValueType
 from ..expr import jax_adapter as jx
 from .opdef import Family, Linearity, OpDef
 
@@ -238,6 +240,47 @@ def keep_ranges(ctx: RuleContext, plain: RuleOutput, operands: tuple[TensorShard
                           needs=tuple(tuple(n) for n in needs), need_spans=tuple(tuple(r) for r in reads))
 
 
+def finish_concatenate(decisions, node):
+    """A concatenation whose operands, held ranged in place, are the blocks of the result rotated (``jnp.roll``: the
+    slices ``x[63:]`` and ``x[:63]`` of a 64-row axis in blocks of 8 hold, together, every row of the result, each
+    device's 7 rows ahead): the op joins them in place and a ``rotate`` finish moves each device's rows into its
+    block — one permute of the rows crossing a block's edge, as XLA's rotation — where reading each operand realigned
+    would permute each apart. None otherwise (the rule's realigned reads stand)."""
+    dim = node.params["dimension"]
+    graph, mesh_shape = decisions.graph, decisions.mesh_shape
+    size = graph.avals[node.outputs[0]].shape[dim]
+    held = [decisions.type(v) for v in node.operands]
+    meshes = {vtype.layout[dim] for vtype in held}
+    if len(meshes) != 1 or not next(iter(meshes)) or jx.is_extended_dtype(graph.avals[node.outputs[0]].dtype):
+        return None
+    (mesh_axes,) = meshes
+    count = shard_count(mesh_shape, mesh_axes)
+    shifts, offset = set(), 0
+    for v, vtype in zip(node.operands, held, strict=True):
+        n = graph.avals[v].shape[dim]
+        span = vtype.span_of(dim) or (standard_span(n, count) if n % count == 0 else None)
+        if span is None or span.fill is not None or count * span.block != size:
+            return None
+        shifts.add((span.offset - offset) % size)
+        offset += n
+    if len(shifts) != 1 or shifts == {0}:
+        return None
+    out_layout = decisions.sharded.layout(node.outputs[0])
+    if out_layout[dim] != mesh_axes:
+        return None
+    needs = tuple(ValueType(tuple(mesh_axes if k == dim else m for k, m in enumerate(need.layout)),
+                            span=tuple(vtype.span_of(dim) if k == dim else None for k in range(len(need.layout))))
+                  for need, vtype in zip(decisions.needs(node.id), held, strict=True))
+    return needs, Collective(CollectiveKind.ROTATE, mesh_axes)
+
+
+def rotation(node, first, length: int) -> int:
+    """How many rows further each device's rows of a concatenation joined in place lie (:func:`finish_concatenate`):
+    its first operand's span offset, around the axis's ``length``; 0 when read realigned."""
+    span = first.span_of(node.params["dimension"])
+    return (span.offset if span is not None else 0) % length
+
+
 # ---- on blocks -------------------------------------------------------------------------------------------------------
 
 def row_index(blocks: Blocks, span: Span, mesh_axes, shape, axis: int):
@@ -307,12 +350,17 @@ def pad_block(node, invals, blocks: Blocks) -> list:
 
 def concatenate_block(node, invals, blocks: Blocks) -> list:
     """Along the joined axis kept in blocks, each device's rows are those of the operand each lands in (every operand
-    arrived realigned to the output's blocks); else the operands joined as they are."""
+    arrived realigned to the output's blocks, or — a ``rotate`` finish to follow — in place, the rows rotated);
+    else the operands joined as they are."""
     axis = node.params["dimension"]
     span = _out_span(blocks, 0, axis)
     if span is None:
         return _cut_whole(lax.concatenate(invals, axis), blocks)
     row = row_index(blocks, span, blocks.out_layouts[0][axis], invals[0].shape, axis)
+    first = blocks.in_spans[0][axis] if blocks.in_spans and blocks.in_spans[0] else None
+    if first is not None and first.offset % blocks.out_global[0][axis]:  # joined in place, rotated: a roll
+        size = blocks.out_global[0][axis]
+        row = (row - first.offset) % size
     out, offset = invals[0], 0
     for x, shape in zip(invals, blocks.in_global, strict=True):
         n = shape[axis]
@@ -385,5 +433,7 @@ def _ranged(name, propagate, lineage, per_block, linear) -> OpDef:
 OPS = [
     _ranged("slice", slice_, slice_lineage, slice_block, Linearity.FIRST),
     _ranged("pad", pad, pad_lineage, pad_block, Linearity.NONE),  # the padding value would be summed too
-    _ranged("concatenate", concatenate, concatenate_lineage, concatenate_block, Linearity.JOINT),
+    OpDef("concatenate", Family.SLICING, propagate=concatenate, lineage=concatenate_lineage, lineage_exact=True,
+          per_block=concatenate_block, finish=finish_concatenate, pull=None, linear=Linearity.JOINT,
+          reads_ranges=True),
 ]

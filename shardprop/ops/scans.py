@@ -2,7 +2,9 @@
 op (``cumsum``, ``cumprod``, ``cummax``, ``cummin``, ``cumlogsumexp``) under a communication strategy: each device
 scans its own block and one all-gather of the block totals (one row per device) finishes it, each device combining
 the totals of the blocks before it (after it, reversed) into its scan (:func:`finish_cumulative`); the axis stays
-sharded. ``jax.jit`` gathers the axis.
+sharded. ``jax.jit`` gathers the axis. A ``top_k`` along a sharded axis whose blocks hold at least ``k`` is, where
+it moves less than the gather, each block's top-k and an all-gather of the ``k`` candidates per device
+(:func:`finish_top_k`); its output is whole along that axis.
 
 Lineage: a cumulative op reads the prefix (or, reversed, the suffix) of the scanned axis; a sort reads its
 keys and itself whole along the sorted axis; ``top_k`` reads the whole axis it picks from.
@@ -10,11 +12,12 @@ keys and itself whole along the sorted axis; ``top_k`` reads the whole axis it p
 
 from __future__ import annotations
 
-from ..core.blocks import bind_as_is
+from ..core.blocks import bind_as_is, block_index
 from ..core.collectives import Collective, CollectiveKind
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import TensorSharding
+from ..core.layouts import TensorSharding, shard_count
+from ..core.types import ValueType
 from .opdef import Family, Linearity, OpDef, defs
 
 
@@ -74,6 +77,34 @@ def top_k(ctx: RuleContext, operand: TensorSharding, *, k, axis=-1, **params) ->
     return RuleOutput(outputs, (outputs[0].layout,))
 
 
+def finish_top_k(decisions, node):
+    """A top-k along a sharded axis, each block holding at least ``k``: each device takes its block's ``k`` best (the
+    indices offset to the whole axis, :func:`top_k_block`) and a ``top_k`` finish all-gathers those candidates and
+    takes the ``k`` best of them — ``count * k`` values and indices move, not the axis."""
+    (x,) = node.operands
+    (need,) = decisions.needs(node.id)
+    shape = decisions.graph.avals[x].shape
+    axis = node.params["axis"] % len(shape)
+    names = decisions.type(x).even_layout[axis]
+    used = {name for k, m in enumerate(need.layout) if k != axis for name in m}
+    if not names or used & set(names) or shape[axis] // shard_count(decisions.mesh_shape, names) < node.params["k"]:
+        return None
+    layout = tuple(names if k == axis else m for k, m in enumerate(need.layout))
+    return (ValueType(layout),), Collective(CollectiveKind.TOP_K, names)
+
+
+def top_k_block(node, invals, blocks):
+    """The top-k of this device's block; where the axis arrived sharded (a ``top_k`` finish combines the devices'),
+    its indices offset by the block's start."""
+    values, indices = bind_as_is(node, invals, blocks)
+    axis = node.params["axis"] % values.ndim
+    names = blocks.in_layouts[0][axis]
+    if not names:
+        return [values, indices]
+    start = block_index(names, blocks.mesh_shape) * blocks.in_blocks[0][axis]
+    return [values, indices + start.astype(indices.dtype)]
+
+
 def top_k_lineage(ctx: LineageContext, box: Box, output: int, *, axis=-1, **params):
     (shape,) = ctx.in_shapes
     axis %= len(shape)
@@ -95,8 +126,8 @@ OPS = [
           linear={"cumsum": Linearity.FIRST}),
     OpDef("sort", Family.SCAN, propagate=sort, lineage=sort_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None, linear=Linearity.NONE),
-    OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=bind_as_is,
-          finish=None, pull=None, linear=Linearity.NONE),
+    OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=top_k_block,
+          finish=finish_top_k, pull=None, linear=Linearity.NONE),
     OpDef("approx_top_k", Family.SCAN, propagate=approx_top_k, lineage=approx_top_k_lineage, lineage_exact=True,
           per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

@@ -20,6 +20,7 @@ from ..core.steps import StepKind, halo_rows, step_transfer
 from ..core.types import ValueType
 from ..errors import LoweringError
 from ..expr.graph import CONSTANT, PARAMETER
+from ..ops import finish_shift, finished_axis
 from .decisions import BodyPlan, Decisions
 from .ir import BodyProgram, Compute, Finish, Instruction, Move, Ref
 
@@ -129,8 +130,9 @@ class Emitter:
                 continue  # an output the collective does not finish (a loop's carry that was never partial)
             if collective.kind is CollectiveKind.PSUM:
                 self.bring(ref, held, node_id, finishing=True)
-            else:
-                self._finish(node, collective, ref, held, inputs[0])
+            else:  # a top-k's indices are finished with its values (the candidates' order)
+                self._finish(node, collective, ref, held, outputs[0] if collective.kind is CollectiveKind.TOP_K
+                             else inputs[0])
 
     def outside(self, node_id: int) -> None:
         """Node ``node_id`` run outside shard_map, on whole arrays: its operands as it takes them (brought there by the
@@ -151,7 +153,8 @@ class Emitter:
     def _finish(self, node, collective, source: Ref, held: ValueType, operand: Ref) -> None:
         graph = self.view.graph
         prices = finish_transfers(collective.kind, collective.mesh_axes, graph.avals[source.value],
-                                  graph.avals[node.operands[0]].dtype, held.layout, self.view.mesh_shape)
+                                  graph.avals[node.operands[0]].dtype, held.layout, self.view.mesh_shape,
+                                  finished_axis(node), finish_shift(graph, node, operand.type))
         self._made(Finish(node.id, collective.kind, collective.mesh_axes, source, Ref(source.value, held), operand,
                           prices))
 

@@ -84,9 +84,9 @@ def test_moving_rows_along_a_sharded_axis_equals_the_unsharded_function(name, f,
         assert (tuple(prog.out_specs[0])[1:2] == (spec[1],)) is stays, prog.out_specs
     if stays is not False:  # nothing gathered whole (an uneven result comes back whole: gathered, as under jax.jit)
         assert not [t for t in prog.estimated_communication() if t.kind == "all-gather" and np.prod(t.shape) >= X.size]
-    if name.startswith("roll"):  # two slices realigned apart: a permute each, where XLA's rotation sends one
-        assert comparison.shardprop_bytes <= 2 * comparison.jit_bytes, str(comparison)
-    elif name == "concatenate_sequences":  # each operand's pieces permuted apart, where XLA's all-to-alls share
+    if name.startswith("roll"):  # the two slices joined in place and rotated: one permute, as XLA's rotation
+        assert "= rotate[" in str(prog.graph), str(prog.graph)
+    if name == "concatenate_sequences":  # each operand's pieces permuted apart, where XLA's all-to-alls share
         assert comparison.shardprop_bytes <= 4 / 3 * comparison.jit_bytes, str(comparison)
     else:
         assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
@@ -121,7 +121,7 @@ def test_a_roll_inside_a_loop_stays_sharded(meshes):
 
     prog, comparison = _run(f, (X,), meshes["8"], (P(None, "i"),))
     assert prog.out_specs == (P(None, "i"),)
-    assert comparison.shardprop_bytes <= 2 * comparison.jit_bytes, str(comparison)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
 
 
 def test_the_gradient_of_a_causal_convolution_stays_sharded(meshes):
