@@ -131,10 +131,14 @@ A `top_k` along a sharded axis whose blocks hold at least `k` takes each block's
 the whole axis) and a `top_k` finish all-gathers the candidates and takes the best of them (the indices' gather
 rides on the values'), where that moves less than gathering the axis.
 
-Still gathered along a sharded axis (open items): strided slices across blocks (`x[:, ::3]`); VALID windows whose
-output blocks would be uneven; `sort`; a reduction over a ranged axis that no collective finishes (a
+A strided slice across blocks (`x[:, ::3]`) is laid out in blocks of `ceil(n / count)` rows, each device reading
+the `s` times as many rows its block picks from realigned to it (in place where its block holds them: `x[::2]`).
+
+Still gathered along a sharded axis (open items): VALID windows whose output blocks would be uneven; `sort`; a reduction over a ranged axis that no collective finishes (a
 product); ranges through `reshape`, `gather`, `scatter` and loops' carries. A concatenation of two sharded
-sequences permutes each operand's pieces apart (up to a third above `jax.jit`'s all-to-alls).
+sequences permutes each operand's pieces apart (up to a third above `jax.jit`'s all-to-alls); a strided slice whose
+result is uneven moves its realigned rows and then gathers (`jax.jit` picks each device's rows in place, a varying
+count, and gathers: up to 6 times fewer bytes for `x[:, ::16]` of 64 rows).
 
 ## Primitives without a record
 

@@ -27,7 +27,7 @@ from jax import lax
 
 from ..core.blocks import Blocks, block_index, cut_outputs
 from ..core.boxes import Box, LineageContext, product
-from ..core.layouts import Sharded, Span, TensorSharding, shard_count, standard_span
+from ..core.layouts import Shard, Sharded, Span, TensorSharding, shard_count, standard_span
 from ..core.collectives import Collective, CollectiveKind
 from ..core.rules import RuleContext, RuleOutput
 from ..core.types import ValueType
@@ -92,9 +92,8 @@ def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_in
             cut = _kept(ctx, operand, k, size)
         elif stride == 1 and size > 0:
             cut = _cut(ctx, operand, k, size, s, None)
-        elif operand.axes[k] is not None and getattr(operand.axes[k], "span", None) is None and \
-                _strided_in_blocks(ctx, operand, k, s, stride, size):
-            cut = (ctx.carry(k, size, operand.axes[k]), operand.layout[k], None)
+        elif size > 0:
+            cut = _stepped(ctx, operand, k, size, s, stride)
         axis, layout, span = cut if cut is not None else (None, (), None)
         axes.append(axis)
         need.append(layout)
@@ -102,15 +101,39 @@ def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_in
     return _output(TensorSharding(tuple(out_shape), tuple(axes)), [tuple(need)], [tuple(spans)])
 
 
-def _strided_in_blocks(ctx: RuleContext, operand: TensorSharding, k: int, start: int, stride: int, out: int) -> bool:
-    """Axis ``k`` sliced from ``start`` every ``stride`` elements, ``out`` of them, takes from each block of the
-    operand's sharding the output's block at the same position: every block is ``stride`` times its output block."""
-    layout = operand.layout[k]
-    if stride <= 1 or not layout or not 0 <= start < stride:
-        return False
-    blocks = shard_count(ctx.mesh_shape, layout)
-    n = operand.shape[k]
-    return n % blocks == 0 and (n // blocks) % stride == 0 and out * stride == n
+def _stepped(ctx: RuleContext, operand: TensorSharding, k: int, size: int, start: int, stride: int):
+    """Output axis ``k`` of ``size`` rows, row ``r`` being operand row ``start + stride * r`` (a strided slice):
+    ``(output axis, need layout, need span)``, or None when the operand axis is not laid out over mesh axes. The
+    output is in blocks of ``ceil(size / count)`` rows (equal where they divide it, else ranged); each device reads
+    the ``stride`` times as many operand rows its block picks from — in place where its block holds them
+    (``x[::2]``, ``x[1::2]`` of blocks twice as long), else realigned there (``x[::3]``: a few rows move)."""
+    rows = _rows(ctx, operand, k)
+    if rows is None:
+        return None
+    mesh_axes, span = rows
+    count = shard_count(ctx.mesh_shape, mesh_axes)
+    block = -(-size // count)
+    reads = stride * block
+    first = start + span.offset  # where the first row a device's block picks lies in its operand block
+    if span.block == reads and 0 <= first < stride:
+        need = span  # in place
+    else:
+        need = Span(-start, reads, span.fill)
+    out = _stepped_axis(ctx, k, size, mesh_axes, block, start, stride, operand.axes[k])
+    standard = operand.axes[k].span is None and need == span
+    return out, (mesh_axes if standard else ()), (None if standard else (mesh_axes, need))
+
+
+def _stepped_axis(ctx: RuleContext, k: int, size: int, mesh_axes, block: int, start: int, stride: int, source):
+    """The output axis of a strided slice in blocks of ``block``: each device's shard has as parents the operand shards
+    holding the rows it picks."""
+    axis = ctx.ranged(k, size, mesh_axes, Span(0, block), [])
+    shards = []
+    for shard in axis.shards:
+        first, stop = start + stride * shard.start, start + stride * (shard.stop - 1) + 1
+        parents = tuple(s for s in source.shards if shard.length and s.start < stop and first < s.stop)
+        shards.append(Shard(shard.id, shard.axis, shard.start, shard.length, parents))
+    return Sharded(axis.mesh_axes, tuple(shards), axis.span)
 
 
 def _output(out: TensorSharding, needs: list, spans: list) -> RuleOutput:
@@ -315,7 +338,11 @@ def slice_block(node, invals, blocks: Blocks) -> list:
     start, limit, step = [], [], []
     for k, (s, lim, stride) in enumerate(zip(params["start_indices"], params["limit_indices"], strides, strict=True)):
         b, g, have = blocks.out_blocks[0][k], blocks.out_global[0][k], blocks.in_blocks[0][k]
-        if k in placed:
+        if k in placed and stride > 1:  # the rows its block picks, from where the first lies in its operand block
+            spans = blocks.in_spans[0] if blocks.in_spans else ()
+            first = s + (spans[k].offset if spans and spans[k] is not None else 0)
+            start.append(first), limit.append(first + (b - 1) * stride + 1), step.append(stride)
+        elif k in placed:
             start.append(0), limit.append(b), step.append(1)
         elif have == blocks.in_global[0][k]:  # whole: as the op says, cut below where it holds a block
             start.append(s), limit.append(lim), step.append(stride)
