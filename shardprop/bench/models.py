@@ -216,3 +216,28 @@ def kv_cache_decode(cache_k, cache_v, queries, keys, values, start):
 
     out = jnp.zeros(queries.shape, queries.dtype)
     return jax.lax.fori_loop(0, queries.shape[1], step, (cache_k, cache_v, out))
+
+
+def init_sequence_mixer(features=32, padded=1008, width=4, seed=3):
+    """A causal depthwise convolution's kernel, and an output projection onto a vocabulary padded to ``padded``
+    columns (a multiple of the mesh)."""
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.normal(size=(width, features)) * 0.3, jnp.float32),
+            jnp.asarray(rng.normal(size=(features, padded)) * 0.1, jnp.float32))
+
+
+def sequence_mixer_loss(kernel, head, x, labels, vocab=1001):
+    """A token-mixing layer over a sequence: a causal depthwise convolution (the sequence padded on the left, the
+    kernel's shifted slices), a token shift (``jnp.roll``), then the cross-entropy of a projection onto the padded
+    vocabulary sliced back to ``vocab``."""
+    width, length = kernel.shape[0], x.shape[1]
+    padded = jnp.pad(x, ((0, 0), (width - 1, 0), (0, 0)))
+    h = jax.nn.gelu(sum(padded[:, k:k + length] * kernel[k] for k in range(width)))
+    h = h + 0.5 * jnp.roll(h, 1, axis=1)
+    log_probs = jax.nn.log_softmax(h @ head[:, :vocab], axis=-1)
+    return -jnp.mean(jnp.take_along_axis(log_probs, labels[..., None], axis=-1))
+
+
+def sequence_mixer_gradient(kernel, head, x, labels):
+    """The gradients of :func:`sequence_mixer_loss` with respect to the kernel and the projection."""
+    return jax.grad(sequence_mixer_loss, argnums=(0, 1))(kernel, head, x, labels)

@@ -181,6 +181,17 @@ def _kv_decode() -> Case:
                 (P(None, SEQ), P(None, SEQ), None, None, None, None))
 
 
+def _sequence_mixer(parallel: str) -> Callable[[], Case]:
+    def case() -> Case:
+        normal, rng = arrays(10)
+        kernel, head = models.init_sequence_mixer()
+        labels = rng.integers(0, 1001, size=(4, 256)).astype(np.int32)
+        specs = (None, None, P(None, SEQ), P(None, SEQ)) if parallel == "sequence" else \
+            (None, P(None, MODEL), P(DATA), P(DATA))
+        return Case(models.sequence_mixer_gradient, (kernel, head, normal(4, 256, 32), labels), specs)
+    return case
+
+
 # Why rows miss a goal, as measured on the development machine (8 virtual CPU devices on 2 cores).
 REDUCE_SCATTER_ON_CPU = (
     "the reduce-scatter moves half jax.jit's bytes, but XLA:CPU runs it slower than its all-reduce of the same "
@@ -205,6 +216,14 @@ OWN = [
     Workload("transformer_block", "own", "data", _transformer("data"), rtol=1e-4, atol=1e-4),
     Workload("transformer_block", "own", "tensor", _transformer("tensor"), rtol=1e-4, atol=1e-4),
     Workload("transformer_block", "own", "2-D", _transformer("2-D"), rtol=1e-4, atol=1e-4),
+    Workload("sequence mixer gradient", "own", "sequence", _sequence_mixer("sequence"), rtol=2e-4, atol=2e-5,
+             fewer_expected="the sequence stays sharded through the causal convolution's pad and shifted slices "
+                            "(a few rows from the neighbour each) and the roll (one row), where jax.jit moves more"),
+    Workload("sequence mixer gradient", "own", "2-D", _sequence_mixer("2-D"), rtol=2e-4, atol=2e-5,
+             known_gap="the vocabulary (1001 of 1008 columns) stays ranged through the projection and the softmax, but "
+                       "the cross-entropy's take_along_axis (a gather) and the projection's gradient under its "
+                       "batch psum read it whole: the logits' cotangent and the weight are gathered over the model "
+                       "axis, where jax.jit masks its padded blocks"),
     Workload("cnn_train_step", "own", "spatial", _cnn_spatial, rtol=2e-4, atol=2e-5, quick=True,
              fewer_expected="the image rows stay sharded through the convolutions, the max-pool and their gradients "
                             "(halo exchanges of a row or two); jax.jit gathers rows for the max-pool's gradient"),

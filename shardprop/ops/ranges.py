@@ -221,6 +221,41 @@ def concatenate(ctx: RuleContext, *operands: TensorSharding, dimension, **params
     return _output(TensorSharding(out_shape, tuple(axes)), needs, spans)
 
 
+def split_in_place(ctx: RuleContext, operand: TensorSharding, axis: int) -> RuleOutput | None:
+    """The pieces of a ``split`` along an axis laid out over mesh axes, each ranged in place — every device keeps the
+    rows of its block that are the piece's (each piece's block is the operand's block, the other pieces' rows its
+    padding): nothing moves. None for an axis held whole."""
+    rows = _rows(ctx, operand, axis)
+    if rows is None:
+        return None
+    mesh_axes, span = rows
+    count = shard_count(ctx.mesh_shape, mesh_axes)
+    outputs, offset = [], 0
+    kept = [None if k == axis else _kept(ctx, operand, k, n) for k, n in enumerate(operand.shape)]
+    for aval in ctx.out_avals:
+        size = aval.shape[axis]
+        piece = Span(span.offset + offset, span.block, None)
+        if not piece.covers(size, count):
+            piece = Span(piece.offset, piece.block, span.fill)
+        axes = tuple(ctx.ranged(axis, size, mesh_axes, piece, [(operand.axes[axis], offset)]) if k == axis else
+                     kept[k][0] for k in range(len(aval.shape)))
+        outputs.append(TensorSharding(aval.shape, axes))
+        offset += size
+    need = tuple(() if k == axis else kept[k][1] for k in range(len(operand.shape)))
+    reads = tuple((mesh_axes, span) if k == axis else kept[k][2] for k in range(len(operand.shape)))
+    return RuleOutput(tuple(outputs), (need,), need_spans=(reads,))
+
+
+def split_block(node, invals, blocks: Blocks) -> list:
+    """Pieces kept in place (ranged): each is the operand's block itself; else each device cuts its block of each
+    piece out of the whole axis."""
+    (x,) = invals
+    axis = node.params["axis"]
+    if blocks.out_spans and any(spans and spans[axis] is not None for spans in blocks.out_spans):
+        return [x] * len(blocks.out_global)
+    return cut_outputs(list(lax.split(x, node.params["sizes"], axis)), blocks)
+
+
 def keep_ranges(ctx: RuleContext, plain: RuleOutput, operands: tuple[TensorSharding, ...],
                 pairs: list[tuple[int, int, int]]) -> RuleOutput:
     """The result of a rule that reads each axis of ``pairs`` row by row — ``(operand, operand axis, output axis)``:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ..core.blocks import Blocks, bind_as_is, bind_with, block_index, cut_to_blocks
+from ..core.blocks import Blocks, bind_as_is, bind_with, block_index
 from ..core.boxes import Box, LineageContext, full_box
 from ..core.rules import CREATED, RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
 from ..core.collectives import Collective, CollectiveKind
 from ..core.types import ValueType
 from .opdef import Family, Linearity, OpDef
+from .ranges import split_block, split_in_place
 
 
 def _keep_axes(ctx: RuleContext, operand: TensorSharding, keep: list[bool], out_shape) -> RuleOutput:
@@ -169,8 +170,14 @@ def dynamic_update_slice_block(node, invals, blocks: Blocks) -> list:
 
 
 def split(ctx: RuleContext, operand: TensorSharding, *, sizes, axis, **params):
-    """The split axis is needed whole; each piece's split axis is *created*: it adopts what it meets, and each
-    device cuts its own block of the piece out of the whole axis. The other axes keep their sharding."""
+    """Along a sharded axis each piece stays in place, ranged (:func:`.ranges.split_in_place`: the transpose of a
+    concatenation, such as a roll's gradient). Along a whole axis each piece's split axis is *created*: it adopts
+    what it meets, and each device cuts its own block of the piece out of the whole axis. The other axes keep their
+    sharding."""
+    in_place = split_in_place(ctx, operand, axis)
+    if in_place is not None:
+        return in_place
+    operand = operand.without_ranges()
     out_avals = ctx.out_avals
     outputs = tuple(TensorSharding(a.shape, tuple(
         (CREATED if n > 1 else None) if k == axis else ctx.carry(k, n, operand.axes[k])
@@ -220,7 +227,8 @@ def _slicing(name, propagate, lineage, *, exact=True, per_block=bind_as_is, line
 OPS = [
     OpDef("rev", Family.SLICING, propagate=rev, lineage=rev_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=finish_rev, pull=None, linear=Linearity.FIRST),
-    _slicing("split", split, split_lineage, per_block=cut_to_blocks, linear=Linearity.NONE),
+    OpDef("split", Family.SLICING, propagate=split, lineage=split_lineage, lineage_exact=True, per_block=split_block,
+          finish=None, pull=None, linear=Linearity.NONE, reads_ranges=True),
     # Where these slices start depends on index values: any element of a sliced axis may be read.
     OpDef("dynamic_slice", Family.SLICING, propagate=dynamic_slice, lineage=dynamic_slice_lineage, lineage_exact=False,
           per_block=dynamic_slice_block, finish=finish_dynamic_slice, pull=None, linear=Linearity.FIRST),

@@ -76,7 +76,7 @@ def finishing_types(view: Decisions, node: Node, collective: Collective,
         computed = view.computed.get(v)
         if computed is None:
             computed = ValueType(view.sharded.layout(v), collective.mesh_axes, collective.kind.reduction)
-        out.append((v, computed, ValueType(view.type(v).layout)))
+        out.append((v, computed, ValueType(view.type(v).even_layout)))  # a finished node keeps no range
     return out
 
 

@@ -66,7 +66,8 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
     _sink_argument_only_nodes(decisions, level_of, boundary)
     for node in reversed(nodes):  # a partial or ranged value never crosses a stage boundary: it runs with its consumers
         if node.id in level_of and any(decisions.type(v).partial or decisions.type(v).span for v in node.outputs):
-            level_of[node.id] = min(level_of[c] for v in node.outputs for c in graph.consumers[v])
+            level_of[node.id] = min((level_of[c] for v in node.outputs for c in graph.consumers[v]),
+                                    default=level_of[node.id])  # (a piece no one reads: where it is)
     # Each level is a shard_map stage, followed by a stage outside shard_map when the level holds such nodes
     # (they neither read nor feed the shard_map stage of their own level).
     # A level with nodes outside shard_map always has a shard_map stage before them: it brings their operands to

@@ -72,8 +72,9 @@ class Decisions:
         return self._needs[node_id]
 
     def need_layouts(self, node_id: int) -> tuple[Layout, ...]:
-        """The layouts of :meth:`needs`."""
-        return tuple(need.layout for need in self.needs(node_id))
+        """The layouts of :meth:`needs`, their ranged axes whole (as :meth:`layout`: what a revision built from them
+        may ask for)."""
+        return tuple(need.even_layout for need in self.needs(node_id))
 
     def type(self, value: int) -> ValueType:
         """The type ``value`` is held in once its producer (and the collective finishing it) has run."""

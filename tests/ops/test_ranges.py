@@ -46,6 +46,9 @@ SEQUENCE = [
     ("roll_right", lambda x: jnp.roll(x, 1, axis=1), (X,), (True,), True),
     ("roll_left_3", lambda x: jnp.roll(x, -3, axis=1), (X,), (True,), True),
     ("shift_left", lambda x: jnp.pad(x[:, 1:], ((0, 0), (0, 1), (0, 0))), (X,), (True,), True),
+    # its transpose: a split of the cotangent, each piece kept in place, then padded back realigned
+    ("gradient_of_a_roll", jax.grad(lambda x, w: jnp.sum(jnp.roll(x, 3, axis=1) ** 2 * w[0])), (X, W), (True, False),
+     True),
     ("causal_conv1d", _causal_conv, (X, W), (True, False), True),
     ("slice_that_divides", lambda x: x[:, :40] * 2.0, (X,), (True,), True),
     ("pad_that_divides", lambda x: jnp.pad(x, ((0, 0), (3, 5), (0, 0)), constant_values=1.5), (X,), (True,), True),

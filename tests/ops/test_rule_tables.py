@@ -65,8 +65,11 @@ ROWS = [
     ("reshape_keeps_the_major_axis", "reshape", [((8, 4), (Ii, J))], [(32,)],
      {"new_sizes": (32,), "dimensions": None, "sharding": None}, ((Ii,),), ((Ii, NO),)),
     ("transpose", "transpose", [((8, 4), (Ii, J))], [(4, 8)], {"permutation": (1, 0)}, ((J, Ii),), ((Ii, J),)),
-    ("split_piece_axis_is_created", "split", [((8, 4), (Ii, J))], [(8, 2), (8, 2)], {"sizes": (2, 2), "axis": 1},
-     ((Ii, NEW), (Ii, NEW)), ((Ii, NO),)),
+    # each piece kept in place over j, ranged (the need reads the operand's rows in place: its span, layout ())
+    ("split_pieces_stay_in_place", "split", [((8, 4), (Ii, J))], [(8, 2), (8, 2)], {"sizes": (2, 2), "axis": 1},
+     ((Ii, J), (Ii, J)), ((Ii, NO),)),
+    ("split_of_a_whole_axis_creates_the_pieces_axis", "split", [((8, 4), (Ii, NO))], [(8, 2), (8, 2)],
+     {"sizes": (2, 2), "axis": 1}, ((Ii, NEW), (Ii, NEW)), ((Ii, NO),)),
     ("stack_new_axis_is_created", "stack", [((8, 4), (Ii, J)), ((8, 4), (Ii, NO))], [(8, 2, 4)], {"axis": 1},
      ((Ii, NEW, J),), ((Ii, J), (Ii, J))),
     ("unstack_needs_its_axis", "unstack", [((2, 8), (J, Ii))], [(8,), (8,)], {"axis": 0}, ((Ii,), (Ii,)), ((NO, Ii),)),
