@@ -134,8 +134,10 @@ rides on the values'), where that moves less than gathering the axis.
 A strided slice across blocks (`x[:, ::3]`) is laid out in blocks of `ceil(n / count)` rows, each device reading
 the `s` times as many rows its block picks from realigned to it (in place where its block holds them: `x[::2]`).
 
-Still gathered along a sharded axis (open items): VALID windows whose output blocks would be uneven; `sort`; a reduction over a ranged axis that no collective finishes (a
-product); ranges through `reshape`, `gather`, `scatter` and loops' carries. A concatenation of two sharded
+Still gathered along a sharded axis (open items): VALID windows whose output blocks would be uneven; `sort`; a
+reduction over a ranged axis that no collective finishes (a product); ranges through `reshape`, `gather` (a
+cross-entropy's `take_along_axis` over a padded vocabulary), `scatter`, windows and loops' carries; a finished
+contraction (its `psum`) reads its ranged free axes whole. A concatenation of two sharded
 sequences permutes each operand's pieces apart (up to a third above `jax.jit`'s all-to-alls); a strided slice whose
 result is uneven moves its realigned rows and then gathers (`jax.jit` picks each device's rows in place, a varying
 count, and gathers: up to 6 times fewer bytes for `x[:, ::16]` of 64 rows).
