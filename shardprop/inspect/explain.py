@@ -16,7 +16,8 @@ from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, sh
 from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
-from ..core.layouts import Sharded, is_refinement, layout_to_spec
+from ..core.types import type_string
+from ..core.layouts import Sharded, is_refinement, layout_to_spec, shard_count
 from ..core.steps import StepKind
 from ..core.types import typed
 from ..splitting import Plan
@@ -53,9 +54,13 @@ class AxisWhy:
     origin: str
     steps: tuple[Step, ...]
     reason: str | None = None
+    rows: tuple[tuple[int, int], ...] = ()  # a ranged axis: the rows each device's block holds
 
     def lines(self, mesh_shape) -> list[str]:
-        if self.mesh_axes:
+        if self.rows:
+            held = " ".join(f"{a}:{b}" if b > a else "-" for a, b in self.rows)
+            head = f"axis {self.axis} ({self.size}): ranged over {'*'.join(self.mesh_axes)}, each block's rows: {held}"
+        elif self.mesh_axes:
             count = 1
             for name in self.mesh_axes:
                 count *= mesh_shape[name]
@@ -128,7 +133,15 @@ def explain(prog: Any, value: Any) -> Explanation:
     axes = []
     for axis, (size, a) in enumerate(zip(sharding.shape, sharding.axes, strict=True)):
         propagated = a.mesh_axes if isinstance(a, Sharded) else ()
-        if held[axis] != propagated:  # the plan holds it differently (a reduce-scatter leaves it finer)
+        ranged = isinstance(a, Sharded) and a.span is not None
+        if ranged and plan.type(v).span_of(axis) is not None:  # each device holds the rows of its block
+            origin, steps = _sharded_origin(plan, v, axis, a, scopes)
+            rows = tuple(a.span.held(d, size) for d in range(shard_count(plan.mesh_shape, a.mesh_axes)))
+            axes.append(AxisWhy(axis, size, a.mesh_axes, origin, steps, rows=rows))
+        elif ranged:  # returned: a JAX array cannot be uneven
+            axes.append(AxisWhy(axis, size, (), f"ranged over {'*'.join(a.mesh_axes)} where it is computed, gathered "
+                                f"whole where it is returned (a JAX array cannot be uneven)", ()))
+        elif held[axis] != propagated:  # the plan holds it differently (a reduce-scatter leaves it finer)
             axes.append(AxisWhy(axis, size, held[axis], _held_origin(plan, node, axis, held[axis], propagated), ()))
         elif isinstance(a, Sharded):
             origin, steps = _sharded_origin(plan, v, axis, a, scopes)
@@ -307,12 +320,15 @@ def _feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:
     ctx = LineageContext(tuple(avals[u].shape for u in node.operands), tuple(avals[o].shape for o in node.outputs),
                          seeded_dependencies)
     feeding = []
-    for u, boxes in zip(node.operands, lookup(node.op).lineage(ctx, probe, k, **node.params), strict=True):
+    rule = lookup(node.op).lineage
+    # against what the whole output reads: a slice reads part of its sliced axis whichever output axis is probed
+    whole = rule(ctx, full_box(shape), k, **node.params)
+    for u, boxes, everything in zip(node.operands, rule(ctx, probe, k, **node.params), whole, strict=True):
         if not boxes:
             continue
-        bounds = hull(boxes)
+        bounds, widest = hull(boxes), (hull(everything) if everything else None)
         feeding += [(u, j) for j, ((s, e), n) in enumerate(zip(bounds, avals[u].shape, strict=True))
-                    if n > 1 and (s, e) != (0, n)]
+                    if n > 1 and (s, e) != (widest[j] if widest else (0, n))]
     if not feeding:
         feeding = [(u, axis) for u in node.operands
                    if len(avals[u].shape) == len(shape) and avals[u].shape[axis] == shape[axis] > 1]
@@ -338,6 +354,11 @@ def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
             if paid:
                 line += f" Paid for by {paid}."
             out.append(line)
+        elif (have.span or need.span) and have.span != need.span:  # ranged rows moved into the blocks it reads
+            line = (f"{value_name(u)}: read as {type_string(plan.graph.avals[u], need)}, the rows of its blocks "
+                    f"(held as {type_string(plan.graph.avals[u], have)})")
+            paid = _paid_by(plan, ir, u, scope)
+            out.append(line + (f". Paid for by {paid}." if paid else ": cut locally"))
         if need.partial and not have.partial:
             what = "starts a carry kept a partial sum" if ir and ir.compute.bodies else "counted once in the sum"
             out.append(f"{value_name(u)}: {what} — taken on each group's first device over {'*'.join(need.partial)}, "

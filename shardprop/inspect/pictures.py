@@ -68,7 +68,8 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
     plan = as_plan(prog)
     v = resolve_value(plan, value)
     aval = plan.graph.avals[v]
-    shape, layout = aval.shape, plan.layout(v)
+    vtype = plan.type(v)
+    shape, layout = aval.shape, vtype.layout  # a ranged axis's blocks are the rows each device holds
     rank = len(shape)
     if axes is None:
         order = sorted(range(rank), key=lambda k: (not layout[k], k))
@@ -92,12 +93,15 @@ def blocks(prog: Any, value: Any, *, axes: tuple[int, int] | None = None, index:
     n_cols = counts[col_axis] if col_axis is not None else 1
 
     def span(k, b):
+        ranged = vtype.span_of(k)
+        if ranged is not None:  # the rows this device holds (none, or fewer than a block, at the ends)
+            first, stop = ranged.held(b, shape[k])
+            return f"{first}:{stop}" if stop > first else "(none)"
         length = shape[k] // counts[k]
         return f"{b * length}:{(b + 1) * length}"
 
     caption = [f"axis {k}{'@' + '*'.join(layout[k]) if layout[k] else ''}: block {index[k]} of {counts[k]}"
                for k in hidden if counts[k] > 1]
-    vtype = plan.type(v)
     if vtype.partial:  # the devices sharing a block each hold one summand of it
         caption.append(f"a partial sum over {'*'.join(vtype.partial)}: the devices listed for a block each hold one "
                        "summand of it")

@@ -262,10 +262,11 @@ def keep_ranges(ctx: RuleContext, plain: RuleOutput, operands: tuple[TensorShard
     row ``r`` of the output axis is computed from row ``r`` of each operand axis mapped to it (an elementwise op, a
     broadcast's mapped axes, a reduction's kept axes, a contraction's free axes) — with its ranged operand axes kept
     ranged. ``plain`` is the rule's answer for the operands without their ranges. Where the operand axes mapped to
-    one output axis are ranged over the same mesh axes, the output axis holds the first one's range — or, where
-    some rows are a fill no device holds (the op would change it), blocks that hold every row — and every operand is
-    read in it (another range, or equal blocks over those mesh axes, realigned; an operand held whole cut locally);
-    otherwise the rule's answer stands (the ranged operand is gathered)."""
+    one output axis are ranged over the same mesh axes, the output axis holds the first one's range — equal blocks
+    where another operand is held in them, blocks that hold every row where some rows are a fill no device holds
+    (the op would change it) — and every operand is read in it (another range, or equal blocks over those mesh
+    axes, realigned; an operand held whole cut locally); otherwise the rule's answer stands (the ranged operand is
+    gathered)."""
     if len(plain.outputs) != 1 or jx.is_extended_dtype(ctx.out_avals[0].dtype):
         return plain
     groups: dict[int, list[tuple[int, int]]] = {}
@@ -285,8 +286,10 @@ def keep_ranges(ctx: RuleContext, plain: RuleOutput, operands: tuple[TensorShard
         if others - {mesh_axes} or used & set(mesh_axes):
             continue
         size = plain.outputs[0].shape[a]
-        if span.fill is not None:  # rows no device holds: every operand read in blocks that hold them all
-            count = shard_count(ctx.mesh_shape, mesh_axes)
+        count = shard_count(ctx.mesh_shape, mesh_axes)
+        if mesh_axes in others and size % count == 0:  # another operand in equal blocks: the result too
+            span = standard_span(size, count)
+        elif span.fill is not None:  # rows no device holds: every operand read in blocks that hold them all
             span = Span(0, -(-size // count))
         out[a] = ctx.ranged(a, size, mesh_axes, span, [(x, 0) for x in axes if isinstance(x, Sharded)])
         for i, k in members:

@@ -175,12 +175,14 @@ def test_explain_names_the_gather_inside_a_body_and_what_it_costs_each_iteration
     prog = program(recurrent.gru_loss, (recurrent.init_gru(), jnp.ones((6, 8, 16)), jnp.ones((8, 16))),
                    (gates_on_j, P(None, "i"), P("i")), mesh)
     listing = str(prog.graph)
-    assert "h:f32[8@i,48] = all_gather[j axis=1] h" in listing  # the split's operand, moved inside the body
-    why = sp.explain(prog, "f/body/j")  # one gate: the split needs the gate axis whole
-    (line,) = [c for c in why.consumes if c.startswith("h: takes axis 1 (sharded over j) whole")]
+    # the gates are split in place (each device keeps its rows of each gate, ranged); a gate meeting another whose
+    # rows lie on other devices reads them realigned, inside the body
+    assert "o:f32[8@i,16@j[24k:24k+24]] = realign[j axis=1 by=32] o" in listing
+    why = sp.explain(prog, "f/body/t")  # r * n: the reset gate's rows meet the candidate's
+    (line,) = [c for c in why.consumes if c.startswith("o: read as f32[8@i,16@j[24k:24k+24]]")]
     at = _line_of(recurrent_source(), "_, hs = lax.scan(step, h0, xs)", after="def gru_loss")
-    assert (f"Paid for by all_gather[j axis=1] h (192 B per device) inside the body of `scan` at recurrent.py:{at}, "
-            "run 6 times, each time") in line
+    assert (f"Paid for by realign[j axis=1 by=32] o (128 B per device) inside the body of `scan` at "
+            f"recurrent.py:{at}, run 6 times, each time") in line
     weight = sp.explain(prog, "f/body/a")
     assert weight.axes[1].origin == "body input 0 (a) is c, operand 0 of `scan`, held as P(None, 'j'); this is its " \
         "axis 1"

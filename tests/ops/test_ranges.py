@@ -116,6 +116,10 @@ def test_the_listing_and_the_shards_show_each_devices_real_range(meshes):
     shards = prog.sharded.shards(sliced, 1)
     assert [(s.start, s.length) for s in shards] == [(8 * d, 8) for d in range(7)] + [(56, 7)]
     assert [p.start for p in shards[-1].parents] == [56]  # device 7's rows come from its own block of x
+    why = str(sp.explain(prog, sliced))
+    assert "axis 1 (63): ranged over i, each block's rows: 0:8 8:16 16:24 24:32 32:40 40:48 48:56 56:63" in why
+    table = sp.blocks(prog, sliced, axes=(1,))
+    assert [column.header for column in table.columns][1:] == [f"{8 * d}:{min(8 * d + 8, 63)}" for d in range(8)]
 
 
 def test_a_roll_inside_a_loop_stays_sharded(meshes):
