@@ -70,6 +70,8 @@ below was pasted by `docs/make_inspecting_page.py` from running the command show
 The listing is the program's sharded IR, stage by stage. Every value prints with its type: `16@i` is an axis of
 16 elements laid out over mesh axis `i` (`@(i,j)` over both, major first; no `@` means replicated), and `{{+j}}`
 after the type says the value is still a partial sum over `j` (each device holds one summand of its block).
+A *ranged* axis names the rows device `k` holds: `1001@i[126k:126k+126]` (a slice, pad or concatenation along a
+sharded axis keeps its rows where they are; `sp.explain` and `sp.show_blocks` list each device's real range).
 Every move is an equation of the stage that runs it — `all_gather`, `all_to_all`, `ppermute`, a local `slice`,
 `take_once` — and so is every collective that finishes a node (`psum`, `psum_scatter`, `pmax`, ...), each with the
 bytes one device sends (ring model) or `local`. A stage takes its inputs as their source made them and moves them

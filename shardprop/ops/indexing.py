@@ -245,12 +245,18 @@ def finish_gather(decisions, node):
         return None
     dn, slice_sizes = node.params["dimension_numbers"], node.params["slice_sizes"]
     operand, _ = node.operands
-    have = decisions.layout(operand)
+    held = decisions.type(operand)
+    have = held.layout  # a ranged indexed axis is looked up in place too (each row lies in one device's rows)
     operand_need, indices_need = (list(n) for n in decisions.need_layouts(node.id))
+    spans = [None] * len(have)
     mesh_axes: list[str] = []
     for k in dn.start_index_map:
+        span = held.span_of(k)
+        if span is not None and span.fill is not None:
+            continue  # rows no device holds: read whole
         if have[k] and slice_sizes[k] < decisions.graph.avals[operand].shape[k]:
             operand_need[k] = have[k]
+            spans[k] = span
             mesh_axes.extend(have[k])
     if not mesh_axes or len(set(mesh_axes)) != len(mesh_axes):
         return None
@@ -259,7 +265,8 @@ def finish_gather(decisions, node):
         decisions.layout(node.outputs[0]))
     if summed & {name for m in others for name in m}:
         return None  # a mesh axis would shard two axes of an operand, or the output
-    return whole((tuple(operand_need), tuple(indices_need))), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
+    return ((ValueType(tuple(operand_need), span=tuple(spans)), ValueType(tuple(indices_need))),
+            Collective(CollectiveKind.PSUM, tuple(mesh_axes)))
 
 
 def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
@@ -291,7 +298,9 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
         index = jnp.clip(index, 0, upper)
         if p in sharded:
             layout = blocks.in_layouts[0][k]
-            index = index - (block_index(layout, blocks.mesh_shape) * operand_block[k]).astype(index.dtype)
+            span = blocks.in_spans[0][k] if blocks.in_spans and blocks.in_spans[0] else None
+            start = block_index(layout, blocks.mesh_shape) * operand_block[k] - (span.offset if span else 0)
+            index = index - start.astype(index.dtype)
             if slice_sizes[k] == 1:
                 elsewhere = elsewhere | (index < 0) | (index >= operand_block[k])
                 index = jnp.clip(index, 0, operand_block[k] - 1)

@@ -178,3 +178,19 @@ def test_a_strided_slice_across_blocks_reads_its_rows_realigned(name, f, mesh_na
     # move, not the axis (before, it was gathered whole: 7,168 B here)
     prog, comparison = _run(f, (X,), meshes[mesh_name], (spec,))
     assert comparison.shardprop_bytes <= X.nbytes / 2, str(comparison)
+
+
+@pytest.mark.parametrize("mesh_name", ["8", "4x2"])
+def test_a_cross_entropy_over_a_sliced_vocabulary_looks_labels_up_in_place(mesh_name, meshes):
+    # take_along_axis over the ranged vocabulary: each device looks up the labels that fall in its rows, a psum adds
+    h = RNG.normal(size=(16, 32)).astype(np.float32)
+    w = RNG.normal(size=(32, 1008)).astype(np.float32)
+    labels = RNG.integers(0, 1001, size=(16,)).astype(np.int32)
+
+    def cross_entropy(h, w, labels):
+        log_probs = jax.nn.log_softmax(h @ w[:, :1001], axis=-1)
+        return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=-1))
+
+    specs = (P(), P(None, "i"), P()) if mesh_name == "8" else (P("i"), P(None, "j"), P("i"))
+    prog, comparison = _run(cross_entropy, (h, w, labels), meshes[mesh_name], specs)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
