@@ -49,7 +49,7 @@ class Shard:
         return f"Shard(#{self.id} axis={self.axis} [{self.start}:{self.stop}] parents=[{parents}])"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Span:
     """Which rows of an axis each device holds when they are not the axis's equal blocks (a *ranged* axis, left by a
     slice, a pad or a concatenation along a sharded axis): the device at block index ``d`` holds rows
@@ -66,6 +66,16 @@ class Span:
     block: int
     fill: float | int | bool | None = None
 
+    def __eq__(self, other) -> bool:  # a fill of -0.0 is not one of 0.0 (a reciprocal tells them apart)
+        return isinstance(other, Span) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    @property
+    def _key(self):
+        return self.offset, self.block, fill_key(self.fill)
+
     def held(self, device: int, size: int) -> tuple[int, int]:
         """``(first, stop)``: the rows of an axis of ``size`` device ``device`` holds (``first == stop``: none)."""
         first = device * self.block - self.offset
@@ -74,6 +84,13 @@ class Span:
     def covers(self, size: int, count: int) -> bool:
         """True when the ``count`` blocks hold every row of an axis of ``size``."""
         return self.offset >= 0 and count * self.block - self.offset >= size
+
+
+def fill_key(fill) -> tuple:
+    """A fill value as a key that tells -0.0 from 0.0 and a bool from an int (equal as Python numbers)."""
+    if isinstance(fill, float):
+        return ("float", fill, math.copysign(1.0, fill)) if not math.isnan(fill) else ("float", "nan")
+    return (type(fill).__name__, fill)
 
 
 def standard_span(size: int, count: int) -> Span:

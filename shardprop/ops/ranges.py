@@ -27,7 +27,7 @@ from jax import lax
 
 from ..core.blocks import Blocks, block_index, cut_outputs
 from ..core.boxes import Box, LineageContext, product
-from ..core.layouts import Shard, Sharded, Span, TensorSharding, shard_count, standard_span
+from ..core.layouts import Shard, Sharded, fill_key, Span, TensorSharding, shard_count, standard_span
 from ..core.collectives import Collective, CollectiveKind
 from ..core.rules import RuleContext, RuleOutput
 from ..core.types import ValueType
@@ -158,7 +158,8 @@ def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding
         rows = _rows(ctx, operand, k)
         if (lo, hi, interior) == (0, 0, 0):
             cut = _kept(ctx, operand, k, size)
-        elif interior == 0 and rows is not None and fill is not None and size > 0 and rows[1].fill in (None, fill):
+        elif interior == 0 and rows is not None and fill is not None and size > 0 and (
+                rows[1].fill is None or fill_key(rows[1].fill) == fill_key(fill)):
             cut = _cut(ctx, operand, k, size, -lo, fill)
         elif rows is not None and operand.axes[k].span is None and _spread_in_blocks(operand, k, lo, hi, interior):
             cut = (ctx.carry(k, size, operand.axes[k]), operand.layout[k], None)

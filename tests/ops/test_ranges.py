@@ -194,3 +194,13 @@ def test_a_cross_entropy_over_a_sliced_vocabulary_looks_labels_up_in_place(mesh_
     specs = (P(), P(None, "i"), P()) if mesh_name == "8" else (P("i"), P(None, "j"), P("i"))
     prog, comparison = _run(cross_entropy, (h, w, labels), meshes[mesh_name], specs)
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+def test_pads_by_zero_and_by_minus_zero_keep_their_signs(meshes):
+    # a pad's rows no device holds are its value: 0.0 and -0.0 are two values (their reciprocals differ) (found by
+    # review: the two fills compared equal and the inner pad's rows came back -inf)
+    def f(x):
+        twice = jnp.pad(jnp.pad(jnp.abs(x), ((0, 0), (3, 0), (0, 0))), ((0, 0), (0, 3), (0, 0)), constant_values=-0.0)
+        return 1 / twice, (1 / twice).max(1)
+
+    _run(f, (X,), meshes["8"], (P(None, "i"),))
