@@ -90,6 +90,10 @@ def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_in
         cut = None
         if s == 0 and lim == n and stride == 1:
             cut = _kept(ctx, operand, k, size)
+        elif size == 0:  # nothing taken: the operand read as it is held (nothing moves)
+            held = operand.axes[k]
+            ranged = isinstance(held, Sharded) and held.span is not None
+            cut = (None, () if ranged else operand.layout[k], (held.mesh_axes, held.span) if ranged else None)
         elif stride == 1 and size > 0:
             cut = _cut(ctx, operand, k, size, s, None)
         elif size > 0:
@@ -152,12 +156,22 @@ def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding
         fill = None  # a NaN row cannot be told from another: pad on whole rows
     out_shape = ctx.out_avals[0].shape
     axes, need, spans = [], [], []
+    writes = any(tuple(c) != (0, 0, 0) for c in padding_config)
     for k, (lo, hi, interior) in enumerate((int(lo), int(hi), int(i)) for lo, hi, i in padding_config):
         size = out_shape[k]
         cut = None
         rows = _rows(ctx, operand, k)
         if (lo, hi, interior) == (0, 0, 0):
-            cut = _kept(ctx, operand, k, size)
+            held = rows[1] if rows is not None else None
+            if writes and held is not None and held.fill is not None and (fill is None or
+                                                                        fill_key(held.fill) != fill_key(fill)):
+                # rows no device holds, of another value than the pad writes across them: held by some device
+                # first (their corner with the pad's rows is the pad's value, not their fill)
+                count = shard_count(ctx.mesh_shape, rows[0])
+                covering = Span(0, -(-size // count))
+                cut = (ctx.ranged(k, size, rows[0], covering, [(operand.axes[k], 0)]), (), (rows[0], covering))
+            else:
+                cut = _kept(ctx, operand, k, size)
         elif interior == 0 and rows is not None and fill is not None and size > 0 and (
                 rows[1].fill is None or fill_key(rows[1].fill) == fill_key(fill)):
             cut = _cut(ctx, operand, k, size, -lo, fill)
@@ -377,7 +391,9 @@ def slice_block(node, invals, blocks: Blocks) -> list:
     start, limit, step = [], [], []
     for k, (s, lim, stride) in enumerate(zip(params["start_indices"], params["limit_indices"], strides, strict=True)):
         b, g, have = blocks.out_blocks[0][k], blocks.out_global[0][k], blocks.in_blocks[0][k]
-        if k in placed and stride > 1:  # the rows its block picks, from where the first lies in its operand block
+        if blocks.out_global[0][k] == 0:  # an empty slice
+            start.append(0), limit.append(0), step.append(1)
+        elif k in placed and stride > 1:  # the rows its block picks, from where the first lies in its operand block
             spans = blocks.in_spans[0] if blocks.in_spans else ()
             first = s + (spans[k].offset if spans and spans[k] is not None else 0)
             start.append(first), limit.append(first + (b - 1) * stride + 1), step.append(stride)

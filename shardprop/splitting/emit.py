@@ -155,6 +155,9 @@ class Emitter:
         prices = finish_transfers(collective.kind, collective.mesh_axes, graph.avals[source.value],
                                   graph.avals[node.operands[0]].dtype, held.layout, self.view.mesh_shape,
                                   finished_axis(node), finish_shift(graph, node, operand.type))
+        if collective.kind is CollectiveKind.TOP_K and source.value == node.outputs[-1] and \
+                not graph.consumers[source.value] and source.value not in graph.outputs:
+            prices = ()  # a top-k's indices no one reads: XLA drops their gather
         self._made(Finish(node.id, collective.kind, collective.mesh_axes, source, Ref(source.value, held), operand,
                           prices))
 

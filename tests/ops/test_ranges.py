@@ -204,3 +204,23 @@ def test_pads_by_zero_and_by_minus_zero_keep_their_signs(meshes):
         return 1 / twice, (1 / twice).max(1)
 
     _run(f, (X,), meshes["8"], (P(None, "i"),))
+
+
+@pytest.mark.parametrize("strategy", ["auto", "gather", "collective"])
+def test_pads_of_two_axes_by_two_values_give_their_corner_the_outer_value(strategy, meshes):
+    # rows no device holds along one axis are its pad's value; a pad across them by another value makes their corner
+    # that value: the first axis's rows are held by some device first (found by review)
+    x = np.arange(16 * 24, dtype=np.int32).reshape(16, 24)
+    for f in (lambda x: jnp.pad(jnp.pad(x, ((2, 8), (0, 0)), constant_values=-2), ((0, 0), (3, 6)), constant_values=3),
+              lambda x: jnp.pad(jnp.pad(x, ((0, 0), (1, 0)), constant_values=3), ((1, 0), (0, 0)), constant_values=-2)
+              .sum(0)):
+        got = sp.autoshard(f, mesh=meshes["4x2"], in_specs=(P("i", "j"),), strategy=strategy)(x)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.asarray(x))))
+
+
+@pytest.mark.parametrize("f", [lambda x: jnp.roll(x, 0, axis=1) * 2, lambda x: jnp.roll(x, 64, axis=1) * 2,
+                               lambda x: x[:, 40:40] + 1, lambda x: jax.lax.top_k(jnp.swapaxes(x, 1, 2), 5)[0]],
+                         ids=["roll_by_0", "roll_by_the_length", "empty_slice", "top_k_values_only"])
+def test_what_xla_drops_moves_nothing_in_the_estimate_either(f, meshes):
+    # an empty slice reads its operand in place; a top-k's indices no one reads are not gathered (found by review)
+    _run(f, (X,), meshes["8"], (P(None, "i"),))
