@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..core.blocks import block_index
-from ..core.collectives import CollectiveKind
+from ..core.collectives import CollectiveKind, rotation_split
 from ..ops.windows import extreme
 from .moves import as_bits, rotated
 from ..expr.graph import Node
@@ -54,13 +54,9 @@ def _rotate(x, axis: int, shift: int, mesh_axes: tuple[str, ...], mesh_shape):
     """Each device's block of the rows ``shift`` rows further around the axis: the rest of the block ``q`` devices
     further and the start of the next (``shift = q·B + r``), one ``ppermute`` around the devices for each that is not
     the device itself."""
-    block = x.shape[axis]
     count = math.prod(mesh_shape[name] for name in mesh_axes)
-    q, r = divmod(shift % (block * count), block)
     parts = []
-    for first, stop, away in ((r, block, q % count), (0, r, (q + 1) % count)):
-        if stop <= first:
-            continue
+    for first, stop, away in rotation_split(x.shape[axis], shift, count):
         piece = lax.slice_in_dim(x, first, stop, axis=axis)
         parts.append(piece if away == 0 else rotated(piece, mesh_axes, away, mesh_shape))
     return lax.concatenate(parts, axis) if len(parts) > 1 else parts[0]

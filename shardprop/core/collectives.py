@@ -105,11 +105,16 @@ def rotation_pieces(block: tuple[int, ...], axis: int, shift: int, count: int) -
     >>> rotation_pieces((4, 8, 2), 1, 63, 8)   # jnp.roll by 1 of 64 rows in blocks of 8: one row from the device before
     [(4, 1, 2)]
     """
-    rows = block[axis]
+    return [tuple(n if k != axis else stop - first for k, n in enumerate(block))
+            for first, stop, away in rotation_split(block[axis], shift, count) if away]
+
+
+def rotation_split(rows: int, shift: int, count: int) -> list[tuple[int, int, int]]:
+    """``(first, stop, away)``: rows ``[first, stop)`` of the block ``away`` devices further (around the end) make up
+    each device's block rotated by ``shift`` rows — in order, the empty pieces left out; ``away`` 0 is its own."""
     q, r = divmod(shift % (rows * count), rows)
-    pieces = [(rows - r, q % count), (r, (q + 1) % count)]
-    return [tuple(n if k != axis else length for k, n in enumerate(block)) for length, away in pieces
-            if length and away]
+    return [(first, stop, away) for first, stop, away in ((r, rows, q % count), (0, r, (q + 1) % count))
+            if stop > first]
 
 
 def _nbytes(shape: tuple[int, ...], dtype) -> int:
