@@ -167,9 +167,12 @@ class _GraphBuilder:
                     if not jx.is_drop_var(outer):
                         env[outer] = self._read(sub_env, inner)
                 continue
+            primitive, params = eqn.primitive, eqn.params
+            if primitive.name == jx.STATIC_WHEN_CONSTANT and all(o in self.scalar_constants for o in operands[1:]):
+                primitive, params = jx.as_static_slice(eqn, [self.scalar_constants[o] for o in operands[1:]])
+                operands = operands[:1]
             node = self._add_node(
-                eqn.primitive.name, operands, [jx.aval_of(v) for v in eqn.outvars], eqn.params, source,
-                eqn.primitive, caller,
+                primitive.name, operands, [jx.aval_of(v) for v in eqn.outvars], params, source, primitive, caller,
             )
             for var, value in zip(eqn.outvars, node.outputs, strict=True):
                 if not jx.is_drop_var(var):

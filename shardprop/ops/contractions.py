@@ -24,11 +24,12 @@ from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
-from ..core.types import whole
+from ..core.layouts import Span
+from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
 from .opdef import Family, Linearity, OpDef
-from .ranges import keep_ranges
+from .ranges import keep_ranges, masked_rows
 
 
 def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, dimension_numbers,
@@ -90,21 +91,45 @@ def dot_general_lineage(ctx: LineageContext, box: Box, output: int, *, dimension
 
 def finish_contraction(decisions, node: Node):
     """Contracting axes sharded alike on both sides (or on one side, the other replicated there and cut
-    locally): each device multiplies its blocks and a ``psum`` adds the partial products."""
+    locally): each device multiplies its blocks and a ``psum`` adds the partial products. A ranged contracting axis
+    (``h @ w[:, :1001]``'s gradient contracts over the sliced vocabulary) is read in place, its padding masked to
+    zeros (:func:`contraction_block`)."""
     (lhs_c, rhs_c), _ = node.params["dimension_numbers"]
-    return finish_summed_pairs(decisions, node, lhs_c, rhs_c)
+    return finish_summed_pairs(decisions, node, lhs_c, rhs_c, reads_ranges=True)
 
 
-def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c):
+def _ranged_pair(lhs: ValueType, rhs: ValueType, a: int, b: int) -> tuple[tuple[str, ...], Span] | None:
+    """``(mesh axes, span)`` both operands are read in along contracting axes ``a`` and ``b`` when either is held
+    ranged: the first range (the other operand realigned to it, or cut locally where it is whole). None where they
+    are laid out over other mesh axes, or where rows no device holds (a pad's) would be left out of the sum."""
+    sa, sb = lhs.span_of(a), rhs.span_of(b)
+    if sa is None and sb is None:
+        return None
+    names, span, other = (lhs.layout[a], sa, rhs.layout[b]) if sa is not None else (rhs.layout[b], sb, lhs.layout[a])
+    if (other and other != names) or span.fill is not None:
+        return None
+    return names, span
+
+
+def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c, *, reads_ranges: bool = False):
     """The finish of a bilinear op that sums over paired axes of its two operands (``lhs_c[k]`` with
     ``rhs_c[k]``: a contraction's contracting axes, a convolution's input features): where they are sharded
     alike (or on one side only), each device computes on its blocks and a ``psum`` over those mesh axes adds
-    the partial results. None where a mesh axis would shard two axes of an operand or one of the output."""
+    the partial results. None where a mesh axis would shard two axes of an operand or one of the output. With
+    ``reads_ranges`` (the op masks the padding of ranged rows it sums over), a ranged pair is read in place."""
     lhs, rhs = node.operands
     lhs_have, rhs_have = decisions.layout(lhs), decisions.layout(rhs)
     lhs_need, rhs_need = (list(n) for n in decisions.need_layouts(node.id))
+    lhs_spans, rhs_spans = [None] * len(lhs_need), [None] * len(rhs_need)
     mesh_axes: list[str] = []
     for a, b in zip(lhs_c, rhs_c, strict=True):
+        ranged = _ranged_pair(decisions.type(lhs), decisions.type(rhs), a, b) if reads_ranges else None
+        if ranged is not None:
+            names, span = ranged
+            lhs_need[a] = rhs_need[b] = names
+            lhs_spans[a] = rhs_spans[b] = span
+            mesh_axes.extend(names)
+            continue
         if lhs_have[a] and rhs_have[b] and lhs_have[a] != rhs_have[b]:
             return None
         names = lhs_have[a] or rhs_have[b]
@@ -120,9 +145,39 @@ def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c):
             return None  # a mesh axis would shard two axes of one operand
     if contracted & out_names:
         return None
+    if reads_ranges:
+        _keep_rule_ranges(decisions, node, (lhs_need, rhs_need), (lhs_spans, rhs_spans), (lhs_c, rhs_c), contracted)
     # A free axis propagation takes whole (``h.T @ c`` with both free axes over one mesh axis) is still gathered;
     # the contracting axes no longer are.
-    return whole((tuple(lhs_need), tuple(rhs_need))), Collective(CollectiveKind.PSUM, tuple(mesh_axes))
+    needs = (ValueType(tuple(lhs_need), span=tuple(lhs_spans)), ValueType(tuple(rhs_need), span=tuple(rhs_spans)))
+    return needs, Collective(CollectiveKind.PSUM, tuple(mesh_axes))
+
+
+def _keep_rule_ranges(decisions, node: Node, needs, spans, summed, contracted: set[str]) -> None:
+    """The batch and free axes the rule reads ranged (:func:`~.ranges.keep_ranges`), read alike by the finish — its
+    result then stays ranged (:meth:`~shardprop.splitting.decisions.Decisions.finished_types`): the weight gradient
+    of a sliced vocabulary keeps its rows in place. Not where their mesh axes are the summed ones (those axes would
+    both lay out and sum the result): then they are read whole."""
+    reads = decisions.sharded.need_spans.get(node.id)
+    if reads is None:
+        return
+    rule = decisions.rule_needs(node.id)
+    kept = [(i, k) for i, per in enumerate(reads) if per for k, r in enumerate(per)
+            if r is not None and k not in summed[i]]
+    if not kept or any(contracted & set(rule[i].layout[k]) for i, k in kept):
+        return
+    for i, k in kept:
+        needs[i][k] = rule[i].layout[k]
+        spans[i][k] = rule[i].span_of(k)
+
+
+def contraction_block(node: Node, invals: list, blocks) -> list:
+    """The product of this device's blocks; along a ranged contracting axis (read in place, a ``psum`` to follow)
+    both operands' padding rows are zeroed first, so they add nothing (whatever they held: ``0 * inf`` is NaN)."""
+    if blocks.in_spans:
+        contracting, _ = node.params["dimension_numbers"]
+        invals = [masked_rows(x, blocks, i, axes) for i, (x, axes) in enumerate(zip(invals, contracting, strict=True))]
+    return bind_as_is(node, invals, blocks)
 
 
 def contraction_work(node: Node, operand_blocks, out_block) -> float:
@@ -157,8 +212,8 @@ def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShardin
 
 OPS = [
     OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage, reads_ranges=True,
-          lineage_exact=True, per_block=bind_as_is, finish=finish_contraction, pull=None, linear=Linearity.EITHER,
-          work=contraction_work),
+          lineage_exact=True, per_block=contraction_block, finish=finish_contraction, pull=None,
+          linear=Linearity.EITHER, work=contraction_work),
     OpDef("ragged_dot_general", Family.CONTRACTION, propagate=ragged_dot_general, lineage=whole_operands,
           lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

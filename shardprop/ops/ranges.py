@@ -365,6 +365,17 @@ def row_index(blocks: Blocks, span: Span, mesh_axes, shape, axis: int):
     return lax.broadcasted_iota(jnp.int32, tuple(n if k == axis else 1 for k, n in enumerate(shape)), axis) + here
 
 
+def masked_rows(x, blocks: Blocks, operand: int, axes, value=0):
+    """Operand ``operand``'s block ``x`` with the padding of its ranged axes among ``axes`` (the rows past the axis's
+    ends a device's block holds) set to ``value``: what an op summing or combining those rows must not read."""
+    spans = blocks.in_spans[operand] if blocks.in_spans else ()
+    for k in axes:
+        if spans and spans[k] is not None:
+            row = row_index(blocks, spans[k], blocks.in_layouts[operand][k], x.shape, k)
+            x = jnp.where((row >= 0) & (row < blocks.in_global[operand][k]), x, jnp.asarray(value, x.dtype))
+    return x
+
+
 def _out_span(blocks: Blocks, k: int, axis: int) -> Span | None:
     """The rows output ``k``'s block holds along ``axis`` when the op computed it in place (ranged, or equal blocks
     read realigned); None when the axis is computed the ordinary way."""

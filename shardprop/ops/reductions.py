@@ -22,7 +22,7 @@ from ..core.layouts import Sharded, TensorSharding, shard_count
 from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef
-from .ranges import keep_ranges, row_index
+from .ranges import keep_ranges, masked_rows
 from .windows import extreme
 
 
@@ -126,10 +126,7 @@ def reduction_block(node: Node, invals: list, blocks) -> list:
     masked = [k for k in node.params["axes"] if spans and spans[k] is not None]
     if not masked:
         return bind_as_is(node, [x], blocks)
-    identity = jnp.asarray(_MASKED[_IDENTITY[node.op]](x.dtype), x.dtype)
-    for k in masked:
-        row = row_index(blocks, spans[k], blocks.in_layouts[0][k], x.shape, k)
-        x = jnp.where((row >= 0) & (row < blocks.in_global[0][k]), x, identity)
+    x = masked_rows(x, blocks, 0, masked, _MASKED[_IDENTITY[node.op]](x.dtype))
     (out,) = bind_as_is(node, [x], blocks)
     for k in masked:  # the rows no device holds, all the span's fill
         span, length = spans[k], blocks.in_global[0][k]

@@ -63,31 +63,31 @@ def compute_bytes(view: Decisions, node: Node, needs: tuple[ValueType, ...] | No
 
 
 def finishing_types(view: Decisions, node: Node, collective: Collective,
-                    outputs: tuple[int, ...] | None = None) -> list[tuple[int, ValueType, ValueType]]:
+                    outputs: tuple[int, ...] | None = None, needs=None) -> list[tuple[int, ValueType, ValueType]]:
     """``(value, computed, held)`` for each output ``collective`` finishes: each device computes its partial result
-    laid out as propagation said, the collective combines them into the type the plan holds the value in (whole; a
-    reduce-scatter's finer). The outputs are ``outputs`` (positions) if given, else those ``view`` records as
-    computed partial (a loop finishes only the carries it kept partial), else all (a collective being weighed)."""
+    laid out as propagation said (ranged where the finish keeps it: :meth:`Decisions.finished_types`), the
+    collective combines them into the type the plan holds the value in (whole; a reduce-scatter's finer). The
+    outputs are ``outputs`` (positions) if given, else those ``view`` records as computed partial (a loop finishes
+    only the carries it kept partial), else all (a collective being weighed, the node reading its operands in
+    ``needs``)."""
     if outputs is None:
         outputs = tuple(k for k, v in enumerate(node.outputs) if v in view.computed) or range(len(node.outputs))
-    out = []
-    for k in outputs:
-        v = node.outputs[k]
-        computed = view.computed.get(v)
-        if computed is None:
-            computed = ValueType(view.sharded.layout(v), collective.mesh_axes, collective.kind.reduction)
-        out.append((v, computed, ValueType(view.type(v).even_layout)))  # a finished node keeps no range
-    return out
+    weighed = [k for k in outputs if node.outputs[k] not in view.computed]
+    found = {v: (v, view.computed[v], view.type(v)) for v in node.outputs if v in view.computed}
+    if weighed:
+        found |= {t[0]: t for t in view.finished_types(node, view.needs(node.id) if needs is None else needs,
+                                                       collective, weighed)}
+    return [found[node.outputs[k]] for k in outputs]
 
 
 def collective_transfers(view: Decisions, node: Node, collective: Collective,
-                         outputs: tuple[int, ...] | None = None) -> list[Transfer]:
+                         outputs: tuple[int, ...] | None = None, needs=None) -> list[Transfer]:
     """The collectives that finish ``node`` (see :func:`finishing_types`): a sum's move (an all-reduce or a
     reduce-scatter), a maximum's, minimum's or arg-extreme's all-reduces
     (:func:`~shardprop.core.collectives.finish_transfers`)."""
     graph = view.graph
     out = []
-    for v, computed, held in finishing_types(view, node, collective, outputs):
+    for v, computed, held in finishing_types(view, node, collective, outputs, needs):
         if computed.is_partial_sum:
             out += move_transfers(view, v, computed, held)
             continue
@@ -98,9 +98,9 @@ def collective_transfers(view: Decisions, node: Node, collective: Collective,
 
 
 def collective_bytes(view: Decisions, node: Node, collective: Collective,
-                     outputs: tuple[int, ...] | None = None) -> float:
+                     outputs: tuple[int, ...] | None = None, needs=None) -> float:
     """Bytes one device moves in the collectives that finish ``node`` (see :func:`collective_transfers`)."""
-    return total_moved(collective_transfers(view, node, collective, outputs))
+    return total_moved(collective_transfers(view, node, collective, outputs, needs))
 
 
 def estimate(plan) -> list[Transfer]:

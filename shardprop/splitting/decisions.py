@@ -105,14 +105,44 @@ class Decisions:
             if halo is not None:
                 shapes = [self.graph.avals[v].shape for v in node.operands]
                 table[node.id] = halo(node, shapes, table[node.id], self.mesh_shape)
-        for node_id, per_operand in self.sharded.need_spans.items():  # the ranged rows an op reads
-            node = self.graph.nodes[node_id]
-            if node_id in self.need_overrides or not self._keeps_ranges(node):
-                continue
-            table[node_id] = tuple(need if reads is None or all(r is None for r in reads) else
-                                   _ranged(self.graph.avals[v].shape, need.layout, reads, self.mesh_shape)
-                                   for v, need, reads in zip(node.operands, table[node_id], per_operand, strict=True))
+        for node_id in self.sharded.need_spans:  # the ranged rows an op reads
+            if node_id not in self.need_overrides and self._keeps_ranges(self.graph.nodes[node_id]):
+                table[node_id] = self.rule_needs(node_id)
         return tuple(table)
+
+    def rule_needs(self, node_id: int) -> tuple[ValueType, ...]:
+        """The types node ``node_id``'s rule reads its operands in, with the ranged rows it reads: propagation's
+        answer, whatever a strategy revised (a finish that reads them alike keeps the node's ranged results:
+        :meth:`finished_types`)."""
+        needs = whole(self.sharded.needs[node_id])
+        per_operand = self.sharded.need_spans.get(node_id)
+        if per_operand is None:
+            return needs
+        node = self.graph.nodes[node_id]
+        return tuple(need if reads is None or all(r is None for r in reads) else
+                     _ranged(self.graph.avals[v].shape, need.layout, reads, self.mesh_shape)
+                     for v, need, reads in zip(node.operands, needs, per_operand, strict=True))
+
+    def finished_types(self, node: Node, needs: tuple[ValueType, ...], collective: Collective, outputs=None
+                       ) -> list[tuple[int, ValueType, ValueType]]:
+        """``(value, computed, held)`` for each output of ``node`` (those at positions ``outputs``, else all) when it
+        reads its operands in ``needs`` and ``collective`` finishes it: each device computes its partial result laid
+        out as propagation said, the collective combines them whole. Where ``needs`` read every range the node's rule
+        read (a contraction's ranged free axes, kept by its finish), a result propagation left ranged stays ranged —
+        unless the program returns it (equal blocks)."""
+        reads = self.sharded.need_spans.get(node.id)
+        rule = self.rule_needs(node.id) if reads is not None else ()
+        keeps = reads is not None and all(
+            need.layout[k] == want.layout[k] and need.span_of(k) == want.span_of(k)
+            for need, want, per in zip(needs, rule, reads, strict=True) if per for k, r in enumerate(per)
+            if r is not None)
+        out = []
+        for v in (node.outputs if outputs is None else [node.outputs[k] for k in outputs]):
+            ranged = self._ranges.get(v) if keeps and v not in self._returned else None
+            held = ValueType(self.sharded.layout(v)) if ranged is None else ranged
+            out.append((v, ValueType(held.layout, collective.mesh_axes, collective.kind.reduction, span=held.span),
+                        held))
+        return out
 
     def _keeps_ranges(self, node: Node) -> bool:
         """True when ``node`` computes its results as propagation laid them out (no strategy revised what it reads,

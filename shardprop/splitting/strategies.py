@@ -21,7 +21,7 @@ from ..core.layouts import Layout, layout_refines, shard_count
 from ..core.types import ValueType, whole
 from ..ops import lookup
 from ..ops.opdef import Family
-from .cost import collective_bytes, compute_bytes, move_bytes, node_move_bytes
+from .cost import collective_bytes, compute_bytes, finishing_types, move_bytes, node_move_bytes
 from .decisions import Decisions, Draft
 from .partial_sums import carries_partial
 
@@ -33,6 +33,7 @@ def finish_in_blocks(decisions: Decisions) -> Decisions:
     needs: dict[int, tuple[ValueType, ...]] = {}
     collectives: dict[int, Collective] = {}
     computed: dict[int, ValueType] = {}
+    held: dict[int, ValueType] = {}
     for node in decisions.graph.nodes:
         op = lookup(node.op)
         if op.family not in (Family.SCAN, Family.SLICING) or op.finish is None:
@@ -40,10 +41,10 @@ def finish_in_blocks(decisions: Decisions) -> Decisions:
         found = op.finish(decisions, node)
         if found is not None and found[1].kind.required:
             needs[node.id], collectives[node.id] = found
-            computed.update(_partial_results(decisions, node, found[1]))
+            _finished(decisions, node, *found, computed, held)
     if not collectives:
         return decisions
-    return decisions.revised(needs=needs, collectives=collectives, computed=computed)
+    return decisions.revised(needs=needs, collectives=collectives, computed=computed, held=held)
 
 
 def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> Decisions:
@@ -56,6 +57,7 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
     needs: dict[int, tuple[ValueType, ...]] = {}
     collectives: dict[int, Collective] = {}
     computed: dict[int, ValueType] = {}
+    held: dict[int, ValueType] = {}
     for node in decisions.graph.nodes:
         op = lookup(node.op)
         if node.id in decisions.collectives:  # finished already (a cumulative op)
@@ -65,19 +67,21 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
         # may wait for a smaller value further on (the cheapest point of its linear chain).
         if found is None:
             continue
-        finishing = (cheapest_point(decisions, node.id, found[1])[2] + node_move_bytes(decisions, node, found[0])
-                     + compute_bytes(decisions, node, found[0]))
+        finishing = (cheapest_point(decisions, node.id, found[1], needs=found[0])[2]
+                     + node_move_bytes(decisions, node, found[0]) + compute_bytes(decisions, node, found[0]))
         if not only_if_cheaper or finishing <= node_move_bytes(decisions, node) + compute_bytes(decisions, node):
-            needs[node.id], collective = found
-            collectives[node.id] = collective
-            computed.update(_partial_results(decisions, node, collective))
-    return decisions.revised(needs=needs, collectives=collectives, computed=computed)
+            needs[node.id], collectives[node.id] = found
+            _finished(decisions, node, *found, computed, held)
+    return decisions.revised(needs=needs, collectives=collectives, computed=computed, held=held)
 
 
-def _partial_results(decisions: Decisions, node, collective: Collective) -> dict[int, ValueType]:
-    """Each output of ``node`` as its devices compute it before ``collective`` combines them."""
-    return {v: ValueType(decisions.sharded.layout(v), collective.mesh_axes, collective.kind.reduction)
-            for v in node.outputs}
+def _finished(decisions: Decisions, node, needs, collective: Collective, computed: dict, held: dict) -> None:
+    """Record how ``node``'s outputs are computed before ``collective`` combines them, and held after (where that is
+    not propagation's layout: a ranged result kept ranged)."""
+    for v, partial, whole_type in decisions.finished_types(node, needs, collective):
+        computed[v] = partial
+        if whole_type.span:
+            held[v] = whole_type
 
 
 def defer_sums_past_linear_consumers(decisions: Decisions) -> Decisions:
@@ -111,23 +115,26 @@ def defer_sums_past_linear_consumers(decisions: Decisions) -> Decisions:
             node = graph.nodes[c]
             needs[c] = tuple(ValueType(need.layout, held[v].partial) if v in held else need
                              for v, need in decisions.edges(node))
-        computed.update(_partial_results(decisions, graph.nodes[finisher], best))
+        _finished(decisions, graph.nodes[finisher], decisions.needs(finisher) if finisher not in needs else
+                  needs[finisher], best, computed, held)
     if not moved:
         return decisions
     return decisions.revised(collectives=moved, unfinished=frozenset(waiting), held=held, needs=needs,
                              computed=computed)
 
 
-def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, taken=frozenset()
+def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, taken=frozenset(), needs=None
                    ) -> tuple[list[int], Collective | None, float]:
     """Where along the linear chain from node ``node_id`` (finished by ``collective``) its psum moves the fewest
     bytes: ``(the chain up to that node, the collective there, its bytes)``, or ``([], None, bytes at the node)``
     when that is the node itself (see :func:`defer_sums_past_linear_consumers`). ``taken``: nodes already on
-    another chain."""
+    another chain; ``needs``: the operand types a finish being weighed reads (else the node's own)."""
     graph = decisions.graph
     node = graph.nodes[node_id]
-    cost_here = collective_bytes(decisions, node, collective)
-    if collective.kind is not CollectiveKind.PSUM or len(node.outputs) != 1 or _counts_once(decisions, node):
+    cost_here = collective_bytes(decisions, node, collective, needs=needs)
+    if (collective.kind is not CollectiveKind.PSUM or len(node.outputs) != 1 or _counts_once(decisions, node)
+            or any(computed.span for _, computed, _ in finishing_types(decisions, node, collective, needs=needs))):
+        # (a sum computed ranged is summed where it is made)
         return [], None, cost_here
     outputs = graph.outputs
     summed = set(collective.mesh_axes)

@@ -59,6 +59,18 @@ def test_a_read_at_an_offset_moves_the_slice_not_the_operand(rows, pos, mesh_nam
     assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
 
 
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[m for m, _ in LAYOUTS])
+def test_a_read_at_a_constant_offset_is_a_slice_and_keeps_its_rows_in_place(pos, mesh_name, spec, meshes):
+    # the starts are constants: the tracer takes the static slice they name (clamped as lax clamps them), which keeps
+    # the sequence axis sharded (realigned to 2 rows a device), as x[:, 6:22] would
+    f = lambda cache: lax.dynamic_slice_in_dim(cache, pos, 16, axis=1) * 2.0  # noqa: E731
+    prog, comparison = _check(f, (CACHE,), meshes[mesh_name], (spec,))
+    assert "dynamic_slice" not in str(prog.graph) and "slice[" in str(prog.graph), str(prog.graph)
+    assert prog.out_specs == (spec,)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
 def test_a_kv_cache_step_in_a_loop(meshes):
     """A decoding loop writes one row per step into a sequence-sharded cache and reads it back summed: the cache
     never moves."""

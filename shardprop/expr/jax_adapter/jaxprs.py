@@ -136,6 +136,21 @@ def cond_branch(equation: Equation, index: int) -> tuple[Body, tuple[int, ...]]:
     return body, tuple(range(1, len(equation.invars)))
 
 
+# A ``dynamic_slice`` whose starts are all constants (``lax.dynamic_slice_in_dim(x, 3, 16)``) is the static slice it
+# names: traced as one, so that it keeps a sharded axis as ranges as ``x[3:19]`` does.
+STATIC_WHEN_CONSTANT = "dynamic_slice"
+
+
+def as_static_slice(equation: Equation, starts: Sequence[int]) -> tuple[Primitive, dict]:
+    """``(primitive, params)`` of the static ``slice`` a ``dynamic_slice`` with constant ``starts`` is, each start
+    clamped into its axis as ``lax.dynamic_slice`` clamps it."""
+    shape, _ = aval_of(equation.invars[0])
+    sizes = equation.params["slice_sizes"]
+    begin = tuple(min(max(int(s), 0), n - size) for s, n, size in zip(starts, shape, sizes, strict=True))
+    limit = tuple(b + size for b, size in zip(begin, sizes, strict=True))
+    return jax.lax.slice_p, {"start_indices": begin, "limit_indices": limit, "strides": None}
+
+
 def _as_body(sub) -> Body | None:
     if isinstance(sub, jex_core.ClosedJaxpr):
         return _body(sub.jaxpr, list(sub.consts))
