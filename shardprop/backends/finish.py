@@ -14,16 +14,17 @@ from jax import lax
 
 from ..core.blocks import block_index
 from ..core.collectives import CollectiveKind, rotation_split
+from ..core.layouts import Span
 from ..ops.windows import extreme
 from .moves import as_bits, rotated
 from ..expr.graph import Node
 
 
 def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...], partial, block, mesh_shape,
-                   output: int = 0, shift: int = 0):
+                   output: int = 0, shift: int = 0, rows: tuple[Span, int] | None = None):
     """The devices' partial results ``partial`` of output ``output`` of reduction ``node`` (``block``: this device's
     operand block; for a top-k, its values' partial result) combined by ``kind`` over ``mesh_axes`` (a rotation:
-    by ``shift`` rows)."""
+    by ``shift`` rows; an arg-extreme over a ranged axis: ``(its span, its length)``)."""
     if kind is CollectiveKind.TOP_K:  # each device's k best: the candidates
         return _finish_top_k(node, mesh_axes, partial, block, output)
     if kind is CollectiveKind.ROTATE:  # each device's rows lie shift rows further
@@ -33,8 +34,11 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
     if kind is CollectiveKind.PREFIX:  # each device scanned its block
         return _finish_prefix(node, mesh_axes, partial, mesh_shape)
     if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):  # each device found its block's winner
-        return _combine_arg(node, block, partial, kind, mesh_axes, mesh_shape)
+        return _combine_arg(node, block, partial, kind, mesh_axes, mesh_shape, rows)
     axes = node.params["axes"]
+    if rows is not None:  # a ranged axis's padding ties with nothing
+        block, _ = _without_padding(block, axes[0], rows, mesh_axes, mesh_shape,
+                                    extreme(block.dtype, lowest=kind is CollectiveKind.PMAX))
     ties = jnp.sum(block == jnp.expand_dims(partial, axes), axis=axes, dtype=jnp.int32)
     return _extreme(partial, ties, kind is CollectiveKind.PMAX, mesh_axes)
 
@@ -141,15 +145,30 @@ def _extreme_jvp(is_max, mesh_axes, primals, tangents):
     return y, lax.psum(x_dot * weight, mesh_axes) / lax.psum(weight, mesh_axes)
 
 
-def _combine_arg(node, block, local_index, kind: CollectiveKind, mesh_axes, mesh_shape):
+def _without_padding(block, axis: int, rows: tuple[Span, int], mesh_axes, mesh_shape, identity):
+    """``(block with the padding of its ranged axis set to identity, the global row its first position holds)``."""
+    span, length = rows
+    start = block_index(mesh_axes, mesh_shape) * span.block - span.offset
+    row = lax.broadcasted_iota(jnp.int32, block.shape, axis) + start
+    return jnp.where((row >= 0) & (row < length), block, identity), start
+
+
+def _combine_arg(node, block, local_index, kind: CollectiveKind, mesh_axes, mesh_shape, rows=None):
     """The global argmax (argmin) from each device's: offset the local index by the block's start, then take
     the smallest index among the devices holding the extreme value — or, as ``jnp.argmax`` does, the first
-    NaN if there is any."""
+    NaN if there is any. Along a ranged axis (``rows``: its span and length) the block's first row is the span's,
+    its padding is masked, and a device holding no row has no candidate."""
     (axis,) = node.params["axes"]
     block = lax.stop_gradient(block)  # an index has no derivative; pmax/pmin have no rule to carry one through
     is_max = kind is CollectiveKind.ARGMAX
     index_dtype = local_index.dtype
-    index = local_index + (block_index(mesh_axes, mesh_shape) * block.shape[axis]).astype(index_dtype)
+    holds = True
+    if rows is None:
+        start = block_index(mesh_axes, mesh_shape) * block.shape[axis]
+    else:
+        block, start = _without_padding(block, axis, rows, mesh_axes, mesh_shape, extreme(block.dtype, lowest=is_max))
+        holds = (start < rows[1]) & (start + rows[0].block > 0)
+    index = local_index + start.astype(index_dtype)
     value = (jnp.max if is_max else jnp.min)(block, axis=axis)
     if jnp.issubdtype(block.dtype, jnp.floating):
         nan = jnp.isnan(value)
@@ -160,5 +179,5 @@ def _combine_arg(node, block, local_index, kind: CollectiveKind, mesh_axes, mesh
         clean = value
     best = (lax.pmax if is_max else lax.pmin)(clean, mesh_axes)
     winner = jnp.where(any_nan, nan, clean == best)
-    candidate = jnp.where(winner, index, jnp.iinfo(index_dtype).max)
+    candidate = jnp.where(winner & holds, index, jnp.iinfo(index_dtype).max)
     return lax.pmin(candidate, mesh_axes)

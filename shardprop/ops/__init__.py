@@ -41,6 +41,14 @@ def finish_shift(graph, node, first_operand_type) -> int:
     return ranges.rotation(node, first_operand_type, graph.avals[node.outputs[0]].shape[node.params["dimension"]])
 
 
+def reduced_rows(graph, node, operand_type) -> tuple:
+    """``(span, length)`` of the one axis a reduction finished over reads ranged (an arg-extreme's); None otherwise."""
+    axes = node.params.get("axes") if lookup(node.op).family is Family.REDUCTION else None
+    if not axes or len(axes) != 1 or operand_type.span_of(axes[0]) is None:
+        return None
+    return operand_type.span_of(axes[0]), graph.avals[node.operands[0]].shape[axes[0]]
+
+
 def _collect() -> Mapping[str, OpDef]:
     records: dict[str, OpDef] = {}
     for module in FAMILIES:

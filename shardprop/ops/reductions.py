@@ -99,9 +99,9 @@ class FinishReduction:
         axes = node.params["axes"]
         spans = [held.span_of(k) if k in axes and self.kind in _MASKED else None for k in range(len(held.layout))]
         # rows no device holds (a pad's) are counted in by one device for a sum over that one axis; a maximum or a
-        # minimum takes them in on every device
-        spans = [s if s is not None and (s.fill is None or self.kind is not CollectiveKind.PSUM or len(axes) == 1)
-                 else None for s in spans]
+        # minimum takes them in on every device; an arg-extreme would have to name one of them: read whole
+        spans = [s if s is not None and (s.fill is None or self.kind in _FILLS_TAKEN_IN or len(axes) == 1
+                                         and self.kind is CollectiveKind.PSUM) else None for s in spans]
         produced = tuple(m if k in axes and spans[k] is not None else e
                          for k, (m, e) in enumerate(zip(held.layout, held.even_layout, strict=True)))
         mesh_axes = tuple(name for k in sorted(axes) for name in produced[k])
@@ -112,7 +112,10 @@ class FinishReduction:
 
 # The identity each reduction masks the padding of ranged rows with, given the dtype.
 _MASKED = {CollectiveKind.PSUM: lambda dtype: 0, CollectiveKind.PMAX: lambda dtype: extreme(dtype, lowest=True),
-           CollectiveKind.PMIN: lambda dtype: extreme(dtype, lowest=False)}
+           CollectiveKind.PMIN: lambda dtype: extreme(dtype, lowest=False),
+           CollectiveKind.ARGMAX: lambda dtype: extreme(dtype, lowest=True),
+           CollectiveKind.ARGMIN: lambda dtype: extreme(dtype, lowest=False)}
+_FILLS_TAKEN_IN = (CollectiveKind.PMAX, CollectiveKind.PMIN)
 _IDENTITY = {"reduce_sum": CollectiveKind.PSUM, "reduce_max": CollectiveKind.PMAX,
              "reduce_min": CollectiveKind.PMIN, "reduce_or": CollectiveKind.PMAX, "reduce_and": CollectiveKind.PMIN}
 
@@ -143,13 +146,30 @@ def reduction_block(node: Node, invals: list, blocks) -> list:
     return [out]
 
 
+def arg_extreme_block(node: Node, invals: list, blocks) -> list:
+    """This device's block's winner (its position in the block). Along a ranged axis (an arg-extreme finish to
+    follow) the padding is masked with the lowest (highest) value first, and a winner that lands on padding before
+    the axis's first row — every row the device holds ties with it — is moved to the first row it holds."""
+    (x,) = invals
+    (axis,) = node.params["axes"]
+    span = blocks.in_spans[0][axis] if blocks.in_spans else None
+    if span is None:
+        return bind_as_is(node, [x], blocks)
+    x = masked_rows(x, blocks, 0, (axis,), _MASKED[_ARG[node.op]](x.dtype))
+    (local,) = bind_as_is(node, [x], blocks)
+    start = block_index(blocks.in_layouts[0][axis], blocks.mesh_shape) * span.block - span.offset
+    return [jnp.maximum(local, jnp.clip(-start, 0, span.block - 1).astype(local.dtype))]
+
+
+_ARG = {"argmax": CollectiveKind.ARGMAX, "argmin": CollectiveKind.ARGMIN}
 _COMBINE = {"reduce_max": jnp.maximum, "reduce_min": jnp.minimum, "reduce_or": jnp.logical_or,
             "reduce_and": jnp.logical_and}
 
 
 def _reduction(name: str, finish: FinishReduction | None, linear: Linearity = Linearity.NONE) -> OpDef:
+    per_block = reduction_block if name in _IDENTITY else arg_extreme_block if name in _ARG else bind_as_is
     return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage, lineage_exact=True,
-                 per_block=reduction_block if name in _IDENTITY else bind_as_is, finish=finish, pull=None,
+                 per_block=per_block, finish=finish, pull=None,
                  linear=linear, reads_ranges=True)
 
 

@@ -64,6 +64,9 @@ SEQUENCE = [
     ("sum_of_a_ranged_slice", lambda x: jnp.sum(x[:, 3:61], axis=1), (X,), (True,), None),
     ("max_of_a_ranged_slice", lambda x: jnp.max(x[:, :63] - 1.0, axis=1), (X,), (True,), None),
     ("min_of_a_padded_axis", lambda x: jnp.min(jnp.pad(x, ((0, 0), (2, 0), (0, 0))), axis=1), (X,), (True,), None),
+    # an arg-extreme over ranged rows in place: the padding masked, each block's winner offset by its first row
+    ("argmax_of_a_ranged_slice", lambda x: jnp.argmax(x[:, 3:61], axis=1), (X,), (True,), None),
+    ("argmin_of_a_slice_with_ties", lambda x: jnp.argmin(jnp.round(x[:, 5:63]), axis=1), (X,), (True,), None),
     # a contraction over ranged rows in place, a psum to follow: both operands' padding zeroed (X_ZEROS's first rows
     # are zeros, so the padding of 1 / x[:, 3:61] on the first device is inf: 0 * inf would be NaN)
     ("contraction_over_a_ranged_slice", lambda x, a: jnp.einsum("bsd,bse->de", 1.0 / x[:, 3:61], a[:, 3:61]),
@@ -221,6 +224,28 @@ def test_the_gradient_of_a_cross_entropy_over_a_sliced_vocabulary_stays_sharded(
     assert prog.out_specs[1] == specs[1], prog.out_specs
     assert not [t for t in prog.estimated_communication() if np.prod(t.shape) >= w.size], str(prog.graph)
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_an_arg_extreme_over_ranged_rows_never_names_padding(dtype, meshes):
+    # every row of most columns is the lowest value (-inf, or int32's minimum): every device's winner ties, the
+    # padding ahead of x[:, 3:] on the first device too — the answer is the first row, as jnp.argmax says
+    x = np.full((4, 64, 8), -np.inf if dtype == np.float32 else np.iinfo(np.int32).min, dtype)
+    x[:, 40:, :2] = RNG.integers(-5, 5, size=(4, 24, 2))
+    for f in (lambda x: jnp.argmax(x[:, 3:], axis=1), lambda x: jnp.argmax(x[:, 3:61], axis=1),
+              lambda x: jnp.argmin(-x[:, 9:] if dtype == np.float32 else ~x[:, 9:], axis=1)):
+        prog, comparison = _run(f, (x,), meshes["8"], (P(None, "i"),))
+        assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+        assert "unspan" not in str(prog.graph), str(prog.graph)
+
+
+def test_the_derivative_of_a_maximum_over_ranged_rows_splits_among_real_ties_only(meshes):
+    # the program differentiated as it runs: a maximum's cotangent is shared among the rows equal to it, padding
+    # not counted (it may hold anything, the maximum itself too)
+    x = np.round(X)
+    f = lambda x: jnp.sum(jnp.max(x[:, 3:61], axis=1) ** 2)  # noqa: E731
+    fs = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"),))
+    np.testing.assert_allclose(np.asarray(jax.grad(fs)(x)), np.asarray(jax.grad(f)(jnp.asarray(x))), rtol=1e-6)
 
 
 def test_pads_by_zero_and_by_minus_zero_keep_their_signs(meshes):
