@@ -193,21 +193,27 @@ class RuleContext:
             return self.derive(axis, size, [source])
         return source
 
-    def carry_window(self, axis: int, size: int, source: Sharded, reach: tuple[int, int]) -> Sharded:
+    def carry_window(self, axis: int, size: int, source: Sharded, reach: tuple[int, int],
+                     out_span: Span | None = None) -> Sharded:
         """A windowed op's output ``axis`` laid out like operand axis ``source``: block ``i`` of the output is computed
-        from block ``i`` of the operand and the rows ``reach`` (before, after) past it, so its parents are every
-        operand shard those rows touch (its neighbours' too)."""
+        from block ``i`` of the operand (the rows it holds, ranged or not) and the rows ``reach`` (before, after) past
+        it, so its parents are every operand shard those rows touch (its neighbours' too). ``out_span``: the output's
+        blocks when they are not equal (a VALID window's last ones short)."""
+        count = shard_count(self.mesh_shape, source.mesh_axes)
+        even = out_span is None or (size % count == 0 and out_span == Span(0, size // count))
         if not self.lineage:
-            return source
-        count = len(source.shards)
-        length, block = size // count, source.shards[0].length
+            return source if even and source.span is None else Sharded(source.mesh_axes, (), None if even else out_span)
+        span = out_span or Span(0, size // count)
+        in_block, in_offset = (source.span.block, source.span.offset) if source.span else (source.shards[0].length, 0)
         ids = self._ids
         shards = []
         for i in range(count):
-            first, last = i * block - reach[0], (i + 1) * block + reach[1]  # the operand rows read, [first, last)
-            parents = tuple(s for s in source.shards if s.start < last and first < s.start + s.length)
-            shards.append(Shard(next(ids), axis, i * length, length, parents))
-        return Sharded(source.mesh_axes, tuple(shards))
+            first = i * in_block - in_offset - reach[0]  # the operand rows read, [first, last)
+            last = (i + 1) * in_block - in_offset + reach[1]
+            parents = tuple(s for s in source.shards if s.length and s.start < last and first < s.start + s.length)
+            start, stop = span.held(i, size)
+            shards.append(Shard(next(ids), axis, start, stop - start, parents))
+        return Sharded(source.mesh_axes, tuple(shards), None if even else span)
 
     def carry_reversed(self, axis: int, size: int, source: Sharded) -> Sharded:
         """Operand axis ``source`` reversed onto output ``axis``: block ``i`` of the output is block ``n - 1 - i`` of

@@ -109,8 +109,8 @@ def step_transfer(step: Step, shape: tuple[int, ...], dtype, mesh_shape: Mapping
     sizes = step_sizes(step, mesh_shape)
     if not _exchanges(step, sizes) or 0 in shape:
         return None
-    if step.kind is StepKind.HALO:
-        return _halo_transfer(step, shape, dtype, sizes)
+    if step.kind is StepKind.HALO:  # a ranged axis's neighbours' rows: blocks of its frame
+        return _halo_transfer(step, step.before.frame(shape, sizes), dtype, sizes)
     if step.kind in (StepKind.REALIGN, StepKind.UNSPAN):
         return _rows_transfer(step, shape, dtype, sizes)
     shape = step.before.frame(shape, sizes)  # a ranged axis moves as its blocks

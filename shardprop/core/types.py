@@ -85,7 +85,7 @@ class ValueType:
 
     def without_halo(self) -> ValueType:
         """This type without the neighbours' rows: the blocks a halo exchange starts from."""
-        return ValueType(self.layout, self.partial, self.reduction) if self.halo else self
+        return ValueType(self.layout, self.partial, self.reduction, span=self.span) if self.halo else self
 
     @property
     def even_layout(self) -> Layout:

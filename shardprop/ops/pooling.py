@@ -18,12 +18,13 @@ from jax import lax
 
 from ..core.blocks import Blocks, bind_as_is
 from ..core.boxes import Box, LineageContext, full_box
-from ..core.layouts import Sharded, TensorSharding, shard_count
+from ..core.layouts import Sharded, Span, TensorSharding, shard_count
+from ..core.types import ValueType
 from ..core.rules import RuleContext, RuleOutput
 from ..expr import jax_adapter as jx
 from .opdef import Family, Linearity, OpDef, defs
 from .windows import (identity, past_the_ends, reach_or_bug, trivial_windows, unpadded, window_of, window_out,
-                      window_reach, with_halo)
+                      window_reach, window_rows, with_halo)
 
 
 def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions, window_strides, padding,
@@ -33,22 +34,37 @@ def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions
     shape = arrays[0].shape
     keep = trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
     out_shape = ctx.out_avals[0].shape
-    axes = []
+    if n_arrays > 1 or any(kept and isinstance(a, Sharded) and a.span is not None
+                           for kept, a in zip(keep, arrays[0].axes, strict=True)):
+        arrays = tuple(a.without_ranges() for a in arrays)  # a ranged axis without a window is read whole
+    axes, need, reads = [], [], []
     for k, kept in enumerate(keep):
         source = arrays[0].axes[k]
-        reach = None
-        if not kept and n_arrays == 1 and isinstance(source, Sharded) and _halo_allowed(params, padding[k]):
+        found = None
+        if not kept and n_arrays == 1 and isinstance(source, Sharded) and source.mesh_axes and _halo_allowed(
+                params, padding[k]):
             window = window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation)
-            reach = window_reach(shape[k], shard_count(ctx.mesh_shape, source.mesh_axes), out_shape[k], **window)
+            found = _rows(shape[k], source, ctx.mesh_shape, out_shape[k], window)
         if kept:
             axes.append(ctx.merge(k, out_shape[k], [a.axes[k] for a in arrays]))
-        elif reach is not None:
-            axes.append(ctx.carry_window(k, out_shape[k], source, reach))
+        elif found is not None:
+            reach, out_span = found
+            axes.append(ctx.carry_window(k, out_shape[k], source, reach, out_span))
         else:
             axes.append(None)
+        need.append(axes[-1].mesh_axes if isinstance(axes[-1], Sharded) and source.span is None else ())
+        reads.append((source.mesh_axes, source.span) if found is not None and source.span is not None else None)
     outputs = tuple(TensorSharding(out_shape, tuple(axes)) for _ in range(n_arrays))
-    need = outputs[0].layout
-    return RuleOutput(outputs, (need,) * n_arrays + tuple(((),) * len(i.shape) for i in inits))
+    scalars = tuple(((),) * len(i.shape) for i in inits)
+    spans = (tuple(reads),) + tuple((None,) * len(i.shape) for i in inits) if any(reads) else None
+    return RuleOutput(outputs, (tuple(need),) * n_arrays + scalars, need_spans=spans)
+
+
+def _rows(size: int, source: Sharded, mesh_shape, out_size: int, window: dict):
+    """:func:`~.windows.window_rows` for an operand axis laid out as ``source`` (ranged, or equal blocks)."""
+    count = shard_count(mesh_shape, source.mesh_axes)
+    span = source.span or (Span(0, size // count) if size % count == 0 else None)
+    return None if span is None else window_rows(span, size, count, out_size, **window)
 
 
 def _halo_allowed(params, padding) -> bool:
@@ -58,37 +74,42 @@ def _halo_allowed(params, padding) -> bool:
     return "jaxpr" not in params or tuple(padding) == (0, 0)
 
 
-def _pool_reaches(params, shape, layout, mesh_shape) -> dict[int, tuple[int, int]]:
-    """Axis -> its :func:`window_reach` for each axis with a window that a windowed reduction consumes sharded."""
+def _pool_reaches(params, shape, need, mesh_shape) -> dict[int, tuple[int, int]]:
+    """Axis -> its halo (:func:`~.windows.window_rows`) for each axis with a window that a windowed reduction
+    consumes sharded (``need``: its operand's type, ranged or not)."""
     names = ("window_dimensions", "window_strides", "padding", "base_dilation", "window_dilation")
     reaches = {}
     for k, kept in enumerate(trivial_windows(*(params.get(n) for n in names))):
-        if layout[k] and not kept:
+        if need.layout[k] and not kept:
             window = window_of(k, *(params.get(n) for n in names))
-            found = window_reach(shape[k], shard_count(mesh_shape, layout[k]), window_out(shape[k], **window),
-                                 **window)
-            reaches[k] = reach_or_bug(shape[k], layout[k], window, found)
+            count = shard_count(mesh_shape, need.layout[k])
+            span = need.span_of(k) or Span(0, shape[k] // count)
+            found = window_rows(span, shape[k], count, window_out(shape[k], **window), **window)
+            reaches[k] = reach_or_bug(shape[k], need.layout[k], window, found and found[0])
     return reaches
 
 
 def pool_halo(node, in_shapes, needs, mesh_shape):
     """The operand of a windowed reduction consumed with the halo of every sharded axis with a window."""
-    reaches = _pool_reaches(node.params, in_shapes[0], needs[0].layout, mesh_shape)
+    reaches = _pool_reaches(node.params, in_shapes[0], needs[0], mesh_shape)
     return (with_halo(needs[0], reaches), *needs[1:])
 
 
 def pool_block(node, invals, blocks: Blocks) -> list:
     """The windowed reduction on blocks: along a sharded axis with a window the block arrives with its halo, whose
     rows past the ends of the array become the reduction's identity (what it pads with: the init value, -inf for a
-    maximum), and the window runs unpadded there."""
-    reaches = _pool_reaches(node.params, blocks.in_global[0], blocks.in_layouts[0], blocks.mesh_shape)
+    maximum) — the rows of a ranged axis no device holds, its fill — and the window runs unpadded there."""
+    spans = blocks.in_spans[0] if blocks.in_spans else (None,) * len(blocks.in_layouts[0])
+    need = ValueType(blocks.in_layouts[0], span=spans)
+    reaches = _pool_reaches(node.params, blocks.in_global[0], need, blocks.mesh_shape)
     if not reaches:
         return bind_as_is(node, invals, blocks)
     x, *inits = invals
     fill = inits[0] if inits else identity(node.primitive.name, x.dtype)
     padding = list(node.params["padding"])
     for k, reach in reaches.items():
-        x = past_the_ends(x, k, reach[0], blocks.in_global[0][k], blocks.in_layouts[0][k], blocks.mesh_shape, fill)
+        x = past_the_ends(x, k, reach[0], blocks.in_global[0][k], blocks.in_layouts[0][k], blocks.mesh_shape, fill,
+                          spans[k])
         x, padding[k] = unpadded(x, k, reach), (0, 0)
     return jx.bind(node.primitive, [x, *inits], {**node.params, "padding": tuple(padding)})
 
@@ -266,7 +287,7 @@ def select_and_gather_lineage(ctx: LineageContext, box: Box, output: int, *, win
 OPS = [
     *defs(("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window"), Family.WINDOW,
           propagate=reduce_window, lineage=reduce_window_lineage, lineage_exact=True, per_block=pool_block,
-          finish=None, pull=None, linear=Linearity.NONE, halo=pool_halo),
+          finish=None, pull=None, linear=Linearity.NONE, halo=pool_halo, reads_ranges=True),
     # The max-pool's derivatives: a scatter of the source into the selected element of each window, and a
     # gather of the tangent at it.
     OpDef("select_and_scatter_add", Family.WINDOW, propagate=select_and_scatter,

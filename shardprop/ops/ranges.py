@@ -177,6 +177,8 @@ def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding
             cut = _cut(ctx, operand, k, size, -lo, fill)
         elif rows is not None and operand.axes[k].span is None and _spread_in_blocks(operand, k, lo, hi, interior):
             cut = (ctx.carry(k, size, operand.axes[k]), operand.layout[k], None)
+        elif interior > 0 and rows is not None and rows[1].fill is None and fill is not None and size > 0:
+            cut = _spread(ctx, operand, k, size, lo, interior + 1, fill)
         axis, layout, span = cut if cut is not None else (None, (), None)
         axes.append(axis)
         need.append(layout)
@@ -184,6 +186,19 @@ def pad(ctx: RuleContext, operand: TensorSharding, padding_value: TensorSharding
     scalar = ((),) * len(padding_value.shape)
     return _output(TensorSharding(tuple(out_shape), tuple(axes)), [tuple(need), scalar],
                    [tuple(spans), (None,) * len(padding_value.shape)])
+
+
+def _spread(ctx: RuleContext, operand: TensorSharding, k: int, size: int, low: int, stride: int, fill):
+    """Output axis ``k`` of ``size`` rows, operand row ``j`` landing on row ``low + stride * j`` (a pad with interior
+    padding: the gradient of a strided window or slice): each device spreads its own block in place, ``stride`` times
+    as long — a ranged axis whose rows no device holds (before ``low``, past the last block) are the pad's value."""
+    mesh_axes, span = _rows(ctx, operand, k)
+    count = shard_count(ctx.mesh_shape, mesh_axes)
+    out = Span(stride * span.offset - low, stride * span.block)
+    if not out.covers(size, count):
+        out = Span(out.offset, out.block, fill)
+    axis = ctx.ranged(k, size, mesh_axes, out, [])
+    return axis, (), (mesh_axes, span)
 
 
 def _spread_in_blocks(operand: TensorSharding, k: int, low: int, high: int, interior: int) -> bool:
@@ -428,8 +443,11 @@ def pad_block(node, invals, blocks: Blocks) -> list:
     not a row of the operand; the other axes are padded as the op says (interior padding spreads a block in place)."""
     x, value = invals
     placed = _in_place_axes(blocks)
-    config = [(0, 0, 0) if k in placed else tuple(c) for k, c in enumerate(node.params["padding_config"])]
+    spread = [k for k in placed if node.params["padding_config"][k][2]]  # each block spread in place, ranged
+    config = [(0, c[2], c[2]) if k in spread else (0, 0, 0) if k in placed else tuple(c)
+              for k, c in enumerate(node.params["padding_config"])]
     out = lax.pad(x, value.astype(x.dtype), config)
+    placed = [k for k in placed if k not in spread]
     if not placed:
         return _cut_whole(out, blocks)
     keep = None

@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 
 from ..core.blocks import block_index
-from ..core.layouts import shard_count
+from ..core.layouts import Span, shard_count
 from ..expr import jax_adapter as jx
 
 
@@ -39,16 +39,39 @@ def window_reach(size: int, blocks: int, out_size: int, *, window: int, stride: 
     >>> window_reach(64, 8, 62, window=3, stride=1, padding=(0, 0)) is None   # VALID: the output blocks are uneven
     True
     """
-    if blocks <= 1 or base_dilation != 1 or size % blocks:
+    if blocks <= 1 or size % blocks or out_size * stride != size:
         return None
-    block = size // blocks
-    before = padding[0]
-    if before < 0 or block % stride or out_size * stride != size:
+    found = window_rows(Span(0, size // blocks), size, blocks, out_size, window=window, stride=stride,
+                        padding=padding, dilation=dilation, base_dilation=base_dilation)
+    return None if found is None or found[0][0] < 0 else found[0]
+
+
+def window_rows(span: Span, size: int, blocks: int, out_size: int, *, window: int, stride: int,
+                padding: tuple[int, int], dilation: int = 1, base_dilation: int = 1
+                ) -> tuple[tuple[int, int], Span] | None:
+    """``((before, after), out span)`` for a window along an axis of ``size`` whose rows the ``blocks`` devices hold as
+    ``span`` says (equal blocks, or a ranged axis: a slice's, a pad's): each device computes output rows in blocks
+    ``span.block / stride`` long — equal blocks where they divide ``out_size``, else ranged (the last ones short: a
+    VALID window) — from the rows it holds and ``before``/``after`` rows past them (negative: its own first or last
+    rows it does not read). Rows past the ends of the array are the op's padding; rows inside it that no device holds
+    are the span's fill. None unless the stride divides the block, without base dilation, and the halo reads fewer
+    rows than every other block.
+
+    >>> window_rows(Span(0, 8), 64, 8, 62, window=3, stride=1, padding=(0, 0))   # VALID: the last block 6 rows
+    ((0, 2), Span(offset=0, block=8, fill=None))
+    >>> window_rows(Span(-1, 4, 0.0), 33, 8, 32, window=2, stride=1, padding=(0, 0))  # over a spread pad's rows
+    ((1, 0), Span(offset=0, block=4, fill=None))
+    """
+    if blocks <= 1 or base_dilation != 1 or span.block % stride or padding[0] < 0:
         return None
+    out_block = span.block // stride
+    if blocks * out_block < out_size or out_block == 0:
+        return None
+    before = padding[0] - span.offset  # output block d starts at row d * block - offset - before
     after = (window - 1) * dilation + 1 - stride - before
-    if before + max(after, 0) > (blocks - 1) * block:  # reading past every other block: a gather moves less
-        return None
-    return before, after
+    if -before >= span.block or max(before, 0) + max(after, 0) > (blocks - 1) * span.block:
+        return None  # reading past every other block: a gather moves less
+    return (before, after), Span(0, out_block)
 
 
 def summed_window_reach(size: int, window_size: int, blocks: int, out_size: int, *, stride: int,
@@ -114,14 +137,16 @@ def with_halo(need, reaches: dict[int, tuple[int, int]]):
     """``need`` holding, on each axis of ``reaches``, the rows before and after its block the window reads."""
     if not reaches:
         return need
-    return replace(need, halo=tuple((reaches[k][0], max(reaches[k][1], 0)) if k in reaches else (0, 0)
+    return replace(need, halo=tuple((max(reaches[k][0], 0), max(reaches[k][1], 0)) if k in reaches else (0, 0)
                                     for k in range(len(need.layout))))
 
 
 def unpadded(x, axis: int, reach: tuple[int, int]):
-    """A haloed block without the rows the window does not read (a negative ``after``: its own last rows)."""
-    after = reach[1]
-    return x if after >= 0 else lax.slice_in_dim(x, 0, x.shape[axis] + after, axis=axis)
+    """A haloed block without the rows the window does not read (a negative ``before`` or ``after``: its own first
+    or last rows)."""
+    before, after = reach
+    first, stop = max(-before, 0), x.shape[axis] + min(after, 0)
+    return x if (first, stop) == (0, x.shape[axis]) else lax.slice_in_dim(x, first, stop, axis=axis)
 
 
 def identity(primitive: str, dtype):
@@ -145,11 +170,18 @@ def extreme(dtype, *, lowest: bool):
     return np.array(np.iinfo(dtype).min if lowest else np.iinfo(dtype).max, dtype)
 
 
-def past_the_ends(x, axis: int, before: int, size: int, mesh_axes, mesh_shape, fill):
-    """``x`` (a block with ``before`` halo rows first) with ``fill`` in its rows past the ends of the array."""
-    first = block_index(mesh_axes, mesh_shape) * (size // shard_count(mesh_shape, mesh_axes)) - before
+def past_the_ends(x, axis: int, before: int, size: int, mesh_axes, mesh_shape, fill, span: Span | None = None):
+    """``x`` (a block with ``before`` halo rows first, of a ranged axis if ``span``) with ``fill`` in its rows past the
+    ends of the array, and the span's fill in the rows of the array no device holds."""
+    count = shard_count(mesh_shape, mesh_axes)
+    span = span or Span(0, size // count)
+    first = block_index(mesh_axes, mesh_shape) * span.block - span.offset - max(before, 0)
     index = lax.broadcasted_iota(np.int32, x.shape, axis) + first
-    return jnp.where((index >= 0) & (index < size), x, jnp.asarray(fill, x.dtype))
+    x = jnp.where((index >= 0) & (index < size), x, jnp.asarray(fill, x.dtype))
+    if span.fill is None:
+        return x
+    held = (index >= -span.offset) & (index < count * span.block - span.offset)
+    return jnp.where(held | (index < 0) | (index >= size), x, jnp.asarray(span.fill, x.dtype))
 
 
 def trivial_windows(window_dimensions, window_strides, padding, base_dilation=None, window_dilation=None):

@@ -100,14 +100,14 @@ class Decisions:
         table = [whole(needs) for needs in self.sharded.needs]
         for node_id, needs in self.need_overrides.items():
             table[node_id] = needs
+        for node_id in self.sharded.need_spans:  # the ranged rows an op reads
+            if node_id not in self.need_overrides and self._keeps_ranges(self.graph.nodes[node_id]):
+                table[node_id] = self.rule_needs(node_id)
         for node in self.graph.nodes:  # a windowed op reads its neighbours' edges: the halo is part of its need
             halo = lookup(node.op).halo
             if halo is not None:
                 shapes = [self.graph.avals[v].shape for v in node.operands]
                 table[node.id] = halo(node, shapes, table[node.id], self.mesh_shape)
-        for node_id in self.sharded.need_spans:  # the ranged rows an op reads
-            if node_id not in self.need_overrides and self._keeps_ranges(self.graph.nodes[node_id]):
-                table[node_id] = self.rule_needs(node_id)
         return tuple(table)
 
     def rule_needs(self, node_id: int) -> tuple[ValueType, ...]:

@@ -19,7 +19,8 @@ import shardprop as sp
 from shardprop.core.transfers import total_moved
 from shardprop.inspect.listing import format_listing
 from shardprop.ops.pooling import select_reaches
-from shardprop.ops.windows import dilated_window_reach, summed_window_reach, window_out, window_reach
+from shardprop.core.layouts import Span
+from shardprop.ops.windows import dilated_window_reach, summed_window_reach, window_out, window_reach, window_rows
 from tests.conftest import assert_same_as_unsharded, random_args
 
 DN = ("NHWC", "HWIO", "NHWC")
@@ -285,3 +286,60 @@ def test_a_flax_cnn_with_image_rows_sharded(meshes):
                                  rtol=1e-4, atol=1e-5)
     comparison = sp.compare_with_jit(step, meshes["8"], specs, params, opt.init(params), x, y)
     assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
+
+
+# --- windows over ranged rows (issue #27): uneven outputs, a pad's or a slice's rows ------------------------------
+
+def avg_pool(x, window=2):
+    return lax.reduce_window(x, 0.0, lax.add, (1, window, window, 1), (1, window, window, 1), "VALID") / window ** 2
+
+
+RANGED = [
+    # the gradient of a strided pool: its cotangent spread in place (a pad with interior padding, each block twice as
+    # long, ranged), then a window one row past each block
+    ("avg_pool_gradient", loss_grad(lambda x, w: avg_pool(x), 0), (P(None, "i"), P())),
+    ("avg_pool_gradient_rows_and_columns", loss_grad(lambda x, w: avg_pool(x), 0), (P(None, "i", "j"), P())),
+    # a VALID window's output blocks are uneven (30 rows, the last block short): kept ranged, read in place next
+    ("valid_pool_then_sum", lambda x, w: jnp.sum(max_pool(x, 3, 1, "VALID"), axis=1), (P(None, "i"), P())),
+    ("valid_pool_then_pool", lambda x, w: jnp.sum(max_pool(max_pool(x, 3, 1, "VALID"), 3, 1, "SAME"), axis=1),
+     (P(None, "i"), P())),
+    # a pad's rows no device holds (its value) and a slice's rows, read by the window as they are held
+    ("pool_over_a_pad", lambda x, w: lax.reduce_window(jnp.pad(x, ((0, 0), (2, 0), (0, 0), (0, 0)),
+                                                               constant_values=5.0), -jnp.inf, lax.max,
+                                                       (1, 3, 1, 1), (1, 1, 1, 1), "VALID"), (P(None, "i"), P())),
+    ("pool_over_a_slice", lambda x, w: jnp.sum(max_pool(x[:, 3:], 3, 1, "SAME"), axis=1), (P(None, "i"), P())),
+]
+
+
+@pytest.mark.parametrize("name,f,specs", RANGED, ids=[c[0] for c in RANGED])
+def test_a_window_over_ranged_rows_reads_them_in_place(name, f, specs, meshes):
+    """Equal to the unsharded function; nothing gathered whole; no more bytes than jax.jit; the estimate equals the
+    compiled program."""
+    mesh = meshes["4x2" if "columns" in name else "8"]
+    args = random_args([X, W])
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, rtol=1e-4, atol=1e-4)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+    assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
+    if "gradient" in name:
+        assert prog.out_specs == comparison.jit_out_specs, str(comparison)
+        assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
+    if "then" in name or "gradient" in name:
+        assert not [t for t in prog.estimated_communication() if t.kind == "all-gather"], str(prog.graph)
+
+
+@pytest.mark.parametrize("size,count,offset,block,window,stride,padding", [
+    (64, 8, 0, 8, 3, 1, (0, 0)), (64, 8, 0, 8, 3, 1, (1, 1)), (33, 8, -1, 4, 2, 1, (0, 0)),
+    (61, 8, 3, 8, 3, 1, (1, 1)), (66, 8, -2, 8, 3, 1, (0, 0)), (64, 8, 0, 8, 2, 2, (0, 0)), (60, 8, 2, 8, 5, 1, (2, 2)),
+])
+def test_window_rows_are_the_rows_read(size, count, offset, block, window, stride, padding):
+    """Against a brute-force count: each device's output block (the rows the out span gives it) reads exactly the
+    rows it holds, ``before`` more ahead and ``after`` more past them (negative: fewer)."""
+    out_size = window_out(size, window=window, stride=stride, padding=padding, dilation=1, base_dilation=1)
+    (before, after), out = window_rows(Span(offset, block), size, count, out_size, window=window, stride=stride,
+                                       padding=padding)
+    assert out.block * count >= out_size and out.offset == 0
+    for d in range(count):
+        rows = [o * stride - padding[0] + t for o in range(d * out.block, (d + 1) * out.block) for t in range(window)]
+        assert min(rows) == d * block - offset - before
+        assert max(rows) == (d + 1) * block - offset - 1 + after

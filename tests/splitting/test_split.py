@@ -275,20 +275,20 @@ def test_a_move_made_in_an_earlier_stage_for_another_consumer_is_named_where_it_
     def f(a):
         m = a * 2
         s = jnp.sort(jnp.sort(m, axis=0), axis=1)  # the sort's stage gathers m over i ...
-        # ... and the next stage's VALID window with uneven output blocks (it still gathers) reuses it
-        return jnp.sum(lax.reduce_window(m, 0.0, lax.add, (3, 1), (1, 1), "VALID"), axis=0) + s
+        # ... and the next stage's product over i (no collective multiplies: it gathers) reuses it
+        return jnp.prod(m, axis=0) + s
 
     x = jnp.arange(128.0).reshape(16, 8)
     prog = assert_same_as_unsharded(f, (x,), mesh=mesh, in_specs=(P("i", "j"),))
     plan = prog.plan
-    sort, cumsum = (n for n in plan.graph.nodes if n.op in ("sort", "reduce_window_sum") and n.operands[0] == 2)
-    assert (plan.stage_of(sort.id), plan.stage_of(cumsum.id)) == (1, 2)
-    (gather,) = plan.node_ir(cumsum.id).moves_in
+    sort, product = (n for n in plan.graph.nodes if n.op in ("sort", "reduce_prod") and n.operands[0] == 2)
+    assert (plan.stage_of(sort.id), plan.stage_of(product.id)) == (1, 2)
+    (gather,) = plan.node_ir(product.id).moves_in
     assert plan.stage_running(gather) == 1 and gather.node == sort.id
-    explained = str(sp.explain(prog, cumsum.outputs[0]))
+    explained = str(sp.explain(prog, product.outputs[0]))
     assert "Paid for by all_gather[i axis=0] c (made in stage 1 for `sort` at test_split.py:" in explained
     assert "in its stage" not in explained
-    assert "all-gather over i on axis 0 in stage 1" in "\n".join(sp.debug.comparison.decision(plan, cumsum))
+    assert "all-gather over i on axis 0 in stage 1" in "\n".join(sp.debug.comparison.decision(plan, product))
     dot = sp.to_dot(prog)
     assert dot.count("gather i@0 · 192 B/device") == 1 and "reused (moved for sort)" in dot
 
