@@ -93,6 +93,13 @@ def fill_key(fill) -> tuple:
     return (type(fill).__name__, fill)
 
 
+def spelled(span: Span | None, size: int, count: int) -> Span | None:
+    """``span`` as a type spells it: None where it is the equal blocks of an axis of ``size`` in ``count`` blocks."""
+    if span is None or (span.offset == 0 and size % count == 0 and span.block == size // count):
+        return None
+    return span
+
+
 def standard_span(size: int, count: int) -> Span:
     """The span of an axis of ``size`` laid out in ``count`` equal blocks (``size`` divisible by ``count``)."""
     return Span(0, size // count)

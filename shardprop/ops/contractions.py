@@ -23,8 +23,7 @@ from ..core.blocks import bind_as_is
 from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import Sharded, TensorSharding
-from ..core.layouts import Span
+from ..core.layouts import Sharded, Span, TensorSharding, shard_count, spelled
 from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
@@ -111,18 +110,26 @@ def _ranged_pair(lhs: ValueType, rhs: ValueType, a: int, b: int) -> tuple[tuple[
     return names, span
 
 
-def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c, *, reads_ranges: bool = False):
+def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c, *, reads_ranges: bool = False, own_rows=frozenset()):
     """The finish of a bilinear op that sums over paired axes of its two operands (``lhs_c[k]`` with
     ``rhs_c[k]``: a contraction's contracting axes, a convolution's input features): where they are sharded
     alike (or on one side only), each device computes on its blocks and a ``psum`` over those mesh axes adds
     the partial results. None where a mesh axis would shard two axes of an operand or one of the output. With
-    ``reads_ranges`` (the op masks the padding of ranged rows it sums over), a ranged pair is read in place."""
+    ``reads_ranges`` (the op masks the padding of ranged rows it sums over), a ranged pair is read in place — row
+    by row, or, for the pairs in ``own_rows`` (a convolution's window and the input it slides over, laid out over the
+    same mesh axes), each operand in the rows it holds."""
     lhs, rhs = node.operands
     lhs_have, rhs_have = decisions.layout(lhs), decisions.layout(rhs)
     lhs_need, rhs_need = (list(n) for n in decisions.need_layouts(node.id))
     lhs_spans, rhs_spans = [None] * len(lhs_need), [None] * len(rhs_need)
     mesh_axes: list[str] = []
     for a, b in zip(lhs_c, rhs_c, strict=True):
+        if (a, b) in own_rows:
+            lhs_type, rhs_type = decisions.type(lhs), decisions.type(rhs)
+            lhs_need[a] = rhs_need[b] = lhs_type.layout[a]
+            lhs_spans[a], rhs_spans[b] = lhs_type.span_of(a), rhs_type.span_of(b)
+            mesh_axes.extend(lhs_type.layout[a])
+            continue
         ranged = _ranged_pair(decisions.type(lhs), decisions.type(rhs), a, b) if reads_ranges else None
         if ranged is not None:
             names, span = ranged
@@ -149,7 +156,11 @@ def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c, *, reads_ranges: bo
         _keep_rule_ranges(decisions, node, (lhs_need, rhs_need), (lhs_spans, rhs_spans), (lhs_c, rhs_c), contracted)
     # A free axis propagation takes whole (``h.T @ c`` with both free axes over one mesh axis) is still gathered;
     # the contracting axes no longer are.
-    needs = (ValueType(tuple(lhs_need), span=tuple(lhs_spans)), ValueType(tuple(rhs_need), span=tuple(rhs_spans)))
+    shapes = [decisions.graph.avals[v].shape for v in node.operands]
+    needs = tuple(ValueType(tuple(need), span=tuple(
+        span and spelled(span, n, shard_count(decisions.mesh_shape, m)) for span, n, m in zip(spans, shape, need,
+                                                                                             strict=True)))
+        for need, spans, shape in zip((lhs_need, rhs_need), (lhs_spans, rhs_spans), shapes, strict=True))
     return needs, Collective(CollectiveKind.PSUM, tuple(mesh_axes))
 
 

@@ -75,19 +75,27 @@ def window_rows(span: Span, size: int, blocks: int, out_size: int, *, window: in
 
 
 def summed_window_reach(size: int, window_size: int, blocks: int, out_size: int, *, stride: int,
-                        padding: tuple[int, int], dilation: int = 1, base_dilation: int = 1) -> tuple[int, int] | None:
+                        padding: tuple[int, int], dilation: int = 1, base_dilation: int = 1,
+                        window_span: Span | None = None) -> tuple[int, int] | None:
     """:func:`window_reach` for a convolution whose *window* axis (the kernel's, ``window_size`` long) is sharded like
     the input axis it slides over (``size`` long), both cut in ``blocks`` even blocks: each device sums the products
     of its part of the window over every output position — the kernel gradient of a spatially sharded convolution
     (its result a partial sum, finished by a ``psum``). Needs the window's blocks ``dilation`` apart to start where
-    the input's do; None otherwise.
+    the input's do; None otherwise. A ranged window (``window_span``: the cotangent of a VALID convolution, its last
+    blocks short) is summed in its blocks, their padding zeroed.
 
     >>> summed_window_reach(64, 64, 8, 3, stride=1, padding=(1, 1))   # the kernel gradient of a 3x3 SAME conv
     (1, 1)
+    >>> summed_window_reach(64, 62, 8, 3, stride=1, padding=(0, 0), window_span=Span(0, 8))   # of a VALID one
+    (0, 2)
     """
-    if blocks <= 1 or base_dilation != 1 or size % blocks or window_size % blocks or padding[0] < 0:
+    if blocks <= 1 or base_dilation != 1 or size % blocks or padding[0] < 0:
         return None
-    block, window_block = size // blocks, window_size // blocks
+    if window_span is None and window_size % blocks or window_span is not None and (
+            window_span.offset != 0 or window_span.fill is not None):
+        return None
+    block = size // blocks
+    window_block = window_size // blocks if window_span is None else window_span.block
     if window_block * dilation != block:
         return None
     before, after = padding[0], (out_size - 1) * stride - dilation - padding[0] + 1

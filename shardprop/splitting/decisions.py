@@ -28,7 +28,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from ..core.collectives import Collective
-from ..core.layouts import Layout, shard_count
+from ..core.layouts import Layout, shard_count, spelled
 from ..core.rules import Body
 from ..core.types import ValueType, whole
 from ..expr.graph import PARAMETER, Graph, Node
@@ -252,9 +252,7 @@ def _ranged(shape: tuple[int, ...], layout: Layout, spans, mesh_shape) -> ValueT
             continue
         mesh_axes, span = ranged
         layout[k] = mesh_axes
-        count = shard_count(mesh_shape, mesh_axes)
-        if not (span.offset == 0 and shape[k] % count == 0 and span.block == shape[k] // count):
-            rows[k] = span
+        rows[k] = spelled(span, shape[k], shard_count(mesh_shape, mesh_axes))
     return ValueType(tuple(layout), span=tuple(rows))
 
 

@@ -5,7 +5,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
