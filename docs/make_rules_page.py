@@ -106,7 +106,10 @@ per round, the pieces a device keeps first), and the result is an ordinary shard
 joined), a shift, the shifted slices of a causal convolution, two sequences end to end. A concatenation whose
 operands, held in place, are the result's blocks rotated (a roll: `x[63:]` and `x[:63]`) is joined in place and a
 `rotate` finish (under every strategy) permutes the rows crossing each block's edge — one `ppermute`, as XLA's
-rotation. Where the result does not divide, each
+rotation. Operands in equal blocks (two sequences end to end) are joined in place too, and a `route` finish sends
+each device's pieces to the blocks they land in, the pieces of every operand sharing the rounds, where that moves
+fewer rows than realigning each operand. A `dynamic_slice` whose starts are constants is traced as the static slice
+they name. Where the result does not divide, each
 device keeps the rows of its own block and nothing moves: the axis is *ranged*, its type names the rows device `k`
 holds (`63@i[8k:8k+8]`: `x[:, :63]` of 64 rows in blocks of 8; the shards are the real ranges, the last one 7 rows,
 and lineage follows them). Rows no device holds (a pad's rows before the first block) are the span's *fill*, the pad
@@ -114,8 +117,14 @@ value, which a move or a reduction takes in.
 
 The rules that read ranged rows in place: elementwise ops (operands in one range; another range or equal blocks over
 the same mesh axes are realigned, a whole operand cut locally with `take_rows`), `broadcast_in_dim`, `transpose`,
-`squeeze`, a `dot_general`'s batch and free axes, a reduction's kept axes, and a sum, maximum or minimum *over* a
-ranged axis (each device masks its padding with the identity, a `psum`/`pmax`/`pmin` finishes). Every other rule
+`squeeze`, `reshape` (a group's ranged major axis, its rows regrouped in place), a `dot_general`'s batch and free
+axes and, finished by a `psum`, its contracting axes (both operands' padding zeroed), a reduction's kept axes, a
+sum, maximum or minimum *over* a ranged axis (each device masks its padding with the identity, a
+`psum`/`pmax`/`pmin` finishes), `argmax`/`argmin` (each block's winner offset by its first row), and the windows:
+`reduce_window_*` and `conv_general_dilated` read their operand in the rows each device holds with a halo past them
+(the rows no device holds are the span's fill, those past the ends the window's padding), their output ranged where
+its blocks are uneven (VALID); a convolution's kernel gradient sums a ranged cotangent in its blocks, and a pad with
+interior padding (a strided window's gradient) spreads each block in place. Every other rule
 sees a ranged axis replicated: an `unspan` move gathers it first (each device sends the rows it holds, as many as
 the most any holds; the padding dropped). A ranged result comes back whole along that axis (a JAX array cannot be
 uneven; `jax.jit` gathers an uneven result too); an argument whose axis its mesh axes do not divide is accepted,
@@ -134,13 +143,10 @@ rides on the values'), where that moves less than gathering the axis.
 A strided slice across blocks (`x[:, ::3]`) is laid out in blocks of `ceil(n / count)` rows, each device reading
 the `s` times as many rows its block picks from realigned to it (in place where its block holds them: `x[::2]`).
 
-Still gathered along a sharded axis (open items): VALID windows whose output blocks would be uneven; `sort`; a
-reduction over a ranged axis that no collective finishes (a product); ranges through `reshape`, `gather` (a
-cross-entropy's `take_along_axis` over a padded vocabulary), `scatter`, windows and loops' carries; a finished
-contraction (its `psum`) reads its ranged free axes whole. A concatenation of two sharded
-sequences permutes each operand's pieces apart (up to a third above `jax.jit`'s all-to-alls); a strided slice whose
-result is uneven moves its realigned rows and then gathers (`jax.jit` picks each device's rows in place, a varying
-count, and gathers: up to 6 times fewer bytes for `x[:, ::16]` of 64 rows).
+Still gathered along a sharded axis (open items): `sort`; a reduction over a ranged axis that no collective
+finishes (a product); ranges through `scatter`, `select_and_scatter_add` (a VALID max-pool's gradient) and loops'
+carries. A strided slice whose result is uneven moves its realigned rows and then gathers (`jax.jit` picks each
+device's rows in place, a varying count, and gathers: up to 3 times fewer bytes for `x[:, ::16]` of 64 rows).
 
 ## Primitives without a record
 

@@ -18,7 +18,7 @@ from ..core.blocks import Blocks
 from ..core.layouts import block_shape
 from ..errors import LoweringError
 from ..expr.graph import CONSTANT, Graph, where
-from ..ops import finish_shift, lookup, reduced_rows
+from ..ops import finish_geometry, lookup
 from ..splitting.ir import BodyProgram, Compute, Finish, Move, Ref
 from .finish import finish_extreme
 from .moves import apply_step
@@ -36,8 +36,7 @@ def run_instructions(graph: Graph, mesh_shape: Mapping[str, int], instructions, 
             env[instruction.result] = finish_extreme(node, instruction.kind, instruction.mesh_axes,
                                                      env[instruction.source], env[instruction.operand], mesh_shape,
                                                      node.outputs.index(instruction.result.value),
-                                                     finish_shift(graph, node, instruction.operand.type),
-                                                     reduced_rows(graph, node, instruction.operand.type))
+                                                     finish_geometry(graph, node, instruction.operand.type))
         else:
             env.update(zip(instruction.outputs, _compute(graph, mesh_shape, instruction, env), strict=True))
         if hook is not None:

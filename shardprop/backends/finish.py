@@ -13,22 +13,28 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..core.blocks import block_index
-from ..core.collectives import CollectiveKind, rotation_split
-from ..core.layouts import Span
+from ..core.collectives import NO_GEOMETRY, CollectiveKind, FinishGeometry, rotation_split
+from ..core.layouts import Span, shard_count
+from ..core.steps import route_rounds
 from ..ops.windows import extreme
-from .moves import as_bits, rotated
+from .moves import apply_rounds, as_bits, rotated
 from ..expr.graph import Node
 
 
 def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...], partial, block, mesh_shape,
-                   output: int = 0, shift: int = 0, rows: tuple[Span, int] | None = None):
+                   output: int = 0, geometry: FinishGeometry = NO_GEOMETRY):
     """The devices' partial results ``partial`` of output ``output`` of reduction ``node`` (``block``: this device's
-    operand block; for a top-k, its values' partial result) combined by ``kind`` over ``mesh_axes`` (a rotation:
-    by ``shift`` rows; an arg-extreme over a ranged axis: ``(its span, its length)``)."""
+    operand block; for a top-k, its values' partial result) combined by ``kind`` over ``mesh_axes``, where
+    ``geometry`` says (a rotation's shift, a route's joined operands, an arg-extreme's ranged rows)."""
+    rows = geometry.rows
     if kind is CollectiveKind.TOP_K:  # each device's k best: the candidates
         return _finish_top_k(node, mesh_axes, partial, block, output)
     if kind is CollectiveKind.ROTATE:  # each device's rows lie shift rows further
-        return _rotate(partial, node.params["dimension"], shift, mesh_axes, mesh_shape)
+        return _rotate(partial, node.params["dimension"], geometry.shift, mesh_axes, mesh_shape)
+    if kind is CollectiveKind.ROUTE:  # each device's joined block holds pieces of other blocks
+        count = shard_count(mesh_shape, mesh_axes)
+        return apply_rounds(partial, route_rounds(geometry.lengths, count), geometry.axis, mesh_axes,
+                            partial.shape[geometry.axis], 0, mesh_shape)
     if kind is CollectiveKind.MIRROR:  # each device reversed its block: its mirror device's
         return _to_mirror(node, mesh_axes, partial, mesh_shape)
     if kind is CollectiveKind.PREFIX:  # each device scanned its block

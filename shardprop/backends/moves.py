@@ -99,10 +99,18 @@ def _realign(x, step: Step, mesh_shape: Mapping[str, int]):
     block = wanted.block if wanted is not None else step.length // count
     held = step.before.span_of(axis)
     fill = held.fill if held is not None and held.fill is not None else 0
+    return apply_rounds(x, realign_rounds(step, count), axis, names, block, fill, mesh_shape)
+
+
+def apply_rounds(x, rounds, axis: int, names: tuple[str, ...], block: int, fill, mesh_shape: Mapping[str, int]):
+    """Blocks of ``block`` rows along ``axis`` (laid out over ``names``) made of the pieces of ``rounds``
+    (:class:`~shardprop.core.steps.Piece`: rows of one device's block ``x`` landing in another's), one ``ppermute``
+    per round but the first (the pieces each device keeps); a position no piece lands on holds ``fill``."""
+    count = shard_count(mesh_shape, names)
     here = block_index(names, mesh_shape)
     out = lax.full(tuple(block if k == axis else n for k, n in enumerate(x.shape)), fill, x.dtype)
     position = lax.broadcasted_iota(np.int32, tuple(block if k == axis else 1 for k in range(x.ndim)), axis)
-    for number, pieces in enumerate(realign_rounds(step, count)):
+    for number, pieces in enumerate(rounds):
         if not pieces:
             continue
         rows = max(p.rows for p in pieces)

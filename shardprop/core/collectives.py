@@ -15,6 +15,7 @@ import numpy as np
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
 from .layouts import Layout, block_shape, shard_count
+from .steps import rounds_rows, route_rounds
 from .transfers import Transfer, TransferKind, hlo_dtype_name, transfer
 from .types import Reduction
 
@@ -31,16 +32,32 @@ class CollectiveKind(StrEnum):
     MIRROR = "mirror"              # each device's reversed block sent to its mirror device (a collective-permute)
     TOP_K = "top_k"                # each device's k candidates all-gathered, the k best of them taken
     ROTATE = "rotate"              # blocks joined in place rotated into their places (one or two permutes: a roll)
+    ROUTE = "route"                # operands' blocks joined in place, each piece sent to its block (rounds of permutes)
 
     @property
     def required(self) -> bool:
         """True for the finishes the op's rule relies on (it keeps the axis sharded): applied under every strategy."""
-        return self in (CollectiveKind.PREFIX, CollectiveKind.MIRROR, CollectiveKind.ROTATE)
+        return self in (CollectiveKind.PREFIX, CollectiveKind.MIRROR, CollectiveKind.ROTATE, CollectiveKind.ROUTE)
 
     @property
     def reduction(self) -> Reduction:
         """How the devices' partial results combine: the ``reduction`` of the type the node computes."""
         return _REDUCTIONS[self]
+
+
+@dataclass(frozen=True, slots=True)
+class FinishGeometry:
+    """Where a finish works, for those that need more than the result's layout: the ``axis`` a top-k, a rotation or a
+    route works along; the rows a rotation moves each device's rows by (``shift``); the lengths of the operands a
+    route joined in place (``lengths``); the span and length of the ranged axis an arg-extreme reduced (``rows``)."""
+
+    axis: int | None = None
+    shift: int = 0
+    lengths: tuple[int, ...] = ()
+    rows: tuple | None = None
+
+
+NO_GEOMETRY = FinishGeometry()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +76,30 @@ _REDUCTIONS = {CollectiveKind.PSUM: Reduction.SUM, CollectiveKind.PMAX: Reductio
                CollectiveKind.PMIN: Reduction.MIN, CollectiveKind.ARGMAX: Reduction.ARGMAX,
                CollectiveKind.ARGMIN: Reduction.ARGMIN, CollectiveKind.PREFIX: Reduction.PREFIX,
                CollectiveKind.MIRROR: Reduction.MIRRORED, CollectiveKind.TOP_K: Reduction.TOP_K,
-               CollectiveKind.ROTATE: Reduction.ROTATED}
+               CollectiveKind.ROTATE: Reduction.ROTATED, CollectiveKind.ROUTE: Reduction.ROUTED}
 
 
 def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Aval, operand_dtype, layout: Layout,
-                     mesh_shape, axis: int | None = None, shift: int = 0) -> tuple[Transfer, ...]:
+                     mesh_shape, geometry: FinishGeometry | None = None) -> tuple[Transfer, ...]:
     """The all-reduces that finish a partial maximum, minimum or arg-extreme of ``aval`` laid out as ``layout``
     (a float ``pmax``/``pmin`` is one all-reduce of integers of the same size: total order keeps NaN and signed
     zeros); ``argmax``/``argmin`` also all-reduce the extreme values (of ``operand_dtype``) and, for floats, a NaN
     flag; ``prefix`` all-gathers one row per device (its block's total) along the scanned axis; ``top_k`` all-gathers
     each device's ``k`` candidates along ``axis`` (one gather per output); ``rotate`` permutes the rows ``shift`` rows
-    further along ``axis`` into each device's block (:func:`rotation_pieces`). (A partial sum is a move:
+    further along ``axis`` into each device's block (:func:`rotation_pieces`); ``route`` permutes the pieces of the
+    joined blocks to theirs, in rounds (one record, as a realign's). (A partial sum is a move:
     :func:`~shardprop.core.moves.move_transfers`.)"""
+    geometry = geometry or NO_GEOMETRY
+    axis, shift = geometry.axis, geometry.shift
+    if kind is CollectiveKind.ROUTE:
+        count = shard_count(mesh_shape, mesh_axes)
+        rounds = route_rounds(geometry.lengths, count)
+        piece = tuple(rounds_rows(rounds) if k == axis else n
+                      for k, n in enumerate(block_shape(aval.shape, layout, mesh_shape)))
+        groups = tuple(n for n in mesh_shape if n in mesh_axes and mesh_shape[n] > 1)
+        nbytes = _nbytes(piece, aval.dtype)
+        return (Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, count, piece, hlo_dtype_name(aval.dtype), nbytes,
+                         float(nbytes), arrays=len(rounds) - 1),)
     if kind is CollectiveKind.TOP_K:  # each device's candidates of this output along ``axis`` (a top-k's values and
         # indices: the values' gather serves both outputs, XLA merging the two identical ones)
         n, axis = shard_count(mesh_shape, mesh_axes), axis % len(aval.shape)

@@ -309,6 +309,46 @@ def _rounds(held: Span, wanted: Span, length: int, count: int) -> tuple[tuple[Pi
             lo, hi = max(first, at), min(stop, at + held.block)
             if lo < hi:
                 pieces.append(Piece(source, target, lo - at, lo - start, hi - lo))
+    return in_rounds(pieces)
+
+
+@functools.lru_cache(maxsize=1024)
+def route_rounds(lengths: tuple[int, ...], count: int) -> tuple[tuple[Piece, ...], ...]:
+    """The rounds that carry a concatenation of operands of ``lengths`` rows, each in ``count`` equal blocks and joined
+    in place (device ``d``'s block: each operand's block ``d``, in order), into the ``count`` equal blocks of the
+    result: every piece of a joined block goes to the block its rows land in, the pieces of all operands sharing
+    rounds.
+
+    >>> rounds = route_rounds((64, 64), 8)   # x | a over 8 devices: x's blocks go to devices 0-3, a's to 4-7
+    >>> len(rounds) - 1, rounds_rows(rounds)   # two permutes of 8 rows (each operand realigned apart: four)
+    (2, 16)
+    """
+    out_block = sum(lengths) // count
+    pieces, offset, at = [], 0, 0
+    for n in lengths:
+        block = n // count
+        for d in range(count):
+            first = offset + d * block  # the result's row of the block's first row
+            for t in range(first // out_block, (first + block - 1) // out_block + 1):
+                lo, hi = max(first, t * out_block), min(first + block, (t + 1) * out_block)
+                pieces.append(Piece(d, t, at + lo - first, lo - t * out_block, hi - lo))
+        offset, at = offset + n, at + block
+    return in_rounds(pieces)
+
+
+def realign_rows(held: Span, wanted: Span, length: int, count: int) -> int:
+    """Rows one device sends to realign an axis of ``length`` from the rows ``held`` says to those ``wanted`` says."""
+    return rounds_rows(_rounds(held, wanted, length, count))
+
+
+def rounds_rows(rounds: tuple[tuple[Piece, ...], ...]) -> int:
+    """Rows one device sends over ``rounds`` (their first, the pieces kept, sends none): each round's longest piece."""
+    return sum(max(p.rows for p in pieces) for pieces in rounds[1:] if pieces)
+
+
+def in_rounds(pieces) -> tuple[tuple[Piece, ...], ...]:
+    """``pieces`` in rounds, each one ``ppermute`` (every device sends at most one piece and receives at most one):
+    first the pieces a device keeps, then the others, those from the same number of blocks away together."""
     kept = tuple(p for p in pieces if p.source == p.target)
     rounds: list[list[Piece]] = []
     for piece in sorted((p for p in pieces if p.source != p.target), key=lambda p: (p.source - p.target, p.target)):
@@ -337,7 +377,7 @@ def _rows_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str
     groups = tuple(n for n in sizes if n in step.mesh_axes and sizes[n] > 1)
     if step.kind is StepKind.REALIGN:  # one collective-permute per round, of its longest piece
         rounds = realign_rounds(step, count)[1:]
-        piece[step.axis] = sum(max(p.rows for p in pieces) for pieces in rounds)
+        piece[step.axis] = rounds_rows(realign_rounds(step, count))
         nbytes = int(jx.itemsize(dtype) * int(np.prod(piece)))
         return Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, shard_count(sizes, groups), tuple(piece),
                         hlo_dtype_name(dtype), nbytes, float(nbytes), arrays=len(rounds))

@@ -45,6 +45,7 @@ class Reduction(StrEnum):
     MIRRORED = "mirrored"  # a reversal done block by block: each device holds the block its mirror device should
     TOP_K = "top-k"  # a top-k of each block: each device holds its block's k best, the candidates for the whole
     ROTATED = "rotated"  # blocks joined in place, rotated: each device holds rows some blocks further (a roll)
+    ROUTED = "routed"  # operands' blocks joined in place: each device holds pieces of other devices' blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,7 @@ class ValueType:
             object.__setattr__(self, "partial", tuple(sorted(self.partial)))
         used = {name for m in self.layout for name in m}
         if used & set(self.partial) and self.reduction not in (Reduction.PREFIX, Reduction.MIRRORED,
-                                                                Reduction.ROTATED):
+                                                                Reduction.ROTATED, Reduction.ROUTED):
             raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
                              f"{self.partial}")
 

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 from . import (contractions, control_flow, convolutions, elementwise, indexing, linalg, placement, pooling, random,
                ranges, reductions, reshape, scans, shapes, slicing)
+from ..core.collectives import FinishGeometry
 from .fallback import fallback_for
 from .opdef import Family, OpDef, defs, first_sentence
 
@@ -29,24 +30,21 @@ FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, in
             pooling, linalg, control_flow, random, placement)
 
 
-def finished_axis(node) -> int | None:
-    """The axis a finish works along, for the finishes that have one (a top-k's, a rotation's); None otherwise."""
-    return node.params.get("dimension", node.params.get("axis")) if node.op in ("top_k", "concatenate") else None
-
-
-def finish_shift(graph, node, first_operand_type) -> int:
-    """The rows a ``rotate`` finish moves each device's rows by (:func:`.ranges.rotation`); 0 for other finishes."""
-    if node.op != "concatenate":
-        return 0
-    return ranges.rotation(node, first_operand_type, graph.avals[node.outputs[0]].shape[node.params["dimension"]])
-
-
-def reduced_rows(graph, node, operand_type) -> tuple:
-    """``(span, length)`` of the one axis a reduction finished over reads ranged (an arg-extreme's); None otherwise."""
+def finish_geometry(graph, node, operand_type) -> FinishGeometry:
+    """Where the finish of ``node`` works (:class:`~shardprop.core.collectives.FinishGeometry`), given the type its
+    first operand is read in: a top-k's axis; a concatenation's axis, rotation (:func:`.ranges.rotation`) and
+    operand lengths; the ranged rows a single-axis reduction reads."""
+    if node.op == "top_k":
+        return FinishGeometry(axis=node.params["axis"])
+    if node.op == "concatenate":
+        dim = node.params["dimension"]
+        length = graph.avals[node.outputs[0]].shape[dim]
+        return FinishGeometry(axis=dim, shift=ranges.rotation(node, operand_type, length),
+                              lengths=tuple(graph.avals[v].shape[dim] for v in node.operands))
     axes = node.params.get("axes") if lookup(node.op).family is Family.REDUCTION else None
-    if not axes or len(axes) != 1 or operand_type.span_of(axes[0]) is None:
-        return None
-    return operand_type.span_of(axes[0]), graph.avals[node.operands[0]].shape[axes[0]]
+    if axes and len(axes) == 1 and operand_type.span_of(axes[0]) is not None:
+        return FinishGeometry(rows=(operand_type.span_of(axes[0]), graph.avals[node.operands[0]].shape[axes[0]]))
+    return FinishGeometry()
 
 
 def _collect() -> Mapping[str, OpDef]:

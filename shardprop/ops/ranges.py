@@ -29,6 +29,7 @@ from ..core.blocks import Blocks, block_index, cut_outputs
 from ..core.boxes import Box, LineageContext, product
 from ..core.layouts import Shard, Sharded, fill_key, Span, TensorSharding, shard_count, standard_span
 from ..core.collectives import Collective, CollectiveKind
+from ..core.steps import realign_rows, rounds_rows, route_rounds
 from ..core.rules import RuleContext, RuleOutput
 from ..core.types import ValueType
 from ..expr import jax_adapter as jx
@@ -336,7 +337,9 @@ def finish_concatenate(decisions, node):
     slices ``x[63:]`` and ``x[:63]`` of a 64-row axis in blocks of 8 hold, together, every row of the result, each
     device's 7 rows ahead): the op joins them in place and a ``rotate`` finish moves each device's rows into its
     block — one permute of the rows crossing a block's edge, as XLA's rotation — where reading each operand realigned
-    would permute each apart. None otherwise (the rule's realigned reads stand)."""
+    would permute each apart. Operands in equal blocks (two sequences end to end) are joined in place too and a
+    ``route`` finish sends each piece to its block, the operands' pieces sharing permutes, where that moves fewer
+    rows than realigning each. None otherwise (the rule's realigned reads stand)."""
     dim = node.params["dimension"]
     graph, mesh_shape = decisions.graph, decisions.mesh_shape
     size = graph.avals[node.outputs[0]].shape[dim]
@@ -346,6 +349,11 @@ def finish_concatenate(decisions, node):
         return None
     (mesh_axes,) = meshes
     count = shard_count(mesh_shape, mesh_axes)
+    if decisions.sharded.layout(node.outputs[0])[dim] != mesh_axes:
+        return None
+    routed = _routed(decisions, node, held, mesh_axes, count)
+    if routed is not None:
+        return routed
     shifts, offset = set(), 0
     for v, vtype in zip(node.operands, held, strict=True):
         n = graph.avals[v].shape[dim]
@@ -356,13 +364,29 @@ def finish_concatenate(decisions, node):
         offset += n
     if len(shifts) != 1 or shifts == {0}:
         return None
-    out_layout = decisions.sharded.layout(node.outputs[0])
-    if out_layout[dim] != mesh_axes:
-        return None
     needs = tuple(ValueType(tuple(mesh_axes if k == dim else m for k, m in enumerate(need.layout)),
                             span=tuple(vtype.span_of(dim) if k == dim else None for k in range(len(need.layout))))
                   for need, vtype in zip(decisions.needs(node.id), held, strict=True))
     return needs, Collective(CollectiveKind.ROTATE, mesh_axes)
+
+
+def _routed(decisions, node, held, mesh_axes, count: int):
+    """The ``route`` finish of :func:`finish_concatenate`, or None: every operand in equal blocks over ``mesh_axes``,
+    the result too, more than one operand laid out, and the shared rounds moving fewer rows than realigning each."""
+    dim = node.params["dimension"]
+    lengths = tuple(decisions.graph.avals[v].shape[dim] for v in node.operands)
+    size = sum(lengths)
+    if any(vtype.span_of(dim) is not None or n % count for vtype, n in zip(held, lengths, strict=True)) or size % count:
+        return None
+    block, offset, apart = size // count, 0, 0
+    for n in lengths:
+        apart += realign_rows(Span(0, n // count), Span(offset, block), n, count)
+        offset += n
+    if rounds_rows(route_rounds(lengths, count)) >= apart:
+        return None
+    needs = tuple(ValueType(tuple(mesh_axes if k == dim else m for k, m in enumerate(need.layout)))
+                  for need in decisions.needs(node.id))
+    return needs, Collective(CollectiveKind.ROUTE, mesh_axes)
 
 
 def rotation(node, first, length: int) -> int:

@@ -14,7 +14,7 @@ import math
 from ..core.blocks import Blocks, bind_with
 from ..core.boxes import Box, LineageContext, bounded_product, full_box, hull
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import Sharded, TensorSharding, shard_count
+from ..core.layouts import Shard, Sharded, Span, TensorSharding, shard_count
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef
 
@@ -55,8 +55,10 @@ def reshape(ctx: RuleContext, operand: TensorSharding, *dynamic, new_sizes, dime
     axis survives on the group's major output axis when the shard count divides that axis: every block is
     then one contiguous run of the flattened group. Every other axis of the group is needed whole."""
     if dimensions is not None or dynamic:
-        return conservative(ctx, operand, *dynamic)
+        return conservative(ctx, operand.without_ranges(), *dynamic)
     out_shape = tuple(new_sizes)
+    if operand.spans:
+        return _ranged_reshape(ctx, operand, out_shape)
     axes: list = [None] * len(out_shape)
     need = [()] * len(operand.shape)
     for group_in, group_out in reshape_groups(operand.shape, out_shape):
@@ -68,6 +70,37 @@ def reshape(ctx: RuleContext, operand: TensorSharding, *dynamic, new_sizes, dime
             need[group_in[0]] = operand.layout[group_in[0]]
     return RuleOutput((TensorSharding(out_shape, tuple(axes)),), (tuple(need),))
 
+
+
+def _ranged_reshape(ctx: RuleContext, operand: TensorSharding, out_shape) -> RuleOutput:
+    """A group whose major input axis is ranged keeps its rows in place on the group's major output axis where each
+    device's rows are whole output rows: ``x[:, 3:61].reshape(4, 464)`` merges the 8 features into each ranged row
+    (``Span(3, 8)`` becomes ``Span(24, 64)``). Any other ranged axis is read whole."""
+    plain = reshape(ctx, operand.without_ranges(), new_sizes=out_shape, dimensions=None)
+    axes, need = list(plain.outputs[0].axes), list(plain.needs[0])
+    reads: list = [None] * len(operand.shape)
+    for group_in, group_out in reshape_groups(operand.shape, out_shape):
+        major = operand.axes[group_in[0]]
+        if not isinstance(major, Sharded) or major.span is None:
+            continue
+        inner_in = math.prod(operand.shape[k] for k in group_in[1:])
+        inner_out = math.prod(out_shape[t] for t in group_out[1:])
+        span = major.span
+        if (span.offset * inner_in) % inner_out or (span.block * inner_in) % inner_out:
+            continue
+        out = Span(span.offset * inner_in // inner_out, span.block * inner_in // inner_out, span.fill)
+        axis = ctx.ranged(group_out[0], out_shape[group_out[0]], major.mesh_axes, out, [])
+        if axis.shards:  # each device's rows are the rows it held, regrouped
+            axis = Sharded(axis.mesh_axes, tuple(Shard(s.id, s.axis, s.start, s.length, (p,) if s.length and p.length
+                                                       else ()) for s, p in zip(axis.shards, major.shards,
+                                                                                strict=True)), axis.span)
+        axes[group_out[0]] = axis
+        need[group_in[0]] = ()
+        reads[group_in[0]] = (major.mesh_axes, span)
+    if not any(reads):
+        return plain
+    return RuleOutput((TensorSharding(out_shape, tuple(axes)),), (tuple(need), *plain.needs[1:]),
+                      need_spans=(tuple(reads),))
 
 
 def _element_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
@@ -189,5 +222,6 @@ def _reshape_block_params(params, blocks: Blocks) -> dict:
 
 OPS = [
     OpDef("reshape", Family.SHAPE, propagate=reshape, lineage=reshape_lineage, lineage_exact=True,
-          per_block=bind_with(_reshape_block_params), finish=None, pull=None, linear=Linearity.FIRST),
+          per_block=bind_with(_reshape_block_params), finish=None, pull=None, linear=Linearity.FIRST,
+          reads_ranges=True),
 ]

@@ -16,7 +16,7 @@ from ..core.collectives import Collective, finish_transfers
 from ..core.moves import move_bytes as planned_bytes, move_transfers as planned_transfers
 from ..core.types import ValueType
 from ..core.transfers import Transfer, total_moved
-from ..ops import finish_shift, finished_axis, lookup
+from ..ops import finish_geometry, lookup
 from .decisions import Decisions
 from .emit import body_program
 from .ir import Compute, transfers_of
@@ -93,7 +93,7 @@ def collective_transfers(view: Decisions, node: Node, collective: Collective,
             continue
         out += finish_transfers(collective.kind, collective.mesh_axes, graph.avals[v],
                                 graph.avals[node.operands[0]].dtype, computed.layout, view.mesh_shape,
-                                finished_axis(node), finish_shift(graph, node, view.needs(node.id)[0]))
+                                finish_geometry(graph, node, view.needs(node.id)[0]))
     return out
 
 

@@ -20,7 +20,7 @@ from ..core.steps import StepKind, halo_rows, step_transfer
 from ..core.types import ValueType
 from ..errors import LoweringError
 from ..expr.graph import CONSTANT, PARAMETER
-from ..ops import finish_shift, finished_axis
+from ..ops import finish_geometry
 from .decisions import BodyPlan, Decisions
 from .ir import BodyProgram, Compute, Finish, Instruction, Move, Ref
 
@@ -154,7 +154,7 @@ class Emitter:
         graph = self.view.graph
         prices = finish_transfers(collective.kind, collective.mesh_axes, graph.avals[source.value],
                                   graph.avals[node.operands[0]].dtype, held.layout, self.view.mesh_shape,
-                                  finished_axis(node), finish_shift(graph, node, operand.type))
+                                  finish_geometry(graph, node, operand.type))
         if collective.kind is CollectiveKind.TOP_K and source.value == node.outputs[-1] and \
                 not graph.consumers[source.value] and source.value not in graph.outputs:
             prices = ()  # a top-k's indices no one reads: XLA drops their gather
