@@ -24,7 +24,8 @@ from jax import lax
 
 from ..core.blocks import block_index, first_device_only
 from ..core.layouts import shard_count, standard_span
-from ..core.steps import Step, StepKind, exchanges, halo_rows, permute_pairs, realign_rounds, unspan_rows
+from ..core.steps import (Step, StepKind, exchanges, halo_rows, moves_rows, permute_pairs, realign_rounds,
+                          unspan_rows)
 from ..core.subaxes import groups, is_whole, sizes_with, span
 from ..expr import jax_adapter as jx
 
@@ -110,7 +111,7 @@ def apply_rounds(x, rounds, axis: int, names: tuple[str, ...], block: int, fill,
     here = block_index(names, mesh_shape)
     out = lax.full(tuple(block if k == axis else n for k, n in enumerate(x.shape)), fill, x.dtype)
     position = lax.broadcasted_iota(np.int32, tuple(block if k == axis else 1 for k in range(x.ndim)), axis)
-    for number, pieces in enumerate(rounds):
+    for pieces in rounds:
         if not pieces:
             continue
         rows = max(p.rows for p in pieces)
@@ -120,7 +121,7 @@ def apply_rounds(x, rounds, axis: int, names: tuple[str, ...], block: int, fill,
             landed[:, p.target] = (p.target_at, p.rows)
         padded = lax.pad(x, lax.full((), 0, x.dtype), [(0, rows, 0) if k == axis else (0, 0, 0) for k in range(x.ndim)])
         piece = lax.dynamic_slice_in_dim(padded, jnp.asarray(sent)[here], rows, axis)
-        if number:  # the pieces kept (round 0) stay where they are
+        if moves_rows(pieces):  # (the pieces kept stay where they are)
             piece = _permuted(piece, names, [(p.source, p.target) for p in pieces], mesh_shape)
         at, length = jnp.asarray(landed[0])[here], jnp.asarray(landed[1])[here]
         spread = lax.pad(piece, lax.full((), 0, x.dtype), [(block, block, 0) if k == axis else (0, 0, 0)

@@ -15,7 +15,7 @@ import numpy as np
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
 from .layouts import Layout, block_shape, shard_count
-from .steps import rounds_rows, route_rounds
+from .steps import moves_rows, rounds_rows, route_rounds
 from .transfers import Transfer, TransferKind, hlo_dtype_name, transfer
 from .types import Reduction
 
@@ -99,7 +99,7 @@ def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Ava
         groups = tuple(n for n in mesh_shape if n in mesh_axes and mesh_shape[n] > 1)
         nbytes = _nbytes(piece, aval.dtype)
         return (Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, count, piece, hlo_dtype_name(aval.dtype), nbytes,
-                         float(nbytes), arrays=len(rounds) - 1),)
+                         float(nbytes), arrays=sum(map(moves_rows, rounds))),)
     if kind is CollectiveKind.TOP_K:  # each device's candidates of this output along ``axis`` (a top-k's values and
         # indices: the values' gather serves both outputs, XLA merging the two identical ones)
         n, axis = shard_count(mesh_shape, mesh_axes), axis % len(aval.shape)

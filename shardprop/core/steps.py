@@ -136,7 +136,7 @@ def _exchanges(step: Step, sizes: Mapping[str, int]) -> bool:
     if step.kind is StepKind.HALO:  # a neighbour that far away exists
         return shard_count(sizes, step.mesh_axes) > abs(step.shift)
     if step.kind is StepKind.REALIGN:
-        return len(realign_rounds(step, shard_count(sizes, step.mesh_axes))) > 1
+        return any(moves_rows(r) for r in realign_rounds(step, shard_count(sizes, step.mesh_axes)))
     if step.kind is StepKind.UNSPAN:
         return shard_count(sizes, step.mesh_axes) > 1 and unspan_rows(step, shard_count(sizes, step.mesh_axes)) > 0
     return shard_count(sizes, step.mesh_axes) > 1
@@ -320,7 +320,7 @@ def route_rounds(lengths: tuple[int, ...], count: int) -> tuple[tuple[Piece, ...
     rounds.
 
     >>> rounds = route_rounds((64, 64), 8)   # x | a over 8 devices: x's blocks go to devices 0-3, a's to 4-7
-    >>> len(rounds) - 1, rounds_rows(rounds)   # two permutes of 8 rows (each operand realigned apart: four)
+    >>> sum(map(moves_rows, rounds)), rounds_rows(rounds)   # two permutes of 8 rows (each operand realigned apart: 4)
     (2, 16)
     """
     out_block = sum(lengths) // count
@@ -341,24 +341,32 @@ def realign_rows(held: Span, wanted: Span, length: int, count: int) -> int:
     return rounds_rows(_rounds(held, wanted, length, count))
 
 
+def moves_rows(pieces: tuple[Piece, ...]) -> bool:
+    """True for a round of pieces sent between devices (one ``ppermute``); False for one of pieces devices keep."""
+    return any(p.source != p.target for p in pieces)
+
+
 def rounds_rows(rounds: tuple[tuple[Piece, ...], ...]) -> int:
-    """Rows one device sends over ``rounds`` (their first, the pieces kept, sends none): each round's longest piece."""
-    return sum(max(p.rows for p in pieces) for pieces in rounds[1:] if pieces)
+    """Rows one device sends over ``rounds`` (the rounds of pieces kept send none): each round's longest piece."""
+    return sum(max(p.rows for p in pieces) for pieces in rounds if moves_rows(pieces))
 
 
 def in_rounds(pieces) -> tuple[tuple[Piece, ...], ...]:
-    """``pieces`` in rounds, each one ``ppermute`` (every device sends at most one piece and receives at most one):
-    first the pieces a device keeps, then the others, those from the same number of blocks away together."""
-    kept = tuple(p for p in pieces if p.source == p.target)
+    """``pieces`` in rounds, every device sending at most one piece in each and receiving at most one: first the
+    pieces devices keep (local copies), then the others, each round one ``ppermute``, those from the same number of
+    blocks away together."""
+    kept: list[list[Piece]] = []
     rounds: list[list[Piece]] = []
-    for piece in sorted((p for p in pieces if p.source != p.target), key=lambda p: (p.source - p.target, p.target)):
-        for found in rounds:
+    ordered = sorted(pieces, key=lambda p: (p.source != p.target, p.source - p.target, p.target))
+    for piece in ordered:
+        into = kept if piece.source == piece.target else rounds
+        for found in into:
             if all(p.source != piece.source and p.target != piece.target for p in found):
                 found.append(piece)
                 break
         else:
-            rounds.append([piece])
-    return (kept,) + tuple(tuple(r) for r in rounds)
+            into.append([piece])
+    return tuple(tuple(r) for r in kept) + tuple(tuple(r) for r in rounds)
 
 
 def unspan_rows(step: Step, count: int) -> int:
@@ -376,7 +384,7 @@ def _rows_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str
     dtype = as_dtype(dtype)
     groups = tuple(n for n in sizes if n in step.mesh_axes and sizes[n] > 1)
     if step.kind is StepKind.REALIGN:  # one collective-permute per round, of its longest piece
-        rounds = realign_rounds(step, count)[1:]
+        rounds = [r for r in realign_rounds(step, count) if moves_rows(r)]
         piece[step.axis] = rounds_rows(realign_rounds(step, count))
         nbytes = int(jx.itemsize(dtype) * int(np.prod(piece)))
         return Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, shard_count(sizes, groups), tuple(piece),

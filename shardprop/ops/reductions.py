@@ -18,7 +18,7 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import Sharded, TensorSharding, shard_count
+from ..core.layouts import TensorSharding, shard_count
 from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef
@@ -32,8 +32,6 @@ def reduction(ctx: RuleContext, operand: TensorSharding, *, axes, **params) -> R
     place when a collective finishes it: :class:`FinishReduction`)."""
     if operand.spans:
         plain = reduction(ctx, operand.without_ranges(), axes=axes)
-        if any(isinstance(operand.axes[k], Sharded) and operand.axes[k].mesh_axes for k in axes):
-            return plain
         kept = [k for k in range(len(operand.shape)) if k not in set(axes)]
         return keep_ranges(ctx, plain, (operand,), [(0, k, i) for i, k in enumerate(kept)])
     reduced = set(axes)
@@ -102,12 +100,20 @@ class FinishReduction:
         # minimum takes them in on every device; an arg-extreme would have to name one of them: read whole
         spans = [s if s is not None and (s.fill is None or self.kind in _FILLS_TAKEN_IN or len(axes) == 1
                                          and self.kind is CollectiveKind.PSUM) else None for s in spans]
-        produced = tuple(m if k in axes and spans[k] is not None else e
-                         for k, (m, e) in enumerate(zip(held.layout, held.even_layout, strict=True)))
+        produced = list(m if k in axes and spans[k] is not None else e
+                        for k, (m, e) in enumerate(zip(held.layout, held.even_layout, strict=True)))
         mesh_axes = tuple(name for k in sorted(axes) for name in produced[k])
         if not mesh_axes:
             return None
-        return (ValueType(produced, span=tuple(spans)),), Collective(self.kind, mesh_axes)
+        reads = decisions.sharded.need_spans.get(node.id)
+        if reads and reads[0] and decisions.may_finish_ranged(node):  # the kept axes the rule reads ranged, read
+            # alike: the result stays ranged
+            rule = decisions.rule_needs(node.id)[0]
+            kept = [k for k, r in enumerate(reads[0]) if r is not None and k not in axes]
+            if not any(set(mesh_axes) & set(rule.layout[k]) for k in kept):
+                for k in kept:
+                    produced[k], spans[k] = rule.layout[k], rule.span_of(k)
+        return (ValueType(tuple(produced), span=tuple(spans)),), Collective(self.kind, mesh_axes)
 
 
 # The identity each reduction masks the padding of ranged rows with, given the dtype.

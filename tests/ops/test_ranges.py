@@ -55,6 +55,10 @@ SEQUENCE = [
     ("slice_that_divides", lambda x: x[:, :40] * 2.0, (X,), (True,), True),
     ("pad_that_divides", lambda x: jnp.pad(x, ((0, 0), (3, 5), (0, 0)), constant_values=1.5), (X,), (True,), True),
     ("concatenate_sequences", lambda x, a: jnp.concatenate([x, a], axis=1), (X, A), (True, True), True),
+    # three operands of three block lengths, joined in place: a device keeps several pieces of its own block (a route
+    # that kept only one lost a piece, found by the property test below)
+    ("concatenate_three_sequences", lambda x, a: jnp.concatenate([x[:, :16] * 2.0, x, a[:, 8:56]], axis=1), (X, A),
+     (True, True), True),
     ("concatenate_with_a_replicated_piece", lambda x, a: jnp.concatenate([a[:, :8], x, a[:, :8]], axis=1),
      (X, A), (True, False), True),
     # uneven results: a JAX array cannot hold them sharded (as under jax.jit): they come back whole
@@ -66,7 +70,7 @@ SEQUENCE = [
     ("min_of_a_padded_axis", lambda x: jnp.min(jnp.pad(x, ((0, 0), (2, 0), (0, 0))), axis=1), (X,), (True,), None),
     # a reshape regroups each device's ranged rows in place (merged with the features; split in two)
     ("reshape_merging_a_ranged_axis", lambda x: jnp.sin(x[:, 3:61]).reshape(4, 58 * 8).sum(0), (X,), (True,), False),
-    ("reshape_splitting_a_ranged_axis", lambda x: jnp.sum(x[:, 4:60].reshape(4, 28, 2, 8) * 2.0, axis=(0, 2)), (X,),
+    ("reshape_splitting_a_ranged_axis", lambda x: jnp.sum(x[:, 2:60].reshape(4, 29, 2, 8) * 2.0, axis=(0, 2)), (X,),
      (True,), False),
     # an arg-extreme over ranged rows in place: the padding masked, each block's winner offset by its first row
     ("argmax_of_a_ranged_slice", lambda x: jnp.argmax(x[:, 3:61], axis=1), (X,), (True,), None),
