@@ -155,45 +155,65 @@ def select_and_window(op: str, ctx: RuleContext, *operands: TensorSharding, wind
     (:func:`select_reaches`); the others are needed whole."""
     keep = trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
     out_shape = ctx.out_avals[0].shape
-    operand = operands[1]
-    axes = []
+    first = operands[0]
+    if op != "select_and_scatter_add" or operands[1].spans or any(
+            kept and isinstance(a, Sharded) and a.span is not None for kept, a in zip(keep, first.axes, strict=True)):
+        operands = tuple(o.without_ranges() for o in operands)  # ranged windows: a VALID pool's cotangent, alone
+    first, operand = operands
+    axes, reads = [], [None] * len(out_shape)
     for k, (n, kept) in enumerate(zip(out_shape, keep, strict=True)):
         source = operand.axes[k]
+        windows = first.axes[k]
+        span = windows.span if isinstance(windows, Sharded) else None
         reach = None if kept or not isinstance(source, Sharded) else select_reaches(
             op, operand.shape[k], shard_count(ctx.mesh_shape, source.mesh_axes),
-            **window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation))
+            **window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation),
+            windows=(first.shape[k], span) if span is not None and windows.mesh_axes == source.mesh_axes else None)
         if kept:
             axes.append(ctx.merge(k, n, [op.axes[k] for op in operands]))
         elif reach is not None:
             axes.append(ctx.carry_window(k, n, source, reach[1]))
+            if span is not None:
+                reads[k] = (source.mesh_axes, span)
         else:
             axes.append(None)
     out = TensorSharding(out_shape, tuple(axes))
     need = tuple(m if kept or out.layout[k] else () for k, (m, kept) in enumerate(zip(out.layout, keep, strict=True)))
-    return RuleOutput((out,), (need,) * len(operands))
+    if not any(reads):
+        return RuleOutput((out,), (need,) * len(operands))
+    first_need = tuple(() if reads[k] else m for k, m in enumerate(need))
+    return RuleOutput((out,), (first_need, need), need_spans=(tuple(reads), (None,) * len(out_shape)))
 
 
 def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int, padding: tuple[int, int],
-                   dilation: int = 1, base_dilation: int = 1):
+                   dilation: int = 1, base_dilation: int = 1, windows: tuple[int, Span] | None = None):
     """``(first operand's reach, operand's reach)`` (each ``(before, after)``) for a max-pool's derivative along an
     axis of the operand ``size`` long in ``blocks`` even blocks, the windows ``size / stride`` many, or None.
 
     ``select_and_gather_add`` (tangent, operand -> per window) reads as a pooling window does (:func:`window_reach`).
     ``select_and_scatter_add`` (per-window source, operand -> per operand row) computes a device's rows from every
     window that overlaps them: the source's windows before and after its own, and the operand rows those windows
-    cover; the rows its windows scatter into its neighbours' rows are the neighbours' to compute.
+    cover; the rows its windows scatter into its neighbours' rows are the neighbours' to compute. ``windows``: the
+    source's length and span where it is ranged (a VALID pool's cotangent, its last blocks short: each device's
+    windows those its operand block starts, the padding zeroed).
 
     >>> select_reaches("select_and_scatter_add", 64, 8, window=3, stride=2, padding=(0, 1))   # a 3x3/2 SAME pool
     ((1, 0), (2, 1))
+    >>> select_reaches("select_and_scatter_add", 64, 8, window=3, stride=1, padding=(0, 0),   # a 3x3 VALID pool
+    ...                windows=(62, Span(0, 8)))
+    ((2, 0), (2, 2))
     """
     if blocks <= 1 or dilation != 1 or base_dilation != 1 or size % blocks or padding[0] < 0:
         return None
     block, before = size // blocks, padding[0]
-    windows = window_out(size, window=window, stride=stride, padding=padding, dilation=1, base_dilation=1)
-    if block % stride or windows * stride != size:
+    count = window_out(size, window=window, stride=stride, padding=padding, dilation=1, base_dilation=1)
+    if block % stride:
+        return None
+    if windows is None and count * stride != size or windows is not None and (
+            op != "select_and_scatter_add" or windows[0] != count or windows[1] != Span(0, block // stride)):
         return None
     if op == "select_and_gather_add":
-        reach = window_reach(size, blocks, windows, window=window, stride=stride, padding=padding)
+        reach = window_reach(size, blocks, count, window=window, stride=stride, padding=padding)
         return None if reach is None else (reach, reach)
     windows_before = (window - 1 - before) // stride  # the windows that start in a block before and reach into it
     windows_after = (before - 1) // stride + 1
@@ -203,15 +223,17 @@ def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int,
     return (windows_before, windows_after), rows
 
 
-def _select_reaches(node, in_shapes, layouts, mesh_shape):
-    """Axis -> :func:`select_reaches` for each axis with a window the op consumes its operand sharded on."""
+def _select_reaches(node, in_shapes, layouts, mesh_shape, spans=()):
+    """Axis -> :func:`select_reaches` for each axis with a window the op consumes its operand sharded on (``spans``:
+    the source's, where it is ranged)."""
     names = ("window_dimensions", "window_strides", "padding", "base_dilation", "window_dilation")
     params = [node.params.get(n) for n in names]
     reaches = {}
     for k, kept in enumerate(trivial_windows(*params)):
         if layouts[1][k] and not kept:
+            span = spans[k] if spans else None
             found = select_reaches(node.op, in_shapes[1][k], shard_count(mesh_shape, layouts[1][k]),
-                                   **window_of(k, *params))
+                                   **window_of(k, *params), windows=None if span is None else (in_shapes[0][k], span))
             if found is None:
                 raise ValueError(f"`{node.op}` along axis {k} has no halo: the rule keeps such an axis whole (a "
                                  "shardprop bug)")
@@ -221,7 +243,7 @@ def _select_reaches(node, in_shapes, layouts, mesh_shape):
 
 def select_halo(node, in_shapes, needs, mesh_shape):
     """Both operands of a max-pool's derivative consumed with their halos (:func:`select_reaches`)."""
-    reaches = _select_reaches(node, in_shapes, [n.layout for n in needs], mesh_shape)
+    reaches = _select_reaches(node, in_shapes, [n.layout for n in needs], mesh_shape, needs[0].span)
     return (with_halo(needs[0], {k: r[0] for k, r in reaches.items()}),
             with_halo(needs[1], {k: r[1] for k, r in reaches.items()}))
 
@@ -230,7 +252,8 @@ def select_block(node, invals, blocks: Blocks) -> list:
     """A max-pool's derivative on haloed blocks: the operand's rows past the ends of the array can never be selected
     (the lowest value for a maximum), the windows run unpadded, and ``select_and_scatter_add`` keeps the rows of its
     own block."""
-    reaches = _select_reaches(node, blocks.in_global, blocks.in_layouts, blocks.mesh_shape)
+    spans = blocks.in_spans[0] if blocks.in_spans else ()
+    reaches = _select_reaches(node, blocks.in_global, blocks.in_layouts, blocks.mesh_shape, spans)
     if not reaches:
         return bind_as_is(node, invals, blocks)
     first, operand = invals
@@ -240,6 +263,9 @@ def select_block(node, invals, blocks: Blocks) -> list:
     for k, (first_reach, rows) in reaches.items():
         size, mesh_axes = blocks.in_global[1][k], blocks.in_layouts[1][k]
         operand = unpadded(past_the_ends(operand, k, rows[0], size, mesh_axes, blocks.mesh_shape, fill), k, rows)
+        if spans and spans[k] is not None:  # windows past the last one (a ranged source's padding) scatter nothing
+            first = past_the_ends(first, k, first_reach[0], blocks.in_global[0][k], mesh_axes, blocks.mesh_shape, 0,
+                                  spans[k])
         first = unpadded(first, k, first_reach)
         padding[k] = (0, 0)
     out = jx.bind(node.primitive, [first, operand], {**node.params, "padding": tuple(padding)})[0]
@@ -292,7 +318,7 @@ OPS = [
     # gather of the tangent at it.
     OpDef("select_and_scatter_add", Family.WINDOW, propagate=select_and_scatter,
           lineage=select_and_scatter_lineage, lineage_exact=False, per_block=select_block, finish=None, pull=None,
-          linear=Linearity.NONE, halo=select_halo),
+          linear=Linearity.NONE, halo=select_halo, reads_ranges=True),
     OpDef("select_and_gather_add", Family.WINDOW, propagate=select_and_gather, lineage=select_and_gather_lineage,
           lineage_exact=False, per_block=select_block, finish=None, pull=None, linear=Linearity.NONE,
           halo=select_halo),

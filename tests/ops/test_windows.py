@@ -301,6 +301,11 @@ RANGED = [
     # long, ranged), then a window one row past each block
     ("avg_pool_gradient", loss_grad(lambda x, w: avg_pool(x), 0), (P(None, "i"), P())),
     ("avg_pool_gradient_rows_and_columns", loss_grad(lambda x, w: avg_pool(x), 0), (P(None, "i", "j"), P())),
+    # a VALID max-pool's gradient: its ranged cotangent scattered into each device's rows (the padding scatters 0)
+    ("valid_max_pool_gradient", loss_grad(lambda x, w: max_pool(x, 3, 1, "VALID"), 0), (P(None, "i"), P())),
+    ("strided_valid_max_pool_gradient", loss_grad(lambda x, w: max_pool(x, 3, 2, "VALID"), 0), (P(None, "i"), P())),
+    ("valid_max_pool_gradient_rows_and_columns", loss_grad(lambda x, w: max_pool(x, 3, 1, "VALID"), 0),
+     (P(None, "i", "j"), P())),
     # a VALID window's output blocks are uneven (30 rows, the last block short): kept ranged, read in place next
     ("valid_pool_then_sum", lambda x, w: jnp.sum(max_pool(x, 3, 1, "VALID"), axis=1), (P(None, "i"), P())),
     ("valid_pool_then_pool", lambda x, w: jnp.sum(max_pool(max_pool(x, 3, 1, "VALID"), 3, 1, "SAME"), axis=1),
