@@ -81,15 +81,19 @@ def _spatial(lhs_spec, rhs_spec, out_spec, params, rhs_shape):
 
 def _summed_spatial(params, shapes, lhs_layout, rhs_layout, mesh_shape, lhs_spans=(), rhs_spans=()):
     """``(lhs axis, rhs axis, reach)`` for each spatial axis whose window (the rhs's, ranged where ``rhs_spans``
-    says) is sharded like the lhs's and can be summed in blocks (:func:`summed_window_reach`); not a ranged lhs
-    axis."""
+    says) is sharded like the lhs's and can be summed in blocks (:func:`summed_window_reach`). A ranged lhs axis
+    (its blocks from the first row on, every row held) is summed as the frame of its blocks, its padding zeroed."""
     dn = params["dimension_numbers"]
     lhs_shape, rhs_shape = shapes[0], shapes[1]
     for k_in, k_rhs, (_, _, window) in zip(dn.lhs_spec[2:], dn.rhs_spec[2:], _spatial(
             dn.lhs_spec, dn.rhs_spec, dn.out_spec, params, rhs_shape), strict=True):
-        if lhs_layout[k_in] and lhs_layout[k_in] == rhs_layout[k_rhs] and not (lhs_spans and lhs_spans[k_in]):
+        if lhs_layout[k_in] and lhs_layout[k_in] == rhs_layout[k_rhs]:
             n = shard_count(mesh_shape, lhs_layout[k_in])
-            reach = summed_window_reach(lhs_shape[k_in], rhs_shape[k_rhs], n, window_out(lhs_shape[k_in], **window),
+            span, size = (lhs_spans[k_in] if lhs_spans else None), lhs_shape[k_in]
+            if span is not None and (span.offset != 0 or span.fill is not None):
+                continue
+            reach = summed_window_reach(size if span is None else n * span.block, rhs_shape[k_rhs], n,
+                                        window_out(size, **window),
                                         **{key: v for key, v in window.items() if key != "window"},
                                         window_span=rhs_spans[k_rhs] if rhs_spans else None)
             if reach is not None:

@@ -319,6 +319,9 @@ RANGED = [
     # blocks (the padding zeroed), a psum adds
     ("valid_conv_gradients", loss_grad(lambda x, w: conv(x, w, padding="VALID")), (P(None, "i"), P())),
     ("strided_valid_conv_gradients", loss_grad(lambda x, w: conv(x, w, 2, "VALID")), (P(None, "i"), P())),
+    # the second convolution's input is ranged: its kernel gradient sums the ranged input and cotangent in blocks
+    ("two_valid_convs_gradients", loss_grad(lambda x, w: conv(jax.nn.relu(conv(x, w, padding="VALID"))[..., :4], w,
+                                                              padding="VALID")), (P(None, "i"), P())),
     ("conv_over_a_pad_then_sum", lambda x, w: jnp.sum(conv(jnp.pad(x, ((0, 0), (2, 0), (0, 0), (0, 0)),
                                                                    constant_values=0.5), w, padding="VALID"), axis=1),
      (P(None, "i"), P())),
