@@ -125,7 +125,8 @@ sum, maximum or minimum *over* a ranged axis (each device masks its padding with
 (the rows no device holds are the span's fill, those past the ends the window's padding), their output ranged where
 its blocks are uneven (VALID); a convolution's kernel gradient sums a ranged cotangent in its blocks, a max-pool's
 gradient (`select_and_scatter_add`) scatters one into each device's rows, and a pad with interior padding (a strided
-window's gradient) spreads each block in place. Every other rule
+window's gradient) spreads each block in place. A scatter writes into a ranged axis it indexes in place (each
+index offset by its device's first row). Every other rule
 sees a ranged axis replicated: an `unspan` move gathers it first (each device sends the rows it holds, as many as
 the most any holds; the padding dropped). A ranged result comes back whole along that axis (a JAX array cannot be
 uneven; `jax.jit` gathers an uneven result too); an argument whose axis its mesh axes do not divide is accepted,
@@ -145,7 +146,7 @@ A strided slice across blocks (`x[:, ::3]`) is laid out in blocks of `ceil(n / c
 the `s` times as many rows its block picks from realigned to it (in place where its block holds them: `x[::2]`).
 
 Still gathered along a sharded axis (open items): `sort`; a reduction over a ranged axis that no collective
-finishes (a product); ranges through `scatter` and loops' carries. A strided slice whose result is uneven moves its realigned rows and then gathers (`jax.jit` picks each
+finishes (a product); ranges through loops' carries; a scatter into rows no device holds (a pad's). A strided slice whose result is uneven moves its realigned rows and then gathers (`jax.jit` picks each
 device's rows in place, a varying count, and gathers: up to 3 times fewer bytes for `x[:, ::16]` of 64 rows).
 
 ## Primitives without a record

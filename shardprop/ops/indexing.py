@@ -74,6 +74,8 @@ def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, 
     the operand, so each device scatters its batch rows into its own (the gradient of ``take_along_axis``, of an
     integer-label cross-entropy). Every other axis, the other index axes and the index vectors are needed whole."""
     dn = dimension_numbers
+    if operand.spans or indices.spans or updates.spans:
+        return _ranged_scatter(ctx, operand, indices, updates, dimension_numbers=dn, **params)
     axes: list = [None] * len(operand.shape)
     updates_need = [()] * len(updates.shape)
     indices_need = [()] * len(indices.shape)
@@ -112,6 +114,38 @@ def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, 
     for o, i, u in pairs:
         indices_need[i] = updates_need[u] = out.layout[o]
     return RuleOutput((out,), (out.layout, tuple(indices_need), tuple(updates_need)))
+
+
+def _ranged_scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, updates: TensorSharding, *,
+                    dimension_numbers, **params) -> RuleOutput:
+    """A scatter into a ranged operand axis it indexes (``x[:, :63].at[:, 5].set(0.)``) writes each device's rows in
+    place, as into equal blocks, where every row of the axis is held by some device (a write into a row no device
+    holds would be lost); any other ranged axis is read whole."""
+    dn = dimension_numbers
+    plain = scatter(ctx, operand.without_ranges(), indices.without_ranges(), updates.without_ranges(),
+                    dimension_numbers=dn, **params)
+    out = list(plain.outputs[0].axes)
+    need = list(plain.needs[0])
+    reads: list = [None] * len(operand.shape)
+    used = {name for a in out if isinstance(a, Sharded) for name in a.mesh_axes}
+    window = [k for k in range(len(operand.shape)) if k not in dn.inserted_window_dims and
+              k not in dn.operand_batching_dims]
+    partial = {k for k, u in zip(window, dn.update_window_dims, strict=True) if updates.shape[u] < operand.shape[k]}
+    for k in dn.scatter_dims_to_operand_dims:
+        a = operand.axes[k]
+        indexed = (k in dn.inserted_window_dims and k not in dn.operand_batching_dims) or k in partial
+        if (not indexed or not isinstance(a, Sharded) or a.span is None or a.span.fill is not None
+                or used & set(a.mesh_axes)):
+            continue
+        out[k] = ctx.ranged(k, operand.shape[k], a.mesh_axes, a.span, [(a, 0)])
+        need[k] = ()
+        reads[k] = (a.mesh_axes, a.span)
+        used.update(a.mesh_axes)
+    if not any(reads):
+        return plain
+    spans = (tuple(reads), (None,) * len(indices.shape), (None,) * len(updates.shape))
+    return RuleOutput((TensorSharding(operand.shape, tuple(out)),), (tuple(need), *plain.needs[1:]),
+                      need_spans=spans)
 
 
 def finish_scatter_add(decisions, node):
@@ -173,7 +207,9 @@ def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
             index = jnp.clip(index, 0, n - length)
         if p in sharded:
             block = operand_block[k]
-            offset = (block_index(blocks.in_layouts[0][k], blocks.mesh_shape) * block).astype(index.dtype)
+            span = blocks.in_spans[0][k] if blocks.in_spans and blocks.in_spans[0] else None
+            first = block_index(blocks.in_layouts[0][k], blocks.mesh_shape) * block - (span.offset if span else 0)
+            offset = first.astype(index.dtype)
             if k in spans:
                 fits = (index >= 0) & (index <= n - length)  # else the unsharded scatter drops the window
                 index = jnp.where(fits, jnp.clip(index - offset, -length, block) + length, block + 2 * length)
@@ -354,8 +390,8 @@ OPS = [
           per_block=gather_on_blocks, finish=finish_gather, pull=None, linear=Linearity.NONE),
     *defs(("scatter-add", "scatter-sub"), Family.INDEXING, propagate=scatter, lineage=scatter_lineage,
           lineage_exact=False, per_block=scatter_on_blocks, finish=finish_scatter_add, pull=None,
-          linear=Linearity.NONE),
+          linear=Linearity.NONE, reads_ranges=True),
     *defs(tuple(op for op in SCATTERS if op not in ("scatter-add", "scatter-sub")), Family.INDEXING,
           propagate=scatter, lineage=scatter_lineage, lineage_exact=False, per_block=scatter_on_blocks, finish=None,
-          pull=None, linear=Linearity.NONE),
+          pull=None, linear=Linearity.NONE, reads_ranges=True),
 ]

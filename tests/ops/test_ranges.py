@@ -72,6 +72,12 @@ SEQUENCE = [
     ("reshape_merging_a_ranged_axis", lambda x: jnp.sin(x[:, 3:61]).reshape(4, 58 * 8).sum(0), (X,), (True,), False),
     ("reshape_splitting_a_ranged_axis", lambda x: jnp.sum(x[:, 2:60].reshape(4, 29, 2, 8) * 2.0, axis=(0, 2)), (X,),
      (True,), False),
+    # a scatter into ranged rows writes each device's rows in place (an index's block offset by the span)
+    ("scatter_into_a_ranged_slice", lambda x: x[:, :63].at[:, 5].set(0.0).sum(1), (X,), (True,), None),
+    ("scatter_of_several_rows_some_dropped", lambda x: (x[:, 3:61].at[:, jnp.asarray([0, 13, 57, 70])]
+                                                        .add(1.0, mode="drop") * 2).sum(1), (X,), (True,), None),
+    ("slice_write_into_a_ranged_slice", lambda x: jnp.max(x[:, 3:61].at[:, 2:10].set(9.0), axis=1), (X,), (True,),
+     None),
     # an arg-extreme over ranged rows in place: the padding masked, each block's winner offset by its first row
     ("argmax_of_a_ranged_slice", lambda x: jnp.argmax(x[:, 3:61], axis=1), (X,), (True,), None),
     ("argmin_of_a_slice_with_ties", lambda x: jnp.argmin(jnp.round(x[:, 5:63]), axis=1), (X,), (True,), None),
