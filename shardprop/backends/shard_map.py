@@ -11,10 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
 from ..core.layouts import layout_to_spec
+from ..core.types import ValueType
 from ..splitting import Plan, Stage
 from ..splitting.ir import Compute, Instruction, Ref, reads, results
 from .evaluate import run_instructions
@@ -106,6 +109,23 @@ def readout_segments(plan: Plan, stage: Stage, size: int | None = None) -> list[
         carried = tuple(r for r in reads_of[k] if made_in.get(r, k) < k)
         segments.append(Segment(tuple(chunk), inputs, carried, values, held + tuple(needed_later[k])))
     return segments
+
+
+def unframed(x, vtype: ValueType, shape: tuple[int, ...], mesh_shape) -> jax.Array:
+    """A value read out in a ranged type (``x``: the frame its blocks make up, ``count * block`` rows along each
+    ranged axis, device ``d``'s rows at ``[d * block, (d + 1) * block)``) as the value itself: row ``r`` is frame row
+    ``r + offset``, or the span's fill where no device holds it."""
+    for k, span in enumerate(vtype.span):
+        if span is None:
+            continue
+        frame = x.shape[k]
+        index = np.arange(shape[k]) + span.offset
+        held = (index >= 0) & (index < frame)
+        x = jnp.take(x, np.clip(index, 0, frame - 1), axis=k)
+        if span.fill is not None and not held.all():
+            mask = held.reshape(tuple(-1 if j == k else 1 for j in range(x.ndim)))
+            x = jnp.where(mask, x, jnp.asarray(span.fill, x.dtype))
+    return x
 
 
 def _chunks(instructions: Sequence[Instruction], size: int) -> list[tuple[Instruction, ...]]:

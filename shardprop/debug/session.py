@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 
 from ..backends import jit_stage, parse_hlo, stage_function
 from ..backends.runner import StageRunner
-from ..backends.shard_map import readout_segments, segment_function
+from ..backends.shard_map import readout_segments, segment_function, unframed
 from ..distributed import assemble, every_block, in_step
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
@@ -311,7 +311,9 @@ class Session:
                                                           mesh=self.mesh), 0.0)
             results = as_lowering_errors(self._compiled[key][0], *args, mesh=self.mesh)
             refs.update(zip(segment.outputs, results, strict=True))
-            values.update(zip(segment.values, results[:len(segment.values)], strict=True))
+            values.update((ref.value, unframed(x, ref.type, self.plan.graph.avals[ref.value].shape,
+                                               self.plan.mesh_shape) if ref.type.span else x)
+                          for ref, x in zip(segment.outputs[:len(segment.values)], results, strict=False))
         values.update(self.held_outputs(stage, outputs))
         return values
 

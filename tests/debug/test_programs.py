@@ -45,6 +45,13 @@ CASES = [
     ("weak_and_identity", lambda x, s: (x, s * 2, x.sum()), (X, 3.0), (P("i", "j"), None), "auto"),
     # the product left a partial sum over j, summed with the column sum's psum over i: read out summed
     ("deferred_sum", lambda x, w: jnp.sum(jnp.tanh(x) @ w, axis=0) * 0.5, (X, W), (P("i", "j"), P("j")), "collective"),
+    # ranged values (a slice's rows, a pad's rows no device holds, a VALID window's uneven output) are read out as the
+    # values they are, not as their blocks' frame (issue #27)
+    ("ranged_slice_and_pad", lambda x: jnp.sum(jnp.pad(x[3:] * 2, ((2, 0), (0, 0)), constant_values=1.5), axis=0),
+     (X,), (P("i", "j"),), "auto"),
+    ("window_over_ranges", lambda x: jax.lax.reduce_window(x[1:], 0.0, jax.lax.add, (3, 1), (1, 1), "VALID").sum(0),
+     (X,), (P("i", "j"),), "auto"),
+    ("routed_concatenation", lambda x: jnp.concatenate([x, x * 2], axis=0) * 3, (X,), (P("i", "j"),), "auto"),
 ]
 
 
