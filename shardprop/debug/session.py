@@ -237,18 +237,30 @@ class Session:
             return jax.device_put(array, wanted)
 
     def _cut(self, v: int, held: dict[int, Any]) -> list[DeviceBlock]:
-        """The blocks in ``held`` (``{device id: block}``) as DeviceBlocks, in mesh order."""
-        index_of = device_blocks(self.mesh, self.plan.layout(v))
-        return [DeviceBlock(d, self._coords[d], self.block_ranges(v, index_of[d]),
-                            data if jx.is_extended_dtype(data.dtype) else np.asarray(data))
-                for d, data in ((int(device.id), held.get(int(device.id))) for device in self.mesh.devices.flat)
-                if data is not None]
+        """The blocks in ``held`` (``{device id: block}``) as DeviceBlocks, in mesh order. A ranged value's blocks
+        are each device's real rows (its shard's range, possibly empty), cut from the whole axis it was laid out
+        with."""
+        vtype = self.plan.type(v)
+        layout = vtype.layout if vtype.span else self.plan.layout(v)
+        index_of = device_blocks(self.mesh, layout)
+        out = []
+        for d, data in ((int(device.id), held.get(int(device.id))) for device in self.mesh.devices.flat):
+            if data is None:
+                continue
+            ranges = self.block_ranges(v, index_of[d], layout)
+            if vtype.span:
+                data = data[tuple(slice(a, b) if span is not None else slice(None)
+                                  for (a, b), span in zip(ranges, vtype.span, strict=True))]
+            out.append(DeviceBlock(d, self._coords[d], ranges,
+                                   data if jx.is_extended_dtype(data.dtype) else np.asarray(data)))
+        return out
 
-    def block_ranges(self, v: int, block: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    def block_ranges(self, v: int, block: Sequence[int], layout=None) -> tuple[tuple[int, int], ...]:
         """The global ``(start, stop)`` per axis of block ``block`` of value ``v``: from its shards where the
-        plan holds it as propagated, else equal blocks of the layout it is held in (a reduce-scatter's)."""
+        plan holds it as propagated (a ranged axis's: each device's real rows), else equal blocks of the layout it is
+        held in (a reduce-scatter's)."""
         sharding = self.plan.sharded.shardings[v]
-        layout = self.plan.layout(v)
+        layout = layout or self.plan.layout(v)
         ranges = []
         for size, axis, mesh_axes, b in zip(sharding.shape, sharding.axes, layout, block, strict=True):
             if isinstance(axis, Sharded) and axis.mesh_axes == mesh_axes:

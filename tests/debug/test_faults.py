@@ -150,10 +150,10 @@ def test_check_finds_a_block_that_is_not_where_its_shard_ranges_say(monkeypatch,
     dbg.run()
     real = dbg.block_ranges
 
-    def swapped(v, block):  # a shard model that puts c's row blocks 0 and 1 the wrong way round
+    def swapped(v, block, layout=None):  # a shard model that puts c's row blocks 0 and 1 the wrong way round
         if v == 2 and block[0] in (0, 1):
             block = (1 - block[0], *block[1:])
-        return real(v, block)
+        return real(v, block, layout)
 
     monkeypatch.setattr(dbg, "block_ranges", swapped)
     findings = dbg.check()

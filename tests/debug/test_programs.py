@@ -130,3 +130,18 @@ def test_intermediates_read_out_in_small_segments_are_the_same(monkeypatch, mesh
     for v in range(len(prog.sharded.graph.avals)):
         # segments are compiled separately, so XLA may fuse (and round) differently: equal to float32 rounding
         np.testing.assert_allclose(np.asarray(dbg.value(v)), np.asarray(whole.value(v)), rtol=1e-6, atol=1e-7)
+
+
+def test_a_ranged_values_blocks_are_each_devices_real_rows(mesh):
+    """``x[3:]`` of 16 rows over 4 blocks: each device keeps the rows of its own block — 1, 4, 4 and 4 of them — and
+    the debugger's blocks say so (issue #27)."""
+    prog = _compile(lambda x: jnp.sum(x[3:] * 2, axis=0), (X,), (P("i", "j"),), "auto", mesh)
+    dbg = sp.Debugger(prog, X)
+    dbg.run()
+    (ranged,) = [n.outputs[0] for n in prog.sharded.graph.nodes if n.op == "mul"]
+    blocks = dbg.blocks(ranged)
+    assert sorted({b.index[0] for b in blocks}) == [(0, 1), (1, 5), (5, 9), (9, 13)]
+    value = as_numpy(dbg.value(ranged))
+    assert value.shape == (13, 8)
+    for block in blocks:
+        np.testing.assert_array_equal(as_numpy(block.data), value[block.slices])
