@@ -468,6 +468,8 @@ def pad_block(node, invals, blocks: Blocks) -> list:
     x, value = invals
     placed = _in_place_axes(blocks)
     spread = [k for k in placed if node.params["padding_config"][k][2]]  # each block spread in place, ranged
+    if spread:  # an operand's padding rows (past its ends) spread onto rows of the result: the pad's value there
+        x = masked_rows(x, blocks, 0, spread, value.astype(x.dtype))
     config = [(0, c[2], c[2]) if k in spread else (0, 0, 0) if k in placed else tuple(c)
               for k, c in enumerate(node.params["padding_config"])]
     out = lax.pad(x, value.astype(x.dtype), config)
@@ -497,9 +499,9 @@ def concatenate_block(node, invals, blocks: Blocks) -> list:
         size = blocks.out_global[0][axis]
         row = (row - first.offset) % size
     out, offset = invals[0], 0
-    for x, shape in zip(invals, blocks.in_global, strict=True):
+    for k, (x, shape) in enumerate(zip(invals, blocks.in_global, strict=True)):
         n = shape[axis]
-        if offset:
+        if k:  # (the first is where the others are not: an empty first operand leaves the second at offset 0)
             out = jnp.where((row >= offset) & (row < offset + n), x, out)
         offset += n
     return [out]

@@ -289,3 +289,33 @@ def test_pads_of_two_axes_by_two_values_give_their_corner_the_outer_value(strate
 def test_what_xla_drops_moves_nothing_in_the_estimate_either(f, meshes):
     # an empty slice reads its operand in place; a top-k's indices no one reads are not gathered (found by review)
     _run(f, (X,), meshes["8"], (P(None, "i"),))
+
+
+SMALL = np.arange(1, 8 * 16 + 1, dtype=np.float32).reshape(8, 16)
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: lax.pad(x[:, :15], -2.0, ((0, 0, 0), (-3, 3, 1))),
+    lambda x: lax.pad(x[:, 5:8], -7.0, ((0, 0, 0), (3, 0, 2))),
+    lambda x: lax.pad(x[:, :3], -7.0, ((0, 0, 0), (0, 2, 1))),
+    lambda x: lax.pad(x[:, 1:14], 0.5, ((0, 0, 0), (2, 5, 3))) * 2,
+], ids=["cut_front_long_back", "front_a_stride_long", "short_slice_spread", "spread_then_scaled"])
+@pytest.mark.parametrize("mesh_name,spec", [("8", P(None, "i")), ("4x2", P("j", "i"))])
+def test_a_pad_with_interior_padding_gives_the_pad_value_where_no_operand_row_lands(f, mesh_name, spec, meshes):
+    # each block spread in place, ranged: rows of the operand's padding (past its ends: a slice's or an uneven
+    # argument's) spread onto rows of the result too, which must be the pad's value (found by review)
+    got = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=(spec,))(SMALL)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.asarray(SMALL))))
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: jnp.concatenate([x[:0], x, x[:0]], axis=0), lambda x: jnp.concatenate([x[:0], x], axis=0),
+    lambda x: jnp.concatenate([x[:, :0], x], axis=1), lambda x: jnp.concatenate([x[:, 3:3], x[:, 2:9]], axis=1),
+    lambda x: jnp.pad(x[:, 3:14], ((0, 0), (3, 4)), mode="edge"),
+], ids=["empty_both_ends", "empty_first", "empty_first_columns", "empty_slice_first", "edge_pad"])
+@pytest.mark.parametrize("mesh_name,spec", [("8", P("i")), ("8", P(None, "i")), ("4x2", P("j", "i"))])
+def test_a_concatenation_whose_first_operand_is_empty(f, mesh_name, spec, meshes):
+    # the operand after an empty first one starts at row 0 too: it was taken for the first and dropped (the whole
+    # result its garbage; jnp.pad(mode="edge") builds such concatenations) (found by review)
+    got = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=(spec,))(SMALL)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.asarray(SMALL))))
