@@ -226,7 +226,11 @@ OWN = [
     Workload("sequence mixer gradient", "own", "sequence", _sequence_mixer("sequence"), rtol=2e-4, atol=2e-5,
              fewer_expected="the sequence stays sharded through the causal convolution's pad and shifted slices "
                             "(a few rows from the neighbour each) and the roll (one row), where jax.jit moves more"),
-    Workload("sequence mixer gradient", "own", "2-D", _sequence_mixer("2-D"), rtol=2e-4, atol=2e-5),
+    Workload("sequence mixer gradient", "own", "2-D", _sequence_mixer("2-D"), rtol=2e-4, atol=2e-5,
+             known_gap="fewer bytes than jax.jit now, but the cross-entropy's gradient builds two (4, 256, 1001) "
+                       "arrays whole along the vocabulary on every device (the take_along_axis gradient's scatter-add "
+                       "into zeros, a broadcast) and cuts each device's rows out after: their operands are not "
+                       "ranged, and taking a layout from a consumer is backward propagation (issue #28)"),
     Workload("cnn_train_step", "own", "spatial", _cnn_spatial, rtol=2e-4, atol=2e-5, quick=True,
              fewer_expected="the image rows stay sharded through the convolutions, the max-pool and their gradients "
                             "(halo exchanges of a row or two); jax.jit gathers rows for the max-pool's gradient"),
