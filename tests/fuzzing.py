@@ -2,7 +2,8 @@
 
 A program is plain source code (so a failure prints as a reproducer): ``def f(x0, x1): ...`` built from
 elementwise ops with broadcasting, reductions (``any``/``all`` of comparisons too), ``dot_general`` with
-random dimension numbers, reshape, transpose, slice, pad (negative widths and values too), roll, concatenate,
+random dimension numbers, reshape, transpose, slice, pad (negative widths, interior padding and values too), roll,
+concatenate,
 cumulative ops, windowed reductions, 1-D convolutions, reads and writes at an offset, flips, select, iota, gather
 and scatter, over float32 values whose shapes are tracked as the program grows — and, given a mesh, sharding constraints
 (``constrain(v, P(...))``: ``jax.lax.with_sharding_constraint`` on the program's mesh; the unsharded reference
@@ -181,11 +182,13 @@ def pad(draw, pool):
         return None
     k = draw(st.integers(0, len(v.shape) - 1))
     lo, hi = draw(st.integers(-1, 5)), draw(st.integers(-1, 5))
-    if v.shape[k] + lo + hi < 1:
+    interior = draw(st.sampled_from([0, 0, 0, 1, 2]))  # a strided window's or slice's gradient spreads its operand
+    size = v.shape[k] + lo + hi + max(v.shape[k] - 1, 0) * interior
+    if size < 1:
         return None
     value = draw(st.sampled_from([0.0, 0.0, 1.5, -2.0]))
-    config = tuple((lo, hi, 0) if d == k else (0, 0, 0) for d in range(len(v.shape)))  # negative: cut
-    shape = v.shape[:k] + (v.shape[k] + lo + hi,) + v.shape[k + 1:]
+    config = tuple((lo, hi, interior) if d == k else (0, 0, 0) for d in range(len(v.shape)))  # negative: cut
+    shape = v.shape[:k] + (size,) + v.shape[k + 1:]
     return "pad", f"lax.pad({v.name}, jnp.asarray({value}, {v.name}.dtype), {config})", shape
 
 
@@ -208,7 +211,9 @@ def concatenate(draw, pool):
         return None
     k = draw(st.sampled_from(axes))
     shape = a.shape[:k] + (a.shape[k] + b.shape[k],) + a.shape[k + 1:]
-    return "concatenate", f"jnp.concatenate([{a.name}, {b.name}], axis={k})", shape
+    empty = f"lax.slice_in_dim({a.name}, 0, 0, axis={k}), " if draw(st.integers(0, 4)) == 0 else ""  # (jnp.pad's
+    # edge mode joins such)
+    return "concatenate", f"jnp.concatenate([{empty}{a.name}, {b.name}], axis={k})", shape
 
 
 def cumsum(draw, pool):
