@@ -128,7 +128,8 @@ class RuleContext:
         if graph.avals[value].shape != ():
             return None
         producer = graph.nodes[graph.producer[value]]
-        while producer.op == "convert_element_type":  # jnp.pad's 0 is an int literal converted
+        # jnp.pad's 0 is an int literal converted; flax's pad values pass through a reshard
+        while producer.op in ("convert_element_type", "reshard", "sharding_constraint") and producer.operands:
             producer = graph.nodes[graph.producer[producer.operands[0]]]
         if producer.op != CONSTANT:
             return None

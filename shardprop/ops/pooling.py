@@ -156,37 +156,47 @@ def select_and_window(op: str, ctx: RuleContext, *operands: TensorSharding, wind
     keep = trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
     out_shape = ctx.out_avals[0].shape
     first = operands[0]
-    if op != "select_and_scatter_add" or operands[1].spans or any(
-            kept and isinstance(a, Sharded) and a.span is not None for kept, a in zip(keep, first.axes, strict=True)):
+    if op != "select_and_scatter_add" or any(
+            kept and isinstance(a, Sharded) and a.span is not None for o in operands
+            for kept, a in zip(keep, o.axes, strict=True)):
         operands = tuple(o.without_ranges() for o in operands)  # ranged windows: a VALID pool's cotangent, alone
     first, operand = operands
-    axes, reads = [], [None] * len(out_shape)
+    axes, reads, operand_reads = [], [None] * len(out_shape), [None] * len(out_shape)
     for k, (n, kept) in enumerate(zip(out_shape, keep, strict=True)):
         source = operand.axes[k]
         windows = first.axes[k]
         span = windows.span if isinstance(windows, Sharded) else None
+        rows = source.span if isinstance(source, Sharded) else None
+        stride = window_strides[k]
+        if rows is not None and span is None and rows.block % stride == 0:  # the source read in the operand's blocks
+            span, windows = Span(0, rows.block // stride), source
         reach = None if kept or not isinstance(source, Sharded) else select_reaches(
             op, operand.shape[k], shard_count(ctx.mesh_shape, source.mesh_axes),
             **window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation),
-            windows=(first.shape[k], span) if span is not None and windows.mesh_axes == source.mesh_axes else None)
+            windows=(first.shape[k], span) if span is not None and windows.mesh_axes == source.mesh_axes else None,
+            rows=rows)
         if kept:
             axes.append(ctx.merge(k, n, [op.axes[k] for op in operands]))
         elif reach is not None:
-            axes.append(ctx.carry_window(k, n, source, reach[1]))
+            axes.append(ctx.carry_window(k, n, source, reach[1], rows))
             if span is not None:
                 reads[k] = (source.mesh_axes, span)
+            if rows is not None:
+                operand_reads[k] = (source.mesh_axes, rows)
         else:
             axes.append(None)
     out = TensorSharding(out_shape, tuple(axes))
     need = tuple(m if kept or out.layout[k] else () for k, (m, kept) in enumerate(zip(out.layout, keep, strict=True)))
-    if not any(reads):
+    if not any(reads) and not any(operand_reads):
         return RuleOutput((out,), (need,) * len(operands))
     first_need = tuple(() if reads[k] else m for k, m in enumerate(need))
-    return RuleOutput((out,), (first_need, need), need_spans=(tuple(reads), (None,) * len(out_shape)))
+    operand_need = tuple(() if operand_reads[k] else m for k, m in enumerate(need))
+    return RuleOutput((out,), (first_need, operand_need), need_spans=(tuple(reads), tuple(operand_reads)))
 
 
 def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int, padding: tuple[int, int],
-                   dilation: int = 1, base_dilation: int = 1, windows: tuple[int, Span] | None = None):
+                   dilation: int = 1, base_dilation: int = 1, windows: tuple[int, Span] | None = None,
+                   rows: Span | None = None):
     """``(first operand's reach, operand's reach)`` (each ``(before, after)``) for a max-pool's derivative along an
     axis of the operand ``size`` long in ``blocks`` even blocks, the windows ``size / stride`` many, or None.
 
@@ -195,7 +205,9 @@ def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int,
     window that overlaps them: the source's windows before and after its own, and the operand rows those windows
     cover; the rows its windows scatter into its neighbours' rows are the neighbours' to compute. ``windows``: the
     source's length and span where it is ranged (a VALID pool's cotangent, its last blocks short: each device's
-    windows those its operand block starts, the padding zeroed).
+    windows those its operand block starts, the padding zeroed). ``rows``: the operand's span where it is ranged
+    too (a pool after a VALID window), its blocks from the first row on: computed as the frame of its blocks, the
+    padding never selected.
 
     >>> select_reaches("select_and_scatter_add", 64, 8, window=3, stride=2, padding=(0, 1))   # a 3x3/2 SAME pool
     ((1, 0), (2, 1))
@@ -203,10 +215,14 @@ def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int,
     ...                windows=(62, Span(0, 8)))
     ((2, 0), (2, 2))
     """
+    count = window_out(size, window=window, stride=stride, padding=padding, dilation=1, base_dilation=1)
+    if rows is not None:
+        if op != "select_and_scatter_add" or rows.offset != 0 or rows.fill is not None or windows is None:
+            return None
+        size = blocks * rows.block
     if blocks <= 1 or dilation != 1 or base_dilation != 1 or size % blocks or padding[0] < 0:
         return None
     block, before = size // blocks, padding[0]
-    count = window_out(size, window=window, stride=stride, padding=padding, dilation=1, base_dilation=1)
     if block % stride:
         return None
     if windows is None and count * stride != size or windows is not None and (
@@ -223,7 +239,7 @@ def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int,
     return (windows_before, windows_after), rows
 
 
-def _select_reaches(node, in_shapes, layouts, mesh_shape, spans=()):
+def _select_reaches(node, in_shapes, layouts, mesh_shape, spans=(), operand_spans=()):
     """Axis -> :func:`select_reaches` for each axis with a window the op consumes its operand sharded on (``spans``:
     the source's, where it is ranged)."""
     names = ("window_dimensions", "window_strides", "padding", "base_dilation", "window_dilation")
@@ -233,7 +249,8 @@ def _select_reaches(node, in_shapes, layouts, mesh_shape, spans=()):
         if layouts[1][k] and not kept:
             span = spans[k] if spans else None
             found = select_reaches(node.op, in_shapes[1][k], shard_count(mesh_shape, layouts[1][k]),
-                                   **window_of(k, *params), windows=None if span is None else (in_shapes[0][k], span))
+                                   **window_of(k, *params), windows=None if span is None else (in_shapes[0][k], span),
+                                   rows=operand_spans[k] if operand_spans else None)
             if found is None:
                 raise ValueError(f"`{node.op}` along axis {k} has no halo: the rule keeps such an axis whole (a "
                                  "shardprop bug)")
@@ -243,7 +260,7 @@ def _select_reaches(node, in_shapes, layouts, mesh_shape, spans=()):
 
 def select_halo(node, in_shapes, needs, mesh_shape):
     """Both operands of a max-pool's derivative consumed with their halos (:func:`select_reaches`)."""
-    reaches = _select_reaches(node, in_shapes, [n.layout for n in needs], mesh_shape, needs[0].span)
+    reaches = _select_reaches(node, in_shapes, [n.layout for n in needs], mesh_shape, needs[0].span, needs[1].span)
     return (with_halo(needs[0], {k: r[0] for k, r in reaches.items()}),
             with_halo(needs[1], {k: r[1] for k, r in reaches.items()}))
 
@@ -252,8 +269,8 @@ def select_block(node, invals, blocks: Blocks) -> list:
     """A max-pool's derivative on haloed blocks: the operand's rows past the ends of the array can never be selected
     (the lowest value for a maximum), the windows run unpadded, and ``select_and_scatter_add`` keeps the rows of its
     own block."""
-    spans = blocks.in_spans[0] if blocks.in_spans else ()
-    reaches = _select_reaches(node, blocks.in_global, blocks.in_layouts, blocks.mesh_shape, spans)
+    spans, operand_spans = blocks.in_spans or ((), ())
+    reaches = _select_reaches(node, blocks.in_global, blocks.in_layouts, blocks.mesh_shape, spans, operand_spans)
     if not reaches:
         return bind_as_is(node, invals, blocks)
     first, operand = invals
@@ -262,7 +279,8 @@ def select_block(node, invals, blocks: Blocks) -> list:
     padding = list(node.params["padding"])
     for k, (first_reach, rows) in reaches.items():
         size, mesh_axes = blocks.in_global[1][k], blocks.in_layouts[1][k]
-        operand = unpadded(past_the_ends(operand, k, rows[0], size, mesh_axes, blocks.mesh_shape, fill), k, rows)
+        operand = unpadded(past_the_ends(operand, k, rows[0], size, mesh_axes, blocks.mesh_shape, fill,
+                                         operand_spans[k] if operand_spans else None), k, rows)
         if spans and spans[k] is not None:  # windows past the last one (a ranged source's padding) scatter nothing
             first = past_the_ends(first, k, first_reach[0], blocks.in_global[0][k], mesh_axes, blocks.mesh_shape, 0,
                                   spans[k])
@@ -274,8 +292,10 @@ def select_block(node, invals, blocks: Blocks) -> list:
             if rows[1] < 0:  # its last rows, in no window (a stride longer than the window), receive nothing
                 out = lax.pad(out, jnp.zeros((), out.dtype),
                               [(0, -rows[1], 0) if j == k else (0, 0, 0) for j in range(out.ndim)])
-            out = lax.slice_in_dim(out, rows[0], rows[0] + blocks.in_global[1][k] // shard_count(
-                blocks.mesh_shape, blocks.in_layouts[1][k]), axis=k)
+            span = operand_spans[k] if operand_spans else None
+            block = span.block if span is not None else blocks.in_global[1][k] // shard_count(
+                blocks.mesh_shape, blocks.in_layouts[1][k])
+            out = lax.slice_in_dim(out, rows[0], rows[0] + block, axis=k)
     return [out]
 
 

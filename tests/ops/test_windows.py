@@ -306,6 +306,10 @@ RANGED = [
     ("strided_valid_max_pool_gradient", loss_grad(lambda x, w: max_pool(x, 3, 2, "VALID"), 0), (P(None, "i"), P())),
     ("valid_max_pool_gradient_rows_and_columns", loss_grad(lambda x, w: max_pool(x, 3, 1, "VALID"), 0),
      (P(None, "i", "j"), P())),
+    # a max-pool over a VALID convolution's ranged rows: its gradient scatters into them in place, the cotangent read
+    # in their blocks
+    ("max_pool_over_a_valid_conv_gradient", loss_grad(lambda x, w: max_pool(jax.nn.relu(conv(x, w, padding="VALID")),
+                                                                             2, 2, "VALID")), (P(None, "i"), P())),
     # a VALID window's output blocks are uneven (30 rows, the last block short): kept ranged, read in place next
     ("valid_pool_then_sum", lambda x, w: jnp.sum(max_pool(x, 3, 1, "VALID"), axis=1), (P(None, "i"), P())),
     ("valid_pool_then_pool", lambda x, w: jnp.sum(max_pool(max_pool(x, 3, 1, "VALID"), 3, 1, "SAME"), axis=1),
@@ -344,6 +348,29 @@ def test_a_window_over_ranged_rows_reads_them_in_place(name, f, specs, meshes):
         assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
     if "then" in name or "gradient" in name:
         assert not [t for t in prog.estimated_communication() if t.kind == "all-gather"], str(prog.graph)
+
+
+def test_a_flax_valid_cnn_with_pools_keeps_its_ranged_rows(meshes):
+    """flax's pools pass their pad value through a ``reshard``: the average pool's gradient (a pad with interior
+    padding by it) still spreads each block in place; the max pool's gradient scatters into ranged rows. Fewer
+    bytes than jax.jit, values as unsharded (found trying the change as a user would)."""
+    flax_nn = pytest.importorskip("flax.linen")
+
+    class Net(flax_nn.Module):
+        @flax_nn.compact
+        def __call__(self, x):
+            x = flax_nn.avg_pool(flax_nn.relu(flax_nn.Conv(4, (3, 3), padding="VALID")(x)), (2, 2), (2, 2))
+            x = flax_nn.max_pool(flax_nn.relu(flax_nn.Conv(4, (3, 3), padding="VALID")(x)), (2, 2), (2, 2))
+            return x.mean((1, 2))
+
+    net, (x,) = Net(), random_args([X])
+    params = net.init(jax.random.key(0), x)
+    grad = jax.grad(lambda p, x: jnp.sum(net.apply(p, x) ** 2))
+    prog = assert_same_as_unsharded(grad, (params, x), mesh=meshes["8"], in_specs=(None, P(None, "i")), rtol=1e-4,
+                                    atol=1e-5)
+    comparison = sp.compare_with_jit(grad, meshes["8"], (None, P(None, "i")), params, x)
+    assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
+    assert not [t for t in prog.estimated_communication() if t.kind == "all-gather"], str(prog.graph)
 
 
 @pytest.mark.parametrize("size,count,offset,block,window,stride,padding", [
