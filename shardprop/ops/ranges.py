@@ -34,6 +34,7 @@ from ..core.rules import RuleContext, RuleOutput
 from ..core.types import ValueType
 from ..expr import jax_adapter as jx
 from .opdef import Family, Linearity, OpDef
+from .windows import past_the_ends
 
 # per operand, per axis: (mesh axes, span) the rule reads that axis in, or None
 NeedSpans = tuple[tuple[tuple[tuple[str, ...], Span] | None, ...], ...]
@@ -410,8 +411,8 @@ def masked_rows(x, blocks: Blocks, operand: int, axes, value=0):
     spans = blocks.in_spans[operand] if blocks.in_spans else ()
     for k in axes:
         if spans and spans[k] is not None:
-            row = row_index(blocks, spans[k], blocks.in_layouts[operand][k], x.shape, k)
-            x = jnp.where((row >= 0) & (row < blocks.in_global[operand][k]), x, jnp.asarray(value, x.dtype))
+            x = past_the_ends(x, k, 0, blocks.in_global[operand][k], blocks.in_layouts[operand][k], blocks.mesh_shape,
+                              value, spans[k])
     return x
 
 
