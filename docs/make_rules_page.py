@@ -119,8 +119,9 @@ The rules that read ranged rows in place: elementwise ops (operands in one range
 the same mesh axes are realigned, a whole operand cut locally with `take_rows`), `broadcast_in_dim`, `transpose`,
 `squeeze`, `reshape` (a group's ranged major axis, its rows regrouped in place), a `dot_general`'s batch and free
 axes and, finished by a `psum`, its contracting axes (both operands' padding zeroed), a reduction's kept axes, a
-sum, maximum or minimum *over* a ranged axis (each device masks its padding with the identity, a
-`psum`/`pmax`/`pmin` finishes), `argmax`/`argmin` (each block's winner offset by its first row), and the windows:
+sum, maximum, minimum or product *over* a ranged axis (each device masks its padding with the identity, a
+`psum`/`pmax`/`pmin`/`pprod` finishes; `pprod` is one all-reduce multiplying, as `jax.jit`'s — JAX has no public
+collective for it), `argmax`/`argmin` (each block's winner offset by its first row), and the windows:
 `reduce_window_*` and `conv_general_dilated` read their operand in the rows each device holds with a halo past them
 (the rows no device holds are the span's fill, those past the ends the window's padding), their output ranged where
 its blocks are uneven (VALID); a convolution's kernel gradient sums a ranged cotangent in its blocks, a max-pool's
@@ -128,8 +129,10 @@ gradient (`select_and_scatter_add`) scatters one into each device's rows, and a 
 window's gradient) spreads each block in place. A scatter writes into a ranged axis it indexes in place (each
 index offset by its device's first row). Every other rule
 sees a ranged axis replicated: an `unspan` move gathers it first (each device sends the rows it holds, as many as
-the most any holds; the padding dropped). A ranged result comes back whole along that axis (a JAX array cannot be
-uneven; `jax.jit` gathers an uneven result too); an argument whose axis its mesh axes do not divide is accepted,
+the most any holds; the padding dropped — or, where that padding would move more, each places its rows among zeros
+and one all-reduce of their bits joins them). A ranged result comes back whole along that axis where its mesh axes
+do not divide it (a JAX array cannot be uneven; `jax.jit` gathers an uneven result too), else in their equal
+blocks; an argument whose axis its mesh axes do not divide is accepted,
 whole along that axis (`in_specs` says `P()` there), and each device takes its rows.
 
 A roll and the sum of a ranged slice, the sequence sharded over 8 devices:
@@ -142,12 +145,16 @@ A `top_k` along a sharded axis whose blocks hold at least `k` takes each block's
 the whole axis) and a `top_k` finish all-gathers the candidates and takes the best of them (the indices' gather
 rides on the values'), where that moves less than gathering the axis.
 
-A strided slice across blocks (`x[:, ::3]`) is laid out in blocks of `ceil(n / count)` rows, each device reading
-the `s` times as many rows its block picks from realigned to it (in place where its block holds them: `x[::2]`).
+A strided slice across blocks (`x[:, ::3]`) is laid out in blocks of `ceil(n / count)` rows (or as many as one
+device's block picks, where that is more). Each device picks its own block's rows: in place where they are its rows
+of the result (`x[::2]`; `x[:, ::9]` of 64 rows in blocks of 8, one row each), else a `route` finish sends them to
+their blocks (`{{routed i}}` before it), where that moves fewer rows than reading the rows each block picks from
+realigned to it.
 
-Still gathered along a sharded axis (open items): `sort`; a reduction over a ranged axis that no collective
-finishes (a product); ranges through loops' carries; a scatter into rows no device holds (a pad's). A strided slice whose result is uneven moves its realigned rows and then gathers (`jax.jit` picks each
-device's rows in place, a varying count, and gathers: up to 3 times fewer bytes for `x[:, ::16]` of 64 rows).
+Still gathered along a sharded axis (open items): `sort`; an exclusive-or over a sharded axis (no collective
+xors); ranges through loops' carries; a scatter into rows no device holds (a pad's). A strided slice returned
+uneven moves its realigned rows and then gathers (`jax.jit` places each device's picks among zeros and all-reduces
+them: 1,024 B against 2,944 for `x[:, ::16]` of 64 rows).
 
 ## Primitives without a record
 

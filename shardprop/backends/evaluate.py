@@ -36,7 +36,8 @@ def run_instructions(graph: Graph, mesh_shape: Mapping[str, int], instructions, 
             env[instruction.result] = finish_extreme(node, instruction.kind, instruction.mesh_axes,
                                                      env[instruction.source], env[instruction.operand], mesh_shape,
                                                      node.outputs.index(instruction.result.value),
-                                                     finish_geometry(graph, node, instruction.operand.type))
+                                                     finish_geometry(graph, node, instruction.operand.type,
+                                                                     mesh_shape))
         else:
             env.update(zip(instruction.outputs, _compute(graph, mesh_shape, instruction, env), strict=True))
         if hook is not None:

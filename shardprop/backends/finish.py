@@ -1,6 +1,6 @@
-"""Finishing a maximum, minimum or arg-extreme over sharded axes (a :class:`~shardprop.splitting.ir.Finish`): each
-device reduced its own block; one collective combines the devices' results into what the unsharded reduction
-gives — NaN, signed zeros, ties and first indices included."""
+"""Finishing a maximum, minimum, product or arg-extreme over sharded axes (a
+:class:`~shardprop.splitting.ir.Finish`): each device reduced its own block; one collective combines the devices'
+results into what the unsharded reduction gives — NaN, signed zeros, ties and first indices included."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from jax import lax
 
 from ..core.blocks import block_index
 from ..core.collectives import NO_GEOMETRY, CollectiveKind, FinishGeometry, rotation_split
-from ..core.layouts import Span, shard_count
-from ..core.steps import route_rounds
+from ..core.layouts import Span
 from ..ops.windows import extreme
 from .moves import apply_rounds, as_bits, rotated
+from ..expr import jax_adapter as jx
 from ..expr.graph import Node
 
 
@@ -31,16 +31,17 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
         return _finish_top_k(node, mesh_axes, partial, block, output)
     if kind is CollectiveKind.ROTATE:  # each device's rows lie shift rows further
         return _rotate(partial, node.params["dimension"], geometry.shift, mesh_axes, mesh_shape)
-    if kind is CollectiveKind.ROUTE:  # each device's joined block holds pieces of other blocks
-        count = shard_count(mesh_shape, mesh_axes)
-        return apply_rounds(partial, route_rounds(geometry.lengths, count), geometry.axis, mesh_axes,
-                            partial.shape[geometry.axis], 0, mesh_shape)
+    if kind is CollectiveKind.ROUTE:  # each device's block holds pieces of other blocks (joined in place, or picked)
+        return apply_rounds(partial, geometry.rounds, geometry.axis, mesh_axes, partial.shape[geometry.axis], 0,
+                            mesh_shape)
     if kind is CollectiveKind.MIRROR:  # each device reversed its block: its mirror device's
         return _to_mirror(node, mesh_axes, partial, mesh_shape)
     if kind is CollectiveKind.PREFIX:  # each device scanned its block
         return _finish_prefix(node, mesh_axes, partial, mesh_shape)
     if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):  # each device found its block's winner
         return _combine_arg(node, block, partial, kind, mesh_axes, mesh_shape, rows)
+    if kind is CollectiveKind.PPROD:  # each device multiplied its block (a ranged axis's padding as ones)
+        return _product(partial, mesh_axes)
     axes = node.params["axes"]
     if rows is not None:  # a ranged axis's padding ties with nothing
         block, _ = _without_padding(block, axes[0], rows, mesh_axes, mesh_shape,
@@ -112,6 +113,26 @@ def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):
     bound = extreme(dtype, lowest=is_max)  # the identity: the blocks after this one count for nothing
     combine = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
     return combine[1](scanned, combine[0](jnp.where(earlier, totals, bound), axis=axis, keepdims=True))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _product(x, mesh_axes):
+    """The product of every device's ``x``: one all-reduce multiplying them (``jx.pprod``)."""
+    return jx.pprod(x, mesh_axes)
+
+
+@_product.defjvp
+def _product_jvp(mesh_axes, primals, tangents):
+    """A product's rule: each device's tangent times the other devices' factors (all-gathered, this device's own
+    left out: no division, so a zero factor is no trouble), summed."""
+    (x,), (x_dot,) = primals, tangents
+    y = _product(x, mesh_axes)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return y, x_dot
+    factors = lax.all_gather(x, mesh_axes)
+    device = lax.broadcasted_iota(jnp.int32, factors.shape, 0)
+    others = jnp.prod(jnp.where(device == lax.axis_index(mesh_axes), jnp.ones((), x.dtype), factors), axis=0)
+    return y, lax.psum(x_dot * others, mesh_axes)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))

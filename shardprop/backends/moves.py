@@ -15,9 +15,11 @@ bits of bfloat16 and float8 blocks: XLA:CPU would move them as wider floats, twi
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -25,7 +27,7 @@ from jax import lax
 from ..core.blocks import block_index, first_device_only
 from ..core.layouts import shard_count, standard_span
 from ..core.steps import (Step, StepKind, exchanges, halo_rows, moves_rows, permute_pairs, realign_rounds,
-                          unspan_rows)
+                          unspan_rows, unspan_sums)
 from ..core.subaxes import groups, is_whole, sizes_with, span
 from ..expr import jax_adapter as jx
 
@@ -148,7 +150,9 @@ def _permuted(piece, names: tuple[str, ...], pairs, mesh_shape: Mapping[str, int
 
 def _unspan(x, step: Step, mesh_shape: Mapping[str, int]):
     """A ranged axis gathered whole: each device sends the rows it holds (as many as the most any holds, padded),
-    one ``all_gather``, and the rows are laid end to end — the rows no device holds being the span's fill."""
+    one ``all_gather``, and the rows are laid end to end — or, where that padding would move more, each places its
+    rows among zeros along the whole axis and one ``psum`` of their bits joins them (:func:`unspan_sums`). The rows
+    no device holds are the span's fill."""
     axis, names, length = step.axis, step.mesh_axes, step.length
     span = step.before.span_of(axis)
     count = shard_count(mesh_shape, names)
@@ -160,15 +164,60 @@ def _unspan(x, step: Step, mesh_shape: Mapping[str, int]):
                        for d, (first, stop) in enumerate(held)], np.int32)
     padded = lax.pad(x, lax.full((), 0, x.dtype), [(0, most, 0) if k == axis else (0, 0, 0) for k in range(x.ndim)])
     mine = lax.dynamic_slice_in_dim(padded, jnp.asarray(starts)[block_index(names, mesh_shape)], most, axis)
+    join = _summed_rows if unspan_sums(step, count, x.dtype) else _gathered_rows
+    rows = join(mine, axis, names, held, length, mesh_shape)
+    first, stop = min(f for f, t in held if t > f), max(t for f, t in held if t > f)
+    if first or stop < length:  # rows no device holds: the fill
+        row = lax.broadcasted_iota(np.int32, tuple(length if k == axis else 1 for k in range(x.ndim)), axis)
+        rows = jnp.where((row >= first) & (row < stop), rows, jnp.asarray(span.fill, x.dtype))
+    return rows
+
+
+def _gathered_rows(mine, axis: int, names, held, length: int, mesh_shape):
+    """Each device's rows (``mine``: the first of them, padded to the most any holds) all-gathered and laid end to
+    end along the whole axis (zeros where no device holds a row)."""
+    most = mine.shape[axis]
     gathered = as_bits(lambda b: lax.all_gather(b, names, axis=axis, tiled=True), mine)
     pieces = [lax.slice_in_dim(gathered, d * most, d * most + stop - first, axis=axis)
               for d, (first, stop) in enumerate(held) if stop > first]
     rows = lax.concatenate(pieces, axis) if len(pieces) > 1 else pieces[0]
     first, stop = min(f for f, t in held if t > f), max(t for f, t in held if t > f)
-    if first or stop < length:  # rows no device holds: the fill
-        rows = lax.pad(rows, jnp.asarray(span.fill, x.dtype),
-                       [(first, length - stop, 0) if k == axis else (0, 0, 0) for k in range(x.ndim)])
-    return rows
+    return lax.pad(rows, lax.full((), 0, mine.dtype), [(first, length - stop, 0) if k == axis else (0, 0, 0)
+                                                        for k in range(mine.ndim)])
+
+
+def _summed_rows(mine, axis: int, names, held, length: int, mesh_shape):
+    """Each device's rows (``mine``, padded) placed among zeros along the whole axis, summed over the devices as the
+    integers of their bits: one device holds each row, so the sum is its bits exactly (NaN and -0.0 kept). Its
+    derivative places and sums the tangent as numbers (linear, so JAX can transpose it)."""
+    return _summed_bits(mine, axis, tuple(names), tuple(held), length, tuple(sorted(mesh_shape.items())))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _summed_bits(mine, axis: int, names, held, length: int, mesh):
+    bits = lax.bitcast_convert_type(mine, np.dtype(f"uint{8 * mine.dtype.itemsize}"))
+    return lax.bitcast_convert_type(lax.psum(_placed(bits, axis, names, held, length, dict(mesh)), names), mine.dtype)
+
+
+@_summed_bits.defjvp
+def _summed_bits_jvp(axis, names, held, length, mesh, primals, tangents):
+    (mine,), (mine_dot,) = primals, tangents
+    out = _summed_bits(mine, axis, names, held, length, mesh)
+    if not jnp.issubdtype(mine.dtype, jnp.inexact):
+        return out, mine_dot
+    return out, lax.psum(_placed(mine_dot, axis, names, held, length, dict(mesh)), names)
+
+
+def _placed(mine, axis: int, names, held, length: int, mesh_shape):
+    """This device's rows (the first of ``mine``) at their place along the whole axis, zeros elsewhere."""
+    here, most = block_index(names, mesh_shape), mine.shape[axis]
+    firsts = np.array([first for first, _ in held], np.int32)
+    counts = np.array([stop - first for first, stop in held], np.int32)
+    position = lax.broadcasted_iota(np.int32, tuple(most if k == axis else 1 for k in range(mine.ndim)), axis)
+    mine = jnp.where(position < jnp.asarray(counts)[here], mine, lax.full((), 0, mine.dtype))
+    zeros = lax.full(tuple(length + most if k == axis else n for k, n in enumerate(mine.shape)), 0, mine.dtype)
+    return lax.slice_in_dim(lax.dynamic_update_slice_in_dim(zeros, mine, jnp.asarray(firsts)[here], axis), 0, length,
+                            axis=axis)
 
 
 def _take_rows(x, step: Step, mesh_shape: Mapping[str, int]):

@@ -15,7 +15,7 @@ import numpy as np
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
 from .layouts import Layout, block_shape, shard_count
-from .steps import moves_rows, rounds_rows, route_rounds
+from .steps import moves_rows, rounds_rows
 from .transfers import Transfer, TransferKind, hlo_dtype_name, transfer
 from .types import Reduction
 
@@ -26,6 +26,7 @@ class CollectiveKind(StrEnum):
     PSUM = "psum"
     PMAX = "pmax"
     PMIN = "pmin"
+    PPROD = "pprod"                # each device's product, multiplied together (one all-reduce)
     ARGMAX = "argmax"              # each device's winning index, offset, then agreed with pmax/pmin
     ARGMIN = "argmin"
     PREFIX = "prefix"              # each device's block total gathered, the totals before it combined into its scan
@@ -48,12 +49,13 @@ class CollectiveKind(StrEnum):
 @dataclass(frozen=True, slots=True)
 class FinishGeometry:
     """Where a finish works, for those that need more than the result's layout: the ``axis`` a top-k, a rotation or a
-    route works along; the rows a rotation moves each device's rows by (``shift``); the lengths of the operands a
-    route joined in place (``lengths``); the span and length of the ranged axis an arg-extreme reduced (``rows``)."""
+    route works along; the rows a rotation moves each device's rows by (``shift``); the rounds of pieces a route
+    sends each device's rows in (``rounds``, :class:`~shardprop.core.steps.Piece`: a concatenation's operands joined
+    in place, a strided slice's picks); the span and length of the ranged axis an arg-extreme reduced (``rows``)."""
 
     axis: int | None = None
     shift: int = 0
-    lengths: tuple[int, ...] = ()
+    rounds: tuple = ()
     rows: tuple | None = None
 
 
@@ -73,15 +75,16 @@ class Collective:
 
 
 _REDUCTIONS = {CollectiveKind.PSUM: Reduction.SUM, CollectiveKind.PMAX: Reduction.MAX,
-               CollectiveKind.PMIN: Reduction.MIN, CollectiveKind.ARGMAX: Reduction.ARGMAX,
-               CollectiveKind.ARGMIN: Reduction.ARGMIN, CollectiveKind.PREFIX: Reduction.PREFIX,
-               CollectiveKind.MIRROR: Reduction.MIRRORED, CollectiveKind.TOP_K: Reduction.TOP_K,
-               CollectiveKind.ROTATE: Reduction.ROTATED, CollectiveKind.ROUTE: Reduction.ROUTED}
+               CollectiveKind.PMIN: Reduction.MIN, CollectiveKind.PPROD: Reduction.PROD,
+               CollectiveKind.ARGMAX: Reduction.ARGMAX, CollectiveKind.ARGMIN: Reduction.ARGMIN,
+               CollectiveKind.PREFIX: Reduction.PREFIX, CollectiveKind.MIRROR: Reduction.MIRRORED,
+               CollectiveKind.TOP_K: Reduction.TOP_K, CollectiveKind.ROTATE: Reduction.ROTATED,
+               CollectiveKind.ROUTE: Reduction.ROUTED}
 
 
 def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Aval, operand_dtype, layout: Layout,
                      mesh_shape, geometry: FinishGeometry | None = None) -> tuple[Transfer, ...]:
-    """The all-reduces that finish a partial maximum, minimum or arg-extreme of ``aval`` laid out as ``layout``
+    """The all-reduces that finish a partial maximum, minimum, product or arg-extreme of ``aval`` laid out as ``layout``
     (a float ``pmax``/``pmin`` is one all-reduce of integers of the same size: total order keeps NaN and signed
     zeros); ``argmax``/``argmin`` also all-reduce the extreme values (of ``operand_dtype``) and, for floats, a NaN
     flag; ``prefix`` all-gathers one row per device (its block's total) along the scanned axis; ``top_k`` all-gathers
@@ -93,9 +96,10 @@ def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Ava
     axis, shift = geometry.axis, geometry.shift
     if kind is CollectiveKind.ROUTE:
         count = shard_count(mesh_shape, mesh_axes)
-        rounds = route_rounds(geometry.lengths, count)
+        rounds = geometry.rounds
+        framed = tuple(count if k == axis else n for k, n in enumerate(aval.shape))  # (the routed axis may be ranged)
         piece = tuple(rounds_rows(rounds) if k == axis else n
-                      for k, n in enumerate(block_shape(aval.shape, layout, mesh_shape)))
+                      for k, n in enumerate(block_shape(framed, layout, mesh_shape)))
         groups = tuple(n for n in mesh_shape if n in mesh_axes and mesh_shape[n] > 1)
         nbytes = _nbytes(piece, aval.dtype)
         return (Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, count, piece, hlo_dtype_name(aval.dtype), nbytes,

@@ -375,6 +375,16 @@ def unspan_rows(step: Step, count: int) -> int:
     return max(stop - first for first, stop in (span.held(d, step.length) for d in range(count)))
 
 
+def unspan_sums(step: Step, count: int, dtype) -> bool:
+    """True when an unspan step all-reduces the axis whole (each device's rows placed among zeros, summed as the
+    integers of their bits: exact, NaN and signed zeros kept) rather than all-gathering the rows each device holds,
+    padded to the most any holds: where that padding makes the gather move more (``2 * length`` rows against
+    ``count * most``: a strided slice's few rows on a few devices), for 32-bit values (narrower ones XLA:CPU widens
+    in a sum)."""
+    dtype = as_dtype(dtype)
+    return dtype.itemsize == 4 and jx.dtype_kind(dtype) in "fiu" and 2 * step.length < count * unspan_rows(step, count)
+
+
 def _rows_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str, int]) -> Transfer:
     """The collectives of a step on ranged rows: a realign's one or two collective-permutes (one record: the rows
     of both), an unspan's all-gather of the rows each device holds."""
@@ -389,8 +399,9 @@ def _rows_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str
         nbytes = int(jx.itemsize(dtype) * int(np.prod(piece)))
         return Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, shard_count(sizes, groups), tuple(piece),
                         hlo_dtype_name(dtype), nbytes, float(nbytes), arrays=len(rounds))
-    piece[step.axis] = count * unspan_rows(step, count)  # the gathered result
+    summed = unspan_sums(step, count, dtype)
+    piece[step.axis] = step.length if summed else count * unspan_rows(step, count)  # the result
     nbytes = int(jx.itemsize(dtype) * int(np.prod(piece)))
     n = shard_count(sizes, groups)
-    return Transfer(TransferKind.ALL_GATHER, groups, n, tuple(piece), hlo_dtype_name(dtype), nbytes,
-                    moved(TransferKind.ALL_GATHER, n, nbytes))
+    kind = TransferKind.ALL_REDUCE if summed else TransferKind.ALL_GATHER
+    return Transfer(kind, groups, n, tuple(piece), hlo_dtype_name(dtype), nbytes, moved(kind, n, nbytes))

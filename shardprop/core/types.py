@@ -39,6 +39,7 @@ class Reduction(StrEnum):
     SUM = "sum"
     MAX = "max"
     MIN = "min"
+    PROD = "prod"
     ARGMAX = "argmax"
     ARGMIN = "argmin"
     PREFIX = "prefix"  # a cumulative op scanned block by block: each block lacks what the blocks before it hold

@@ -30,17 +30,17 @@ FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, in
             pooling, linalg, control_flow, random, placement)
 
 
-def finish_geometry(graph, node, operand_type) -> FinishGeometry:
+def finish_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
     """Where the finish of ``node`` works (:class:`~shardprop.core.collectives.FinishGeometry`), given the type its
     first operand is read in: a top-k's axis; a concatenation's axis, rotation (:func:`.ranges.rotation`) and
-    operand lengths; the ranged rows a single-axis reduction reads."""
+    route rounds; a strided slice's route rounds (:func:`.ranges.slice_geometry`); the ranged rows a single-axis
+    reduction reads."""
     if node.op == "top_k":
         return FinishGeometry(axis=node.params["axis"])
     if node.op == "concatenate":
-        dim = node.params["dimension"]
-        length = graph.avals[node.outputs[0]].shape[dim]
-        return FinishGeometry(axis=dim, shift=ranges.rotation(node, operand_type, length),
-                              lengths=tuple(graph.avals[v].shape[dim] for v in node.operands))
+        return ranges.concatenate_geometry(graph, node, operand_type, mesh_shape)
+    if node.op == "slice":
+        return ranges.slice_geometry(graph, node, operand_type, mesh_shape)
     axes = node.params.get("axes") if lookup(node.op).family is Family.REDUCTION else None
     if axes and len(axes) == 1 and operand_type.span_of(axes[0]) is not None:
         return FinishGeometry(rows=(operand_type.span_of(axes[0]), graph.avals[node.operands[0]].shape[axes[0]]))

@@ -28,8 +28,8 @@ from jax import lax
 from ..core.blocks import Blocks, block_index, cut_outputs
 from ..core.boxes import Box, LineageContext, product
 from ..core.layouts import Shard, Sharded, fill_key, Span, TensorSharding, shard_count, standard_span
-from ..core.collectives import Collective, CollectiveKind
-from ..core.steps import realign_rows, rounds_rows, route_rounds
+from ..core.collectives import Collective, CollectiveKind, FinishGeometry
+from ..core.steps import Piece, in_rounds, realign_rows, rounds_rows, route_rounds
 from ..core.rules import RuleContext, RuleOutput
 from ..core.types import ValueType
 from ..expr import jax_adapter as jx
@@ -110,21 +110,21 @@ def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_in
 def _stepped(ctx: RuleContext, operand: TensorSharding, k: int, size: int, start: int, stride: int):
     """Output axis ``k`` of ``size`` rows, row ``r`` being operand row ``start + stride * r`` (a strided slice):
     ``(output axis, need layout, need span)``, or None when the operand axis is not laid out over mesh axes. The
-    output is in blocks of ``ceil(size / count)`` rows (equal where they divide it, else ranged); each device reads
-    the ``stride`` times as many operand rows its block picks from — in place where its block holds them
-    (``x[::2]``, ``x[1::2]`` of blocks twice as long), else realigned there (``x[::3]``: a few rows move)."""
+    output is in blocks of :func:`strided_block` rows (equal where they divide it, else ranged); each device picks
+    its block's rows in place where they are its rows of the result (``x[::2]``, ``x[::9]`` of blocks of 8), else
+    reads the ``stride`` times as many operand rows its block picks from, realigned there (``x[::3]``: a few rows
+    move; a ``route`` of each device's own picks may replace that: :func:`finish_slice`)."""
     rows = _rows(ctx, operand, k)
     if rows is None:
         return None
     mesh_axes, span = rows
     count = shard_count(ctx.mesh_shape, mesh_axes)
-    block = -(-size // count)
-    reads = stride * block
-    first = start + span.offset  # where the first row a device's block picks lies in its operand block
-    if span.block == reads and 0 <= first < stride:
-        need = span  # in place
+    length = operand.shape[k]
+    block = strided_block(span, length, start, stride, size, count)
+    if _picks_in_place(span, length, start, stride, size, count):
+        need = span
     else:
-        need = Span(-start, reads, span.fill)
+        need = Span(-start, stride * block, span.fill)
     out = _stepped_axis(ctx, k, size, mesh_axes, block, start, stride, operand.axes[k])
     standard = operand.axes[k].span is None and need == span
     return out, (mesh_axes if standard else ()), (None if standard else (mesh_axes, need))
@@ -397,6 +397,132 @@ def rotation(node, first, length: int) -> int:
     return (span.offset if span is not None else 0) % length
 
 
+def concatenate_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
+    """A concatenation's finish geometry: its axis, its rotation (joined in place, ranged: a roll) and, for operands
+    joined in equal blocks, the rounds of its route (:func:`~shardprop.core.steps.route_rounds`)."""
+    dim = node.params["dimension"]
+    length = graph.avals[node.outputs[0]].shape[dim]
+    mesh_axes = operand_type.layout[dim]
+    rounds = ()
+    if mesh_axes and operand_type.span_of(dim) is None:
+        rounds = route_rounds(tuple(graph.avals[v].shape[dim] for v in node.operands), shard_count(mesh_shape,
+                                                                                                   mesh_axes))
+    return FinishGeometry(axis=dim, shift=rotation(node, operand_type, length), rounds=rounds)
+
+
+def strided_picks(held: Span, length: int, start: int, stride: int, size: int, device: int) -> tuple[int, int, int]:
+    """``(position, row, count)``: the rows of a strided slice (``size`` rows, row ``r`` being operand row
+    ``start + stride * r``) that device ``device``'s block of an operand axis of ``length`` (held as ``held`` says)
+    holds — ``count`` of them, the first at ``position`` of the block, being the slice's row ``row``.
+
+    >>> strided_picks(Span(0, 8), 64, 0, 3, 22, 1)   # x[::3] of 64 rows in blocks of 8: device 1 holds 9, 12, 15
+    (1, 3, 3)
+    """
+    at = device * held.block - held.offset
+    lo = max(at, start, 0)
+    hi = min(at + held.block, start + (size - 1) * stride + 1, length)
+    if hi <= lo:
+        return 0, 0, 0
+    first = start + -(-(lo - start) // stride) * stride
+    count = max(0, -(-(hi - first) // stride))
+    return first - at, (first - start) // stride, count
+
+
+def strided_block(held: Span, length: int, start: int, stride: int, size: int, count: int) -> int:
+    """The block of a strided slice's result: ``ceil(size / count)`` rows, or the most rows a device's block picks
+    where that is more (``x[0:16:3]`` of blocks of 8: devices 0 and 1 pick 3 rows each, blocks of 3 are theirs) —
+    so each device's picks fit in a block of the result, in place or routed there (:func:`finish_slice`)."""
+    block = -(-size // count)
+    picks = [strided_picks(held, length, start, stride, size, d)[2] for d in range(count)]
+    return max(block, *picks) if sum(picks) == size else block
+
+
+def _in_place(picks, block: int, size: int) -> bool:
+    """True when every device's picks (:func:`strided_picks`) are its rows of the result in blocks of ``block``,
+    every row of the result picked by some device."""
+    return sum(picked for _, _, picked in picks) == size and all(
+        picked == 0 or row == device * block for device, (_, row, picked) in enumerate(picks))
+
+
+def strided_rounds(held: Span, length: int, start: int, stride: int, size: int, count: int):
+    """The rounds of pieces that carry each device's picks of a strided slice (:func:`strided_picks`, first at
+    position 0 of its picks) to the slice's blocks (:func:`strided_block`); None where some rows of it are a fill
+    no device holds (the route carries held rows only)."""
+    block = strided_block(held, length, start, stride, size, count)
+    picks = [strided_picks(held, length, start, stride, size, d) for d in range(count)]
+    if sum(picked for _, _, picked in picks) != size:
+        return None
+    if any(picked > block for _, _, picked in picks):  # (a device's picks fill its block of the result at most)
+        return None
+    pieces = []
+    for device, (_, row, picked) in enumerate(picks):
+        for target in range(row // block, (row + picked - 1) // block + 1) if picked else ():
+            lo, hi = max(row, target * block), min(row + picked, (target + 1) * block)
+            pieces.append(Piece(device, target, lo - row, lo - target * block, hi - lo))
+    return in_rounds(pieces)
+
+
+def _route_axis(graph, node, operand_type: ValueType, mesh_shape):
+    """``(axis, rounds)``: the first axis a strided slice reading its operand in ``operand_type`` picks rows along
+    that are not in its output blocks' places (each device's picks sent on by a ``route``), or None."""
+    params = node.params
+    shape, out_shape = graph.avals[node.operands[0]].shape, graph.avals[node.outputs[0]].shape
+    strides = params["strides"] or (1,) * len(shape)
+    for k, (start, stride) in enumerate(zip(params["start_indices"], strides, strict=True)):
+        mesh_axes = operand_type.layout[k]
+        if stride == 1 or not mesh_axes or out_shape[k] == 0:
+            continue
+        count = shard_count(mesh_shape, mesh_axes)
+        held = operand_type.span_of(k) or standard_span(shape[k], count)
+        if _picks_in_place(held, shape[k], int(start), int(stride), out_shape[k], count):
+            continue
+        rounds = strided_rounds(held, shape[k], int(start), int(stride), out_shape[k], count)
+        return None if rounds is None else (k, rounds)
+    return None
+
+
+def _picks_in_place(held: Span, length: int, start: int, stride: int, size: int, count: int) -> bool:
+    """True when every device's picks of a strided slice are its rows of the result (its block of
+    :func:`strided_block` rows), every row of the result picked by some device."""
+    block = strided_block(held, length, start, stride, size, count)
+    return _in_place([strided_picks(held, length, start, stride, size, d) for d in range(count)], block, size)
+
+
+def slice_geometry(graph, node, operand_type: ValueType, mesh_shape) -> FinishGeometry:
+    """A strided slice's finish geometry: the axis its picks are routed along, and the route's rounds."""
+    found = _route_axis(graph, node, operand_type, mesh_shape)
+    return FinishGeometry() if found is None else FinishGeometry(axis=found[0], rounds=found[1])
+
+
+def finish_slice(decisions, node):
+    """A strided slice whose operand, read in place, leaves each device's picks out of their places in the result's
+    blocks (``x[:, ::16]`` of blocks of 8: devices 0, 2, 4, 6 pick a row each, for blocks 0-3): each device picks the
+    rows its own block holds and a ``route`` finish sends them to their blocks, where that moves fewer rows than
+    reading the operand realigned to the rows each block picks from (the rule's read). None otherwise, or for a
+    result the program returns (its padding would be routed as rows)."""
+    (operand,) = node.operands
+    if jx.is_extended_dtype(decisions.graph.avals[operand].dtype) or not decisions.may_finish_ranged(node):
+        return None
+    held, (rule,) = decisions.type(operand), decisions.rule_needs(node.id)
+    found = _route_axis(decisions.graph, node, held, decisions.mesh_shape)
+    if found is None:
+        return None
+    k, rounds = found
+    mesh_axes = held.layout[k]
+    out_axis = decisions.sharded.shardings[node.outputs[0]].axes[k]
+    if not isinstance(out_axis, Sharded) or out_axis.mesh_axes != mesh_axes or rule.layout[k] != mesh_axes or \
+            rule.span_of(k) is None:
+        return None
+    count, length = shard_count(decisions.mesh_shape, mesh_axes), decisions.graph.avals[operand].shape[k]
+    held_span = held.span_of(k) or standard_span(length, count)
+    if rounds_rows(rounds) >= realign_rows(held_span, rule.span_of(k), length, count):
+        return None
+    layout = tuple(mesh_axes if a == k else m for a, m in enumerate(rule.layout))
+    spans = tuple(held.span_of(k) if a == k else rule.span_of(a) for a in range(len(layout)))
+    return (ValueType(layout, span=spans if any(s is not None for s in spans) else ()),), \
+        Collective(CollectiveKind.ROUTE, mesh_axes)
+
+
 # ---- on blocks -------------------------------------------------------------------------------------------------------
 
 def row_index(blocks: Blocks, span: Span, mesh_axes, shape, axis: int):
@@ -444,9 +570,9 @@ def slice_block(node, invals, blocks: Blocks) -> list:
         b, g, have = blocks.out_blocks[0][k], blocks.out_global[0][k], blocks.in_blocks[0][k]
         if blocks.out_global[0][k] == 0:  # an empty slice
             start.append(0), limit.append(0), step.append(1)
-        elif k in placed and stride > 1:  # the rows its block picks, from where the first lies in its operand block
-            spans = blocks.in_spans[0] if blocks.in_spans else ()
-            first = s + (spans[k].offset if spans and spans[k] is not None else 0)
+        elif stride > 1 and (k in placed or have != blocks.in_global[0][k]):  # the rows its block picks, from where
+            # the first lies in its operand block
+            x, first = _picked(x, k, int(s), int(stride), blocks)
             start.append(first), limit.append(first + (b - 1) * stride + 1), step.append(stride)
         elif k in placed:
             start.append(0), limit.append(b), step.append(1)
@@ -456,6 +582,25 @@ def slice_block(node, invals, blocks: Blocks) -> list:
             start.append(s), limit.append(lim if b == g else s + (b - 1) * stride + 1), step.append(stride)
     out = lax.slice(x, start, limit, step)
     return _cut_whole(out, blocks)
+
+
+def _picked(x, k: int, start: int, stride: int, blocks: Blocks):
+    """``(x, first)``: the block ``x`` and the position along ``k`` its first pick of a strided slice lies at — the
+    same on every device that picks (in place, or read realigned: a constant), else this device's own (read in its
+    operand's blocks, a ``route`` to follow: ``x`` moved to start at it)."""
+    spans = blocks.in_spans[0] if blocks.in_spans else ()
+    length, size, b = blocks.in_global[0][k], blocks.out_global[0][k], blocks.out_blocks[0][k]
+    count = shard_count(blocks.mesh_shape, blocks.in_layouts[0][k])
+    held = spans[k] if spans and spans[k] is not None else standard_span(length, count)
+    picks = [strided_picks(held, length, start, stride, size, d) for d in range(count)]
+    firsts = {position for position, _, picked in picks if picked}
+    if len(firsts) <= 1:
+        return x, min(firsts, default=0)
+    reach = (b - 1) * stride + 1
+    padded = lax.pad(x, lax.full((), 0, x.dtype), [(0, reach, 0) if a == k else (0, 0, 0) for a in range(x.ndim)])
+    here = block_index(blocks.in_layouts[0][k], blocks.mesh_shape)
+    at = jnp.asarray(np.array([min(position, x.shape[k]) for position, _, _ in picks], np.int32))[here]
+    return lax.dynamic_slice_in_dim(padded, at, reach, k), 0
 
 
 def _cut_whole(out, blocks: Blocks) -> list:
@@ -569,7 +714,8 @@ def _ranged(name, propagate, lineage, per_block, linear) -> OpDef:
 
 
 OPS = [
-    _ranged("slice", slice_, slice_lineage, slice_block, Linearity.FIRST),
+    OpDef("slice", Family.SLICING, propagate=slice_, lineage=slice_lineage, lineage_exact=True, per_block=slice_block,
+          finish=finish_slice, pull=None, linear=Linearity.FIRST, reads_ranges=True),
     _ranged("pad", pad, pad_lineage, pad_block, Linearity.NONE),  # the padding value would be summed too
     OpDef("concatenate", Family.SLICING, propagate=concatenate, lineage=concatenate_lineage, lineage_exact=True,
           per_block=concatenate_block, finish=finish_concatenate, pull=None, linear=Linearity.JOINT,

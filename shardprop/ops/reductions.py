@@ -96,10 +96,11 @@ class FinishReduction:
         held = decisions.type(v)
         axes = node.params["axes"]
         spans = [held.span_of(k) if k in axes and self.kind in _MASKED else None for k in range(len(held.layout))]
-        # rows no device holds (a pad's) are counted in by one device for a sum over that one axis; a maximum or a
-        # minimum takes them in on every device; an arg-extreme would have to name one of them: read whole
+        # rows no device holds (a pad's) are counted in by one device for a sum (a product) over that one axis; a
+        # maximum or a minimum takes them in on every device; an arg-extreme would have to name one of them: read
+        # whole
         spans = [s if s is not None and (s.fill is None or self.kind in _FILLS_TAKEN_IN or len(axes) == 1
-                                         and self.kind is CollectiveKind.PSUM) else None for s in spans]
+                                         and self.kind in _FILLS_COUNTED_ONCE) else None for s in spans]
         produced = list(m if k in axes and spans[k] is not None else e
                         for k, (m, e) in enumerate(zip(held.layout, held.even_layout, strict=True)))
         mesh_axes = tuple(name for k in sorted(axes) for name in produced[k])
@@ -118,12 +119,14 @@ class FinishReduction:
 
 # The identity each reduction masks the padding of ranged rows with, given the dtype.
 _MASKED = {CollectiveKind.PSUM: lambda dtype: 0, CollectiveKind.PMAX: lambda dtype: extreme(dtype, lowest=True),
-           CollectiveKind.PMIN: lambda dtype: extreme(dtype, lowest=False),
+           CollectiveKind.PMIN: lambda dtype: extreme(dtype, lowest=False), CollectiveKind.PPROD: lambda dtype: 1,
            CollectiveKind.ARGMAX: lambda dtype: extreme(dtype, lowest=True),
            CollectiveKind.ARGMIN: lambda dtype: extreme(dtype, lowest=False)}
 _FILLS_TAKEN_IN = (CollectiveKind.PMAX, CollectiveKind.PMIN)
+_FILLS_COUNTED_ONCE = (CollectiveKind.PSUM, CollectiveKind.PPROD)
 _IDENTITY = {"reduce_sum": CollectiveKind.PSUM, "reduce_max": CollectiveKind.PMAX,
-             "reduce_min": CollectiveKind.PMIN, "reduce_or": CollectiveKind.PMAX, "reduce_and": CollectiveKind.PMIN}
+             "reduce_min": CollectiveKind.PMIN, "reduce_or": CollectiveKind.PMAX, "reduce_and": CollectiveKind.PMIN,
+             "reduce_prod": CollectiveKind.PPROD}
 
 
 def reduction_block(node: Node, invals: list, blocks) -> list:
@@ -144,9 +147,11 @@ def reduction_block(node: Node, invals: list, blocks) -> list:
         if span.fill is None or unheld == 0:
             continue
         fill = jnp.asarray(span.fill, out.dtype)
+        first = block_index(blocks.in_layouts[0][k], blocks.mesh_shape) == 0
         if node.op == "reduce_sum":  # counted in once, by the first device (a sum over this one axis)
-            first = block_index(blocks.in_layouts[0][k], blocks.mesh_shape) == 0
             out = out + jnp.where(first, fill * unheld, jnp.zeros((), out.dtype))
+        elif node.op == "reduce_prod":  # multiplied in once, by the first device (a product over this one axis)
+            out = out * jnp.where(first, fill ** unheld, jnp.ones((), out.dtype))
         else:
             out = _COMBINE[node.op](out, fill)
     return [out]
@@ -187,8 +192,9 @@ OPS = [
     _reduction("reduce_and", FinishReduction(CollectiveKind.PMIN, "b")),
     _reduction("argmax", FinishReduction(CollectiveKind.ARGMAX, "fiu")),
     _reduction("argmin", FinishReduction(CollectiveKind.ARGMIN, "fiu")),
-    # No collective multiplies or xors partial results: these are given their reduced axes whole.
-    _reduction("reduce_prod", None),
+    # JAX has no collective multiplying partial results: one built from its all-reduce (as jax.jit's)
+    _reduction("reduce_prod", FinishReduction(CollectiveKind.PPROD, "fiuc")),
+    # No collective xors partial results: given its reduced axes whole.
     _reduction("reduce_xor", None),
     # not exact with several operands: the computation may combine them any way
     OpDef("reduce", Family.REDUCTION, propagate=reduce, lineage=reduce_lineage, lineage_exact=False,

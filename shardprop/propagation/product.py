@@ -10,7 +10,7 @@ from functools import cached_property
 from jax.sharding import Mesh, PartitionSpec
 
 from ..expr.graph import Graph, Node, render
-from ..core.layouts import Layout, Shard, Sharded, TensorSharding
+from ..core.layouts import Layout, Shard, Sharded, TensorSharding, layout_to_spec, shard_count
 from ..core.rules import Body
 from ..core.types import ValueType, type_string
 
@@ -70,7 +70,19 @@ class ShardedGraph:
 
     @cached_property
     def out_specs(self) -> tuple[PartitionSpec, ...]:
-        return tuple(self.spec(v) for v in self.graph.outputs)
+        """The spec every flat output comes back in (:meth:`returned_layout`)."""
+        return tuple(layout_to_spec(self.returned_layout(v)) for v in self.graph.outputs)
+
+    def returned_layout(self, value: int) -> Layout:
+        """The layout a returned ``value`` comes back in: its layout, each ranged axis in the equal blocks of its mesh
+        axes where they divide it (the gradient of ``x[:, ::3]``, a pad spreading ranged rows: realigned to them),
+        else whole (a JAX array cannot be uneven)."""
+        sharding = self.shardings[value]
+        if not sharding.spans:
+            return sharding.layout
+        mesh_shape = self.mesh_shape
+        return tuple(m if r is None or sharding.shape[k] % shard_count(mesh_shape, r[0]) else r[0]
+                     for k, (m, r) in enumerate(zip(sharding.layout, sharding.spans, strict=True)))
 
     def shards(self, value: int, axis: int) -> tuple[Shard, ...]:
         """The shards of ``value`` along ``axis`` (empty when that axis is replicated)."""

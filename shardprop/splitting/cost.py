@@ -93,7 +93,8 @@ def collective_transfers(view: Decisions, node: Node, collective: Collective,
             continue
         out += finish_transfers(collective.kind, collective.mesh_axes, graph.avals[v],
                                 graph.avals[node.operands[0]].dtype, computed.layout, view.mesh_shape,
-                                finish_geometry(graph, node, view.needs(node.id)[0]))
+                                finish_geometry(graph, node, (view.needs(node.id) if needs is None else needs)[0],
+                                                view.mesh_shape))
     return out
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from types import MappingProxyType
 
-from ..core.collectives import Collective
+from ..core.collectives import Collective, CollectiveKind
 from ..core.layouts import Layout, shard_count, spelled
 from ..core.rules import Body
 from ..core.types import ValueType, whole
@@ -137,7 +137,8 @@ class Decisions:
         unless the program returns it (equal blocks)."""
         reads = self.sharded.need_spans.get(node.id)
         rule = self.rule_needs(node.id) if reads is not None else ()
-        keeps = reads is not None and all(
+        # (a route places every row where propagation's result holds it, whatever it read)
+        keeps = collective.kind is CollectiveKind.ROUTE or reads is not None and all(
             need.layout[k] == want.layout[k] and need.span_of(k) == want.span_of(k)
             for need, want, per in zip(needs, rule, reads, strict=True) if per for k, r in enumerate(per)
             if r is not None)
@@ -180,6 +181,10 @@ class Decisions:
     def _returned(self) -> frozenset[int]:
         return frozenset(self.graph.outputs)
 
+    def _returned_type(self, value: int) -> ValueType:
+        """How a value the program returns is held (:meth:`~shardprop.propagation.ShardedGraph.returned_layout`)."""
+        return ValueType(self.sharded.returned_layout(value))
+
     @cached_property
     def _types(self) -> tuple[ValueType, ...]:
         table = [ValueType(sharding.layout) for sharding in self.sharded.shardings]
@@ -187,6 +192,8 @@ class Decisions:
             ranged = self._ranged_type(value)
             if ranged is not None:
                 table[value] = ranged
+            elif value in self._returned:
+                table[value] = self._returned_type(value)
         for value, vtype in self.held.items():
             table[value] = vtype
         return tuple(table)
@@ -280,7 +287,10 @@ class Draft(Decisions):
         if held is not None:
             return held
         ranged = self._ranged_type(value)
-        return ValueType(self.sharded.layout(value)) if ranged is None else ranged
+        if ranged is None:
+            return self._returned_type(value) if value in self._returned and value in self._ranges else \
+                ValueType(self.sharded.layout(value))
+        return ranged
 
     def layout(self, value: int) -> Layout:
         return self.type(value).even_layout

@@ -154,7 +154,7 @@ class Emitter:
         graph = self.view.graph
         prices = finish_transfers(collective.kind, collective.mesh_axes, graph.avals[source.value],
                                   graph.avals[node.operands[0]].dtype, held.layout, self.view.mesh_shape,
-                                  finish_geometry(graph, node, operand.type))
+                                  finish_geometry(graph, node, operand.type, self.view.mesh_shape))
         if collective.kind is CollectiveKind.TOP_K and source.value == node.outputs[-1] and \
                 not graph.consumers[source.value] and source.value not in graph.outputs:
             prices = ()  # a top-k's indices no one reads: XLA drops their gather

@@ -38,7 +38,7 @@ def test_every_record_has_every_piece():
         assert op.why and op.rule_name.count(".") == 1, name
     reductions_with_a_finish = {n for n, op in table().items() if op.family is Family.REDUCTION and op.finish}
     assert reductions_with_a_finish == {"reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or",
-                                        "argmax", "argmin"}
+                                        "reduce_prod", "argmax", "argmin"}
 
 
 def test_public_primitives_without_a_record_are_those_that_cannot_have_one_yet():

@@ -81,6 +81,11 @@ SEQUENCE = [
     # an arg-extreme over ranged rows in place: the padding masked, each block's winner offset by its first row
     ("argmax_of_a_ranged_slice", lambda x: jnp.argmax(x[:, 3:61], axis=1), (X,), (True,), None),
     ("argmin_of_a_slice_with_ties", lambda x: jnp.argmin(jnp.round(x[:, 5:63]), axis=1), (X,), (True,), None),
+    # a product over ranged rows in place: the padding masked with ones, one all-reduce multiplying (jax.jit's);
+    # a pad's rows multiplied in once, by the first device
+    ("prod_of_a_ranged_slice", lambda x: jnp.prod(1.0 + 0.01 * x[:, 3:61], axis=1), (X,), (True,), None),
+    ("prod_of_a_padded_axis", lambda x: jnp.prod(jnp.pad(1.0 + 0.01 * x, ((0, 0), (3, 0), (0, 0)),
+                                                         constant_values=1.5), axis=1), (X,), (True,), None),
     # a contraction over ranged rows in place, a psum to follow: both operands' padding zeroed (X_ZEROS's first rows
     # are zeros, so the padding of 1 / x[:, 3:61] on the first device is inf: 0 * inf would be NaN)
     ("contraction_over_a_ranged_slice", lambda x, a: jnp.einsum("bsd,bse->de", 1.0 / x[:, 3:61], a[:, 3:61]),
@@ -190,18 +195,78 @@ def test_an_argument_its_mesh_axes_do_not_divide_is_taken_as_ranges(rows, meshes
     assert comparison.shardprop_bytes <= 8 * 4 * -(-rows // 8), str(comparison)  # only the rows' maxima gathered
 
 
+# name, f, how the slice's rows get to their blocks: "in place" (each device picks its own block's rows of the
+# result), "route" (each device picks its own rows, a route finish sends them to their blocks), "realign" (each
+# device reads the rows its block picks from, realigned)
+STRIDED = [
+    ("every_3rd", lambda x: x[:, ::3] * 2.0, None),  # returned: an uneven result comes back whole
+    ("every_3rd_summed", lambda x: jnp.sum(jnp.sin(x[:, ::3]), axis=1), "route"),
+    ("every_4th_from_5", lambda x: jnp.sum(x[:, 5:60:4], axis=1), None),
+    ("every_5th_from_1_summed", lambda x: jnp.sum(jnp.sin(x[:, 1::5]), axis=1), "route"),
+    ("every_16th", lambda x: x[:, ::16], None),
+    ("every_16th_summed", lambda x: jnp.sum(jnp.sin(x[:, ::16]) * 2.0, axis=1), "route"),
+    # one row per device, each its own: nothing moves, and the result stays sharded
+    ("every_9th", lambda x: x[:, ::9] * 2.0, "in place"),
+    # devices 0 and 1 pick three rows each: blocks of three are theirs
+    ("every_3rd_of_the_first_16", lambda x: jnp.sum(jnp.sin(x[:, 0:16:3]), axis=1), "in place"),
+    ("every_3rd_of_a_pad", lambda x: jnp.pad(x, ((0, 0), (2, 1), (0, 0)))[:, 1::3], None),
+    ("every_3rd_of_a_ranged_slice", lambda x: jnp.sum(jnp.sin(x[:, 3:61][:, ::3]), axis=1), None),
+    ("cumsum_of_every_3rd_from_5", lambda x: jnp.cumsum(x[:, 5::3], axis=1).sum(0), None),
+]
+
+
+# Where jax.jit moves fewer bytes (noted on the issue): a strided slice returned uneven is realigned to its blocks,
+# then gathered (jax.jit places each device's picks among zeros and all-reduces them, or returns x[:, ::16]'s 4 rows
+# over the mesh axis of size 4); a cumulative sum over an uneven
+# ranged axis gathers it (over i of size 2: blocks of 11 for 20 rows); a pad's every 3rd row over 2 devices (4%).
+KNOWN_GAPS = {("every_16th", "8", P(None, "i")), ("every_16th", "4x2", P(None, ("i", "j"))),
+              ("cumsum_of_every_3rd_from_5", "4x2", P("j", "i")), ("every_3rd_of_a_pad", "4x2", P("j", "i"))}
+
+
 @pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[f"{m}-{s}" for m, s in LAYOUTS])
-@pytest.mark.parametrize("name,f", [
-    ("every_3rd", lambda x: x[:, ::3] * 2.0),
-    ("every_4th_from_5", lambda x: jnp.sum(x[:, 5:60:4], axis=1)),
-    ("every_16th", lambda x: x[:, ::16]),
-    ("every_3rd_of_a_pad", lambda x: jnp.pad(x, ((0, 0), (2, 1), (0, 0)))[:, 1::3]),
-], ids=lambda v: v if isinstance(v, str) else "")
-def test_a_strided_slice_across_blocks_reads_its_rows_realigned(name, f, mesh_name, spec, meshes):
-    # each device's block of the result picks every s-th row of the s times as many rows realigned to it: a few rows
-    # move, not the axis (before, it was gathered whole: 7,168 B here)
+@pytest.mark.parametrize("name,f,how", STRIDED, ids=[row[0] for row in STRIDED])
+def test_a_strided_slice_across_blocks_moves_a_few_rows(name, f, how, mesh_name, spec, meshes):
+    # each device picks its own block's rows and sends them on (a route), or reads the rows its block picks from
+    # realigned: a few rows move, not the axis (before, it was gathered whole: 7,168 B here), and no more than jax.jit
     prog, comparison = _run(f, (X,), meshes[mesh_name], (spec,))
     assert comparison.shardprop_bytes <= X.nbytes / 2, str(comparison)
+    if (name, mesh_name, spec) not in KNOWN_GAPS:
+        assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+    if how == "route" and mesh_name == "8":
+        assert "= route[" in str(prog.graph), str(prog.graph)
+    if how == "in place" and mesh_name == "8":
+        assert comparison.shardprop_bytes <= comparison.jit_bytes and "= route[" not in str(prog.graph)
+        if name == "every_9th":
+            assert comparison.shardprop_bytes == 0 and prog.out_specs[0] == P(None, "i"), str(comparison)
+
+
+def test_the_gradient_of_a_strided_slice_comes_back_sharded(meshes):
+    # the cotangent of x[:, ::3] (22 rows routed to blocks of 3) spread by a pad with interior padding (blocks of 9),
+    # realigned to the argument's blocks of 8: returned sharded as jax.jit returns it (before: gathered, 8,320 B)
+    f = jax.grad(lambda x: jnp.sum(jnp.sin(x[:, ::3]) ** 2))
+    prog, comparison = _run(f, (X,), meshes["8"], (P(None, "i"),))
+    assert prog.out_specs[0] == P(None, "i") == comparison.jit_out_specs[0]
+    assert comparison.shardprop_bytes <= 1.3 * comparison.jit_bytes, str(comparison)  # 1,152 B vs 896: routed there
+    # and back (noted on the issue)
+
+
+def test_a_product_over_a_sharded_axis_is_one_all_reduce_and_differentiates(meshes):
+    # a product finished by an all-reduce multiplying (JAX has no public collective for it; jax.jit compiles the
+    # same): jax.grad of the autoshard function runs its derivative (each device's tangent times the other devices'
+    # factors), a zero factor included
+    x = 1.0 + 0.01 * X
+    x[1, 5, 2] = 0.0
+    f = lambda x: jnp.sum(jnp.prod(x, axis=1) * 3.0)  # noqa: E731
+    fs = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"),))
+    np.testing.assert_allclose(np.asarray(fs(x)), np.asarray(f(jnp.asarray(x))), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.grad(fs)(x)), np.asarray(jax.grad(f)(jnp.asarray(x))), rtol=1e-5,
+                               atol=1e-6)
+    batch = np.stack([x, 2.0 * x])
+    np.testing.assert_allclose(np.asarray(jax.vmap(fs)(batch)), np.asarray(jax.vmap(f)(jnp.asarray(batch))),
+                               rtol=1e-5)
+    comparison = sp.compare_with_jit(f, meshes["8"], (P(None, "i"),), x)
+    assert [t.kind for t in fs.trace(x).estimated_communication()] == ["all-reduce"]
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
 
 
 @pytest.mark.parametrize("gradient", [False, True], ids=["loss", "gradient"])

@@ -141,7 +141,8 @@ def _decisions(shapes, layouts, op, params, out_shape, dtype=F32):
     ("reduce_or", (Ii, J), np.dtype(bool), (CollectiveKind.PMAX, ("j",))),
     ("reduce_or", (Ii, J), np.dtype(np.int32), None),  # bitwise over integers: no collective is exact
     ("reduce_sum", (Ii, NO), F32, None),  # the reduced axis is not sharded: nothing to finish
-    ("reduce_prod", (Ii, J), F32, None),
+    ("reduce_prod", (Ii, J), F32, (CollectiveKind.PPROD, ("j",))),  # an all-reduce multiplying (jax.jit's)
+    ("reduce_xor", (Ii, J), np.dtype(np.int32), None),  # no collective xors
 ])
 def test_finish_of_reductions(op, layout, dtype, expected):
     decisions, node = _decisions([(8, 4)], [layout], op, {"axes": (1,)}, (8,), dtype)

@@ -97,8 +97,9 @@ CASES = [
     ("bitcast_same_width", lambda a: lax.bitcast_convert_type(a, jnp.int32), [(M, F32)], "4x2", (P("i", "j"),),
      P("i", "j"), "bitcast_convert_type"),
     # jax 0.10.2's own primitives for jnp.split / jnp.stack / jnp.tile (they fell back before)
+    # each piece ranged in place, returned in equal blocks of its own (a piece's rows realigned over j)
     ("split_along_a_sharded_axis", lambda a: jnp.split(a, 2, axis=1), [(M, F32)], "4x2", (P("i", "j"),),
-     (P("i"), P("i")), "split"),
+     (P("i", "j"), P("i", "j")), "split"),
     ("split_piece_adopts_its_consumer", lambda a, w: jnp.split(a, 2, axis=1)[1] * w, [(M, F32), ((16, 4), F32)],
      "4x2", (P("i", "j"), P(None, "j")), P("i", "j"), "split"),
     ("array_split_uneven", lambda a: jnp.array_split(a, 3, axis=0), [(M, F32)], "4x2", (P("i", "j"),),

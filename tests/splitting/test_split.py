@@ -272,20 +272,21 @@ def test_a_stage_before_a_callback_takes_only_what_it_reads(mesh):
 
 def test_a_move_made_in_an_earlier_stage_for_another_consumer_is_named_where_it_ran(mesh):
     def f(a):
-        m = a * 2
+        m = (a * 2).astype(jnp.int32)
         s = jnp.sort(jnp.sort(m, axis=0), axis=1)  # the sort's stage gathers m over i ...
-        # ... and the next stage's product over i (no collective multiplies: it gathers) reuses it
-        return jnp.prod(m, axis=0) + s
+        # ... and the next stage's exclusive-or over i (no collective xors: it gathers) reuses it
+        return jnp.bitwise_xor.reduce(m, axis=0) + s
 
     x = jnp.arange(128.0).reshape(16, 8)
     prog = assert_same_as_unsharded(f, (x,), mesh=mesh, in_specs=(P("i", "j"),))
     plan = prog.plan
-    sort, product = (n for n in plan.graph.nodes if n.op in ("sort", "reduce_prod") and n.operands[0] == 2)
+    m = next(n for n in plan.graph.nodes if n.op == "convert_element_type").outputs[0]
+    sort, product = (n for n in plan.graph.nodes if n.op in ("sort", "reduce_xor") and n.operands[0] == m)
     assert (plan.stage_of(sort.id), plan.stage_of(product.id)) == (1, 2)
     (gather,) = plan.node_ir(product.id).moves_in
     assert plan.stage_running(gather) == 1 and gather.node == sort.id
     explained = str(sp.explain(prog, product.outputs[0]))
-    assert "Paid for by all_gather[i axis=0] c (made in stage 1 for `sort` at test_split.py:" in explained
+    assert "Paid for by all_gather[i axis=0] d (made in stage 1 for `sort` at test_split.py:" in explained
     assert "in its stage" not in explained
     assert "all-gather over i on axis 0 in stage 1" in "\n".join(sp.debug.comparison.decision(plan, product))
     dot = sp.to_dot(prog)

@@ -3,9 +3,10 @@
 Everything JAX-version-specific lives here: turning a function into a jaxpr, walking its equations, recognising
 calls to inline (nested ``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``closed_call``, ``remat``), binding a
 primitive from its equation params (``jaxprs.py``); abstract types, dtypes, tracers, placement and mesh contexts
-(``values.py``); the user's source lines (``sources.py``). Private imports (``jax._src``) are confined to these
-three modules. The rest of shardprop sees only :mod:`shardprop.expr.graph` and the names below; when a JAX release
-changes these internals, this package is the one to touch.
+(``values.py``); the user's source lines (``sources.py``); an all-reduce JAX has no public collective for
+(``collectives.py``). Private imports (``jax._src``) are confined to these four modules. The rest of shardprop sees
+only :mod:`shardprop.expr.graph` and the names below; when a JAX release changes these internals, this package is
+the one to touch.
 """
 
 from .jaxprs import (  # noqa: F401  (the adapter's names, re-exported)
@@ -22,6 +23,7 @@ from .values import (  # noqa: F401  (the adapter's names, re-exported)
     itemsize, python_scalar_aval, is_array_dtype, program_mesh_context, on_auto_axes, explicit_mesh_of,
     no_mesh_context,
 )
+from .collectives import pprod  # noqa: F401  (the adapter's names, re-exported)
 from .sources import (  # noqa: F401  (the adapter's names, re-exported)
     exclude_from_sources, sources_of_traceback, user_call_site,
 )
