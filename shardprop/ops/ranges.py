@@ -19,7 +19,9 @@ Lineage: each output element reads the operand element it was cut from, or the p
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -110,7 +112,7 @@ def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_in
 def _stepped(ctx: RuleContext, operand: TensorSharding, k: int, size: int, start: int, stride: int):
     """Output axis ``k`` of ``size`` rows, row ``r`` being operand row ``start + stride * r`` (a strided slice):
     ``(output axis, need layout, need span)``, or None when the operand axis is not laid out over mesh axes. The
-    output is in blocks of :func:`strided_block` rows (equal where they divide it, else ranged); each device picks
+    output is in blocks of :func:`strided_layout`'s rows (equal where they divide it, else ranged); each device picks
     its block's rows in place where they are its rows of the result (``x[::2]``, ``x[::9]`` of blocks of 8), else
     reads the ``stride`` times as many operand rows its block picks from, realigned there (``x[::3]``: a few rows
     move; a ``route`` of each device's own picks may replace that: :func:`finish_slice`)."""
@@ -120,11 +122,9 @@ def _stepped(ctx: RuleContext, operand: TensorSharding, k: int, size: int, start
     mesh_axes, span = rows
     count = shard_count(ctx.mesh_shape, mesh_axes)
     length = operand.shape[k]
-    block = strided_block(span, length, start, stride, size, count)
-    if _picks_in_place(span, length, start, stride, size, count):
-        need = span
-    else:
-        need = Span(-start, stride * block, span.fill)
+    layout = strided_layout(span, length, start, stride, size, count)
+    block = layout.block
+    need = span if layout.in_place else Span(-start, stride * block, span.fill)
     out = _stepped_axis(ctx, k, size, mesh_axes, block, start, stride, operand.axes[k])
     standard = operand.axes[k].span is None and need == span
     return out, (mesh_axes if standard else ()), (None if standard else (mesh_axes, need))
@@ -428,38 +428,40 @@ def strided_picks(held: Span, length: int, start: int, stride: int, size: int, d
     return first - at, (first - start) // stride, count
 
 
-def strided_block(held: Span, length: int, start: int, stride: int, size: int, count: int) -> int:
-    """The block of a strided slice's result: ``ceil(size / count)`` rows, or the most rows a device's block picks
-    where that is more (``x[0:16:3]`` of blocks of 8: devices 0 and 1 pick 3 rows each, blocks of 3 are theirs) —
-    so each device's picks fit in a block of the result, in place or routed there (:func:`finish_slice`)."""
+class StridedPicks(NamedTuple):
+    """How a strided slice's rows lie on the devices holding its operand: per device ``(position, row, count)``
+    (:func:`strided_picks`), the result's ``block``, whether every device's picks are its rows of the result
+    (``in_place``), and otherwise the ``rounds`` of a route carrying them there (None where none can)."""
+
+    picks: tuple[tuple[int, int, int], ...]
+    block: int
+    in_place: bool
+    rounds: tuple | None
+
+
+@functools.lru_cache(maxsize=1024)
+def strided_layout(held: Span, length: int, start: int, stride: int, size: int, count: int) -> StridedPicks:
+    """The :class:`StridedPicks` of a strided slice (``size`` rows, row ``r`` being operand row ``start + stride * r``)
+    of an operand axis of ``length`` in ``count`` blocks held as ``held`` says. The result's block is
+    ``ceil(size / count)`` rows, or the most rows one device picks where that is more (``x[0:16:3]`` of blocks of 8:
+    devices 0 and 1 pick 3 rows each, blocks of 3 are theirs), so that each device's picks fit in a block, in place
+    or routed there (:func:`finish_slice`). A route carries held rows only: none where some rows of the result are a
+    fill no device holds."""
+    picks = tuple(strided_picks(held, length, start, stride, size, d) for d in range(count))
+    every_row = sum(picked for _, _, picked in picks) == size
     block = -(-size // count)
-    picks = [strided_picks(held, length, start, stride, size, d)[2] for d in range(count)]
-    return max(block, *picks) if sum(picks) == size else block
-
-
-def _in_place(picks, block: int, size: int) -> bool:
-    """True when every device's picks (:func:`strided_picks`) are its rows of the result in blocks of ``block``,
-    every row of the result picked by some device."""
-    return sum(picked for _, _, picked in picks) == size and all(
-        picked == 0 or row == device * block for device, (_, row, picked) in enumerate(picks))
-
-
-def strided_rounds(held: Span, length: int, start: int, stride: int, size: int, count: int):
-    """The rounds of pieces that carry each device's picks of a strided slice (:func:`strided_picks`, first at
-    position 0 of its picks) to the slice's blocks (:func:`strided_block`); None where some rows of it are a fill
-    no device holds (the route carries held rows only)."""
-    block = strided_block(held, length, start, stride, size, count)
-    picks = [strided_picks(held, length, start, stride, size, d) for d in range(count)]
-    if sum(picked for _, _, picked in picks) != size:
-        return None
-    if any(picked > block for _, _, picked in picks):  # (a device's picks fill its block of the result at most)
-        return None
+    if every_row:
+        block = max(block, *(picked for _, _, picked in picks))
+    in_place = every_row and all(picked == 0 or row == device * block
+                                 for device, (_, row, picked) in enumerate(picks))
+    if in_place or not every_row:
+        return StridedPicks(picks, block, in_place, None)
     pieces = []
     for device, (_, row, picked) in enumerate(picks):
         for target in range(row // block, (row + picked - 1) // block + 1) if picked else ():
             lo, hi = max(row, target * block), min(row + picked, (target + 1) * block)
             pieces.append(Piece(device, target, lo - row, lo - target * block, hi - lo))
-    return in_rounds(pieces)
+    return StridedPicks(picks, block, False, in_rounds(pieces))
 
 
 def _route_axis(graph, node, operand_type: ValueType, mesh_shape):
@@ -474,18 +476,11 @@ def _route_axis(graph, node, operand_type: ValueType, mesh_shape):
             continue
         count = shard_count(mesh_shape, mesh_axes)
         held = operand_type.span_of(k) or standard_span(shape[k], count)
-        if _picks_in_place(held, shape[k], int(start), int(stride), out_shape[k], count):
+        layout = strided_layout(held, shape[k], int(start), int(stride), out_shape[k], count)
+        if layout.in_place:
             continue
-        rounds = strided_rounds(held, shape[k], int(start), int(stride), out_shape[k], count)
-        return None if rounds is None else (k, rounds)
+        return None if layout.rounds is None else (k, layout.rounds)
     return None
-
-
-def _picks_in_place(held: Span, length: int, start: int, stride: int, size: int, count: int) -> bool:
-    """True when every device's picks of a strided slice are its rows of the result (its block of
-    :func:`strided_block` rows), every row of the result picked by some device."""
-    block = strided_block(held, length, start, stride, size, count)
-    return _in_place([strided_picks(held, length, start, stride, size, d) for d in range(count)], block, size)
 
 
 def slice_geometry(graph, node, operand_type: ValueType, mesh_shape) -> FinishGeometry:
@@ -570,8 +565,7 @@ def slice_block(node, invals, blocks: Blocks) -> list:
         b, g, have = blocks.out_blocks[0][k], blocks.out_global[0][k], blocks.in_blocks[0][k]
         if blocks.out_global[0][k] == 0:  # an empty slice
             start.append(0), limit.append(0), step.append(1)
-        elif stride > 1 and (k in placed or have != blocks.in_global[0][k]):  # the rows its block picks, from where
-            # the first lies in its operand block
+        elif stride > 1 and (k in placed or have != blocks.in_global[0][k]):  # the rows its block picks
             x, first = _picked(x, k, int(s), int(stride), blocks)
             start.append(first), limit.append(first + (b - 1) * stride + 1), step.append(stride)
         elif k in placed:
@@ -592,7 +586,7 @@ def _picked(x, k: int, start: int, stride: int, blocks: Blocks):
     length, size, b = blocks.in_global[0][k], blocks.out_global[0][k], blocks.out_blocks[0][k]
     count = shard_count(blocks.mesh_shape, blocks.in_layouts[0][k])
     held = spans[k] if spans and spans[k] is not None else standard_span(length, count)
-    picks = [strided_picks(held, length, start, stride, size, d) for d in range(count)]
+    picks = strided_layout(held, length, start, stride, size, count).picks
     firsts = {position for position, _, picked in picks if picked}
     if len(firsts) <= 1:
         return x, min(firsts, default=0)
