@@ -121,7 +121,8 @@ the same mesh axes are realigned, a whole operand cut locally with `take_rows`),
 axes and, finished by a `psum`, its contracting axes (both operands' padding zeroed), a reduction's kept axes, a
 sum, maximum, minimum or product *over* a ranged axis (each device masks its padding with the identity, a
 `psum`/`pmax`/`pmin`/`pprod` finishes; `pprod` is one all-reduce multiplying, as `jax.jit`'s — JAX has no public
-collective for it), `argmax`/`argmin` (each block's winner offset by its first row), and the windows:
+collective for it), a cumulative op *along* a ranged axis (each device scans the rows it holds, its padding set to
+the op's identity, and the `prefix` finish combines the block totals), `argmax`/`argmin` (each block's winner offset by its first row), and the windows:
 `reduce_window_*` and `conv_general_dilated` read their operand in the rows each device holds with a halo past them
 (the rows no device holds are the span's fill, those past the ends the window's padding), their output ranged where
 its blocks are uneven (VALID); a convolution's kernel gradient sums a ranged cotangent in its blocks, a max-pool's

@@ -493,10 +493,9 @@ def finish_slice(decisions, node):
     """A strided slice whose operand, read in place, leaves each device's picks out of their places in the result's
     blocks (``x[:, ::16]`` of blocks of 8: devices 0, 2, 4, 6 pick a row each, for blocks 0-3): each device picks the
     rows its own block holds and a ``route`` finish sends them to their blocks, where that moves fewer rows than
-    reading the operand realigned to the rows each block picks from (the rule's read). None otherwise, or for a
-    result the program returns (its padding would be routed as rows)."""
+    reading the operand realigned to the rows each block picks from (the rule's read). None otherwise."""
     (operand,) = node.operands
-    if jx.is_extended_dtype(decisions.graph.avals[operand].dtype) or not decisions.may_finish_ranged(node):
+    if jx.is_extended_dtype(decisions.graph.avals[operand].dtype):
         return None
     held, (rule,) = decisions.type(operand), decisions.rule_needs(node.id)
     found = _route_axis(decisions.graph, node, held, decisions.mesh_shape)

@@ -16,17 +16,48 @@ from ..core.blocks import bind_as_is, block_index
 from ..core.collectives import Collective, CollectiveKind
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import TensorSharding, shard_count
+from ..core.layouts import Sharded, TensorSharding, shard_count
 from ..core.types import ValueType
+from ..expr import jax_adapter as jx
 from .opdef import Family, Linearity, OpDef, defs
+from .ranges import masked_rows
+from .windows import extreme
 
 
 def cumulative(ctx: RuleContext, operand: TensorSharding, *, axis, **params) -> RuleOutput:
     """Every axis keeps its sharding, the scanned one too: its blocks are scanned alone, and the split pass always
-    finishes them (:func:`finish_cumulative`)."""
-    axes = tuple(ctx.carry(k, n, a) for k, (n, a) in enumerate(zip(operand.shape, operand.axes, strict=True)))
-    out = TensorSharding(operand.shape, axes)
-    return RuleOutput((out,), (out.layout,))
+    finishes them (:func:`finish_cumulative`). A ranged scanned axis (``x[:, 2:50:7]``) stays ranged, each device
+    scanning the rows it holds (the padding masked with the op's identity, :func:`cumulative_block`); another ranged
+    axis is read whole."""
+    plain = operand.without_ranges()
+    axes = [ctx.carry(k, n, a) for k, (n, a) in enumerate(zip(plain.shape, plain.axes, strict=True))]
+    scanned = operand.axes[axis]
+    if not (isinstance(scanned, Sharded) and scanned.span is not None and scanned.span.fill is None
+            and not jx.is_extended_dtype(ctx.out_avals[0].dtype)) or any(
+                set(scanned.mesh_axes) & set(a.mesh_axes) for a in axes if isinstance(a, Sharded)):
+        out = TensorSharding(operand.shape, tuple(axes))
+        return RuleOutput((out,), (out.layout,))
+    axes[axis] = ctx.ranged(axis, operand.shape[axis], scanned.mesh_axes, scanned.span, [(scanned, 0)])
+    out = TensorSharding(operand.shape, tuple(axes))
+    reads = tuple((scanned.mesh_axes, scanned.span) if k == axis else None for k in range(len(axes)))
+    return RuleOutput((out,), (out.layout,), need_spans=(reads,))
+
+
+def cumulative_block(node, invals, blocks) -> list:
+    """This device's block scanned; along a ranged scanned axis its padding (past the axis's ends) first set to the
+    op's identity, so the block's total — what the prefix finish combines — counts only its rows."""
+    (x,) = invals
+    axis = node.params["axis"]
+    spans = blocks.in_spans[0] if blocks.in_spans else ()
+    if spans and spans[axis] is not None:
+        x = masked_rows(x, blocks, 0, (axis,), _IDENTITY[node.op](x.dtype))
+    return bind_as_is(node, [x], blocks)
+
+
+# The identity of each cumulative op, given the dtype: what a ranged block's padding is set to before its scan.
+_IDENTITY = {"cumsum": lambda dtype: 0, "cumprod": lambda dtype: 1,
+             "cummax": lambda dtype: extreme(dtype, lowest=True), "cummin": lambda dtype: extreme(dtype, lowest=False),
+             "cumlogsumexp": lambda dtype: extreme(dtype, lowest=True)}
 
 
 def finish_cumulative(decisions, node):
@@ -122,8 +153,8 @@ def approx_top_k_lineage(ctx: LineageContext, box: Box, output: int, *, reductio
 
 OPS = [
     *defs(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), Family.SCAN, propagate=cumulative,
-          lineage=cumulative_lineage, lineage_exact=True, per_block=bind_as_is, finish=finish_cumulative, pull=None,
-          linear={"cumsum": Linearity.FIRST}),
+          lineage=cumulative_lineage, lineage_exact=True, per_block=cumulative_block, finish=finish_cumulative,
+          pull=None, linear={"cumsum": Linearity.FIRST}, reads_ranges=True),
     OpDef("sort", Family.SCAN, propagate=sort, lineage=sort_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None, linear=Linearity.NONE),
     OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=top_k_block,

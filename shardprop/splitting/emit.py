@@ -130,9 +130,14 @@ class Emitter:
                 continue  # an output the collective does not finish (a loop's carry that was never partial)
             if collective.kind is CollectiveKind.PSUM:
                 self.bring(ref, held, node_id, finishing=True)
-            else:  # a top-k's indices are finished with its values (the candidates' order)
-                self._finish(node, collective, ref, held, outputs[0] if collective.kind is CollectiveKind.TOP_K
-                             else inputs[0])
+                continue
+            # a returned result finished ranged: finished in its ranges, then moved into the blocks it is returned in
+            finished = ValueType(ref.type.layout, span=ref.type.span) if ref.type.span and not held.span else held
+            # (a top-k's indices are finished with its values: the candidates' order)
+            self._finish(node, collective, ref, finished, outputs[0] if collective.kind is CollectiveKind.TOP_K
+                         else inputs[0])
+            if finished != held:
+                self.bring(Ref(ref.value, finished), held, node_id)
 
     def outside(self, node_id: int) -> None:
         """Node ``node_id`` run outside shard_map, on whole arrays: its operands as it takes them (brought there by the

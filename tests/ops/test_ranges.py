@@ -81,6 +81,14 @@ SEQUENCE = [
     # an arg-extreme over ranged rows in place: the padding masked, each block's winner offset by its first row
     ("argmax_of_a_ranged_slice", lambda x: jnp.argmax(x[:, 3:61], axis=1), (X,), (True,), None),
     ("argmin_of_a_slice_with_ties", lambda x: jnp.argmin(jnp.round(x[:, 5:63]), axis=1), (X,), (True,), None),
+    # a cumulative op along ranged rows: each device scans its rows (the padding set to the identity), the prefix
+    # of the block totals finishes it; returned, it is then moved into the blocks it comes back in
+    ("cumsum_along_a_ranged_slice", lambda x: jnp.cumsum(x[:, 3:61], axis=1).sum(0), (X,), (True,), None),
+    ("reversed_cummax_along_a_ranged_slice", lambda x: lax.cummax(x[:, 3:61], axis=1, reverse=True).sum(0), (X,),
+     (True,), None),
+    ("cumlogsumexp_along_a_ranged_slice", lambda x: lax.cumlogsumexp(x[:, 3:61], axis=1).sum(0), (X,), (True,),
+     None),
+    ("cumsum_along_a_ranged_slice_returned", lambda x: jnp.cumsum(x[:, 3:61], axis=1), (X,), (True,), False),
     # a product over ranged rows in place: the padding masked with ones, one all-reduce multiplying (jax.jit's);
     # a pad's rows multiplied in once, by the first device
     ("prod_of_a_ranged_slice", lambda x: jnp.prod(1.0 + 0.01 * x[:, 3:61], axis=1), (X,), (True,), None),
