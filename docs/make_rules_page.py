@@ -49,8 +49,10 @@ gathered (`all_gather` inside the body, every iteration). The split pass decides
 program's strategy. The carry layout is a fixed point: the body is propagated with the carry as it goes in; where
 it comes out otherwise, the carry is refined (the initial carry can be sliced locally) or coarsened to what both
 agree on and the body propagated again; a carry that still does not settle is moved back into its layout at the
-end of each iteration. A `cond`'s outputs take the finest layout every branch can cut locally (else the one its
-branches have in common); its index (and a while
+end of each iteration. A carry held in ranged rows (a slice, an uneven argument) stays ranged, in blocks of
+`ceil(n / count)` rows (realigned there first where it is held in other rows), and so do a scan's `xs` and `ys`
+along their other axes: the body reads the rows each device holds. A `cond`'s outputs take the finest layout
+every branch can cut locally (else the one its branches have in common); its index (and a while
 loop's predicate) is a scalar, whole on every device, computed from finished collectives when it reads sharded
 data. A carry that only accumulates partial sums (the weight gradient of a backward scan over a sharded batch) is
 kept unreduced through the loop and finished by one `psum` after it (`splitting/partial_sums.py`, reading the
@@ -122,7 +124,8 @@ axes and, finished by a `psum`, its contracting axes (both operands' padding zer
 sum, maximum, minimum or product *over* a ranged axis (each device masks its padding with the identity, a
 `psum`/`pmax`/`pmin`/`pprod` finishes; `pprod` is one all-reduce multiplying, as `jax.jit`'s — JAX has no public
 collective for it), a cumulative op *along* a ranged axis (each device scans the rows it holds, its padding set to
-the op's identity, and the `prefix` finish combines the block totals), `argmax`/`argmin` (each block's winner offset by its first row), and the windows:
+the op's identity, and the `prefix` finish combines the block totals), `argmax`/`argmin` (each block's winner
+offset by its first row), and the windows:
 `reduce_window_*` and `conv_general_dilated` read their operand in the rows each device holds with a halo past them
 (the rows no device holds are the span's fill, those past the ends the window's padding), their output ranged where
 its blocks are uneven (VALID); a convolution's kernel gradient sums a ranged cotangent in its blocks, a max-pool's
@@ -152,10 +155,11 @@ of the result (`x[::2]`; `x[:, ::9]` of 64 rows in blocks of 8, one row each), e
 their blocks (`{{routed i}}` before it), where that moves fewer rows than reading the rows each block picks from
 realigned to it.
 
+A result the program returns that a finish leaves ranged (a strided slice's route, a cumulative op's prefix) is
+finished in its ranges, then moved into the blocks it comes back in (`x[:, ::16]` returned: 1,024 B, as `jax.jit`).
+
 Still gathered along a sharded axis (open items): `sort`; an exclusive-or over a sharded axis (no collective
-xors); ranges through loops' carries; a scatter into rows no device holds (a pad's). A strided slice returned
-uneven moves its realigned rows and then gathers (`jax.jit` places each device's picks among zeros and all-reduces
-them: 1,024 B against 2,944 for `x[:, ::16]` of 64 rows).
+xors); a scatter into rows no device holds (a pad's); a `cond` whose operands are ranged.
 
 ## Primitives without a record
 

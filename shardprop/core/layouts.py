@@ -100,6 +100,16 @@ def spelled(span: Span | None, size: int, count: int) -> Span | None:
     return span
 
 
+def uneven_span(size: int, count: int) -> Span | None:
+    """The span of an axis of ``size`` its ``count`` blocks do not divide: blocks of ``ceil(size / count)`` rows, the
+    last ones short (an uneven argument's, a loop's carry); None where they divide it (equal blocks).
+
+    >>> uneven_span(10, 8), uneven_span(64, 8)
+    (Span(offset=0, block=2, fill=None), None)
+    """
+    return None if size % count == 0 else Span(0, -(-size // count))
+
+
 def standard_span(size: int, count: int) -> Span:
     """The span of an axis of ``size`` laid out in ``count`` equal blocks (``size`` divisible by ``count``)."""
     return Span(0, size // count)

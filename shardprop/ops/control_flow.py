@@ -30,7 +30,8 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import Node, where
 from ..core.rules import RuleContext, RuleOutput
 from ..core.rules import Body, Carry
-from ..core.layouts import Layout, Sharded, TensorSharding, common_layout, layout_refines
+from ..core.layouts import (Layout, Sharded, TensorSharding, common_layout, layout_refines, shard_count,
+                             uneven_span)
 from ..core.moves import move_bytes
 from ..core.types import ValueType
 from .control_flow_lineage import body_graph, cond_lineage, scan_lineage, while_lineage
@@ -64,15 +65,53 @@ def _fallback(ctx: RuleContext, operands, why: _NoBody) -> RuleOutput:
 
 def _sharded_like(ctx: RuleContext, shape, layout, operands) -> TensorSharding:
     """Shards for ``layout`` whose parents are the same-numbered blocks of every operand axis laid out over
-    the same mesh axes (what a body computes each block from)."""
+    the same mesh axes (what a body computes each block from); an axis its mesh axes do not divide is ranged, in
+    blocks of ``ceil(n / count)`` rows (a carry held so)."""
     axes = []
     for k, (n, mesh_axes) in enumerate(zip(shape, layout, strict=True)):
         if not mesh_axes:
             axes.append(None)
             continue
         sources = [a for op in operands for a in op.axes if isinstance(a, Sharded) and a.mesh_axes == mesh_axes]
-        axes.append(ctx.derive(k, n, sources) if sources else ctx.root(k, n, mesh_axes))
+        span = uneven_span(n, shard_count(ctx.mesh_shape, mesh_axes))
+        if span is not None:
+            axes.append(ctx.ranged(k, n, mesh_axes, span, [(a, 0) for a in sources]))
+        else:
+            axes.append(ctx.derive(k, n, sources) if sources else ctx.root(k, n, mesh_axes))
     return TensorSharding(tuple(shape), tuple(axes))
+
+
+def _carried(operand: TensorSharding) -> Layout:
+    """The layout a loop carries ``operand`` in: its layout, each ranged axis (no fill) over its mesh axes — in
+    blocks of ``ceil(n / count)`` rows where they do not divide it (an uneven argument's blocks; realigned there
+    first where it is held in other rows)."""
+    if not operand.spans:
+        return operand.layout
+    return tuple(r[0] if r is not None and r[1].fill is None else m
+                 for m, r in zip(operand.layout, operand.spans, strict=True))
+
+
+def _out_carried(body: Any, value: int, mesh_shape) -> Layout:
+    """The layout a body's output ``value`` comes out in, for the carry's fixed point: a ranged axis counts as its
+    mesh axes where it is in the blocks a carry is held in (:func:`uneven_span`), else as whole."""
+    sharding = body.shardings[value]
+    if not sharding.spans:
+        return sharding.layout
+    return tuple(r[0] if r is not None and r[1] == uneven_span(n, shard_count(mesh_shape, r[0])) else m
+                 for n, m, r in zip(sharding.shape, sharding.layout, sharding.spans, strict=True))
+
+
+def _carry_needs(ctx: RuleContext, shapes, layouts: list[Layout]) -> tuple[list[Layout], list]:
+    """The need layouts of carried operands laid out as ``layouts`` and, per operand, the ranged rows each axis is
+    read in (None where none): an axis its mesh axes do not divide is read ranged, in blocks of ``ceil(n / count)``
+    rows."""
+    needs, spans = [], []
+    for shape, layout in zip(shapes, layouts, strict=True):
+        rows = [None if not m else uneven_span(n, shard_count(ctx.mesh_shape, m)) for n, m in zip(shape, layout,
+                                                                                                    strict=True)]
+        needs.append(tuple(() if r is not None else m for m, r in zip(layout, rows, strict=True)))
+        spans.append(tuple((m, r) if r is not None else None for m, r in zip(layout, rows, strict=True)))
+    return needs, spans
 
 
 def _carry_fixed_point(ctx: RuleContext, graph: Graph, init: list[Layout], inputs) -> tuple[list[Layout], Any]:
@@ -83,7 +122,7 @@ def _carry_fixed_point(ctx: RuleContext, graph: Graph, init: list[Layout], input
     carry = list(init)
     for _ in range(2 * sum(len(c) for c in init) + 2):
         body = _sharded_body(ctx, graph, inputs(carry))
-        out = [body.layout(v) for v in graph.outputs[:len(carry)]]
+        out = [_out_carried(body, v, ctx.mesh_shape) for v in graph.outputs[:len(carry)]]
         settled = [o if layout_refines(c, o) else common_layout(c, o) for c, o in zip(carry, out, strict=True)]
         if settled == carry:
             return carry, body
@@ -95,21 +134,26 @@ def scan(ctx: RuleContext, *operands: TensorSharding, jaxpr, num_consts, num_car
     consts, init, xs = operands[:num_consts], operands[num_consts:num_consts + num_carry], \
         operands[num_consts + num_carry:]
     graph = body_graph(jaxpr)
-    const_layouts, xs_layouts = [op.layout for op in consts], [op.layout[1:] for op in xs]
+    # a slice of xs per iteration: its ranged axes (not the scanned one) in the blocks a carry is held in
+    const_layouts, xs_layouts = [op.layout for op in consts], [_carried(op)[1:] for op in xs]
     try:
-        carry, body = _carry_fixed_point(ctx, graph, [op.layout for op in init],
+        carry, body = _carry_fixed_point(ctx, graph, [_carried(op) for op in init],
                                          lambda carry: const_layouts + carry + xs_layouts)
     except _NoBody as why:
         return _fallback(ctx, operands, why)
-    ys = [body.layout(v) for v in graph.outputs[num_carry:]]
+    ys = [_out_carried(body, v, ctx.mesh_shape) for v in graph.outputs[num_carry:]]
     out_avals = ctx.out_avals
     outputs = [_sharded_like(ctx, a.shape, layout, operands)
                for a, layout in zip(out_avals, carry + [((),) + y for y in ys], strict=True)]
     carries = tuple(Carry(num_consts + k, k, num_consts + k, k) for k in range(num_carry))
-    needs = tuple(const_layouts) + tuple(carry) + tuple(((),) + x for x in xs_layouts)
+    carry_needs, carry_spans = _carry_needs(ctx, [op.shape for op in init], carry)
+    xs_needs, xs_spans = _carry_needs(ctx, [op.shape[1:] for op in xs], xs_layouts)
+    needs = tuple(const_layouts) + tuple(carry_needs) + tuple(((),) + x for x in xs_needs)
+    spans = [(None,) * len(op.shape) for op in consts] + carry_spans + [(None,) + x for x in xs_spans]
     return RuleOutput(tuple(outputs), needs, body=(Body(body, tuple(carry + ys), length, carries, "body",
                                                         tuple(range(len(operands))),
-                                                        frozenset(range(num_consts + num_carry, len(operands)))),))
+                                                        frozenset(range(num_consts + num_carry, len(operands)))),),
+                      need_spans=_read(spans))
 
 
 def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts,
@@ -121,7 +165,7 @@ def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jax
     cond_consts, body_consts, init = operands[:cond_nconsts], operands[cond_nconsts:n_fixed], operands[n_fixed:]
     cond_layouts, body_layouts = [op.layout for op in cond_consts], [op.layout for op in body_consts]
     try:
-        carry, body = _carry_fixed_point(ctx, body_graph(body_jaxpr), [op.layout for op in init],
+        carry, body = _carry_fixed_point(ctx, body_graph(body_jaxpr), [_carried(op) for op in init],
                                          lambda carry: body_layouts + carry)
         cond = _sharded_body(ctx, body_graph(cond_jaxpr), cond_layouts + carry)
     except _NoBody as why:
@@ -134,7 +178,14 @@ def while_loop(ctx: RuleContext, *operands: TensorSharding, cond_jaxpr, body_jax
                    (*range(cond_nconsts), *carried)),
               Body(body, tuple(carry), None, tuple(Carry(body_nconsts + k, k, n_fixed + k, k) for k in range(n)),
                    "body", (*range(cond_nconsts, n_fixed), *carried)))
-    return RuleOutput(outputs, (*cond_layouts, *body_layouts, *carry), body=bodies)
+    carry_needs, carry_spans = _carry_needs(ctx, [op.shape for op in init], carry)
+    spans = [(None,) * len(op.shape) for op in (*cond_consts, *body_consts)] + carry_spans
+    return RuleOutput(outputs, (*cond_layouts, *body_layouts, *carry_needs), body=bodies, need_spans=_read(spans))
+
+
+def _read(spans: list) -> tuple | None:
+    """``need_spans`` of a rule's operands (None where no operand is read ranged)."""
+    return tuple(spans) if any(r is not None for per in spans for r in per) else None
 
 
 def _merged(layouts: list[Layout], aval, mesh_shape) -> Layout:
@@ -210,9 +261,9 @@ def cond_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
 
 OPS = [
     OpDef("scan", Family.CONTROL_FLOW, propagate=scan, lineage=scan_lineage, lineage_exact=True,
-          per_block=scan_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
+          per_block=scan_on_blocks, finish=None, pull=None, linear=Linearity.NONE, reads_ranges=True),
     OpDef("while", Family.CONTROL_FLOW, propagate=while_loop, lineage=while_lineage, lineage_exact=False,
-          per_block=while_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
+          per_block=while_on_blocks, finish=None, pull=None, linear=Linearity.NONE, reads_ranges=True),
     OpDef("cond", Family.CONTROL_FLOW, propagate=cond, lineage=cond_lineage, lineage_exact=True,
           per_block=cond_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
 ]

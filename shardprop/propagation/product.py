@@ -52,6 +52,10 @@ class ShardedGraph:
     # Nodes that consume ranged rows (:class:`~shardprop.core.layouts.Span`): node id -> per operand, per axis, the
     # ``(mesh axes, span)`` it reads that axis in, or None (``needs`` says () there: no equal blocks).
     need_spans: Mapping[int, tuple] = field(default_factory=dict)
+    # True for a body (a loop's, a cond's): its inputs arrive in the blocks their shardings say, ranged ones too (a
+    # loop hands its carry's blocks), and its outputs are taken by the op; a program's arguments arrive whole along
+    # a ranged axis and its results come back in equal blocks or whole.
+    is_body: bool = False
 
     @property
     def mesh_shape(self) -> dict[str, int]:

@@ -10,6 +10,7 @@ data is compatible with every sharding, so that choice can never introduce a con
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -28,8 +29,8 @@ from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
-from ..core.layouts import (Layout, Open, Sharded, Span, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
-                            uses_mesh_axes_once)
+from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
+                            uneven_span, uses_mesh_axes_once)
 from ..core.moves import move_bytes, plan_move
 from ..core.steps import exchanges
 from ..core.types import ValueType
@@ -199,14 +200,14 @@ def _argument_axis(ctx: RuleContext, axis: int, size: int, mesh_axes: tuple[str,
     each device takes its rows)."""
     if not mesh_axes:
         return None
-    count = shard_count(ctx.mesh_shape, mesh_axes)
-    if size % count == 0:
+    span = uneven_span(size, shard_count(ctx.mesh_shape, mesh_axes))
+    if span is None:
         return ctx.root(axis, size, mesh_axes)
-    return ctx.ranged(axis, size, mesh_axes, Span(0, -(-size // count)), [])
+    return ctx.ranged(axis, size, mesh_axes, span, [])
 
 
 def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh, conflicts: str) -> ShardedGraph:
-    return propagate_layouts(graph, input_layouts, mesh, conflicts=conflicts)
+    return dataclasses.replace(propagate_layouts(graph, input_layouts, mesh, conflicts=conflicts), is_body=True)
 
 
 class _Walk:

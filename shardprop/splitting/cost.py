@@ -113,14 +113,16 @@ def estimate(plan) -> list[Transfer]:
 def instructions_transfers(instructions) -> list[Transfer]:
     """What ``instructions`` send between devices: each move's and finish's collective, and a loop's or a cond's
     bodies' (each collective with the number of times it runs: a scan's length; once for a while loop, whose
-    trip count is unknown)."""
+    trip count is unknown, and its condition once more)."""
     out: list[Transfer] = []
     for instruction in instructions:
         out += transfers_of(instruction)
         if isinstance(instruction, Compute) and instruction.bodies:
             for body in instruction.bodies:
                 unknown = body.plan.body.carries != () and body.repeats is None
-                out += [replace(t, repeats=t.repeats * (body.repeats or 1), unknown_trips=t.unknown_trips or unknown)
+                # a while loop's condition runs once more than its body (the check that ends it)
+                times = (body.repeats or 1) + (body.plan.body.name == "cond" and body.plan.body.carries != ())
+                out += [replace(t, repeats=t.repeats * times, unknown_trips=t.unknown_trips or unknown)
                         for t in instructions_transfers(body.instructions)]
     return out
 

@@ -28,7 +28,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from ..core.collectives import Collective, CollectiveKind
-from ..core.layouts import Layout, shard_count, spelled
+from ..core.layouts import Layout, shard_count, spelled, uneven_span
 from ..core.rules import Body
 from ..core.types import ValueType, whole
 from ..expr.graph import PARAMETER, Graph, Node
@@ -168,8 +168,8 @@ class Decisions:
         if ranged is None or value in self._returned:
             return None
         producer = self.graph.nodes[self.graph.producer[value]]
-        if producer.op == PARAMETER or not self._keeps_ranges(producer):  # an argument arrives whole along it
-            return None
+        if (producer.op == PARAMETER and not self.sharded.is_body) or not self._keeps_ranges(producer):
+            return None  # a program's argument arrives whole along it (a body's input in the blocks it is carried in)
         return ranged
 
     @cached_property
@@ -184,7 +184,8 @@ class Decisions:
 
     @cached_property
     def _returned(self) -> frozenset[int]:
-        return frozenset(self.graph.outputs)
+        # a body's outputs are taken by its op, ranged too (body_program brings them into the op's types)
+        return frozenset() if self.sharded.is_body else frozenset(self.graph.outputs)
 
     def _returned_type(self, value: int) -> ValueType:
         """How a value the program returns is held (:meth:`~shardprop.propagation.ShardedGraph.returned_layout`)."""
@@ -249,7 +250,8 @@ class BodyPlan:
     def out_types(self) -> tuple[ValueType, ...]:
         """The types the op takes the body's outputs in: its layouts, partial where the carry is kept partial."""
         graph = self.body.sharded.graph
-        return tuple(ValueType(layout, self.decisions.type(v).partial)
+        mesh_shape = self.decisions.mesh_shape
+        return tuple(carried_type(graph.avals[v].shape, layout, mesh_shape, self.decisions.type(v).partial)
                      for v, layout in zip(graph.outputs, self.body.out_layouts, strict=True))
 
     @property
@@ -258,6 +260,13 @@ class BodyPlan:
         graph = self.body.sharded.graph
         return [(c.output, self.decisions.type(graph.inputs[c.body_input]).partial) for c in self.body.carries
                 if self.decisions.type(graph.inputs[c.body_input]).partial]
+
+
+def carried_type(shape: tuple[int, ...], layout: Layout, mesh_shape, partial: tuple[str, ...] = ()) -> ValueType:
+    """The type of a value laid out as ``layout`` (partial over ``partial``), each axis its mesh axes do not divide
+    ranged in blocks of ``ceil(n / count)`` rows (:func:`~shardprop.core.layouts.uneven_span`: a loop's carry)."""
+    rows = tuple(uneven_span(n, shard_count(mesh_shape, m)) if m else None for n, m in zip(shape, layout, strict=True))
+    return ValueType(layout, partial, span=rows if any(r is not None for r in rows) else ())
 
 
 def _ranged(shape: tuple[int, ...], layout: Layout, spans, mesh_shape) -> ValueType:
