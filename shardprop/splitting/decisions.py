@@ -165,7 +165,7 @@ class Decisions:
     def _ranged_type(self, value: int) -> ValueType | None:
         """The ranged type ``value`` is held in, or None (returned values are held in equal blocks or whole)."""
         ranged = self._ranges.get(value)
-        if ranged is None or value in self._returned:
+        if ranged is None or (value in self._returned and not self._carried_ranged(value, ranged)):
             return None
         producer = self.graph.nodes[self.graph.producer[value]]
         if (producer.op == PARAMETER and not self.sharded.is_body) or not self._keeps_ranges(producer):
@@ -184,11 +184,22 @@ class Decisions:
 
     @cached_property
     def _returned(self) -> frozenset[int]:
-        # a body's outputs are taken by its op, ranged too (body_program brings them into the op's types)
-        return frozenset() if self.sharded.is_body else frozenset(self.graph.outputs)
+        return frozenset(self.graph.outputs)
+
+    def _carried_ranged(self, value: int, ranged: ValueType) -> bool:
+        """True for a body's output held in the blocks a loop carries uneven axes in (``ceil(n / count)`` rows): the
+        op takes it so, ranged (a program's results are held in equal blocks or whole)."""
+        if not self.sharded.is_body:
+            return False
+        shape = self.graph.avals[value].shape
+        return all(span is None or span == uneven_span(n, shard_count(self.mesh_shape, m))
+                   for n, m, span in zip(shape, ranged.layout, ranged.span, strict=True))
 
     def _returned_type(self, value: int) -> ValueType:
-        """How a value the program returns is held (:meth:`~shardprop.propagation.ShardedGraph.returned_layout`)."""
+        """How a value the program returns is held (:meth:`~shardprop.propagation.ShardedGraph.returned_layout`); a
+        body's output ranged otherwise than a carry is held whole along it, as the op takes it (``out_layouts``)."""
+        if self.sharded.is_body:
+            return ValueType(self.sharded.layout(value))
         return ValueType(self.sharded.returned_layout(value))
 
     @cached_property
