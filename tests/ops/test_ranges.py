@@ -118,7 +118,7 @@ def _run(f, args, mesh, specs):
     return prog, comparison
 
 
-@pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[f"{m}-{s}" for m, s in LAYOUTS])
+@pytest.mark.parametrize("mesh_name,spec", LAYOUTS_LAST_SLOW)
 @pytest.mark.parametrize("name,f,args,sharded,stays", SEQUENCE, ids=[row[0] for row in SEQUENCE])
 def test_moving_rows_along_a_sharded_axis_equals_the_unsharded_function(name, f, args, sharded, stays, mesh_name,
                                                                         spec, meshes):
