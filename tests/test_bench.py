@@ -5,9 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from shardprop.bench.goals import UNEXPLAINED, row_misses, summarize
 
 
+@pytest.mark.slow  # a (quick) benchmark run: 25 s of the default run's budget
 def test_quick_run_writes_the_table_json_plots_and_page(tmp_path):
     result = subprocess.run([sys.executable, "-m", "shardprop", "bench", "--quick", "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=300)
