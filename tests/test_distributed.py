@@ -68,7 +68,8 @@ def test_a_crashing_process_stops_the_others_in_bounded_time():
     assert seconds < 60
 
 
-@pytest.mark.parametrize("failure, code", [("--crash", 1), ("--exit", 3)])
+# the exit path (a clean non-zero exit rather than a crash) runs with -m slow, for the default run's time budget
+@pytest.mark.parametrize("failure, code", [("--crash", 1), pytest.param("--exit", 3, marks=pytest.mark.slow)])
 def test_without_the_launcher_a_failing_process_ends_the_others_within_the_heartbeat_timeout(failure, code):
     """As on a real cluster (no launcher to stop anyone): process 1 fails after the cluster formed and leaves at
     once; process 0, waiting for it in a collective, ends with an error once the heartbeat timeout (5 s here) says

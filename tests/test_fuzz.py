@@ -197,7 +197,7 @@ def test_conflicts_are_resolved_by_moving_an_operand(case, meshes):
         raise AssertionError("a conflict resolved by default did not halt under conflicts='error'")
 
 
-@settings(max_examples=max(EXAMPLES // 8, 12), deadline=None, derandomize=not LONG, print_blob=True,
+@settings(max_examples=max(EXAMPLES // 12, 8), deadline=None, derandomize=not LONG, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases())
