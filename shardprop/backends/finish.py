@@ -32,8 +32,8 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
     if kind is CollectiveKind.ROTATE:  # each device's rows lie shift rows further
         return _rotate(partial, node.params["dimension"], geometry.shift, mesh_axes, mesh_shape)
     if kind is CollectiveKind.ROUTE:  # each device's block holds pieces of other blocks (joined in place, or picked)
-        return apply_rounds(partial, geometry.rounds, geometry.axis, mesh_axes, partial.shape[geometry.axis], 0,
-                            mesh_shape)
+        return apply_rounds(partial, geometry.rounds, geometry.axis, mesh_axes, partial.shape[geometry.axis],
+                            geometry.fill, mesh_shape)
     if kind is CollectiveKind.MIRROR:  # each device reversed its block: its mirror device's
         return _to_mirror(node, mesh_axes, partial, mesh_shape)
     if kind is CollectiveKind.PREFIX:  # each device scanned its block

@@ -51,12 +51,14 @@ class FinishGeometry:
     """Where a finish works, for those that need more than the result's layout: the ``axis`` a top-k, a rotation or a
     route works along; the rows a rotation moves each device's rows by (``shift``); the rounds of pieces a route
     sends each device's rows in (``rounds``, :class:`~shardprop.core.steps.Piece`: a concatenation's operands joined
-    in place, a strided slice's picks); the span and length of the ranged axis an arg-extreme reduced (``rows``)."""
+    in place, a strided slice's picks) and the value of the rows no piece lands on (``fill``: a pad's rows no device
+    holds); the span and length of the ranged axis an arg-extreme reduced (``rows``)."""
 
     axis: int | None = None
     shift: int = 0
     rounds: tuple = ()
     rows: tuple | None = None
+    fill: float | int | bool = 0
 
 
 NO_GEOMETRY = FinishGeometry()

@@ -170,7 +170,7 @@ def _keep_rule_ranges(decisions, node: Node, needs, spans, summed, contracted: s
     of a sliced vocabulary keeps its rows in place. Not where their mesh axes are the summed ones (those axes would
     both lay out and sum the result): then they are read whole."""
     reads = decisions.sharded.need_spans.get(node.id)
-    if reads is None or not decisions.may_finish_ranged(node):
+    if reads is None:
         return
     rule = decisions.rule_needs(node.id)
     kept = [(i, k) for i, per in enumerate(reads) if per for k, r in enumerate(per)

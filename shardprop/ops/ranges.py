@@ -445,16 +445,17 @@ def strided_layout(held: Span, length: int, start: int, stride: int, size: int, 
     of an operand axis of ``length`` in ``count`` blocks held as ``held`` says. The result's block is
     ``ceil(size / count)`` rows, or the most rows one device picks where that is more (``x[0:16:3]`` of blocks of 8:
     devices 0 and 1 pick 3 rows each, blocks of 3 are theirs), so that each device's picks fit in a block, in place
-    or routed there (:func:`finish_slice`). A route carries held rows only: none where some rows of the result are a
-    fill no device holds."""
+    or routed there (:func:`finish_slice`). A route carries held rows only; the result's rows that are a fill no
+    device holds (a pad's) are that fill where they land (no route where some other row is held by no device)."""
     picks = tuple(strided_picks(held, length, start, stride, size, d) for d in range(count))
     every_row = sum(picked for _, _, picked in picks) == size
+    routable = every_row or held.fill is not None
     block = -(-size // count)
-    if every_row:
+    if routable:
         block = max(block, *(picked for _, _, picked in picks))
     in_place = every_row and all(picked == 0 or row == device * block
                                  for device, (_, row, picked) in enumerate(picks))
-    if in_place or not every_row:
+    if in_place or not routable:
         return StridedPicks(picks, block, in_place, None)
     pieces = []
     for device, (_, row, picked) in enumerate(picks):
@@ -486,7 +487,10 @@ def _route_axis(graph, node, operand_type: ValueType, mesh_shape):
 def slice_geometry(graph, node, operand_type: ValueType, mesh_shape) -> FinishGeometry:
     """A strided slice's finish geometry: the axis its picks are routed along, and the route's rounds."""
     found = _route_axis(graph, node, operand_type, mesh_shape)
-    return FinishGeometry() if found is None else FinishGeometry(axis=found[0], rounds=found[1])
+    if found is None:
+        return FinishGeometry()
+    span = operand_type.span_of(found[0])  # the rows no device holds land as the pad's fill
+    return FinishGeometry(axis=found[0], rounds=found[1], fill=0 if span is None or span.fill is None else span.fill)
 
 
 def finish_slice(decisions, node):

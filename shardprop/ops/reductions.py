@@ -107,7 +107,7 @@ class FinishReduction:
         if not mesh_axes:
             return None
         reads = decisions.sharded.need_spans.get(node.id)
-        if reads and reads[0] and decisions.may_finish_ranged(node):  # the kept axes the rule reads ranged, read
+        if reads and reads[0]:  # the kept axes the rule reads ranged, read
             # alike: the result stays ranged
             rule = decisions.rule_needs(node.id)[0]
             kept = [k for k, r in enumerate(reads[0]) if r is not None and k not in axes]

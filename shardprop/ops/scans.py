@@ -16,7 +16,7 @@ from ..core.blocks import bind_as_is, block_index
 from ..core.collectives import Collective, CollectiveKind
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import Sharded, TensorSharding, shard_count
+from ..core.layouts import Sharded, TensorSharding, shard_count, standard_span, uneven_span
 from ..core.types import ValueType
 from ..expr import jax_adapter as jx
 from .opdef import Family, Linearity, OpDef, defs
@@ -32,14 +32,19 @@ def cumulative(ctx: RuleContext, operand: TensorSharding, *, axis, **params) -> 
     plain = operand.without_ranges()
     axes = [ctx.carry(k, n, a) for k, (n, a) in enumerate(zip(plain.shape, plain.axes, strict=True))]
     scanned = operand.axes[axis]
-    if not (isinstance(scanned, Sharded) and scanned.span is not None and scanned.span.fill is None
+    if not (isinstance(scanned, Sharded) and scanned.span is not None
             and not jx.is_extended_dtype(ctx.out_avals[0].dtype)) or any(
                 set(scanned.mesh_axes) & set(a.mesh_axes) for a in axes if isinstance(a, Sharded)):
         out = TensorSharding(operand.shape, tuple(axes))
         return RuleOutput((out,), (out.layout,))
-    axes[axis] = ctx.ranged(axis, operand.shape[axis], scanned.mesh_axes, scanned.span, [(scanned, 0)])
+    span, size = scanned.span, operand.shape[axis]
+    if span.fill is not None:  # a pad's rows no device holds have scanned values of their own: realigned into blocks
+        # that hold every row (each device receives the few rows it lacks, the fill where no device holds them)
+        count = shard_count(ctx.mesh_shape, scanned.mesh_axes)
+        span = uneven_span(size, count) or standard_span(size, count)
+    axes[axis] = ctx.ranged(axis, size, scanned.mesh_axes, span, [(scanned, 0)])
     out = TensorSharding(operand.shape, tuple(axes))
-    reads = tuple((scanned.mesh_axes, scanned.span) if k == axis else None for k in range(len(axes)))
+    reads = tuple((scanned.mesh_axes, span) if k == axis else None for k in range(len(axes)))
     return RuleOutput((out,), (out.layout,), need_spans=(reads,))
 
 

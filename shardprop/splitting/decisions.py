@@ -135,7 +135,7 @@ class Decisions:
         out as propagation said, the collective combines them whole. Where ``needs`` read every range the node's rule
         read (a contraction's ranged free axes, kept by its finish), a result propagation left ranged is computed
         ranged; it is held so unless the program returns it (then it is moved into the blocks it is returned in,
-        after its finish; a returned sum's psum moves it there itself)."""
+        after its finish — a partial sum by one move that sums each device's rows first where that moves less)."""
         reads = self.sharded.need_spans.get(node.id)
         rule = self.rule_needs(node.id) if reads is not None else ()
         # (a route places every row where propagation's result holds it, whatever it read)
@@ -146,8 +146,6 @@ class Decisions:
         out = []
         for v in (node.outputs if outputs is None else [node.outputs[k] for k in outputs]):
             ranged = self._ranges.get(v) if keeps else None
-            if ranged is not None and v in self._returned and collective.kind is CollectiveKind.PSUM:
-                ranged = None  # a returned sum: its psum moves it whole (or into equal blocks) at once
             base = ValueType(self.sharded.layout(v)) if ranged is None else ranged
             # a returned result finished ranged is then moved into the blocks it is returned in (emit)
             held = self.type(v) if v in self._returned else base

@@ -413,7 +413,8 @@ def test_impossible_moves_say_why(shape, have, want, message):
                          ids=["2x2x2", "4x2x1", "4x2x2"])
 def test_planning_is_fast_and_cached(mesh_shape):
     """Rank-4 values on a 3-axis mesh, planned uncached: ~1 ms each, ~2 ms where a mesh axis can be cut in two
-    (a search more per cut), 10-20 ms at worst on the CI machine (the bound leaves a margin for a loaded one).
+    (a search more per cut), 10-20 ms at worst on the CI machine (the bound, 25 ms on average, leaves a margin for
+    one loaded by the other test worker: 12 ms was seen there; the bound catches an order of magnitude).
     Planned again, or kept as they are, in about a microsecond."""
     rng = np.random.default_rng(0)
     shape = (48, 40, 24, 16)  # a shape no other test plans: uncached
@@ -421,7 +422,7 @@ def test_planning_is_fast_and_cached(mesh_shape):
     start = time.perf_counter()
     for have, want in pairs:
         plan_move(shape, np.float32, have, want, mesh_shape)
-    assert time.perf_counter() - start < 40 * 0.010
+    assert time.perf_counter() - start < 40 * 0.025
     start = time.perf_counter()
     for _ in range(25):
         for have, want in pairs:
@@ -620,3 +621,20 @@ def test_plans_over_sub_axes_are_cheapest_and_never_dearer_than_over_whole_axes(
         cut = reference_cost(shape, have, want, mesh_shape)
         assert ((round(ours[0], 6), ours[1]) == (round(cut[0], 6), cut[1]) if claim == "best"
                 else (round(ours[0], 6), ours[1]) <= (round(cut[0], 6), cut[1]))
+
+
+def test_a_partial_sum_in_ranged_rows_is_summed_before_its_rows_are_gathered():
+    # 57 rows in blocks of 32 over i (2 devices), partial over j (4), wanted whole: three rows realigned (blocks of 29),
+    # the psum of each device's 29 rows, then the rows gathered — less than the axis-by-axis order (gather the rows,
+    # 2,048 B, then sum all 57) and than summing the blocks of 32 first
+    from shardprop.core.layouts import Span
+
+    sizes, row = {"i": 2, "j": 4}, 8 * 4
+    have = ValueType((("i",), ()), ("j",), span=(Span(0, 32), None))
+    steps = plan_move((57, 8), np.float32, have, ValueType(((), ())), sizes)
+    kinds = [s.kind for s in steps]
+    assert kinds == [StepKind.REALIGN, StepKind.PSUM, StepKind.UNSPAN], describe((57, 8), steps, sizes)
+    assert plan_bytes((57, 8), np.float32, steps, sizes) == 3 * row + 2 * 3 / 4 * 29 * row + 29 * row
+    # one wanted partial over j still is not summed: its rows alone are gathered (realigned first: the same bytes)
+    kept = plan_move((57, 8), np.float32, have, ValueType(((), ()), ("j",)), sizes)
+    assert StepKind.PSUM not in [s.kind for s in kept] and plan_bytes((57, 8), np.float32, kept, sizes) == 32 * row
