@@ -123,11 +123,6 @@ class Decisions:
                      _ranged(self.graph.avals[v].shape, need.layout, reads, self.mesh_shape)
                      for v, need, reads in zip(node.operands, needs, per_operand, strict=True))
 
-    def may_finish_ranged(self, node: Node) -> bool:
-        """True when a finish of ``node`` may read the ranges its rule reads and leave its results ranged
-        (:meth:`finished_types`): none of them is a result of the program (those are held in equal blocks)."""
-        return not any(v in self._returned for v in node.outputs)
-
     def finished_types(self, node: Node, needs: tuple[ValueType, ...], collective: Collective, outputs=None
                        ) -> list[tuple[int, ValueType, ValueType]]:
         """``(value, computed, held)`` for each output of ``node`` (those at positions ``outputs``, else all) when it
