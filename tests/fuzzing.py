@@ -352,12 +352,19 @@ def loop(draw, pool, body_ops=BODY_OPS):
         made_here.append(Value(name, tuple(made[2])))
         body_pool.append(made_here[-1])
     # a result the carry's shape, or one that broadcasts to it (added to the carry)
-    results = [w for w in made_here if _broadcast(w.shape, v.shape) == v.shape]
+    # or one summed over its last axis into the carry's shape (a reduction finished inside the body: of a value
+    # closed over, possibly ranged; the carry then takes its layout)
+    results = [w for w in made_here if _broadcast(w.shape, v.shape) == v.shape or w.shape[:-1] == v.shape]
     if not results:
         return None
     w = draw(st.sampled_from(results))
     # tanh keeps repeated bodies bounded (an unbounded carry would overflow where the reference does too)
-    body.append(f"    return jnp.tanh({w.name})" if w.shape == v.shape else f"    return jnp.tanh(c + {w.name})")
+    if w.shape == v.shape:
+        body.append(f"    return jnp.tanh({w.name})")
+    elif w.shape[:-1] == v.shape:
+        body.append(f"    return jnp.tanh(jnp.sum({w.name}, axis=-1) * 0.25)")
+    else:
+        body.append(f"    return jnp.tanh(c + {w.name})")
     kind = draw(st.sampled_from(["fori", "while", "while on data", "cond"]))
     expr = {
         "fori": f"lax.fori_loop(0, 3, lambda i, c: body{tag}(c), {v.name})",

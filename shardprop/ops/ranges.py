@@ -591,9 +591,12 @@ def _picked(x, k: int, start: int, stride: int, blocks: Blocks):
     held = spans[k] if spans and spans[k] is not None else standard_span(length, count)
     picks = strided_layout(held, length, start, stride, size, count).picks
     firsts = {position for position, _, picked in picks if picked}
-    if len(firsts) <= 1:
-        return x, min(firsts, default=0)
     reach = (b - 1) * stride + 1
+    if len(firsts) <= 1:  # (padded where the result's block reaches past this one: picks from a pad's fill rows too)
+        first = min(firsts, default=0)
+        short = first + reach - x.shape[k]
+        return (x if short <= 0 else lax.pad(x, lax.full((), 0, x.dtype),
+                                             [(0, short, 0) if a == k else (0, 0, 0) for a in range(x.ndim)])), first
     padded = lax.pad(x, lax.full((), 0, x.dtype), [(0, reach, 0) if a == k else (0, 0, 0) for a in range(x.ndim)])
     here = block_index(blocks.in_layouts[0][k], blocks.mesh_shape)
     at = jnp.asarray(np.array([min(position, x.shape[k]) for position, _, _ in picks], np.int32))[here]

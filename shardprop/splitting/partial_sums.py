@@ -159,6 +159,8 @@ def deferred_sums(plans: tuple[BodyPlan, ...]) -> DeferredSums | None:
     layouts = [view.layout(v) for v in partial] + consumed + [out_layouts[v] for v in partial if v in out_layouts]
     if any(summed & set(name for m in layout for name in m) for layout in layouts):
         return None  # a value sharded over the axes it would be partial over: not a sum of whole copies
+    if any(view.computed_type(v).span for v in partial):
+        return None  # a sum finished in ranged rows: its finish moves it into the carry's blocks, in the body
     types = {v: ValueType(view.layout(v), mesh_axes) for v in partial}
     needs = {node.id: tuple(ValueType(need.layout, mesh_axes) if v in partial else need
                             for v, need in view.edges(node))
