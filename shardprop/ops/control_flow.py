@@ -93,12 +93,12 @@ def _carried(operand: TensorSharding) -> Layout:
 
 def _out_carried(body: Any, value: int, mesh_shape) -> Layout:
     """The layout a body's output ``value`` comes out in, for the carry's fixed point: a ranged axis counts as its
-    mesh axes (the body's last moves realign its rows into the blocks a carry is held in, :func:`uneven_span`: a
-    few rows, where gathering them would move the axis every iteration)."""
+    mesh axes where it is in the blocks a carry is held in (:func:`uneven_span`), else as whole."""
     sharding = body.shardings[value]
     if not sharding.spans:
         return sharding.layout
-    return tuple(r[0] if r is not None else m for m, r in zip(sharding.layout, sharding.spans, strict=True))
+    return tuple(r[0] if r is not None and r[1] == uneven_span(n, shard_count(mesh_shape, r[0])) else m
+                 for n, m, r in zip(sharding.shape, sharding.layout, sharding.spans, strict=True))
 
 
 def _carry_needs(ctx: RuleContext, shapes, layouts: list[Layout]) -> tuple[list[Layout], list]:

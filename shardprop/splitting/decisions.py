@@ -156,17 +156,13 @@ class Decisions:
                                                               for v in node.outputs)
 
     def _ranged_type(self, value: int) -> ValueType | None:
-        """The ranged type ``value`` is held in, or None (a program's results are held in equal blocks or whole; a
-        body's, ranged as computed, are moved into the blocks the loop carries them in by the body's last moves)."""
+        """The ranged type ``value`` is held in, or None (returned values are held in equal blocks or whole)."""
         ranged = self._ranges.get(value)
-        if ranged is None or (value in self._returned and not self.sharded.is_body):
+        if ranged is None or (value in self._returned and not self._carried_ranged(value, ranged)):
             return None
         producer = self.graph.nodes[self.graph.producer[value]]
         if (producer.op == PARAMETER and not self.sharded.is_body) or not self._keeps_ranges(producer):
             return None  # a program's argument arrives whole along it (a body's input in the blocks it is carried in)
-        if value in self._returned:  # a body's result: held in the blocks a loop carries it in (its finish, if any,
-            # moves it there: a psum with a realign, in the order that moves less)
-            return carried_type(self.graph.avals[value].shape, ranged.layout, self.mesh_shape)
         return ranged
 
     @cached_property
@@ -182,6 +178,15 @@ class Decisions:
     @cached_property
     def _returned(self) -> frozenset[int]:
         return frozenset(self.graph.outputs)
+
+    def _carried_ranged(self, value: int, ranged: ValueType) -> bool:
+        """True for a body's output held in the blocks a loop carries uneven axes in (``ceil(n / count)`` rows): the
+        op takes it so, ranged (a program's results are held in equal blocks or whole)."""
+        if not self.sharded.is_body:
+            return False
+        shape = self.graph.avals[value].shape
+        return all(span is None or span == uneven_span(n, shard_count(self.mesh_shape, m))
+                   for n, m, span in zip(shape, ranged.layout, ranged.span, strict=True))
 
     def _returned_type(self, value: int) -> ValueType:
         """How a value the program returns is held (:meth:`~shardprop.propagation.ShardedGraph.returned_layout`); a
