@@ -12,6 +12,8 @@ they raise :class:`RuleConflict` and the dispatcher adds the op, the source line
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,6 +185,22 @@ class RuleContext:
                             tuple(src.shards[i * len(src.shards) // count] for src in sources)) for i in range(count)]
         return Sharded(finest.mesh_axes, tuple(shards))
 
+    def regroup(self, axis: int, size: int, mesh_axes: tuple[str, ...],
+                sources: list[tuple[tuple[str, ...], Sharded]]) -> Sharded:
+        """New shards on output ``axis`` over ``mesh_axes``, regrouped from operand axes ``sources`` (``(mesh axes,
+        axis)``; a reshape merging or splitting axes over several mesh axes): block ``i``'s parents are the blocks of
+        each source sharing mesh axes with it whose coordinates on those mesh axes are block ``i``'s."""
+        if not self.lineage:
+            return Sharded(mesh_axes, ())
+        length = size // shard_count(self.mesh_shape, mesh_axes)
+        shards = []
+        for i, coords in enumerate(_coordinates(mesh_axes, self.mesh_shape)):
+            parents = tuple(shard for names, source in sources if set(names) & set(mesh_axes)
+                            for shard, theirs in zip(source.shards, _coordinates(names, self.mesh_shape), strict=True)
+                            if all(theirs[n] == coords[n] for n in names if n in coords))
+            shards.append(Shard(next(self._ids), axis, i * length, length, parents))
+        return Sharded(mesh_axes, tuple(shards))
+
     def request(self, open_axis: Open, mesh_axes: tuple[str, ...]) -> None:
         """An annotation inside the graph (a sharding constraint) asks that ``open_axis`` be laid out over
         ``mesh_axes`` (``()``: replicated), as an input spec does for the axes it meets."""
@@ -302,3 +320,9 @@ class Body:
     name: str = "body"
     operands: tuple[int, ...] = ()
     sliced: frozenset[int] = frozenset()
+
+
+def _coordinates(mesh_axes: tuple[str, ...], mesh_shape) -> list[dict[str, int]]:
+    """Each block's coordinate on each of ``mesh_axes``, blocks numbered row-major (the first mesh axis major)."""
+    return [dict(zip(mesh_axes, index, strict=True))
+            for index in itertools.product(*(range(mesh_shape[n]) for n in mesh_axes))]

@@ -1,6 +1,8 @@
 """``reshape``: within each group of axes that reshape merges or splits, the sharding of the group's major
 input axis survives on the group's major output axis when the shard count divides that axis: every block is
-then one contiguous run of the flattened group. Every other axis of the group is needed whole.
+then one contiguous run of the flattened group. Every other axis of the group is needed whole — unless the
+group's mesh axes, major to minor, deal out onto the output axes with every block still one contiguous run
+(:func:`_compound`: ``(2, 4)`` over ``P('x', 'y')`` is ``(8,)`` over ``P(('x', 'y'))``, and back).
 
 Lineage: each axis group maps its rows of the output box onto rows of the operand. On blocks:
 ``new_sizes`` becomes the output's block shape.
@@ -62,6 +64,14 @@ def reshape(ctx: RuleContext, operand: TensorSharding, *dynamic, new_sizes, dime
     axes: list = [None] * len(out_shape)
     need = [()] * len(operand.shape)
     for group_in, group_out in reshape_groups(operand.shape, out_shape):
+        placed = _compound(operand.layout, operand.shape, out_shape, group_in, group_out, ctx.mesh_shape)
+        if placed is not None:  # every block is one contiguous run of the group: nothing moves
+            for k in group_in:
+                need[k] = operand.layout[k]
+            sources = [(operand.layout[k], operand.axes[k]) for k in group_in if operand.layout[k]]
+            for t, mesh_axes in placed.items():
+                axes[t] = ctx.regroup(t, out_shape[t], mesh_axes, sources)
+            continue
         major, target = operand.axes[group_in[0]], group_out[0]
         if isinstance(major, Sharded) and out_shape[target] % shard_count(ctx.mesh_shape, major.mesh_axes):
             continue  # blocks would not line up with the output axis: gather it
@@ -70,6 +80,44 @@ def reshape(ctx: RuleContext, operand: TensorSharding, *dynamic, new_sizes, dime
             need[group_in[0]] = operand.layout[group_in[0]]
     return RuleOutput((TensorSharding(out_shape, tuple(axes)),), (tuple(need),))
 
+
+
+def _compound(layout, in_shape, out_shape, group_in, group_out, mesh_shape) -> dict[int, tuple[str, ...]] | None:
+    """The mesh axes of each output axis of a group when every device's block of the group's input is one contiguous
+    run of the flattened group that is also a block of its output, else None: the input's mesh axes, major to minor,
+    are those of its sharded axes where each one before the last holds one index per device (``(2, 4)`` over
+    ``P('x', 'y')`` flattens to ``(8,)`` over ``('x', 'y')``), and they are dealt to the output axes in order, each
+    taking mesh axes whose product divides it until it is one index per device (``(8,)`` over ``('x', 'y', 'z')``
+    splits into ``(2, 2, 2)`` over ``P('x', 'y', 'z')``). Both as ``jax.jit`` lays them out, moving nothing.
+
+    >>> _compound(((), ("x", "y", "z")), (1, 8), (2, 2, 2), [1], [0, 1, 2], {"x": 2, "y": 2, "z": 2})
+    {0: ('x',), 1: ('y',), 2: ('z',)}
+    """
+    sharded = [k for k in group_in if layout[k]]
+    if not sharded or (len(sharded) == 1 and len(layout[sharded[0]]) == 1):
+        return None  # one mesh axis on one axis: the major axis's rule below
+    names: list[str] = []
+    for k in group_in:
+        if k != sharded[-1] and in_shape[k] != shard_count(mesh_shape, layout[k]):
+            return None  # a block of this axis spans several rows of the axes after it: not contiguous
+        if k == sharded[-1]:
+            names += layout[k]
+            break
+        names += layout[k]
+    placed: dict[int, tuple[str, ...]] = {}
+    for t in group_out:
+        taken: list[str] = []
+        while names and out_shape[t] % (shard_count(mesh_shape, tuple(taken)) * mesh_shape[names[0]]) == 0:
+            taken.append(names.pop(0))
+            if shard_count(mesh_shape, tuple(taken)) == out_shape[t]:
+                break
+        if taken:
+            placed[t] = tuple(taken)
+        if names and shard_count(mesh_shape, tuple(taken)) != out_shape[t]:
+            return None  # the next mesh axis would cut this output axis's rows: blocks would not line up
+        if not names:
+            break
+    return placed if not names else None
 
 
 def _ranged_reshape(ctx: RuleContext, operand: TensorSharding, out_shape) -> RuleOutput:

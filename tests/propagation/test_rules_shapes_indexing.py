@@ -31,8 +31,17 @@ CASES = [
     ("reshape_attention_heads", lambda a: a.reshape(8, 16, 4, 8), [((8, 16, 32), F32)], "4x2",
      (P("i", None, "j"),), P("i", None, "j"), "reshape"),
     ("reshape_indivisible_is_gathered", lambda a: a.reshape(2, 64), [(M, F32)], "4x2", (P("i"),), P(), "reshape"),
-    # 8 blocks do not fit an axis of 4: gathered
-    ("reshape_compound", lambda a: a.reshape(4, 4, 8), [(M, F32)], "4x2", (P(("i", "j")),), P(), "reshape"),
+    # rows over ('i', 'j') split into (4, 4): i deals out the major axis, j halves the minor one; nothing moves (as
+    # jax.jit lays it out)
+    ("reshape_compound", lambda a: a.reshape(4, 4, 8), [(M, F32)], "4x2", (P(("i", "j")),), P("i", "j"), "reshape"),
+    ("reshape_split_over_two_mesh_axes", lambda a: a.reshape(4, 4), [((16,), F32)], "4x2", (P(("i", "j")),),
+     P("i", "j"), "reshape"),
+    # two axes, each one index per device but the last, merge into one over both mesh axes: nothing moves
+    ("reshape_merge_over_two_mesh_axes", lambda a: a.reshape(8, 8), [((4, 2, 8), F32)], "4x2", (P("i", "j"),),
+     P(("i", "j")), "reshape"),
+    # j before i: the first output axis (4) is not a run of j's blocks then i's: gathered
+    ("reshape_compound_that_does_not_line_up", lambda a: a.reshape(4, 4), [((16,), F32)], "4x2", (P(("j", "i")),),
+     P(), "reshape"),
     ("reshape_size1_axes", lambda a: a.reshape(1, 16, 1, 8), [(M, F32)], "4x2", (P("i", "j"),),
      P(None, "i", None, "j"), "reshape"),
     ("iota_one_hot", lambda labels: jax.nn.one_hot(labels, 16), [((16,), I32)], "4x2", (P("i"),), P("i"), "iota"),
