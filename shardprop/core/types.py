@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..expr.graph import short_dtype, value_name
-from .layouts import Layout, Span, format_layout, shard_count
+from .layouts import Layout, Span, format_layout, shard_count, uneven_span
 
 
 class Reduction(StrEnum):
@@ -143,3 +143,10 @@ def type_string(aval, vtype: ValueType) -> str:
 def typed(value: int, aval, vtype: ValueType) -> str:
     """``c:f32[16@i,8]``: the value's listing name and its :func:`type_string`."""
     return f"{value_name(value)}:{type_string(aval, vtype)}"
+
+
+def carried_type(shape: tuple[int, ...], layout: Layout, mesh_shape, partial: tuple[str, ...] = ()) -> ValueType:
+    """The type of a value laid out as ``layout`` (partial over ``partial``), each axis its mesh axes do not divide
+    ranged in blocks of ``ceil(n / count)`` rows (:func:`~shardprop.core.layouts.uneven_span`: a loop's carry)."""
+    rows = tuple(uneven_span(n, shard_count(mesh_shape, m)) if m else None for n, m in zip(shape, layout, strict=True))
+    return ValueType(layout, partial, span=rows if any(r is not None for r in rows) else ())

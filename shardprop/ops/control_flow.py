@@ -33,7 +33,7 @@ from ..core.rules import Body, Carry
 from ..core.layouts import (Layout, Sharded, TensorSharding, common_layout, layout_refines, shard_count,
                              uneven_span)
 from ..core.moves import move_bytes
-from ..core.types import ValueType
+from ..core.types import carried_type
 from .control_flow_lineage import body_graph, cond_lineage, scan_lineage, while_lineage
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef
@@ -197,8 +197,9 @@ def _merged(layouts: list[Layout], aval, mesh_shape) -> Layout:
         common = common_layout(common, b)
 
     def cost(candidate: Layout) -> tuple[float, int]:
-        moved = sum(0.0 if layout_refines(b, candidate) else move_bytes(
-            aval.shape, aval.dtype, ValueType(b), ValueType(candidate), mesh_shape) for b in layouts)
+        moved = sum(0.0 if layout_refines(b, candidate) else move_bytes(  # (uneven axes: in a carry's blocks)
+            aval.shape, aval.dtype, carried_type(aval.shape, b, mesh_shape),
+            carried_type(aval.shape, candidate, mesh_shape), mesh_shape) for b in layouts)
         return moved, -sum(map(len, candidate))
 
     return min(sorted(set(layouts) | {common}), key=cost)
@@ -208,19 +209,21 @@ def cond(ctx: RuleContext, index: TensorSharding, *operands: TensorSharding, bra
     """Every branch propagated with the operands' layouts; each output takes the branch layout (or the one all
     have in common) the branches move the fewest elements to reach — one every branch can cut locally when there
     is one (a branch holding it otherwise moves it at its end). The index is a scalar: every device holds it
-    whole and takes the same branch."""
-    layouts = [op.layout for op in operands]
+    whole and takes the same branch. Ranged operands (``x[:, :63]``) are read as a loop reads its carry, in blocks of
+    ``ceil(n / count)`` rows, and ranged outputs come out so."""
+    layouts = [_carried(op) for op in operands]
     try:
         sharded = [_sharded_body(ctx, body_graph(branch), layouts) for branch in branches]
     except _NoBody as why:
         return _fallback(ctx, (index, *operands), why)
-    out = [_merged([body.layout(body.graph.outputs[k]) for body in sharded], aval, ctx.mesh_shape)
-           for k, aval in enumerate(ctx.out_avals)]
+    out = [_merged([_out_carried(body, body.graph.outputs[k], ctx.mesh_shape) for body in sharded], aval,
+                   ctx.mesh_shape) for k, aval in enumerate(ctx.out_avals)]
     shardings = tuple(_sharded_like(ctx, a.shape, layout, operands)
                       for a, layout in zip(ctx.out_avals, out, strict=True))
-    return RuleOutput(shardings, (index.layout, *layouts), body=tuple(
+    needs, spans = _carry_needs(ctx, [op.shape for op in operands], layouts)
+    return RuleOutput(shardings, (index.layout, *needs), body=tuple(
         Body(b, tuple(out), name=f"branch{k}", operands=tuple(range(1, len(operands) + 1)))
-        for k, b in enumerate(sharded)))
+        for k, b in enumerate(sharded)), need_spans=_read([(None,) * len(index.shape), *spans]))
 
 
 def scan_on_blocks(node: Node, invals: list, blocks: Blocks) -> list:
@@ -265,5 +268,5 @@ OPS = [
     OpDef("while", Family.CONTROL_FLOW, propagate=while_loop, lineage=while_lineage, lineage_exact=False,
           per_block=while_on_blocks, finish=None, pull=None, linear=Linearity.NONE, reads_ranges=True),
     OpDef("cond", Family.CONTROL_FLOW, propagate=cond, lineage=cond_lineage, lineage_exact=True,
-          per_block=cond_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
+          per_block=cond_on_blocks, finish=None, pull=None, linear=Linearity.NONE, reads_ranges=True),
 ]

@@ -30,7 +30,7 @@ from types import MappingProxyType
 from ..core.collectives import Collective, CollectiveKind
 from ..core.layouts import Layout, shard_count, spelled, uneven_span
 from ..core.rules import Body
-from ..core.types import ValueType, whole
+from ..core.types import ValueType, carried_type, whole
 from ..expr.graph import PARAMETER, Graph, Node
 from ..ops import lookup
 from ..propagation import ShardedGraph
@@ -264,13 +264,6 @@ class BodyPlan:
         graph = self.body.sharded.graph
         return [(c.output, self.decisions.type(graph.inputs[c.body_input]).partial) for c in self.body.carries
                 if self.decisions.type(graph.inputs[c.body_input]).partial]
-
-
-def carried_type(shape: tuple[int, ...], layout: Layout, mesh_shape, partial: tuple[str, ...] = ()) -> ValueType:
-    """The type of a value laid out as ``layout`` (partial over ``partial``), each axis its mesh axes do not divide
-    ranged in blocks of ``ceil(n / count)`` rows (:func:`~shardprop.core.layouts.uneven_span`: a loop's carry)."""
-    rows = tuple(uneven_span(n, shard_count(mesh_shape, m)) if m else None for n, m in zip(shape, layout, strict=True))
-    return ValueType(layout, partial, span=rows if any(r is not None for r in rows) else ())
 
 
 def _ranged(shape: tuple[int, ...], layout: Layout, spans, mesh_shape) -> ValueType:
