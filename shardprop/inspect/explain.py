@@ -267,8 +267,9 @@ def _replicated_origin(plan: Plan, v: int, axis: int,
             index = node.params["index"]
             if scopes:
                 origin = _body_input(plan, scopes, index)
-                reason = (f"it arrives with axis {axis} whole: explain the loop's operand (outside the body) for why, "
-                          "or the carry's layout, which the loop keeps the same on every iteration")
+                reason = (f"it arrives with axis {axis} whole: explain the operand it is passed (outside the body) "
+                          "for why — in a loop, or the carry's layout, which the loop keeps the same on every "
+                          "iteration")
             elif sharded.is_unannotated_input(v):
                 origin = f"argument {index} ({value_name(v)}) is unannotated"
                 reason = (f"its axis {axis} met no sharding, or several different ones, so it stays replicated "
