@@ -158,9 +158,7 @@ def _ranged_steps(shape: tuple[int, ...], dtype, have: ValueType, want: ValueTyp
         candidates.append(tuple(balanced) + _axis_by_axis(shape, dtype, at, want, sizes))
     summed = ValueType(at.layout, tuple(n for n in at.partial if n in want.partial), at.reduction, at.halo, at.span)
     if summed != at:  # a partial sum summed on each device's rows, then gathered (its blocks are smaller than the axis)
-        first = tuple(replace(step, before=replace(step.before, span=at.span), after=replace(step.after, span=at.span))
-                      for step in plan_move(at.frame(shape, sizes), dtype, at.without_span(), summed.without_span(),
-                                            sizes))  # the ranged axes ride along unchanged
+        first = _blocks_moved(shape, dtype, at, summed, sizes)
         candidates.append(tuple(balanced) + first + _axis_by_axis(shape, dtype, summed, want, sizes))
     return min(candidates, key=lambda found: plan_bytes(shape, dtype, found, sizes))
 
@@ -189,11 +187,8 @@ def _axis_by_axis(shape: tuple[int, ...], dtype, have: ValueType, want: ValueTyp
     middle = want
     for axis in taken:
         middle = _with_rows(middle, axis, (), None)
-    kept = at.span
-    core = plan_move(at.frame(shape, sizes), dtype, at.without_span(), middle.without_span(), sizes)
-    steps += [replace(step, before=replace(step.before, span=kept), after=replace(step.after, span=kept))
-              for step in core]  # the ranged axes ride along unchanged
-    at = replace(middle, span=kept)
+    steps += _blocks_moved(shape, dtype, at, middle, sizes)
+    at = replace(middle, span=at.span)
     for axis in taken:
         after = _with_rows(at, axis, want.layout[axis], want.span_of(axis))
         steps.append(Step(StepKind.TAKE_ROWS, want.layout[axis], at, after, axis, length=shape[axis]))
@@ -201,6 +196,15 @@ def _axis_by_axis(shape: tuple[int, ...], dtype, have: ValueType, want: ValueTyp
     if at != want:
         raise ValueError(f"no move from {have} to {want} (reached {at})")
     return tuple(steps)
+
+
+def _blocks_moved(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
+                  sizes: Mapping[str, int]) -> tuple[Step, ...]:
+    """An ordinary move of ``have``'s blocks (its frame) to ``want``'s layout and partial sums, ``have``'s ranged axes
+    riding along unchanged."""
+    core = plan_move(have.frame(shape, sizes), dtype, have.without_span(), want.without_span(), sizes)
+    return tuple(replace(step, before=replace(step.before, span=have.span), after=replace(step.after, span=have.span))
+                 for step in core)
 
 
 def _realignable(have: ValueType, want: ValueType, axis: int, held, wanted) -> bool:

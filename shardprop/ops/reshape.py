@@ -97,13 +97,11 @@ def _compound(layout, in_shape, out_shape, group_in, group_out, mesh_shape) -> d
     if not sharded or (len(sharded) == 1 and len(layout[sharded[0]]) == 1):
         return None  # one mesh axis on one axis: the major axis's rule below
     names: list[str] = []
-    for k in group_in:
-        if k != sharded[-1] and in_shape[k] != shard_count(mesh_shape, layout[k]):
+    for k in group_in[:group_in.index(sharded[-1])]:
+        if in_shape[k] != shard_count(mesh_shape, layout[k]):
             return None  # a block of this axis spans several rows of the axes after it: not contiguous
-        if k == sharded[-1]:
-            names += layout[k]
-            break
         names += layout[k]
+    names += layout[sharded[-1]]
     placed: dict[int, tuple[str, ...]] = {}
     for t in group_out:
         taken: list[str] = []
