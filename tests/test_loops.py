@@ -13,7 +13,7 @@ import shardprop as sp
 from examples import recurrent
 from shardprop.core.layouts import layout_to_spec
 from shardprop.core.transfers import TransferKind, total_moved
-from tests.conftest import assert_same_as_unsharded
+from tests.conftest import assert_same_as_unsharded, random_args
 
 RNG = np.random.default_rng(3)
 T, B, F = 6, 8, 16
@@ -206,3 +206,28 @@ def test_branch_outputs_merge_to_one_layout_whatever_the_branch_order(mesh):
     # P('i') -> P('j') moves 256 B per device (slice, permute, gather), P('j') -> P('i') 128 B: merging to either
     # costs the branches 256 B in all; the tie falls the same way whatever the order
     assert specs[0] == specs[1] == specs[2] == (P("i"),)
+
+
+_FINISHED_OTHERWISE = {  # ops a collective other than a psum finishes on a sharded axis: a route, a mirror, a prefix
+    "concatenate": lambda t: jnp.concatenate([t[0].sum(0), t[1].sum(0)]),
+    "reverse": lambda t: t[2].sum(0)[::-1],
+    "cumsum": lambda t: jnp.cumsum(t[2].sum(0)),
+    "roll of a concatenate": lambda t: jnp.roll(jnp.concatenate([t[0].sum(0), t[1].sum(0)]), 3),
+}
+
+
+@pytest.mark.parametrize("name", list(_FINISHED_OTHERWISE))
+def test_a_carry_kept_partial_is_summed_before_an_op_another_collective_finishes(name, mesh):
+    """A batch sum added to a carry stays partial over the batch's mesh axis through the loop, but a value holds one
+    pending finish at a time: a concatenate's route (or a reverse's mirror, a cumsum's prefix) over the feature axis
+    runs on the summed value. Found by a new-user pass (hk.GRU's gradient concatenates its gate columns): the route
+    was dropped, and columns 16..39 came back swapped."""
+    op = _FINISHED_OTHERWISE[name]
+
+    def f(b, xs, ys, zs):
+        return jax.lax.scan(lambda c, t: (c + op(t), None), b, (xs, ys, zs))[0]
+
+    args = random_args([((48,), np.float32), ((3, 4, 32), np.float32), ((3, 4, 16), np.float32),
+                        ((3, 4, 48), np.float32)])
+    batch = P(None, "i", "j")
+    assert_same_as_unsharded(f, args, mesh=mesh, in_specs=(P("j"), batch, batch, batch), rtol=1e-5, atol=1e-5)

@@ -85,8 +85,11 @@ def _partial_values(view: Decisions, graph: Graph, carried: dict[int, int]) -> t
         once = _counted_once(view, node)
         return not any(v in partial for k, v in enumerate(node.operands) if k not in once)
 
+    # a node finished by another collective (a concatenate's route, a roll's rotation) holds one pending finish at a
+    # time: it cannot also carry a sum — summed first, its route then runs on whole values
+    finished_otherwise = {n for n, c in view.collectives.items() if c.kind is not CollectiveKind.PSUM}
     for node in graph.nodes:  # forward: everything that could be partial
-        if node.op == PARAMETER or len(node.outputs) != 1:
+        if node.op == PARAMETER or len(node.outputs) != 1 or node.id in finished_otherwise:
             continue
         if node.id in psums:
             if finished_partially(node):
