@@ -14,7 +14,6 @@ from ..expr.graph import Graph, Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Layout, TensorSharding
-from .fallback import conservative
 from .ranges import keep_ranges
 from .opdef import Family, Linearity, OpDef, defs
 
@@ -121,10 +120,16 @@ def mulhi_on_blocks(node: Node, invals: list, blocks) -> list:
 
 
 def bitcast_convert_type(ctx: RuleContext, operand: TensorSharding, **params) -> RuleOutput:
-    """Elementwise between types of one width; a width change adds or drops a minor axis: conservative."""
-    if ctx.out_avals[0].shape == operand.shape:
+    """Elementwise between types of one width. A narrower type adds a minor axis (an element's bytes), held whole; a
+    wider one consumes the operand's minor axis (an element's bytes), needed whole; the leading axes keep their
+    sharding either way (each device converts its block)."""
+    shape = ctx.out_avals[0].shape
+    if shape == operand.shape:
         return elementwise(ctx, operand)
-    return conservative(ctx, operand)
+    common = min(len(shape), len(operand.shape))
+    axes = tuple(ctx.carry(k, shape[k], operand.axes[k]) for k in range(common)) + (None,) * (len(shape) - common)
+    need = operand.layout[:common] + ((),) * (len(operand.shape) - common)
+    return RuleOutput((TensorSharding(shape, axes),), (need,))
 
 
 def bitcast_lineage(ctx: LineageContext, box: Box, output: int, **params):

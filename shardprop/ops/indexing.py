@@ -32,9 +32,9 @@ SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min
 def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *, dimension_numbers, slice_sizes,
            **params) -> RuleOutput:
     """Output axes are the indices' batch axes (in order, at the positions not in ``offset_dims``) and the
-    operand's sliced axes (at ``offset_dims``). A sliced operand axis that is not indexed and is sliced
-    whole passes through with its sharding; operand batching axes pair with the indices' batching axes
-    like the batch axes of ``dot_general``."""
+    operand's sliced axes (at ``offset_dims``). A sliced operand axis sliced whole passes through with its sharding
+    (indexed or not: a whole window starts at 0, clamped there, or is out of bounds altogether); operand batching
+    axes pair with the indices' batching axes like the batch axes of ``dot_general``."""
     dn = dimension_numbers
     out_shape = ctx.out_avals[0].shape
     axes: list = [None] * len(out_shape)
@@ -52,7 +52,8 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
               if k not in dn.collapsed_slice_dims and k not in dn.operand_batching_dims]
     used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
     for k, d in zip(sliced, dn.offset_dims, strict=True):
-        if k not in dn.start_index_map and slice_sizes[k] == operand.shape[k]:
+        # sliced whole: a window the indices start at 0 (the only start that fits it), indexed or not
+        if slice_sizes[k] == operand.shape[k]:
             axes[d] = ctx.carry_unused(d, out_shape[d], operand.axes[k], used)
     out = TensorSharding(out_shape, tuple(axes))
     layout = out.layout
@@ -241,8 +242,8 @@ def gather_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_numb
                    if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
     operand_box = []
     for d, n in enumerate(operand_shape):
-        if d in dn.start_index_map:  # where the slice starts depends on index values
-            operand_box.append((0, n))
+        if d in dn.start_index_map and (d in dn.collapsed_slice_dims or slice_sizes[d] < n):
+            operand_box.append((0, n))  # where the slice starts depends on index values
         elif d in dn.operand_batching_dims:
             t = dn.start_indices_batching_dims[list(dn.operand_batching_dims).index(d)]
             operand_box.append(box[batch_positions[t]])
@@ -319,9 +320,17 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
     (operand_global, _), (operand_block, _) = blocks.in_global, blocks.in_blocks
     params["slice_sizes"] = tuple(b if s == g else s for s, b, g in
                                   zip(slice_sizes, operand_block, operand_global, strict=True))
-    sharded = [p for p, k in enumerate(dn.start_index_map) if operand_block[k] != operand_global[k]]
+    # an indexed axis sliced whole starts at 0 (clamped there; out of bounds for any other start under ``fill``):
+    # each device's window is its whole block, as for an axis no index moves
+    whole = [p for p, k in enumerate(dn.start_index_map)
+             if slice_sizes[k] == operand_global[k] and operand_block[k] != operand_global[k]]
+    sharded = [p for p, k in enumerate(dn.start_index_map)
+               if operand_block[k] != operand_global[k] and p not in whole]
+    if whole:
+        operand, indices, invals = _whole_windows_at_zero(node, operand, indices, whole)
     if not sharded:
-        return jx.bind(node.primitive, invals, params)
+        (out,) = jx.bind(node.primitive, invals, params)
+        return [_filled_where_outside(node, out, indices, whole)] if whole else [out]
     fill = params["mode"] == lax.GatherScatterMode.FILL_OR_DROP
     batch_shape = indices.shape[:-1]
     outside = jnp.zeros(batch_shape, bool)  # out of bounds of the whole operand
@@ -364,6 +373,23 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
         out = lax.select(spread(outside), lax.select(lax.broadcast(first, out.shape), lax.full_like(
             out, params_fill(node.params, out.dtype)), zero), out)
     return [out]
+
+
+def _whole_windows_at_zero(node, operand, indices, whole: list[int]):
+    """The indices with each whole-window component set to 0 (a device's window is its block)."""
+    zeroed = indices.at[..., jnp.array(whole)].set(0)
+    return operand, indices, [operand, zeroed]
+
+
+def _filled_where_outside(node, out, indices, whole: list[int]):
+    """Under ``fill``, a whole window whose start is not 0 lies out of bounds: its rows are the fill value (elsewhere
+    the window was clamped to 0, as the unsharded gather clamps it)."""
+    if node.params["mode"] != lax.GatherScatterMode.FILL_OR_DROP:
+        return out
+    outside = jnp.any(_wide(indices[..., jnp.array(whole)]) != 0, axis=-1)
+    batch_dims = [d for d in range(out.ndim) if d not in node.params["dimension_numbers"].offset_dims]
+    spread = lax.broadcast_in_dim(outside, out.shape, batch_dims)
+    return lax.select(spread, lax.full_like(out, params_fill(node.params, out.dtype)), out)
 
 
 def _wide(index):

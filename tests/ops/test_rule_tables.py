@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
+from jax.lax import GatherDimensionNumbers, GatherScatterMode
 
 from shardprop.core.types import ValueType, whole
 from shardprop.errors import ConflictKind
@@ -65,6 +66,17 @@ ROWS = [
     ("reshape_keeps_the_major_axis", "reshape", [((8, 4), (Ii, J))], [(32,)],
      {"new_sizes": (32,), "dimensions": None, "sharding": None}, ((Ii,),), ((Ii, NO),)),
     ("transpose", "transpose", [((8, 4), (Ii, J))], [(4, 8)], {"permutation": (1, 0)}, ((J, Ii),), ((Ii, J),)),
+    # an indexed axis sliced whole keeps its sharding: the window starts at 0 (a vmapped dynamic_slice's)
+    ("gather_of_an_indexed_axis_sliced_whole", "gather", [((8, 4), (Ii, J)), ((6, 2), (NO, NO))], [(6, 4)],
+     {"dimension_numbers": GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0,),
+                                                  start_index_map=(0, 1)),
+      "slice_sizes": (1, 4), "mode": GatherScatterMode.CLIP, "fill_value": None},
+     ((NO, J),), ((NO, J), (NO, NO))),
+    # a narrower type adds a minor axis (an element's bytes) held whole; a wider one needs its operand's whole
+    ("bitcast_to_narrower_adds_a_whole_minor_axis", "bitcast_convert_type", [((8, 4), (Ii, J))], [(8, 4, 4)],
+     {"new_dtype": np.uint8}, ((Ii, J, NO),), ((Ii, J),)),
+    ("bitcast_to_wider_needs_the_minor_axis_whole", "bitcast_convert_type", [((8, 4, 4), (Ii, NO, J))], [(8, 4)],
+     {"new_dtype": np.float32}, ((Ii, NO),), ((Ii, NO, NO),)),
     # each piece kept in place over j, ranged (the need reads the operand's rows in place: its span, layout ())
     ("split_pieces_stay_in_place", "split", [((8, 4), (Ii, J))], [(8, 2), (8, 2)], {"sizes": (2, 2), "axis": 1},
      ((Ii, J), (Ii, J)), ((Ii, NO),)),
