@@ -23,7 +23,9 @@ from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import propagate
 from .signature import Signature, call_key
+from .core.transfers import total_moved
 from .splitting import split
+from .splitting.cost import estimate
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
@@ -35,11 +37,18 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     leaves it donates (see :class:`Program`)."""
     with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
         graph = trace(f, *args)
-    sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts)
+    sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts,
+                        price=functools.partial(moved_by_plan, strategy=strategy))
     plan = split(sharded, strategy=strategy)
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
     derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
     return lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated)
+
+
+def moved_by_plan(sharded, *, strategy: str = "auto") -> float:
+    """Bytes per device the plan of ``sharded`` moves, as the cost model prices it (the estimate the compiled program
+    is checked against): how propagation compares its candidate layouts."""
+    return total_moved(estimate(split(sharded, strategy=strategy)))
 
 
 class AutoSharded:

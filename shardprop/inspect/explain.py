@@ -245,10 +245,35 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
         else:
             text = (f"argument {index} ({value_name(root)}) has spec {sharded.spec(root)}; this is its axis "
                     f"{origin.axis}")
+    elif _asked_by_use(plan, origin.node) is not None:
+        text = _asked_by_use(plan, origin.node)
     else:
         text = (f"`{origin.node.op}` at {where(origin.node)} created {value_name(root)} axis "
                 f"{origin.axis}, unannotated; it adopted {names} {where_from}")
     return text, steps
+
+
+def _asked_by_use(plan: Plan, node) -> str | None:
+    """Why ``node`` takes an operand in another layout than it is held in because a later use asked (the backward
+    pass, propagation/uses.py): which operand, how, which use and what that saves; None when no use asked."""
+    sharded = plan.sharded
+    views = [(j, view) for (n, j), view in sharded.views.items() if n == node.id]
+    if not views:
+        return None
+    taken = []
+    for j, view in views:
+        u = node.operands[j]
+        changes = []
+        for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)):
+            if now != was:
+                over = "*".join(m for m in now if m not in was) or "*".join(was)
+                changes.append(f"axis {k} {'sliced' if not set(was) - set(now) else 'gathered' if not now else 'moved'}"
+                               f" over {over}")
+        taken.append(f"{value_name(u)} ({', '.join(changes)})")
+    use = plan.graph.nodes[views[0][1].use]
+    return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from a use: `{use.op}` at {where(use)} "
+            "needs what is computed from it laid out so, and taking it so here moves no more than moving the result "
+            "there would")
 
 
 def _replicated_origin(plan: Plan, v: int, axis: int,
@@ -295,7 +320,7 @@ def _replicated_origin(plan: Plan, v: int, axis: int,
             u, j = dropped[0]
             origin = (f"`{node.op}` at {where(node)} takes {value_name(u)} axis {j} (sharded over "
                       f"{'*'.join(sharded.layout(u)[j])}) and leaves {here} replicated")
-            reason = _why_rule(node.op)
+            reason = _asked_by_use(plan, node) or _why_rule(node.op)
             steps.append(step)
             break
         if not feeding:
@@ -350,7 +375,9 @@ def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
                  if h and not is_refinement(h, w)]
         if whole:
             taken = ", ".join(f"axis {j} (sharded over {'*'.join(have.layout[j])})" for j in whole)
-            line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need.layout)}. {_why_rule(node.op)}"
+            asked = any(node.operands[j] == u for n, j in plan.sharded.views if n == node.id)
+            why = (_asked_by_use(plan, node) if asked else None) or _why_rule(node.op)
+            line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need.layout)}. {why}"
             paid = _paid_by(plan, ir, u, scope)
             if paid:
                 line += f" Paid for by {paid}."
@@ -369,9 +396,14 @@ def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
         operand = node.operands[resolved[0]]
         have, need = plan.layout(operand), plan.needs(node.id)[resolved[0]].layout
         how = _paid_by(plan, ir, operand, scope) or "a local slice"
+        if node.id in plan.sharded.priced:
+            why = ("moving it here is the cheapest way: producing it in that layout where it is computed would move "
+                   "more, so it is a priced choice, which conflicts='error' allows")
+        else:
+            why = "the specs clash here; conflicts='error' refuses instead"
         out.append(f"{value_name(operand)}: moved to resolve a sharding conflict (the operands were sharded "
-                   f"incompatibly; conflicts='error' refuses instead): {how}, from {layout_to_spec(have)} to "
-                   f"{layout_to_spec(need)}, the other operand's layout")
+                   f"incompatibly; {why}): {how}, from {layout_to_spec(have)} to {layout_to_spec(need)}, the other "
+                   "operand's layout")
     bodies = ir.compute.bodies if ir else None
     if bodies:
         outer = f"{scope.path}/" if scope else ""

@@ -12,6 +12,7 @@ from jax.sharding import Mesh, PartitionSpec
 from ..expr.graph import Graph, Node, render
 from ..core.layouts import Layout, Shard, Sharded, TensorSharding, layout_to_spec, shard_count
 from ..core.rules import Body
+from ..core.moves import move_bytes
 from ..core.types import ValueType, type_string
 
 
@@ -56,6 +57,13 @@ class ShardedGraph:
     # loop hands its carry's blocks), and its outputs are taken by the op; a program's arguments arrive whole along
     # a ranged axis and its results come back in equal blocks or whole.
     is_body: bool = False
+    # Operands a node took in the layout its value's uses need (the backward pass, propagation/uses.py):
+    # (node id, operand index) -> View (the layout, the use that asked).
+    views: Mapping[tuple[int, int], object] = field(default_factory=dict)
+    # Conflicts (by node) the backward pass priced: producing the moved operand in the needed layout where it is
+    # computed moves more, so the move is the cheapest resolution, chosen (not warned about; conflicts='error' allows
+    # it). The other conflicts are clashes of the user's own layouts.
+    priced: frozenset[int] = frozenset()
 
     @property
     def mesh_shape(self) -> dict[str, int]:
@@ -87,6 +95,18 @@ class ShardedGraph:
         mesh_shape = self.mesh_shape
         return tuple(m if r is None or sharding.shape[k] % shard_count(mesh_shape, r[0]) else r[0]
                      for k, (m, r) in enumerate(zip(sharding.layout, sharding.spans, strict=True)))
+
+    def edge_move_bytes(self) -> float:
+        """Bytes per device the nodes' operand moves send (each priced alone, partial sums not yet planned): how the
+        propagation compares two ways of laying out one program."""
+        total, mesh_shape, avals = 0.0, self.mesh_shape, self.graph.avals
+        for node in self.graph.nodes:
+            for value, need in zip(node.operands, self.needs[node.id], strict=False):
+                held = self.layout(value)
+                if need != held:
+                    total += move_bytes(avals[value].shape, avals[value].dtype, ValueType(held), ValueType(need),
+                                        mesh_shape)
+        return total
 
     def shards(self, value: int, axis: int) -> tuple[Shard, ...]:
         """The shards of ``value`` along ``axis`` (empty when that axis is replicated)."""

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -29,6 +30,7 @@ from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RuleName, ShardedGraph
+from .uses import wanted_views
 from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
                             uneven_span, uses_mesh_axes_once)
 from ..core.moves import move_bytes, plan_move
@@ -63,7 +65,7 @@ def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
 
 @gc_paused
 def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
-              conflicts: str = "reshard") -> ShardedGraph:
+              conflicts: str = "reshard", price: Callable[[ShardedGraph], float] | None = None) -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
@@ -88,7 +90,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
         input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}",
                                                                          uneven=True))
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
-                                conflicts="error" if strict else conflicts)
+                                conflicts="error" if strict else conflicts, price=price)
     if strict and sharded.fallbacks:
         first = min(sharded.fallbacks)
         node, cause = graph.nodes[first], sharded.fallback_causes.get(first)
@@ -110,6 +112,8 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None
                 ("" if not body.carries else ", on every iteration")
             warn_reshards(body.sharded.graph, body.sharded, inside_body)
     for node_id, (operand, message) in sorted(sharded.reshards.items()):
+        if node_id in sharded.priced:  # a move chosen as the cheapest way, not a clash of the user's layouts
+            continue
         node = graph.nodes[node_id]
         moved = node.operands[operand]
         have, need = sharded.layout(moved), sharded.needs[node_id][operand]
@@ -155,10 +159,13 @@ def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
 
 
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
-                      strict: bool = False, conflicts: str = "error") -> ShardedGraph:
+                      strict: bool = False, conflicts: str = "error",
+                      price: Callable[[ShardedGraph], float] | None = None, backward: bool = True) -> ShardedGraph:
     """:func:`propagate` from validated input layouts (None: unannotated); no warnings. Rules use it to
-    shard sub-computations such as scan bodies."""
-    mesh_shape = dict(mesh.shape)
+    shard sub-computations such as scan bodies. ``price`` gives the bytes a candidate moves (the backward pass's
+    layouts against the forward walk's); without it, the bytes of the nodes' operand moves. ``backward=False``
+    keeps the forward walk's layouts (a loop's or a branch's body: its candidates would need the loop's price, per
+    iteration, which the operand moves alone misjudge)."""
     if strict:
         missing = [n for n in graph.nodes if n.op not in (PARAMETER, CONSTANT) and not has_record(n.op)]
         if missing:
@@ -169,29 +176,58 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
-    first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts)
+    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={})
+    # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
+    # conflict can be carried back, where several steps may pay off together; the program moving least is kept
+    found = [wanted_views(forward, optimistic=optimistic, exchanges=exchanges)
+             for optimistic in (False, True) for exchanges in (False, True)] if backward else []
+    priced = frozenset().union(*(f.priced for f in found))
+    candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
+    for views in dict.fromkeys(tuple(sorted(f.views.items())) for f in found if f.views):
+        try:
+            candidates.append(_walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced))
+        except ShardingConflictError:
+            pass  # the views met a clash of the user's own: refused (or resolved) as without them
+    cost = price or ShardedGraph.edge_move_bytes
+    best = min(candidates, key=lambda c: (cost(c) if len(candidates) > 1 else 0, len(c.reshards) - len(c.priced),
+                                          c is not candidates[-1]))
+    if best is candidates[0] and conflicts != "reshard" and forward.reshards.keys() - priced:
+        return _walks(graph, mesh, input_layouts, body, conflicts, views={}, priced=priced)  # raises the clash
+    return best
+
+
+def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset()) -> ShardedGraph:
+    """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
+    the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
+    ``conflicts`` says (the backward pass priced them: moving there is the cheapest way)."""
+    mesh_shape = dict(mesh.shape)
+    first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts, views=views,
+                  priced=priced)
     try:
         first.run()
     except ShardingConflictError as plain:
         # The exploratory walk makes no shards; replay with lineage so that the error can say where each
         # operand's sharding came from (following shard parents back to an input spec).
         try:
-            _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts).run()
+            _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts,
+                  views=views, priced=priced).run()
         except ShardingConflictError as detailed:
             raise detailed from None
         raise plain from None
     try:
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts,
-                      adopted_from=first.opens.adopted_from)
+                      adopted_from=first.opens.adopted_from, views=views, priced=priced)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
         # tensor adopting the same mesh axis). Replicating every open axis is always consistent.
-        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts)
+        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts,
+                      views=views, priced=priced)
         final.run()
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
                         frozenset(final.fallbacks), final.bodies, final.reshards, final.adoptions,
-                        final.fallback_causes, final.need_spans)
+                        final.fallback_causes, final.need_spans, views=final.views_taken,
+                        priced=priced & final.reshards.keys())
 
 
 def _argument_axis(ctx: RuleContext, axis: int, size: int, mesh_axes: tuple[str, ...]):
@@ -207,7 +243,8 @@ def _argument_axis(ctx: RuleContext, axis: int, size: int, mesh_axes: tuple[str,
 
 
 def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh, conflicts: str) -> ShardedGraph:
-    return dataclasses.replace(propagate_layouts(graph, input_layouts, mesh, conflicts=conflicts), is_body=True)
+    return dataclasses.replace(propagate_layouts(graph, input_layouts, mesh, conflicts=conflicts, backward=False),
+                               is_body=True)
 
 
 class _Walk:
@@ -215,8 +252,12 @@ class _Walk:
     every created axis to the mesh axes ``resolve((value, axis))`` returns (None: replicated)."""
 
     def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
-                 opens: OpenTracker | None = None, resolve=None, conflicts: str = "error", adopted_from=None):
+                 opens: OpenTracker | None = None, resolve=None, conflicts: str = "error", adopted_from=None,
+                 views=None, priced=frozenset()):
         self.conflicts = conflicts
+        self.priced = priced
+        self.views = views or {}
+        self.views_taken: dict[tuple[int, int], object] = {}  # the views this walk's nodes took (see uses.py)
         self.adopted_from = adopted_from
         self.adoptions: dict[tuple[int, int], int] = {}  # (value, axis) -> the node whose sharding it adopted
         self.reshards: dict[int, tuple[int, str]] = {}  # node id -> (operand moved, the conflict's message)
@@ -260,6 +301,8 @@ class _Walk:
                 if op is None:
                     op = records[node.op] = lookup(node.op)
                 operands = [self.shardings[v] for v in node.operands]
+                if self.views:
+                    operands = self._viewed(ctx, node, operands)
                 if not op.reads_ranges:  # a ranged axis is no equal blocks: a rule that knows nothing of it reads
                     operands = [o.without_ranges() for o in operands]  # it whole
                 try:
@@ -288,6 +331,31 @@ class _Walk:
                 self.shardings[value] = sharding
             self.needs.append(tuple(needs))
             self.rule_names.append(rule_name)
+
+    def _viewed(self, ctx: RuleContext, node: Node, operands: list[TensorSharding]) -> list[TensorSharding]:
+        """``operands`` as the backward pass asks ``node`` to take them: an axis sliced further (each device keeps its
+        block) or gathered, so that the node produces its value in the layout its uses need."""
+        viewed = list(operands)
+        for j, sharding in enumerate(operands):
+            view = self.views.get((node.id, j))
+            if view is None or sharding.spans:
+                continue
+            if any(isinstance(a, Open) for a in sharding.axes):  # an unannotated argument: it adopts what is asked
+                for a, want in zip(sharding.axes, view.layout, strict=True):
+                    if isinstance(a, Open) and want:
+                        self.opens.request(a, want, node.id)
+                continue
+            axes = []
+            for k, (a, want) in enumerate(zip(sharding.axes, view.layout, strict=True)):
+                if sharding.layout[k] == want:
+                    axes.append(a)
+                elif want and sharding.shape[k] % shard_count(self.mesh_shape, want) == 0:
+                    axes.append(ctx.root(k, sharding.shape[k], want))
+                else:
+                    axes.append(None)
+            viewed[j] = TensorSharding(sharding.shape, tuple(axes))
+            self.views_taken[(node.id, j)] = view
+        return viewed
 
     def _settle(self, ctx: RuleContext, value: int, sharding: TensorSharding) -> TensorSharding:
         """Replace created-axis markers: open in the first walk, resolved in the final one."""
@@ -333,7 +401,7 @@ class _Walk:
         """Resolve ``conflict`` by moving one operand: the rule again with it as if replicated (so it is consumed
         in the layout the rule then needs: moved by an all-to-all, or gathered and sliced locally), for the operand
         cheapest to move; or the conflict error."""
-        if self.conflicts != "reshard":
+        if self.conflicts != "reshard" and node.id not in self.priced:
             raise self._conflict(node, conflict) from None
         avals = self.graph.avals
         options = []

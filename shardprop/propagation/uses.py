@@ -1,0 +1,308 @@
+"""The backward pass: a value's uses decide its layout where producing it that way costs least.
+
+The forward walk lays each value out from its operands. Where a use then needs it in another layout (a
+gradient taken by ``p - lr * g`` in its parameter's layout, a replicated result sliced by the op that reads it),
+the value is moved just before that use. This pass asks, from the last node back, whether the value's producer
+could have produced it in the layout its uses need for no more than that move costs — its operands taken
+sliced (free: each device keeps its block of a replicated operand) or gathered (an all-gather of a smaller
+operand than the result) — and if so asks the producer's operands the same, and so on: a conflict is resolved
+at the op of the chain where it costs least, not at the op that found it.
+
+The answer is a set of *views*: ``(node, operand) -> layout``, the layout in which the node is to take that
+operand. Propagation runs once more with them (:func:`shardprop.propagation.propagate`); each view is priced by the
+one move model (:func:`~shardprop.core.moves.move_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import count
+
+from ..core.layouts import Layout, Sharded, TensorSharding, shard_count
+from ..core.moves import move_bytes
+from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
+from ..core.types import ValueType
+from ..errors import ShardingError
+from ..expr.graph import CONSTANT, PARAMETER
+from ..ops import has_record, lookup
+from .origins import holds
+from .product import ShardedGraph
+
+
+@dataclass(frozen=True)
+class View:
+    """A node takes one of its operands in ``layout`` (the forward walk had it take it in ``was``) because ``use`` (a
+    later node) needs the value it produces, or one computed from it, laid out accordingly."""
+
+    layout: Layout
+    was: Layout
+    use: int
+
+
+Views = Mapping[tuple[int, int], View]
+
+
+@dataclass(frozen=True)
+class Backward:
+    """What the backward pass found: the ``views`` to propagate with, and the conflicts (by node) it ``priced``: a node
+    of their chain could have produced the moved operand in the layout the conflict needs, at a higher price, so the
+    move where the conflict is met is a choice among priced alternatives (not warned about), not a clash of the
+    user's layouts (which no node could have avoided: warned, and refused under ``conflicts='error'``)."""
+
+    views: Views
+    priced: frozenset[int]
+
+
+def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: bool = False) -> Backward:
+    """The views that produce values in the layout their uses need, where that moves less than moving them there
+    (see the module docstring); empty when every use takes its operand as it is held.
+
+    A chain of such steps, from a use back to the nodes that change how they take their operands, is kept or
+    dropped whole: kept when it moves fewer bytes in all, or as many and some node takes an operand sliced where it
+    was held whole (a choice the forward walk did not make); dropped when it only carries a move back through ops
+    that have no choice (x + x.T: the all-to-all before the transpose rather than after), so that a clash stays
+    where the user's code meets it. ``optimistic`` carries a chain back through a node even where that node's
+    operands cost more to move than its result: several operands computed from one value (adam's
+    ``m / (sqrt(v) + eps)``, both from the gradient) may all be produced in place by one choice further back.
+    ``exchanges`` lets a node take an operand by an all-to-all (its mesh axes moved from one axis to another) where
+    no operand held whole can be sliced instead."""
+    graph, mesh_shape = sharded.graph, sharded.mesh_shape
+    consumers: list[list[tuple[int, int]]] = [[] for _ in graph.avals]
+    for node in graph.nodes:
+        for j, value in enumerate(node.operands):
+            consumers[value].append((node.id, j))
+    conflicts = {(node_id, operand) for node_id, (operand, _) in sharded.reshards.items()}
+    chains = _Chains()
+    finished = {node.id for node in graph.nodes if has_record(node.op) and lookup(node.op).finish is not None}
+
+    def asks(edge, held):
+        """What a use asks of its operand: its need — but a node a collective may finish (a contraction, a
+        scatter-add, a lookup) takes it as it is held: the axes its propagation rule needs whole, the split pass
+        may instead keep sharded and finish (a psum of the result), so they are no move to avoid."""
+        return held if edge[0] in finished else sharded.needs[edge[0]][edge[1]]
+
+    wants: dict[tuple[int, int], tuple[Layout, int]] = {}  # (node, operand) -> (layout asked there, its chain)
+    for node in reversed(graph.nodes):
+        # an unannotated argument takes the layout its uses ask (it adopts what it meets: here, what they need)
+        free = node.op == PARAMETER and not sharded.is_body and sharded.is_unannotated_input(node.outputs[0])
+        if not free and (node.op in (PARAMETER, CONSTANT) or len(node.outputs) != 1 or node.id in sharded.bodies
+                         or node.id in sharded.fallbacks or not has_record(node.op)):
+            continue
+        value = node.outputs[0]
+        # a returned value may change its layout too (the program returns it as produced, as jax.jit's outputs take
+        # the layout propagation gives them); a body's outputs are taken by its op as they are
+        if sharded.is_body and value in graph.outputs or sharded.shardings[value].spans or not consumers[value]:
+            continue
+        held = sharded.layout(value)
+        asked = {wants[edge][0] if edge in wants else asks(edge, held) for edge in consumers[value]}
+        if len(asked) != 1 or held in asked:
+            continue
+        target = asked.pop()
+        joined = [wants[edge][1] for edge in consumers[value] if edge in wants]
+        chain = chains.join(joined) if joined else chains.start(consumers[value][0][0])
+        aval = graph.avals[value]
+        move = move_bytes(aval.shape, aval.dtype, ValueType(held), ValueType(target), mesh_shape)
+        # what the uses pay when the value is not produced so: each later step of a chain counted one move of it in
+        # its price; the uses the forward walk planned share one move, whichever read it
+        here = move * (len(joined) + any(edge not in wants for edge in consumers[value]))
+        clashes = [consumer for consumer, j in consumers[value] if (consumer, j) in conflicts]
+        if clashes:
+            chains.conflicted(chain, clashes)
+        # (free, but no choice of its own: it follows the chain, which must make one elsewhere to be kept)
+        plan = (0.0, [], False) if free else _produce_as(sharded, node, target, exchanges)
+        if plan is None:
+            continue
+        cost, operand_layouts, choice = plan
+        if cost > here and not (optimistic and chains.is_conflict(chain)):
+            continue
+        chains.step(chain, cost - here, choice)
+        for j, layout in enumerate(operand_layouts):
+            if layout is not None:
+                wants[(node.id, j)] = (layout, chain)
+    views = {}
+    for (node_id, j), (layout, chain) in wants.items():
+        if chains.kept(chain):
+            views[(node_id, j)] = View(layout, sharded.needs[node_id][j], chains.use(chain))
+    return Backward(views, frozenset(chains.priced()))
+
+
+class _Chains:
+    """The chains of the backward pass, joined where two meet at one value (union-find): each one's bytes saved
+    (negative: fewer moved), whether a node of it makes a choice, whether a conflict started it, and its use."""
+
+    def __init__(self):
+        self.parent: dict[int, int] = {}
+        self.net: dict[int, float] = {}
+        self.choice: dict[int, bool] = {}
+        self.conflict: dict[int, bool] = {}
+        self.clashes: dict[int, list[int]] = {}  # chain -> the nodes where its conflicts were met
+        self.uses: list[int] = []  # chain -> the node whose need started it
+
+    def start(self, use: int) -> int:
+        chain = len(self.uses)
+        self.uses.append(use)
+        self.parent[chain], self.net[chain], self.choice[chain], self.conflict[chain] = chain, 0.0, False, False
+        return chain
+
+    def find(self, chain: int) -> int:
+        while self.parent[chain] != chain:
+            self.parent[chain] = self.parent[self.parent[chain]]
+            chain = self.parent[chain]
+        return chain
+
+    def join(self, chains: list[int]) -> int:
+        roots = list(dict.fromkeys(self.find(c) for c in chains))
+        first = roots[0]
+        for other in roots[1:]:
+            self.parent[other] = first
+            self.net[first] += self.net.pop(other)
+            self.choice[first] = self.choice[first] or self.choice.pop(other)
+            self.conflict[first] = self.conflict[first] or self.conflict.pop(other)
+        return first
+
+    def conflicted(self, chain: int, nodes: list[int]) -> None:
+        root = self.find(chain)
+        self.conflict[root] = True
+        self.clashes.setdefault(root, []).extend(nodes)
+
+    def priced(self) -> set[int]:
+        """The conflicts (by node) whose chain reached a node that could produce the operand in place — a choice —
+        but moved more there: the move where the conflict was met is the cheapest resolution, chosen, not a clash."""
+        found = set()
+        for chain, nodes in self.clashes.items():
+            root = self.find(chain)
+            if self.choice[root] and not self.kept(root):
+                found.update(nodes)
+        return found
+
+    def is_conflict(self, chain: int) -> bool:
+        return self.conflict[self.find(chain)]
+
+    def step(self, chain: int, extra: float, choice: bool) -> None:
+        root = self.find(chain)
+        self.net[root] += extra
+        self.choice[root] = self.choice[root] or choice
+
+    def kept(self, chain: int) -> bool:
+        root = self.find(chain)
+        return self.net[root] < 0 or self.net[root] == 0 and self.choice[root]
+
+    def use(self, chain: int) -> int:
+        """The node whose need started the chain (the first, where two chains met)."""
+        return self.uses[self.find(chain)]
+
+
+def _slices_only(held: Layout, target: Layout) -> bool:
+    """True when ``target`` only shards further what ``held`` leaves whole: each device slices its block."""
+    return all(tuple(t[:len(h)]) == tuple(h) for h, t in zip(held, target, strict=True))
+
+
+def _used(layout) -> set[str]:
+    return {m for axes in layout for m in axes}
+
+
+def _slices_free(held: Layout, need: Layout) -> bool:
+    """True when ``need`` shards an axis over a mesh axis ``held`` does not use at all: each device keeps a block of
+    what it holds whole (an all-to-all, which also shards an axis further, is no such choice)."""
+    used = {m for axes in held for m in axes}
+    return any(m not in used for axes in need for m in axes)
+
+
+def _produce_as(sharded: ShardedGraph, node, target: Layout,
+                exchanges: bool) -> tuple[float, list[Layout | None], bool] | None:
+    """How ``node`` could produce its value in ``target``: (bytes its operands' moves cost beyond what they cost now,
+    per operand the layout to take it in or None where unchanged, True when the node then follows another operand's
+    layout (one held whole taken sliced, nothing of it gathered) or creates the axis — a choice the forward walk did
+    not make); None when no such operand layouts exist."""
+    graph, mesh_shape = sharded.graph, sharded.mesh_shape
+    value = node.outputs[0]
+    held = sharded.layout(value)
+    operands = [sharded.shardings[v] for v in node.operands]
+    if any(o.spans for o in operands):
+        return None
+    trial = [list(o.layout) for o in operands]
+    output = sharded.shardings[value]
+    for axis, (have, want) in enumerate(zip(held, target, strict=True)):
+        dropped = set(have) - set(want)
+        if not dropped:
+            continue
+        a = output.axes[axis]
+        for shard in a.shards if isinstance(a, Sharded) else ():
+            for parent in shard.parents:
+                for j, operand in enumerate(operands):
+                    if holds(operand, parent):
+                        trial[j][parent.axis] = tuple(m for m in trial[j][parent.axis] if m not in dropped)
+    rule = lookup(node.op)
+    for axis, (have, want) in enumerate(zip(held, target, strict=True)):
+        if want == have or not (set(want) - set(have)):
+            continue
+        outputs = _run(rule, sharded, node, trial)
+        found = outputs is not None and outputs[0][0][axis] == tuple(want)  # the removals alone may do
+        # an operand axis held whole first (each device slices its block); then one whose operand holds the mesh axes
+        # on another axis (an all-to-all moves them here)
+        for j, k in [(j, k) for moving in (False, True)[:1 + exchanges] for j, operand in enumerate(operands)
+                     for k in range(len(operand.shape)) if moving == bool(_used(trial[j]) & set(want))]:
+            size = operands[j].shape[k]
+            if found or size != graph.avals[value].shape[axis] or size % shard_count(mesh_shape, want) \
+                    or trial[j][k] == tuple(want):
+                continue
+            before = list(trial[j])
+            trial[j] = [tuple(m for m in axes if m not in want) for axes in trial[j]]
+            trial[j][k] = tuple(want)
+            outputs = _run(rule, sharded, node, trial)
+            if outputs is not None and outputs[0][0][axis] == tuple(want):
+                found = True
+                break
+            trial[j] = before
+        if not found:
+            return None
+    result = _run(rule, sharded, node, trial)
+    if result is None:
+        return None
+    (layout, created), needs = result
+    if any(t != got and not c for t, got, c in zip(target, layout, created, strict=True)):
+        return None
+    cost, losing, keeping = 0.0, [], []
+    wanted = _used(target)
+    for operand_id, operand, new, old in zip(node.operands, operands, needs, sharded.needs[node.id], strict=True):
+        aval = graph.avals[operand_id]
+        have = ValueType(operand.layout)
+        cost += move_bytes(aval.shape, aval.dtype, have, ValueType(new), mesh_shape) - \
+            move_bytes(aval.shape, aval.dtype, have, ValueType(old), mesh_shape)
+        loses = any(set(o) - set(n) for o, n in zip(old, new, strict=True))
+        losing.append(loses)
+        # an operand that lays the target out as it is held (or sliced further), losing nothing it was taken in
+        kept = all(n == o or tuple(n[:len(h)]) == tuple(h) for n, o, h in zip(new, old, operand.layout, strict=True))
+        keeping.append(not loses and kept and bool(_used(new) & wanted))
+    # a choice: the node now follows another operand's layout than before — one kept (or sliced from whole) while
+    # another is gathered, or one sliced from whole with nothing gathered. An operand that only trades one axis's mesh
+    # axes for another's is moved, whether before the node or after it (x + x.T, two arguments laid out crosswise).
+    sliced = any(keeping) and (any(losing) or any(_slices_free(o.layout, n) for o, n in zip(operands, needs,
+                                                                                            strict=True)))
+    # an axis the node creates (a broadcast's) takes whatever layout it is given: a choice too
+    sliced = sliced or any(c and t != h for t, h, c in zip(target, held, created, strict=True))
+    # each operand is asked for in the layout the node then consumes it in (an elementwise op slices the operands
+    # the trial left whole as it slices the one it changed): produced so upstream, it is not moved at all here
+    layouts = [tuple(map(tuple, new)) if tuple(map(tuple, new)) != tuple(map(tuple, old)) else None
+               for new, old in zip(needs, sharded.needs[node.id], strict=True)]
+    return cost, layouts, sliced
+
+
+def _run(rule, sharded: ShardedGraph, node, trial: list[list[tuple[str, ...]]]):
+    """``node``'s rule on operands laid out as ``trial`` (exploratory: no shards made): ((output layout, which axes
+    it created), needs), or None when the rule finds a conflict."""
+    avals = sharded.graph.avals
+    ctx = RuleContext(tuple(avals[v] for v in node.operands), tuple(avals[v] for v in node.outputs),
+                      sharded.mesh_shape, count(), OpenTracker(), lineage=False, graph=sharded.graph)
+    ctx.node = node.id
+    operands = [TensorSharding(avals[v].shape, tuple(Sharded(tuple(m), ()) if m else None for m in layout))
+                for v, layout in zip(node.operands, trial, strict=True)]
+    try:
+        result = rule.propagate(ctx, *operands, **node.params)
+    except (RuleConflict, ShardingError):  # those operand layouts cannot be taken together: no way
+        return None
+    out = result.outputs[0]
+    layout = tuple(a.mesh_axes if isinstance(a, Sharded) else () for a in out.axes)
+    created = tuple(a is CREATED for a in out.axes)
+    return (layout, created), result.needs

@@ -1,0 +1,154 @@
+"""The backward pass (propagation/uses.py): a value's uses decide its layout where producing it so costs least.
+
+Each program runs sharded and is compared with the unsharded function (rtol 1e-5); its bytes with jax.jit's on the
+same mesh and input shardings; and the ReshardWarnings it raises are counted: the conflicts the backward pass avoids
+raise none, a clash of the user's own layouts still warns.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+
+DATA, MODEL = "data", "model"
+
+
+def _normal(*shape, seed=0):
+    return np.random.default_rng(seed + sum(shape)).normal(size=shape).astype(np.float32)
+
+
+def _sgd(loss):
+    def step(params, x, y):
+        grads = jax.grad(loss)(params, x, y)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+    return step
+
+
+def _out_in_mlp(params, x, y):
+    """Weights laid out (out, in), as equinox's Linear: each layer computes h @ W.T."""
+    h = x
+    for w in params[:-1]:
+        h = jax.nn.relu(h @ w.T)
+    return jnp.mean((h @ params[-1].T - y) ** 2)
+
+
+def _in_out_mlp(params, x, y):
+    h = jnp.tanh(x @ params[0])
+    return jnp.mean((h @ params[1] - y) ** 2)
+
+
+def _head(w, h, y):
+    return jnp.sum((h @ w.T - y) ** 2)
+
+
+# name -> (function, arguments, in_specs, ReshardWarnings expected, why)
+PROGRAMS = {
+    # The second layer's weight gradient contracts a cotangent sharded over model (from the last layer's input axis)
+    # with an activation held whole: the forward walk kept the cotangent's sharding, the update `p - lr * g` then
+    # needed an all-to-all and warned. Taking the activation sliced and the cotangent gathered (it is gathered for
+    # the input gradient anyway) produces the gradient in the parameter's layout. The first layer's gradient could be
+    # produced so too, by gathering a larger cotangent: the all-to-all at the update is cheaper, a priced choice
+    # (as jax.jit makes it), not warned about.
+    "three out-in layers, sgd": (_sgd(_out_in_mlp), ([_normal(16, 8), _normal(16, 16), _normal(4, 16)],
+                                                     _normal(32, 8), _normal(32, 4)),
+                                 ([P(None, MODEL)] * 3, P(DATA), P(DATA)), 0),
+    "two out-in layers, sgd": (_sgd(_out_in_mlp), ([_normal(16, 8), _normal(4, 16)], _normal(32, 8),
+                                                   _normal(32, 4)), ([P(None, MODEL)] * 2, P(DATA), P(DATA)), 0),
+    # Megatron's column-then-row pair: nothing to resolve; the pass must not make it worse
+    "megatron pair, sgd": (_sgd(_in_out_mlp), ([_normal(8, 16), _normal(16, 4)], _normal(32, 8), _normal(32, 4)),
+                           ([P(None, MODEL), P(MODEL, None)], P(DATA), P(DATA)), 0),
+    # An (out, in) head's gradient sums over the batch: computed whole along in (the activation arrives whole there)
+    # it would be sliced by the update; taken from the activation's block, each device sums only its columns and the
+    # psum is half as large.
+    "head gradient, sliced where computed": (_sgd(_head), (_normal(8, 16), _normal(32, 16), _normal(32, 8)),
+                                             (P(None, MODEL), P(DATA), P(DATA)), 0),
+}
+
+
+def _trimmed(spec: P) -> tuple:
+    entries = list(spec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return tuple(entries)
+
+
+def _run(name):
+    f, args, specs, _ = PROGRAMS[name]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comparison = sp.compare_with_jit(f, sp.make_mesh((4, 2), (DATA, MODEL)), specs, *args)
+    reshards = [w for w in caught if issubclass(w.category, sp.ReshardWarning)]
+    return comparison, reshards
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_a_use_decides_its_operands_layout_where_that_costs_least(name):
+    f, args, specs, warned = PROGRAMS[name]
+    comparison, reshards = _run(name)
+    got, want = comparison.program(*args), f(*args)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+    assert len(reshards) == warned, [str(w.message).splitlines()[0] for w in reshards]
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+    # the updated parameters keep their own layouts
+    assert list(map(_trimmed, comparison.shardprop_out_specs)) == list(map(_trimmed, jax.tree_util.tree_leaves(
+        specs[0], is_leaf=lambda s: isinstance(s, P))))
+
+
+def test_explain_says_a_layout_came_backward_from_a_use():
+    comparison, _ = _run("head gradient, sliced where computed")
+    prog = comparison.program
+    contraction = next(n for n in prog.plan.graph.nodes if n.op == "dot_general" and n.id in
+                       {node for node, _ in prog.plan.sharded.views})
+    text = str(sp.explain(prog, contraction.outputs[0]))
+    assert "backward from a use: `sub`" in text and "(axis 1 sliced over model)" in text, text
+
+
+def test_a_priced_move_is_no_error_under_conflicts_error_and_explain_says_why():
+    """The first layer's gradient meets its parameter in another layout: the backward pass priced producing it in
+    place (a larger cotangent gathered) against the all-to-all at the update, which costs less. The move is chosen,
+    not a clash of the user's layouts: no warning, no error under conflicts='error', and explain says so."""
+    f, args, specs, _ = PROGRAMS["two out-in layers, sgd"]
+    mesh = sp.make_mesh((4, 2), (DATA, MODEL))
+    prog = sp.autoshard(f, mesh=mesh, in_specs=specs, conflicts="error").trace(*args)
+    (node,) = prog.plan.sharded.priced
+    text = str(sp.explain(prog, prog.plan.graph.nodes[node].outputs[0]))
+    assert "the cheapest way" in text and "moved to resolve a sharding conflict" in text, text
+
+
+@pytest.mark.parametrize("name,f,specs", [
+    ("x + x.T", lambda x, y: x + x.T, (P(DATA), None)),
+    ("two arguments laid out crosswise", lambda x, y: x * y, (P(DATA, MODEL), P(MODEL, DATA))),
+])
+def test_a_clash_of_the_users_own_layouts_warns_and_halts_under_conflicts_error(name, f, specs):
+    """No node could produce the moved operand in the other layout by a choice: x + x.T's all-to-all before the
+    transpose costs what it costs after; two arguments are laid out as the user says. The conflict stays where the
+    user's code meets it: warned, and refused under conflicts='error'."""
+    mesh = sp.make_mesh((4, 2), (DATA, MODEL))
+    args = (_normal(16, 16), _normal(16, 16, seed=1))
+    with pytest.warns(sp.ReshardWarning, match="resolved a sharding conflict"):
+        prog = sp.autoshard(f, mesh=mesh, in_specs=specs).trace(*args)
+    assert not prog.plan.sharded.views and not prog.plan.sharded.priced
+    with pytest.raises(sp.ShardingConflictError):
+        sp.autoshard(f, mesh=mesh, in_specs=specs, conflicts="error").trace(*args)
+
+
+def test_the_design_notes_example_prints_what_they_show():
+    """docs/design.md pastes `python examples/backward.py`'s explain output and bytes: checked against a real run."""
+    import pathlib
+    import runpy
+
+    example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "examples" / "backward.py"))
+    mesh = sp.make_mesh((4, 2), (DATA, MODEL))
+    prog = sp.autoshard(example["step"], mesh=mesh, in_specs=example["SPECS"]).trace(*example["arguments"]())
+    design = (pathlib.Path(__file__).parents[2] / "docs" / "design.md").read_text()
+    for line in str(sp.explain(prog, "u")).splitlines():
+        if "origin: `dot_general`" in line or line.startswith("u:") or "finishes the result" in line:
+            assert line in design, line
+    comparison = sp.compare_with_jit(example["step"], mesh, example["SPECS"], *example["arguments"]())
+    assert comparison.shardprop_bytes == comparison.jit_bytes == 1088 and "1,088 B per" in design
