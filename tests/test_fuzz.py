@@ -27,6 +27,9 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from shardprop.core.layouts import is_refinement
+from shardprop.core.moves import move_bytes
+from shardprop.core.transfers import total_moved
+from shardprop.core.types import ValueType
 from shardprop.splitting.split import STRATEGIES
 from tests.conftest import MESH_SHAPES
 from tests.fuzzing import permuted_spec, programs, random_inputs, related_spec, specs_for
@@ -233,3 +236,64 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
     for g, w in zip(got, want, strict=True):
         w = np.asarray(w)
         np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(w)))
+
+
+@settings(max_examples=max(EXAMPLES // 12, 8), deadline=None, derandomize=not LONG, print_blob=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(case=cases())
+def test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_moves_no_more(case, meshes):
+    """``step(*xs) = [x - 0.1 * g for x, g in zip(xs, grad(loss)(*xs))]`` of a random program's weighted outputs:
+    sharded, it equals the unsharded step; it moves no more than the plain gradient program and a move of each
+    gradient into its argument's layout (what the update would cost if the gradient came out as it does alone, the
+    backward pass's baseline); and each update is counted: the gradient arriving in its argument's layout, moved
+    there as a priced choice, or moved with a ReshardWarning (a clash of the specs)."""
+    program, mesh_name, specs, options = case
+    assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
+    assume(not any(f".{how}(" in line and "mode='promise_in_bounds'" not in line  # jax-ml/jax#40626, as above
+                   for line in program.lines for how in ("max", "min") if ".at[" in line))
+    note(reproducer(program, mesh_name, specs, options))
+    mesh = meshes[mesh_name]
+    f, unconstrained = program_functions(program, mesh)
+    args = random_inputs(program)
+
+    def training(g):
+        def loss(*xs):
+            outs = jax.tree_util.tree_leaves(g(*xs))
+            return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
+
+        def gradients(*xs):
+            return jax.grad(loss, argnums=tuple(range(len(xs))))(*xs)
+
+        def step(*xs):
+            return [x - 0.1 * d for x, d in zip(xs, gradients(*xs), strict=True)]
+        return gradients, step
+
+    options = {"strategy": options["strategy"]}  # the step returns the updated arguments: no out_specs of the program
+    want = training(unconstrained)[1](*map(jnp.asarray, args))
+    gradients, step = training(f)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sp.FallbackWarning)
+            warnings.simplefilter("ignore", sp.ReshardWarning)
+            prog = sp.autoshard(step, mesh=mesh, in_specs=specs, **options).trace(*args)
+            got = prog(*args)
+        alone = sp.autoshard(gradients, mesh=mesh, in_specs=specs, **options).trace(*args)
+    except (sp.IndivisibleAxisError, sp.ShardingConflictError):
+        return  # bad inputs, as the fuzzer counts them
+    for g, w in zip(got, want, strict=True):
+        w = np.asarray(w)
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(w)))
+    sharded = prog.plan.sharded
+    for value in sharded.graph.outputs:
+        update = sharded.graph.nodes[sharded.graph.producer[value]]
+        moved = update.id in sharded.reshards
+        event("gradient moved at its update, priced" if moved and update.id in sharded.priced else
+              "gradient moved at its update, warned" if moved else "gradient in its argument's layout")
+    mesh_shape = dict(mesh.shape)
+    baseline = alone.plan.sharded
+    naive = total_moved(alone.estimated_communication()) + sum(
+        move_bytes(baseline.graph.avals[v].shape, baseline.graph.avals[v].dtype, ValueType(baseline.returned_layout(v)),
+                   ValueType(sharded.layout(sharded.graph.inputs[k])), mesh_shape)
+        for k, v in enumerate(baseline.graph.outputs))
+    assert total_moved(prog.estimated_communication()) <= naive + 1e-6, naive
