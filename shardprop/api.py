@@ -37,9 +37,9 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     leaves it donates (see :class:`Program`)."""
     with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
         graph = trace(f, *args)
-    sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts,
-                        price=functools.partial(moved_by_plan, strategy=strategy))
-    plan = split(sharded, strategy=strategy)
+    pricer = PlanPricer(strategy)
+    sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer)
+    plan = pricer.plan_for(sharded)
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
     derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
     return lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated)
@@ -49,6 +49,25 @@ def moved_by_plan(sharded, *, strategy: str = "auto") -> float:
     """Bytes per device the plan of ``sharded`` moves, as the cost model prices it (the estimate the compiled program
     is checked against): how propagation compares its candidate layouts."""
     return total_moved(estimate(split(sharded, strategy=strategy)))
+
+
+class PlanPricer:
+    """:func:`moved_by_plan` for propagation's candidates, keeping each candidate's plan: the one propagation picks
+    is then not split again."""
+
+    def __init__(self, strategy: str):
+        self.strategy = strategy
+        self._plans: dict[int, tuple] = {}  # id -> (candidate, its plan): the candidate kept alive, its id unique
+
+    def __call__(self, sharded) -> float:
+        plan = split(sharded, strategy=self.strategy)
+        self._plans[id(sharded)] = (sharded, plan)
+        return total_moved(estimate(plan))
+
+    def plan_for(self, sharded):
+        """The plan of ``sharded``: the one priced, or a new split when it was not a candidate (nothing to compare)."""
+        kept = self._plans.get(id(sharded))
+        return kept[1] if kept is not None and kept[0] is sharded else split(sharded, strategy=self.strategy)
 
 
 class AutoSharded:

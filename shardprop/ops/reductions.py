@@ -101,8 +101,12 @@ class FinishReduction:
         # whole
         spans = [s if s is not None and (s.fill is None or self.kind in _FILLS_TAKEN_IN or len(axes) == 1
                                          and self.kind in _FILLS_COUNTED_ONCE) else None for s in spans]
-        produced = list(m if k in axes and spans[k] is not None else e
-                        for k, (m, e) in enumerate(zip(held.layout, held.even_layout, strict=True)))
+        # a kept axis is read as the rule reads it: as held, or sliced further where the rule takes it so (a value
+        # laid out by its use: propagation/uses.py)
+        rule_layout = decisions.sharded.needs[node.id][0]
+        produced = list(m if k in axes and spans[k] is not None else
+                        r if k not in axes and r != e and tuple(r[:len(e)]) == tuple(e) else e
+                        for k, (m, e, r) in enumerate(zip(held.layout, held.even_layout, rule_layout, strict=True)))
         mesh_axes = tuple(name for k in sorted(axes) for name in produced[k])
         if not mesh_axes:
             return None

@@ -75,6 +75,10 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     gathered before the op, which then slices it locally — with a ``ReshardWarning``; ``conflicts="error"`` (and
     ``strict=True``) raises ``ShardingConflictError`` instead, as the Nx design halts.
 
+    After the forward walk a backward pass lets a value's uses decide its layout where that moves no more
+    (``propagation/uses.py``); ``price`` (a ShardedGraph's bytes moved: ``autoshard`` passes its plan's estimate)
+    compares the candidates, and without it they are compared by the bytes of the nodes' operand moves alone.
+
     >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
     >>> sg.in_specs                                                                       # doctest: +SKIP
     (PartitionSpec('i', 'j'), PartitionSpec('i', 'j'))
@@ -179,8 +183,10 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     forward = _walks(graph, mesh, input_layouts, body, "reshard", views={})
     # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
+    # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)
     found = [wanted_views(forward, optimistic=optimistic, exchanges=exchanges)
-             for optimistic in (False, True) for exchanges in (False, True)] if backward else []
+             for optimistic in (False, True)[:1 + bool(forward.reshards)] for exchanges in (False, True)
+             ] if backward else []
     priced = frozenset().union(*(f.priced for f in found))
     candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
     for views in dict.fromkeys(tuple(sorted(f.views.items())) for f in found if f.views):

@@ -26,6 +26,7 @@ from ..core.types import ValueType
 from ..errors import ShardingError
 from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import has_record, lookup
+from ..ops.opdef import Family
 from .origins import holds
 from .product import ShardedGraph
 
@@ -198,6 +199,13 @@ def _slices_only(held: Layout, target: Layout) -> bool:
     return all(tuple(t[:len(h)]) == tuple(h) for h, t in zip(held, target, strict=True))
 
 
+# The families whose collective finish reads a node's operands as its rule takes them (a view's slices included):
+# contractions' and convolutions' summed pairs, reductions' kept axes. Others (scatters, lookups, scans) keep the
+# forward walk's layouts for their operands.
+_FINISHED_AS_TAKEN = (Family.CONTRACTION, Family.REDUCTION)
+_CONVOLUTION = "conv_general_dilated"  # of the window family, the one whose finish is a contraction's
+
+
 def _used(layout) -> set[str]:
     return {m for axes in layout for m in axes}
 
@@ -216,6 +224,9 @@ def _produce_as(sharded: ShardedGraph, node, target: Layout,
     layout (one held whole taken sliced, nothing of it gathered) or creates the axis — a choice the forward walk did
     not make); None when no such operand layouts exist."""
     graph, mesh_shape = sharded.graph, sharded.mesh_shape
+    rule = lookup(node.op)
+    if rule.finish is not None and rule.family not in _FINISHED_AS_TAKEN and node.op != _CONVOLUTION:
+        return None  # its finish would read its operands as held, not as a view takes them
     value = node.outputs[0]
     held = sharded.layout(value)
     operands = [sharded.shardings[v] for v in node.operands]
@@ -233,7 +244,6 @@ def _produce_as(sharded: ShardedGraph, node, target: Layout,
                 for j, operand in enumerate(operands):
                     if holds(operand, parent):
                         trial[j][parent.axis] = tuple(m for m in trial[j][parent.axis] if m not in dropped)
-    rule = lookup(node.op)
     for axis, (have, want) in enumerate(zip(held, target, strict=True)):
         if want == have or not (set(want) - set(have)):
             continue
@@ -263,7 +273,7 @@ def _produce_as(sharded: ShardedGraph, node, target: Layout,
     (layout, created), needs = result
     if any(t != got and not c for t, got, c in zip(target, layout, created, strict=True)):
         return None
-    cost, losing, keeping = 0.0, [], []
+    cost, losing, keeping, trading = 0.0, [], [], []
     wanted = _used(target)
     for operand_id, operand, new, old in zip(node.operands, operands, needs, sharded.needs[node.id], strict=True):
         aval = graph.avals[operand_id]
@@ -271,6 +281,10 @@ def _produce_as(sharded: ShardedGraph, node, target: Layout,
         cost += move_bytes(aval.shape, aval.dtype, have, ValueType(new), mesh_shape) - \
             move_bytes(aval.shape, aval.dtype, have, ValueType(old), mesh_shape)
         loses = any(set(o) - set(n) for o, n in zip(old, new, strict=True))
+        # an operand that loses mesh axes on one axis and gains some on another is moved (an all-to-all of it),
+        # whatever else the node does: no choice (`a @ w + b` with `a` and `b` laid out crosswise)
+        trades = loses and any(set(n) - set(o) for o, n in zip(old, new, strict=True))
+        trading.append(trades)
         losing.append(loses)
         # an operand that lays the target out as it is held (or sliced further), losing nothing it was taken in
         kept = all(n == o or tuple(n[:len(h)]) == tuple(h) for n, o, h in zip(new, old, operand.layout, strict=True))
@@ -278,8 +292,8 @@ def _produce_as(sharded: ShardedGraph, node, target: Layout,
     # a choice: the node now follows another operand's layout than before — one kept (or sliced from whole) while
     # another is gathered, or one sliced from whole with nothing gathered. An operand that only trades one axis's mesh
     # axes for another's is moved, whether before the node or after it (x + x.T, two arguments laid out crosswise).
-    sliced = any(keeping) and (any(losing) or any(_slices_free(o.layout, n) for o, n in zip(operands, needs,
-                                                                                            strict=True)))
+    sliced = any(keeping) and not any(trading) and (
+        any(losing) or any(_slices_free(o.layout, n) for o, n in zip(operands, needs, strict=True)))
     # an axis the node creates (a broadcast's) takes whatever layout it is given: a choice too
     sliced = sliced or any(c and t != h for t, h, c in zip(target, held, created, strict=True))
     # each operand is asked for in the layout the node then consumes it in (an elementwise op slices the operands
