@@ -65,7 +65,8 @@ def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
 
 @gc_paused
 def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
-              conflicts: str = "reshard", price: Callable[[ShardedGraph], float] | None = None) -> ShardedGraph:
+              conflicts: str = "reshard", price: Callable[[ShardedGraph], float] | None = None,
+              backward: bool = True) -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
@@ -77,7 +78,8 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
 
     After the forward walk a backward pass lets a value's uses decide its layout where that moves no more
     (``propagation/uses.py``); ``price`` (a ShardedGraph's bytes moved: ``autoshard`` passes its plan's estimate)
-    compares the candidates, and without it they are compared by the bytes of the nodes' operand moves alone.
+    compares the candidates, and without it they are compared by the bytes of the nodes' operand moves alone;
+    ``backward=False`` keeps the forward walk's layouts (the Nx design's propagation, for comparison).
 
     >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
     >>> sg.in_specs                                                                       # doctest: +SKIP
@@ -94,7 +96,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
         input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}",
                                                                          uneven=True))
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
-                                conflicts="error" if strict else conflicts, price=price)
+                                conflicts="error" if strict else conflicts, price=price, backward=backward)
     if strict and sharded.fallbacks:
         first = min(sharded.fallbacks)
         node, cause = graph.nodes[first], sharded.fallback_causes.get(first)
