@@ -111,6 +111,13 @@ def haiku_transformer() -> Case:
             return P(MODEL, None)  # the output projection and the second MLP layer: input features
         return P()
 
+    return _haiku_step(model, tx, params, x, y, spec)
+
+
+def _haiku_step(model, tx, params, x, y, spec) -> Case:
+    """A haiku model's optax training step, the parameters laid out by ``spec(names, shape)``, the batch over data."""
+    import optax
+
     def train_step(params, opt_state, x, y):
         loss, grads = jax.value_and_grad(lambda p: _mse(model.apply(p, x), y))(params)
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -231,13 +238,7 @@ def haiku_gru() -> Case:
             return P(MODEL, None)  # the readout (hidden, out)
         return P()
 
-    def train_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(lambda p: _mse(model.apply(p, x), y))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return Case(train_step, (params, optimizer_state(tx, params), x, y),
-                (_spec_tree(params, spec), None, P(DATA), P(DATA)))
+    return _haiku_step(model, tx, params, x, y, spec)
 
 
 def equinox_gru() -> Case:
