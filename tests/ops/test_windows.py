@@ -253,6 +253,7 @@ def test_a_window_longer_than_the_axis_gives_jit_s_empty_result(meshes):
                              in_specs=(P(None, "i"),))
 
 
+@pytest.mark.slow  # 11 s; the bench's spatial CNN rows and the valid-CNN test below run the same paths by default
 def test_a_flax_cnn_with_image_rows_sharded(meshes):
     """A flax CNN's adam step (convolutions, a max-pool, a strided convolution, an average pool) with the rows
     sharded: equal to the unsharded step, no fallback or reshard warning, fewer bytes than jax.jit."""
