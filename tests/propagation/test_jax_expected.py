@@ -20,7 +20,8 @@ Transcription choices:
   vacuous or overflow, and JAX's few large shapes are shrunk keeping their split/merge pattern (noted per row).
 - Specs compare as layouts: trailing ``None``s, 1-tuples and mesh axes of size 1 do not count.
 
-Each row is checked three ways, each its own test: (1) shardprop's sharded result equals the unsharded function;
+Each row is checked three ways, each its own test: (1) shardprop's sharded result equals the unsharded function
+(marked slow: two compiles and a run per row; ``python -m pytest -m slow tests/propagation/test_jax_expected.py``);
 (2) each output's spec equals JAX's expected one, or refines it (every dimension's mesh axes extend JAX's) while
 shardprop moves no more bytes than JAX; (3) shardprop moves no more bytes per device than ``jax.jit`` of the same
 function on an Explicit mesh (JAX's sharding-in-types mode, where the expected specs hold) — bytes from the
@@ -1136,6 +1137,8 @@ def _params():
         known = KNOWN_DIFFERENCES.get(name)
         for check in CHECKS:
             marks = [pytest.mark.xfail(strict=True, reason=known.reason)] if known and check in known.checks else []
+            if check == "values":  # two compiles and a run per row: out of the default run (the ops' values are
+                marks.append(pytest.mark.slow)  # checked by tests/ops and the fuzzer; run with -m slow)
             out.append(pytest.param(name, check, marks=marks, id=f"{name}-{check}"))
     return out
 
