@@ -77,13 +77,7 @@ def flax_transformer() -> Case:
             return P(MODEL, None)
         return P()
 
-    def train_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(lambda p: _mse(model.apply({"params": p}, x), y))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return Case(train_step, (params, optimizer_state(tx, params), x, y),
-                (_spec_tree(params, spec), None, P(DATA), P(DATA)))
+    return _flax_step(model, tx, params, x, y, spec)
 
 
 def haiku_transformer() -> Case:
@@ -112,6 +106,20 @@ def haiku_transformer() -> Case:
         return P()
 
     return _haiku_step(model, tx, params, x, y, spec)
+
+
+def _flax_step(model, tx, params, x, y, spec) -> Case:
+    """A flax linen model's optax training step, the parameters laid out by ``spec(names, shape)``, the batch over
+    data."""
+    import optax
+
+    def train_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(lambda p: _mse(model.apply({"params": p}, x), y))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return Case(train_step, (params, optimizer_state(tx, params), x, y),
+                (_spec_tree(params, spec), None, P(DATA), P(DATA)))
 
 
 def _haiku_step(model, tx, params, x, y, spec) -> Case:
@@ -209,13 +217,7 @@ def flax_gru() -> Case:
             return P(MODEL, None)  # the readout (hidden, out)
         return P()
 
-    def train_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(lambda p: _mse(model.apply({"params": p}, x), y))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return Case(train_step, (params, optimizer_state(tx, params), x, y),
-                (_spec_tree(params, spec), None, P(DATA), P(DATA)))
+    return _flax_step(model, tx, params, x, y, spec)
 
 
 def haiku_gru() -> Case:
