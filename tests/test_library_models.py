@@ -122,6 +122,23 @@ def _flax_step(model, tx, params, x, y, spec) -> Case:
                 (_spec_tree(params, spec), None, P(DATA), P(DATA)))
 
 
+def _equinox_step(static, tx, params, x, y, spec) -> Case:
+    """An equinox model's optax training step (its arrays ``params``, the rest ``static``, vmapped over the batch as
+    equinox users write it), the parameters laid out by ``spec(names, shape)``, the batch over data."""
+    import equinox as eqx
+
+    def train_step(params, opt_state, x, y):
+        def loss_fn(p):
+            return _mse(jax.vmap(eqx.combine(p, static))(x), y)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state, loss
+
+    return Case(train_step, (params, optimizer_state(tx, params), x, y),
+                (_spec_tree(params, spec), None, P(DATA), P(DATA)))
+
+
 def _haiku_step(model, tx, params, x, y, spec) -> Case:
     """A haiku model's optax training step, the parameters laid out by ``spec(names, shape)``, the batch over data."""
     import optax
@@ -172,16 +189,7 @@ def equinox_transformer() -> Case:
             return P(None, MODEL)  # (features, heads * size | mlp): inputs
         return P()
 
-    def train_step(params, opt_state, x, y):
-        def loss_fn(p):
-            return _mse(jax.vmap(eqx.combine(p, static))(x), y)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return eqx.apply_updates(params, updates), opt_state, loss
-
-    return Case(train_step, (params, optimizer_state(tx, params), x, y),
-                (_spec_tree(params, spec), None, P(DATA), P(DATA)))
+    return _equinox_step(static, tx, params, x, y, spec)
 
 
 def _layer_norm_weights_one(params):
@@ -277,16 +285,7 @@ def equinox_gru() -> Case:
             return P(None, MODEL)  # (out, hidden)
         return P()
 
-    def train_step(params, opt_state, x, y):
-        def loss_fn(p):
-            return _mse(jax.vmap(eqx.combine(p, static))(x), y)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return eqx.apply_updates(params, updates), opt_state, loss
-
-    return Case(train_step, (params, optimizer_state(tx, params), x, y),
-                (_spec_tree(params, spec), None, P(DATA), P(DATA)))
+    return _equinox_step(static, tx, params, x, y, spec)
 
 
 # (id, builder, the libraries it imports)
