@@ -45,15 +45,10 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     return lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated)
 
 
-def moved_by_plan(sharded, *, strategy: str = "auto") -> float:
-    """Bytes per device the plan of ``sharded`` moves, as the cost model prices it (the estimate the compiled program
-    is checked against): how propagation compares its candidate layouts."""
-    return total_moved(estimate(split(sharded, strategy=strategy)))
-
-
 class PlanPricer:
-    """:func:`moved_by_plan` for propagation's candidates, keeping each candidate's plan: the one propagation picks
-    is then not split again."""
+    """The price propagation compares its candidate layouts by: the bytes per device a candidate's plan moves, as the
+    cost model estimates them (the estimate the compiled program is checked against). Each candidate's plan is kept,
+    so the one propagation picks is not split again."""
 
     def __init__(self, strategy: str):
         self.strategy = strategy

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 
 from ..backends import parse_hlo
 from ..expr import trace
-from ..api import moved_by_plan
+from ..api import PlanPricer
 from ..compare import lower_with_jit
 from ..mesh import make_mesh
 from ..program import lower
@@ -180,7 +180,7 @@ def _measure(workload: Workload, mesh, rounds: int, row: Row) -> None:
     want = jax.jit(f)(*args)  # the unsharded function: unplaced inputs, one device
     graph, row.trace_seconds = _timed(trace, f, *args)
     row.nodes = len(graph.nodes)
-    sharded, row.propagate_seconds = _timed(lambda: propagate(graph, in_specs, mesh=mesh, price=moved_by_plan))
+    sharded, row.propagate_seconds = _timed(lambda: propagate(graph, in_specs, mesh=mesh, price=PlanPricer("auto")))
     flat, tree = jax.tree_util.tree_flatten(args)
     placed = jax.tree_util.tree_unflatten(tree, [jax.device_put(x, NamedSharding(mesh, s))
                                                  for x, s in zip(flat, sharded.in_specs, strict=True)])

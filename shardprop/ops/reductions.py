@@ -18,7 +18,7 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import TensorSharding, shard_count
+from ..core.layouts import TensorSharding, is_refinement, shard_count
 from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef
@@ -105,7 +105,7 @@ class FinishReduction:
         # laid out by its use: propagation/uses.py)
         rule_layout = decisions.sharded.needs[node.id][0]
         produced = list(m if k in axes and spans[k] is not None else
-                        r if k not in axes and r != e and tuple(r[:len(e)]) == tuple(e) else e
+                        r if k not in axes and r != e and is_refinement(e, r) else e
                         for k, (m, e, r) in enumerate(zip(held.layout, held.even_layout, rule_layout, strict=True)))
         mesh_axes = tuple(name for k in sorted(axes) for name in produced[k])
         if not mesh_axes:

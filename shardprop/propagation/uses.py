@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import count
 
-from ..core.layouts import Layout, Sharded, TensorSharding, shard_count
+from ..core.layouts import Layout, Sharded, TensorSharding, is_refinement, shard_count
 from ..core.moves import move_bytes
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from ..core.types import ValueType
@@ -194,11 +194,6 @@ class _Chains:
         return self.uses[self.find(chain)]
 
 
-def _slices_only(held: Layout, target: Layout) -> bool:
-    """True when ``target`` only shards further what ``held`` leaves whole: each device slices its block."""
-    return all(tuple(t[:len(h)]) == tuple(h) for h, t in zip(held, target, strict=True))
-
-
 # The families whose collective finish reads a node's operands as its rule takes them (a view's slices included):
 # contractions' and convolutions' summed pairs, reductions' kept axes. Others (scatters, lookups, scans) keep the
 # forward walk's layouts for their operands.
@@ -213,25 +208,55 @@ def _used(layout) -> set[str]:
 def _slices_free(held: Layout, need: Layout) -> bool:
     """True when ``need`` shards an axis over a mesh axis ``held`` does not use at all: each device keeps a block of
     what it holds whole (an all-to-all, which also shards an axis further, is no such choice)."""
-    used = {m for axes in held for m in axes}
+    used = _used(held)
     return any(m not in used for axes in need for m in axes)
 
 
 def _produce_as(sharded: ShardedGraph, node, target: Layout,
                 exchanges: bool) -> tuple[float, list[Layout | None], bool] | None:
     """How ``node`` could produce its value in ``target``: (bytes its operands' moves cost beyond what they cost now,
-    per operand the layout to take it in or None where unchanged, True when the node then follows another operand's
-    layout (one held whole taken sliced, nothing of it gathered) or creates the axis — a choice the forward walk did
-    not make); None when no such operand layouts exist."""
-    graph, mesh_shape = sharded.graph, sharded.mesh_shape
+    per operand the layout to take it in or None where unchanged, whether that is a choice — :func:`_is_choice`);
+    None when no such operand layouts exist."""
     rule = lookup(node.op)
     if rule.finish is not None and rule.family not in _FINISHED_AS_TAKEN and node.op != _CONVOLUTION:
         return None  # its finish would read its operands as held, not as a view takes them
-    value = node.outputs[0]
-    held = sharded.layout(value)
     operands = [sharded.shardings[v] for v in node.operands]
     if any(o.spans for o in operands):
         return None
+    trial = _trial_layouts(sharded, node, rule, operands, target, exchanges)
+    result = None if trial is None else _run(rule, sharded, node, trial)
+    if result is None:
+        return None
+    (layout, created), needs = result
+    held = sharded.layout(node.outputs[0])
+    if any(t != got and not c for t, got, c in zip(target, layout, created, strict=True)):
+        return None
+    graph, mesh_shape = sharded.graph, sharded.mesh_shape
+    cost = 0.0
+    for operand_id, operand, new, old in zip(node.operands, operands, needs, sharded.needs[node.id], strict=True):
+        aval = graph.avals[operand_id]
+        have = ValueType(operand.layout)
+        cost += move_bytes(aval.shape, aval.dtype, have, ValueType(new), mesh_shape) - \
+            move_bytes(aval.shape, aval.dtype, have, ValueType(old), mesh_shape)
+    # an axis the node creates (a broadcast's) takes whatever layout it is given: a choice too
+    choice = _is_choice(operands, needs, sharded.needs[node.id], target) or any(
+        c and t != h for t, h, c in zip(target, held, created, strict=True))
+    # each operand is asked for in the layout the node then consumes it in (an elementwise op slices the operands
+    # the trial left whole as it slices the one it changed): produced so upstream, it is not moved at all here
+    layouts = [tuple(map(tuple, new)) if tuple(map(tuple, new)) != tuple(map(tuple, old)) else None
+               for new, old in zip(needs, sharded.needs[node.id], strict=True)]
+    return cost, layouts, choice
+
+
+def _trial_layouts(sharded: ShardedGraph, node, rule, operands, target: Layout,
+                   exchanges: bool) -> list[list[tuple[str, ...]]] | None:
+    """Operand layouts under which ``node``'s rule lays its value out as ``target``: the operand axes a dropped
+    mesh axis came from (by shard lineage) take it no more; an axis ``target`` shards further takes the mesh axes
+    from an operand axis held whole (each device slices its block) or, with ``exchanges``, from another axis of the
+    same operand (an all-to-all). None when no operand axis does it."""
+    graph, mesh_shape = sharded.graph, sharded.mesh_shape
+    value = node.outputs[0]
+    held = sharded.layout(value)
     trial = [list(o.layout) for o in operands]
     output = sharded.shardings[value]
     for axis, (have, want) in enumerate(zip(held, target, strict=True)):
@@ -249,8 +274,6 @@ def _produce_as(sharded: ShardedGraph, node, target: Layout,
             continue
         outputs = _run(rule, sharded, node, trial)
         found = outputs is not None and outputs[0][0][axis] == tuple(want)  # the removals alone may do
-        # an operand axis held whole first (each device slices its block); then one whose operand holds the mesh axes
-        # on another axis (an all-to-all moves them here)
         for j, k in [(j, k) for moving in (False, True)[:1 + exchanges] for j, operand in enumerate(operands)
                      for k in range(len(operand.shape)) if moving == bool(_used(trial[j]) & set(want))]:
             size = operands[j].shape[k]
@@ -267,40 +290,25 @@ def _produce_as(sharded: ShardedGraph, node, target: Layout,
             trial[j] = before
         if not found:
             return None
-    result = _run(rule, sharded, node, trial)
-    if result is None:
-        return None
-    (layout, created), needs = result
-    if any(t != got and not c for t, got, c in zip(target, layout, created, strict=True)):
-        return None
-    cost, losing, keeping, trading = 0.0, [], [], []
+    return trial
+
+
+def _is_choice(operands, needs, was, target: Layout) -> bool:
+    """True when the node, taking its operands in ``needs`` rather than ``was``, follows another operand's layout than
+    before — one kept as held (or sliced from whole) while another is gathered, or one sliced from whole with nothing
+    gathered: a choice the forward walk did not make. An operand that loses mesh axes on one axis and gains some on
+    another is moved (an all-to-all of it), whether before the node or after it: no choice (x + x.T, two arguments
+    laid out crosswise, `a @ w + b` with `a` and `b` crosswise)."""
     wanted = _used(target)
-    for operand_id, operand, new, old in zip(node.operands, operands, needs, sharded.needs[node.id], strict=True):
-        aval = graph.avals[operand_id]
-        have = ValueType(operand.layout)
-        cost += move_bytes(aval.shape, aval.dtype, have, ValueType(new), mesh_shape) - \
-            move_bytes(aval.shape, aval.dtype, have, ValueType(old), mesh_shape)
+    losing, keeping, trading = [], [], []
+    for operand, new, old in zip(operands, needs, was, strict=True):
         loses = any(set(o) - set(n) for o, n in zip(old, new, strict=True))
-        # an operand that loses mesh axes on one axis and gains some on another is moved (an all-to-all of it),
-        # whatever else the node does: no choice (`a @ w + b` with `a` and `b` laid out crosswise)
-        trades = loses and any(set(n) - set(o) for o, n in zip(old, new, strict=True))
-        trading.append(trades)
         losing.append(loses)
-        # an operand that lays the target out as it is held (or sliced further), losing nothing it was taken in
-        kept = all(n == o or tuple(n[:len(h)]) == tuple(h) for n, o, h in zip(new, old, operand.layout, strict=True))
+        trading.append(loses and any(set(n) - set(o) for o, n in zip(old, new, strict=True)))
+        kept = all(n == o or is_refinement(h, n) for n, o, h in zip(new, old, operand.layout, strict=True))
         keeping.append(not loses and kept and bool(_used(new) & wanted))
-    # a choice: the node now follows another operand's layout than before — one kept (or sliced from whole) while
-    # another is gathered, or one sliced from whole with nothing gathered. An operand that only trades one axis's mesh
-    # axes for another's is moved, whether before the node or after it (x + x.T, two arguments laid out crosswise).
-    sliced = any(keeping) and not any(trading) and (
+    return any(keeping) and not any(trading) and (
         any(losing) or any(_slices_free(o.layout, n) for o, n in zip(operands, needs, strict=True)))
-    # an axis the node creates (a broadcast's) takes whatever layout it is given: a choice too
-    sliced = sliced or any(c and t != h for t, h, c in zip(target, held, created, strict=True))
-    # each operand is asked for in the layout the node then consumes it in (an elementwise op slices the operands
-    # the trial left whole as it slices the one it changed): produced so upstream, it is not moved at all here
-    layouts = [tuple(map(tuple, new)) if tuple(map(tuple, new)) != tuple(map(tuple, old)) else None
-               for new, old in zip(needs, sharded.needs[node.id], strict=True)]
-    return cost, layouts, sliced
 
 
 def _run(rule, sharded: ShardedGraph, node, trial: list[list[tuple[str, ...]]]):
