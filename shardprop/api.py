@@ -23,9 +23,8 @@ from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import propagate
 from .signature import Signature, call_key
-from .core.transfers import total_moved
 from .splitting import split
-from .splitting.cost import estimate
+from .splitting.cost import price
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
@@ -47,8 +46,9 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
 
 class PlanPricer:
     """The price propagation compares its candidate layouts by: the bytes per device a candidate's plan moves, as the
-    cost model estimates them (the estimate the compiled program is checked against). Each candidate's plan is kept,
-    so the one propagation picks is not split again."""
+    cost model estimates them (the estimate the compiled program is checked against), and the work it makes each
+    device do (:func:`~shardprop.splitting.cost.price`). Each candidate's plan is kept, so the one propagation picks
+    is not split again."""
 
     def __init__(self, strategy: str):
         self.strategy = strategy
@@ -57,7 +57,7 @@ class PlanPricer:
     def __call__(self, sharded) -> float:
         plan = split(sharded, strategy=self.strategy)
         self._plans[id(sharded)] = (sharded, plan)
-        return total_moved(estimate(plan))
+        return price(plan)
 
     def plan_for(self, sharded):
         """The plan of ``sharded``: the one priced, or a new split when it was not a candidate (nothing to compare)."""

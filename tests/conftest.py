@@ -14,6 +14,7 @@ import shardprop as sp  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 from shardprop import checks  # noqa: E402
 from shardprop.ops import has_record  # noqa: E402
+from shardprop.core.layouts import layout_refines  # noqa: E402
 
 checks.enable()  # in case shardprop was imported before the variable was set
 
@@ -50,11 +51,16 @@ def random_args(shapes_dtypes, seed=0):
 
 
 def check_rule_case(f, args, *, mesh, in_specs, expected, primitive):
-    """One row of a rule table: the sharded result equals the unsharded one, the outputs are sharded as
-    ``expected`` (a spec or a tuple of specs), and ``primitive`` was sharded by its own rule."""
+    """One row of a rule table: the sharded result equals the unsharded one, propagation lays the outputs out as
+    ``expected`` (a spec or a tuple of specs; the program may return one sliced further, where it mirrors an
+    argument: propagation/uses.py), and ``primitive`` was sharded by its own rule."""
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=in_specs)
     expected = (expected,) if isinstance(expected, PartitionSpec) else tuple(expected)
-    assert prog.out_specs == expected
+    sharded = prog.sharded
+    propagated = tuple(sharded.spec(v) if v in sharded.returned_sliced else prog.out_specs[k]
+                       for k, v in enumerate(sharded.graph.outputs))
+    assert propagated == expected
+    assert all(layout_refines(sharded.layout(v), sharded.returned_layout(v)) for v in sharded.returned_sliced)
     assert has_record(primitive)
     assert primitive in {n.op for n in prog.sharded.graph.nodes}
     assert not prog.sharded.fallbacks

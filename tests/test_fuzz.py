@@ -293,3 +293,66 @@ def test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_
     event("the backward pass moved less" if total_moved(prog.estimated_communication()) < forward_only else
           "the backward pass moved as much")
     assert total_moved(prog.estimated_communication()) <= forward_only + 1e-6, forward_only
+
+
+@settings(max_examples=LONG or 5, deadline=None, derandomize=not LONG, print_blob=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(case=cases())
+def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_more(case, meshes):
+    """``autoshard(jax.grad(loss, argnums=all))`` of a random program's weighted outputs equals the unsharded
+    gradient, and each gradient comes out laid out like its argument (a cotangent like its primal, as jax.jit's
+    explicit mode types it) — or else pinning it there with ``out_specs`` makes the plan move more (the cost
+    model's bytes), or the user's own constraint (transposed) lays it out. Counted per gradient."""
+    program, mesh_name, specs, options = case
+    assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
+    assume(not any(f".{how}(" in line and "mode='promise_in_bounds'" not in line  # jax-ml/jax#40626, as above
+                   for line in program.lines for how in ("max", "min") if ".at[" in line))
+    mesh = meshes[mesh_name]
+    note(reproducer(program, mesh_name, specs, options))
+    f, unconstrained = program_functions(program, mesh)
+    args = random_inputs(program)
+
+    def gradient(g):
+        def loss(*ys):
+            outs = jax.tree_util.tree_leaves(g(*ys))
+            return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
+        return jax.grad(loss, argnums=tuple(range(len(args))))
+
+    want = gradient(unconstrained)(*map(jnp.asarray, args))
+    strategy = options["strategy"]
+
+    def traced(out_specs=None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sp.FallbackWarning)
+            warnings.simplefilter("ignore", sp.ReshardWarning)
+            return sp.autoshard(gradient(f), mesh=mesh, in_specs=specs, strategy=strategy,
+                                out_specs=out_specs).trace(*args)
+    try:
+        prog = traced()
+    except (sp.IndivisibleAxisError, sp.ShardingConflictError):
+        return  # bad inputs, as the fuzzer counts them
+    for g, w in zip(prog(*args), want, strict=True):
+        w = np.asarray(w)
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(w)))
+    sharded = prog.plan.sharded
+    graph = sharded.graph
+    moved = total_moved(prog.estimated_communication())
+    for k, (argument, grad) in enumerate(zip(graph.inputs, graph.outputs, strict=True)):
+        wanted = sharded.layout(argument)
+        if not any(wanted):
+            event("gradient of a replicated argument")
+            continue
+        if graph.nodes[graph.producer[grad]].op == "sharding_constraint":  # the user's constraint, transposed
+            event("gradient laid out by a constraint of the user's")
+            continue
+        if sharded.returned_layout(grad) == wanted:
+            event("gradient in its argument's layout")
+            continue
+        pinned = [None] * len(args)
+        pinned[k] = sharded.spec(argument)
+        there = total_moved(traced(tuple(pinned)).estimated_communication())
+        assert there > moved + 1e-6, (f"gradient {k} comes out {prog.out_specs[k]}, its argument is "
+                                      f"{sharded.spec(argument)}: pinned there the plan moves {there} B, not more "
+                                      f"than {moved} B")
+        event("gradient in another layout, moving less")

@@ -16,6 +16,8 @@ from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, sh
 from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
+from ..propagation.product import RETURNED
+from ..propagation.uses import Mirror
 from ..core.types import type_string
 from ..core.layouts import Sharded, is_refinement, layout_to_spec, shard_count
 from ..core.steps import StepKind
@@ -129,7 +131,7 @@ def explain(prog: Any, value: Any) -> Explanation:
     sharded, graph = plan.sharded, plan.graph
     node = graph.nodes[graph.producer[v]]
     sharding = sharded.shardings[v]
-    held = plan.layout(v)
+    held = plan.returned_type(v).layout  # (as held; or as returned, sliced further where it mirrors an argument)
     axes = []
     for axis, (size, a) in enumerate(zip(sharding.shape, sharding.axes, strict=True)):
         propagated = a.mesh_axes if isinstance(a, Sharded) else ()
@@ -162,6 +164,13 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
         return (f"`{node.op}` at {where(node)} is finished by a reduce-scatter "
                 f"({move_equation(scattered[0])}): each device keeps only its block over {'*'.join(held)} of the sum "
                 f"(propagation alone left this axis {was}; the consumers slice it anyway)")
+    returned = [view.use for (n, k), view in plan.sharded.views.items()
+                if n == RETURNED and plan.graph.outputs[k] in node.outputs and isinstance(view.use, Mirror)]
+    if returned:
+        argument = plan.graph.inputs[returned[0].argument]
+        return (f"returned as output {returned[0].output} sliced over {'*'.join(held)}, laid out like argument "
+                f"{returned[0].argument} ({value_name(argument)}, {plan.sharded.spec(argument)}), whose shape it has: "
+                f"each device keeps its block, nothing moved (propagation left this axis {was}; {_MIRRORS})")
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
 
 
@@ -231,9 +240,17 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
     met = sharded.adoptions.get((root, origin.axis))
     if met is None:
         where_from = "from the ops it meets"
+    elif met == RETURNED:  # asked for by a returned value that mirrors an argument (propagation/uses.py)
+        mirrors = [view.use for (n, k), view in sharded.views.items() if n == RETURNED]
+        mirror = next((m for m in mirrors if plan.graph.outputs[m.output] == v), mirrors[0])
+        argument = plan.graph.inputs[mirror.argument]
+        where_from = (f"from output {mirror.output}, returned laid out like argument {mirror.argument} "
+                      f"({value_name(argument)}, {sharded.spec(argument)}), whose shape it has ({_MIRRORS})")
     else:
         node = plan.graph.nodes[met]
+        asked = _asked_by_use(plan, node)
         where_from = (f"from the sharding constraint at {where(node)}" if node.op == "sharding_constraint"
+                      else f"as {asked}" if asked is not None
                       else f"where it meets a sharded operand of `{node.op}` at {where(node)}")
     if origin.is_argument:
         index = origin.node.params["index"]
@@ -253,6 +270,10 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
     return text, steps
 
 
+_MIRRORS = ("an output shaped like an argument — a gradient, an updated parameter or state — is returned in that "
+            "argument's layout wherever that moves no more")
+
+
 def _asked_by_use(plan: Plan, node) -> str | None:
     """Why ``node`` takes an operand in another layout than it is held in because a later use asked (the backward
     pass, propagation/uses.py): which operand, how, which use and what that saves; None when no use asked."""
@@ -270,7 +291,13 @@ def _asked_by_use(plan: Plan, node) -> str | None:
                 changes.append(f"axis {k} {'sliced' if not set(was) - set(now) else 'gathered' if not now else 'moved'}"
                                f" over {over}")
         taken.append(f"{value_name(u)} ({', '.join(changes)})")
-    use = plan.graph.nodes[views[0][1].use]
+    use = views[0][1].use
+    if isinstance(use, Mirror):
+        argument = plan.graph.inputs[use.argument]
+        return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from output {use.output}: it has "
+                f"the shape of argument {use.argument} ({value_name(argument)}) and is returned laid out like it, "
+                f"{plan.sharded.spec(argument)}, which this moves no more for ({_MIRRORS})")
+    use = plan.graph.nodes[use]
     return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from a use: `{use.op}` at {where(use)} "
             "needs what is computed from it laid out so, and taking it so here moves no more than moving the result "
             "there would")

@@ -108,8 +108,9 @@ class FinishReduction:
                         r if k not in axes and r != e and is_refinement(e, r) else e
                         for k, (m, e, r) in enumerate(zip(held.layout, held.even_layout, rule_layout, strict=True)))
         mesh_axes = tuple(name for k in sorted(axes) for name in produced[k])
-        if not mesh_axes:
-            return None
+        result = decisions.sharded.layout(node.outputs[0])
+        if not mesh_axes or any(set(mesh_axes) & set(m) for m in result):
+            return None  # (the rule moved a reduced axis's mesh axes onto a kept one: the operand is moved so, first)
         reads = decisions.sharded.need_spans.get(node.id)
         if reads and reads[0]:  # the kept axes the rule reads ranged, read
             # alike: the result stays ranged

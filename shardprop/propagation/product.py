@@ -25,6 +25,10 @@ class RuleName(StrEnum):
     FALLBACK = "conservative fallback"       # no rule applied: operands gathered, outputs replicated
 
 
+
+# The "node" of a use that is a program output, in the views of the backward pass ((RETURNED, k): output k).
+RETURNED = -1
+
 @dataclass(frozen=True, eq=False)
 class ShardedGraph:
     """``graph`` with per-value shardings on ``mesh``.
@@ -88,13 +92,24 @@ class ShardedGraph:
     def returned_layout(self, value: int) -> Layout:
         """The layout a returned ``value`` comes back in: its layout, each ranged axis in the equal blocks of its mesh
         axes where they divide it (the gradient of ``x[:, ::3]``, a pad spreading ranged rows: realigned to them),
-        else whole (a JAX array cannot be uneven)."""
+        else whole (a JAX array cannot be uneven); or sliced further where it mirrors an argument (a gradient of
+        a replicated sharding constraint's cotangent returned like its argument)."""
         sharding = self.shardings[value]
+        mirrored = self.returned_sliced.get(value)
+        if mirrored is not None:
+            return mirrored
         if not sharding.spans:
             return sharding.layout
         mesh_shape = self.mesh_shape
         return tuple(m if r is None or sharding.shape[k] % shard_count(mesh_shape, r[0]) else r[0]
                      for k, (m, r) in enumerate(zip(sharding.layout, sharding.spans, strict=True)))
+
+    @cached_property
+    def returned_sliced(self) -> dict[int, Layout]:
+        """Returned values the backward pass asked for in a finer layout than they are computed in (each mirrors an
+        argument: propagation/uses.py) and no node reads: returned sliced so, each device keeping its block."""
+        return {self.graph.outputs[k]: view.layout for (node_id, k), view in self.views.items()
+                if node_id == RETURNED and view.layout != self.layout(self.graph.outputs[k])}
 
     def edge_move_bytes(self) -> float:
         """Bytes per device the nodes' operand moves send (each priced alone, partial sums not yet planned): how the

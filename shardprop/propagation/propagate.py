@@ -10,6 +10,7 @@ data is compatible with every sharding, so that choice can never introduce a con
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -29,10 +30,10 @@ from ..ops import has_record, lookup
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
-from .product import RuleName, ShardedGraph
+from .product import RETURNED, RuleName, ShardedGraph
 from .uses import wanted_views
-from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_to_spec, shard_count,
-                            uneven_span, uses_mesh_axes_once)
+from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_refines, layout_to_spec,
+                            shard_count, uneven_span, uses_mesh_axes_once)
 from ..core.moves import move_bytes, plan_move
 from ..core.steps import exchanges
 from ..core.types import ValueType
@@ -192,25 +193,43 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     priced = frozenset().union(*(f.priced for f in found))
     candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
     for views in dict.fromkeys(tuple(sorted(f.views.items())) for f in found if f.views):
-        try:
-            candidates.append(_walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced))
-        except ShardingConflictError:
-            pass  # the views met a clash of the user's own: refused (or resolved) as without them
+        # a created value (a broadcast's) several nodes read is made as the others need it and sliced for a view; or
+        # made as the view asks, for all of them: both are priced
+        for shared in (False, True)[:1 + _views_shared_created(graph, dict(views))]:
+            try:
+                candidates.append(_walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced,
+                                         adopt_shared=shared))
+            except ShardingConflictError:
+                pass  # the views met a clash of the user's own: refused (or resolved) as without them
     cost = price or ShardedGraph.edge_move_bytes
+    # (on a tie, the later candidate: the views over the forward walk, a value adopting a view over slicing it)
+    order = {id(c): k for k, c in enumerate(candidates)}
     best = min(candidates, key=lambda c: (cost(c) if len(candidates) > 1 else 0, len(c.reshards) - len(c.priced),
-                                          c is not candidates[-1]))
+                                          -order[id(c)]))
     if best is candidates[0] and conflicts != "reshard" and forward.reshards.keys() - priced:
         return _walks(graph, mesh, input_layouts, body, conflicts, views={}, priced=priced)  # raises the clash
     return best
 
 
-def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset()) -> ShardedGraph:
+def _views_shared_created(graph: Graph, views) -> bool:
+    """Whether a view asks for a value made by an op (not an argument) that other nodes (or outputs) read too."""
+    readers = collections.Counter(v for n in graph.nodes for v in n.operands)
+    readers.update(graph.outputs)
+    for node_id, j in views:
+        value = graph.outputs[j] if node_id == RETURNED else graph.nodes[node_id].operands[j]
+        if readers[value] > 1 and graph.nodes[graph.producer[value]].op != PARAMETER:
+            return True
+    return False
+
+
+def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset(),
+           adopt_shared: bool = False) -> ShardedGraph:
     """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
     ``conflicts`` says (the backward pass priced them: moving there is the cheapest way)."""
     mesh_shape = dict(mesh.shape)
     first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts, views=views,
-                  priced=priced)
+                  priced=priced, adopt_shared=adopt_shared)
     try:
         first.run()
     except ShardingConflictError as plain:
@@ -218,19 +237,19 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
         # operand's sharding came from (following shard parents back to an input spec).
         try:
             _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts,
-                  views=views, priced=priced).run()
+                  views=views, priced=priced, adopt_shared=adopt_shared).run()
         except ShardingConflictError as detailed:
             raise detailed from None
         raise plain from None
     try:
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts,
-                      adopted_from=first.opens.adopted_from, views=views, priced=priced)
+                      adopted_from=first.opens.adopted_from, views=views, priced=priced, adopt_shared=adopt_shared)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
         # tensor adopting the same mesh axis). Replicating every open axis is always consistent.
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts,
-                      views=views, priced=priced)
+                      views=views, priced=priced, adopt_shared=adopt_shared)
         final.run()
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
                         frozenset(final.fallbacks), final.bodies, final.reshards, final.adoptions,
@@ -261,11 +280,13 @@ class _Walk:
 
     def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
                  opens: OpenTracker | None = None, resolve=None, conflicts: str = "error", adopted_from=None,
-                 views=None, priced=frozenset()):
+                 views=None, priced=frozenset(), adopt_shared: bool = False):
         self.conflicts = conflicts
+        self.adopt_shared = adopt_shared
         self.priced = priced
         self.views = views or {}
         self.views_taken: dict[tuple[int, int], object] = {}  # the views this walk's nodes took (see uses.py)
+        self._reads: collections.Counter | None = None  # value -> how many operands and outputs read it
         self.adopted_from = adopted_from
         self.adoptions: dict[tuple[int, int], int] = {}  # (value, axis) -> the node whose sharding it adopted
         self.reshards: dict[int, tuple[int, str]] = {}  # node id -> (operand moved, the conflict's message)
@@ -339,6 +360,26 @@ class _Walk:
                 self.shardings[value] = sharding
             self.needs.append(tuple(needs))
             self.rule_names.append(rule_name)
+        self._view_returned()
+
+    def _view_returned(self) -> None:
+        """The created axes of a returned value take the layout the backward pass asks for it (it mirrors an
+        argument: uses.py), as a use's view asks its operand's (:meth:`_viewed`): no node reads it to ask."""
+        for (node_id, k), view in self.views.items():
+            if node_id != RETURNED:
+                continue
+            value = self.graph.outputs[k]
+            sharding = self.shardings[value]
+            adopts = self._adopts(value)  # (else made as its readers need it, and returned sliced)
+            for a, want in zip(sharding.axes, view.layout, strict=True):
+                if isinstance(a, Open) and want and adopts:
+                    self.opens.request(a, want, RETURNED)
+            if self.resolve is None:
+                continue
+            # the final walk: met, or returned sliced so (free: each device keeps its block of what it holds whole,
+            # its readers taking it as held; ShardedGraph.returned_layout)
+            if sharding.layout == view.layout or not sharding.spans and layout_refines(sharding.layout, view.layout):
+                self.views_taken[(node_id, k)] = view
 
     def _viewed(self, ctx: RuleContext, node: Node, operands: list[TensorSharding]) -> list[TensorSharding]:
         """``operands`` as the backward pass asks ``node`` to take them: an axis sliced further (each device keeps its
@@ -348,7 +389,7 @@ class _Walk:
             view = self.views.get((node.id, j))
             if view is None or sharding.spans:
                 continue
-            if any(isinstance(a, Open) for a in sharding.axes):  # an unannotated argument: it adopts what is asked
+            if any(isinstance(a, Open) for a in sharding.axes) and self._adopts(node.operands[j]):
                 for a, want in zip(sharding.axes, view.layout, strict=True):
                     if isinstance(a, Open) and want:
                         self.opens.request(a, want, node.id)
@@ -364,6 +405,18 @@ class _Walk:
             viewed[j] = TensorSharding(sharding.shape, tuple(axes))
             self.views_taken[(node.id, j)] = view
         return viewed
+
+    def _adopts(self, value: int) -> bool:
+        """Whether a view of ``value``'s open axes lays the value itself out so (they adopt what is asked): an
+        unannotated argument, or a created value (a broadcast's) this use alone reads. A created value read by
+        other uses too is made as they need it and sliced for this one (free) — or, with ``adopt_shared``, made as
+        the view asks for all of them."""
+        if self.adopt_shared or self.graph.nodes[self.graph.producer[value]].op == PARAMETER:
+            return True
+        if self._reads is None:
+            self._reads = collections.Counter(v for n in self.graph.nodes for v in n.operands)
+            self._reads.update(self.graph.outputs)
+        return self._reads[value] == 1
 
     def _settle(self, ctx: RuleContext, value: int, sharding: TensorSharding) -> TensorSharding:
         """Replace created-axis markers: open in the first walk, resolved in the final one."""

@@ -28,17 +28,28 @@ from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import has_record, lookup
 from ..ops.opdef import Family
 from .origins import holds
-from .product import ShardedGraph
+from .product import RETURNED, ShardedGraph
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """The program's ``output`` is asked for in the layout of its ``argument``: it mirrors it (a gradient, an updated
+    parameter or optimizer state comes out shaped like the argument it belongs to, and laid out like it — as
+    ``jax.jit``'s explicit mode types a cotangent like its primal — wherever producing it so moves no more)."""
+
+    output: int
+    argument: int
 
 
 @dataclass(frozen=True)
 class View:
     """A node takes one of its operands in ``layout`` (the forward walk had it take it in ``was``) because ``use`` (a
-    later node) needs the value it produces, or one computed from it, laid out accordingly."""
+    later node, or a program output mirroring an argument) needs the value it produces, or one computed from it,
+    laid out accordingly."""
 
     layout: Layout
     was: Layout
-    use: int
+    use: int | Mirror
 
 
 Views = Mapping[tuple[int, int], View]
@@ -73,6 +84,9 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
     for node in graph.nodes:
         for j, value in enumerate(node.operands):
             consumers[value].append((node.id, j))
+    mirrors = {} if sharded.is_body else mirrored_outputs(sharded)
+    for output in mirrors:  # a returned value asked for like its argument: a use that moves nothing
+        consumers[graph.outputs[output]].append((RETURNED, output))
     conflicts = {(node_id, operand) for node_id, (operand, _) in sharded.reshards.items()}
     chains = _Chains()
     finished = {node.id for node in graph.nodes if has_record(node.op) and lookup(node.op).finish is not None}
@@ -81,14 +95,36 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
         """What a use asks of its operand: its need — but a node a collective may finish (a contraction, a
         scatter-add, a lookup) takes it as it is held: the axes its propagation rule needs whole, the split pass
         may instead keep sharded and finish (a psum of the result), so they are no move to avoid."""
+        if edge[0] == RETURNED:
+            return sharded.layout(graph.inputs[mirrors[edge[1]].argument])
         return held if edge[0] in finished else sharded.needs[edge[0]][edge[1]]
 
+    def use(edge) -> int | Mirror:
+        return mirrors[edge[1]] if edge[0] == RETURNED else edge[0]
+
     wants: dict[tuple[int, int], tuple[Layout, int]] = {}  # (node, operand) -> (layout asked there, its chain)
+
+    def returned_as_asked(value) -> None:
+        """A returned value its producer cannot be asked to make otherwise (its uses disagree, it has several
+        results): its open axes (a broadcast's, say) may still adopt the layout it mirrors, or it is returned sliced
+        so — a candidate the plan's price decides on."""
+        held = sharded.layout(value)
+        for edge in consumers[value]:
+            if edge[0] == RETURNED and edge not in wants and asks(edge, held) != held:
+                chain = chains.start(use(edge))
+                wants[edge] = (asks(edge, held), chain)
+                chains.step(chain, 0.0, True)
+
     for node in reversed(graph.nodes):
         # an unannotated argument takes the layout its uses ask (it adopts what it meets: here, what they need)
         free = node.op == PARAMETER and not sharded.is_body and sharded.is_unannotated_input(node.outputs[0])
-        if not free and (node.op in (PARAMETER, CONSTANT) or len(node.outputs) != 1 or node.id in sharded.bodies
+        if not free and (node.op in (PARAMETER, CONSTANT) or node.id in sharded.bodies
                          or node.id in sharded.fallbacks or not has_record(node.op)):
+            continue
+        if len(node.outputs) != 1:
+            for value in node.outputs:
+                if not sharded.shardings[value].spans:
+                    returned_as_asked(value)
             continue
         value = node.outputs[0]
         # a returned value may change its layout too (the program returns it as produced, as jax.jit's outputs take
@@ -98,21 +134,24 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
         held = sharded.layout(value)
         asked = {wants[edge][0] if edge in wants else asks(edge, held) for edge in consumers[value]}
         if len(asked) != 1 or held in asked:
+            returned_as_asked(value)
             continue
         target = asked.pop()
         joined = [wants[edge][1] for edge in consumers[value] if edge in wants]
-        chain = chains.join(joined) if joined else chains.start(consumers[value][0][0])
+        chain = chains.join(joined) if joined else chains.start(use(consumers[value][0]))
         aval = graph.avals[value]
         move = move_bytes(aval.shape, aval.dtype, ValueType(held), ValueType(target), mesh_shape)
         # what the uses pay when the value is not produced so: each later step of a chain counted one move of it in
-        # its price; the uses the forward walk planned share one move, whichever read it
-        here = move * (len(joined) + any(edge not in wants for edge in consumers[value]))
+        # its price; the uses the forward walk planned share one move, whichever read it (a returned value is
+        # returned as held: a mirror asks, but pays nothing when not met)
+        here = move * (len(joined) + any(edge not in wants and edge[0] != RETURNED for edge in consumers[value]))
         clashes = [consumer for consumer, j in consumers[value] if (consumer, j) in conflicts]
         if clashes:
             chains.conflicted(chain, clashes)
         # (free, but no choice of its own: it follows the chain, which must make one elsewhere to be kept)
         plan = (0.0, [], False) if free else _produce_as(sharded, node, target, exchanges)
-        if plan is None:
+        if plan is None:  # no operand layouts make it so
+            returned_as_asked(value)
             continue
         cost, operand_layouts, choice = plan
         if cost > here and not (optimistic and chains.is_conflict(chain)):
@@ -121,11 +160,59 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
         for j, layout in enumerate(operand_layouts):
             if layout is not None:
                 wants[(node.id, j)] = (layout, chain)
+        for edge in consumers[value]:  # a returned value's created axes take the layout it mirrors (no node to ask)
+            if edge[0] == RETURNED:
+                wants[edge] = (target, chain)
     views = {}
     for (node_id, j), (layout, chain) in wants.items():
         if chains.kept(chain):
-            views[(node_id, j)] = View(layout, sharded.needs[node_id][j], chains.use(chain))
+            was = sharded.layout(graph.outputs[j]) if node_id == RETURNED else sharded.needs[node_id][j]
+            views[(node_id, j)] = View(layout, was, chains.use(chain))
     return Backward(views, frozenset(chains.priced()))
+
+
+def mirrored_outputs(sharded: ShardedGraph) -> dict[int, Mirror]:
+    """The program outputs that mirror an argument, by output index: an output of an argument's shape and dtype, that
+    argument annotated and sharded, the output not laid out by an annotation of the user's (``out_specs``, a sharding
+    constraint). Where outputs and arguments of one shape and dtype are as many, the k-th output
+    mirrors the k-th argument (``jax.grad(f, argnums=...)``, a training step returning its parameters and optimizer
+    states updated, in order); otherwise an output mirrors them only where all of them are laid out alike.
+
+    >>> mirrored_outputs(propagate(trace(jax.grad(lambda x, y: (x @ y).sum(), (0, 1)), x, y),      # doctest: +SKIP
+    ...                            (P('x'), P(None, 'y')), mesh=mesh))
+    {0: Mirror(output=0, argument=0), 1: Mirror(output=1, argument=1)}
+    """
+    graph = sharded.graph
+
+    def kind(value):
+        aval = graph.avals[value]
+        return aval.shape, aval.dtype
+
+    arguments: dict[tuple, list[int]] = {}
+    for index, value in enumerate(graph.inputs):
+        arguments.setdefault(kind(value), []).append(index)
+    outputs: dict[tuple, list[int]] = {}
+    inputs = set(graph.inputs)
+    for index, value in enumerate(graph.outputs):
+        if value not in inputs and graph.avals[value].ndim:
+            outputs.setdefault(kind(value), []).append(index)
+    # (an output the user's annotation lays out — out_specs, a sharding constraint — is never changed)
+    pinned = {index for index, value in enumerate(graph.outputs) if value not in inputs
+              and has_record(op := graph.nodes[graph.producer[value]].op) and lookup(op).family is Family.PLACEMENT}
+    found = {}
+    for key, returned in outputs.items():
+        alike = arguments.get(key, [])
+        if len(alike) == len(returned):
+            pairs = zip(returned, alike, strict=True)
+        elif alike and len({sharded.layout(graph.inputs[i]) for i in alike}) == 1:
+            pairs = ((k, alike[0]) for k in returned)
+        else:
+            continue
+        for output, argument in pairs:
+            value = graph.inputs[argument]
+            if output not in pinned and not sharded.is_unannotated_input(value) and _used(sharded.layout(value)):
+                found[output] = Mirror(output, argument)
+    return found
 
 
 class _Chains:
@@ -138,9 +225,9 @@ class _Chains:
         self.choice: dict[int, bool] = {}
         self.conflict: dict[int, bool] = {}
         self.clashes: dict[int, list[int]] = {}  # chain -> the nodes where its conflicts were met
-        self.uses: list[int] = []  # chain -> the node whose need started it
+        self.uses: list[int | Mirror] = []  # chain -> the node (or returned value) whose need started it
 
-    def start(self, use: int) -> int:
+    def start(self, use: int | Mirror) -> int:
         chain = len(self.uses)
         self.uses.append(use)
         self.parent[chain], self.net[chain], self.choice[chain], self.conflict[chain] = chain, 0.0, False, False
@@ -189,7 +276,7 @@ class _Chains:
         root = self.find(chain)
         return self.net[root] < 0 or self.net[root] == 0 and self.choice[root]
 
-    def use(self, chain: int) -> int:
+    def use(self, chain: int) -> int | Mirror:
         """The node whose need started the chain (the first, where two chains met)."""
         return self.uses[self.find(chain)]
 
@@ -273,16 +360,21 @@ def _trial_layouts(sharded: ShardedGraph, node, rule, operands, target: Layout,
         if want == have or not (set(want) - set(have)):
             continue
         outputs = _run(rule, sharded, node, trial)
-        found = outputs is not None and outputs[0][0][axis] == tuple(want)  # the removals alone may do
-        for j, k in [(j, k) for moving in (False, True)[:1 + exchanges] for j, operand in enumerate(operands)
-                     for k in range(len(operand.shape)) if moving == bool(_used(trial[j]) & set(want))]:
-            size = operands[j].shape[k]
-            if found or size != graph.avals[value].shape[axis] or size % shard_count(mesh_shape, want) \
-                    or trial[j][k] == tuple(want):
+        # the removals alone may do; an axis the node creates takes whatever it is given
+        found = outputs is not None and (outputs[0][0][axis] == tuple(want) or outputs[0][1][axis])
+        # an operand axis of the result axis's size first (elementwise ops, transposes); then any it divides, and
+        # then its mesh axes added to an axis already sharded (a reshape merging axes takes them on one axis)
+        size = graph.avals[value].shape[axis]
+        for j, k, extend in [(j, k, extend) for moving in (False, True)[:1 + exchanges] for extend in (False, True)
+                             for same in (True, False) for j, operand in enumerate(operands)
+                             for k in range(len(operand.shape)) if moving == bool(_used(trial[j]) & set(want))
+                             and same == (operand.shape[k] == size) and extend <= bool(trial[j][k])]:
+            axes = tuple(m for m in trial[j][k] if m not in want) + tuple(want) if extend else tuple(want)
+            if found or operands[j].shape[k] % shard_count(mesh_shape, axes) or trial[j][k] == axes:
                 continue
             before = list(trial[j])
-            trial[j] = [tuple(m for m in axes if m not in want) for axes in trial[j]]
-            trial[j][k] = tuple(want)
+            trial[j] = [tuple(m for m in a if m not in want) for a in trial[j]]
+            trial[j][k] = axes
             outputs = _run(rule, sharded, node, trial)
             if outputs is not None and outputs[0][0][axis] == tuple(want):
                 found = True

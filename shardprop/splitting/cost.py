@@ -16,7 +16,7 @@ from ..core.collectives import Collective, finish_transfers
 from ..core.moves import move_bytes as planned_bytes, move_transfers as planned_transfers
 from ..core.types import ValueType
 from ..core.transfers import Transfer, total_moved
-from ..ops import finish_geometry, lookup
+from ..ops import finish_geometry, has_record, lookup
 from .decisions import Decisions
 from .emit import body_program
 from .ir import Compute, transfers_of
@@ -108,6 +108,16 @@ def estimate(plan) -> list[Transfer]:
     """The cost model's view of a :class:`~shardprop.Plan` before compiling: every move and finishing collective of
     its IR, stage by stage, a loop body's once per iteration."""
     return [t for stage in plan.stages for t in instructions_transfers(stage.instructions)]
+
+
+def price(plan) -> float:
+    """What a plan costs, as layouts are chosen by it (propagation's candidates, the split's strategies): the bytes per
+    device its moves and finishes send (:func:`estimate`) plus the work each device does in its contractions and
+    convolutions, in bytes' worth (:func:`compute_bytes`) — a layout that gathers a batch saves an all-reduce but
+    makes every device repeat the whole matmul."""
+    work = sum(compute_bytes(plan, node) for node in plan.graph.nodes
+               if has_record(node.op) and lookup(node.op).work is not None)
+    return total_moved(estimate(plan)) + work
 
 
 def instructions_transfers(instructions) -> list[Transfer]:

@@ -93,15 +93,15 @@ def cut_into_stages(decisions: Decisions) -> tuple[tuple[Stage, ...], tuple[Sour
     return _emit_stages(decisions, members, runs_outside)
 
 
-def worth_taking(instruction, ref: Ref, nodes, mesh_shape) -> bool:
+def worth_taking(instruction, ref: Ref, nodes, mesh_shape, returned=frozenset()) -> bool:
     """True when a later stage takes ``ref``, a result of ``instruction``, rather than making it again: a whole value
     over whole mesh axes (a move's intermediate over a sub-axis has no spec a ``shard_map`` could pass it in), not a
-    constant (each stage embeds its own) and not a local slice (redone where needed, for free). Partial values
-    never leave their stage."""
+    constant (each stage embeds its own) and not a local slice (redone where needed, for free) — unless the program
+    returns it so (a value returned sliced: ``returned``). Partial values never leave their stage."""
     if ref.type.partial or not is_mesh_type(ref.type, mesh_shape):
         return False
     if isinstance(instruction, Move):
-        return instruction.step.kind is not StepKind.SLICE
+        return instruction.step.kind is not StepKind.SLICE or ref.value in returned
     return not (isinstance(instruction, Compute) and nodes[instruction.node].op == CONSTANT)
 
 
@@ -130,7 +130,7 @@ def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: l
         instructions = emitters[s].instructions
         for instruction in instructions[published[s]:]:
             for ref in results(instruction):
-                if worth_taking(instruction, ref, nodes, decisions.mesh_shape):
+                if worth_taking(instruction, ref, nodes, decisions.mesh_shape, decisions.returned):
                     source_of.setdefault(ref, (s, -1))
         published[s] = len(instructions)
 
@@ -169,7 +169,7 @@ def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: l
     for v in graph.outputs:  # a constant output: built, and output, by the last stage
         if nodes[producer[v]].op == CONSTANT:
             source_of.setdefault(Ref(v, decisions.type(v)), (len(members) - 1, -1))
-    output_sources = [take(Ref(v, decisions.type(v))) for v in graph.outputs]
+    output_sources = [take(Ref(v, decisions.returned_type(v))) for v in graph.outputs]
     inputs = [tuple(StageInput(ref.value, ref.type.layout, take(ref)) for ref in emitter.imported)
               for emitter in emitters]
     kept = [s for s, emitter in enumerate(emitters) if emitter.instructions or outputs[s]]

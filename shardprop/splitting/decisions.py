@@ -89,7 +89,7 @@ class Decisions:
         """The type ``value``'s producer computes it in: partial where a collective finishes it; ranged where it is
         a result the program (or a body) returns in equal blocks."""
         found = self.computed.get(value)
-        if found is None and value in self._returned and value in self._ranges and self._keeps_ranges(
+        if found is None and value in self.returned and value in self._ranges and self._keeps_ranges(
                 self.graph.nodes[self.graph.producer[value]]):
             found = self._ranges[value]
         return self.type(value) if found is None else found
@@ -143,7 +143,7 @@ class Decisions:
             ranged = self._ranges.get(v) if keeps else None
             base = ValueType(self.sharded.layout(v)) if ranged is None else ranged
             # a returned result finished ranged is then moved into the blocks it is returned in (emit)
-            held = self.type(v) if v in self._returned else base
+            held = self.type(v) if v in self.returned else base
             out.append((v, ValueType(base.layout, collective.mesh_axes, collective.kind.reduction, span=base.span),
                         held))
         return out
@@ -158,7 +158,7 @@ class Decisions:
     def _ranged_type(self, value: int) -> ValueType | None:
         """The ranged type ``value`` is held in, or None (returned values are held in equal blocks or whole)."""
         ranged = self._ranges.get(value)
-        if ranged is None or (value in self._returned and not self._carried_ranged(value, ranged)):
+        if ranged is None or (value in self.returned and not self._carried_ranged(value, ranged)):
             return None
         producer = self.graph.nodes[self.graph.producer[value]]
         if (producer.op == PARAMETER and not self.sharded.is_body) or not self._keeps_ranges(producer):
@@ -176,8 +176,17 @@ class Decisions:
         return found
 
     @cached_property
-    def _returned(self) -> frozenset[int]:
+    def returned(self) -> frozenset[int]:
+        """The values the program returns."""
         return frozenset(self.graph.outputs)
+
+    def returned_type(self, value: int) -> ValueType:
+        """The type the program returns ``value`` in: as it is held — or sliced further where it mirrors an argument
+        (:attr:`~shardprop.propagation.ShardedGraph.returned_sliced`: a free slice of the value, which its readers
+        take as it is held)."""
+        if value in self.sharded.returned_sliced and not self.sharded.is_body:
+            return ValueType(self.sharded.returned_layout(value))
+        return self.type(value)
 
     def _carried_ranged(self, value: int, ranged: ValueType) -> bool:
         """True for a body's output held in the blocks a loop carries uneven axes in (``ceil(n / count)`` rows): the
@@ -202,7 +211,7 @@ class Decisions:
             ranged = self._ranged_type(value)
             if ranged is not None:
                 table[value] = ranged
-            elif value in self._returned:
+            elif value in self.returned:
                 table[value] = self._returned_type(value)
         for value, vtype in self.held.items():
             table[value] = vtype
@@ -299,7 +308,7 @@ class Draft(Decisions):
             return held
         ranged = self._ranged_type(value)
         if ranged is None:
-            return self._returned_type(value) if value in self._returned and value in self._ranges else \
+            return self._returned_type(value) if value in self.returned and value in self._ranges else \
                 ValueType(self.sharded.layout(value))
         return ranged
 

@@ -105,8 +105,16 @@ class Emitter:
         return best
 
     def node(self, node_id: int) -> None:
-        """Node ``node_id``: its operands brought from the types they are held in, the node, and the collective that
-        finishes it."""
+        """Node ``node_id``: its operands brought from the types they are held in, the node, the collective that
+        finishes it, and — for a result returned sliced further (it mirrors an argument) — its slice."""
+        self._node(node_id)
+        view = self.view
+        for v in view.graph.nodes[node_id].outputs:
+            returned = view.returned_type(v)
+            if returned != view.type(v):
+                self.bring(self.held(v), returned, node_id)
+
+    def _node(self, node_id: int) -> None:
         view = self.view
         node = view.graph.nodes[node_id]
         if node.op == CONSTANT:

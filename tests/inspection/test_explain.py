@@ -45,7 +45,8 @@ def test_replicated_axis_names_the_op_that_dropped_it(mesh):
     def f(x, w):
         return jnp.sort(jnp.tanh(x @ w), axis=0)
 
-    prog = program(f, (jnp.ones((16, 8)), jnp.ones((8, 8))), (P("i", "j"), P("j")), mesh)
+    # (w is 8x4: the result, shaped unlike x, is not returned in x's layout)
+    prog = program(f, (jnp.ones((16, 8)), jnp.ones((8, 4))), (P("i", "j"), P("j")), mesh)
     why = sp.explain(prog, prog.sharded.graph.outputs[0])
     scanned, other = why.axes
     assert scanned.mesh_axes == () and "`sort`" in scanned.origin and "sharded over i" in scanned.origin
@@ -104,7 +105,7 @@ def test_explanation_is_json_ready(mesh):
 def test_a_value_held_finer_by_a_reduce_scatter_is_explained_as_the_plan_holds_it(mesh):
     """``x @ w`` summed over j and then sliced by the next contraction: the plan keeps only each device's
     block of the sum (psum_scatter), so explain, the listing and the block picture all say axis 1 is over j."""
-    args = (jnp.ones((16, 8)), jnp.ones((8, 8)), jnp.ones((8, 8)))
+    args = (jnp.ones((16, 8)), jnp.ones((8, 8)), jnp.ones((8, 4)))  # (a result shaped unlike x: it mirrors no argument)
     prog = program(lambda x, w, v: (x @ w) @ v, args, (P("i", "j"), P("j", None), P("j")), mesh, "collective")
     assert [f.step.kind for f in finishes(prog, prog.sharded.graph.producer[3])] == ["psum-scatter"]
     why = sp.explain(prog, "d")

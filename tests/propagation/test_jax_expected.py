@@ -773,159 +773,18 @@ class Known:
 
 
 KNOWN_DIFFERENCES: dict[str, Known] = {
-    "test_dot_general_x_y.grad": Known(("spec",),
-        "shardprop P(), P() moving 64 B, JAX P('x'), P(None, 'y') moving 64 B: the seed ones((8, 8)) is "
-        "replicated, so the transposed dot_generals gather the other operand (or psum) and the gradients come out"
-        " replicated (JAX's seed carries x @ y's layout)"),
-    "test_dot_general_x_None.grad": Known(("spec",),
-        "shardprop P(), P() moving 32 B, JAX P('x'), P() moving 64 B: the seed ones((8, 8)) is replicated, so the"
-        " transposed dot_generals gather the other operand (or psum) and the gradients come out replicated (JAX's"
-        " seed carries x @ y's layout)"),
-    "test_dot_general_contracting2.grad": Known(("spec",),
-        "shardprop P(), P('y') moving 16 B, JAX P('x', 'y'), P() moving 80 B: the seed ones((8, 8)) is "
-        "replicated, so the transposed dot_generals gather the other operand (or psum) and the gradients come out"
-        " replicated (JAX's seed carries x @ y's layout)"),
     "test_dot_general_fsdp.grad": Known(("spec",),
-        "shardprop P(None, 'x'), P() moving 32 B, JAX P('x'), P('x') moving 128 B: the replicated seed meets y's "
-        "layout: dx comes out P(None, 'x') (dim 1) where JAX keeps x's P('x', None), dy replicated"),
+        "shardprop P(None, 'x'), P('x') moving 16 B, JAX P('x'), P('x') moving 128 B: dx = ones @ y.T comes out "
+        "over x on dim 1 (y's rows); laid out like x (out_specs) shardprop's plan moves 64 B: the gradient mirrors "
+        "its argument only where that moves no more"),
     "test_dot_general_half_tp.grad": Known(("spec",),
-        "shardprop P(), P('y') moving 32 B, JAX P(None, 'y'), P(None, 'y') moving 128 B: dx replicated from the "
-        "replicated seed, dy P('y', None) (dim 0) where JAX keeps P(None, 'y')"),
-    "test_dot_general_out_sharding0.grad": Known(("spec",),
-        "shardprop P('x'), P() moving 144 B, JAX P('x'), P(None, 'x') moving 144 B: dy's contraction over the "
-        "x-sharded rows finishes with a psum (replicated) where JAX keeps y's layout, same bytes"),
+        "shardprop P(None, 'y'), P('y') moving 16 B, JAX P(None, 'y'), P(None, 'y') moving 128 B: dy comes out "
+        "over y on dim 0 (x's columns, transposed); laid out like y (out_specs) shardprop's plan moves 64 B: the "
+        "gradient mirrors its argument only where that moves no more"),
     "test_einsum_with_out_sharding.grad": Known(("spec",),
-        "shardprop P('x'), P('y') moving 80 B, JAX P('x', 'y'), P('x', 'y') moving 80 B: both cotangent "
-        "contractions finish with a psum (all-reduce), each dropping one mesh axis, where JAX's keep the inputs' "
-        "P('x', 'y'), same bytes"),
-    "test_einsum_inverse.grad": Known(("spec",),
-        "shardprop P('x', 'y'), P() moving 576 B, JAX P('x', 'y'), P(None, 'x', 'y') moving 704 B: dy's cotangent"
-        " contraction finishes replicated (psum) where JAX keeps y's layout"),
-    "test_reshape0.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape2.grad": Known(("spec", "bytes"),
-        "shardprop P() moving 28 B, JAX P('x') moving 20 B: the backward reshape all-gathers the (1, 4, 2@x) "
-        "cotangent (16 B) where JAX's all-to-all (8 B) keeps the input's layout; also the gradient is built from "
-        "the cotangent seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types "
-        "the seed like the primal output)"),
-    "test_reshape3.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P(None, 'x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape4.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P(None, 'x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape5.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape6.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape7.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape8.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P(None, 'x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape9.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape10.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P(None, 'x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape11.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape12.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_merge_one_axis0.grad": Known(("spec",),
-        "shardprop P() moving 6 B, JAX P('x', None, 'y') moving 8 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_split_merge_one_axis1.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_merge_one_axis3.grad": Known(("spec",),
-        "shardprop P() moving 6 B, JAX P('x', 'y') moving 8 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_merge_one_axis4.grad": Known(("spec",),
-        "shardprop P() moving 6 B, JAX P(None, ('x', 'y')) moving 6 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_split_merge_one_axis8.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_merge_one_axis9.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_merge_one_axis10.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_merge_one_axis11.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P(None, 'x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_merge_one_axis12.grad": Known(("spec",),
-        "shardprop P() moving 6 B, JAX P('x', None, None, 'y') moving 8 B: the gradient is built from the "
-        "cotangent seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the "
-        "seed like the primal output)"),
-    "test_reshape_split_merge_one_axis13.grad": Known(("spec",),
-        "shardprop P() moving 6 B, JAX P(None, None, 'y', 'x') moving 8 B: the gradient is built from the "
-        "cotangent seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the "
-        "seed like the primal output)"),
-    "test_reshape_split_merge_one_axis14.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_merge_one_axis15.grad": Known(("spec",),
-        "shardprop P() moving 6 B, JAX P(None, 'y', None, 'x') moving 8 B: the gradient is built from the "
-        "cotangent seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the "
-        "seed like the primal output)"),
-    "test_reshape_split_merge_one_axis16.grad": Known(("spec",),
-        "shardprop P() moving 6 B, JAX P(None, ('x', 'y')) moving 6 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_split_merge_one_axis20.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_slice.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_squeeze.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_pad.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_concatenate.grad": Known(("spec",),
-        "shardprop P() moving 4 B, JAX P('x', 'y') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_split.grad": Known(("spec",),
-        "shardprop P() moving 20 B, JAX P('x', 'y') moving 40 B: the gradient is built from the cotangent seed (a"
-        " broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
+        "shardprop P('x', 'y'), P('y') moving 64 B, JAX P('x', 'y'), P('x', 'y') moving 80 B: dy's contraction "
+        "over the constrained cotangent finishes with a psum over x; laid out like y (out_specs) shardprop's plan "
+        "moves 80 B: the gradient mirrors its argument only where that moves no more"),
     "test_unmapped_last_vmap": Known(("spec",),
         "shardprop P() moving 0 B, JAX P(None, 'x') moving 0 B: the output is a broadcast constant the input "
         "never reaches (vmap of a function ignoring it); JAX gives the mapped dim the input's sharding"),
@@ -933,117 +792,10 @@ KNOWN_DIFFERENCES: dict[str, Known] = {
         "shardprop P() moving 8 B, JAX P('x') moving 32 B: dynamic_slice on the sharded dim: each device masks "
         "its block and a psum of the 2 elements leaves them replicated (fewer bytes); JAX all-gathers and keeps "
         "P('x')"),
-    "test_dynamic_slice.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x') moving 4 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_gather_with_full_slice_in_index_start_map.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x', 'y') moving 0 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_dynamic_update_slice.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x') moving 0 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_one_dim_multi_axes0.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y')) moving 0 B: the gradient is built from the cotangent seed (a"
-        " broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_one_dim_multi_axes1.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y')) moving 0 B: the gradient is built from the cotangent seed (a"
-        " broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_one_dim_multi_axes2.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y')) moving 0 B: the gradient is built from the cotangent seed (a"
-        " broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_split_one_dim_multi_axes_3_mesh_axes0.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y', 'z')) moving 0 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_split_one_dim_multi_axes_3_mesh_axes1.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y', 'z')) moving 0 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_split_one_dim_multi_axes_3_mesh_axes2.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y', 'z')) moving 0 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_split_one_dim_multi_axes_3_mesh_axes3.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y'), 'z') moving 0 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_split_one_dim_multi_axes_3_mesh_axes4.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y', 'z')) moving 0 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_merge_one_dim_multi_axes0.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x', 'y') moving 0 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_merge_one_dim_multi_axes1.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x', 'y') moving 0 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_merge_one_dim_multi_axes2.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y')) moving 0 B: the gradient is built from the cotangent seed (a"
-        " broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_merge_one_dim_multi_axes_3_mesh_axes0.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x', 'y', 'z') moving 0 B: the gradient is built from the cotangent seed"
-        " (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_merge_one_dim_multi_axes_3_mesh_axes1.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x', ('y', 'z')) moving 0 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_merge_one_dim_multi_axes_3_mesh_axes2.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(('x', 'y'), 'z') moving 0 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_reshape_merge_one_dim_multi_axes_3_mesh_axes3.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x', 'y', 'z') moving 0 B: the gradient is built from the cotangent seed"
-        " (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_reshape_merge_one_dim_multi_axes_3_mesh_axes4.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x', 'y', 'z') moving 0 B: the gradient is built from the cotangent seed"
-        " (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_add_transpose.grad": Known(("spec",),
-        "shardprop P(), P() moving 0 B, JAX P(), P('x') moving 0 B: the gradient is built from the cotangent seed"
-        " (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_dynamic_update_slice_transpose.grad": Known(("spec",),
-        "shardprop P(), P(), P() moving 0 B, JAX P(), P(), P('x') moving 0 B: the gradient is built from the "
-        "cotangent seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the "
-        "seed like the primal output)"),
-    "test_gather_transpose_sharded.grad": Known(("spec",),
-        "shardprop P(), P(), P() moving 0 B, JAX P(), P(), P(None, 'x') moving 0 B: the gradient is built from "
-        "the cotangent seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types "
-        "the seed like the primal output)"),
-    "test_grad_conv_general_dilated.grad": Known(("spec",),
-        "shardprop P(), P() moving 192 B, JAX P(), P('x') moving 192 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_tile.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x') moving 0 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_stack.grad": Known(("spec",),
-        "shardprop P(), P() moving 0 B, JAX P('x'), P('x') moving 0 B: the gradient is built from the cotangent "
-        "seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like "
-        "the primal output)"),
-    "test_unstack.grad": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P(None, 'x') moving 0 B: the gradient is built from the cotangent seed (a "
-        "broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the seed like the "
-        "primal output)"),
-    "test_broadcast_like": Known(("spec",),
-        "shardprop P() moving 0 B, JAX P('x') moving 0 B: broadcast_like reads `like` only for its shape: the "
-        "broadcast of the replicated operand stays replicated; JAX takes like's sharding"),
     "test_vmap_grad_cet_dot": Known(("spec",),
-        "shardprop P(), P() moving 512 B, JAX P(None, 'x'), P() moving 512 B: the gradient is built from the "
-        "cotangent seed (a broadcast 1.0) that no sharded operand reaches, so it stays replicated (JAX types the "
-        "seed like the primal output)"),
+        "shardprop P(), P() moving 512 B, JAX P(None, 'x'), P() moving 512 B: the vmapped gradient (2, 64, 8, "
+        "128) is shaped like no argument (the mapped axis is new), so nothing asks for x's layout: built from the "
+        "constant cotangent seed, it stays replicated (JAX types the seed like the primal output)"),
     "test_segment_max": Known(("bytes",),
         "shardprop P() moving 48 B, JAX P() moving 24 B: scatter-max of sharded data and ids all-gathers both (48"
         " B); JAX scatters per block and combines the 4 results with an all-reduce max (24 B) — shardprop "
@@ -1056,22 +808,14 @@ KNOWN_DIFFERENCES: dict[str, Known] = {
         "shardprop P('x') moving 2048 B, JAX P('x') moving 1088 B: the table is sharded along the looked-up rows'"
         " features (P(None, 'x')): shardprop all-gathers the whole table (2 KiB); JAX moves only the looked-up "
         "rows"),
-    "test_auto_gather_out_sharding.grad": Known(("spec",),
-        "shardprop P() moving 64 B, JAX P(None, 'x') moving 2624 B: the scatter-add gradient is made replicated "
-        "(ids and cotangent all-gathered, fewer bytes); JAX keeps the table's layout"),
-    "test_scatter_sharding_rule_operand_xy_sharded_set.grad": Known(("spec",),
-        "shardprop P('x'), P('x') moving 0 B, JAX P('x', None, 'y'), P('x', 'y') moving 0 B: the gradients come "
-        "from broadcast constants that adopt only the batch axis x (from the indices), not y"),
-    "test_scatter_sharding_rule_operand_xy_sharded_add.grad": Known(("spec",),
-        "shardprop P('x'), P('x') moving 0 B, JAX P('x', None, 'y'), P('x', 'y') moving 0 B: the gradients come "
-        "from broadcast constants that adopt only the batch axis x (from the indices), not y"),
-    "test_scatter_sharding_rule_operand_xy_sharded_dynamic_update_slice_in_dim": Known(("spec", "bytes"),
+    "test_scatter_sharding_rule_operand_xy_sharded_dynamic_update_slice_in_dim": Known(("bytes",),
         "shardprop P('x') moving 176 B, JAX P('x', None, 'y') moving 0 B: the vmapped dynamic_update_slice_in_dim"
         " is a scatter whose window spans all of the y-sharded dim 2: operand and update are all-gathered over y;"
         " JAX keeps y (the write is local)"),
     "test_scatter_sharding_rule_operand_xy_sharded_dynamic_update_slice_in_dim.grad": Known(("spec",),
         "shardprop P('x'), P('x') moving 0 B, JAX P('x', None, 'y'), P('x', 'y') moving 0 B: the gradients come "
-        "from broadcast constants that adopt only the batch axis x (from the indices), not y"),
+        "from broadcast constants that adopt only the batch axis x (from the indices); laid out like the arguments "
+        "(out_specs) shardprop's plan moves 160 B (the window over the y-sharded dim gathered, as in the forward)"),
 }
 
 CHECKS = ("values", "spec", "bytes")

@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
+from shardprop.core.transfers import total_moved
 from shardprop.core.types import whole
 from shardprop.splitting.ir import Move
 from tests.conftest import assert_same_as_unsharded, random_args
@@ -73,12 +74,18 @@ def test_auto_all_reduces_a_weight_gradient_when_gathering_would_repeat_its_matm
     """A data-parallel weight gradient: gathering the batch-sharded activations and cotangents (672 KiB) moves
     fewer bytes than all-reducing the 256x512 gradient (896 KiB), but then every device computes the whole
     matmul, 8x the work — 1.5x jax.jit's runtime in the benchmark. The cost model weighs that work
-    (``compute_bytes``): auto all-reduces, as jax.jit does."""
+    (``compute_bytes``): auto all-reduces, as jax.jit does, where the gradient is to be replicated. Left free, it
+    is returned laid out like dh (whose shape it has): x's columns moved to each device by an all-to-all and dh
+    gathered, each device computes its rows of the gradient — no work repeated, fewer bytes than the all-reduce."""
     from shardprop.splitting.cost import compute_bytes
 
     x, dh = jax.ShapeDtypeStruct((256, 256), jnp.float32), jax.ShapeDtypeStruct((256, 512), jnp.float32)
-    prog = sp.autoshard(lambda x, dh: x.T @ dh, mesh=meshes["8"], in_specs=(P("i"), P("i"))).trace(x, dh)
+    free = sp.autoshard(lambda x, dh: x.T @ dh, mesh=meshes["8"], in_specs=(P("i"), P("i"))).trace(x, dh)
+    assert free.out_specs == (P("i"),)
+    assert sorted(t.kind for t in free.communication()) == ["all-gather", "all-to-all"]
+    prog = sp.autoshard(lambda x, dh: x.T @ dh, mesh=meshes["8"], in_specs=(P("i"), P("i")), out_specs=P()).trace(x, dh)
     assert [t.kind for t in prog.communication()] == ["all-reduce"]
+    assert total_moved(free.communication()) < total_moved(prog.communication())
     (dot,) = [n for n in prog.plan.graph.nodes if n.op == "dot_general"]
     gathered = compute_bytes(prog.plan, dot, whole((((), ()), ((), ()))))
     assert gathered == 8 * compute_bytes(prog.plan, dot)  # the whole batch on every device
