@@ -284,12 +284,13 @@ def _asked_by_use(plan: Plan, node) -> str | None:
     taken = []
     for j, view in views:
         u = node.operands[j]
-        changes = []
-        for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)):
-            if now != was:
-                over = "*".join(m for m in now if m not in was) or "*".join(was)
-                changes.append(f"axis {k} {'sliced' if not set(was) - set(now) else 'gathered' if not now else 'moved'}"
-                               f" over {over}")
+        gained = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in now
+                  if m not in was}
+        lost = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in was
+                if m not in now}
+        changes = [f"{m} moved from axis {lost[m]} to axis {gained[m]}, an all-to-all" for m in gained if m in lost]
+        changes += [f"axis {k} sliced over {m}" for m, k in gained.items() if m not in lost]
+        changes += [f"axis {k} gathered over {m}" for m, k in lost.items() if m not in gained]
         taken.append(f"{value_name(u)} ({', '.join(changes)})")
     use = views[0][1].use
     if isinstance(use, Mirror):

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import count
 
-from ..core.layouts import Layout, Sharded, TensorSharding, is_refinement, shard_count
+from ..core.layouts import Layout, Sharded, TensorSharding, is_refinement, layout_refines, shard_count
 from ..core.moves import move_bytes
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from ..core.types import ValueType
@@ -97,7 +97,12 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
         may instead keep sharded and finish (a psum of the result), so they are no move to avoid."""
         if edge[0] == RETURNED:
             return sharded.layout(graph.inputs[mirrors[edge[1]].argument])
-        return held if edge[0] in finished else sharded.needs[edge[0]][edge[1]]
+        if edge[0] not in finished:
+            return sharded.needs[edge[0]][edge[1]]
+        # (a product the split may finish by a psum of partial products takes this operand's summed axes sliced as
+        # the other operand holds them: asked for so, free where it is held whole)
+        node = graph.nodes[edge[0]]
+        return _summed_as_partner_holds(sharded, node, edge[1]) if node.op == "dot_general" else held
 
     def use(edge) -> int | Mirror:
         return mirrors[edge[1]] if edge[0] == RETURNED else edge[0]
@@ -133,12 +138,19 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
             continue
         held = sharded.layout(value)
         asked = {wants[edge][0] if edge in wants else asks(edge, held) for edge in consumers[value]}
+        # uses that ask it sliced further than others take it (an elementwise use of a whole value can take it
+        # sliced too, for free): the finest, where every other is a slice of what is held and it a slice of them
+        finest = [a for a in asked if all(layout_refines(b, a) for b in asked)]
+        if len(asked) > 1 and finest and all(layout_refines(held, a) for a in asked):
+            asked = {finest[0]}
         if len(asked) != 1 or held in asked:
             returned_as_asked(value)
             continue
         target = asked.pop()
         joined = [wants[edge][1] for edge in consumers[value] if edge in wants]
-        chain = chains.join(joined) if joined else chains.start(use(consumers[value][0]))
+        # (a new chain starts at the use that asks the layout: the one explain names)
+        asking = next((edge for edge in consumers[value] if asks(edge, held) == target), consumers[value][0])
+        chain = chains.join(joined) if joined else chains.start(use(asking))
         aval = graph.avals[value]
         move = move_bytes(aval.shape, aval.dtype, ValueType(held), ValueType(target), mesh_shape)
         # what the uses pay when the value is not produced so: each later step of a chain counted one move of it in
@@ -286,6 +298,20 @@ class _Chains:
 # forward walk's layouts for their operands.
 _FINISHED_AS_TAKEN = (Family.CONTRACTION, Family.REDUCTION)
 _CONVOLUTION = "conv_general_dilated"  # of the window family, the one whose finish is a contraction's
+
+
+def _summed_as_partner_holds(sharded: ShardedGraph, node, j: int) -> Layout:
+    """Operand ``j`` of a ``dot_general`` as a psum finish takes it: each contracted axis it holds whole sliced over the
+    mesh axes the other operand's paired axis is held over (each device multiplies its blocks and sums them)."""
+    (lhs, rhs), _ = node.params["dimension_numbers"]
+    own, other = sharded.layout(node.operands[j]), sharded.layout(node.operands[1 - j])
+    mine, theirs = (lhs, rhs) if j == 0 else (rhs, lhs)
+    taken = list(own)
+    for a, b in zip(mine, theirs, strict=True):
+        if not own[a] and other[b] and not _used(taken) & set(other[b]) \
+                and sharded.graph.avals[node.operands[j]].shape[a] % shard_count(sharded.mesh_shape, other[b]) == 0:
+            taken[a] = other[b]
+    return tuple(taken)
 
 
 def _used(layout) -> set[str]:

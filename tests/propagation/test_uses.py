@@ -149,10 +149,10 @@ def test_the_design_notes_example_prints_what_they_show():
     prog = sp.autoshard(example["step"], mesh=mesh, in_specs=example["SPECS"]).trace(*example["arguments"]())
     design = (pathlib.Path(__file__).parents[2] / "docs" / "design.md").read_text()
     for line in str(sp.explain(prog, "u")).splitlines():
-        if "origin: `dot_general`" in line or line.startswith("u:") or "finishes the result" in line:
+        if "origin: `transpose`" in line or line.startswith("u:") or "finishes the result" in line:
             assert line in design, line
     comparison = sp.compare_with_jit(example["step"], mesh, example["SPECS"], *example["arguments"]())
-    assert comparison.shardprop_bytes == comparison.jit_bytes == 1088 and "1,088 B per" in design
+    assert (comparison.shardprop_bytes, comparison.jit_bytes) == (960, 1088) and "960 B per device, where" in design
 
 
 def test_a_product_meeting_an_argument_laid_out_crosswise_still_warns():
