@@ -68,8 +68,8 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
 
 def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, updates: TensorSharding, *,
             dimension_numbers, **params) -> RuleOutput:
-    """An operand axis that is not indexed and that the update windows cover whole keeps its sharding, merged
-    with the matching update window axis; so does an indexed axis each update touches one element of (each device
+    """An operand axis that the update windows cover whole (indexed or not) keeps its sharding, merged with the
+    matching update window axis; so does an indexed axis each update touches one element of (each device
     applies the updates landing in its block). Operand batching axes pair with the indices' batching axes and the
     updates' matching scatter axes, as ``gather``'s do: batch ``b`` of the updates lands only in batch ``b`` of
     the operand, so each device scatters its batch rows into its own (the gradient of ``take_along_axis``, of an
@@ -104,14 +104,17 @@ def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, 
             axes[k] = ctx.carry_unused(k, operand.shape[k], operand.axes[k], used)
             if isinstance(axes[k], Sharded):
                 used.update(axes[k].mesh_axes)
+    # A window covering an axis whole, indexed or not (a vmapped dynamic_update_slice of a whole row): its only start
+    # is 0 (clamped there, or the window dropped): each device writes its block of it, the updates sliced alike.
     for k, u in zip(window, dn.update_window_dims, strict=True):
-        if k not in dn.scatter_dims_to_operand_dims and updates.shape[u] == operand.shape[k]:
+        if updates.shape[u] == operand.shape[k]:
             merged = ctx.merge(k, operand.shape[k], [operand.axes[k], updates.axes[u]])
             if not (isinstance(merged, Sharded) and used & set(merged.mesh_axes)):
                 axes[k] = merged
     out = TensorSharding(operand.shape, tuple(axes))
     for k, u in zip(window, dn.update_window_dims, strict=True):
-        updates_need[u] = () if k in dn.scatter_dims_to_operand_dims else out.layout[k]
+        partial_window = k in dn.scatter_dims_to_operand_dims and updates.shape[u] < operand.shape[k]
+        updates_need[u] = () if partial_window else out.layout[k]
     for o, i, u in pairs:
         indices_need[i] = updates_need[u] = out.layout[o]
     return RuleOutput((out,), (out.layout, tuple(indices_need), tuple(updates_need)))
@@ -187,17 +190,28 @@ def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
     updates landing in other devices' blocks are dropped — as out-of-bounds ones already are under ``fill``. Along a
     sharded indexed axis whose windows cover part of it (``x.at[2:10].set(v)``) the block is padded by a window's
     length on either side, each window placed where it lands relative to the block (a window the whole axis would
-    drop, past the padding), and the block cut back out."""
+    drop, past the padding), and the block cut back out. An indexed axis a window covers whole is written block by
+    block, the index set to 0 (:func:`_whole_windows_written_at_zero`)."""
     operand, indices, *rest = invals
     dn = node.params["dimension_numbers"]
     (operand_global, *_), (operand_block, *_) = blocks.in_global, blocks.in_blocks
-    sharded = [p for p, k in enumerate(dn.scatter_dims_to_operand_dims) if operand_block[k] != operand_global[k]]
-    if not sharded:
-        return bind_as_is(node, invals, blocks)
-    clip = node.params["mode"] != lax.GatherScatterMode.FILL_OR_DROP
     updates_shape = blocks.in_global[2]
     window = [k for k in range(len(operand_global))
               if k not in dn.inserted_window_dims and k not in dn.operand_batching_dims]
+    covers = {k for k, u in zip(window, dn.update_window_dims, strict=True) if updates_shape[u] == operand_global[k]}
+    # an indexed axis a window covers whole starts at 0 (clamped there, or dropped under ``fill``): each device
+    # writes its block of each window, as along an axis no index moves
+    whole = [p for p, k in enumerate(dn.scatter_dims_to_operand_dims)
+             if k in covers and operand_block[k] != operand_global[k]]
+    if whole:
+        indices = _whole_windows_written_at_zero(node, indices, whole,
+                                                 [operand_block[k] for k in dn.scatter_dims_to_operand_dims])
+        invals = [operand, indices, *rest]
+    sharded = [p for p, k in enumerate(dn.scatter_dims_to_operand_dims)
+               if operand_block[k] != operand_global[k] and p not in whole]
+    if not sharded:
+        return bind_as_is(node, invals, blocks)
+    clip = node.params["mode"] != lax.GatherScatterMode.FILL_OR_DROP
     spans = {k: updates_shape[u] for k, u in zip(window, dn.update_window_dims, strict=True)
              if k in dn.scatter_dims_to_operand_dims}  # indexed axes with a window: its length
     columns, pads = [], {}
@@ -373,6 +387,18 @@ def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
         out = lax.select(spread(outside), lax.select(lax.broadcast(first, out.shape), lax.full_like(
             out, params_fill(node.params, out.dtype)), zero), out)
     return [out]
+
+
+def _whole_windows_written_at_zero(node, indices, whole: list[int], block_sizes: list[int]):
+    """A scatter's indices with each whole-window component set to 0 — or, under ``fill`` where it is not 0 (the
+    unsharded scatter drops that window), past the block, so that the block's scatter drops it too."""
+    columns = _wide(indices[..., jnp.array(whole)])
+    if node.params["mode"] == lax.GatherScatterMode.FILL_OR_DROP:
+        past = jnp.asarray([block_sizes[p] for p in whole], columns.dtype)
+        moved = jnp.where(jnp.any(columns != 0, axis=-1, keepdims=True), past, 0)
+    else:
+        moved = jnp.zeros_like(columns)
+    return _wide(indices).at[..., jnp.array(whole)].set(moved)
 
 
 def _whole_windows_at_zero(node, operand, indices, whole: list[int]):

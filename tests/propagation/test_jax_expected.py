@@ -808,14 +808,7 @@ KNOWN_DIFFERENCES: dict[str, Known] = {
         "shardprop P('x') moving 2048 B, JAX P('x') moving 1088 B: the table is sharded along the looked-up rows'"
         " features (P(None, 'x')): shardprop all-gathers the whole table (2 KiB); JAX moves only the looked-up "
         "rows"),
-    "test_scatter_sharding_rule_operand_xy_sharded_dynamic_update_slice_in_dim": Known(("bytes",),
-        "shardprop P('x') moving 176 B, JAX P('x', None, 'y') moving 0 B: the vmapped dynamic_update_slice_in_dim"
-        " is a scatter whose window spans all of the y-sharded dim 2: operand and update are all-gathered over y;"
-        " JAX keeps y (the write is local)"),
-    "test_scatter_sharding_rule_operand_xy_sharded_dynamic_update_slice_in_dim.grad": Known(("spec",),
-        "shardprop P('x'), P('x') moving 0 B, JAX P('x', None, 'y'), P('x', 'y') moving 0 B: the gradients come "
-        "from broadcast constants that adopt only the batch axis x (from the indices); laid out like the arguments "
-        "(out_specs) shardprop's plan moves 160 B (the window over the y-sharded dim gathered, as in the forward)"),
+
 }
 
 CHECKS = ("values", "spec", "bytes")

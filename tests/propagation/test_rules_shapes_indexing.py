@@ -80,6 +80,16 @@ CASES = [
     ("scatter_add", lambda a, u: a.at[IDX16[:4]].add(u), [(M, F32), ((4, 8), F32)], "4x2", (P(None, "j"), None),
      P(None, "j"), "scatter-add"),
     ("scatter_set", lambda a: a.at[:, 3].set(0.0), [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "scatter"),
+    # a window covering an indexed axis whole starts at 0 (clamped there): each device writes its block of it
+    ("vmapped_row_update_keeps_the_row_axis",
+     jax.vmap(lambda a, r, s: lax.dynamic_update_slice_in_dim(a, r[None], s, 0)),
+     [((4, 10, 8), F32), ((4, 8), F32), ((4,), I32)], "4x2", (P("i", None, "j"), P("i", "j"), P("i")),
+     P("i", None, "j"), "scatter"),
+    # ... or, under fill, is dropped where it starts elsewhere (every other window starts at 0, the rest not)
+    ("whole_window_scatter_dropped_off_zero", lambda a, u, ix: lax.scatter(
+        a, ix.at[::2, 1].set(0), u, lax.ScatterDimensionNumbers((1,), (0,), (0, 1)),
+        mode=lax.GatherScatterMode.FILL_OR_DROP),
+     [(M, F32), ((6, 8), F32), ((6, 2), I32)], "4x2", (P("i", "j"), None, None), P("i", "j"), "scatter"),
     # cumulative ops scan their blocks: the scanned axis stays sharded
     ("cumsum", lambda a: jnp.cumsum(a, axis=1), [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "cumsum"),
     ("cumprod", lambda a: jnp.cumprod(a, axis=0), [(M, F32)], "4x2", (P("i", "j"),), P("i", "j"), "cumprod"),
