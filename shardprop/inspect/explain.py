@@ -17,7 +17,7 @@ from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
 from ..propagation.product import RETURNED
-from ..propagation.uses import Mirror
+from ..propagation.uses import Mirror, mirrored_outputs
 from ..core.types import type_string
 from ..core.layouts import Sharded, is_refinement, layout_to_spec, shard_count
 from ..core.steps import StepKind
@@ -164,12 +164,12 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
         return (f"`{node.op}` at {where(node)} is finished by a reduce-scatter "
                 f"({move_equation(scattered[0])}): each device keeps only its block over {'*'.join(held)} of the sum "
                 f"(propagation alone left this axis {was}; the consumers slice it anyway)")
-    returned = [view.use for (n, k), view in plan.sharded.views.items()
-                if n == RETURNED and plan.graph.outputs[k] in node.outputs and isinstance(view.use, Mirror)]
-    if returned:
-        argument = plan.graph.inputs[returned[0].argument]
-        return (f"returned as output {returned[0].output} sliced over {'*'.join(held)}, laid out like argument "
-                f"{returned[0].argument} ({value_name(argument)}, {plan.sharded.spec(argument)}), whose shape it has: "
+    mirror = next((m for v in node.outputs if v in plan.sharded.returned_sliced for m in [_mirror_of(plan, v)]
+                   if m is not None), None)
+    if mirror is not None:
+        argument = plan.graph.inputs[mirror.argument]
+        return (f"returned as output {mirror.output} sliced over {'*'.join(held)}, laid out like argument "
+                f"{mirror.argument} ({value_name(argument)}, {plan.sharded.spec(argument)}), whose shape it has: "
                 f"each device keeps its block, nothing moved (propagation left this axis {was}; {_MIRRORS})")
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
 
@@ -241,11 +241,14 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
     if met is None:
         where_from = "from the ops it meets"
     elif met == RETURNED:  # asked for by a returned value that mirrors an argument (propagation/uses.py)
-        mirrors = [view.use for (n, k), view in sharded.views.items() if n == RETURNED]
-        mirror = next((m for m in mirrors if plan.graph.outputs[m.output] == v), mirrors[0])
-        argument = plan.graph.inputs[mirror.argument]
-        where_from = (f"from output {mirror.output}, returned laid out like argument {mirror.argument} "
-                      f"({value_name(argument)}, {sharded.spec(argument)}), whose shape it has ({_MIRRORS})")
+        mirrors = mirrored_outputs(sharded)
+        mirror = _mirror_of(plan, v) or next(iter(mirrors.values()), None)
+        if mirror is None:
+            where_from = f"from a returned value, asked for in the layout of an argument it mirrors ({_MIRRORS})"
+        else:
+            argument = plan.graph.inputs[mirror.argument]
+            where_from = (f"from output {mirror.output}, returned laid out like argument {mirror.argument} "
+                          f"({value_name(argument)}, {sharded.spec(argument)}), whose shape it has ({_MIRRORS})")
     else:
         node = plan.graph.nodes[met]
         asked = _asked_by_use(plan, node)
@@ -268,6 +271,12 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
         text = (f"`{origin.node.op}` at {where(origin.node)} created {value_name(root)} axis "
                 f"{origin.axis}, unannotated; it adopted {names} {where_from}")
     return text, steps
+
+
+def _mirror_of(plan: Plan, value: int) -> Mirror | None:
+    """The argument a returned ``value`` mirrors (the first output it is returned as that mirrors one), or None."""
+    mirrors = mirrored_outputs(plan.sharded)
+    return next((mirrors[k] for k, out in enumerate(plan.graph.outputs) if out == value and k in mirrors), None)
 
 
 _MIRRORS = ("an output shaped like an argument — a gradient, an updated parameter or state — is returned in that "

@@ -10,7 +10,7 @@ from functools import cached_property
 from jax.sharding import Mesh, PartitionSpec
 
 from ..expr.graph import Graph, Node, render
-from ..core.layouts import Layout, Shard, Sharded, TensorSharding, layout_to_spec, shard_count
+from ..core.layouts import Layout, Shard, Sharded, TensorSharding, layout_refines, layout_to_spec, shard_count
 from ..core.rules import Body
 from ..core.moves import move_bytes
 from ..core.types import ValueType, type_string
@@ -107,9 +107,15 @@ class ShardedGraph:
     @cached_property
     def returned_sliced(self) -> dict[int, Layout]:
         """Returned values the backward pass asked for in a finer layout than they are computed in (each mirrors an
-        argument: propagation/uses.py) and no node reads: returned sliced so, each device keeping its block."""
-        return {self.graph.outputs[k]: view.layout for (node_id, k), view in self.views.items()
-                if node_id == RETURNED and view.layout != self.layout(self.graph.outputs[k])}
+        argument: propagation/uses.py): returned sliced so, each device keeping its block (its readers, if any,
+        take it as computed)."""
+        found = {}
+        for (node_id, k), view in self.views.items():
+            value = self.graph.outputs[k] if node_id == RETURNED else None
+            if value is not None and not self.shardings[value].spans and view.layout != self.layout(value) \
+                    and layout_refines(self.layout(value), view.layout):
+                found.setdefault(value, view.layout)
+        return found
 
     def edge_move_bytes(self) -> float:
         """Bytes per device the nodes' operand moves send (each priced alone, partial sums not yet planned): how the

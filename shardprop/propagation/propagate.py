@@ -187,20 +187,26 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
     # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)
-    found = [wanted_views(forward, optimistic=optimistic, exchanges=exchanges)
+    # (and, with exchanges, asking nested slices' finest: its effect on the other uses is the plan's price to judge)
+    found = [wanted_views(forward, optimistic=optimistic, exchanges=exchanges, finest=finest)
              for optimistic in (False, True)[:1 + bool(forward.reshards)] for exchanges in (False, True)
-             ] if backward else []
+             for finest in (False, True)] if backward else []
     priced = frozenset().union(*(f.priced for f in found))
     candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
+    seen = {_layouts(candidates[0])}
     for views in dict.fromkeys(tuple(sorted(f.views.items())) for f in found if f.views):
         # a created value (a broadcast's) several nodes read is made as the others need it and sliced for a view; or
-        # made as the view asks, for all of them: both are priced
+        # made as the view asks, for all of them: both are priced (each distinct program once)
         for shared in (False, True)[:1 + _views_shared_created(graph, dict(views))]:
             try:
-                candidates.append(_walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced,
-                                         adopt_shared=shared))
+                candidate = _walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced,
+                                   adopt_shared=shared)
             except ShardingConflictError:
-                pass  # the views met a clash of the user's own: refused (or resolved) as without them
+                continue  # the views met a clash of the user's own: refused (or resolved) as without them
+            key = _layouts(candidate)
+            if key not in seen:
+                seen.add(key)
+                candidates.append(candidate)
     cost = price or ShardedGraph.edge_move_bytes
     # (on a tie, the later candidate: the views over the forward walk, a value adopting a view over slicing it)
     order = {id(c): k for k, c in enumerate(candidates)}
@@ -209,6 +215,12 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     if best is candidates[0] and conflicts != "reshard" and forward.reshards.keys() - priced:
         return _walks(graph, mesh, input_layouts, body, conflicts, views={}, priced=priced)  # raises the clash
     return best
+
+
+def _layouts(sharded: ShardedGraph) -> tuple:
+    """What tells two candidates apart: every value's layout, every node's operand layouts, what is returned."""
+    return (tuple(s.layout for s in sharded.shardings), tuple(sharded.needs),
+            tuple(sorted(sharded.returned_sliced.items())))
 
 
 def _views_shared_created(graph: Graph, views) -> bool:

@@ -66,7 +66,8 @@ class Backward:
     priced: frozenset[int]
 
 
-def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: bool = False) -> Backward:
+def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: bool = False,
+                 finest: bool = False) -> Backward:
     """The views that produce values in the layout their uses need, where that moves less than moving them there
     (see the module docstring); empty when every use takes its operand as it is held.
 
@@ -78,7 +79,9 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
     operands cost more to move than its result: several operands computed from one value (adam's
     ``m / (sqrt(v) + eps)``, both from the gradient) may all be produced in place by one choice further back.
     ``exchanges`` lets a node take an operand by an all-to-all (its mesh axes moved from one axis to another) where
-    no operand held whole can be sliced instead."""
+    no operand held whole can be sliced instead. ``finest`` asks a value whose uses ask nested slices of it (an
+    elementwise use as held, a product sliced) in the finest of them: the others then read it sliced too, which
+    changes what they make (priced by the plan, not here)."""
     graph, mesh_shape = sharded.graph, sharded.mesh_shape
     consumers: list[list[tuple[int, int]]] = [[] for _ in graph.avals]
     for node in graph.nodes:
@@ -137,20 +140,23 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
         if sharded.is_body and value in graph.outputs or sharded.shardings[value].spans or not consumers[value]:
             continue
         held = sharded.layout(value)
-        asked = {wants[edge][0] if edge in wants else asks(edge, held) for edge in consumers[value]}
+        # a mirror asks last: where nodes read the value, they decide (it may still be returned sliced so)
+        reading = [edge for edge in consumers[value] if edge[0] != RETURNED]
+        asking = reading or consumers[value]
+        asked = {wants[edge][0] if edge in wants else asks(edge, held) for edge in asking}
         # uses that ask it sliced further than others take it (an elementwise use of a whole value can take it
-        # sliced too, for free): the finest, where every other is a slice of what is held and it a slice of them
-        finest = [a for a in asked if all(layout_refines(b, a) for b in asked)]
-        if len(asked) > 1 and finest and all(layout_refines(held, a) for a in asked):
-            asked = {finest[0]}
+        # sliced too, for free): with ``finest``, the finest, where each is a slice of what is held and of the others
+        finer = [a for a in asked if all(layout_refines(b, a) for b in asked)] if finest else []
+        if len(asked) > 1 and finer and all(layout_refines(held, a) for a in asked):
+            asked = {finer[0]}
         if len(asked) != 1 or held in asked:
             returned_as_asked(value)
             continue
         target = asked.pop()
-        joined = [wants[edge][1] for edge in consumers[value] if edge in wants]
+        joined = [wants[edge][1] for edge in asking if edge in wants]
         # (a new chain starts at the use that asks the layout: the one explain names)
-        asking = next((edge for edge in consumers[value] if asks(edge, held) == target), consumers[value][0])
-        chain = chains.join(joined) if joined else chains.start(use(asking))
+        first = next((edge for edge in asking if asks(edge, held) == target), asking[0])
+        chain = chains.join(joined) if joined else chains.start(use(first))
         aval = graph.avals[value]
         move = move_bytes(aval.shape, aval.dtype, ValueType(held), ValueType(target), mesh_shape)
         # what the uses pay when the value is not produced so: each later step of a chain counted one move of it in
@@ -167,13 +173,16 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
             continue
         cost, operand_layouts, choice = plan
         if cost > here and not (optimistic and chains.is_conflict(chain)):
+            returned_as_asked(value)
             continue
         chains.step(chain, cost - here, choice)
         for j, layout in enumerate(operand_layouts):
             if layout is not None:
                 wants[(node.id, j)] = (layout, chain)
-        for edge in consumers[value]:  # a returned value's created axes take the layout it mirrors (no node to ask)
-            if edge[0] == RETURNED:
+        if reading:
+            returned_as_asked(value)
+        else:  # a returned value's created axes take the layout it mirrors (no node to ask)
+            for edge in consumers[value]:
                 wants[edge] = (target, chain)
     views = {}
     for (node_id, j), (layout, chain) in wants.items():

@@ -139,10 +139,13 @@ def index_nodes(instructions: Iterable[Instruction]) -> dict[int, NodeIR]:
     for n, compute in computes.items():
         moves_in: dict[int, Move] = {}  # by identity, in order: two operands may share a chain
         for ref in compute.inputs:
-            chain = []
-            while (move := made_by.get(ref)) is not None:
+            chain, seen = [], {ref}
+            # (a value moved there and back — a's all-to-all, then back for another use — would loop: stop at a ref
+            # already on the chain)
+            while (move := made_by.get(ref)) is not None and move.source not in seen:
                 chain.append(move)
                 ref = move.source
+                seen.add(ref)
             moves_in.update((id(m), m) for m in reversed(chain))
         out[n] = NodeIR(compute, tuple(moves_in.values()), tuple(finishes.get(n, ())))
     return out

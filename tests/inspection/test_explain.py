@@ -5,6 +5,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -218,3 +219,17 @@ def test_a_bad_path_is_refused_saying_what_exists(mesh, path, message):
     plain = program(nx_example, (jnp.ones((16, 8)),) * 2, (P("i", "j"), None), mesh)
     with pytest.raises(sp.UnknownValueError, match="it has no body"):
         sp.explain(plain, "e/body/a")
+
+
+def test_explain_follows_a_value_moved_there_and_back(meshes):
+    """A cumulative product's gradient moves a value to another layout and back (found by review: explain looped
+    for ever following the chain of moves that made an operand); every value is explained."""
+    def loss(x):
+        o = jax.lax.cumprod(jnp.tanh(x), axis=1)
+        return jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape)))
+
+    x = np.random.default_rng(0).normal(size=(12, 12, 6)).astype(np.float32)
+    prog = sp.autoshard(jax.grad(loss), mesh=meshes["2x2x2"], in_specs=(P("j", "i", "k"),), strategy="gather").trace(x)
+    np.testing.assert_allclose(np.asarray(prog(x)), np.asarray(jax.grad(loss)(x)), rtol=1e-4, atol=1e-5)
+    for v in range(len(prog.plan.graph.avals)):
+        assert sp.explain(prog, v).axes is not None
