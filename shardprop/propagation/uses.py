@@ -126,11 +126,13 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
     for node in reversed(graph.nodes):
         # an unannotated argument takes the layout its uses ask (it adopts what it meets: here, what they need)
         free = node.op == PARAMETER and not sharded.is_body and sharded.is_unannotated_input(node.outputs[0])
-        if not free and (node.op in (PARAMETER, CONSTANT) or node.id in sharded.bodies
-                         or node.id in sharded.fallbacks or not has_record(node.op)):
+        if node.op in (PARAMETER, CONSTANT) and not free:
             continue
-        if len(node.outputs) != 1:
-            for value in node.outputs:
+        if not free and (node.id in sharded.fallbacks or not has_record(node.op)
+                         or lookup(node.op).runs_outside_shard_map):
+            continue  # (it may run outside shard_map, on whole arrays: nothing there to slice)
+        if not free and (len(node.outputs) != 1 or node.id in sharded.bodies):
+            for value in node.outputs:  # no trial of it (several results, a loop): its returned results may be sliced
                 if not sharded.shardings[value].spans:
                     returned_as_asked(value)
             continue

@@ -293,8 +293,9 @@ def rnn(h0, xs, w):
     # batch sharded: the body never touches it, so carry and outputs stay sharded, one stage, no gather
     ("4x2", (P("i"), P(None, "i"), None), (P("i"), P(None, "i"))),
     ("2x2x2", (P(("i", "j")), P(None, ("i", "j")), P()), (P(("i", "j")), P(None, ("i", "j")))),
-    # hidden units sharded: `h @ w` contracts them every step, so the carry is replicated (gathered once)
-    ("4x2", (P(None, "j"), None, None), (P(), P())),
+    # hidden units sharded: `h @ w` contracts them every step, so the carry is replicated (gathered once); the
+    # final carry, shaped like h0, is returned sliced like it (free)
+    ("4x2", (P(None, "j"), None, None), (P(None, "j"), P())),
 ])
 def test_scan_is_sharded_through_when_the_body_needs_no_gather(mesh_name, specs, expected, meshes):
     rng = np.random.default_rng(0)
