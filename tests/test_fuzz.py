@@ -237,7 +237,7 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
         np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(w)))
 
 
-@settings(max_examples=EXAMPLES // 12 if LONG else 5, deadline=None, derandomize=not LONG, print_blob=True,
+@settings(max_examples=EXAMPLES // 12 if LONG else 3, deadline=None, derandomize=not LONG, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases())
@@ -295,7 +295,7 @@ def test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_
     assert total_moved(prog.estimated_communication()) <= forward_only + 1e-6, forward_only
 
 
-@settings(max_examples=LONG or 5, deadline=None, derandomize=not LONG, print_blob=True,
+@settings(max_examples=LONG or 3, deadline=None, derandomize=not LONG, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases())
