@@ -303,7 +303,8 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
     """``autoshard(jax.grad(loss, argnums=all))`` of a random program's weighted outputs equals the unsharded
     gradient, and each gradient comes out laid out like its argument (a cotangent like its primal, as jax.jit's
     explicit mode types it) — or else pinning it there with ``out_specs`` makes the plan move more (the cost
-    model's bytes), or the user's own constraint (transposed) lays it out. Counted per gradient."""
+    model's bytes), or the user's own constraint (transposed) lays it out, or the user's specs clash (the move is
+    paid either way). Counted per gradient."""
     program, mesh_name, specs, options = case
     assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
     assume(not any(f".{how}(" in line and "mode='promise_in_bounds'" not in line  # jax-ml/jax#40626, as above
@@ -352,6 +353,11 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
         pinned = [None] * len(args)
         pinned[k] = sharded.spec(argument)
         there = total_moved(traced(tuple(pinned)).estimated_communication())
+        if there <= moved + 1e-6 and sharded.reshards.keys() - sharded.priced:
+            # the specs clash (x0 * x2 with x0 and x2 laid out crosswise): the move is paid either side of the
+            # product, and the warned clash stays where the user's code meets it (propagation/uses.py)
+            event("gradient in another layout, at a clash of the specs, as cheap either way")
+            continue
         assert there > moved + 1e-6, (f"gradient {k} comes out {prog.out_specs[k]}, its argument is "
                                       f"{sharded.spec(argument)}: pinned there the plan moves {there} B, not more "
                                       f"than {moved} B")
