@@ -199,6 +199,24 @@ def test_conflicts_are_resolved_by_moving_an_operand(case, meshes):
         raise AssertionError("a conflict resolved by default did not halt under conflicts='error'")
 
 
+def assume_differentiable(program) -> None:
+    """Skip programs JAX cannot (or does not rightly) reverse-differentiate."""
+    assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
+    # JAX's own derivative of a scatter-max/-min whose indices are clipped or dropped is wrong (jax-ml/jax#40626:
+    # `x.at[[3]].max(1.5, mode='clip')` of a length-3 x has gradient 1 where its output is the constant 1.5), so
+    # the unsharded reference is not an oracle there
+    assume(not any(f".{how}(" in line and "mode='promise_in_bounds'" not in line
+                   for line in program.lines for how in ("max", "min") if ".at[" in line))
+
+
+def weighted(g):
+    """The scalar loss of ``g``'s outputs, each weighted elementwise (so that every element's gradient differs)."""
+    def loss(*xs):
+        outs = jax.tree_util.tree_leaves(g(*xs))
+        return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
+    return loss
+
+
 @settings(max_examples=max(EXAMPLES // 12, 8), deadline=None, derandomize=not LONG, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
@@ -207,22 +225,10 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
     """jax.grad of a random program's weighted outputs through the sharded program (its stages, moves and
     collective finishes transposed by JAX) equals jax.grad of the unsharded function."""
     program, mesh_name, specs, options = case
-    assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
-    # JAX's own derivative of a scatter-max/-min whose indices are clipped or dropped is wrong (jax-ml/jax#40626:
-    # `x.at[[3]].max(1.5, mode='clip')` of a length-3 x has gradient 1 where its output is the constant 1.5), so
-    # the unsharded reference is not an oracle there
-    assume(not any(f".{how}(" in line and "mode='promise_in_bounds'" not in line
-                   for line in program.lines for how in ("max", "min") if ".at[" in line))
+    assume_differentiable(program)
     note(reproducer(program, mesh_name, specs, options))
     f, unconstrained = program_functions(program, meshes[mesh_name])
     args = random_inputs(program)
-
-    def weighted(g):
-        def loss(*xs):
-            outs = jax.tree_util.tree_leaves(g(*xs))
-            return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
-        return loss
-
     want = jax.grad(weighted(unconstrained), argnums=tuple(range(len(args))))(*map(jnp.asarray, args))
     try:
         with warnings.catch_warnings():
@@ -248,25 +254,19 @@ def test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_
     cost model; and each update is counted: the gradient arriving in its argument's layout, moved there as a priced
     choice, or moved with a ReshardWarning (a clash of the specs)."""
     program, mesh_name, specs, options = case
-    assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
-    assume(not any(f".{how}(" in line and "mode='promise_in_bounds'" not in line  # jax-ml/jax#40626, as above
-                   for line in program.lines for how in ("max", "min") if ".at[" in line))
+    assume_differentiable(program)
     mesh = meshes[mesh_name]
     note(reproducer(program, mesh_name, specs, options))
     f, unconstrained = program_functions(program, mesh)
     args = random_inputs(program)
 
-    def step(*xs):
-        def loss(*ys):
-            outs = jax.tree_util.tree_leaves(f(*ys))
-            return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
-        return [x - 0.1 * d for x, d in zip(xs, jax.grad(loss, argnums=tuple(range(len(xs))))(*xs), strict=True)]
+    def stepping(g):
+        def step(*xs):
+            grads = jax.grad(weighted(g), argnums=tuple(range(len(xs))))(*xs)
+            return [x - 0.1 * d for x, d in zip(xs, grads, strict=True)]
+        return step
 
-    def reference(*xs):
-        def loss(*ys):
-            outs = jax.tree_util.tree_leaves(unconstrained(*ys))
-            return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
-        return [x - 0.1 * d for x, d in zip(xs, jax.grad(loss, argnums=tuple(range(len(xs))))(*xs), strict=True)]
+    step, reference = stepping(f), stepping(unconstrained)
 
     strategy = options["strategy"]  # the step returns the updated arguments: no out_specs of the program
     want = reference(*map(jnp.asarray, args))
@@ -306,19 +306,14 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
     model's bytes), or the user's own constraint (transposed) lays it out, or the user's specs clash (the move is
     paid either way). Counted per gradient."""
     program, mesh_name, specs, options = case
-    assume(not any(op.startswith("while") for op in program.ops))  # JAX cannot reverse-differentiate a while loop
-    assume(not any(f".{how}(" in line and "mode='promise_in_bounds'" not in line  # jax-ml/jax#40626, as above
-                   for line in program.lines for how in ("max", "min") if ".at[" in line))
+    assume_differentiable(program)
     mesh = meshes[mesh_name]
     note(reproducer(program, mesh_name, specs, options))
     f, unconstrained = program_functions(program, mesh)
     args = random_inputs(program)
 
     def gradient(g):
-        def loss(*ys):
-            outs = jax.tree_util.tree_leaves(g(*ys))
-            return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
-        return jax.grad(loss, argnums=tuple(range(len(args))))
+        return jax.grad(weighted(g), argnums=tuple(range(len(args))))
 
     want = gradient(unconstrained)(*map(jnp.asarray, args))
     strategy = options["strategy"]
