@@ -209,6 +209,17 @@ def assume_differentiable(program) -> None:
                    for line in program.lines for how in ("max", "min") if ".at[" in line))
 
 
+def differentiable_case(case, meshes):
+    """A drawn case JAX can differentiate, noted for its reproducer: (mesh, specs, options, the function, its
+    unconstrained reference, random inputs)."""
+    program, mesh_name, specs, options = case
+    assume_differentiable(program)
+    mesh = meshes[mesh_name]
+    note(reproducer(program, mesh_name, specs, options))
+    f, unconstrained = program_functions(program, mesh)
+    return mesh, specs, options, f, unconstrained, random_inputs(program)
+
+
 def weighted(g):
     """The scalar loss of ``g``'s outputs, each weighted elementwise (so that every element's gradient differs)."""
     def loss(*xs):
@@ -253,12 +264,7 @@ def test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_
     moves no more than with the forward walk alone (``sp.propagate(..., backward=False)``), both priced by the
     cost model; and each update is counted: the gradient arriving in its argument's layout, moved there as a priced
     choice, or moved with a ReshardWarning (a clash of the specs)."""
-    program, mesh_name, specs, options = case
-    assume_differentiable(program)
-    mesh = meshes[mesh_name]
-    note(reproducer(program, mesh_name, specs, options))
-    f, unconstrained = program_functions(program, mesh)
-    args = random_inputs(program)
+    mesh, specs, options, f, unconstrained, args = differentiable_case(case, meshes)
 
     def stepping(g):
         def step(*xs):
@@ -305,12 +311,7 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
     explicit mode types it) — or else pinning it there with ``out_specs`` makes the plan move more (the cost
     model's bytes), or the user's own constraint (transposed) lays it out, or the user's specs clash (the move is
     paid either way). Counted per gradient."""
-    program, mesh_name, specs, options = case
-    assume_differentiable(program)
-    mesh = meshes[mesh_name]
-    note(reproducer(program, mesh_name, specs, options))
-    f, unconstrained = program_functions(program, mesh)
-    args = random_inputs(program)
+    mesh, specs, options, f, unconstrained, args = differentiable_case(case, meshes)
 
     def gradient(g):
         return jax.grad(weighted(g), argnums=tuple(range(len(args))))
