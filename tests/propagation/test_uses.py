@@ -222,3 +222,23 @@ def test_a_result_no_node_can_produce_sliced_is_returned_sliced_like_its_argumen
     assert axis.origin.startswith("returned as output 0 sliced over data, laid out like argument 0")
     pinned = sp.autoshard(lambda x: jnp.sort(x, axis=0), mesh=mesh, in_specs=(P(DATA),), out_specs=P()).trace(x)
     assert pinned.out_specs == (P(),) and pinned(x).sharding.spec == P()
+
+
+def test_a_view_changes_only_the_axes_it_asks_for():
+    """A view asks an operand laid out otherwise on some axes; where the views made an open axis upstream adopt a mesh
+    axis (here the gradient's constant seed, adopting the argument's row sharding), the view's other axes keep it
+    rather than gathering it back. Found by the fuzzer: the gradient of a strided max window after a roll came out
+    P(None, ('j','k')) although P('i', ('j','k')), its argument's layout, moves no more (4 B either way)."""
+    mesh = sp.make_mesh((2, 2, 2), ("i", "j", "k"))
+
+    def f(x):
+        v = jnp.roll(x, 0, axis=1)
+        w = jax.lax.reduce_window(v, -jnp.inf, jax.lax.max, (1, 1, 1), (2, 1, 1), "SAME")
+        return jnp.sum(v * jnp.cos(jnp.arange(8.0).reshape(v.shape))) + jnp.sum(w * jnp.cos(jnp.arange(4.0)))[None]
+
+    x = _normal(2, 4, 1)
+    grad = jax.grad(lambda x: f(x)[0])
+    prog = sp.autoshard(grad, mesh=mesh, in_specs=(P("i", ("j", "k")),)).trace(x)
+    assert _trimmed(prog.out_specs[0]) == ("i", ("j", "k"))
+    assert sum(t.moved_bytes for t in prog.estimated_communication()) <= 4.0
+    np.testing.assert_allclose(np.asarray(prog(x)), np.asarray(grad(x)), rtol=1e-5, atol=1e-6)
