@@ -42,6 +42,8 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
         return _combine_arg(node, block, partial, kind, mesh_axes, mesh_shape, rows)
     if kind is CollectiveKind.PPROD:  # each device multiplied its block (a ranged axis's padding as ones)
         return _product(partial, mesh_axes)
+    if node.op in ("scatter-max", "scatter-min"):  # integers (ops/indexing.py): no NaN, no zero's sign, no derivative
+        return (lax.pmax if kind is CollectiveKind.PMAX else lax.pmin)(partial, mesh_axes)
     axes = node.params["axes"]
     if rows is not None:  # a ranged axis's padding ties with nothing
         block, _ = _without_padding(block, axes[0], rows, mesh_axes, mesh_shape,

@@ -14,6 +14,8 @@ sharded rows scatters each device's rows and a ``psum`` adds the results (an emb
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -22,6 +24,7 @@ from ..expr import jax_adapter as jx
 from ..core.boxes import Box, LineageContext, full_box
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
+from ..core.moves import move_bytes
 from ..core.types import ValueType, whole
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef, defs
@@ -34,8 +37,27 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
     """Output axes are the indices' batch axes (in order, at the positions not in ``offset_dims``) and the
     operand's sliced axes (at ``offset_dims``). A sliced operand axis sliced whole passes through with its sharding
     (indexed or not: a whole window starts at 0, clamped there, or is out of bounds altogether); operand batching
-    axes pair with the indices' batching axes like the batch axes of ``dot_general``."""
-    dn = dimension_numbers
+    axes pair with the indices' batching axes like the batch axes of ``dot_general``.
+
+    Where a batch axis and a whole window are laid out over one mesh axis (the rows of an embedding table's lookup
+    and the table's features, both over ``x``), one of them is taken whole: the batch keeps it, unless gathering the
+    indices — and then exchanging the result into the batch's layout, were a use to want it so — moves fewer bytes
+    than gathering the table (as ``jax.jit`` looks up a feature-sharded table: the indices gathered, not the table)."""
+    batch_first = _gather_layouts(ctx, operand, indices, dimension_numbers, slice_sizes, batch_first=True)
+    out, (operand_need, indices_need) = batch_first
+    if operand_need == operand.layout:
+        return RuleOutput((out,), (operand_need, indices_need))
+    window_first = _gather_layouts(ctx, operand, indices, dimension_numbers, slice_sizes, batch_first=False)
+    if _moved(ctx, batch_first, operand, indices) > _moved(ctx, window_first, operand, indices) + _moved_output(
+            ctx, window_first[0].layout, out.layout):
+        out, (operand_need, indices_need) = window_first
+    return RuleOutput((out,), (operand_need, indices_need))
+
+
+def _gather_layouts(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, dn, slice_sizes, *,
+                    batch_first: bool):
+    """The gather's output sharding and its operands' needs, the batch axes (or the whole windows) taking the mesh
+    axes first — the others keeping theirs only where those are unused."""
     out_shape = ctx.out_avals[0].shape
     axes: list = [None] * len(out_shape)
     operand_need = [()] * len(operand.shape)
@@ -44,17 +66,28 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
     index_batch_dims = list(range(len(indices.shape) - 1))  # the last indices axis is the index vector
     out_of_index_dim = dict(zip(index_batch_dims, batch_out, strict=True))
     paired = dict(zip(dn.start_indices_batching_dims, dn.operand_batching_dims, strict=True))
+    sliced = [k for k in range(len(operand.shape))
+              if k not in dn.collapsed_slice_dims and k not in dn.operand_batching_dims]
+    used: set[str] = set()
+
+    def windows():
+        for k, d in zip(sliced, dn.offset_dims, strict=True):
+            # sliced whole: a window the indices start at 0 (the only start that fits it), indexed or not
+            if slice_sizes[k] == operand.shape[k]:
+                axes[d] = ctx.carry_unused(d, out_shape[d], operand.axes[k], used)
+
+    if not batch_first:
+        windows()
     for j in index_batch_dims:
         d = out_of_index_dim[j]
         candidates = [indices.axes[j]] + ([operand.axes[paired[j]]] if j in paired else [])
-        axes[d] = ctx.merge(d, out_shape[d], candidates)
-    sliced = [k for k in range(len(operand.shape))
-              if k not in dn.collapsed_slice_dims and k not in dn.operand_batching_dims]
-    used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
-    for k, d in zip(sliced, dn.offset_dims, strict=True):
-        # sliced whole: a window the indices start at 0 (the only start that fits it), indexed or not
-        if slice_sizes[k] == operand.shape[k]:
-            axes[d] = ctx.carry_unused(d, out_shape[d], operand.axes[k], used)
+        if batch_first:
+            axes[d] = ctx.merge(d, out_shape[d], candidates)
+        else:
+            axes[d] = ctx.carry_unused(d, out_shape[d], ctx.merge(d, out_shape[d], candidates), used)
+    if batch_first:
+        used.update(name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes)
+        windows()
     out = TensorSharding(out_shape, tuple(axes))
     layout = out.layout
     for j in index_batch_dims:
@@ -63,7 +96,19 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
             operand_need[paired[j]] = layout[out_of_index_dim[j]]
     for k, d in zip(sliced, dn.offset_dims, strict=True):
         operand_need[k] = layout[d]
-    return RuleOutput((out,), (tuple(operand_need), tuple(indices_need)))
+    return out, (tuple(operand_need), tuple(indices_need))
+
+
+def _moved(ctx: RuleContext, layouts, operand: TensorSharding, indices: TensorSharding) -> float:
+    """Bytes the gather's operands move to be taken as ``layouts`` needs them."""
+    _, needs = layouts
+    return sum(move_bytes(aval.shape, aval.dtype, ValueType(have.layout), ValueType(need), ctx.mesh_shape)
+               for aval, have, need in zip(ctx.in_avals, (operand, indices), needs, strict=True))
+
+
+def _moved_output(ctx: RuleContext, have, want) -> float:
+    aval = ctx.out_avals[0]
+    return move_bytes(aval.shape, aval.dtype, ValueType(have), ValueType(want), ctx.mesh_shape)
 
 
 def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, updates: TensorSharding, *,
@@ -152,15 +197,44 @@ def _ranged_scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSh
                       need_spans=spans)
 
 
-def finish_scatter_add(decisions, node):
-    """A scatter-add (or -sub) is linear in its updates: with the updates' scattered rows (and their index
-    vectors) sharded, each device scatters its rows into the operand and a ``psum`` adds the results — the
-    gradient of an embedding lookup over a sharded batch, all-reduced instead of its rows gathered. The operand
-    is counted once (taken on each group's first device). Not where a mesh axis would then shard two axes."""
-    dn = node.params["dimension_numbers"]
-    _, indices, updates = node.operands
-    indices_have, updates_have = decisions.layout(indices), decisions.layout(updates)
-    operand_need, indices_need, updates_need = (list(n) for n in decisions.need_layouts(node.id))
+@dataclass(frozen=True)
+class FinishScatter:
+    """Finish a scatter of sharded update rows by ``kind``: each device scatters its rows (and their index vectors)
+    into the operand and one all-reduce combines the results — the gradient of an embedding lookup over a sharded
+    batch all-reduced (``psum``) instead of its rows gathered; a ``segment_max`` / ``segment_prod`` of sharded data
+    combined by a ``pmax`` / a product, as ``jax.jit`` does. For operand dtypes of the numpy kinds in ``exact_for``.
+    The operand is counted once: taken as a partial sum (zero on the other devices of a group), or — for a product
+    — multiplied in by each group's first device only (:func:`scatter_on_blocks`); a maximum or a minimum takes it
+    in on every device. Not where a mesh axis would then shard two axes."""
+
+    kind: CollectiveKind
+    exact_for: str
+
+    def __call__(self, decisions, node):
+        kind = jx.dtype_kind(decisions.graph.avals[node.outputs[0]].dtype)
+        if not kind or kind not in self.exact_for:  # "" (a PRNG key) is in every string
+            return None
+        dn = node.params["dimension_numbers"]
+        _, indices, updates = node.operands
+        indices_have, updates_have = decisions.layout(indices), decisions.layout(updates)
+        operand_need, indices_need, updates_need = (list(n) for n in decisions.need_layouts(node.id))
+        mesh_axes = _finished_rows(dn, indices_have, updates_have, indices_need, updates_need)
+        if not mesh_axes or len(set(mesh_axes)) != len(mesh_axes):
+            return None  # nothing to combine, or one mesh axis on two scattered axes (they would need it twice)
+        summed = set(mesh_axes)
+        update_scatter = [u for u in range(len(updates_have)) if u not in dn.update_window_dims]
+        for need, own in ((operand_need, ()), (indices_need, range(len(update_scatter))),
+                          (updates_need, update_scatter)):
+            if summed & {name for k, m in enumerate(need) if k not in own for name in m}:
+                return None  # a mesh axis would shard two axes of one operand, or the output
+        operand = ValueType(tuple(operand_need), tuple(mesh_axes) if self.kind is CollectiveKind.PSUM else ())
+        return (operand, *whole((tuple(indices_need), tuple(updates_need)))), Collective(self.kind, tuple(mesh_axes))
+
+
+def _finished_rows(dn, indices_have, updates_have, indices_need=None, updates_need=None) -> list[str] | None:
+    """The mesh axes the updates' scattered rows (and their index vectors) are held over, each device scattering its
+    own: a finish combines the results over them (``indices_need``/``updates_need``, when given, take them so).
+    None where the indices and the updates are held over different ones."""
     update_scatter = [u for u in range(len(updates_have)) if u not in dn.update_window_dims]
     mesh_axes: list[str] = []
     for i, u in enumerate(update_scatter):
@@ -170,18 +244,10 @@ def finish_scatter_add(decisions, node):
         if have_i and have_u and have_i != have_u:
             return None
         names = have_i or have_u
-        indices_need[i] = updates_need[u] = names
+        if indices_need is not None:
+            indices_need[i] = updates_need[u] = names
         mesh_axes.extend(names)
-    if not mesh_axes or len(set(mesh_axes)) != len(mesh_axes):
-        return None  # nothing to sum, or one mesh axis on two scattered axes (they would need it twice)
-    summed = set(mesh_axes)
-    for need, own in ((operand_need, ()), (indices_need, range(len(update_scatter))),
-                      (updates_need, update_scatter)):
-        if summed & {name for k, m in enumerate(need) if k not in own for name in m}:
-            return None  # a mesh axis would shard two axes of one operand, or the output
-    # The operand is consumed as a partial sum: taken on each group's first device, zero on the others.
-    needs = (ValueType(tuple(operand_need), tuple(mesh_axes)), *whole((tuple(indices_need), tuple(updates_need))))
-    return needs, Collective(CollectiveKind.PSUM, tuple(mesh_axes))
+    return mesh_axes
 
 
 def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
@@ -194,6 +260,12 @@ def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
     block, the index set to 0 (:func:`_whole_windows_written_at_zero`)."""
     operand, indices, *rest = invals
     dn = node.params["dimension_numbers"]
+    if node.op == "scatter-mul":  # each device's rows multiplied in, a product to finish: the operand counted once
+        rows = _finished_rows(dn, blocks.in_layouts[1], blocks.in_layouts[2])
+        if rows:
+            operand = jnp.where(block_index(tuple(rows), blocks.mesh_shape) == 0, operand,
+                                jnp.ones((), operand.dtype))
+            invals = [operand, indices, *rest]
     (operand_global, *_), (operand_block, *_) = blocks.in_global, blocks.in_blocks
     updates_shape = blocks.in_global[2]
     window = [k for k in range(len(operand_global))
@@ -441,9 +513,14 @@ OPS = [
     OpDef("gather", Family.INDEXING, propagate=gather, lineage=gather_lineage, lineage_exact=False,
           per_block=gather_on_blocks, finish=finish_gather, pull=None, linear=Linearity.NONE),
     *defs(("scatter-add", "scatter-sub"), Family.INDEXING, propagate=scatter, lineage=scatter_lineage,
-          lineage_exact=False, per_block=scatter_on_blocks, finish=finish_scatter_add, pull=None,
-          linear=Linearity.NONE, reads_ranges=True),
-    *defs(tuple(op for op in SCATTERS if op not in ("scatter-add", "scatter-sub")), Family.INDEXING,
-          propagate=scatter, lineage=scatter_lineage, lineage_exact=False, per_block=scatter_on_blocks, finish=None,
+          lineage_exact=False, per_block=scatter_on_blocks, finish=FinishScatter(CollectiveKind.PSUM, "fiuc"),
           pull=None, linear=Linearity.NONE, reads_ranges=True),
+    # a maximum's or a minimum's derivative averages the tangents of every tie, across devices too: integers only
+    # (no derivative); a float one is given its rows whole
+    *(OpDef(name, Family.INDEXING, propagate=scatter, lineage=scatter_lineage, lineage_exact=False,
+            per_block=scatter_on_blocks, finish=finish, pull=None, linear=Linearity.NONE, reads_ranges=True)
+      for name, finish in (("scatter-mul", FinishScatter(CollectiveKind.PPROD, "fiuc")),
+                           ("scatter-max", FinishScatter(CollectiveKind.PMAX, "iub")),
+                           ("scatter-min", FinishScatter(CollectiveKind.PMIN, "iub")),
+                           ("scatter", None))),
 ]

@@ -796,18 +796,6 @@ KNOWN_DIFFERENCES: dict[str, Known] = {
         "shardprop P(), P() moving 512 B, JAX P(None, 'x'), P() moving 512 B: the vmapped gradient (2, 64, 8, "
         "128) is shaped like no argument (the mapped axis is new), so nothing asks for x's layout: built from the "
         "constant cotangent seed, it stays replicated (JAX types the seed like the primal output)"),
-    "test_segment_max": Known(("bytes",),
-        "shardprop P() moving 48 B, JAX P() moving 24 B: scatter-max of sharded data and ids all-gathers both (48"
-        " B); JAX scatters per block and combines the 4 results with an all-reduce max (24 B) — shardprop "
-        "finishes only scatter-add so"),
-    "test_segment_prod": Known(("bytes",),
-        "shardprop P() moving 48 B, JAX P() moving 24 B: scatter-mul of sharded data and ids all-gathers both (48"
-        " B); JAX scatters per block and combines the 4 results with an all-reduce mul (24 B) — shardprop "
-        "finishes only scatter-add so"),
-    "test_auto_gather_out_sharding": Known(("bytes",),
-        "shardprop P('x') moving 2048 B, JAX P('x') moving 1088 B: the table is sharded along the looked-up rows'"
-        " features (P(None, 'x')): shardprop all-gathers the whole table (2 KiB); JAX moves only the looked-up "
-        "rows"),
 
 }
 

@@ -152,8 +152,12 @@ CASES = [
      "fft"),
     ("batched_det_platform_branch_folded", jnp.linalg.det, [((8, 4, 4), F32)], "4x2", (P(("i", "j")),),
      P(("i", "j")), "lu"),
+    # the rows and the indices share i: the indices (64 B) are gathered rather than the table (512 B), as jax.jit does
     ("gather_indices_and_rows_share_a_mesh_axis", lambda a, i: jnp.take(a, i, axis=1), [(M, F32), ((16,), I32)],
-     "4x2", (P("i"), P("i")), P(None, "i"), "gather"),
+     "4x2", (P("i"), P("i")), P("i"), "gather"),
+    # ... unless the indices are the larger: then the table is gathered and the lookup keeps the indices' layout
+    ("gather_rows_cheaper_to_gather_than_the_indices", lambda a, i: jnp.take(a, i, axis=1),
+     [((16, 2), F32), ((256,), I32)], "4x2", (P("i"), P("i")), P(None, "i"), "gather"),
     ("conv_batch_and_kernel_share_a_mesh_axis", lambda x, w: lax.conv_general_dilated(
         x, w, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW")), [((8, 3, 6, 6), F32), ((8, 3, 3, 3), F32)],
      "4x2", (P("i"), P("i")), P("i"), "conv_general_dilated"),

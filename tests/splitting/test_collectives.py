@@ -303,6 +303,47 @@ def test_a_scatter_add_over_sharded_rows_is_finished_by_a_psum_counting_its_oper
     assert [kind for kind, _ in steps(prog, sending=False)] == ["take-once", "psum"]
 
 
+@pytest.mark.parametrize("mesh_name,spec", [("8", P("i")), ("4x2", P(("i", "j"))), ("2x2x2", P(("k", "i")))])
+@pytest.mark.parametrize("how,dtype", [("max", np.int32), ("min", np.int32), ("mul", np.int32),
+                                       ("mul", np.float32)])
+def test_a_scatter_max_min_or_mul_over_sharded_rows_is_finished_by_one_all_reduce(how, dtype, mesh_name, spec,
+                                                                                    meshes):
+    """segment_max / segment_min / segment_prod of data sharded by rows: each device scatters its rows into the
+    (replicated, non-identity) operand and one all-reduce combines the results, as jax.jit does — a product taking the
+    operand on one device of each group only, or it would be multiplied in once per device."""
+    rng = np.random.default_rng(3)
+    base = rng.integers(-3, 4, size=(10, 4)).astype(dtype)
+    u = (rng.integers(-3, 4, size=(64, 4)) if dtype == np.int32 else rng.uniform(0.8, 1.2, size=(64, 4))).astype(
+        dtype)
+    ids = (np.arange(64) * 7 % 10).astype(np.int32)  # repeated rows combine
+
+    def f(base, ids, u):
+        return getattr(jnp.asarray(base).at[ids], how)(u)
+
+    prog = assert_same_as_unsharded(f, (base, ids, u), mesh=meshes[mesh_name], in_specs=(P(), spec, spec),
+                                    rtol=1e-5)
+    assert [t.kind for t in prog.communication()] == ["all-reduce"]
+    comparison = sp.compare_with_jit(f, meshes[mesh_name], (P(), spec, spec), base, ids, u)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+
+
+def test_a_float_scatter_max_takes_its_rows_whole():
+    """A float maximum's derivative averages the tangents of all its ties, across devices too: its rows are
+    gathered (no per-device maximum to combine), and the value and the gradient equal the unsharded ones."""
+    import jax
+
+    mesh = sp.make_mesh((8,), ("i",))
+    base = np.zeros((10, 4), np.float32)
+    u = np.maximum(random_args([((64, 4), np.float32)])[0], 0)  # relu'd: exact ties at 0 with the operand
+    ids = (np.arange(64) * 7 % 10).astype(np.int32)
+
+    def loss(base, u):
+        return jnp.sum(jnp.asarray(base).at[ids].max(u) * jnp.arange(40.0).reshape(10, 4))
+
+    prog = assert_same_as_unsharded(jax.grad(loss, (0, 1)), (base, u), mesh=mesh, in_specs=(P(), P("i")))
+    assert {str(c.kind) for c in prog.plan.collectives.values()} <= {"psum"}  # (the gradient's scatter-adds)
+
+
 def test_auto_all_reduces_an_embedding_gradient_when_the_table_is_smaller_than_the_batch(meshes):
     """A small vocabulary and a large batch: all-reducing the table's gradient moves less than gathering the batch's
     rows (and indices), as jax.jit does; with a large table auto gathers the rows instead (fewer bytes than jit)."""
