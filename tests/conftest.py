@@ -57,10 +57,11 @@ def check_rule_case(f, args, *, mesh, in_specs, expected, primitive):
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=in_specs)
     expected = (expected,) if isinstance(expected, PartitionSpec) else tuple(expected)
     sharded = prog.sharded
-    propagated = tuple(sharded.spec(v) if v in sharded.returned_sliced else prog.out_specs[k]
+    propagated = tuple(sharded.spec(v) if k in sharded.returned_sliced else prog.out_specs[k]
                        for k, v in enumerate(sharded.graph.outputs))
     assert propagated == expected
-    assert all(layout_refines(sharded.layout(v), sharded.returned_layout(v)) for v in sharded.returned_sliced)
+    assert all(layout_refines(sharded.layout(sharded.graph.outputs[k]), sharded.output_layout(k))
+               for k in sharded.returned_sliced)
     assert has_record(primitive)
     assert primitive in {n.op for n in prog.sharded.graph.nodes}
     assert not prog.sharded.fallbacks

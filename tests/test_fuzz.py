@@ -343,7 +343,7 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
         if graph.nodes[graph.producer[grad]].op == "sharding_constraint":  # the user's constraint, transposed
             event("gradient laid out by a constraint of the user's")
             continue
-        if sharded.returned_layout(grad) == wanted:
+        if sharded.output_layout(k) == wanted:
             event("gradient in its argument's layout")
             continue
         pinned = [None] * len(args)

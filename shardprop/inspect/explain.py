@@ -19,7 +19,7 @@ from ..propagation.origins import trace_origin
 from ..propagation.product import RETURNED
 from ..propagation.uses import Mirror, mirrored_outputs
 from ..core.types import type_string
-from ..core.layouts import Sharded, is_refinement, layout_to_spec, shard_count
+from ..core.layouts import Layout, Sharded, is_refinement, layout_to_spec, shard_count
 from ..core.steps import StepKind
 from ..core.types import typed
 from ..splitting import Plan
@@ -131,7 +131,7 @@ def explain(prog: Any, value: Any) -> Explanation:
     sharded, graph = plan.sharded, plan.graph
     node = graph.nodes[graph.producer[v]]
     sharding = sharded.shardings[v]
-    held = plan.returned_type(v).layout  # (as held; or as returned, sliced further where it mirrors an argument)
+    held = _returned_as(plan, v)  # (as held; or as returned, sliced further where it mirrors an argument)
     axes = []
     for axis, (size, a) in enumerate(zip(sharding.shape, sharding.axes, strict=True)):
         propagated = a.mesh_axes if isinstance(a, Sharded) else ()
@@ -164,8 +164,9 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
         return (f"`{node.op}` at {where(node)} is finished by a reduce-scatter "
                 f"({move_equation(scattered[0])}): each device keeps only its block over {'*'.join(held)} of the sum "
                 f"(propagation alone left this axis {was}; the consumers slice it anyway)")
-    mirror = next((m for v in node.outputs if v in plan.sharded.returned_sliced for m in [_mirror_of(plan, v)]
-                   if m is not None), None)
+    mirrors = mirrored_outputs(plan.sharded)
+    mirror = next((mirrors[k] for v in node.outputs for k in plan.output_indices.get(v, ())
+                   if k in plan.sharded.returned_sliced and k in mirrors), None)
     if mirror is not None:
         argument = plan.graph.inputs[mirror.argument]
         return (f"returned as output {mirror.output} sliced over {'*'.join(held)}, laid out like argument "
@@ -271,6 +272,14 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
         text = (f"`{origin.node.op}` at {where(origin.node)} created {value_name(root)} axis "
                 f"{origin.axis}, unannotated; it adopted {names} {where_from}")
     return text, steps
+
+
+def _returned_as(plan: Plan, value: int) -> Layout:
+    """The layout ``value`` is explained in: as held, or — returned as an output sliced further (it mirrors an
+    argument) — as the first such output comes back."""
+    outputs = plan.output_indices.get(value, ())
+    sliced = [k for k in outputs if k in plan.sharded.returned_sliced]
+    return plan.output_type(sliced[0]).layout if sliced else plan.type(value).layout
 
 
 def _mirror_of(plan: Plan, value: int) -> Mirror | None:

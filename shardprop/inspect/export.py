@@ -87,7 +87,7 @@ def to_json(prog: Any) -> dict[str, Any]:
         "strategy": str(plan.strategy) if split else None,
         "inputs": [{"index": k, "value": value_name(v), "layout": _layout(plan.layout(v))}
                    for k, v in enumerate(graph.inputs)],
-        "outputs": [{"index": k, "value": value_name(v), "layout": _layout(plan.returned_type(v).layout),
+        "outputs": [{"index": k, "value": value_name(v), "layout": _layout(plan.output_type(k).layout),
                      "source": _source(plan.output_sources[k]) if split else None}
                     for k, v in enumerate(graph.outputs)],
         **_values_and_nodes(plan, ""), "stages": stages,

@@ -86,18 +86,20 @@ class ShardedGraph:
 
     @cached_property
     def out_specs(self) -> tuple[PartitionSpec, ...]:
-        """The spec every flat output comes back in (:meth:`returned_layout`)."""
-        return tuple(layout_to_spec(self.returned_layout(v)) for v in self.graph.outputs)
+        """The spec every flat output comes back in (:meth:`output_layout`)."""
+        return tuple(layout_to_spec(self.output_layout(k)) for k in range(len(self.graph.outputs)))
+
+    def output_layout(self, k: int) -> Layout:
+        """The layout output ``k`` comes back in: its value's :meth:`returned_layout`, or sliced further where it
+        mirrors an argument (:attr:`returned_sliced`; one value returned as two outputs may be sliced two ways)."""
+        mirrored = self.returned_sliced.get(k)
+        return mirrored if mirrored is not None else self.returned_layout(self.graph.outputs[k])
 
     def returned_layout(self, value: int) -> Layout:
-        """The layout a returned ``value`` comes back in: its layout, each ranged axis in the equal blocks of its mesh
-        axes where they divide it (the gradient of ``x[:, ::3]``, a pad spreading ranged rows: realigned to them),
-        else whole (a JAX array cannot be uneven); or sliced further where it mirrors an argument (a gradient of
-        a replicated sharding constraint's cotangent returned like its argument)."""
+        """The layout a returned ``value`` comes back in as it is held: its layout, each ranged axis in the equal
+        blocks of its mesh axes where they divide it (the gradient of ``x[:, ::3]``, a pad spreading ranged rows:
+        realigned to them), else whole (a JAX array cannot be uneven)."""
         sharding = self.shardings[value]
-        mirrored = self.returned_sliced.get(value)
-        if mirrored is not None:
-            return mirrored
         if not sharding.spans:
             return sharding.layout
         mesh_shape = self.mesh_shape
@@ -106,15 +108,15 @@ class ShardedGraph:
 
     @cached_property
     def returned_sliced(self) -> dict[int, Layout]:
-        """Returned values the backward pass asked for in a finer layout than they are computed in (each mirrors an
-        argument: propagation/uses.py): returned sliced so, each device keeping its block (its readers, if any,
-        take it as computed)."""
+        """The outputs (by index) the backward pass asked for in a finer layout than their values are computed in
+        (each mirrors an argument: propagation/uses.py): returned sliced so, each device keeping its block (the
+        value's readers, if any, take it as computed)."""
         found = {}
         for (node_id, k), view in self.views.items():
             value = self.graph.outputs[k] if node_id == RETURNED else None
             if value is not None and not self.shardings[value].spans and view.layout != self.layout(value) \
                     and layout_refines(self.layout(value), view.layout):
-                found.setdefault(value, view.layout)
+                found[k] = view.layout
         return found
 
     def edge_move_bytes(self) -> float:

@@ -31,7 +31,7 @@ from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RETURNED, RuleName, ShardedGraph
-from .uses import wanted_views
+from .uses import mirrored_outputs, wanted_views
 from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_refines, layout_to_spec,
                             shard_count, uneven_span, uses_mesh_axes_once)
 from ..core.moves import move_bytes, plan_move
@@ -208,13 +208,21 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 seen.add(key)
                 candidates.append(candidate)
     cost = price or ShardedGraph.edge_move_bytes
-    # (on a tie, the later candidate: the views over the forward walk, a value adopting a view over slicing it)
+    # (on a tie, the one returning more outputs laid out like the arguments they mirror; then the later candidate:
+    # the views over the forward walk, a value adopting a view over slicing it)
     order = {id(c): k for k, c in enumerate(candidates)}
-    best = min(candidates, key=lambda c: (cost(c) if len(candidates) > 1 else 0, len(c.reshards) - len(c.priced),
-                                          -order[id(c)]))
+    best = min(candidates, key=lambda c: (cost(c) if len(candidates) > 1 else 0,
+                                          -_mirrors_met(c),
+                                          len(c.reshards) - len(c.priced), -order[id(c)]))
     if best is candidates[0] and conflicts != "reshard" and forward.reshards.keys() - priced:
         return _walks(graph, mesh, input_layouts, body, conflicts, views={}, priced=priced)  # raises the clash
     return best
+
+
+def _mirrors_met(sharded: ShardedGraph) -> int:
+    """How many outputs come back laid out like the arguments they mirror (uses.py)."""
+    return sum(sharded.output_layout(k) == sharded.layout(sharded.graph.inputs[mirror.argument])
+               for k, mirror in mirrored_outputs(sharded).items())
 
 
 def _layouts(sharded: ShardedGraph) -> tuple:
@@ -377,13 +385,22 @@ class _Walk:
     def _view_returned(self) -> None:
         """The created axes of a returned value take the layout the backward pass asks for it (it mirrors an
         argument: uses.py), as a use's view asks its operand's (:meth:`_viewed`): no node reads it to ask."""
+        # a value returned as several outputs mirroring differently laid out arguments adopts, per axis, what all their
+        # layouts start with: each output is then its slice, free (adopting one's finer layout would make the others
+        # gather it)
+        shared: dict[int, Layout] = {}
+        for (node_id, k), view in self.views.items():
+            if node_id == RETURNED:
+                value = self.graph.outputs[k]
+                have = shared.get(value, view.layout)
+                shared[value] = tuple(_common_start(a, b) for a, b in zip(have, view.layout, strict=True))
         for (node_id, k), view in self.views.items():
             if node_id != RETURNED:
                 continue
             value = self.graph.outputs[k]
             sharding = self.shardings[value]
             adopts = self._adopts(value)  # (else made as its readers need it, and returned sliced)
-            for a, want in zip(sharding.axes, view.layout, strict=True):
+            for a, want in zip(sharding.axes, shared[value], strict=True):
                 if isinstance(a, Open) and want and adopts:
                     self.opens.request(a, want, RETURNED)
             if self.resolve is None:
@@ -551,3 +568,11 @@ class _Walk:
         more = f" -> ... {len(ops) - 4} more ops" if len(ops) > 4 else ""
         return f"{root}, via {' -> '.join(ops[:4])}{more}"
 
+
+
+def _common_start(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """The longest run of mesh axes both layouts of one axis start with: a layout both are local slices of."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]

@@ -169,7 +169,7 @@ def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: l
     for v in graph.outputs:  # a constant output: built, and output, by the last stage
         if nodes[producer[v]].op == CONSTANT:
             source_of.setdefault(Ref(v, decisions.type(v)), (len(members) - 1, -1))
-    output_sources = [take(Ref(v, decisions.returned_type(v))) for v in graph.outputs]
+    output_sources = [take(Ref(v, decisions.output_type(k))) for k, v in enumerate(graph.outputs)]
     inputs = [tuple(StageInput(ref.value, ref.type.layout, take(ref)) for ref in emitter.imported)
               for emitter in emitters]
     kept = [s for s, emitter in enumerate(emitters) if emitter.instructions or outputs[s]]

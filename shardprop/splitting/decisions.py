@@ -180,13 +180,21 @@ class Decisions:
         """The values the program returns."""
         return frozenset(self.graph.outputs)
 
-    def returned_type(self, value: int) -> ValueType:
-        """The type the program returns ``value`` in: as it is held — or sliced further where it mirrors an argument
-        (:attr:`~shardprop.propagation.ShardedGraph.returned_sliced`: a free slice of the value, which its readers
-        take as it is held)."""
-        if value in self.sharded.returned_sliced and not self.sharded.is_body:
-            return ValueType(self.sharded.returned_layout(value))
-        return self.type(value)
+    def output_type(self, k: int) -> ValueType:
+        """The type the program returns output ``k`` in: as its value is held — or sliced further where it mirrors an
+        argument (:attr:`~shardprop.propagation.ShardedGraph.returned_sliced`: a free slice of the value, which its
+        readers take as it is held)."""
+        if k in self.sharded.returned_sliced and not self.sharded.is_body:
+            return ValueType(self.sharded.returned_sliced[k])
+        return self.type(self.graph.outputs[k])
+
+    @cached_property
+    def output_indices(self) -> dict[int, tuple[int, ...]]:
+        """Returned value -> the outputs it is returned as (a value may be returned several times)."""
+        found: dict[int, list[int]] = {}
+        for k, v in enumerate(self.graph.outputs):
+            found.setdefault(v, []).append(k)
+        return {v: tuple(ks) for v, ks in found.items()}
 
     def _carried_ranged(self, value: int, ranged: ValueType) -> bool:
         """True for a body's output held in the blocks a loop carries uneven axes in (``ceil(n / count)`` rows): the

@@ -110,9 +110,9 @@ class Emitter:
         self._node(node_id)
         view = self.view
         for v in view.graph.nodes[node_id].outputs:
-            returned = view.returned_type(v)
-            if returned != view.type(v):
-                self.bring(self.held(v), returned, node_id)
+            for returned in dict.fromkeys(view.output_type(k) for k in view.output_indices.get(v, ())):
+                if returned != view.type(v):
+                    self.bring(self.held(v), returned, node_id)
 
     def _node(self, node_id: int) -> None:
         view = self.view

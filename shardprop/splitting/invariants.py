@@ -70,7 +70,7 @@ def check_plan(plan: Plan) -> None:
     if plan.stages and missing:
         _fail(f"nodes {missing[:5]} run in no stage")
     for k, (v, source) in enumerate(zip(graph.outputs, plan.output_sources, strict=True)):
-        _check_source(plan, source, Ref(v, plan.returned_type(v)), before=len(plan.stages), what=f"program output {k}")
+        _check_source(plan, source, Ref(v, plan.output_type(k)), before=len(plan.stages), what=f"program output {k}")
 
 
 def check_instructions(view, instructions, available: set[Ref], where: str, typed: bool = True) -> set[Ref]:

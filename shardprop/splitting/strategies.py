@@ -155,8 +155,10 @@ def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, t
                 u == v and not layout_refines(decisions.layout(v), need.layout) for u, need in decisions.edges(c)):
             break  # held otherwise, or the partial value would be gathered
         if summed & {name for layout in (*decisions.need_layouts(c.id), decisions.sharded.layout(out))
-                     for m in layout for name in m}:
-            break  # a block over a summed mesh axis: the devices' partial values would not line up
+                     for m in layout for name in m} or decisions.type(out).span:
+            # a block over a summed mesh axis: the devices' partial values would not line up (nor would a ranged
+            # one's: a sum computed ranged is summed where it is made)
+            break
         chain.append(c.id)
         v = out
         if own is not None:  # a sum finished by a psum of its own: one psum over both sets of mesh axes

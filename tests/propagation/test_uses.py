@@ -242,3 +242,19 @@ def test_a_view_changes_only_the_axes_it_asks_for():
     assert _trimmed(prog.out_specs[0]) == ("i", ("j", "k"))
     assert sum(t.moved_bytes for t in prog.estimated_communication()) <= 4.0
     np.testing.assert_allclose(np.asarray(prog(x)), np.asarray(grad(x)), rtol=1e-5, atol=1e-6)
+
+
+def test_one_value_returned_for_two_arguments_comes_back_like_each():
+    """The gradients of x0 + x1 are one value, returned twice: with x0 laid out P(None, 'i') and x1 P('j', 'i'), the
+    value is made in what both layouts start with and each output is its slice (free), rather than made like x1 and
+    gathered for x0. Found by the fuzzer."""
+    mesh = sp.make_mesh((4, 2), (DATA, MODEL))
+    x0, x1 = _normal(2, 4), _normal(2, 4, seed=1)
+    grad = jax.grad(lambda a, b: jnp.sum((a + b) * jnp.cos(jnp.arange(8.0).reshape(2, 4))), (0, 1))
+    prog = sp.autoshard(grad, mesh=mesh, in_specs=(P(None, DATA), P(MODEL, DATA))).trace(x0, x1)
+    assert prog.out_specs == (P(None, DATA), P(MODEL, DATA))
+    assert sum(t.moved_bytes for t in prog.estimated_communication()) == 0
+    got = prog(x0, x1)
+    assert [g.sharding.spec for g in got] == [P(None, DATA), P(MODEL, DATA)]
+    for g, w in zip(got, grad(x0, x1), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)

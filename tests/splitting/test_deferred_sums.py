@@ -77,3 +77,16 @@ def test_a_partial_value_runs_in_the_stage_of_the_sum_that_finishes_it(mesh):
     for v in held_partial(prog):
         (consumer,) = graph.consumers[v]
         assert prog.plan.stage_of(graph.producer[v]) == prog.plan.stage_of(consumer) == 1
+
+
+def test_a_psum_is_not_deferred_into_a_ranged_value(meshes):
+    """A product's psum stays at the product when the next value on its chain is ranged (a transpose of an axis of 1
+    laid out over 4 devices: one device holds its row): the devices' rows would not line up with a partial sum over
+    them. Found by the fuzzer, as a crash ('a mesh axis cannot both shard and sum a value') compiling a gradient."""
+    def loss(x0, x1):
+        v0 = jax.lax.dot_general(x1, x0, (((0,), (0,)), ((), ())))
+        return jnp.sum(v0 * jnp.cos(jnp.arange(64.0).reshape(v0.shape))) + jnp.sum(x0 * x1)
+
+    x0, x1 = random_args([((1, 2, 4), np.float32), ((1, 2, 4), np.float32)])
+    assert_same_as_unsharded(jax.grad(loss, (0, 1)), (x0, x1), mesh=meshes["4x2"],
+                             in_specs=(P(None, None, "i"), P("i", "j", None)))
