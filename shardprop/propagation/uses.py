@@ -155,6 +155,13 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
             returned_as_asked(value)
             continue
         target = asked.pop()
+        # its readers slice it for free, and so does an output that mirrors a layout the target is no slice of: made
+        # as held, each takes its own slice (made as the readers ask, that output could not be sliced from it)
+        mirrored = [asks(edge, held) for edge in consumers[value] if edge[0] == RETURNED]
+        if layout_refines(held, target) and any(layout_refines(held, m) and not layout_refines(target, m)
+                                                for m in mirrored):
+            returned_as_asked(value)
+            continue
         joined = [wants[edge][1] for edge in asking if edge in wants]
         # (a new chain starts at the use that asks the layout: the one explain names)
         first = next((edge for edge in asking if asks(edge, held) == target), asking[0])

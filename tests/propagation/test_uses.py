@@ -258,3 +258,18 @@ def test_one_value_returned_for_two_arguments_comes_back_like_each():
     assert [g.sharding.spec for g in got] == [P(None, DATA), P(MODEL, DATA)]
     for g, w in zip(got, grad(x0, x1), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+
+
+def test_a_value_its_readers_slice_is_made_as_held_where_an_output_mirrors_another_slice_of_it():
+    """The gradient of x0 + x1 with x1 broadcast: x0's gradient is the cotangent itself, x1's its sum over the
+    broadcast axis. The sum slices the cotangent over j (x1's layout), x0's gradient mirrors i: made replicated, as
+    the forward walk made it, each takes its own slice (free), rather than made over j and x0's gradient left so.
+    Found by the fuzzer."""
+    mesh = sp.make_mesh((2, 2, 2), ("i", "j", "k"))
+    x0, x1 = _normal(1, 3, 2), _normal(1, 1, 2, seed=1)
+    grad = jax.grad(lambda a, b: jnp.sum((a + b) * jnp.cos(jnp.arange(6.0).reshape(1, 3, 2))), (0, 1))
+    prog = sp.autoshard(grad, mesh=mesh, in_specs=(P(None, None, "i"), P(None, None, "j"))).trace(x0, x1)
+    assert [_trimmed(s) for s in prog.out_specs] == [(None, None, "i"), (None, None, "j")]
+    assert sum(t.moved_bytes for t in prog.estimated_communication()) == 0
+    for g, w in zip(prog(x0, x1), grad(x0, x1), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
