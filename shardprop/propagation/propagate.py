@@ -197,10 +197,13 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     for views in dict.fromkeys(tuple(sorted(f.views.items())) for f in found if f.views):
         # a created value (a broadcast's) several nodes read is made as the others need it and sliced for a view; or
         # made as the view asks, for all of them: both are priced (each distinct program once)
-        for shared in (False, True)[:1 + _views_shared_created(graph, dict(views))]:
+        # and a returned value's open axes adopt the layout it mirrors (all the chain making it laid out so), or it is
+        # made as without the mirror and returned sliced (an open chain through a cumsum would then finish it)
+        for shared, adopt_returned in itertools.product((False, True)[:1 + _views_shared_created(graph, dict(views))],
+                                                        (True, False)[:1 + _views_returned(graph, dict(views))]):
             try:
                 candidate = _walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced,
-                                   adopt_shared=shared)
+                                   adopt_shared=shared, adopt_returned=adopt_returned)
             except ShardingConflictError:
                 continue  # the views met a clash of the user's own: refused (or resolved) as without them
             key = _layouts(candidate)
@@ -242,14 +245,25 @@ def _views_shared_created(graph: Graph, views) -> bool:
     return False
 
 
+def _views_returned(graph: Graph, views) -> bool:
+    """Whether a view asks for a returned value computed by an op from other values (not an argument's, nor a
+    broadcast's or a constant's own)."""
+    for node_id, k in views:
+        if node_id == RETURNED:
+            producer = graph.nodes[graph.producer[graph.outputs[k]]]
+            if producer.op not in (PARAMETER, CONSTANT, "broadcast_in_dim", "iota") and producer.operands:
+                return True
+    return False
+
+
 def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset(),
-           adopt_shared: bool = False) -> ShardedGraph:
+           adopt_shared: bool = False, adopt_returned: bool = True) -> ShardedGraph:
     """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
     ``conflicts`` says (the backward pass priced them: moving there is the cheapest way)."""
     mesh_shape = dict(mesh.shape)
     first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts, views=views,
-                  priced=priced, adopt_shared=adopt_shared)
+                  priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned)
     try:
         first.run()
     except ShardingConflictError as plain:
@@ -257,19 +271,20 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
         # operand's sharding came from (following shard parents back to an input spec).
         try:
             _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts,
-                  views=views, priced=priced, adopt_shared=adopt_shared).run()
+                  views=views, priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned).run()
         except ShardingConflictError as detailed:
             raise detailed from None
         raise plain from None
     try:
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts,
-                      adopted_from=first.opens.adopted_from, views=views, priced=priced, adopt_shared=adopt_shared)
+                      adopted_from=first.opens.adopted_from, views=views, priced=priced, adopt_shared=adopt_shared,
+                      adopt_returned=adopt_returned)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
         # tensor adopting the same mesh axis). Replicating every open axis is always consistent.
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts,
-                      views=views, priced=priced, adopt_shared=adopt_shared)
+                      views=views, priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned)
         final.run()
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
                         frozenset(final.fallbacks), final.bodies, final.reshards, final.adoptions,
@@ -300,7 +315,8 @@ class _Walk:
 
     def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
                  opens: OpenTracker | None = None, resolve=None, conflicts: str = "error", adopted_from=None,
-                 views=None, priced=frozenset(), adopt_shared: bool = False):
+                 views=None, priced=frozenset(), adopt_shared: bool = False, adopt_returned: bool = True):
+        self.adopt_returned = adopt_returned
         self.conflicts = conflicts
         self.adopt_shared = adopt_shared
         self.priced = priced
@@ -399,7 +415,8 @@ class _Walk:
                 continue
             value = self.graph.outputs[k]
             sharding = self.shardings[value]
-            adopts = self._adopts(value)  # (else made as its readers need it, and returned sliced)
+            # (else made as its readers need it, and returned sliced)
+            adopts = self.adopt_returned and self._adopts(value)
             for a, want in zip(sharding.axes, shared[value], strict=True):
                 if isinstance(a, Open) and want and adopts:
                     self.opens.request(a, want, RETURNED)

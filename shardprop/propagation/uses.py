@@ -127,6 +127,8 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
         # an unannotated argument takes the layout its uses ask (it adopts what it meets: here, what they need)
         free = node.op == PARAMETER and not sharded.is_body and sharded.is_unannotated_input(node.outputs[0])
         if node.op in (PARAMETER, CONSTANT) and not free:
+            if node.op == CONSTANT and graph.avals[node.outputs[0]].ndim:
+                returned_as_asked(node.outputs[0])  # a constant array returned (a zero gradient): sliced like it
             continue
         if not free and (node.id in sharded.fallbacks or not has_record(node.op)
                          or lookup(node.op).runs_outside_shard_map):

@@ -273,3 +273,18 @@ def test_a_value_its_readers_slice_is_made_as_held_where_an_output_mirrors_anoth
     assert sum(t.moved_bytes for t in prog.estimated_communication()) == 0
     for g, w in zip(prog(x0, x1), grad(x0, x1), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+
+
+def test_an_output_whose_chain_would_cost_to_adopt_is_returned_sliced():
+    """grad of cumsum(x0) with respect to (x0, x1): x0's gradient is a reversed cumsum of the seed, x1's a zero
+    broadcast. Adopting x0's layout all along the seed's chain would finish the cumsum across devices (28 B); made
+    replicated and returned sliced it moves nothing — both are priced — and the zeros adopt x1's layout. Found by
+    the fuzzer."""
+    mesh = sp.make_mesh((8,), ("i",))
+    x0, x1 = _normal(8), _normal(8, seed=1)
+    grad = jax.grad(lambda a, b: jnp.sum(jax.lax.cumsum(a, axis=0) * jnp.cos(jnp.arange(8.0))), (0, 1))
+    prog = sp.autoshard(grad, mesh=mesh, in_specs=(P("i"), P("i"))).trace(x0, x1)
+    assert prog.out_specs == (P("i"), P("i"))
+    assert sum(t.moved_bytes for t in prog.estimated_communication()) == 0
+    for g, w in zip(prog(x0, x1), grad(x0, x1), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
