@@ -316,6 +316,10 @@ def _asked_by_use(plan: Plan, node) -> str | None:
         return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from output {use.output}: it has "
                 f"the shape of argument {use.argument} ({value_name(argument)}) and is returned laid out like it, "
                 f"{plan.sharded.spec(argument)}, which this moves no more for ({_MIRRORS})")
+    if use == node.id:  # a lookup's other way (propagation/uses.py: lookup_alternatives)
+        return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}: its indices' batch and the table's whole "
+                f"window share those mesh axes, and the plan moves less with the indices gathered and the window kept "
+                f"sharded than with the table gathered (both were priced)")
     use = plan.graph.nodes[use]
     return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from a use: `{use.op}` at {where(use)} "
             "needs what is computed from it laid out so, and taking it so here moves no more than moving the result "

@@ -24,7 +24,6 @@ from ..expr import jax_adapter as jx
 from ..core.boxes import Box, LineageContext, full_box
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
-from ..core.moves import move_bytes
 from ..core.types import ValueType, whole
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef, defs
@@ -37,27 +36,8 @@ def gather(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, *
     """Output axes are the indices' batch axes (in order, at the positions not in ``offset_dims``) and the
     operand's sliced axes (at ``offset_dims``). A sliced operand axis sliced whole passes through with its sharding
     (indexed or not: a whole window starts at 0, clamped there, or is out of bounds altogether); operand batching
-    axes pair with the indices' batching axes like the batch axes of ``dot_general``.
-
-    Where a batch axis and a whole window are laid out over one mesh axis (the rows of an embedding table's lookup
-    and the table's features, both over ``x``), one of them is taken whole: the batch keeps it, unless gathering the
-    indices — and then exchanging the result into the batch's layout, were a use to want it so — moves fewer bytes
-    than gathering the table (as ``jax.jit`` looks up a feature-sharded table: the indices gathered, not the table)."""
-    batch_first = _gather_layouts(ctx, operand, indices, dimension_numbers, slice_sizes, batch_first=True)
-    out, (operand_need, indices_need) = batch_first
-    if operand_need == operand.layout:
-        return RuleOutput((out,), (operand_need, indices_need))
-    window_first = _gather_layouts(ctx, operand, indices, dimension_numbers, slice_sizes, batch_first=False)
-    if _moved(ctx, batch_first, operand, indices) > _moved(ctx, window_first, operand, indices) + _moved_output(
-            ctx, window_first[0].layout, out.layout):
-        out, (operand_need, indices_need) = window_first
-    return RuleOutput((out,), (operand_need, indices_need))
-
-
-def _gather_layouts(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, dn, slice_sizes, *,
-                    batch_first: bool):
-    """The gather's output sharding and its operands' needs, the batch axes (or the whole windows) taking the mesh
-    axes first — the others keeping theirs only where those are unused."""
+    axes pair with the indices' batching axes like the batch axes of ``dot_general``."""
+    dn = dimension_numbers
     out_shape = ctx.out_avals[0].shape
     axes: list = [None] * len(out_shape)
     operand_need = [()] * len(operand.shape)
@@ -66,28 +46,17 @@ def _gather_layouts(ctx: RuleContext, operand: TensorSharding, indices: TensorSh
     index_batch_dims = list(range(len(indices.shape) - 1))  # the last indices axis is the index vector
     out_of_index_dim = dict(zip(index_batch_dims, batch_out, strict=True))
     paired = dict(zip(dn.start_indices_batching_dims, dn.operand_batching_dims, strict=True))
-    sliced = [k for k in range(len(operand.shape))
-              if k not in dn.collapsed_slice_dims and k not in dn.operand_batching_dims]
-    used: set[str] = set()
-
-    def windows():
-        for k, d in zip(sliced, dn.offset_dims, strict=True):
-            # sliced whole: a window the indices start at 0 (the only start that fits it), indexed or not
-            if slice_sizes[k] == operand.shape[k]:
-                axes[d] = ctx.carry_unused(d, out_shape[d], operand.axes[k], used)
-
-    if not batch_first:
-        windows()
     for j in index_batch_dims:
         d = out_of_index_dim[j]
         candidates = [indices.axes[j]] + ([operand.axes[paired[j]]] if j in paired else [])
-        if batch_first:
-            axes[d] = ctx.merge(d, out_shape[d], candidates)
-        else:
-            axes[d] = ctx.carry_unused(d, out_shape[d], ctx.merge(d, out_shape[d], candidates), used)
-    if batch_first:
-        used.update(name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes)
-        windows()
+        axes[d] = ctx.merge(d, out_shape[d], candidates)
+    sliced = [k for k in range(len(operand.shape))
+              if k not in dn.collapsed_slice_dims and k not in dn.operand_batching_dims]
+    used = {name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes}
+    for k, d in zip(sliced, dn.offset_dims, strict=True):
+        # sliced whole: a window the indices start at 0 (the only start that fits it), indexed or not
+        if slice_sizes[k] == operand.shape[k]:
+            axes[d] = ctx.carry_unused(d, out_shape[d], operand.axes[k], used)
     out = TensorSharding(out_shape, tuple(axes))
     layout = out.layout
     for j in index_batch_dims:
@@ -96,19 +65,7 @@ def _gather_layouts(ctx: RuleContext, operand: TensorSharding, indices: TensorSh
             operand_need[paired[j]] = layout[out_of_index_dim[j]]
     for k, d in zip(sliced, dn.offset_dims, strict=True):
         operand_need[k] = layout[d]
-    return out, (tuple(operand_need), tuple(indices_need))
-
-
-def _moved(ctx: RuleContext, layouts, operand: TensorSharding, indices: TensorSharding) -> float:
-    """Bytes the gather's operands move to be taken as ``layouts`` needs them."""
-    _, needs = layouts
-    return sum(move_bytes(aval.shape, aval.dtype, ValueType(have.layout), ValueType(need), ctx.mesh_shape)
-               for aval, have, need in zip(ctx.in_avals, (operand, indices), needs, strict=True))
-
-
-def _moved_output(ctx: RuleContext, have, want) -> float:
-    aval = ctx.out_avals[0]
-    return move_bytes(aval.shape, aval.dtype, ValueType(have), ValueType(want), ctx.mesh_shape)
+    return RuleOutput((out,), (tuple(operand_need), tuple(indices_need)))
 
 
 def scatter(ctx: RuleContext, operand: TensorSharding, indices: TensorSharding, updates: TensorSharding, *,

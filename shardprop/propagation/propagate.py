@@ -31,7 +31,7 @@ from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
 from .origins import trace_origin
 from .product import RETURNED, RuleName, ShardedGraph
-from .uses import mirrored_outputs, wanted_views
+from .uses import lookup_alternatives, mirrored_outputs, wanted_views
 from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_from_spec, layout_refines, layout_to_spec,
                             shard_count, uneven_span, uses_mesh_axes_once)
 from ..core.moves import move_bytes, plan_move
@@ -194,7 +194,12 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     priced = frozenset().union(*(f.priced for f in found))
     candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
     seen = {_layouts(candidates[0])}
-    for views in dict.fromkeys(tuple(sorted(f.views.items())) for f in found if f.views):
+    view_sets = [f.views for f in found if f.views]
+    # a lookup's other way (the indices gathered, not the table), alone and with each set of views
+    lookups = lookup_alternatives(forward) if backward else {}
+    if lookups:
+        view_sets += [lookups] + [{**lookups, **views} for views in view_sets]
+    for views in dict.fromkeys(tuple(sorted(views.items())) for views in view_sets):
         # a created value (a broadcast's) several nodes read is made as the others need it and sliced for a view; or
         # made as the view asks, for all of them: both are priced (each distinct program once)
         # and a returned value's open axes adopt the layout it mirrors (all the chain making it laid out so), or it is

@@ -466,3 +466,26 @@ def _run(rule, sharded: ShardedGraph, node, trial: list[list[tuple[str, ...]]]):
     layout = tuple(a.mesh_axes if isinstance(a, Sharded) else () for a in out.axes)
     created = tuple(a is CREATED for a in out.axes)
     return (layout, created), result.needs
+
+
+def lookup_alternatives(sharded: ShardedGraph) -> Views:
+    """The other way to take a lookup whose indices' batch and whole window share a mesh axis (tokens over ``x``
+    looking up a table whose features are over ``x``): its rule keeps the axis on the batch and gathers the table;
+    the view takes the indices gathered over it instead, the window keeping it (as ``jax.jit`` looks up a
+    feature-sharded table) — a candidate the plan's price decides on, as the result's later uses may need either."""
+    graph = sharded.graph
+    views = {}
+    for node in graph.nodes:
+        if node.op != "gather" or node.id in sharded.fallbacks or sharded.is_body:
+            continue
+        dn, sizes = node.params["dimension_numbers"], node.params["slice_sizes"]
+        operand = node.operands[0]
+        shape, held = graph.avals[operand].shape, sharded.layout(operand)
+        operand_need, indices_need = sharded.needs[node.id]
+        windows = [k for k in range(len(shape)) if k not in dn.collapsed_slice_dims
+                   and k not in dn.operand_batching_dims and sizes[k] == shape[k]]
+        dropped = {m for k in windows for m in held[k] if m not in operand_need[k]}
+        taken = tuple(tuple(m for m in axes if m not in dropped) for axes in indices_need)
+        if dropped and taken != tuple(indices_need):
+            views[(node.id, 1)] = View(taken, tuple(indices_need), node.id)
+    return views

@@ -288,3 +288,23 @@ def test_an_output_whose_chain_would_cost_to_adopt_is_returned_sliced():
     assert sum(t.moved_bytes for t in prog.estimated_communication()) == 0
     for g, w in zip(prog(x0, x1), grad(x0, x1), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,f,specs", [
+    # tokens and the table's features over one mesh axis: the tokens are gathered, not the table
+    ("lookup", lambda t, i: t[i] * 2, (P(None, DATA), P(DATA))),
+    # ... and where a dense layer follows over a 2-D layout, the table's gather may be the cheaper: priced, not guessed
+    ("lookup then dense", lambda t, i, w: jnp.tanh(t[i] @ w), (P(DATA, MODEL), P(MODEL), None)),
+    ("lookup then dense, crosswise", lambda t, i, w: jnp.tanh(t[i] @ w), (P(MODEL, DATA), P(DATA), None)),
+])
+def test_a_lookup_whose_batch_and_window_share_a_mesh_axis_is_taken_the_cheaper_way(name, f, specs):
+    mesh = sp.make_mesh((4, 2), (DATA, MODEL))
+    args = (_normal(64, 16), (np.arange(32).reshape(8, 4) * 5 % 64).astype(np.int32), _normal(16, 12))[:len(specs)]
+    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    np.testing.assert_allclose(np.asarray(comparison.program(*args)), np.asarray(f(*args)), rtol=1e-5, atol=1e-6)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
+    if name == "lookup":
+        prog = comparison.program
+        gather = next(n for n in prog.plan.graph.nodes if n.op == "gather")
+        assert "the plan moves less with the indices gathered" in str(sp.explain(prog, gather.outputs[0]))
+        assert comparison.shardprop_bytes < 1024  # the table's gather alone would move 1,024 B
