@@ -171,6 +171,10 @@ class FinishScatter:
         kind = jx.dtype_kind(decisions.graph.avals[node.outputs[0]].dtype)
         if not kind or kind not in self.exact_for:  # "" (a PRNG key) is in every string
             return None
+        if self.kind is not CollectiveKind.PSUM and decisions.sharded.is_body:
+            # (in a loop's body it would all-reduce every iteration, where the rows it reads, gathered, are often the
+            # loop's invariants, gathered once before it; a sum's psum is deferred past the loop instead)
+            return None
         dn = node.params["dimension_numbers"]
         _, indices, updates = node.operands
         indices_have, updates_have = decisions.layout(indices), decisions.layout(updates)

@@ -449,10 +449,10 @@ class _Walk:
             # a view changes the axes it asks for; an axis it leaves as the forward walk had it, now held otherwise
             # (an open axis upstream adopted a layout the views asked elsewhere), is kept so where that clashes with
             # nothing it asks: gathering it would undo the very adoption the views caused
-            asked = {m for k, want in enumerate(view.layout) if want != view.was[k] for m in want}
             for k, (a, want) in enumerate(zip(sharding.axes, view.layout, strict=True)):
+                elsewhere = {m for k2, w in enumerate(view.layout) if k2 != k for m in w}
                 if sharding.layout[k] == want or (
-                        want == view.was[k] and sharding.layout[k] and not asked & set(sharding.layout[k])):
+                        want == view.was[k] and sharding.layout[k] and not elsewhere & set(sharding.layout[k])):
                     axes.append(a)
                 elif want and sharding.shape[k] % shard_count(self.mesh_shape, want) == 0:
                     axes.append(ctx.root(k, sharding.shape[k], want))

@@ -434,3 +434,21 @@ def test_a_scatter_add_whose_scattered_axes_share_a_mesh_axis_is_not_finished_by
     idx = (np.arange(8 * 8 * 2).reshape(8, 8, 2) * 3 % 8).astype(np.int32)
     assert_same_as_unsharded(lambda o, i, u: lax.scatter_add(o, i, u, dn), (base, idx, upd), mesh=meshes["4x2"],
                              in_specs=(P(), P("i"), P(None, "i")), strategy=strategy)
+
+
+def test_a_scatter_mul_in_a_loop_gathers_its_invariant_rows_once_rather_than_all_reducing_every_iteration(meshes):
+    """The product finish all-reduces per iteration inside a loop's body; the rows it would spare, loop invariants,
+    are gathered once before the loop instead (144 B; 960 B all-reduced ten times, as jax.jit does). Found by review."""
+    import jax
+
+    x = np.ones((24,), np.float32) * 1.01
+    i = (np.arange(24) * 5 % 24).astype(np.int32)
+    u = random_args([((24,), np.float32)])[0] * 0.1 + 1.0
+
+    def f(x, i, u):
+        return jax.lax.fori_loop(0, 10, lambda k, c: c.at[i].mul(u), x)
+
+    mesh = sp.make_mesh((4, 2), ("i", "j"))
+    assert_same_as_unsharded(f, (x, i, u), mesh=mesh, in_specs=(P(), P("i"), P("i")), rtol=1e-4)
+    comparison = sp.compare_with_jit(f, mesh, (P(), P("i"), P("i")), x, i, u)
+    assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
