@@ -27,8 +27,10 @@ from .errors import (
     IndivisibleAxisError,
     InputMismatchError,
     InvariantError,
+    MemoryLimitError,
     LoweringError,
     RenderError,
+    SearchError,
     ReshardWarning,
     MeshError,
     NoRuleError,
@@ -54,6 +56,7 @@ from .compare import Comparison, compare_with_jit
 from .inspect.explain import explain
 from .inspect.lineage import lineage
 from .mesh import make_mesh
+from .search import AUTO, SearchResult
 from .ops import OpDef
 from .propagation import Shard, ShardedGraph, TensorSharding, propagate
 from .splitting import Collective, Decisions, Plan, Stage, StageInput, Strategy, split
@@ -62,11 +65,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "distributed",
-    "ArtifactError", "AutoSharded", "Collective", "Comparison", "ConflictKind", "Debugger", "Decisions",
+    "AUTO", "ArtifactError", "AutoSharded", "Collective", "Comparison", "ConflictKind", "Debugger", "Decisions",
     "DuplicateMeshAxisError", "Explanation", "FallbackWarning", "Graph", "IndivisibleAxisError",
-    "InputMismatchError", "InvariantError", "Lineage", "LoweringError", "MeshError", "NoRuleError", "Node",
+    "InputMismatchError", "InvariantError", "Lineage", "LoweringError", "MemoryLimitError", "MeshError",
+    "NoRuleError", "Node",
     "NotComputedError", "OpDef", "OptionError", "OutOfStepError", "Plan", "PlanMismatchError", "Program",
-    "ReferenceEvaluationError", "RenderError",
+    "ReferenceEvaluationError", "RenderError", "SearchError", "SearchResult",
     "ReshardWarning", "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError",
     "SpecRankError", "SpecTreeError", "Stage", "StageIndexError", "StageInput", "Strategy", "TensorSharding",
     "TraceError", "UnknownMeshAxisError", "UnknownValueError", "UnsupportedDtypeError", "autoshard", "blocks",

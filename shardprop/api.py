@@ -8,61 +8,73 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from .calling import Convention, Traced, constrain_outputs, call_site
 from .derivatives import derivatives_for
-from .errors import SpecError
+from .errors import MemoryLimitError, ReshardWarning, SearchError, SpecError
 from .expr import jax_adapter as jx
 from .expr import trace
 from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import propagate
+from .propagation.propagate import flat_in_specs
+from .search import AUTO, check_memory_limit, is_spec_leaf, search_layouts
+from .search.solve import as_tree
 from .signature import Signature, call_key
-from .splitting import split
-from .splitting.cost import price
+from .splitting.split import PlanPricer
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
                     strategy: str = "auto", conflicts: str = "reshard", traced: Traced | None = None,
-                    donated: Sequence[int] = ()) -> Program:
-    """``trace → propagate → split → lower`` for one set of argument shapes (arrays, ShapeDtypeStructs or tracers).
+                    donated: Sequence[int] = (), memory_limit: int | float | None = None) -> Program:
+    """``trace → (search) → propagate → split → lower`` for one set of argument shapes (arrays, ShapeDtypeStructs or
+    tracers). ``sp.AUTO`` entries of ``in_specs`` are chosen by the layout search (:mod:`shardprop.search`) within
+    ``memory_limit`` bytes per device; without any, a plan over the limit is a :class:`~shardprop.MemoryLimitError`.
     The Program differentiates as ``f`` does (its custom derivative rules: a derivative program is compiled by
     this same pipeline); ``traced`` and ``donated`` are the calling convention it was traced with and the argument
     leaves it donates (see :class:`Program`)."""
+    limit = check_memory_limit(memory_limit)
     with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
         graph = trace(f, *args)
+    flat = flat_in_specs(in_specs, graph, is_leaf=is_spec_leaf)
+    searched = None
+    if any(s is AUTO for s in flat):
+        if strict and not any(isinstance(s, PartitionSpec) for s in flat):
+            raise SearchError("sp.AUTO with strict=True: every argument is sp.AUTO or unannotated, so nothing "
+                              "fixed says how the program is meant to be split (strict=True takes no layout "
+                              "the user did not write or imply); fix at least one argument's spec — the batch's "
+                              "P('data'), say — or drop strict=True")
+        def compiled_memory(specs) -> int:  # the compiled program's memory, where a limit is set
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trial = PlanPricer(strategy)
+                sharded = propagate(graph, as_tree(graph, specs), mesh=mesh, strict=strict, conflicts=conflicts,
+                                    price=trial)
+            return lower(trial.plan_for(sharded), mesh).memory()
+
+        searched = search_layouts(graph, flat, mesh=as_auto_mesh(mesh), strict=strict, conflicts=conflicts,
+                                  strategy=strategy, memory_limit=limit, compiled_memory=compiled_memory)
+        in_specs = as_tree(graph, searched.chosen.specs)
     pricer = PlanPricer(strategy)
-    sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer)
+    with warnings.catch_warnings():
+        if searched is not None:  # moves between layouts the search chose are its priced choice, not a clash of yours
+            warnings.simplefilter("ignore", ReshardWarning)
+        sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer)
     plan = pricer.plan_for(sharded)
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
     derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
-    return lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated)
-
-
-class PlanPricer:
-    """The price propagation compares its candidate layouts by: the bytes per device a candidate's plan moves, as the
-    cost model estimates them (the estimate the compiled program is checked against), and the work it makes each
-    device do (:func:`~shardprop.splitting.cost.price`). Each candidate's plan is kept, so the one propagation picks
-    is not split again."""
-
-    def __init__(self, strategy: str):
-        self.strategy = strategy
-        self._plans: dict[int, tuple] = {}  # id -> (candidate, its plan): the candidate kept alive, its id unique
-
-    def __call__(self, sharded) -> float:
-        plan = split(sharded, strategy=self.strategy)
-        self._plans[id(sharded)] = (sharded, plan)
-        return price(plan)
-
-    def plan_for(self, sharded):
-        """The plan of ``sharded``: the one priced, or a new split when it was not a candidate (nothing to compare)."""
-        kept = self._plans.get(id(sharded))
-        return kept[1] if kept is not None and kept[0] is sharded else split(sharded, strategy=self.strategy)
+    program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched)
+    if limit is not None and searched is None and (memory := program.memory()) > limit:
+        raise MemoryLimitError(f"the program needs {memory:,} B per device as compiled (arguments, outputs and "
+                               f"temporaries), over memory_limit={limit:,}; shard more of the arguments, or pass "
+                               "sp.AUTO for those whose layout the search may choose")
+    return program
 
 
 class AutoSharded:
@@ -78,8 +90,9 @@ class AutoSharded:
     def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
                  static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
                  out_specs: Any = None, conflicts: str = "reshard", donate_argnums: int | Sequence[int] = (),
-                 donate_argnames: str | Sequence[str] = ()):
+                 donate_argnames: str | Sequence[str] = (), memory_limit: int | float | None = None):
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
+        self.memory_limit = check_memory_limit(memory_limit)
         self.out_specs, self.conflicts = out_specs, conflicts
         self.convention = Convention.of(static_argnums, static_argnames, donate_argnums, donate_argnames, fun=f)
         self._programs: dict[tuple, Program] = {}  # by static values and Signature
@@ -100,7 +113,7 @@ class AutoSharded:
                                           in_specs=call.in_specs(self.in_specs, len(args)), strict=self.strict,
                                           strategy=self.strategy, conflicts=self.conflicts,
                                           traced=None if call.plain else Traced(self.convention, call.statics),
-                                          donated=call.donated_leaves())
+                                          donated=call.donated_leaves(), memory_limit=self.memory_limit)
             except SpecError as err:  # a bad in_specs: say which call (a constraint's error names its own line)
                 if " at " in str(err):
                     raise
@@ -138,11 +151,15 @@ class AutoSharded:
 def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
               static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
               out_specs: Any = None, conflicts: str = "reshard", donate_argnums: int | Sequence[int] = (),
-              donate_argnames: str | Sequence[str] = ()) -> AutoSharded:
+              donate_argnames: str | Sequence[str] = (), memory_limit: int | float | None = None) -> AutoSharded:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
-    (``P()`` replicates) or ``None`` for an unannotated argument, which adopts the sharding it meets.
+    (``P()`` replicates), ``None`` for an unannotated argument, which adopts the sharding it meets, or ``sp.AUTO``
+    for an argument whose layout the search chooses: the one that makes the cheapest plan (bytes moved and work, as
+    the cost model prices the whole program) within ``memory_limit`` bytes per device (arguments, outputs and
+    temporaries; none: no limit). Arguments shaped like a parameter further down its path (an optimizer's moments)
+    are decided with it; ``prog.in_specs`` holds the choice, ``sp.explain(prog, "argument path")`` its reasons.
     ``strict=True`` turns the conservative fallback for primitives without a rule into ``NoRuleError``.
     ``strategy`` is ``"gather"`` (the Nx design: cut and gather at every reduction over a sharded axis),
     ``"collective"`` (finish sums, maxima, minima and contractions with ``psum``/``pmax``/``pmin`` inside
@@ -162,4 +179,5 @@ def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, s
     """
     return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy,
                        static_argnums=static_argnums, static_argnames=static_argnames, out_specs=out_specs,
-                       conflicts=conflicts, donate_argnums=donate_argnums, donate_argnames=donate_argnames)
+                       conflicts=conflicts, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                       memory_limit=memory_limit)

@@ -54,7 +54,7 @@ def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: st
     """
     mesh = as_auto_mesh(mesh)
     program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
-    compiled = lower_with_jit(f, mesh, program.in_specs, *args).compile()
+    compiled = lower_with_jit(f, mesh, program.sharded.in_specs, *args).compile()
     jit_out = tuple(getattr(s, "spec", PartitionSpec()) for s in jax.tree_util.tree_leaves(compiled.output_shardings))
     return Comparison(program.communication(), parse_hlo(compiled.as_text(), mesh), program.out_specs,
                       jit_out, program)

@@ -78,6 +78,15 @@ class SpecTreeError(SpecError):
     """``in_specs`` is not a pytree prefix of the arguments."""
 
 
+class SearchError(ShardingError):
+    """The layout search (``sp.AUTO``) cannot decide: ``strict=True`` with nothing fixed to decide from, or refusing
+    every layout weighed."""
+
+
+class MemoryLimitError(SearchError):
+    """No plan found fits ``memory_limit``: the message gives the smallest footprint found and its layout."""
+
+
 class ConflictKind(StrEnum):
     """Why two shardings cannot be reconciled."""
 

@@ -29,6 +29,7 @@ from .gc_pause import gc_paused
 from .inspect.listing import AnnotatedGraph, StageTable, typed_name
 from .mesh import as_auto_mesh
 from .propagation import ShardedGraph
+from .search import SearchResult
 from .signature import Signature, check_runnable
 from .splitting import Plan
 from .splitting.cost import estimate
@@ -56,13 +57,16 @@ class Program:
     says how to differentiate it when its graph inlined custom derivative rules (``derivatives.py``; None: its own
     ops differentiate); ``traced`` is how an autoshard function traced it with keyword or static arguments (None:
     it takes ``*args``); ``donated`` are the argument leaves (flat indices) it donates, as ``jax.jit``'s
-    ``donate_argnums``: their buffers may hold the outputs, and the arrays are invalid after a call.
+    ``donate_argnums``: their buffers may hold the outputs, and the arrays are invalid after a call. ``search`` is
+    the :class:`~shardprop.SearchResult` that chose the ``sp.AUTO`` arguments' layouts (None: nothing was searched).
     """
 
     def __init__(self, plan: Plan, mesh: Mesh, *, derivatives: Derivatives | None = None,
-                 traced: Traced | None = None, donated: Sequence[int] = ()):
+                 traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None):
         self.plan, self.user_mesh, self.mesh = plan, mesh, as_auto_mesh(mesh)
-        self.graph, self.stages = AnnotatedGraph(plan), StageTable(plan)
+        self.search = search
+        self.graph = AnnotatedGraph(plan)
+        self.stages = StageTable(plan, frozenset(search.searched) if search is not None else frozenset())
         self.signature = Signature.of_graph(plan.graph)
         self.derivatives, self.traced, self.donated = derivatives, traced, tuple(sorted(set(donated)))
         self._stage_fns = tuple(stage_function(plan, stage, self.mesh) for stage in plan.stages)
@@ -89,9 +93,11 @@ class Program:
         return self.plan.sharded
 
     @property
-    def in_specs(self) -> tuple:
-        """The ``PartitionSpec`` of every argument leaf, as resolved (unannotated arguments took what they met)."""
-        return self.plan.sharded.in_specs
+    def in_specs(self):
+        """The ``PartitionSpec`` of every argument leaf, as resolved (unannotated arguments took what they met, the
+        ``sp.AUTO`` ones what the search chose), in a pytree like the arguments: ``([{"w": P(None, 'model'), ...}],
+        P('data'))`` for ``f(params, x)``. ``prog.sharded.in_specs`` has them flat."""
+        return jax.tree_util.tree_unflatten(self.plan.graph.in_tree, list(self.plan.sharded.in_specs))
 
     @property
     def out_specs(self) -> tuple:
@@ -259,6 +265,13 @@ class Program:
         shaped = self.signature.shape_dtype_structs(self._in_shardings)
         return as_lowering_errors(self._jit.lower, *shaped, mesh=self.mesh)
 
+    def memory(self) -> int:
+        """Bytes per device the compiled program holds — arguments + outputs + temporaries - aliased, as
+        ``compiled.memory_analysis()`` reports them (what ``memory_limit=`` bounds)."""
+        stats = as_lowering_errors(lambda: self._lowered().compile().memory_analysis())
+        return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+                   - stats.alias_size_in_bytes)
+
     def hlo(self) -> str:
         """The compiled program's HLO text (for the traced shapes)."""
         return as_lowering_errors(lambda: self._lowered().compile().as_text())
@@ -337,11 +350,11 @@ def as_lowering_errors(fn, *args, mesh: Mesh | None = None, check_arguments: Cal
 
 @gc_paused
 def lower(plan: Plan, mesh: Mesh | None = None, *, derivatives: Derivatives | None = None,
-          traced: Traced | None = None, donated: Sequence[int] = ()) -> Program:
+          traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None) -> Program:
     """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on).
     The keyword arguments are the Program's (an autoshard function passes them; a plan alone needs none)."""
     mesh = plan.sharded.mesh if mesh is None else mesh
     if dict(mesh.shape) != plan.mesh_shape:
         raise MeshError(
             f"the plan was propagated on mesh {plan.mesh_shape}, it cannot be lowered on {dict(mesh.shape)}")
-    return Program(plan, mesh, derivatives=derivatives, traced=traced, donated=donated)
+    return Program(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=search)

@@ -1,8 +1,8 @@
-"""The ``shardprop`` command line: ``shardprop demo``, ``shardprop inspect``, ``shardprop debug``,
+"""The ``shardprop`` command line: ``shardprop demo``, ``shardprop inspect``, ``shardprop plan``, ``shardprop debug``,
 ``shardprop bench`` and ``shardprop launch`` (or ``python -m shardprop``).
 
 Applications built on the library, kept out of its top level: ``demo.py`` (the Nx example and a small MLP,
-sharded and checked), ``inspect.py`` (the ``inspect`` front end), ``debug.py`` (the ``debug`` front end),
+sharded and checked), ``inspect.py`` (the ``inspect`` front end), ``plan.py`` (the layout search's front end), ``debug.py`` (the ``debug`` front end),
 ``bench.py`` (the benchmark against ``jax.jit``) and ``launch.py`` (a local multi-process cluster).
 """
 
@@ -16,6 +16,7 @@ from . import bench as bench_cli
 from . import debug as debug_cli
 from . import inspect as inspect_cli
 from . import launch as launch_cli
+from . import plan as plan_cli
 
 
 def _configure_devices(count: int) -> None:
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="shard the Nx example and a small MLP on 8 CPU devices and check them")
     demo.add_argument("--devices", type=int, default=8, help="number of virtual CPU devices (default 8)")
     inspect_cli.add_parser(sub)
+    plan_cli.add_parser(sub)
     debug_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     launch_cli.add_parser(sub)
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if run() else 1
     if args.command == "launch":
         return launch_cli.run(args)
-    runs = {"inspect": inspect_cli.run, "debug": debug_cli.run, "bench": bench_cli.run}
+    runs = {"inspect": inspect_cli.run, "plan": plan_cli.run, "debug": debug_cli.run, "bench": bench_cli.run}
     if args.command in runs:
         try:
             return runs[args.command](args, _configure_devices)

@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="docs", help="directory of benchmarks.md and img/bench_*.png (default docs)")
     p.add_argument("--json", help="where to write the JSON (default OUT/benchmarks.json)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--search", action="store_true",
+                   help="instead: the layout search (sp.AUTO) against expert layouts, written to OUT/search.md and "
+                        "OUT/search.json (a few minutes)")
     p.add_argument("--only", metavar="PATTERN",
                    help="only rows whose name, kind or parallelism contains PATTERN (such as flax, loop, 2-D or "
                         "mlp_train_step/data); leaves out the overhead and scaling sections")
@@ -46,6 +49,8 @@ def command_line(args) -> str:
         words.append("--no-plots")
     if args.only:
         words += ["--only", args.only]
+    if args.search:
+        words.append("--search")
     return shlex.join(words)
 
 
@@ -54,6 +59,8 @@ def run(args, configure_devices) -> int:
     if rounds < 0:
         raise OptionError(f"--repeats {rounds}: expected 0 or more")
     configure_devices(8)
+    if args.search:
+        return run_search(args)
     from ..bench import report
     from ..bench.run import run_benchmark, stderr, write
 
@@ -68,5 +75,27 @@ def run(args, configure_devices) -> int:
     bad = [f"{r['name']}/{r['parallel']}" for r in doc["rows"] if not r["correct"]]
     if bad:
         print(f"\nFAILED: {len(bad)} row(s) wrong or not run: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+def run_search(args) -> int:
+    """``--search``: every model's expert layouts and the searched one, written as OUT/search.md and its JSON."""
+    import json
+    from dataclasses import asdict
+
+    from ..bench import search
+    from ..bench.run import stderr
+
+    results = search.run(say=stderr)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "search.md").write_text(search.markdown(results, command_line(args)) + "\n")
+    json_path = Path(args.json) if args.json else out / "search.json"
+    json_path.write_text(json.dumps([asdict(r) for r in results], indent=1, default=str) + "\n")
+    print(f"wrote {out / 'search.md'}, {json_path}")
+    wrong = [r.model for r in results if not all(e.equal for e in r.experts) or (r.searched and not r.searched.equal)]
+    if wrong:
+        print(f"FAILED: results differ from the unsharded function's: {', '.join(wrong)}")
         return 1
     return 0

@@ -18,7 +18,7 @@ from ..splitting.strategy import Strategy
 DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8", "i16": "int16",
           "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
           "bool": "bool", "c64": "complex64", "c128": "complex128"}
-_ARG = re.compile(r"^\s*(?P<dtype>[a-z0-9]+)\[(?P<shape>[0-9,\s]*)\]\s*(?:@\s*(?P<spec>P\s*\(.*\)))?\s*$")
+_ARG = re.compile(r"^\s*(?P<dtype>[a-z0-9]+)\[(?P<shape>[0-9,\s]*)\]\s*(?:@\s*(?P<spec>P\s*\(.*\)|AUTO))?\s*$")
 
 
 def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -51,7 +51,7 @@ def parse_spec(text: str):
 
 def parse_arg(text: str):
     """``"f32[16,8]@P(i,j)"`` → ``(ShapeDtypeStruct((16, 8), float32), PartitionSpec('i', 'j'))``; without
-    ``@...`` the argument is unannotated (spec None)."""
+    ``@...`` the argument is unannotated (spec None); ``@AUTO``: the layout search chooses it (``sp.AUTO``)."""
     import jax
     import numpy as np
 
@@ -65,7 +65,12 @@ def parse_arg(text: str):
     except TypeError:
         raise OptionError(f"--arg {text!r}: unknown dtype {m['dtype']!r} (known: {', '.join(DTYPES)})") from None
     shape = tuple(int(d) for d in m["shape"].replace(" ", "").split(",") if d)
-    spec = parse_spec(m["spec"]) if m["spec"] else None
+    if m["spec"] == "AUTO":
+        from ..search import AUTO
+
+        spec = AUTO
+    else:
+        spec = parse_spec(m["spec"]) if m["spec"] else None
     return jax.ShapeDtypeStruct(shape, np.dtype(dtype) if dtype != jax.numpy.bfloat16 else dtype), spec
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import jax
 import networkx as nx
 import numpy as np
 
@@ -114,6 +115,13 @@ class Graph:
         producer = self.producer
         g.add_edges_from((producer[v], n.id) for n in self.nodes for v in n.operands)
         return g
+
+    @cached_property
+    def argument_paths(self) -> tuple[str, ...]:
+        """Each flat argument's key path as ``jax.tree_util.keystr`` prints it (``[0]['w']``: argument 0's key
+        ``'w'``)."""
+        skeleton = jax.tree_util.tree_unflatten(self.in_tree, list(range(len(self.inputs))))
+        return tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(skeleton)[0])
 
     def topological_order(self) -> list[int]:
         return list(nx.topological_sort(self.digraph))

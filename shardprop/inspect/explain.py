@@ -28,6 +28,7 @@ from ..core.boxes import LineageContext, full_box, hull
 from .lineage.walk import seeded_dependencies
 from .listing import collective_lines, format_bytes, move_equation
 from .products import Scope, body_prefix, locate
+from .searched import explain_choice
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Explanation:
     consumes: tuple[str, ...]
     mesh_shape: Any
     partial: str | None = None  # why the value is held as a partial sum, and where it is summed
+    search: tuple[str, ...] = ()  # an sp.AUTO argument: why the search chose its layout, and the others' costs
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: value names instead of ids."""
@@ -97,7 +99,7 @@ class Explanation:
                       "steps": [{"value": value_name(s.value), "axis": s.axis, "op": s.op, "rule": s.rule,
                                  "source": s.source} for s in a.steps],
                       "reason": a.reason} for a in self.axes],
-            "consumes": list(self.consumes), "partial": self.partial,
+            "consumes": list(self.consumes), "partial": self.partial, "search": list(self.search),
         }
 
     def __str__(self) -> str:
@@ -106,6 +108,7 @@ class Explanation:
             lines += ["  " + line for line in axis.lines(self.mesh_shape)]
         if self.partial:
             lines.append(f"  partial: {self.partial}")
+        lines += ["  " + line for line in self.search]
         if self.consumes:
             lines.append("  operands:")
             lines += [f"    {c}" for c in self.consumes]
@@ -113,8 +116,10 @@ class Explanation:
 
 
 def explain(prog: Any, value: Any) -> Explanation:
-    """Why every axis of ``value`` (a printed name such as ``"e"``, a value id, or a path into a loop's or a
-    cond's body as the listing prints it, ``"e/body/c"``) has its sharding.
+    """Why every axis of ``value`` (a printed name such as ``"e"``, a value id, an argument's key path as
+    ``jax.tree_util.keystr`` prints it, ``"[0]['w']"``, or a path into a loop's or a cond's body as the listing
+    prints it, ``"e/body/c"``) has its sharding; for an argument whose layout ``sp.AUTO`` chose, why the search
+    chose it and what its other layouts would have cost.
 
     >>> print(sp.explain(prog, "e"))                                          # doctest: +SKIP
     e:f32[16@i] = reduce_sum[axes=(1,)] c   # f.py:10
@@ -151,8 +156,11 @@ def explain(prog: Any, value: Any) -> Explanation:
         else:
             origin, steps, reason = _replicated_origin(plan, v, axis, scopes)
             axes.append(AxisWhy(axis, size, (), origin, steps, reason))
+    search = getattr(prog, "search", None)
+    searched = () if search is None or scopes or v not in graph.inputs else \
+        explain_choice(search, graph.inputs.index(v))
     return Explanation(v, _equation(plan, node, v, scope), sharded.rules[node.id], tuple(axes),
-                       tuple(_consumes(plan, node, scope)), plan.mesh_shape, _partial(plan, v, scope))
+                       tuple(_consumes(plan, node, scope)), plan.mesh_shape, _partial(plan, v, scope), searched)
 
 
 def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated: tuple[str, ...]) -> str:

@@ -257,7 +257,8 @@ SCHEMA: dict[str, Any] = {
                     "rule": {"type": "string"}, "source": {"type": ["string", "null"]}})},
                 "reason": {"type": ["string", "null"]}})},
             "consumes": {"type": "array", "items": {"type": "string"}},
-            "partial": {"type": ["string", "null"]}})},
+            "partial": {"type": ["string", "null"]},
+            "search": {"type": "array", "items": {"type": "string"}}})},
         # --lineage OUT:BLOCK: {OUT:BLOCK: {value, box, exact, inputs: {flat input index: [box, ...]}}}
         "lineage": {"type": "object", "additionalProperties": _object({
             "value": _NAME, "box": _BOX, "exact": {"type": "boolean"},

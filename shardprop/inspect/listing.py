@@ -207,16 +207,18 @@ def _kept(body: BodyProgram) -> str:
             else f"; carry {outputs[0]} kept a partial sum over {axes}") + ", summed after the loop"
 
 
-def format_stages(plan: Plan) -> str:
+def format_stages(plan: Plan, searched: frozenset[int] = frozenset()) -> str:
     """One block per stage: its ops, its inputs (value, type, source), the collectives inside it and its
-    outputs (value, type)."""
+    outputs (value, type). ``searched``: the arguments whose layouts ``sp.AUTO`` chose (marked so)."""
     lines = []
     for stage in plan.stages:
         ops = stage_ops(plan, stage)
         where = ", outside shard_map" if stage.outside_shard_map else ""
         lines.append(f"stage {stage.id}: {ops_summary(ops, moves=moves_values(stage))}{where}")
         for i in stage.inputs:
-            lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {i.source}")
+            chosen = " (chosen by sp.AUTO)" if i.source.is_argument and i.source.index in searched else ""
+            lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {i.source}"
+                         f"{chosen}")
         lines += collective_lines(plan, stage.instructions, "  ")
         for ref in stage.output_refs:
             lines.append(f"  out {typed_name(plan, ref.value, ref.type.layout)}  {layout_to_spec(ref.type.layout)}")
@@ -273,14 +275,15 @@ class StageTable(tuple):
     """``prog.stages``: the plan's stages (a tuple of :class:`~shardprop.Stage`) that prints as the table."""
 
     plan: Plan
+    searched: frozenset[int]
 
-    def __new__(cls, plan: Plan):
+    def __new__(cls, plan: Plan, searched: frozenset[int] = frozenset()):
         self = super().__new__(cls, plan.stages)
-        self.plan = plan
+        self.plan, self.searched = plan, frozenset(searched)
         return self
 
     def __str__(self) -> str:
-        return format_stages(self.plan)
+        return format_stages(self.plan, self.searched)
 
 
 class AnnotatedGraph:

@@ -52,6 +52,10 @@ def resolve_value(plan: Plan, ref: Any) -> int:
         value = _value_of_name(name)
         if value is not None and value < count:
             return value
+        if name.startswith(("[", ".")):  # an argument's key path, as jax.tree_util.keystr prints it
+            paths = graph.argument_paths
+            if name in paths:
+                return graph.inputs[paths.index(name)]
         near = difflib.get_close_matches(name.lower(), [value_name(v) for v in range(count)], n=3, cutoff=0.5)
         close = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     raise UnknownValueError(f"no value {ref!r} in this graph{close} (give a name as printed in the listing, 'a' "

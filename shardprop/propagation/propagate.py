@@ -41,11 +41,15 @@ from ..core.types import ValueType
 CONFLICT_MODES = ("reshard", "error")
 
 
-def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
+def is_spec(x: Any) -> bool:
+    """A leaf of ``in_specs`` propagation takes: a PartitionSpec, or None (unannotated)."""
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def flat_in_specs(in_specs: Any, graph: Graph, is_leaf: Callable[[Any], bool] = is_spec) -> list[Any]:
     """Broadcast ``in_specs`` — a pytree prefix of the argument tuple, as in ``shard_map`` — to one entry
-    (a PartitionSpec, or None for unannotated) per flat input."""
+    (a PartitionSpec, or None for unannotated; whatever ``is_leaf`` accepts) per flat input."""
     n = len(graph.inputs)
-    is_leaf = lambda x: x is None or isinstance(x, PartitionSpec)  # noqa: E731
     if is_leaf(in_specs):
         return [in_specs] * n
     spec_leaves, spec_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=is_leaf)
@@ -59,7 +63,8 @@ def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
     flat: list[PartitionSpec | None] = []
     for spec, sub in zip(spec_leaves, subtrees, strict=True):
         if not is_leaf(spec):
-            raise SpecTreeError(f"in_specs leaf {spec!r} is neither a PartitionSpec nor None")
+            hint = " (sp.AUTO is chosen by autoshard's search, before propagation)" if repr(spec) == "sp.AUTO" else ""
+            raise SpecTreeError(f"in_specs leaf {spec!r} is neither a PartitionSpec nor None{hint}")
         flat.extend([spec] * len(jax.tree_util.tree_leaves(sub)))
     return flat
 
@@ -67,7 +72,7 @@ def flat_in_specs(in_specs: Any, graph: Graph) -> list[PartitionSpec | None]:
 @gc_paused
 def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
               conflicts: str = "reshard", price: Callable[[ShardedGraph], float] | None = None,
-              backward: bool = True) -> ShardedGraph:
+              backward: bool | str = True) -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
@@ -80,7 +85,9 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     After the forward walk a backward pass lets a value's uses decide its layout where that moves no more
     (``propagation/uses.py``); ``price`` (a ShardedGraph's bytes moved: ``autoshard`` passes its plan's estimate)
     compares the candidates, and without it they are compared by the bytes of the nodes' operand moves alone;
-    ``backward=False`` keeps the forward walk's layouts (the Nx design's propagation, for comparison).
+    ``backward=False`` keeps the forward walk's layouts (the Nx design's propagation, for comparison);
+    ``backward="quick"`` tries one setting of the backward pass (exchanges asked, not the finest slices), a few
+    walks rather than dozens: the layout search's screen.
 
     >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
     >>> sg.in_specs                                                                       # doctest: +SKIP
@@ -167,7 +174,8 @@ def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
 
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
                       strict: bool = False, conflicts: str = "error",
-                      price: Callable[[ShardedGraph], float] | None = None, backward: bool = True) -> ShardedGraph:
+                      price: Callable[[ShardedGraph], float] | None = None,
+                      backward: bool | str = True) -> ShardedGraph:
     """:func:`propagate` from validated input layouts (None: unannotated); no warnings. Rules use it to
     shard sub-computations such as scan bodies. ``price`` gives the bytes a candidate moves (the backward pass's
     layouts against the forward walk's); without it, the bytes of the nodes' operand moves. ``backward=False``
@@ -188,9 +196,11 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
     # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)
     # (and, with exchanges, asking nested slices' finest: its effect on the other uses is the plan's price to judge)
+    # ("quick": exchanges asked, finest not — the setting that alone finds the cheapest plan most often)
     found = [wanted_views(forward, optimistic=optimistic, exchanges=exchanges, finest=finest)
-             for optimistic in (False, True)[:1 + bool(forward.reshards)] for exchanges in (False, True)
-             for finest in (False, True)] if backward else []
+             for optimistic in (False, True)[:1 + bool(forward.reshards)]
+             for exchanges in ((True,) if backward == "quick" else (False, True))
+             for finest in ((False,) if backward == "quick" else (False, True))] if backward else []
     priced = frozenset().union(*(f.priced for f in found))
     candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
     seen = {_layouts(candidates[0])}

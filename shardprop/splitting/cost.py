@@ -7,19 +7,21 @@ and sums their ``moved_bytes``.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+import math
+from dataclasses import dataclass, replace
 
 from ..expr.graph import Node
 from ..core.layouts import block_shape
+from ..core.subaxes import sizes_with
 from ..core.collectives import Collective, finish_transfers
 from ..core.moves import move_bytes as planned_bytes, move_transfers as planned_transfers
 from ..core.types import ValueType
 from ..core.transfers import Transfer, total_moved
 from ..ops import finish_geometry, has_record, lookup
+from ..ops.opdef import Family
 from .decisions import Decisions
 from .emit import body_program
-from .ir import Compute, transfers_of
+from .ir import Compute, Ref, reads, results, transfers_of
 
 
 def move_transfers(view: Decisions, value: int, have: ValueType, want: ValueType) -> tuple[Transfer, ...]:
@@ -143,3 +145,119 @@ def body_transfers(view: Decisions, node_id: int) -> list[Transfer]:
     if not plans:
         return []
     return instructions_transfers([Compute(node_id, (), (), tuple(body_program(plan) for plan in plans))])
+
+
+# XLA's CPU buffers start at 64-byte boundaries (a scalar temporary takes 64 B); a tuple of outputs is a table of
+# 8-byte pointers
+ALIGNMENT, POINTER = 64, 8
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes one device holds while a plan runs, as ``compiled.memory_analysis()`` splits them: its ``arguments``'
+    blocks, its ``outputs``' blocks, and ``temporaries`` — the most the values in between (moved copies, partial
+    results, a loop body's) hold at once."""
+
+    arguments: int
+    outputs: int
+    temporaries: int
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.outputs + self.temporaries
+
+
+def ref_bytes(graph, ref: Ref, mesh_shape) -> int:
+    """Bytes of one device's block of ``ref`` (a halo's neighbour rows included)."""
+    aval = graph.avals[ref.value]
+    names = [n for m in ref.type.layout for n in m]
+    shape = block_shape(aval.shape, ref.type.layout, sizes_with(names, mesh_shape))
+    if ref.type.halo:
+        shape = tuple(n + lo + hi for n, (lo, hi) in zip(shape, ref.type.halo, strict=True))
+    return math.prod(shape) * aval.dtype.itemsize
+
+
+def footprint(plan) -> Footprint:
+    """The per-device memory of ``plan`` (:class:`Footprint`): arguments and outputs as they are laid out, and the
+    peak of the values live in between, walking the stages' IR in order (a value is live from the instruction that
+    makes it to its last reader; a loop's or a cond's body adds its own peak while it runs). XLA schedules and
+    reuses buffers at least this well, so the total is an upper estimate of what ``memory_analysis()`` reports."""
+    graph, mesh_shape = plan.graph, plan.mesh_shape
+    arguments = {Ref(v, ValueType(plan.sharded.layout(v))) for v in graph.inputs}
+    outputs = {plan.stages[s.stage].output_refs[s.index] if s.stage is not None else None
+               for s in plan.output_sources} - {None}
+    argument_bytes = sum(ref_bytes(graph, r, mesh_shape) for r in arguments)
+    # XLA returns several outputs as a tuple: a table of one pointer per output
+    output_bytes = sum(ref_bytes(graph, Ref(v, plan.output_type(k)), mesh_shape)
+                       for k, v in enumerate(graph.outputs)) + POINTER * (len(graph.outputs) > 1) * len(graph.outputs)
+    instructions = [(stage, i) for stage in plan.stages for i in stage.instructions]
+    held = arguments | outputs
+    return Footprint(argument_bytes, output_bytes,
+                     _peak_live(graph, mesh_shape, [i for _, i in instructions], held,
+                                stage_inputs=[(k, stage) for k, stage in _stage_starts(plan, instructions)]))
+
+
+def _stage_starts(plan, instructions):
+    """(position of a stage's first instruction, the stage), for the stages' inputs read there."""
+    position = 0
+    for stage in plan.stages:
+        yield position, stage
+        position += len(stage.instructions)
+
+
+# Families whose results XLA fuses into their readers, and the families that fuse such operands in: an elementwise
+# or shape op's value takes memory only where another reader needs it made (a contraction, a collective) or a
+# later stage reads it
+FUSED_FAMILIES = frozenset({Family.ELEMENTWISE, Family.SHAPE})
+FUSING_FAMILIES = FUSED_FAMILIES | {Family.REDUCTION}
+
+
+def _family_in(graph, instruction, families) -> bool:
+    if not isinstance(instruction, Compute) or instruction.bodies:
+        return False
+    op = graph.nodes[instruction.node].op
+    return has_record(op) and lookup(op).family in families
+
+
+def _peak_live(graph, mesh_shape, instructions, held, stage_inputs=()) -> int:
+    """The most bytes the refs ``instructions`` make hold at once (``held`` refs not counted: arguments, outputs).
+    A ref lives from the instruction that makes it — a move from as early as its source exists: XLA schedules an
+    argument's all-gather at the program's start — to its last reader; a stage input is read at its stage's start;
+    a loop's body adds its own peak while its loop runs. An elementwise or shape op's result read only by such ops
+    and reductions of its stage takes no memory: XLA fuses it into them."""
+    made_at: dict[Ref, int] = {}
+    last_read: dict[Ref, int] = {}
+    materialized: set[Ref] = set()
+    for position, stage in stage_inputs:
+        for stage_input in stage.inputs:
+            last_read[stage_input.ref] = max(last_read.get(stage_input.ref, -1), position)
+            materialized.add(stage_input.ref)
+    change = [0] * (len(instructions) + 1)
+    for position, instruction in enumerate(instructions):
+        fused, fusing = (_family_in(graph, instruction, FUSED_FAMILIES),
+                         _family_in(graph, instruction, FUSING_FAMILIES))
+        earliest = (position if isinstance(instruction, Compute)
+                    else max((made_at.get(ref, 0) for ref in reads(instruction)), default=0))
+        for ref in reads(instruction):
+            last_read[ref] = max(last_read.get(ref, -1), position)
+            if not fusing:
+                materialized.add(ref)
+        for ref in results(instruction):
+            made_at.setdefault(ref, earliest)
+            if not fused:
+                materialized.add(ref)
+        if isinstance(instruction, Compute) and instruction.bodies:
+            transient = max(_peak_live(body.plan.graph, mesh_shape, body.instructions, set(body.inputs))
+                            for body in instruction.bodies)
+            change[position] += transient
+            change[position + 1] -= transient
+    for ref, start in made_at.items():
+        if ref not in held and ref in materialized:
+            size = -(-ref_bytes(graph, ref, mesh_shape) // ALIGNMENT) * ALIGNMENT
+            change[start] += size
+            change[max(last_read.get(ref, start), start) + 1] -= size
+    peak = current = 0
+    for delta in change:
+        current += delta
+        peak = max(peak, current)
+    return peak

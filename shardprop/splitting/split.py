@@ -20,7 +20,7 @@ from ..core.transfers import total_moved
 from ..errors import OptionError
 from ..gc_pause import gc_paused
 from ..propagation import ShardedGraph
-from .cost import body_transfers, collective_bytes
+from .cost import body_transfers, collective_bytes, price
 from .cut import cut_into_stages
 from .decisions import BodyPlan, Decisions
 from .invariants import checked
@@ -92,3 +92,24 @@ def _with_deferred(decisions: Decisions, node, found: DeferredSums) -> Decisions
     computed = {node.outputs[k]: ValueType(decisions.layout(node.outputs[k]), axes) for k in found.outputs}
     return decisions.revised(bodies={node.id: found.plans}, collectives={node.id: found.collective},
                              needs={node.id: needs}, computed=computed)
+
+
+class PlanPricer:
+    """The price propagation compares its candidate layouts by: the bytes per device a candidate's plan moves, as the
+    cost model estimates them (the estimate the compiled program is checked against), and the work it makes each
+    device do (:func:`~shardprop.splitting.cost.price`). Each candidate's plan is kept, so the one propagation picks
+    is not split again."""
+
+    def __init__(self, strategy: str):
+        self.strategy = strategy
+        self._plans: dict[int, tuple] = {}  # id -> (candidate, its plan): the candidate kept alive, its id unique
+
+    def __call__(self, sharded) -> float:
+        plan = split(sharded, strategy=self.strategy)
+        self._plans[id(sharded)] = (sharded, plan)
+        return price(plan)
+
+    def plan_for(self, sharded):
+        """The plan of ``sharded``: the one priced, or a new split when it was not a candidate (nothing to compare)."""
+        kept = self._plans.get(id(sharded))
+        return kept[1] if kept is not None and kept[0] is sharded else split(sharded, strategy=self.strategy)

@@ -1,0 +1,269 @@
+"""The layout search against the layouts an expert would write (``shardprop bench --search``).
+
+For each model and mesh, every expert layout (data parallel, Megatron, FSDP, FSDP+TP; sequence sharding for the
+transformer) is compiled by shardprop and measured — bytes moved per device read from the compiled HLO, memory per
+device from ``compiled.memory_analysis()`` (arguments + outputs + temporaries - aliased) — and so is the layout
+``sp.AUTO`` chooses, without a limit and with one below data parallel's footprint. The search's time is set beside
+the time XLA takes to compile the chosen program. Every program's result is compared with the unsharded function's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from ..backends import parse_hlo
+from ..core.transfers import total_moved
+from . import models
+
+DATA, MODEL = "data", "model"
+
+
+@dataclass(frozen=True)
+class Model:
+    """A training step, its arguments, the spec of its batch arguments, and the expert layouts of its parameters
+    (name -> in_specs for every argument) on ``mesh`` (shape, names)."""
+
+    name: str
+    mesh: tuple[tuple[int, ...], tuple[str, ...]]
+    f: Callable
+    args: tuple
+    auto_specs: tuple  # in_specs with sp.AUTO where the search chooses
+    experts: dict[str, tuple]
+
+
+@dataclass
+class Measured:
+    layout: str
+    bytes: float
+    memory: int
+    fits: bool = True
+    equal: bool = True
+    compile_seconds: float = 0.0
+    search_seconds: float | None = None
+    specs: str = ""
+
+
+@dataclass
+class Result:
+    model: str
+    mesh: str
+    limit: int | None
+    experts: list[Measured] = field(default_factory=list)
+    searched: Measured | None = None
+    error: str | None = None
+
+
+def compiled_footprint(compiled) -> int:
+    """Bytes per device a compiled program holds: arguments + outputs + temporaries - aliased
+    (``compiled.memory_analysis()``)."""
+    m = compiled.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def _mlp_experts(layers: int, two_d: bool) -> dict[str, list]:
+    def layer(w, b):
+        return {"b": b, "w": w}
+
+    col, row = (P(None, MODEL), P(MODEL)), (P(MODEL, None), P())
+    out = {"data parallel": [layer(P(), P())] * layers, "FSDP": [layer(P(DATA), P())] * layers}
+    if two_d:
+        out["Megatron"] = [layer(*(col if k % 2 == 0 else row)) for k in range(layers)]
+        out["FSDP+TP"] = [layer(P(DATA, MODEL), P(MODEL)) if k % 2 == 0 else layer(P(MODEL, DATA), P())
+                          for k in range(layers)]
+    return out
+
+
+def mlp(two_d: bool, width: int = 1024, batch: int = 64, layers: int = 3) -> Model:
+    params = models.init_mlp((width,) * (layers + 1))
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(batch, width)).astype(np.float32)
+    labels = rng.integers(0, width, size=batch).astype(np.int32)
+    experts = {k: (v, P(DATA), P(DATA)) for k, v in _mlp_experts(layers, two_d).items()}
+    from ..search import AUTO
+    return Model(f"MLP training step ({layers}x{width}, batch {batch})", ((4, 2), (DATA, MODEL)) if two_d
+                 else ((8,), (DATA,)), models.mlp_train_step, (params, x, labels), (AUTO, P(DATA), P(DATA)), experts)
+
+
+def block_step(params, x, lr=0.1):
+    def loss(p):
+        return jnp.mean(models.transformer_block(p, x) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), value
+
+
+def transformer(two_d: bool, d_model: int = 256, d_ff: int = 1024, batch: int = 8, seq: int = 64) -> Model:
+    from ..search import AUTO
+    from .workloads import block_specs
+
+    params = models.init_block(d_model, d_ff)
+    x = np.random.default_rng(2).normal(size=(batch, seq, d_model)).astype(np.float32)
+    replicated = {k: P() for k in params}
+    fsdp = {k: P(DATA) if v.ndim == 2 else P() for k, v in params.items()}
+    experts = {"data parallel": (replicated, P(DATA)), "FSDP": (fsdp, P(DATA))}
+    if two_d:
+        megatron = {k: (v if v is not None else P()) for k, v in block_specs(MODEL).items()}
+        both = {k: P(DATA, MODEL) if s == P(None, MODEL) else P(MODEL, DATA) if s == P(MODEL, None) else s
+                for k, s in megatron.items()}
+        experts |= {"Megatron": (megatron, P(DATA)), "FSDP+TP": (both, P(DATA)),
+                    "data parallel + sequence": (replicated, P(DATA, MODEL)),
+                    "FSDP + sequence": (fsdp, P(DATA, MODEL))}
+    return Model(f"transformer block training step (d {d_model}, ff {d_ff}, batch {batch}x{seq})",
+                 ((4, 2), (DATA, MODEL)) if two_d else ((8,), (DATA,)), block_step, (params, x),
+                 (AUTO, P(DATA)), experts)
+
+
+def flax_adam(two_d: bool, width: int = 512, batch: int = 64) -> Model:
+    import flax.linen as nn
+    import optax
+
+    from ..search import AUTO
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Dense(2 * width)(x))
+            x = nn.relu(nn.Dense(width)(x))
+            return nn.Dense(width)(x)
+
+    model, tx = MLP(), optax.adam(1e-3)
+    x = np.random.default_rng(3).normal(size=(batch, width)).astype(np.float32)
+    y = np.random.default_rng(4).integers(0, width, size=batch).astype(np.int32)
+    params = jax.tree_util.tree_map(np.asarray, model.init(jax.random.key(0), x[:1]))
+    opt_state = jax.tree_util.tree_map(np.asarray, tx.init(params))
+
+    def step(params, opt_state, x, y):
+        def loss(p):
+            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    names = sorted(params["params"])
+
+    def layout(kind):
+        out = {}
+        for k, name in enumerate(names):
+            col = k % 2 == 0
+            kernel, bias = {"data parallel": (P(), P()), "FSDP": (P(DATA), P()),
+                            "Megatron": (P(None, MODEL), P(MODEL)) if col else (P(MODEL, None), P()),
+                            "FSDP+TP": (P(DATA, MODEL), P(MODEL)) if col else (P(MODEL, DATA), P())}[kind]
+            out[name] = {"bias": bias, "kernel": kernel}
+        return {"params": out}
+
+    def with_state(p_specs):
+        # the optimizer's moments laid out like the parameters (ZeRO), its count replicated
+        state = jax.tree_util.tree_map(lambda _: P(), opt_state)
+        adam = state[0]._replace(mu=p_specs, nu=p_specs)
+        return (p_specs, (adam, *state[1:]), P(DATA), P(DATA))
+
+    kinds = ["data parallel", "FSDP"] + (["Megatron", "FSDP+TP"] if two_d else [])
+    return Model(f"flax MLP + optax adam step ({width}-{2 * width}-{width}-{width}, batch {batch})",
+                 ((4, 2), (DATA, MODEL)) if two_d else ((8,), (DATA,)), step, (params, opt_state, x, y),
+                 (AUTO, AUTO, P(DATA), P(DATA)), {k: with_state(layout(k)) for k in kinds})
+
+
+MODELS = (lambda: mlp(False), lambda: mlp(True), lambda: transformer(False), lambda: transformer(True),
+          lambda: flax_adam(False), lambda: flax_adam(True))
+
+
+# adam's first step moves every parameter by about lr * sign(gradient): where a gradient is near 0 its sign, and so a
+# step of up to lr = 1e-3, follows rounding; every layout (data parallel too) is within 1e-4 of the unsharded step
+RTOL, ATOL = 2e-4, 1e-4
+
+
+def _equal(got, want) -> bool:
+    return all(np.allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)
+               for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True))
+
+
+def measure_layout(model: Model, mesh, in_specs, name: str, reference, memory_limit=None) -> Measured:
+    """Compile ``model`` with ``in_specs`` under shardprop; its bytes (HLO), memory, equality with ``reference``."""
+    import shardprop as sp
+
+    fs = sp.autoshard(model.f, mesh=mesh, in_specs=in_specs, memory_limit=memory_limit)
+    started = time.perf_counter()
+    program = fs.trace(*model.args)
+    search_seconds = time.perf_counter() - started if program.search is not None else None
+    started = time.perf_counter()
+    compiled = program.lower(*model.args).compile()
+    compile_seconds = time.perf_counter() - started
+    moved = total_moved(parse_hlo(compiled.as_text(), program.mesh))
+    specs = str(program.search) if program.search is not None else ""
+    return Measured(name, moved, compiled_footprint(compiled), True, _equal(fs(*model.args), reference),
+                    compile_seconds, search_seconds, specs)
+
+
+def run(models=MODELS, say=print) -> list[Result]:
+    """Every model's experts and searched layouts, without a limit and with 60% of data parallel's footprint."""
+    import shardprop as sp
+
+    results = []
+    for build in models:
+        model = build()
+        mesh = sp.make_mesh(*model.mesh)
+        reference = jax.jit(model.f)(*model.args)
+        experts = [measure_layout(model, mesh, specs, name, reference) for name, specs in model.experts.items()]
+        dp = next(e for e in experts if e.layout == "data parallel")
+        for limit in (None, int(0.6 * dp.memory)):
+            result = Result(model.name, "x".join(map(str, model.mesh[0])), limit,
+                            [Measured(**{**asdict(e), "fits": limit is None or e.memory <= limit}) for e in experts])
+            try:
+                result.searched = measure_layout(model, mesh, model.auto_specs, "sp.AUTO", reference, limit)
+                result.searched.fits = limit is None or result.searched.memory <= limit
+            except sp.MemoryLimitError as err:
+                result.error = str(err)
+            say(f"{model.name} on {result.mesh}, limit {limit}: "
+                f"{result.searched.bytes if result.searched else result.error}")
+            results.append(result)
+    return results
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def markdown(results: list[Result], command: str) -> str:
+    """The table ``docs/search.md`` holds."""
+    lines = ["# The layout search against the experts' layouts", "",
+             f"Generated by `{command}`; do not edit. Per device: *moved* is the bytes the compiled HLO's collectives "
+             "send, *memory* is `compiled.memory_analysis()`'s arguments + outputs + temporaries - aliased. The "
+             "limit is `memory_limit=` (none, then 60% of data parallel's memory); an expert layout over the "
+             "limit is struck through. *best expert* is the fewest bytes among the experts that fit. Every program's "
+             "result is compared with the unsharded function's (rtol 2e-4, atol 1e-4: adam's first step moves a "
+             "parameter by about lr = 1e-3 times the sign of its gradient, which rounding decides where the "
+             "gradient is near 0; every layout, data parallel too, is within 1e-4 of the unsharded step).", "",
+             "| model | mesh | limit | best expert (fits) | its bytes / memory | sp.AUTO bytes / memory | "
+             "search s | XLA compile s | all equal |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        fitting = [e for e in r.experts if e.fits]
+        best = min(fitting, key=lambda e: e.bytes) if fitting else None
+        s = r.searched
+        equal = all(e.equal for e in r.experts) and (s is None or s.equal)
+        lines.append(
+            f"| {r.model} | {r.mesh} | {'none' if r.limit is None else _mb(r.limit)} | "
+            f"{best.layout if best else '(none fits)'} | "
+            f"{f'{_mb(best.bytes)} / {_mb(best.memory)}' if best else '-'} | "
+            f"{f'{_mb(s.bytes)} / {_mb(s.memory)}' if s else r.error} | "
+            f"{f'{s.search_seconds:.2f}' if s else '-'} | {f'{s.compile_seconds:.2f}' if s else '-'} | "
+            f"{'yes' if equal else 'NO'} |")
+    lines += ["", "## Every layout", ""]
+    for r in results:
+        lines += [f"### {r.model}, mesh {r.mesh}, limit {'none' if r.limit is None else _mb(r.limit)}", "",
+                  "| layout | bytes moved | memory | fits |", "|---|---|---|---|"]
+        for e in r.experts + ([r.searched] if r.searched else []):
+            name = e.layout if e.fits else f"~~{e.layout}~~"
+            lines.append(f"| {name} | {_mb(e.bytes)} | {_mb(e.memory)} | {'yes' if e.fits else 'no'} |")
+        if r.searched:
+            lines += ["", "```", r.searched.specs, "```"]
+        lines.append("")
+    return "\n".join(lines)

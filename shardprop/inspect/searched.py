@@ -1,0 +1,77 @@
+"""What ``sp.AUTO`` chose, readable: the chosen-layout table (``print(prog.search)``, ``shardprop plan``) and, for
+``sp.explain`` of a searched argument, why its layout won and what the others would have cost."""
+
+from __future__ import annotations
+
+from ..expr.graph import short_dtype
+from .listing import format_bytes
+
+
+def format_search(result) -> str:
+    """The search's summary line and one row per searched argument (path, type, chosen spec, decided with)."""
+    c = result.chosen
+    limit = "" if result.memory_limit is None else f", limit {format_bytes(result.memory_limit)}"
+    compiled = "" if c.compiled_memory is None else f", {format_bytes(c.compiled_memory)} as compiled"
+    lines = [f"sp.AUTO chose {len(result.searched)} layout{'' if len(result.searched) == 1 else 's'} in "
+             f"{result.seconds:.2f} s ({result.evaluations} plans priced): {format_bytes(c.moved)} moved, "
+             f"{format_bytes(c.memory.total)} per device (cost model{compiled}{limit}); price within "
+             f"{result.gap:.0%} of the bound"]
+    rows = [(r["argument"], f"{short_dtype(leaf.dtype)}[{','.join(map(str, leaf.shape))}]", str(r["spec"]),
+             "" if r["with"] is None else f"with {r['with']}")
+            for r, leaf in zip(result.rows(), (result.leaves[k] for k in result.searched), strict=True)]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) +
+                     (f"  {row[3]}" if row[3] else ""))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def explain_choice(result, leaf: int, shown: int = 5) -> tuple[str, ...]:
+    """Lines for ``sp.explain`` of searched argument ``leaf``: the layouts of its group weighed with every other
+    argument as chosen, cheapest first (price, bytes moved, memory per device), the chosen one marked."""
+    group = result.group_of(leaf)
+    if group is None:
+        return ()
+    alternatives = result.alternatives(leaf)
+    chosen = result.chosen
+    leaves = result.leaves
+    together = [leaves[k].path for k in group if k != leaf]
+    lines = [f"chosen by the sp.AUTO search among {len(alternatives)} layouts"
+             + (f", decided with {', '.join(together)}" if together else "")
+             + " (each priced as the whole program, every other argument as chosen):"]
+    priced = [a for a in alternatives if a.candidate is not None]
+    width = max((len(str(a.spec)) for a in priced[:shown]), default=0)
+    for a in priced[:shown]:
+        more = a.candidate.price / chosen.price - 1 if chosen.price else 0.0
+        mark = ("chosen" if a.spec == chosen.specs[leaf] else
+                f"+{more:.1%} price" if more < 0.1 else f"+{more:.0%} price")
+        over = "" if not a.candidate.excess else f", over the limit by {format_bytes(a.candidate.excess)}"
+        lines.append(f"  {str(a.spec):<{width}}  {format_bytes(a.candidate.moved)} moved, "
+                     f"{format_bytes(a.candidate.memory.total)} per device{over}  ({mark})")
+    if len(priced) > shown:
+        lines.append(f"  ... {len(priced) - shown} more, each dearer")
+    if len(priced) < len(alternatives):
+        lines.append(f"  {len(alternatives) - len(priced)} refused by strict=True (a conflict or no rule)")
+    return tuple(lines)
+
+
+def search_to_dict(result) -> dict:
+    """JSON-ready: the chosen layout of every searched argument, what it costs, and how the search went."""
+    def candidate(c) -> dict:
+        return {"price": c.price, "moved_bytes": c.moved, "memory": {
+            "arguments": c.memory.arguments, "outputs": c.memory.outputs, "temporaries": c.memory.temporaries,
+            "total": c.memory.total, "compiled": c.compiled_memory}}
+
+    return {
+        "chosen": [{**row, "spec": spec_json(row["spec"])} for row in result.rows()],
+        **candidate(result.chosen),
+        "memory_limit": result.memory_limit, "bound": result.bound, "gap": result.gap,
+        "evaluations": result.evaluations, "seconds": result.seconds,
+        "finalists": [{"specs": {result.leaves[k].path: spec_json(c.specs[k]) for k in result.searched},
+                       **candidate(c)} for c in result.finalists],
+    }
+
+
+def spec_json(spec) -> list:
+    """A PartitionSpec as JSON: one entry per axis, None, a mesh axis name, or a list of names."""
+    return [list(e) if isinstance(e, tuple) else e for e in spec]

@@ -1,0 +1,305 @@
+"""The layout search: the ``sp.AUTO`` arguments' layouts that make the cheapest plan within a memory limit.
+
+Every candidate is priced by the pipeline itself — propagate, split, and the cost model (bytes moved and work,
+:func:`~shardprop.splitting.cost.price`; memory, :func:`~shardprop.splitting.cost.footprint`) — so the search sees
+exactly what the compiled program will move. The search is a coordinate descent over decision groups (an argument
+and the arguments shaped like it further down its path, :func:`~.space.decision_groups`), from the better of two
+starts (every searched argument replicated, or adopting what it meets as unannotated arguments do): first with the
+layers of a stack tied (one layout per bundle, :func:`~.space.tied`), then each group on its own. A move is kept only
+when it makes the plan strictly cheaper (fitting the limit first), and groups and layouts are tried in a fixed order,
+so the choice is the same on every run and every process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import jax
+from jax.sharding import PartitionSpec
+
+from ..core.transfers import total_moved
+from ..errors import MemoryLimitError, NoRuleError, OptionError, SearchError, ShardingConflictError
+from ..propagation import propagate
+from ..splitting.cost import Footprint, estimate, footprint, price
+from ..splitting.split import PlanPricer
+from .space import AUTO, Leaf, candidate_specs, decision_groups, leaves_of, tied
+
+SWEEPS_TIED, SWEEPS_UNTIED = 2, 2
+# a bundle holding less than this share of the searched bytes is decided in one sweep after the others
+SMALL = 0.02
+# the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen)
+FINALISTS = 4
+# the finalists compiled, at most, to check a memory limit on the compiled program
+COMPILED_CHECKS = 4
+# how far over the limit the cost model's footprint may be for a candidate still to be compiled and checked
+SLACK = 0.3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One assignment of every argument's spec, priced: ``price`` (bytes moved plus work in bytes' worth),
+    ``moved`` (bytes per device), ``memory`` (per device); ``excess`` is how far it is over the memory limit."""
+
+    specs: tuple[PartitionSpec, ...]
+    price: float
+    moved: float
+    memory: Footprint
+    excess: int
+    compiled_memory: int | None = None  # memory_analysis()'s, where the limit was checked on the compiled program
+
+    @property
+    def rank(self) -> tuple:
+        """What the search minimises: the bytes over the limit first, then the price, then the memory."""
+        return (self.excess, self.price, self.memory.total)
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A group's layout the search weighed, with every other group as chosen."""
+
+    spec: PartitionSpec
+    candidate: Candidate | None  # None: propagation refused it (strict=True: a conflict or no rule)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What the search chose and why. ``chosen`` is the winning :class:`Candidate`; ``searched`` the flat
+    arguments it decided (``leaves[k].path`` names them); ``groups`` the arguments decided together (led by their
+    first); ``finalists`` the whole assignments priced in full at the end, cheapest first; ``bound`` a price no
+    layout can beat (no byte moved, every device doing an equal share of the work), so ``gap`` is how far the choice
+    can be from the best; ``evaluations`` the plans priced (quick screens and full prices), ``seconds`` the time."""
+
+    chosen: Candidate
+    leaves: tuple[Leaf, ...]
+    searched: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+    finalists: tuple[Candidate, ...]
+    memory_limit: int | None
+    bound: float
+    evaluations: int
+    seconds: float
+    _options: dict = field(repr=False, compare=False)
+    _price: _Evaluator = field(repr=False, compare=False)
+
+    @property
+    def gap(self) -> float:
+        """``1 - bound / price``: the most the chosen plan's price can be above the best possible one, as a fraction."""
+        return 0.0 if self.chosen.price <= 0 else max(0.0, 1.0 - self.bound / self.chosen.price)
+
+    def group_of(self, leaf: int) -> tuple[int, ...] | None:
+        """The searched arguments decided with flat argument ``leaf`` (None: it was not searched)."""
+        return next((g for g in self.groups if leaf in g), None)
+
+    def alternatives(self, leaf: int) -> tuple[Alternative, ...]:
+        """Every layout of ``leaf``'s group, with every other argument as chosen, priced in full (on first asking:
+        one plan per layout), cheapest first."""
+        group = self.group_of(leaf)
+        if group is None:
+            return ()
+        found = []
+        for spec in self._options[group[0]]:
+            specs = list(self.chosen.specs)
+            for k in group:
+                specs[k] = spec
+            found.append(Alternative(spec, self._price(specs)))
+        return tuple(sorted(found, key=lambda a: (a.candidate is None, a.candidate.rank if a.candidate else ())))
+
+    def __str__(self) -> str:
+        from ..inspect.searched import format_search  # inspection reads the product
+
+        return format_search(self)
+
+    def rows(self) -> list[dict]:
+        """One row per searched argument: its path, shape, dtype, chosen spec and the argument it was decided with."""
+        out = []
+        for k in self.searched:
+            leaf, group = self.leaves[k], self.group_of(k)
+            out.append({"argument": leaf.path, "shape": list(leaf.shape), "dtype": str(leaf.dtype),
+                        "spec": self.chosen.specs[k],
+                        "with": None if group[0] == k else self.leaves[group[0]].path})
+        return out
+
+
+class _Evaluator:
+    """Prices an assignment of specs once (cached by the assignment): propagate, split, cost model. ``backward`` is
+    propagation's: True weighs every setting of its backward pass, as ``autoshard`` builds the program; "quick" one
+    setting, a third of the time (the search's screen)."""
+
+    def __init__(self, graph, mesh, *, strict: bool, conflicts: str, strategy: str, memory_limit: int | None,
+                 backward: bool | str = True):
+        self.graph, self.mesh, self.strict, self.conflicts, self.strategy = graph, mesh, strict, conflicts, strategy
+        self.memory_limit, self.backward = memory_limit, backward
+        self._seen: dict[tuple, Candidate | None] = {}
+
+    @property
+    def evaluations(self) -> int:
+        return len(self._seen)
+
+    def seen(self) -> list[Candidate]:
+        """Every candidate priced so far, in the order first priced."""
+        return [c for c in self._seen.values() if c is not None]
+
+    def __call__(self, specs: Sequence[PartitionSpec | None]) -> Candidate | None:
+        key = tuple(specs)
+        if key not in self._seen:
+            self._seen[key] = self._price(key)
+        return self._seen[key]
+
+    def _price(self, specs: tuple) -> Candidate | None:
+        pricer = PlanPricer(self.strategy)
+        with warnings.catch_warnings():  # a candidate's reshards and fallbacks: the chosen one warns when it is built
+            warnings.simplefilter("ignore")
+            try:
+                sharded = propagate(self.graph, as_tree(self.graph, specs), mesh=self.mesh, strict=self.strict,
+                                    conflicts=self.conflicts, price=pricer, backward=self.backward)
+            except (ShardingConflictError, NoRuleError):  # strict=True refuses this layout: not a candidate
+                return None
+        plan = pricer.plan_for(sharded)
+        memory = footprint(plan)
+        excess = 0 if self.memory_limit is None else max(0, memory.total - self.memory_limit)
+        return Candidate(tuple(sharded.in_specs), price(plan), total_moved(estimate(plan)), memory, excess)
+
+
+def as_tree(graph, flat: Sequence[PartitionSpec | None]):
+    """Flat per-argument specs as an ``in_specs`` tree shaped like the arguments."""
+    return jax.tree_util.tree_unflatten(graph.in_tree, list(flat))
+
+
+def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, conflicts: str = "reshard",
+                   strategy: str = "auto", memory_limit: int | None = None,
+                   compiled_memory: Callable[[tuple], int] | None = None) -> SearchResult:
+    """Choose a spec for every ``sp.AUTO`` entry of ``flat_specs`` (one per flat argument of ``graph``; the
+    others are kept exactly) minimising the plan's price within ``memory_limit`` bytes per device.
+
+    The descent screens layouts with a quick propagation (one setting of its backward pass); the :data:`FINALISTS`
+    best assignments it
+    saw, and the two starts, are then priced as ``autoshard`` builds them, and the cheapest of those is chosen.
+    With a limit, the cost model's footprint screens; ``compiled_memory`` (the compiled program's memory for an
+    assignment) has the last word: the cheapest finalists are compiled in turn, and the first within the limit is
+    chosen (at most :data:`COMPILED_CHECKS` of them, then the two with the smallest footprints).
+    Raises :class:`~shardprop.MemoryLimitError` when no layout found fits, :class:`~shardprop.SearchError` when
+    ``strict=True`` refuses every layout weighed."""
+    started = time.perf_counter()
+    leaves = leaves_of(graph)
+    searched = [k for k, s in enumerate(flat_specs) if s is AUTO]
+    mesh_shape = dict(mesh.shape)
+    groups = decision_groups(leaves, searched)
+    options = {g[0]: candidate_specs(leaves[g[0]].shape, mesh_shape) for g in groups}
+    # the cost model's footprint errs by up to a fifth or so either way: with the compiled program to check against,
+    # the screen lets a candidate over the limit by as much compete, and the compiled memory decides
+    screen_limit = (memory_limit if memory_limit is None or compiled_memory is None
+                    else int(memory_limit * (1 + SLACK)))
+    settings = dict(strict=strict, conflicts=conflicts, strategy=strategy, memory_limit=screen_limit)
+    screen = _Evaluator(graph, mesh, backward="quick", **settings)
+    full = _Evaluator(graph, mesh, **settings)
+
+    def assigned(base: Sequence, bundle: Sequence[tuple[int, ...]], spec) -> list:
+        out = list(base)
+        for group in bundle:
+            for k in group:
+                out[k] = spec
+        return out
+
+    starts = [assigned(flat_specs, groups, PartitionSpec()), assigned(flat_specs, groups, None)]
+    current = _best(screen(s) for s in starts)
+    if current is None:
+        raise _refused(leaves, searched)
+
+    total = sum(leaves[k].nbytes for k in searched) or 1
+
+    def small(bundle) -> bool:  # a few hundredths of the searched bytes (biases, norms' scales): decided once, last
+        return sum(leaves[k].nbytes for g in bundle for k in g) < SMALL * total
+
+    def descend(bundles: list[tuple[tuple[int, ...], ...]], sweeps: int, current: Candidate) -> Candidate:
+        # the biggest decisions first: they move the most bytes
+        bundles = sorted(bundles, key=lambda b: (-sum(leaves[k].nbytes for g in b for k in g), b))
+        for _ in range(sweeps):
+            improved = False
+            for bundle in bundles:
+                for spec in options[bundle[0][0]]:
+                    found = screen(assigned(current.specs, bundle, spec))
+                    if found is not None and found.rank < current.rank:
+                        current, improved = found, True
+            if not improved:
+                break
+        return current
+
+    bundles = tied(leaves, groups)
+    large = [b for b in bundles if not small(b)]
+    current = descend(large or bundles, SWEEPS_TIED, current)
+    if len(bundles) < len(groups):
+        current = descend([(g,) for b in large for g in b], SWEEPS_UNTIED, current)
+    if large:
+        current = descend([b for b in bundles if small(b)], 1, current)
+    screened = sorted(screen.seen(), key=lambda c: c.rank)[:FINALISTS]
+    if memory_limit is not None:  # and the leanest seen, in case the limit is tight
+        screened += sorted(screen.seen(), key=lambda c: (c.memory.total, c.price))[:2]
+    finalists = sorted(dict.fromkeys(c for c in (full(x) for x in [*starts, *(c.specs for c in screened)])
+                                     if c is not None), key=lambda c: c.rank)
+    if not finalists:
+        raise _refused(leaves, searched)
+    chosen = finalists[0]
+    if memory_limit is not None and compiled_memory is not None:
+        chosen = _compiled_within(finalists, memory_limit, compiled_memory, leaves, searched)
+    elif chosen.excess:
+        raise _over_limit(leaves, searched, chosen, memory_limit)
+    replicated = screen([PartitionSpec()] * len(flat_specs))
+    bound = 0.0 if replicated is None else (replicated.price - replicated.moved) / mesh.size
+    return SearchResult(chosen, tuple(leaves), tuple(searched), tuple(groups), tuple(finalists), memory_limit, bound,
+                        screen.evaluations + full.evaluations, time.perf_counter() - started, options, full)
+
+
+def _compiled_within(finalists, limit: int, compiled_memory, leaves, searched) -> Candidate:
+    """The cheapest finalist whose compiled program fits ``limit``: the ones the cost model says fit, cheapest first,
+    then the smallest footprints (the model errs both ways by a tenth or two)."""
+    fitting = [c for c in finalists if not c.excess][:COMPILED_CHECKS]
+    leanest = sorted((c for c in finalists if c not in fitting), key=lambda c: c.memory.total)[:2]
+    checked = []
+    for candidate in fitting + leanest:
+        measured = dataclasses.replace(candidate, compiled_memory=compiled_memory(candidate.specs))
+        if measured.compiled_memory <= limit:
+            return dataclasses.replace(measured, excess=0)
+        checked.append(measured)
+    smallest = min(checked, key=lambda c: c.compiled_memory)
+    raise _over_limit(leaves, searched, smallest, limit)
+
+
+def _best(candidates) -> Candidate | None:
+    found = [c for c in candidates if c is not None]
+    return min(found, key=lambda c: c.rank) if found else None
+
+
+def _names(leaves: Sequence[Leaf], searched: Sequence[int], limit: int = 4) -> str:
+    names = [f"argument {leaves[k].path}" for k in searched[:limit]]
+    return ", ".join(names) + (f" and {len(searched) - limit} more" if len(searched) > limit else "")
+
+
+def _refused(leaves, searched) -> SearchError:
+    return SearchError(f"sp.AUTO: strict=True refused every layout weighed for {_names(leaves, searched)} "
+                       "(each met a sharding conflict or a primitive without a rule); fix their specs, or drop "
+                       "strict=True to let propagation resolve conflicts")
+
+
+def _over_limit(leaves, searched, best: Candidate, limit: int) -> MemoryLimitError:
+    chosen = ", ".join(f"{leaves[k].path} {best.specs[k]}" for k in searched[:6])
+    m = best.memory
+    how = (f"{best.compiled_memory:,} B as compiled" if best.compiled_memory is not None else
+           f"{m.total:,} B (arguments {m.arguments:,} + outputs {m.outputs:,} + temporaries {m.temporaries:,})")
+    return MemoryLimitError(
+        f"no layout of {_names(leaves, searched)} fits memory_limit={limit:,} B per device: the smallest footprint "
+        f"found is {how} with {chosen}{' ...' if len(searched) > 6 else ''}; raise the limit, use a mesh with "
+        "more devices, or shard the fixed arguments")
+
+
+def check_memory_limit(memory_limit) -> int | None:
+    """``memory_limit`` as an int of bytes, None for no limit; anything but a positive number is an OptionError."""
+    if memory_limit is None:
+        return None
+    if isinstance(memory_limit, bool) or not isinstance(memory_limit, int | float) or not memory_limit > 0:
+        raise OptionError(f"memory_limit={memory_limit!r}: expected a positive number of bytes per device")
+    return int(memory_limit)
+

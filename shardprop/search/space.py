@@ -1,0 +1,154 @@
+"""What the search chooses from: ``sp.AUTO``, each argument's candidate layouts, and which arguments are decided
+together.
+
+``sp.AUTO`` is an ``in_specs`` leaf (or pytree prefix) that asks for a searched layout. The candidates of an argument
+are every way to lay its axes out over the mesh that the axes divide evenly: each mesh axis on one tensor axis, or on
+none; several mesh axes on one tensor axis in the mesh's order. Arguments shaped like a parameter further down the same
+path (an optimizer's moments, ``opt_state[0].mu['w']`` beside ``params['w']``) are decided with it: one group, one
+layout. Leaves that differ only in a list index (the layers of a stack) are *tied* in the search's first phase.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+
+class _Auto:
+    """The ``in_specs`` leaf asking the search for a layout (``sp.AUTO``): one instance, printed as its name."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "sp.AUTO"
+
+    def __reduce__(self):
+        return (_Auto, ())
+
+
+AUTO = _Auto()
+
+
+def is_spec_leaf(x: Any) -> bool:
+    """An ``in_specs`` leaf: a PartitionSpec, None (unannotated) or ``sp.AUTO``."""
+    return x is None or x is AUTO or isinstance(x, PartitionSpec)
+
+
+def candidate_specs(shape: tuple[int, ...], mesh_shape: dict[str, int]) -> tuple[PartitionSpec, ...]:
+    """Every layout of an array of ``shape`` whose axes the mesh axes divide evenly, replicated first, then by how
+    many mesh axes shard it, in a fixed order (the search's order, so its choice is the same on every run).
+
+    >>> candidate_specs((8, 6), {"i": 4, "j": 2})
+    (P(), P('i',), P('j',), P(None, 'j'), P('i', 'j'), P(('i', 'j'),))
+    """
+    names = list(mesh_shape)
+    found: dict[PartitionSpec, int] = {}
+    # each mesh axis goes on one tensor axis or on none (len(shape)): (rank + 1) ** mesh-axes choices
+    for placement in itertools.product(range(len(shape) + 1), repeat=len(names)):
+        axes: list[list[str]] = [[] for _ in shape]
+        for name, where in zip(names, placement, strict=True):
+            if where < len(shape):
+                axes[where].append(name)
+        if any(n % _count(mesh_shape, a) for n, a in zip(shape, axes, strict=True)):
+            continue
+        spec = _spec(axes)
+        found.setdefault(spec, sum(map(len, axes)))
+    return tuple(sorted(found, key=lambda s: (found[s], _order_key(s))))
+
+
+def _count(mesh_shape, axes) -> int:
+    out = 1
+    for a in axes:
+        out *= mesh_shape[a]
+    return out
+
+
+def _spec(axes: list[list[str]]) -> PartitionSpec:
+    entries = [None if not a else a[0] if len(a) == 1 else tuple(a) for a in axes]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+def _order_key(spec: PartitionSpec) -> str:
+    return repr(tuple(spec))
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One flat argument of the traced function: its position, its path (``jax.tree_util.keystr``), shape, dtype."""
+
+    index: int
+    path: str
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def nbytes(self) -> int:
+        size = self.dtype.itemsize
+        for n in self.shape:
+            size *= n
+        return size
+
+
+def leaves_of(graph) -> list[Leaf]:
+    """The flat arguments of ``graph`` with their key paths (``[0]['w']``: argument 0's key ``'w'``)."""
+    return [Leaf(k, path, graph.avals[v].shape, graph.avals[v].dtype)
+            for k, (path, v) in enumerate(zip(graph.argument_paths, graph.inputs, strict=True))]
+
+
+_ARGUMENT = re.compile(r"^\[\d+\]")
+
+
+def _within_argument(path: str) -> str:
+    return _ARGUMENT.sub("", path, count=1)
+
+
+def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, ...]]:
+    """The searched leaves in groups decided together, each group led by its first leaf: a leaf joins an earlier
+    argument's leaf of its shape whose path within its argument its own path ends with (the longest such:
+    ``[1][0].mu[0]['w']`` joins ``[0][0]['w']``)."""
+    leader: dict[int, int] = {}
+    for k in searched:
+        mine = _within_argument(leaves[k].path)
+        best = None
+        for j in searched:
+            if j >= k or leader.get(j, j) != j or leaves[j].shape != leaves[k].shape:
+                continue
+            other = _within_argument(leaves[j].path)
+            if other and mine.endswith(other) and leaves[j].path[:3] != leaves[k].path[:3] and \
+                    (best is None or len(other) > len(_within_argument(leaves[best].path))):
+                best = j
+        leader[k] = k if best is None else best
+    groups: dict[int, list[int]] = {}
+    for k in searched:
+        groups.setdefault(leader[k], []).append(k)
+    return [tuple(members) for _, members in sorted(groups.items())]
+
+
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def tied(leaves: list[Leaf], groups: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
+    """``groups`` bundled where their leaders differ only in list indices below the argument (``[0][2]['w']`` and
+    ``[0][5]['w']``, the same shape): the layers of a stack, decided once in the search's first phase."""
+    bundles: dict[tuple, list[tuple[int, ...]]] = {}
+    for group in groups:
+        lead = leaves[group[0]]
+        key = (lead.path[:_argument_end(lead.path)], _INDEX.sub("[*]", _within_argument(lead.path)), lead.shape)
+        bundles.setdefault(key, []).append(group)
+    return [tuple(b) for b in sorted(bundles.values())]
+
+
+def _argument_end(path: str) -> int:
+    found = _ARGUMENT.match(path)
+    return found.end() if found else 0

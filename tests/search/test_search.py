@@ -1,0 +1,158 @@
+"""``sp.AUTO`` end to end: the searched layouts against the layouts an expert would write (bytes from the compiled
+HLO, memory from ``memory_analysis()``), memory limits, kept specs, determinism, and the results equal to the
+unsharded function's."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.bench import search as bench_search
+from shardprop.core.transfers import total_moved
+
+RTOL, ATOL = 2e-4, 2e-5
+
+
+def _assert_equal(got, want, atol=ATOL):
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=atol)
+
+
+def _measure(model, mesh, in_specs, **options):
+    fs = sp.autoshard(model.f, mesh=mesh, in_specs=in_specs, **options)
+    prog = fs.trace(*model.args)
+    return fs, prog, total_moved(prog.communication()), prog.memory()
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["8", "4x2"])
+def mlp(request):
+    model = bench_search.mlp(request.param, width=128, batch=16)
+    mesh = sp.make_mesh(*model.mesh)
+    experts = {name: _measure(model, mesh, specs)[2:] for name, specs in model.experts.items()}
+    return model, mesh, experts, jax.jit(model.f)(*model.args)
+
+
+def test_the_searched_mlp_moves_no_more_than_any_expert_layout(mlp):
+    model, mesh, experts, want = mlp
+    fs, prog, moved, memory = _measure(model, mesh, model.auto_specs)
+    best = min(b for b, _ in experts.values())
+    assert moved <= best, (prog.search, experts)
+    _assert_equal(fs(*model.args), want)
+    assert prog.search.evaluations > 0 and 0 <= prog.search.gap < 1
+
+
+def test_a_limit_below_data_parallel_picks_a_layout_that_fits(mlp):
+    model, mesh, experts, want = mlp
+    limit = int(0.6 * experts["data parallel"][1])
+    fs, prog, moved, memory = _measure(model, mesh, model.auto_specs, memory_limit=limit)
+    assert memory <= limit
+    assert prog.search.chosen.compiled_memory == memory
+    fitting = [b for b, m in experts.values() if m <= limit]  # on 8 devices FSDP is just over 60% of DP: none
+    assert moved <= min(fitting, default=moved)
+    _assert_equal(fs(*model.args), want)
+
+
+def test_fixed_specs_are_kept_exactly_and_in_specs_is_shaped_like_the_arguments(meshes):
+    model = bench_search.mlp(True, width=64, batch=16)
+    params_specs = [{"b": sp.AUTO, "w": P(None, "j")}, sp.AUTO, {"b": P(), "w": sp.AUTO}]
+    mesh = sp.make_mesh((4, 2), ("data", "j"))
+    fs = sp.autoshard(model.f, mesh=mesh, in_specs=(params_specs, P("data"), P("data")))
+    prog = fs.trace(*model.args)
+    specs = prog.in_specs
+    assert specs[0][0]["w"] == P(None, "j") and specs[0][2]["b"] == P()
+    assert specs[1] == P("data") and specs[2] == P("data")
+    assert jax.tree_util.tree_structure(specs[0], is_leaf=lambda x: isinstance(x, P)) == \
+        jax.tree_util.tree_structure(model.args[0], is_leaf=lambda x: isinstance(x, np.ndarray))
+    searched_paths = {prog.search.leaves[k].path for k in prog.search.searched}
+    assert searched_paths == {"[0][0]['b']", "[0][1]['b']", "[0][1]['w']", "[0][2]['w']"}
+    _assert_equal(fs(*model.args), jax.jit(model.f)(*model.args))
+
+
+def test_optimizer_moments_are_laid_out_like_their_parameters():
+    model = bench_search.flax_adam(True, width=64, batch=16)
+    mesh = sp.make_mesh(*model.mesh)
+    fs = sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs)
+    prog = fs.trace(*model.args)
+    params, state = prog.in_specs[0], prog.in_specs[1][0]
+    assert state.mu == params and state.nu == params
+    _assert_equal(fs(*model.args), jax.jit(model.f)(*model.args), atol=bench_search.ATOL)
+
+
+def test_the_choice_is_the_same_under_other_hash_seeds(tmp_path):
+    script = tmp_path / "choose.py"
+    script.write_text(textwrap.dedent("""
+        import jax
+        jax.config.update("jax_num_cpu_devices", 8)
+        import warnings; warnings.simplefilter("ignore")
+        import shardprop as sp
+        from shardprop.bench import search
+        model = search.mlp(True, width=64, batch=16)
+        prog = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs).trace(*model.args)
+        print(prog.sharded.in_specs, prog.search.chosen.price)
+    """))
+    outs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("0", "12345")]
+    assert outs[0] == outs[1] and "P(" in outs[0]
+
+
+def test_explain_says_why_a_searched_argument_got_its_layout():
+    model = bench_search.mlp(True, width=64, batch=16)
+    prog = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs).trace(*model.args)
+    chosen = prog.in_specs[0][0]["w"]
+    text = str(sp.explain(prog, "[0][0]['w']"))
+    assert "chosen by the sp.AUTO search among 9 layouts" in text
+    assert f"{chosen}" in text and "(chosen)" in text and "% price)" in text
+    assert sp.explain(prog, "[0][0]['w']").to_dict()["search"]
+    assert "(chosen by sp.AUTO)" in str(prog.stages)
+    table = str(prog.search)
+    assert table.startswith("sp.AUTO chose 6 layouts") and "[0][2]['w']" in table
+    assert not sp.explain(prog, "[1]").search  # a fixed argument: nothing was searched
+
+
+@pytest.mark.parametrize("limit", [0, -5, "8MB", True, float("nan")])
+def test_a_memory_limit_must_be_a_positive_number(limit):
+    with pytest.raises(sp.OptionError, match="memory_limit=.*positive number of bytes"):
+        sp.autoshard(lambda x: x, mesh=sp.make_mesh((8,), ("i",)), in_specs=sp.AUTO, memory_limit=limit)
+
+
+def test_a_limit_nothing_fits_names_the_smallest_footprint_found():
+    model = bench_search.mlp(True, width=64, batch=16)
+    fs = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs, memory_limit=4096)
+    with pytest.raises(sp.MemoryLimitError, match=r"no layout of argument \[0\]\[0\]\['b'\].* fits "
+                                                  r"memory_limit=4,096 B per device: the smallest footprint found is "
+                                                  r"[\d,]+ B as compiled with \[0\]\[0\]\['b'\] P"):
+        fs.trace(*model.args)
+
+
+def test_a_fixed_layout_over_the_limit_is_refused():
+    x = np.ones((64, 64), np.float32)
+    fs = sp.autoshard(lambda x: x * 2, mesh=sp.make_mesh((8,), ("i",)), in_specs=P(), memory_limit=4096)
+    with pytest.raises(sp.MemoryLimitError, match="the program needs [\\d,]+ B per device as compiled"):
+        fs.trace(x)
+    assert sp.autoshard(lambda x: x * 2, mesh=sp.make_mesh((8,), ("i",)), in_specs=sp.AUTO,
+                        memory_limit=8192).trace(x).in_specs[0] != P()
+
+
+def test_strict_with_nothing_fixed_is_refused():
+    fs = sp.autoshard(lambda a, b: a @ b, mesh=sp.make_mesh((8,), ("i",)), in_specs=sp.AUTO, strict=True)
+    with pytest.raises(sp.SearchError, match="sp.AUTO with strict=True: every argument is sp.AUTO"):
+        fs.trace(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32))
+
+
+def test_strict_searches_around_a_fixed_spec():
+    a, b = np.arange(64.0, dtype=np.float32).reshape(8, 8), np.ones((8, 16), np.float32)
+    fs = sp.autoshard(lambda a, b: a @ b, mesh=sp.make_mesh((8,), ("i",)), in_specs=(P("i"), sp.AUTO), strict=True)
+    np.testing.assert_allclose(np.asarray(fs(a, b)), a @ b)
+    assert fs.trace(a, b).in_specs[0] == P("i")
+
+
+def test_propagate_takes_no_auto():
+    graph = sp.trace(lambda x: x + 1, np.ones(8, np.float32))
+    with pytest.raises(sp.SpecTreeError, match="chosen by autoshard's search"):
+        sp.propagate(graph, sp.AUTO, mesh=sp.make_mesh((8,), ("i",)))

@@ -1,0 +1,42 @@
+"""The cost model's memory (``footprint``) against ``compiled.memory_analysis()``: arguments and outputs exact, the
+temporaries within the stated band (XLA's buffer assignment and fusion decide them; the layout search compiles
+its finalists to check a limit, so the model only has to rank)."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.bench import search as bench_search
+from shardprop.splitting.cost import footprint
+
+
+@pytest.mark.parametrize("two_d", [False, True], ids=["8", "4x2"])
+def test_footprint_of_the_mlp_experts_matches_memory_analysis(two_d):
+    model = bench_search.mlp(two_d, width=256, batch=32)
+    mesh = sp.make_mesh(*model.mesh)
+    for name, specs in model.experts.items():
+        prog = sp.autoshard(model.f, mesh=mesh, in_specs=specs).trace(*model.args)
+        stats = prog.lower(*model.args).compile().memory_analysis()
+        estimate = footprint(prog.plan)
+        assert estimate.arguments == stats.argument_size_in_bytes, name
+        assert estimate.outputs == stats.output_size_in_bytes, name
+        assert 0.7 <= estimate.total / prog.memory() <= 1.35, (name, estimate, prog.memory())
+
+
+def test_a_gathered_argument_counts_from_the_start():
+    # the weight's all-gather has no input but the argument: XLA schedules it first, so it is live the whole time
+    w, x = np.ones((512, 512), np.float32), np.ones((64, 512), np.float32)
+    mesh = sp.make_mesh((8,), ("i",))
+    prog = sp.autoshard(lambda w, x: jax.numpy.tanh(x @ w) @ w, mesh=mesh, in_specs=(P("i"), P("i"))).trace(w, x)
+    estimate = footprint(prog.plan)
+    assert estimate.temporaries >= 512 * 512 * 4
+    assert 0.7 <= estimate.total / prog.memory() <= 1.35
+
+
+def test_elementwise_chains_take_no_memory_of_their_own():
+    x = np.ones((256, 256), np.float32)
+    prog = sp.autoshard(lambda x: jax.numpy.sin(jax.numpy.exp(x) * 2 + 1).sum(), mesh=sp.make_mesh((8,), ("i",)),
+                        in_specs=P("i")).trace(x)
+    assert footprint(prog.plan).temporaries < 256 * 256 * 4 // 8  # no block-sized intermediate: fused
