@@ -30,10 +30,12 @@ def test_programs_on_a_mesh_spanning_two_processes_equal_the_unsharded_result():
     done, _ = _launch()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     for k in (0, 1):
-        for check in ("nx global numpy", "nx process-local rows", "mlp train step",
+        for check in ("nx global numpy", "nx process-local rows", "mlp train step", "mlp train step, sp.AUTO",
                       "mlp train step, process-local batch", "rnn gradient (a scan)", "while loop on data",
                       "all ok"):
             assert f"[{k}] {'ok ' if check != 'all ok' else ''}{check}\n" in done.stdout, (k, check, done.stdout)
+    chosen = {line[:3]: line[3:] for line in done.stdout.splitlines() if line[3:].startswith(" chose ")}
+    assert len(chosen) == 2 and chosen["[0]"] == chosen["[1]"], chosen  # the search chose alike on both
 
 
 def test_the_debugger_steps_the_same_programs_on_both_processes(tmp_path):

@@ -2,8 +2,9 @@
 ``shardprop bench`` and ``shardprop launch`` (or ``python -m shardprop``).
 
 Applications built on the library, kept out of its top level: ``demo.py`` (the Nx example and a small MLP,
-sharded and checked), ``inspect.py`` (the ``inspect`` front end), ``plan.py`` (the layout search's front end), ``debug.py`` (the ``debug`` front end),
-``bench.py`` (the benchmark against ``jax.jit``) and ``launch.py`` (a local multi-process cluster).
+sharded and checked), ``inspect.py`` (the ``inspect`` front end), ``plan.py`` (the layout search's front end),
+``debug.py`` (the ``debug`` front end), ``bench.py`` (the benchmark against ``jax.jit``) and ``launch.py`` (a local
+multi-process cluster).
 """
 
 from __future__ import annotations

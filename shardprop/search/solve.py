@@ -2,12 +2,21 @@
 
 Every candidate is priced by the pipeline itself — propagate, split, and the cost model (bytes moved and work,
 :func:`~shardprop.splitting.cost.price`; memory, :func:`~shardprop.splitting.cost.footprint`) — so the search sees
-exactly what the compiled program will move. The search is a coordinate descent over decision groups (an argument
-and the arguments shaped like it further down its path, :func:`~.space.decision_groups`), from the better of two
-starts (every searched argument replicated, or adopting what it meets as unannotated arguments do): first with the
-layers of a stack tied (one layout per bundle, :func:`~.space.tied`), then each group on its own. A move is kept only
-when it makes the plan strictly cheaper (fitting the limit first), and groups and layouts are tried in a fixed order,
-so the choice is the same on every run and every process.
+what the compiled program will move. It is a coordinate descent over decision groups (an argument and the arguments
+shaped like it further down its path, :func:`~.space.decision_groups`):
+
+1. starts: every searched argument adopting what it meets (as an unannotated argument does), and the layouts an
+   expert would write (:func:`~.space.expert_seeds`: data parallel, FSDP, Megatron, Megatron with FSDP);
+2. from the :data:`DESCENTS` cheapest starts, each group tries each of its layouts, keeping a change only when the
+   plan gets strictly cheaper (fitting the limit first): first with the layers of a stack tied (one layout per
+   bundle, :func:`~.space.tied`), then — for a few layers alike — each on its own, then the small arguments
+   (biases, norms' scales) once;
+3. the descent screens with a quick propagation (one setting of its backward pass); the :data:`FINALISTS` cheapest
+   assignments it saw are priced as ``autoshard`` builds them, and the cheapest is chosen — with a memory limit,
+   the cheapest whose compiled program fits it.
+
+Groups and layouts are tried in a fixed order and a tie keeps the earlier, so the choice is the same on every run and
+every process.
 """
 
 from __future__ import annotations
@@ -26,11 +35,16 @@ from ..errors import MemoryLimitError, NoRuleError, OptionError, SearchError, Sh
 from ..propagation import propagate
 from ..splitting.cost import Footprint, estimate, footprint, price
 from ..splitting.split import PlanPricer
-from .space import AUTO, Leaf, candidate_specs, decision_groups, leaves_of, tied
+from .space import AUTO, Leaf, candidate_specs, decision_groups, expert_seeds, leaves_of, tied
 
 SWEEPS_TIED, SWEEPS_UNTIED = 2, 2
 # a bundle holding less than this share of the searched bytes is decided in one sweep after the others
 SMALL = 0.02
+# a bundle of this many groups or fewer is searched group by group after the tied phase; a deeper stack's layers
+# keep one layout
+UNTIE_AT_MOST = 4
+# the starts the descent runs from (the cheapest first)
+DESCENTS = 2
 # the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen)
 FINALISTS = 4
 # the finalists compiled, at most, to check a memory limit on the compiled program
@@ -204,9 +218,11 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
                 out[k] = spec
         return out
 
-    starts = [assigned(flat_specs, groups, PartitionSpec()), assigned(flat_specs, groups, None)]
-    current = _best(screen(s) for s in starts)
-    if current is None:
+    # the starts: every searched argument adopting what it meets, and the layouts an expert would write
+    first_use = {k: min(graph.consumers[graph.inputs[k]], default=len(graph.nodes)) for k in searched}
+    seeds = expert_seeds(leaves, groups, options, mesh_shape, first_use)
+    starts = [assigned(flat_specs, groups, None)] + [_seeded(flat_specs, groups, chosen) for _, chosen in seeds]
+    if _best(screen(s) for s in starts) is None:
         raise _refused(leaves, searched)
 
     total = sum(leaves[k].nbytes for k in searched) or 1
@@ -230,16 +246,23 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
 
     bundles = tied(leaves, groups)
     large = [b for b in bundles if not small(b)]
-    current = descend(large or bundles, SWEEPS_TIED, current)
-    if len(bundles) < len(groups):
-        current = descend([(g,) for b in large for g in b], SWEEPS_UNTIED, current)
-    if large:
-        current = descend([b for b in bundles if small(b)], 1, current)
+
+    def searched_from(start: Candidate) -> Candidate:
+        found = descend(large or bundles, SWEEPS_TIED, start)
+        untied = [(g,) for b in large if 1 < len(b) <= UNTIE_AT_MOST for g in b]
+        if untied:  # a few layers alike may each want their own layout (Megatron's column, then row)
+            found = descend(untied, SWEEPS_UNTIED, found)
+        return descend([b for b in bundles if small(b)], 1, found) if large else found
+
+    # from the best few starts: the descent stops at the first layout no single change improves
+    ranked = sorted(dict.fromkeys(c for c in (screen(s) for s in starts) if c is not None), key=lambda c: c.rank)
+    for start in ranked[:DESCENTS]:
+        searched_from(start)
     screened = sorted(screen.seen(), key=lambda c: c.rank)[:FINALISTS]
     if memory_limit is not None:  # and the leanest seen, in case the limit is tight
         screened += sorted(screen.seen(), key=lambda c: (c.memory.total, c.price))[:2]
-    finalists = sorted(dict.fromkeys(c for c in (full(x) for x in [*starts, *(c.specs for c in screened)])
-                                     if c is not None), key=lambda c: c.rank)
+    finalists = sorted(dict.fromkeys(c for c in (full(x.specs) for x in screened) if c is not None),
+                       key=lambda c: c.rank)
     if not finalists:
         raise _refused(leaves, searched)
     chosen = finalists[0]
@@ -266,6 +289,15 @@ def _compiled_within(finalists, limit: int, compiled_memory, leaves, searched) -
         checked.append(measured)
     smallest = min(checked, key=lambda c: c.compiled_memory)
     raise _over_limit(leaves, searched, smallest, limit)
+
+
+def _seeded(flat_specs, groups, chosen: dict) -> list:
+    """``flat_specs`` with every group laid out as ``chosen`` says (replicated where it says nothing)."""
+    out = list(flat_specs)
+    for group in groups:
+        for k in group:
+            out[k] = chosen.get(group[0], PartitionSpec())
+    return out
 
 
 def _best(candidates) -> Candidate | None:

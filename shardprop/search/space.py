@@ -152,3 +152,36 @@ def tied(leaves: list[Leaf], groups: list[tuple[int, ...]]) -> list[tuple[tuple[
 def _argument_end(path: str) -> int:
     found = _ARGUMENT.match(path)
     return found.end() if found else 0
+
+
+def expert_seeds(leaves: list[Leaf], groups: list[tuple[int, ...]], options: dict[int, tuple[PartitionSpec, ...]],
+                 mesh_shape: dict[str, int], first_use: dict[int, int]) -> list[tuple[str, dict[int, PartitionSpec]]]:
+    """The layouts an expert would start from, as ``(name, {group leader: spec})``: data parallel (everything
+    replicated), FSDP over one mesh axis (every matrix's first axis it divides), Megatron over one mesh axis
+    (matrices, in the order the program first reads them, alternate column and row splits), and Megatron over one
+    axis with FSDP over another. Vectors stay replicated (the search decides them); a layout the axes do not divide
+    is left replicated."""
+    matrices = sorted((g[0] for g in groups if len(leaves[g[0]].shape) == 2), key=lambda k: (first_use.get(k, k), k))
+
+    def valid(leader: int, spec: PartitionSpec) -> PartitionSpec:
+        return spec if spec in options[leader] else PartitionSpec()
+
+    def fsdp(axis: str) -> dict[int, PartitionSpec]:
+        out = {}
+        for leader in matrices:
+            shape = leaves[leader].shape
+            first = next((d for d, n in enumerate(shape) if n % mesh_shape[axis] == 0), None)
+            out[leader] = PartitionSpec() if first is None else \
+                valid(leader, _spec([[axis] if d == first else [] for d in range(len(shape))]))
+        return out
+
+    def megatron(axis: str, fsdp_axis: str | None = None) -> dict[int, PartitionSpec]:
+        return {leader: valid(leader, PartitionSpec(fsdp_axis, axis) if n % 2 == 0 else PartitionSpec(axis, fsdp_axis))
+                for n, leader in enumerate(matrices)}
+
+    names = list(mesh_shape)
+    seeds: list[tuple[str, dict[int, PartitionSpec]]] = [("data parallel", {})]
+    seeds += [(f"FSDP over {a}", fsdp(a)) for a in names]
+    seeds += [(f"Megatron over {a}", megatron(a)) for a in names]
+    seeds += [(f"Megatron over {a}, FSDP over {b}", megatron(a, b)) for a in names for b in names if a != b]
+    return seeds

@@ -1,5 +1,5 @@
 """Run by tests/test_distributed.py under ``shardprop launch -n 2 --devices-per-process 4``: the Nx example, the
-MLP training step and loop workloads through ``sp.autoshard`` on an 8-device mesh spanning both processes, with
+MLP training step (its parameters laid out by hand and by ``sp.AUTO``) and loop workloads through ``sp.autoshard`` on an 8-device mesh spanning both processes, with
 inputs as global NumPy arrays and as each process's own rows; every result compared on every process with the
 unsharded function. Prints ``ok <name>`` per check, ``all ok`` at the end; ``--crash K`` makes process K raise
 after the cluster formed, ``--exit K`` makes it call ``sys.exit(3)`` (the others must not wait for it)."""
@@ -58,6 +58,11 @@ params = mlp.init_params((16, 32, 4))
 x, labels = rng.normal(size=(16, 16)).astype(np.float32), (np.arange(16) % 4).astype(np.int32)
 check("mlp train step", mlp.train_step, (params, x, labels), (params, x, labels), (P(), P("i"), P("i")),
       rtol=1e-4, atol=1e-5)
+# the layout search decides the same on both processes (their plans are fingerprinted and compared on the first call)
+check("mlp train step, sp.AUTO", mlp.train_step, (params, x, labels), (params, x, labels), (sp.AUTO, P("i"), P("i")),
+      rtol=1e-4, atol=1e-5)
+chosen = sp.autoshard(mlp.train_step, mesh=mesh, in_specs=(sp.AUTO, P("i"), P("i"))).trace(params, x, labels)
+print(f"chose {chosen.sharded.in_specs}", flush=True)
 local_batch = (sp.distributed.process_local(x[rows], mesh, P("i")),
                sp.distributed.process_local(labels[rows], mesh, P("i")))
 check("mlp train step, process-local batch", mlp.train_step, (params, *local_batch), (params, x, labels),
