@@ -7,7 +7,7 @@ shaped like it further down its path, :func:`~.space.decision_groups`):
 
 1. starts: every searched argument adopting what it meets (as an unannotated argument does), and the layouts an
    expert would write (:func:`~.space.expert_seeds`: data parallel, FSDP, Megatron, Megatron with FSDP);
-2. from the :data:`DESCENTS` cheapest starts, each group tries each of its layouts, keeping a change only when the
+2. from the cheapest start (:data:`DESCENTS`), each group tries each of its layouts, keeping a change only when the
    plan gets strictly cheaper (fitting the limit first): first with the layers of a stack tied (one layout per
    bundle, :func:`~.space.tied`), then — for a few layers alike — each on its own, then the small arguments
    (biases, norms' scales) once;
@@ -44,7 +44,7 @@ SMALL = 0.02
 # keep one layout
 UNTIE_AT_MOST = 4
 # the starts the descent runs from (the cheapest first)
-DESCENTS = 2
+DESCENTS = 1
 # the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen)
 FINALISTS = 4
 # the finalists compiled, at most, to check a memory limit on the compiled program

@@ -1,5 +1,6 @@
 """Run by tests/test_distributed.py under ``shardprop launch -n 2 --devices-per-process 4``: the Nx example, the
-MLP training step (its parameters laid out by hand and by ``sp.AUTO``) and loop workloads through ``sp.autoshard`` on an 8-device mesh spanning both processes, with
+MLP training step (its parameters laid out by hand and by ``sp.AUTO``) and loop workloads through
+``sp.autoshard`` on an 8-device mesh spanning both processes, with
 inputs as global NumPy arrays and as each process's own rows; every result compared on every process with the
 unsharded function. Prints ``ok <name>`` per check, ``all ok`` at the end; ``--crash K`` makes process K raise
 after the cluster formed, ``--exit K`` makes it call ``sys.exit(3)`` (the others must not wait for it)."""
