@@ -45,6 +45,8 @@ SMALL = 0.02
 UNTIE_AT_MOST = 4
 # the starts the descent runs from (the cheapest first)
 DESCENTS = 1
+# a layout the next sweep tries again: its price within this factor of its bundle's best in the sweep before
+PROMISING = 1.1
 # the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen)
 FINALISTS = 4
 # the finalists compiled, at most, to check a memory limit on the compiled program
@@ -233,13 +235,21 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     def descend(bundles: list[tuple[tuple[int, ...], ...]], sweeps: int, current: Candidate) -> Candidate:
         # the biggest decisions first: they move the most bytes
         bundles = sorted(bundles, key=lambda b: (-sum(leaves[k].nbytes for g in b for k in g), b))
+        tried = {b: options[b[0][0]] for b in bundles}
         for _ in range(sweeps):
             improved = False
             for bundle in bundles:
-                for spec in options[bundle[0][0]]:
+                prices = {}
+                for spec in tried[bundle]:
                     found = screen(assigned(current.specs, bundle, spec))
-                    if found is not None and found.rank < current.rank:
-                        current, improved = found, True
+                    if found is not None:
+                        prices[spec] = found.rank
+                        if found.rank < current.rank:
+                            current, improved = found, True
+                # the next sweep tries again only the layouts that came close (within PROMISING of the best)
+                best = min(prices.values(), default=None)
+                tried[bundle] = tuple(spec for spec, rank in prices.items()
+                                      if rank[0] <= best[0] and rank[1] <= best[1] * PROMISING + 1)
             if not improved:
                 break
         return current

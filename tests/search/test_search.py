@@ -156,3 +156,15 @@ def test_propagate_takes_no_auto():
     graph = sp.trace(lambda x: x + 1, np.ones(8, np.float32))
     with pytest.raises(sp.SpecTreeError, match="chosen by autoshard's search"):
         sp.propagate(graph, sp.AUTO, mesh=sp.make_mesh((8,), ("i",)))
+
+
+@pytest.mark.slow
+def test_the_search_benchmark_meets_the_experts_on_every_model():
+    """``shardprop bench --search``'s rows: the searched layout moves no more bytes than the best expert layout that
+    fits the limit, fits it as compiled, and every program equals the unsharded function."""
+    for result in bench_search.run(say=lambda _: None):
+        assert result.searched is not None, result.error
+        fitting = [e.bytes for e in result.experts if e.fits]
+        assert result.searched.bytes <= min(fitting), (result.model, result.mesh, result.limit)
+        assert result.limit is None or result.searched.memory <= result.limit
+        assert result.searched.equal and all(e.equal for e in result.experts)
