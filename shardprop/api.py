@@ -17,7 +17,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from .calling import Convention, Traced, constrain_outputs, call_site
 from .derivatives import derivatives_for
-from .errors import MemoryLimitError, ReshardWarning, SearchError, SpecError
+from .errors import FallbackWarning, MemoryLimitError, ReshardWarning, SearchError, SpecError
 from .expr import jax_adapter as jx
 from .expr import trace
 from .mesh import as_auto_mesh
@@ -50,16 +50,14 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
                               "fixed says how the program is meant to be split (strict=True takes no layout "
                               "the user did not write or imply); fix at least one argument's spec — the batch's "
                               "P('data'), say — or drop strict=True")
-        def compiled_memory(specs) -> int:  # the compiled program's memory, where a limit is set
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                trial = PlanPricer(strategy)
-                sharded = propagate(graph, as_tree(graph, specs), mesh=mesh, strict=strict, conflicts=conflicts,
-                                    price=trial)
-            return lower(trial.plan_for(sharded), mesh).memory()
-
         searched = search_layouts(graph, flat, mesh=as_auto_mesh(mesh), strict=strict, conflicts=conflicts,
-                                  strategy=strategy, memory_limit=limit, compiled_memory=compiled_memory)
+                                  strategy=strategy, memory_limit=limit, keyword_form=traced is not None,
+                                  donated=donated,
+                                  compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
+        with warnings.catch_warnings():  # the user's own conflicts, between specs they fixed, warn (their fallbacks
+            warnings.simplefilter("ignore", FallbackWarning)  # warn once, below)
+            propagate(graph, as_tree(graph, [None if s is AUTO else s for s in flat]), mesh=mesh, strict=strict,
+                      conflicts=conflicts, backward=False)
         in_specs = as_tree(graph, searched.chosen.specs)
     pricer = PlanPricer(strategy)
     with warnings.catch_warnings():

@@ -119,7 +119,8 @@ def add_parser(sub) -> None:
     p.add_argument("target", nargs="?", help="PATH.py:FUNC")
     p.add_argument("--mesh", help="mesh axes and sizes, e.g. i=4,j=2")
     p.add_argument("--arg", action="append", default=[], metavar="SPEC",
-                   help="one per positional argument: DTYPE[SHAPE] or DTYPE[SHAPE]@P(...), e.g. 'f32[16,8]@P(i,j)'")
+                   help="one per positional argument: DTYPE[SHAPE], DTYPE[SHAPE]@P(...) or DTYPE[SHAPE]@AUTO (the "
+                        "layout search chooses), e.g. 'f32[16,8]@P(i,j)'")
     p.add_argument("--strategy", default="auto", choices=tuple(s.value for s in Strategy))
     p.add_argument("--format", choices=FORMATS,
                    help="default: from the suffix of -o (.txt .json .dot .gv .svg .png .pdf), else text")

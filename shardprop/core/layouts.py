@@ -242,6 +242,11 @@ def layout_from_spec(spec, shape: tuple[int, ...], mesh_shape: Mapping[str, int]
     layout: list[tuple[str, ...]] = []
     seen: set[str] = set()
     for axis, entry in enumerate(entries + (None,) * (len(shape) - len(entries))):
+        if not (entry is None or isinstance(entry, str | tuple | list)):
+            hint = (" (sp.AUTO stands for a whole spec: in_specs=sp.AUTO, or sp.AUTO in place of the argument's "
+                    "PartitionSpec)" if repr(entry) == "sp.AUTO" else "")
+            raise SpecError(f"{what}: spec {spec} has entry {entry!r} for axis {axis}: expected a mesh axis name, a "
+                            f"tuple of names, or None{hint}")
         names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
         for name in names:
             if not isinstance(name, str) or name not in mesh_shape:

@@ -117,11 +117,16 @@ class Graph:
         return g
 
     @cached_property
+    def argument_keys(self) -> tuple[tuple, ...]:
+        """Each flat argument's key path (``jax.tree_util`` keys: ``(SequenceKey(0), DictKey('w'))``)."""
+        skeleton = jax.tree_util.tree_unflatten(self.in_tree, list(range(len(self.inputs))))
+        return tuple(path for path, _ in jax.tree_util.tree_flatten_with_path(skeleton)[0])
+
+    @cached_property
     def argument_paths(self) -> tuple[str, ...]:
         """Each flat argument's key path as ``jax.tree_util.keystr`` prints it (``[0]['w']``: argument 0's key
         ``'w'``)."""
-        skeleton = jax.tree_util.tree_unflatten(self.in_tree, list(range(len(self.inputs))))
-        return tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(skeleton)[0])
+        return tuple(jax.tree_util.keystr(path) for path in self.argument_keys)
 
     def topological_order(self) -> list[int]:
         return list(nx.topological_sort(self.digraph))

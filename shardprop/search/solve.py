@@ -22,6 +22,8 @@ every process.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -146,9 +148,9 @@ class _Evaluator:
     setting, a third of the time (the search's screen)."""
 
     def __init__(self, graph, mesh, *, strict: bool, conflicts: str, strategy: str, memory_limit: int | None,
-                 backward: bool | str = True):
+                 donated: tuple[int, ...] = (), backward: bool | str = True):
         self.graph, self.mesh, self.strict, self.conflicts, self.strategy = graph, mesh, strict, conflicts, strategy
-        self.memory_limit, self.backward = memory_limit, backward
+        self.memory_limit, self.donated, self.backward = memory_limit, donated, backward
         self._seen: dict[tuple, Candidate | None] = {}
 
     @property
@@ -165,19 +167,26 @@ class _Evaluator:
             self._seen[key] = self._price(key)
         return self._seen[key]
 
-    def _price(self, specs: tuple) -> Candidate | None:
+    def plan(self, specs: Sequence):
+        """The split plan of ``specs`` (None: strict=True refuses it); no warnings (a candidate's reshards are the
+        search's to weigh)."""
         pricer = PlanPricer(self.strategy)
-        with warnings.catch_warnings():  # a candidate's reshards and fallbacks: the chosen one warns when it is built
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 sharded = propagate(self.graph, as_tree(self.graph, specs), mesh=self.mesh, strict=self.strict,
                                     conflicts=self.conflicts, price=pricer, backward=self.backward)
             except (ShardingConflictError, NoRuleError):  # strict=True refuses this layout: not a candidate
                 return None
-        plan = pricer.plan_for(sharded)
-        memory = footprint(plan)
+        return pricer.plan_for(sharded)
+
+    def _price(self, specs: tuple) -> Candidate | None:
+        plan = self.plan(specs)
+        if plan is None:
+            return None
+        memory = footprint(plan, self.donated)
         excess = 0 if self.memory_limit is None else max(0, memory.total - self.memory_limit)
-        return Candidate(tuple(sharded.in_specs), price(plan), total_moved(estimate(plan)), memory, excess)
+        return Candidate(tuple(plan.sharded.in_specs), price(plan), total_moved(estimate(plan)), memory, excess)
 
 
 def as_tree(graph, flat: Sequence[PartitionSpec | None]):
@@ -187,31 +196,35 @@ def as_tree(graph, flat: Sequence[PartitionSpec | None]):
 
 def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, conflicts: str = "reshard",
                    strategy: str = "auto", memory_limit: int | None = None,
-                   compiled_memory: Callable[[tuple], int] | None = None) -> SearchResult:
+                   compiled_memory: Callable[[object], int] | None = None, keyword_form: bool = False,
+                   donated: Sequence[int] = ()) -> SearchResult:
     """Choose a spec for every ``sp.AUTO`` entry of ``flat_specs`` (one per flat argument of ``graph``; the
     others are kept exactly) minimising the plan's price within ``memory_limit`` bytes per device.
 
     The descent screens layouts with a quick propagation (one setting of its backward pass); the :data:`FINALISTS`
     best assignments it
     saw, and the two starts, are then priced as ``autoshard`` builds them, and the cheapest of those is chosen.
-    With a limit, the cost model's footprint screens; ``compiled_memory`` (the compiled program's memory for an
-    assignment) has the last word: the cheapest finalists are compiled in turn, and the first within the limit is
-    chosen (at most :data:`COMPILED_CHECKS` of them, then the two with the smallest footprints).
+    With a limit, the cost model's footprint screens; ``compiled_memory`` (the compiled memory of a plan) has the last
+    word: the cheapest finalists within :data:`SLACK` of the limit are compiled in turn, and the first within the
+    limit is chosen (at most :data:`COMPILED_CHECKS` of them, then the two with the smallest footprints).
+    ``keyword_form``: the program was traced on ``(args, kwargs)`` (see :func:`~.space.leaves_of`); ``donated``: the
+    argument leaves the program donates (their buffers may hold outputs).
     Raises :class:`~shardprop.MemoryLimitError` when no layout found fits, :class:`~shardprop.SearchError` when
     ``strict=True`` refuses every layout weighed."""
     started = time.perf_counter()
-    leaves = leaves_of(graph)
+    leaves = leaves_of(graph, keyword_form)
     searched = [k for k, s in enumerate(flat_specs) if s is AUTO]
     mesh_shape = dict(mesh.shape)
     groups = decision_groups(leaves, searched)
     options = {g[0]: candidate_specs(leaves[g[0]].shape, mesh_shape) for g in groups}
-    # the cost model's footprint errs by up to a fifth or so either way: with the compiled program to check against,
-    # the screen lets a candidate over the limit by as much compete, and the compiled memory decides
+    # the cost model's footprint errs by up to about a third either way (splitting/cost.py footprint): with the
+    # compiled program to check against, the screen lets a candidate over the limit by as much compete, and the
+    # compiled memory decides
     screen_limit = (memory_limit if memory_limit is None or compiled_memory is None
                     else int(memory_limit * (1 + SLACK)))
-    settings = dict(strict=strict, conflicts=conflicts, strategy=strategy, memory_limit=screen_limit)
-    screen = _Evaluator(graph, mesh, backward="quick", **settings)
-    full = _Evaluator(graph, mesh, **settings)
+    settings = dict(strict=strict, conflicts=conflicts, strategy=strategy, donated=tuple(donated))
+    screen = _Evaluator(graph, mesh, backward="quick", memory_limit=screen_limit, **settings)
+    full = _Evaluator(graph, mesh, memory_limit=memory_limit, **settings)
 
     def assigned(base: Sequence, bundle: Sequence[tuple[int, ...]], spec) -> list:
         out = list(base)
@@ -277,7 +290,8 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
         raise _refused(leaves, searched)
     chosen = finalists[0]
     if memory_limit is not None and compiled_memory is not None:
-        chosen = _compiled_within(finalists, memory_limit, compiled_memory, leaves, searched)
+        chosen = _compiled_within(finalists, memory_limit, lambda c: compiled_memory(full.plan(c.specs)), leaves,
+                                  searched)
     elif chosen.excess:
         raise _over_limit(leaves, searched, chosen, memory_limit)
     replicated = screen([PartitionSpec()] * len(flat_specs))
@@ -288,12 +302,13 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
 
 def _compiled_within(finalists, limit: int, compiled_memory, leaves, searched) -> Candidate:
     """The cheapest finalist whose compiled program fits ``limit``: the ones the cost model says fit, cheapest first,
-    then the smallest footprints (the model errs both ways by a tenth or two)."""
-    fitting = [c for c in finalists if not c.excess][:COMPILED_CHECKS]
+    then the smallest footprints (the model errs both ways)."""
+    near = sorted((c for c in finalists if c.memory.total <= limit * (1 + SLACK)), key=lambda c: c.price)
+    fitting = near[:COMPILED_CHECKS]
     leanest = sorted((c for c in finalists if c not in fitting), key=lambda c: c.memory.total)[:2]
     checked = []
     for candidate in fitting + leanest:
-        measured = dataclasses.replace(candidate, compiled_memory=compiled_memory(candidate.specs))
+        measured = dataclasses.replace(candidate, compiled_memory=compiled_memory(candidate))
         if measured.compiled_memory <= limit:
             return dataclasses.replace(measured, excess=0)
         checked.append(measured)
@@ -327,21 +342,25 @@ def _refused(leaves, searched) -> SearchError:
 
 
 def _over_limit(leaves, searched, best: Candidate, limit: int) -> MemoryLimitError:
-    chosen = ", ".join(f"{leaves[k].path} {best.specs[k]}" for k in searched[:6])
+    largest = sorted(searched, key=lambda k: (-leaves[k].nbytes, k))  # the arguments that matter first
+    chosen = ", ".join(f"{leaves[k].path} {best.specs[k]}" for k in largest[:6])
     m = best.memory
     how = (f"{best.compiled_memory:,} B as compiled" if best.compiled_memory is not None else
            f"{m.total:,} B (arguments {m.arguments:,} + outputs {m.outputs:,} + temporaries {m.temporaries:,})")
     return MemoryLimitError(
-        f"no layout of {_names(leaves, searched)} fits memory_limit={limit:,} B per device: the smallest footprint "
+        f"no layout of {_names(leaves, largest)} fits memory_limit={limit:,} B per device: the smallest footprint "
         f"found is {how} with {chosen}{' ...' if len(searched) > 6 else ''}; raise the limit, use a mesh with "
         "more devices, or shard the fixed arguments")
 
 
 def check_memory_limit(memory_limit) -> int | None:
-    """``memory_limit`` as an int of bytes, None for no limit; anything but a positive number is an OptionError."""
+    """``memory_limit`` as an int of bytes, None for no limit; anything but a finite number of at least one byte (an
+    int, a float, a NumPy scalar) is an OptionError."""
     if memory_limit is None:
         return None
-    if isinstance(memory_limit, bool) or not isinstance(memory_limit, int | float) or not memory_limit > 0:
-        raise OptionError(f"memory_limit={memory_limit!r}: expected a positive number of bytes per device")
+    if isinstance(memory_limit, bool) or not isinstance(memory_limit, numbers.Real) or \
+            not math.isfinite(memory_limit) or not memory_limit >= 1:
+        raise OptionError(f"memory_limit={memory_limit!r}: expected a positive number of bytes per device (a finite "
+                          "number, at least 1)")
     return int(memory_limit)
 

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 from jax.sharding import PartitionSpec
 
 
@@ -85,12 +86,16 @@ def _order_key(spec: PartitionSpec) -> str:
 
 @dataclass(frozen=True)
 class Leaf:
-    """One flat argument of the traced function: its position, its path (``jax.tree_util.keystr``), shape, dtype."""
+    """One flat argument of the traced function: its position, its path (``jax.tree_util.keystr``), shape, dtype;
+    ``argument`` is the part of the path naming the function's argument (``[1]``; ``[0][1]`` or ``[1]['lr']`` for a
+    program traced on ``(args, kwargs)``), ``within`` the rest (``[0].mu['w']``)."""
 
     index: int
     path: str
     shape: tuple[int, ...]
     dtype: Any
+    argument: str = ""
+    within: str = ""
 
     @property
     def nbytes(self) -> int:
@@ -100,17 +105,15 @@ class Leaf:
         return size
 
 
-def leaves_of(graph) -> list[Leaf]:
-    """The flat arguments of ``graph`` with their key paths (``[0]['w']``: argument 0's key ``'w'``)."""
-    return [Leaf(k, path, graph.avals[v].shape, graph.avals[v].dtype)
-            for k, (path, v) in enumerate(zip(graph.argument_paths, graph.inputs, strict=True))]
-
-
-_ARGUMENT = re.compile(r"^\[\d+\]")
-
-
-def _within_argument(path: str) -> str:
-    return _ARGUMENT.sub("", path, count=1)
+def leaves_of(graph, keyword_form: bool = False) -> list[Leaf]:
+    """The flat arguments of ``graph`` with their key paths (``[0]['w']``: argument 0's key ``'w'``);
+    ``keyword_form``: the program was traced on ``(args, kwargs)`` (keyword or static arguments), so an argument is
+    named by two keys."""
+    depth = 2 if keyword_form else 1
+    keystr = jax.tree_util.keystr
+    return [Leaf(k, keystr(keys), graph.avals[v].shape, graph.avals[v].dtype, keystr(keys[:depth]),
+                 keystr(keys[depth:]))
+            for k, (keys, v) in enumerate(zip(graph.argument_keys, graph.inputs, strict=True))]
 
 
 def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, ...]]:
@@ -119,14 +122,15 @@ def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, 
     ``[1][0].mu[0]['w']`` joins ``[0][0]['w']``)."""
     leader: dict[int, int] = {}
     for k in searched:
-        mine = _within_argument(leaves[k].path)
+        mine = leaves[k].within
         best = None
         for j in searched:
             if j >= k or leader.get(j, j) != j or leaves[j].shape != leaves[k].shape:
                 continue
-            other = _within_argument(leaves[j].path)
-            if other and mine.endswith(other) and leaves[j].path[:3] != leaves[k].path[:3] and \
-                    (best is None or len(other) > len(_within_argument(leaves[best].path))):
+            other = leaves[j].within
+            # strictly deeper: the parameter's tree nested inside another argument's (not two arguments alike)
+            if other and len(mine) > len(other) and mine.endswith(other) and leaves[j].argument != leaves[k].argument \
+                    and (best is None or len(other) > len(leaves[best].within)):
                 best = j
         leader[k] = k if best is None else best
     groups: dict[int, list[int]] = {}
@@ -144,14 +148,9 @@ def tied(leaves: list[Leaf], groups: list[tuple[int, ...]]) -> list[tuple[tuple[
     bundles: dict[tuple, list[tuple[int, ...]]] = {}
     for group in groups:
         lead = leaves[group[0]]
-        key = (lead.path[:_argument_end(lead.path)], _INDEX.sub("[*]", _within_argument(lead.path)), lead.shape)
+        key = (lead.argument, _INDEX.sub("[*]", lead.within), lead.shape)
         bundles.setdefault(key, []).append(group)
     return [tuple(b) for b in sorted(bundles.values())]
-
-
-def _argument_end(path: str) -> int:
-    found = _ARGUMENT.match(path)
-    return found.end() if found else 0
 
 
 def expert_seeds(leaves: list[Leaf], groups: list[tuple[int, ...]], options: dict[int, tuple[PartitionSpec, ...]],

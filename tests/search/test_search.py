@@ -115,18 +115,123 @@ def test_explain_says_why_a_searched_argument_got_its_layout():
     assert not sp.explain(prog, "[1]").search  # a fixed argument: nothing was searched
 
 
-@pytest.mark.parametrize("limit", [0, -5, "8MB", True, float("nan")])
+@pytest.mark.parametrize("limit", [0, -5, "8MB", True, float("nan"), float("inf"), 0.5])
 def test_a_memory_limit_must_be_a_positive_number(limit):
     with pytest.raises(sp.OptionError, match="memory_limit=.*positive number of bytes"):
         sp.autoshard(lambda x: x, mesh=sp.make_mesh((8,), ("i",)), in_specs=sp.AUTO, memory_limit=limit)
 
 
+def test_a_numpy_integer_is_a_memory_limit():
+    fs = sp.autoshard(lambda x: x, mesh=sp.make_mesh((8,), ("i",)), in_specs=sp.AUTO, memory_limit=np.int64(10**6))
+    assert fs.memory_limit == 10**6
+
+
+def _stack(ws, x):
+    def layer(h, w):
+        return jax.numpy.tanh(h @ w), None
+    return jax.lax.scan(layer, x, ws)[0].sum()
+
+
+@pytest.mark.parametrize("name", ["scan over stacked layers", "fori training loop", "cond", "scan gradient"])
+def test_the_search_prices_loops_and_branches(name):
+    rng = np.random.default_rng(0)
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    ws, x = rng.normal(size=(3, 32, 32)).astype(np.float32) / 6, rng.normal(size=(16, 32)).astype(np.float32)
+    params = bench_search.models.init_mlp((32, 32, 8))
+    labels = (np.arange(16) % 8).astype(np.int32)
+    f, args, specs = {
+        "scan over stacked layers": (_stack, (ws, x), (sp.AUTO, P("data"))),
+        "fori training loop": (lambda p, x, y: bench_search.models.fori_training_loop(p, x, y, steps=2),
+                               (params, x, labels), (sp.AUTO, P("data"), P("data"))),
+        "cond": (lambda w, x, flag: jax.lax.cond(flag, lambda: x @ w, lambda: x @ w.T), (ws[0], x, True),
+                 (sp.AUTO, P("data"), P())),
+        "scan gradient": (jax.grad(_stack), (ws, x), (sp.AUTO, P("data"))),
+    }[name]
+    fs = sp.autoshard(f, mesh=mesh, in_specs=specs)
+    _assert_equal(fs(*args), jax.jit(f)(*args), atol=1e-5)
+    prog = fs.trace(*args)
+    assert prog.search.evaluations > 1 and prog.search.chosen.memory.temporaries >= 0
+
+
+def test_static_and_keyword_arguments_do_not_change_the_choice():
+    rng = np.random.default_rng(1)
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    ws = [rng.normal(size=(64, 64)).astype(np.float32) / 8 for _ in range(4)]
+    x = rng.normal(size=(16, 64)).astype(np.float32)
+
+    def f(w0, w1, w2, w3, x, scale=1.0):
+        return jax.numpy.tanh(jax.numpy.tanh(x @ w0 @ w1) @ w2 @ w3).sum() * scale
+
+    specs = (sp.AUTO,) * 4 + (P("data"),)
+    plain = sp.autoshard(f, mesh=mesh, in_specs=specs).trace(*ws, x)
+    static = sp.autoshard(f, mesh=mesh, in_specs=specs, static_argnames="scale").trace(*ws, x, scale=2.0)
+    assert static.search.chosen.price == plain.search.chosen.price
+    assert static.search.groups == plain.search.groups == tuple((k,) for k in range(4))
+
+
+def test_two_arguments_alike_are_decided_each_on_its_own():
+    rng = np.random.default_rng(2)
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    w, v, x = (rng.normal(size=(64, 64)).astype(np.float32) for _ in range(3))
+    prog = sp.autoshard(lambda ws, vs, x: (x @ ws[0] @ vs[0]).sum(), mesh=mesh,
+                        in_specs=(sp.AUTO, sp.AUTO, P("data"))).trace([w], [v], x)
+    assert prog.search.groups == ((0,), (1,))
+
+
+def test_a_donated_argument_counts_once_under_a_limit():
+    rng = np.random.default_rng(3)
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    w, x = rng.normal(size=(256, 256)).astype(np.float32), rng.normal(size=(16, 256)).astype(np.float32)
+
+    def step(w, x, lr):
+        return w - lr * jax.grad(lambda w: (x @ w).sum())(w)
+
+    fixed = sp.autoshard(step, mesh=mesh, in_specs=(P(), P("data"), P()), donate_argnums=0)
+    limit = fixed.trace(w, x, 0.1).memory()
+    searched = sp.autoshard(step, mesh=mesh, in_specs=(P(), P("data"), sp.AUTO), donate_argnums=0,
+                            memory_limit=limit)
+    assert searched.trace(w, x, 0.1).memory() <= limit
+
+
+def test_explain_marks_the_layouts_over_the_limit():
+    model = bench_search.mlp(True, width=64, batch=16)
+    mesh = sp.make_mesh(*model.mesh)
+    dp = sp.autoshard(model.f, mesh=mesh, in_specs=model.experts["data parallel"]).trace(*model.args).memory()
+    prog = sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs, memory_limit=int(0.6 * dp)).trace(*model.args)
+    leaf = prog.search.leaves[1]
+    assert leaf.path == "[0][0]['w']"
+    alternatives = prog.search.alternatives(1)
+    for alternative in alternatives:  # over the limit itself, not the search's screening margin
+        c = alternative.candidate
+        assert c.excess == max(0, c.memory.total - prog.search.memory_limit)
+    lines = str(sp.explain(prog, leaf.path)).splitlines()
+    for alternative in alternatives[:5]:
+        line = next(x for x in lines if x.strip().startswith(str(alternative.spec) + " "))
+        assert ("over the limit by" in line) == (alternative.candidate.excess > 0), line
+    assert any(a.candidate.excess > 0 for a in alternatives[:5])
+
+
+def test_conflicts_between_fixed_specs_still_warn():
+    a, w = np.ones((16, 16), np.float32), np.ones((16, 16), np.float32)
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    with pytest.warns(sp.ReshardWarning):
+        sp.autoshard(lambda a, b, w: (a + b) @ w, mesh=mesh,
+                     in_specs=(P("data"), P(None, "data"), sp.AUTO)).trace(a, a, w)
+
+
+def test_auto_inside_a_partition_spec_says_where_it_goes():
+    with pytest.raises(sp.SpecError, match="sp.AUTO stands for a whole spec"):
+        sp.autoshard(lambda w: w * 2, mesh=sp.make_mesh((8,), ("i",)),
+                     in_specs=P(None, sp.AUTO)).trace(np.ones((8, 8), np.float32))
+
+
 def test_a_limit_nothing_fits_names_the_smallest_footprint_found():
     model = bench_search.mlp(True, width=64, batch=16)
     fs = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs, memory_limit=4096)
-    with pytest.raises(sp.MemoryLimitError, match=r"no layout of argument \[0\]\[0\]\['b'\].* fits "
+    # the largest arguments first: the weights
+    with pytest.raises(sp.MemoryLimitError, match=r"no layout of argument \[0\]\[0\]\['w'\].* fits "
                                                   r"memory_limit=4,096 B per device: the smallest footprint found is "
-                                                  r"[\d,]+ B as compiled with \[0\]\[0\]\['b'\] P"):
+                                                  r"[\d,]+ B as compiled with \[0\]\[0\]\['w'\] P"):
         fs.trace(*model.args)
 
 

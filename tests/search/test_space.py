@@ -31,7 +31,11 @@ def test_candidate_specs_are_replicated_first_and_never_repeat():
 
 
 def _leaves(*paths_shapes):
-    return [Leaf(k, path, shape, np.dtype(np.float32)) for k, (path, shape) in enumerate(paths_shapes)]
+    def split(path):  # the argument is the first key
+        end = path.index("]") + 1
+        return path[:end], path[end:]
+
+    return [Leaf(k, path, shape, np.dtype(np.float32), *split(path)) for k, (path, shape) in enumerate(paths_shapes)]
 
 
 def test_optimizer_moments_join_their_parameters():
@@ -44,6 +48,12 @@ def test_optimizer_moments_join_their_parameters():
 def test_a_same_shaped_argument_on_another_path_is_decided_alone():
     leaves = _leaves(("[0]['w']", (8, 8)), ("[1]['v']", (8, 8)), ("[0]['u']", (8, 8)))
     assert decision_groups(leaves, [0, 1, 2]) == [(0,), (1,), (2,)]
+
+
+def test_two_arguments_alike_are_not_one_group():
+    # f(ws=[W], vs=[V]): the same path within each argument, neither nested in the other
+    leaves = _leaves(("[0][0]", (8, 8)), ("[1][0]", (8, 8)), ("[2]['w']", (8, 8)), ("[3]['w']", (8, 8)))
+    assert decision_groups(leaves, [0, 1, 2, 3]) == [(0,), (1,), (2,), (3,)]
 
 
 def test_the_layers_of_a_stack_are_tied():
