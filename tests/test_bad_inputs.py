@@ -81,6 +81,20 @@ CATALOGUE = [
      "argument leaf 1: got f32[8,8], traced with f32[16,8]"),
     ("a function JAX cannot trace", lambda: run(lambda a, b: a @ b, None, A, A), sp.TraceError,
      "tracing '<lambda>' failed: TypeError: dot_general requires contracting dimensions to have the same shape"),
+    ("sp.AUTO with strict=True and nothing fixed", lambda: run(add, sp.AUTO, A, A, strict=True), sp.SearchError,
+     "sp.AUTO with strict=True: every argument is sp.AUTO or unannotated"),
+    ("a memory limit that is not a number of bytes",
+     lambda: sp.autoshard(add, mesh=mesh(), in_specs=sp.AUTO, memory_limit="8GB"), sp.OptionError,
+     "memory_limit='8GB': expected a positive number of bytes per device"),
+    ("a memory limit nothing fits",
+     lambda: sp.autoshard(add, mesh=mesh(), in_specs=(sp.AUTO, P("i")), memory_limit=64)(A, A), sp.MemoryLimitError,
+     "no layout of argument [0] fits memory_limit=64 B per device: the smallest footprint found is"),
+    ("a fixed layout over the memory limit",
+     lambda: sp.autoshard(add, mesh=mesh(), in_specs=P(), memory_limit=64)(A, A), sp.MemoryLimitError,
+     "over memory_limit=64; shard more of the arguments, or pass sp.AUTO"),
+    ("sp.AUTO inside a PartitionSpec", lambda: run(add, (P(sp.AUTO), None), A, A), sp.SpecError,
+     "has entry sp.AUTO for axis 0: expected a mesh axis name, a tuple of names, or None (sp.AUTO stands for a "
+     "whole spec"),
 ]
 
 
