@@ -20,6 +20,7 @@ from ..splitting import CollectiveKind, Plan, Source
 from ..splitting.ir import Compute, Move, Ref, transfers_of
 from .listing import move_op_name
 from .products import as_plan, body_prefix
+from .searched import SEARCH_SCHEMA, search_to_dict
 
 SCHEMA_ID = "shardprop.inspect/2"
 
@@ -66,7 +67,7 @@ def _instructions(instructions, graph) -> list[dict[str, Any]]:
 
 @gc_paused
 def to_json(prog: Any) -> dict[str, Any]:
-    """A JSON-ready dict of the program (see :data:`SCHEMA`)."""
+    """A JSON-ready dict of the program (see :data:`SCHEMA`); with ``search`` where ``sp.AUTO`` chose layouts."""
     plan = as_plan(prog)
     graph = plan.graph
     stages = []
@@ -91,6 +92,7 @@ def to_json(prog: Any) -> dict[str, Any]:
                      "source": _source(plan.output_sources[k]) if split else None}
                     for k, v in enumerate(graph.outputs)],
         **_values_and_nodes(plan, ""), "stages": stages,
+        **({"search": search_to_dict(prog.search)} if getattr(prog, "search", None) is not None else {}),
     }
 
 
@@ -238,6 +240,8 @@ SCHEMA: dict[str, Any] = {
                                                        "source": {"oneOf": [_SOURCE, {"type": "null"}]}})},
         "values": _VALUES,
         "nodes": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+        # a program whose sp.AUTO arguments the search laid out: what it chose (inspect/searched.py)
+        "search": SEARCH_SCHEMA,
         "stages": {"type": "array", "items": _object({
             "id": {"type": "integer", "minimum": 0},
             "nodes": {"type": "array", "items": {"type": "integer", "minimum": 0}},

@@ -60,7 +60,7 @@ def search_to_dict(result) -> dict:
     def candidate(c) -> dict:
         return {"price": c.price, "moved_bytes": c.moved, "memory": {
             "arguments": c.memory.arguments, "outputs": c.memory.outputs, "temporaries": c.memory.temporaries,
-            "total": c.memory.total, "compiled": c.compiled_memory}}
+            "aliased": c.memory.aliased, "total": c.memory.total, "compiled": c.compiled_memory}}
 
     return {
         "chosen": [{**row, "spec": spec_json(row["spec"])} for row in result.rows()],
@@ -70,6 +70,31 @@ def search_to_dict(result) -> dict:
         "finalists": [{"specs": {result.leaves[k].path: spec_json(c.specs[k]) for k in result.searched},
                        **candidate(c)} for c in result.finalists],
     }
+
+
+_SPEC = {"type": "array", "items": {"oneOf": [{"type": "null"}, {"type": "string"},
+                                             {"type": "array", "items": {"type": "string"}}]}}
+
+
+def _fields(properties: dict) -> dict:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+_COST = {"price": {"type": "number"}, "moved_bytes": {"type": "number", "minimum": 0},
+         "memory": _fields({name: {"type": "integer"} for name in ("arguments", "outputs", "temporaries", "aliased",
+                                                                   "total")} | {"compiled": {"type": ["integer",
+                                                                                                      "null"]}})}
+# The JSON schema of :func:`search_to_dict` (``sp.to_json``'s ``search``, ``shardprop plan --format json``)
+SEARCH_SCHEMA = _fields({
+    "chosen": {"type": "array", "items": _fields({
+        "argument": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
+        "dtype": {"type": "string"}, "spec": _SPEC, "with": {"type": ["string", "null"]}})},
+    **_COST,
+    "memory_limit": {"type": ["integer", "null"]}, "bound": {"type": "number"}, "gap": {"type": "number"},
+    "evaluations": {"type": "integer"}, "seconds": {"type": "number"},
+    "finalists": {"type": "array", "items": _fields({"specs": {"type": "object", "additionalProperties": _SPEC},
+                                                     **_COST})},
+})
 
 
 def spec_json(spec) -> list:

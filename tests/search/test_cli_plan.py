@@ -5,10 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from shardprop.cli.plan import parse_size
 from shardprop.errors import OptionError
+from shardprop.inspect.searched import SEARCH_SCHEMA
 
 EXAMPLE = Path(__file__).parent / "plan_example.py"
 
@@ -36,6 +38,7 @@ def test_plan_json_with_flat_arguments():
     out = plan(f"{EXAMPLE}:matmul", "--mesh", "i=8", "--arg", "f32[64,256]@P(i)", "--arg", "f32[256,512]@AUTO",
                "--format", "json").stdout
     doc = json.loads(out)["search"]
+    jsonschema.validate(doc, SEARCH_SCHEMA)
     assert [row["argument"] for row in doc["chosen"]] == ["[1]"]
     assert doc["chosen"][0]["shape"] == [256, 512] and isinstance(doc["chosen"][0]["spec"], list)
     assert doc["moved_bytes"] >= 0 and doc["memory"]["total"] > 0 and doc["finalists"]
@@ -61,3 +64,15 @@ def test_parse_size(text, size):
 def test_parse_size_refuses_nonsense():
     with pytest.raises(OptionError):
         parse_size("12 parsecs")
+
+
+def test_inspect_json_of_a_searched_program_says_what_was_chosen():
+    from shardprop.inspect import SCHEMA
+
+    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:matmul", "--mesh", "i=8",
+                             "--arg", "f32[64,256]@P(i)", "--arg", "f32[256,512]@AUTO", "--format", "json"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert [row["argument"] for row in doc["search"]["chosen"]] == ["[1]"]
