@@ -13,8 +13,8 @@ shaped like it further down its path, :func:`~.space.decision_groups`):
    bundle, :func:`~.space.tied`), then — for a few layers alike — each on its own, then the small arguments
    (biases, norms' scales) once;
 3. the descent screens with a quick propagation (one setting of its backward pass); the :data:`FINALISTS` cheapest
-   assignments it saw are priced as ``autoshard`` builds them, and the cheapest is chosen — with a memory limit,
-   the cheapest whose compiled program fits it.
+   assignments it saw (twice as many under a limit) are priced as ``autoshard`` builds them, and the cheapest is
+   chosen — with a memory limit, the cheapest whose compiled program fits it.
 
 Groups and layouts are tried in a fixed order and a tie keeps the earlier, so the choice is the same on every run and
 every process.
@@ -53,8 +53,9 @@ DESCENTS = 1
 PREFILTER = 3
 # a layout the next sweep tries again: its price within this factor of its bundle's best in the sweep before
 PROMISING = 1.1
-# the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen)
-FINALISTS = 4
+# the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen); twice as many,
+# and the two leanest, under a memory limit (candidates for the compiled check)
+FINALISTS = 2
 # the finalists compiled, at most, to check a memory limit on the compiled program
 COMPILED_CHECKS = 4
 # how far over the limit the cost model's footprint may be for a candidate still to be compiled and checked
@@ -304,7 +305,7 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     ranked = sorted(dict.fromkeys(c for c in (screen(s) for s in starts) if c is not None), key=lambda c: c.rank)
     for start in ranked[:DESCENTS]:
         searched_from(start)
-    screened = sorted(screen.seen(), key=lambda c: c.rank)[:FINALISTS]
+    screened = sorted(screen.seen(), key=lambda c: c.rank)[:FINALISTS if memory_limit is None else 2 * FINALISTS]
     if memory_limit is not None:  # and the leanest seen, in case the limit is tight
         screened += sorted(screen.seen(), key=lambda c: (c.memory.total, c.price))[:2]
     finalists = sorted(dict.fromkeys(c for c in (full(x.specs) for x in screened) if c is not None),
