@@ -23,7 +23,7 @@ from .expr import trace
 from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import propagate
-from .propagation.propagate import flat_in_specs
+from .propagation.propagate import flat_in_specs, warn_fallbacks
 from .search import AUTO, check_memory_limit, is_spec_leaf, search_layouts
 from .search.solve import as_tree
 from .signature import Signature, call_key
@@ -58,14 +58,17 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
             warnings.simplefilter("ignore", FallbackWarning)  # warn once, below)
             propagate(graph, as_tree(graph, [None if s is AUTO else s for s in flat]), mesh=mesh, strict=strict,
                       conflicts=conflicts, backward=False)
-        in_specs = as_tree(graph, searched.chosen.specs)
-    pricer = PlanPricer(strategy)
-    with warnings.catch_warnings():
-        if searched is not None:  # moves between layouts the search chose are its priced choice, not a clash of yours
-            warnings.simplefilter("ignore", ReshardWarning)
+    if searched is None:
+        pricer = PlanPricer(strategy)
         sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer)
-    plan = pricer.plan_for(sharded)
+        plan = pricer.plan_for(sharded)
+    else:  # the search built the chosen plan; its moves between searched layouts are its priced choice, not a clash
+        plan = searched.plan
+        sharded = plan.sharded
+        warn_fallbacks(graph, sharded.fallbacks, sharded.fallback_causes)
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
+    if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
+        compile_derivative = _without_reshard_warnings(compile_derivative)
     derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
     program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched)
     if limit is not None and searched is None and (memory := program.memory()) > limit:
@@ -73,6 +76,21 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
                                f"temporaries), over memory_limit={limit:,}; shard more of the arguments, or pass "
                                "sp.AUTO for those whose layout the search may choose")
     return program
+
+
+def _without_reshard_warnings(compile_derivative: Callable) -> Callable:
+    """``compile_derivative`` whose programs say nothing of the moves between the layouts they start from."""
+    def compile(fn, **options):
+        sharded = compile_derivative(fn, **options)
+
+        def call(*args, **kwargs):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ReshardWarning)
+                return sharded(*args, **kwargs)
+
+        return call
+
+    return compile
 
 
 class AutoSharded:

@@ -118,6 +118,11 @@ class SearchResult:
         """The searched arguments decided with flat argument ``leaf`` (None: it was not searched)."""
         return next((g for g in self.groups if leaf in g), None)
 
+    @property
+    def plan(self):
+        """The chosen assignment's plan, as ``autoshard`` builds it (propagated once, by the search's full pricing)."""
+        return self._price.plan(self.chosen.specs)
+
     def alternatives(self, leaf: int) -> tuple[Alternative, ...]:
         """Every layout of ``leaf``'s group, with every other argument as chosen, priced in full (on first asking:
         one plan per layout), cheapest first."""
@@ -159,6 +164,7 @@ class _Evaluator:
         self.graph, self.mesh, self.strict, self.conflicts, self.strategy = graph, mesh, strict, conflicts, strategy
         self.memory_limit, self.donated, self.backward = memory_limit, donated, backward
         self._seen: dict[tuple, Candidate | None] = {}
+        self._plans: dict[tuple, object] = {}  # the full pricing's plans (a few finalists): the chosen one is built so
 
     @property
     def evaluations(self) -> int:
@@ -176,7 +182,10 @@ class _Evaluator:
 
     def plan(self, specs: Sequence):
         """The split plan of ``specs`` (None: strict=True refuses it); no warnings (a candidate's reshards are the
-        search's to weigh)."""
+        search's to weigh). The full pricing keeps its plans."""
+        key = tuple(specs)
+        if key in self._plans:
+            return self._plans[key]
         pricer = PlanPricer(self.strategy)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -185,7 +194,10 @@ class _Evaluator:
                                     conflicts=self.conflicts, price=pricer, backward=self.backward)
             except (ShardingConflictError, NoRuleError):  # strict=True refuses this layout: not a candidate
                 return None
-        return pricer.plan_for(sharded)
+        plan = pricer.plan_for(sharded)
+        if self.backward is True:
+            self._plans[key] = plan
+        return plan
 
     def _price(self, specs: tuple) -> Candidate | None:
         if self.backward == "rough":  # the forward walk, priced by its operand moves (no split: no finishes, no work)

@@ -273,3 +273,38 @@ def test_the_search_benchmark_meets_the_experts_on_every_model():
         assert result.searched.bytes <= min(fitting), (result.model, result.mesh, result.limit)
         assert result.limit is None or result.searched.memory <= result.limit
         assert result.searched.equal and all(e.equal for e in result.experts)
+
+
+def test_an_equinox_step_searched_differentiates_as_unsharded_without_warning_of_its_own_moves():
+    from shardprop.bench import libraries
+
+    case = libraries.equinox_mlp("2-D", small=True)()
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    specs = (sp.AUTO, sp.AUTO, *case.in_specs[2:])
+    fs = sp.autoshard(case.f, mesh=mesh, in_specs=specs)
+
+    def loss(f):
+        return lambda *args: jax.tree_util.tree_leaves(f(*args))[-1].sum()
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ReshardWarning)  # the moves between searched layouts are the search's
+        _assert_equal(fs(*case.args), jax.jit(case.f)(*case.args), atol=1e-5)
+        _assert_equal(jax.grad(loss(fs))(*case.args), jax.grad(loss(case.f))(*case.args), atol=1e-5)
+
+
+def test_a_constraint_inside_is_kept_and_the_search_works_around_it():
+    rng = np.random.default_rng(4)
+    w, v, x = (rng.normal(size=(64, 64)).astype(np.float32) / 8 for _ in range(3))
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    pinned = jax.sharding.NamedSharding(sp.mesh.as_auto_mesh(mesh), P("data", "model"))
+
+    def f(w, v, x):
+        h = jax.lax.with_sharding_constraint(jax.numpy.tanh(x @ w), pinned)
+        return (h @ v).sum()
+
+    fs = sp.autoshard(f, mesh=mesh, in_specs=(sp.AUTO, sp.AUTO, P("data")))
+    _assert_equal(fs(w, v, x), jax.jit(f)(w, v, x), atol=1e-4)
+    prog = fs.trace(w, v, x)
+    constrained = next(n for n in prog.plan.graph.nodes if n.op == "sharding_constraint")
+    assert prog.sharded.spec(constrained.outputs[0]) == P("data", "model")
