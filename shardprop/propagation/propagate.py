@@ -72,7 +72,7 @@ def flat_in_specs(in_specs: Any, graph: Graph, is_leaf: Callable[[Any], bool] = 
 @gc_paused
 def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
               conflicts: str = "reshard", price: Callable[[ShardedGraph], float] | None = None,
-              backward: bool | str = True) -> ShardedGraph:
+              backward: bool | str = True, lineage: bool = True) -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
@@ -87,7 +87,8 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     compares the candidates, and without it they are compared by the bytes of the nodes' operand moves alone;
     ``backward=False`` keeps the forward walk's layouts (the Nx design's propagation, for comparison);
     ``backward="quick"`` tries one setting of the backward pass (exchanges asked, not the finest slices), a few
-    walks rather than dozens: the layout search's screen.
+    walks rather than dozens: the layout search's screen. ``lineage=False`` makes no shards where nothing reads them
+    (the same layouts, each axis without its blocks: what pricing reads), for the search's screens.
 
     >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
     >>> sg.in_specs                                                                       # doctest: +SKIP
@@ -104,7 +105,8 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
         input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}",
                                                                          uneven=True))
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
-                                conflicts="error" if strict else conflicts, price=price, backward=backward)
+                                conflicts="error" if strict else conflicts, price=price, backward=backward,
+                                lineage=lineage)
     if strict and sharded.fallbacks:
         first = min(sharded.fallbacks)
         node, cause = graph.nodes[first], sharded.fallback_causes.get(first)
@@ -175,7 +177,7 @@ def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
                       strict: bool = False, conflicts: str = "error",
                       price: Callable[[ShardedGraph], float] | None = None,
-                      backward: bool | str = True) -> ShardedGraph:
+                      backward: bool | str = True, lineage: bool = True) -> ShardedGraph:
     """:func:`propagate` from validated input layouts (None: unannotated); no warnings. Rules use it to
     shard sub-computations such as scan bodies. ``price`` gives the bytes a candidate moves (the backward pass's
     layouts against the forward walk's); without it, the bytes of the nodes' operand moves. ``backward=False``
@@ -191,7 +193,8 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
-    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={})
+    # (the backward pass reads the forward walk's shard lineage: which operand block each output block came from)
+    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=lineage or bool(backward))
     # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
     # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)
@@ -218,7 +221,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                                                         (True, False)[:1 + _views_returned(graph, dict(views))]):
             try:
                 candidate = _walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced,
-                                   adopt_shared=shared, adopt_returned=adopt_returned)
+                                   adopt_shared=shared, adopt_returned=adopt_returned, lineage=lineage)
             except ShardingConflictError:
                 continue  # the views met a clash of the user's own: refused (or resolved) as without them
             key = _layouts(candidate)
@@ -272,7 +275,7 @@ def _views_returned(graph: Graph, views) -> bool:
 
 
 def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset(),
-           adopt_shared: bool = False, adopt_returned: bool = True) -> ShardedGraph:
+           adopt_shared: bool = False, adopt_returned: bool = True, lineage: bool = True) -> ShardedGraph:
     """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
     ``conflicts`` says (the backward pass priced them: moving there is the cheapest way)."""
@@ -293,7 +296,7 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
     try:
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts,
                       adopted_from=first.opens.adopted_from, views=views, priced=priced, adopt_shared=adopt_shared,
-                      adopt_returned=adopt_returned)
+                      adopt_returned=adopt_returned, lineage=lineage)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
@@ -330,8 +333,10 @@ class _Walk:
 
     def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
                  opens: OpenTracker | None = None, resolve=None, conflicts: str = "error", adopted_from=None,
-                 views=None, priced=frozenset(), adopt_shared: bool = False, adopt_returned: bool = True):
+                 views=None, priced=frozenset(), adopt_shared: bool = False, adopt_returned: bool = True,
+                 lineage: bool = True):
         self.adopt_returned = adopt_returned
+        self.lineage = lineage and resolve is not None
         self.conflicts = conflicts
         self.adopt_shared = adopt_shared
         self.priced = priced
@@ -357,7 +362,7 @@ class _Walk:
     def run(self) -> None:
         avals = self.graph.avals
         # One context for the whole walk (its avals are set per node): 10^5-node graphs are the norm.
-        ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.resolve is not None,
+        ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.lineage,
                           propagate_body=self.propagate_body, graph=self.graph)
         records: dict = {}  # primitive name -> its record, looked up once per walk
         for node in self.graph.nodes:
@@ -572,7 +577,7 @@ class _Walk:
             sharding = self.shardings[v]
             dtype = short_dtype(self.graph.avals[v].dtype)
             lines.append(f"  operand {i} ({value_name(v)}): {dtype}[{sharding.format_dims()}]")
-            if self.resolve is not None:  # shards exist: say where each sharded axis came from
+            if self.lineage:  # shards exist: say where each sharded axis came from
                 for axis, a in enumerate(sharding.axes):
                     if isinstance(a, Sharded):
                         lines.append(f"    axis {axis} @{'*'.join(a.mesh_axes)}: {self._origin(v, axis)}")

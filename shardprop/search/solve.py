@@ -10,8 +10,8 @@ shaped like it further down its path, :func:`~.space.decision_groups`):
 2. from the cheapest start (:data:`DESCENTS`), each group tries its layouts — the :data:`PREFILTER` the rough screen
    (the forward walk's operand moves, no split) ranks first — keeping a change only when the plan gets strictly
    cheaper (fitting the limit first): first with the layers of a stack tied (one layout per
-   bundle, :func:`~.space.tied`), then — for a few layers alike — each on its own, then the small arguments
-   (biases, norms' scales) once;
+   bundle, :func:`~.space.tied`), then — for a few layers alike — each on its own; then the small arguments
+   (biases, norms' scales) adopt what they meet, all in one plan, where that is cheaper;
 3. the descent screens with a quick propagation (one setting of its backward pass); the :data:`FINALISTS` cheapest
    assignments it saw (twice as many under a limit) are priced as ``autoshard`` builds them, and the cheapest is
    chosen — with a memory limit, the cheapest whose compiled program fits it.
@@ -41,7 +41,7 @@ from ..splitting.split import PlanPricer
 from .space import AUTO, Leaf, candidate_specs, decision_groups, expert_seeds, leaves_of, tied
 
 SWEEPS_TIED, SWEEPS_UNTIED = 2, 2
-# a bundle holding less than this share of the searched bytes is decided in one sweep after the others
+# a bundle holding less than this share of the searched bytes is left to adopt what it meets, after the others
 SMALL = 0.02
 # a bundle of this many groups or fewer is searched group by group after the tied phase; a deeper stack's layers
 # keep one layout
@@ -191,7 +191,8 @@ class _Evaluator:
             warnings.simplefilter("ignore")
             try:
                 sharded = propagate(self.graph, as_tree(self.graph, specs), mesh=self.mesh, strict=self.strict,
-                                    conflicts=self.conflicts, price=pricer, backward=self.backward)
+                                    conflicts=self.conflicts, price=pricer, backward=self.backward,
+                                    lineage=self.backward is True)
             except (ShardingConflictError, NoRuleError):  # strict=True refuses this layout: not a candidate
                 return None
         plan = pricer.plan_for(sharded)
@@ -205,7 +206,7 @@ class _Evaluator:
                 warnings.simplefilter("ignore")
                 try:
                     sharded = propagate(self.graph, as_tree(self.graph, specs), mesh=self.mesh, strict=self.strict,
-                                        conflicts=self.conflicts, backward=False)
+                                        conflicts=self.conflicts, backward=False, lineage=False)
                 except (ShardingConflictError, NoRuleError):
                     return None
             moved = sharded.edge_move_bytes()
@@ -272,7 +273,7 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
 
     total = sum(leaves[k].nbytes for k in searched) or 1
 
-    def small(bundle) -> bool:  # a few hundredths of the searched bytes (biases, norms' scales): decided once, last
+    def small(bundle) -> bool:  # a few hundredths of the searched bytes (biases, norms' scales): decided last
         return sum(leaves[k].nbytes for g in bundle for k in g) < SMALL * total
 
     def descend(bundles: list[tuple[tuple[int, ...], ...]], sweeps: int, current: Candidate) -> Candidate:
@@ -311,7 +312,13 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
         untied = [(g,) for b in large if 1 < len(b) <= UNTIE_AT_MOST for g in b]
         if untied:  # a few layers alike may each want their own layout (Megatron's column, then row)
             found = descend(untied, SWEEPS_UNTIED, found)
-        return descend([b for b in bundles if small(b)], 1, found) if large else found
+        lesser = [g for b in bundles if small(b) for g in b]
+        if not large or not lesser:
+            return found
+        # the small arguments adopt what they meet (as unannotated arguments do: the backward pass lays each out as
+        # its uses need it), all in one plan — kept only where that is strictly cheaper
+        adopted = screen(assigned(found.specs, lesser, None))
+        return adopted if adopted is not None and adopted.rank < found.rank else found
 
     # from the best few starts: the descent stops at the first layout no single change improves
     ranked = sorted(dict.fromkeys(c for c in (screen(s) for s in starts) if c is not None), key=lambda c: c.rank)

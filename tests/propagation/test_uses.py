@@ -322,3 +322,22 @@ def test_the_gradient_of_a_self_product_is_laid_out_like_its_argument():
     prog = sp.autoshard(grad, mesh=mesh, in_specs=(P("i"),)).trace(x)
     np.testing.assert_allclose(np.asarray(prog(x)), np.asarray(grad(x)), rtol=1e-5, atol=1e-6)
     assert _trimmed(prog.out_specs[0]) == ("i",)
+
+
+@pytest.mark.parametrize("backward", [True, "quick", False])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_without_lineage_every_layout_is_the_same(name, backward):
+    # the layout search's screens propagate with lineage=False (pricing reads layouts alone): the same plan, no shards
+    f, args, specs, _ = PROGRAMS[name]
+    mesh = sp.make_mesh((4, 2), (DATA, MODEL))
+    graph = sp.trace(f, *args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.ReshardWarning)
+        full = sp.propagate(graph, specs, mesh=mesh, backward=backward)
+        bare = sp.propagate(graph, specs, mesh=mesh, backward=backward, lineage=False)
+    assert [s.layout for s in bare.shardings] == [s.layout for s in full.shardings]
+    assert bare.needs == full.needs and bare.in_specs == full.in_specs
+    assert any(full.shards(v, k) for v in range(len(graph.avals)) for k in range(len(graph.avals[v].shape)))
+    if backward is False:  # (the backward pass reads the forward walk's lineage: that walk makes shards still)
+        assert not any(bare.shards(v, k) for v in range(len(graph.avals)) for k in range(len(graph.avals[v].shape)))
+    assert sp.split(bare).stages and len(sp.split(bare).stages) == len(sp.split(full).stages)
