@@ -358,3 +358,37 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
                                       f"{sharded.spec(argument)}: pinned there the plan moves {there} B, not more "
                                       f"than {moved} B")
         event("gradient in another layout, moving less")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, print_blob=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(case=cases(), data=st.data())
+def test_a_memo_shared_with_other_layouts_changes_no_layout(case, data, meshes):
+    """The layout search's screens propagate without shards (``lineage=False``), their walks sharing the rules'
+    results (``memo=``) across the assignments they price: after walks on other input layouts, a propagation gives
+    exactly the layouts and operand layouts a fresh one gives, whatever the backward pass's setting."""
+    program, mesh_name, specs, options = case
+    mesh = meshes[mesh_name]
+    mesh_shape = dict(mesh.shape)
+    f, _ = program_functions(program, mesh)
+    graph = sp.trace(f, *random_inputs(program))
+    others = [tuple(data.draw(specs_for(v.shape, mesh_shape)) for v in program.inputs) for _ in range(2)]
+    backward = data.draw(st.sampled_from([True, "quick", False]))
+    memo: dict = {}
+
+    def layouts(in_specs, **how):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                sharded = sp.propagate(graph, in_specs, mesh=mesh, backward=backward, conflicts=options["conflicts"],
+                                       **how)
+            except (sp.IndivisibleAxisError, sp.ShardingConflictError) as err:
+                return type(err)
+        return [s.layout for s in sharded.shardings], sharded.needs, sharded.in_specs
+
+    want = layouts(specs)
+    for other in others:
+        layouts(other, lineage=False, memo=memo)
+    event("refused" if isinstance(want, type) else f"memo entries: {'some' if memo else 'none'}")
+    assert layouts(specs, lineage=False, memo=memo) == want

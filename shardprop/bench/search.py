@@ -47,6 +47,7 @@ class Measured:
     equal: bool = True
     compile_seconds: float = 0.0
     search_seconds: float | None = None
+    check_seconds: float = 0.0  # of the search's time: compiling finalists to check the memory limit
     specs: str = ""
 
 
@@ -190,16 +191,15 @@ def measure_layout(model: Model, mesh, in_specs, name: str, reference, memory_li
     import shardprop as sp
 
     fs = sp.autoshard(model.f, mesh=mesh, in_specs=in_specs, memory_limit=memory_limit)
-    started = time.perf_counter()
     program = fs.trace(*model.args)
-    search_seconds = time.perf_counter() - started if program.search is not None else None
+    search = program.search
     started = time.perf_counter()
     compiled = program.lower(*model.args).compile()
     compile_seconds = time.perf_counter() - started
     moved = total_moved(parse_hlo(compiled.as_text(), program.mesh))
-    specs = str(program.search) if program.search is not None else ""
     return Measured(name, moved, compiled_footprint(compiled), True, _equal(fs(*model.args), reference),
-                    compile_seconds, search_seconds, specs)
+                    compile_seconds, None if search is None else search.seconds,
+                    0.0 if search is None else search.compile_seconds, "" if search is None else str(search))
 
 
 def run(models=MODELS, say=print) -> list[Result]:
@@ -229,6 +229,13 @@ def run(models=MODELS, say=print) -> list[Result]:
     return results
 
 
+def _seconds(searched: Measured | None) -> str:
+    if searched is None:
+        return "-"
+    checks = f" ({searched.check_seconds:.2f} compiling)" if searched.check_seconds else ""
+    return f"{searched.search_seconds:.2f}{checks}"
+
+
 def _mb(n: float) -> str:
     return f"{n / 1e6:.2f} MB"
 
@@ -243,7 +250,11 @@ def markdown(results: list[Result], command: str) -> str:
              "expert* is the fewest bytes among the experts that fit. Every program's "
              "result is compared with the unsharded function's (rtol 2e-4, atol 1e-4: adam's first step moves a "
              "parameter by about lr = 1e-3 times the sign of its gradient, which rounding decides where the "
-             "gradient is near 0; every layout, data parallel too, is within 1e-4 of the unsharded step).", "",
+             "gradient is near 0; every layout, data parallel too, is within 1e-4 of the unsharded step). *search s* "
+             "is the search's own time (`prog.search.seconds`: trace and lowering not included; the chosen plan, "
+             "which `compile_program` builds either way, is) and, under a limit, the part of it spent compiling "
+             "finalists to check their memory; *XLA compile s* is `prog.lower(...).compile()` of the chosen "
+             "program.", "",
              "| model | mesh | limit | best expert (fits) | its bytes / memory | sp.AUTO bytes / memory | "
              "search s | XLA compile s | all equal |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -257,7 +268,7 @@ def markdown(results: list[Result], command: str) -> str:
             f"{best.layout if best else '(none fits)'} | "
             f"{f'{_mb(best.bytes)} / {_mb(best.memory)}' if best else '-'} | "
             f"{f'{_mb(s.bytes)} / {_mb(s.memory)}' if s else r.error} | "
-            f"{f'{s.search_seconds:.2f}' if s else '-'} | {f'{s.compile_seconds:.2f}' if s else '-'} | "
+            f"{_seconds(s)} | {f'{s.compile_seconds:.2f}' if s else '-'} | "
             f"{'yes' if equal else 'NO'} |")
     lines += ["", "## Every layout", ""]
     for r in results:

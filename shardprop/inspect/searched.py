@@ -12,8 +12,10 @@ def format_search(result) -> str:
     c = result.chosen
     limit = "" if result.memory_limit is None else f", limit {format_bytes(result.memory_limit)}"
     compiled = "" if c.compiled_memory is None else f", {format_bytes(c.compiled_memory)} as compiled"
+    checks = "" if not result.compiled else (f"; {result.compiled} compiled to check the limit, "
+                                             f"{result.compile_seconds:.2f} s")
     lines = [f"sp.AUTO chose {len(result.searched)} layout{'' if len(result.searched) == 1 else 's'} in "
-             f"{result.seconds:.2f} s ({result.evaluations} plans priced): {format_bytes(c.moved)} moved, "
+             f"{result.seconds:.2f} s ({result.evaluations} plans priced{checks}): {format_bytes(c.moved)} moved, "
              f"{format_bytes(c.memory.total)} per device (cost model{compiled}{limit}); price within "
              f"{result.gap:.0%} of the bound"]
     rows = [(r["argument"], f"{short_dtype(leaf.dtype)}[{','.join(map(str, leaf.shape))}]", str(r["spec"]),
@@ -66,7 +68,8 @@ def search_to_dict(result) -> dict:
         "chosen": [{**row, "spec": spec_json(row["spec"])} for row in result.rows()],
         **candidate(result.chosen),
         "memory_limit": result.memory_limit, "bound": result.bound, "gap": result.gap,
-        "evaluations": result.evaluations, "seconds": result.seconds,
+        "evaluations": result.evaluations, "seconds": result.seconds, "compiled": result.compiled,
+        "compile_seconds": result.compile_seconds,
         "finalists": [{"specs": {result.leaves[k].path: spec_json(c.specs[k]) for k in result.searched},
                        **candidate(c)} for c in result.finalists],
     }
@@ -91,7 +94,8 @@ SEARCH_SCHEMA = _fields({
         "dtype": {"type": "string"}, "spec": _SPEC, "with": {"type": ["string", "null"]}})},
     **_COST,
     "memory_limit": {"type": ["integer", "null"]}, "bound": {"type": "number"}, "gap": {"type": "number"},
-    "evaluations": {"type": "integer"}, "seconds": {"type": "number"},
+    "evaluations": {"type": "integer"}, "seconds": {"type": "number"}, "compiled": {"type": "integer"},
+    "compile_seconds": {"type": "number"},
     "finalists": {"type": "array", "items": _fields({"specs": {"type": "object", "additionalProperties": _SPEC},
                                                      **_COST})},
 })

@@ -72,7 +72,7 @@ def flat_in_specs(in_specs: Any, graph: Graph, is_leaf: Callable[[Any], bool] = 
 @gc_paused
 def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
               conflicts: str = "reshard", price: Callable[[ShardedGraph], float] | None = None,
-              backward: bool | str = True, lineage: bool = True) -> ShardedGraph:
+              backward: bool | str = True, lineage: bool = True, memo: dict | None = None) -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
@@ -88,7 +88,9 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     ``backward=False`` keeps the forward walk's layouts (the Nx design's propagation, for comparison);
     ``backward="quick"`` tries one setting of the backward pass (exchanges asked, not the finest slices), a few
     walks rather than dozens: the layout search's screen. ``lineage=False`` makes no shards where nothing reads them
-    (the same layouts, each axis without its blocks: what pricing reads), for the search's screens.
+    (the same layouts, each axis without its blocks: what pricing reads), for the search's screens. ``memo``, a dict
+    the caller keeps between calls on one graph and mesh, reuses the rules' results on operands laid out as in an
+    earlier walk (walks that make no shards: a rule is then a function of its node and its operands' layouts).
 
     >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
     >>> sg.in_specs                                                                       # doctest: +SKIP
@@ -106,7 +108,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
                                                                          uneven=True))
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
                                 conflicts="error" if strict else conflicts, price=price, backward=backward,
-                                lineage=lineage)
+                                lineage=lineage, memo=memo)
     if strict and sharded.fallbacks:
         first = min(sharded.fallbacks)
         node, cause = graph.nodes[first], sharded.fallback_causes.get(first)
@@ -177,7 +179,8 @@ def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
                       strict: bool = False, conflicts: str = "error",
                       price: Callable[[ShardedGraph], float] | None = None,
-                      backward: bool | str = True, lineage: bool = True) -> ShardedGraph:
+                      backward: bool | str = True, lineage: bool = True,
+                      memo: dict | None = None) -> ShardedGraph:
     """:func:`propagate` from validated input layouts (None: unannotated); no warnings. Rules use it to
     shard sub-computations such as scan bodies. ``price`` gives the bytes a candidate moves (the backward pass's
     layouts against the forward walk's); without it, the bytes of the nodes' operand moves. ``backward=False``
@@ -194,7 +197,8 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
     # (the backward pass reads the forward walk's shard lineage: which operand block each output block came from)
-    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=lineage or bool(backward))
+    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=lineage or bool(backward),
+                     memo=memo)
     # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
     # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)
@@ -221,7 +225,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                                                         (True, False)[:1 + _views_returned(graph, dict(views))]):
             try:
                 candidate = _walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced,
-                                   adopt_shared=shared, adopt_returned=adopt_returned, lineage=lineage)
+                                   adopt_shared=shared, adopt_returned=adopt_returned, lineage=lineage, memo=memo)
             except ShardingConflictError:
                 continue  # the views met a clash of the user's own: refused (or resolved) as without them
             key = _layouts(candidate)
@@ -275,13 +279,14 @@ def _views_returned(graph: Graph, views) -> bool:
 
 
 def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset(),
-           adopt_shared: bool = False, adopt_returned: bool = True, lineage: bool = True) -> ShardedGraph:
+           adopt_shared: bool = False, adopt_returned: bool = True, lineage: bool = True,
+           memo: dict | None = None) -> ShardedGraph:
     """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
     ``conflicts`` says (the backward pass priced them: moving there is the cheapest way)."""
     mesh_shape = dict(mesh.shape)
     first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts, views=views,
-                  priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned)
+                  priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned, memo=memo)
     try:
         first.run()
     except ShardingConflictError as plain:
@@ -296,7 +301,7 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
     try:
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts,
                       adopted_from=first.opens.adopted_from, views=views, priced=priced, adopt_shared=adopt_shared,
-                      adopt_returned=adopt_returned, lineage=lineage)
+                      adopt_returned=adopt_returned, lineage=lineage, memo=memo)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
@@ -334,9 +339,11 @@ class _Walk:
     def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
                  opens: OpenTracker | None = None, resolve=None, conflicts: str = "error", adopted_from=None,
                  views=None, priced=frozenset(), adopt_shared: bool = False, adopt_returned: bool = True,
-                 lineage: bool = True):
+                 lineage: bool = True, memo: dict | None = None):
         self.adopt_returned = adopt_returned
         self.lineage = lineage and resolve is not None
+        # rule results by (node, operand layouts): only where no shards are made (else each result's are new)
+        self.memo = None if self.lineage else memo
         self.conflicts = conflicts
         self.adopt_shared = adopt_shared
         self.priced = priced
@@ -517,11 +524,33 @@ class _Walk:
 
     def _apply(self, ctx: RuleContext, node: Node, op, operands: list[TensorSharding]):
         """The rule on ``operands``: ``(RuleOutput, settled output shardings)``; a conflict is a RuleConflict."""
-        result = op.propagate(ctx, *operands, **node.params)
+        result = self._rule(ctx, node, op, operands)
         outputs = tuple(self._settle(ctx, v, s) for v, s in zip(node.outputs, result.outputs, strict=True))
         for sharding in outputs:
             self._check_mesh_axes_once(sharding)
         return result, outputs
+
+    def _rule(self, ctx: RuleContext, node: Node, op, operands: list[TensorSharding]):
+        """``op``'s rule on ``operands``; from the memo where an earlier walk gave it operands laid out alike. Not with
+        an open axis among them (the rule then asks the walk's tracker) nor for an op with bodies."""
+        if self.memo is None:
+            return op.propagate(ctx, *operands, **node.params)
+        key = [node.id]
+        for operand in operands:
+            for a in operand.axes:
+                if a is None:
+                    key.append(None)
+                elif a.__class__ is Sharded:
+                    key.append((a.mesh_axes, a.span))
+                else:
+                    return op.propagate(ctx, *operands, **node.params)
+        key = tuple(key)
+        result = self.memo.get(key)
+        if result is None:
+            result = op.propagate(ctx, *operands, **node.params)
+            if result.body is None:
+                self.memo[key] = result
+        return result
 
     def _check(self, node: Node, sharding: TensorSharding) -> None:
         try:

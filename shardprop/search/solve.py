@@ -12,9 +12,10 @@ shaped like it further down its path, :func:`~.space.decision_groups`):
    cheaper (fitting the limit first): first with the layers of a stack tied (one layout per
    bundle, :func:`~.space.tied`), then — for a few layers alike — each on its own; then the small arguments
    (biases, norms' scales) adopt what they meet, all in one plan, where that is cheaper;
-3. the descent screens with a quick propagation (one setting of its backward pass); the :data:`FINALISTS` cheapest
-   assignments it saw (twice as many under a limit) are priced as ``autoshard`` builds them, and the cheapest is
-   chosen — with a memory limit, the cheapest whose compiled program fits it.
+3. the descent screens with a quick propagation (one setting of its backward pass) that makes no shards, its walks
+   sharing the rules' results (``propagate(memo=)``); the cheapest assignment it saw (:data:`FINALISTS`; more under a
+   limit, :data:`FINALISTS_LIMITED`, and the two leanest) is priced as ``autoshard`` builds it and chosen — with a
+   memory limit, the cheapest finalist whose compiled program fits it.
 
 Groups and layouts are tried in a fixed order and a tie keeps the earlier, so the choice is the same on every run and
 every process.
@@ -50,12 +51,12 @@ UNTIE_AT_MOST = 4
 DESCENTS = 1
 # the layouts of a bundle the screen prices, of those the rough screen ranks first (the forward walk's operand
 # moves alone: no split, a fifth of the screen's time)
-PREFILTER = 3
+PREFILTER = 2
 # a layout the next sweep tries again: its price within this factor of its bundle's best in the sweep before
 PROMISING = 1.1
-# the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen); twice as many,
-# and the two leanest, under a memory limit (candidates for the compiled check)
-FINALISTS = 2
+# the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen); under a memory limit,
+# more, and the two leanest (candidates for the compiled check)
+FINALISTS, FINALISTS_LIMITED = 1, 4
 # the finalists compiled, at most, to check a memory limit on the compiled program
 COMPILED_CHECKS = 4
 # how far over the limit the cost model's footprint may be for a candidate still to be compiled and checked
@@ -95,7 +96,7 @@ class SearchResult:
     first); ``finalists`` the whole assignments priced in full at the end, cheapest first; ``bound`` a price no
     layout can beat (no byte moved, every device doing an equal share of the work), so ``gap`` is how far the choice
     can be from the best; ``evaluations`` the plans priced (rough and quick screens, full prices), ``seconds`` the
-    time."""
+    time; ``compiled`` the finalists compiled to check a memory limit, taking ``compile_seconds`` of it."""
 
     chosen: Candidate
     leaves: tuple[Leaf, ...]
@@ -106,6 +107,8 @@ class SearchResult:
     bound: float
     evaluations: int
     seconds: float
+    compiled: int
+    compile_seconds: float
     _options: dict = field(repr=False, compare=False)
     _price: _Evaluator = field(repr=False, compare=False)
 
@@ -160,10 +163,11 @@ class _Evaluator:
     with no split (the rough screen: it only orders a bundle's layouts for the screen)."""
 
     def __init__(self, graph, mesh, *, strict: bool, conflicts: str, strategy: str, memory_limit: int | None,
-                 donated: tuple[int, ...] = (), backward: bool | str = True):
+                 donated: tuple[int, ...] = (), backward: bool | str = True, memo: dict | None = None):
         self.graph, self.mesh, self.strict, self.conflicts, self.strategy = graph, mesh, strict, conflicts, strategy
         self.memory_limit, self.donated, self.backward = memory_limit, donated, backward
         self._seen: dict[tuple, Candidate | None] = {}
+        self.memo = {} if memo is None else memo  # the rules' results, shared by the evaluators of one search
         self._plans: dict[tuple, object] = {}  # the full pricing's plans (a few finalists): the chosen one is built so
 
     @property
@@ -192,7 +196,7 @@ class _Evaluator:
             try:
                 sharded = propagate(self.graph, as_tree(self.graph, specs), mesh=self.mesh, strict=self.strict,
                                     conflicts=self.conflicts, price=pricer, backward=self.backward,
-                                    lineage=self.backward is True)
+                                    lineage=self.backward is True, memo=self.memo)
             except (ShardingConflictError, NoRuleError):  # strict=True refuses this layout: not a candidate
                 return None
         plan = pricer.plan_for(sharded)
@@ -206,7 +210,7 @@ class _Evaluator:
                 warnings.simplefilter("ignore")
                 try:
                     sharded = propagate(self.graph, as_tree(self.graph, specs), mesh=self.mesh, strict=self.strict,
-                                        conflicts=self.conflicts, backward=False, lineage=False)
+                                        conflicts=self.conflicts, backward=False, lineage=False, memo=self.memo)
                 except (ShardingConflictError, NoRuleError):
                     return None
             moved = sharded.edge_move_bytes()
@@ -231,12 +235,12 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     """Choose a spec for every ``sp.AUTO`` entry of ``flat_specs`` (one per flat argument of ``graph``; the
     others are kept exactly) minimising the plan's price within ``memory_limit`` bytes per device.
 
-    The descent screens layouts with a quick propagation (one setting of its backward pass); the :data:`FINALISTS`
-    best assignments it
-    saw, and the two starts, are then priced as ``autoshard`` builds them, and the cheapest of those is chosen.
-    With a limit, the cost model's footprint screens; ``compiled_memory`` (the compiled memory of a plan) has the last
-    word: the cheapest finalists within :data:`SLACK` of the limit are compiled in turn, and the first within the
-    limit is chosen (at most :data:`COMPILED_CHECKS` of them, then the two with the smallest footprints).
+    The descent screens layouts with a quick propagation (one setting of its backward pass); the best assignment it
+    saw is then priced as ``autoshard`` builds it and chosen (under a limit, the :data:`FINALISTS_LIMITED` best and the
+    two leanest, and the cheapest of those fitting). With a limit, the cost model's footprint screens;
+    ``compiled_memory`` (the compiled memory of a plan) has the last word: the cheapest finalists within
+    :data:`SLACK` of the limit are compiled in turn, and the first within the limit is chosen (at most
+    :data:`COMPILED_CHECKS` of them, then the two with the smallest footprints).
     ``keyword_form``: the program was traced on ``(args, kwargs)`` (see :func:`~.space.leaves_of`); ``donated``: the
     argument leaves the program donates (their buffers may hold outputs).
     Raises :class:`~shardprop.MemoryLimitError` when no layout found fits, :class:`~shardprop.SearchError` when
@@ -253,9 +257,10 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     screen_limit = (memory_limit if memory_limit is None or compiled_memory is None
                     else int(memory_limit * (1 + SLACK)))
     settings = dict(strict=strict, conflicts=conflicts, strategy=strategy, donated=tuple(donated))
-    screen = _Evaluator(graph, mesh, backward="quick", memory_limit=screen_limit, **settings)
-    full = _Evaluator(graph, mesh, memory_limit=memory_limit, **settings)
-    rough_screen = _Evaluator(graph, mesh, backward="rough", memory_limit=None, **settings)
+    memo: dict = {}  # the rules' results on operands laid out as before: every walk of the search shares them
+    screen = _Evaluator(graph, mesh, backward="quick", memory_limit=screen_limit, memo=memo, **settings)
+    full = _Evaluator(graph, mesh, memory_limit=memory_limit, memo=memo, **settings)
+    rough_screen = _Evaluator(graph, mesh, backward="rough", memory_limit=None, memo=memo, **settings)
 
     def assigned(base: Sequence, bundle: Sequence[tuple[int, ...]], spec) -> list:
         out = list(base)
@@ -267,8 +272,14 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     # the starts: every searched argument adopting what it meets, and the layouts an expert would write
     first_use = {k: min(graph.consumers[graph.inputs[k]], default=len(graph.nodes)) for k in searched}
     seeds = expert_seeds(leaves, groups, options, mesh_shape, first_use)
-    starts = [assigned(flat_specs, groups, None)] + [_seeded(flat_specs, groups, chosen) for _, chosen in seeds]
-    if _best(screen(s) for s in starts) is None:
+    starts: list[Candidate] = []
+    for start in [assigned(flat_specs, groups, None)] + [_seeded(flat_specs, groups, chosen) for _, chosen in seeds]:
+        if any(tuple(start) == c.specs for c in starts):
+            continue  # the layout a start before it came to (data parallel, often, for the adopting start)
+        found = screen(start)
+        if found is not None:
+            starts.append(found)
+    if not starts:
         raise _refused(leaves, searched)
 
     total = sum(leaves[k].nbytes for k in searched) or 1
@@ -321,10 +332,9 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
         return adopted if adopted is not None and adopted.rank < found.rank else found
 
     # from the best few starts: the descent stops at the first layout no single change improves
-    ranked = sorted(dict.fromkeys(c for c in (screen(s) for s in starts) if c is not None), key=lambda c: c.rank)
-    for start in ranked[:DESCENTS]:
+    for start in sorted(dict.fromkeys(starts), key=lambda c: c.rank)[:DESCENTS]:
         searched_from(start)
-    screened = sorted(screen.seen(), key=lambda c: c.rank)[:FINALISTS if memory_limit is None else 2 * FINALISTS]
+    screened = sorted(screen.seen(), key=lambda c: c.rank)[:FINALISTS if memory_limit is None else FINALISTS_LIMITED]
     if memory_limit is not None:  # and the leanest seen, in case the limit is tight
         screened += sorted(screen.seen(), key=lambda c: (c.memory.total, c.price))[:2]
     finalists = sorted(dict.fromkeys(c for c in (full(x.specs) for x in screened) if c is not None),
@@ -332,16 +342,23 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     if not finalists:
         raise _refused(leaves, searched)
     chosen = finalists[0]
+    checks: list[float] = []  # the seconds each compiled check took
+
+    def compiled(candidate: Candidate) -> int:
+        began = time.perf_counter()
+        memory = compiled_memory(full.plan(candidate.specs))
+        checks.append(time.perf_counter() - began)
+        return memory
+
     if memory_limit is not None and compiled_memory is not None:
-        chosen = _compiled_within(finalists, memory_limit, lambda c: compiled_memory(full.plan(c.specs)), leaves,
-                                  searched)
+        chosen = _compiled_within(finalists, memory_limit, compiled, leaves, searched)
     elif chosen.excess:
         raise _over_limit(leaves, searched, chosen, memory_limit)
     replicated = screen([PartitionSpec()] * len(flat_specs))
     bound = 0.0 if replicated is None else (replicated.price - replicated.moved) / mesh.size
     return SearchResult(chosen, tuple(leaves), tuple(searched), tuple(groups), tuple(finalists), memory_limit, bound,
                         rough_screen.evaluations + screen.evaluations + full.evaluations, time.perf_counter() - started,
-                        options, full)
+                        len(checks), sum(checks), options, full)
 
 
 def _compiled_within(finalists, limit: int, compiled_memory, leaves, searched) -> Candidate:
@@ -367,11 +384,6 @@ def _seeded(flat_specs, groups, chosen: dict) -> list:
         for k in group:
             out[k] = chosen.get(group[0], PartitionSpec())
     return out
-
-
-def _best(candidates) -> Candidate | None:
-    found = [c for c in candidates if c is not None]
-    return min(found, key=lambda c: c.rank) if found else None
 
 
 def _names(leaves: Sequence[Leaf], searched: Sequence[int], limit: int = 4) -> str:

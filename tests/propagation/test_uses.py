@@ -341,3 +341,13 @@ def test_without_lineage_every_layout_is_the_same(name, backward):
     if backward is False:  # (the backward pass reads the forward walk's lineage: that walk makes shards still)
         assert not any(bare.shards(v, k) for v in range(len(graph.avals)) for k in range(len(graph.avals[v].shape)))
     assert sp.split(bare).stages and len(sp.split(bare).stages) == len(sp.split(full).stages)
+    # a memo shared by walks on other layouts first (the search's screens) gives what a fresh propagation gives
+    memo: dict = {}
+    replicated = jax.tree_util.tree_map(lambda s: P(), specs, is_leaf=lambda s: isinstance(s, P))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.ReshardWarning)
+        for other in (replicated, specs):
+            sp.propagate(graph, other, mesh=mesh, backward=backward, lineage=False, memo=memo)
+        remembered = sp.propagate(graph, specs, mesh=mesh, backward=backward, lineage=False, memo=memo)
+    assert memo and [s.layout for s in remembered.shardings] == [s.layout for s in full.shardings]
+    assert remembered.needs == full.needs

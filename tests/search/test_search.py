@@ -45,6 +45,7 @@ def test_the_searched_mlp_moves_no_more_than_any_expert_layout(mlp):
     assert moved <= best, (prog.search, experts)
     _assert_equal(fs(*model.args), want)
     assert prog.search.evaluations > 0 and 0 <= prog.search.gap < 1
+    assert prog.search.compiled == 0 and "compiled" not in str(prog.search).splitlines()[0]  # no limit: no check
 
 
 def test_a_limit_below_data_parallel_picks_a_layout_that_fits(mlp):
@@ -53,6 +54,9 @@ def test_a_limit_below_data_parallel_picks_a_layout_that_fits(mlp):
     fs, prog, moved, memory = _measure(model, mesh, model.auto_specs, memory_limit=limit)
     assert memory <= limit
     assert prog.search.chosen.compiled_memory == memory
+    # the compiled checks are part of the search's time, and its summary says so
+    assert prog.search.compiled >= 1 and 0 < prog.search.compile_seconds < prog.search.seconds
+    assert f"{prog.search.compiled} compiled to check the limit" in str(prog.search).splitlines()[0]
     fitting = [b for b, m in experts.values() if m <= limit]  # on 8 devices FSDP is just over 60% of DP: none
     assert moved <= min(fitting, default=moved)
     _assert_equal(fs(*model.args), want)
