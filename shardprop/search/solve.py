@@ -13,9 +13,9 @@ shaped like it further down its path, :func:`~.space.decision_groups`):
    bundle, :func:`~.space.tied`), then — for a few layers alike — each on its own; then the small arguments
    (biases, norms' scales) adopt what they meet, all in one plan, where that is cheaper;
 3. the descent screens with a quick propagation (one setting of its backward pass) that makes no shards, its walks
-   sharing the rules' results (``propagate(memo=)``); the cheapest assignment it saw (:data:`FINALISTS`; more under a
-   limit, :data:`FINALISTS_LIMITED`, and the two leanest) is priced as ``autoshard`` builds it and chosen — with a
-   memory limit, the cheapest finalist whose compiled program fits it.
+   sharing the rules' results (``propagate(memo=)``); the cheapest assignment it saw is priced as ``autoshard``
+   builds it and chosen — under a memory limit, the cheapest (:data:`FINALISTS_LIMITED`), then the two leanest, are
+   priced so and compiled in turn, and the first whose compiled program fits is chosen.
 
 Groups and layouts are tried in a fixed order and a tie keeps the earlier, so the choice is the same on every run and
 every process.
@@ -158,9 +158,11 @@ class SearchResult:
 
 class _Evaluator:
     """Prices an assignment of specs once (cached by the assignment): propagate, split, cost model. ``backward`` is
-    propagation's: True weighs every setting of its backward pass, as ``autoshard`` builds the program; "quick" one
-    setting, a third of the time (the search's screen); "rough" prices the forward walk by its operand moves alone,
-    with no split (the rough screen: it only orders a bundle's layouts for the screen)."""
+    propagation's: True weighs every setting of its backward pass, each priced by its plan, as ``autoshard`` builds
+    the program; "quick" one setting, its candidates compared by their operand moves (as ``propagate`` compares them
+    without a price) and only the one kept split — a fifth of the time (the search's screen); "rough" prices the
+    forward walk by its operand moves alone, with no split (the rough screen: it only orders a bundle's layouts for
+    the screen)."""
 
     def __init__(self, graph, mesh, *, strict: bool, conflicts: str, strategy: str, memory_limit: int | None,
                  donated: tuple[int, ...] = (), backward: bool | str = True, memo: dict | None = None):
@@ -190,13 +192,14 @@ class _Evaluator:
         key = tuple(specs)
         if key in self._plans:
             return self._plans[key]
+        # (the screen compares the backward pass's candidates by their operand moves, and splits the one it keeps)
         pricer = PlanPricer(self.strategy)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 sharded = propagate(self.graph, as_tree(self.graph, specs), mesh=self.mesh, strict=self.strict,
-                                    conflicts=self.conflicts, price=pricer, backward=self.backward,
-                                    lineage=self.backward is True, memo=self.memo)
+                                    conflicts=self.conflicts, price=pricer if self.backward is True else None,
+                                    backward=self.backward, lineage=self.backward is True, memo=self.memo)
             except (ShardingConflictError, NoRuleError):  # strict=True refuses this layout: not a candidate
                 return None
         plan = pricer.plan_for(sharded)
@@ -236,11 +239,10 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     others are kept exactly) minimising the plan's price within ``memory_limit`` bytes per device.
 
     The descent screens layouts with a quick propagation (one setting of its backward pass); the best assignment it
-    saw is then priced as ``autoshard`` builds it and chosen (under a limit, the :data:`FINALISTS_LIMITED` best and the
-    two leanest, and the cheapest of those fitting). With a limit, the cost model's footprint screens;
-    ``compiled_memory`` (the compiled memory of a plan) has the last word: the cheapest finalists within
-    :data:`SLACK` of the limit are compiled in turn, and the first within the limit is chosen (at most
-    :data:`COMPILED_CHECKS` of them, then the two with the smallest footprints).
+    saw is then priced as ``autoshard`` builds it and chosen. With a limit, the cost model's footprint screens;
+    ``compiled_memory`` (the compiled memory of a plan) has the last word: the :data:`FINALISTS_LIMITED` cheapest
+    screened, then the two leanest, are priced in full in turn, each within :data:`SLACK` of the limit is compiled
+    (at most :data:`COMPILED_CHECKS` of the cheapest), and the first within the limit is chosen.
     ``keyword_form``: the program was traced on ``(args, kwargs)`` (see :func:`~.space.leaves_of`); ``donated``: the
     argument leaves the program donates (their buffers may hold outputs).
     Raises :class:`~shardprop.MemoryLimitError` when no layout found fits, :class:`~shardprop.SearchError` when
@@ -334,14 +336,9 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     # from the best few starts: the descent stops at the first layout no single change improves
     for start in sorted(dict.fromkeys(starts), key=lambda c: c.rank)[:DESCENTS]:
         searched_from(start)
-    screened = sorted(screen.seen(), key=lambda c: c.rank)[:FINALISTS if memory_limit is None else FINALISTS_LIMITED]
-    if memory_limit is not None:  # and the leanest seen, in case the limit is tight
-        screened += sorted(screen.seen(), key=lambda c: (c.memory.total, c.price))[:2]
-    finalists = sorted(dict.fromkeys(c for c in (full(x.specs) for x in screened) if c is not None),
-                       key=lambda c: c.rank)
-    if not finalists:
-        raise _refused(leaves, searched)
-    chosen = finalists[0]
+    cheapest = sorted(screen.seen(), key=lambda c: c.rank)[:FINALISTS if memory_limit is None else FINALISTS_LIMITED]
+    # and the leanest seen, in case the limit is tight
+    leanest = [] if memory_limit is None else sorted(screen.seen(), key=lambda c: (c.memory.total, c.price))[:2]
     checks: list[float] = []  # the seconds each compiled check took
 
     def compiled(candidate: Candidate) -> int:
@@ -351,9 +348,15 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
         return memory
 
     if memory_limit is not None and compiled_memory is not None:
-        chosen = _compiled_within(finalists, memory_limit, compiled, leaves, searched)
-    elif chosen.excess:
-        raise _over_limit(leaves, searched, chosen, memory_limit)
+        chosen, finalists = _compiled_within(cheapest, leanest, memory_limit, full, compiled, leaves, searched)
+    else:
+        finalists = sorted(dict.fromkeys(c for c in (full(x.specs) for x in cheapest + leanest) if c is not None),
+                           key=lambda c: c.rank)
+        if not finalists:
+            raise _refused(leaves, searched)
+        chosen = finalists[0]
+        if chosen.excess:
+            raise _over_limit(leaves, searched, chosen, memory_limit)
     replicated = screen([PartitionSpec()] * len(flat_specs))
     bound = 0.0 if replicated is None else (replicated.price - replicated.moved) / mesh.size
     return SearchResult(chosen, tuple(leaves), tuple(searched), tuple(groups), tuple(finalists), memory_limit, bound,
@@ -361,19 +364,43 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
                         len(checks), sum(checks), options, full)
 
 
-def _compiled_within(finalists, limit: int, compiled_memory, leaves, searched) -> Candidate:
-    """The cheapest finalist whose compiled program fits ``limit``: the ones the cost model says fit, cheapest first,
-    then the smallest footprints (the model errs both ways)."""
-    near = sorted((c for c in finalists if c.memory.total <= limit * (1 + SLACK)), key=lambda c: c.price)
-    fitting = near[:COMPILED_CHECKS]
-    leanest = sorted((c for c in finalists if c not in fitting), key=lambda c: c.memory.total)[:2]
-    checked = []
-    for candidate in fitting + leanest:
-        measured = dataclasses.replace(candidate, compiled_memory=compiled_memory(candidate))
-        if measured.compiled_memory <= limit:
-            return dataclasses.replace(measured, excess=0)
-        checked.append(measured)
-    smallest = min(checked, key=lambda c: c.compiled_memory)
+def _compiled_within(cheapest: list[Candidate], leanest: list[Candidate], limit: int, full: _Evaluator,
+                     compiled_memory, leaves, searched) -> tuple[Candidate, tuple[Candidate, ...]]:
+    """The first of the screen's ``cheapest`` assignments, then of its ``leanest``, whose compiled program fits
+    ``limit``, and every assignment priced in full on the way, cheapest first. Each is priced as ``autoshard`` builds
+    it; one of the cheapest is compiled when its footprint is within :data:`SLACK` of the limit (at most
+    :data:`COMPILED_CHECKS` of them), the leanest whatever their footprint (the model errs both ways)."""
+    priced: list[Candidate] = []
+    checked: list[Candidate] = []
+
+    def fits(candidate: Candidate) -> bool:
+        checked.append(dataclasses.replace(candidate, compiled_memory=compiled_memory(candidate)))
+        return checked[-1].compiled_memory <= limit
+
+    def found() -> tuple[Candidate, tuple[Candidate, ...]]:
+        return dataclasses.replace(checked[-1], excess=0), tuple(sorted(priced, key=lambda c: c.rank))
+
+    for screened in cheapest:
+        candidate = full(screened.specs)
+        if candidate is None or candidate in priced:
+            continue
+        priced.append(candidate)
+        if candidate.memory.total <= limit * (1 + SLACK):
+            if fits(candidate):
+                return found()
+            if len(checked) == COMPILED_CHECKS:
+                break
+    for screened in leanest:
+        candidate = full(screened.specs)
+        if candidate is None or any(c.specs == candidate.specs for c in checked):
+            continue
+        if candidate not in priced:
+            priced.append(candidate)
+        if fits(candidate):
+            return found()
+    if not priced:
+        raise _refused(leaves, searched)
+    smallest = min(checked, key=lambda c: c.compiled_memory) if checked else min(priced, key=lambda c: c.memory.total)
     raise _over_limit(leaves, searched, smallest, limit)
 
 
