@@ -128,6 +128,12 @@ class Graph:
         ``'w'``)."""
         return tuple(jax.tree_util.keystr(path) for path in self.argument_keys)
 
+    @cached_property
+    def node_avals(self) -> tuple[tuple[tuple[Aval, ...], tuple[Aval, ...]], ...]:
+        """``node_avals[node]``: the avals of the node's operands and of its outputs (the walks of every pass ask)."""
+        avals = self.avals
+        return tuple((tuple([avals[v] for v in n.operands]), tuple([avals[v] for v in n.outputs])) for n in self.nodes)
+
     def topological_order(self) -> list[int]:
         return list(nx.topological_sort(self.digraph))
 

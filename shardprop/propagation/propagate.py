@@ -367,15 +367,14 @@ class _Walk:
         self.need_spans: dict[int, tuple] = {}  # node id -> the ranged rows it consumes (RuleOutput.need_spans)
 
     def run(self) -> None:
-        avals = self.graph.avals
         # One context for the whole walk (its avals are set per node): 10^5-node graphs are the norm.
         ctx = RuleContext((), (), self.mesh_shape, self.ids, self.opens, lineage=self.lineage,
                           propagate_body=self.propagate_body, graph=self.graph)
         records: dict = {}  # primitive name -> its record, looked up once per walk
-        for node in self.graph.nodes:
+        shardings = self.shardings
+        for node, (in_avals, out_avals) in zip(self.graph.nodes, self.graph.node_avals, strict=True):
             ctx.node = node.id
-            out_avals = ctx.out_avals = tuple([avals[v] for v in node.outputs])
-            ctx.in_avals = tuple([avals[v] for v in node.operands])
+            ctx.out_avals, ctx.in_avals = out_avals, in_avals
             if node.op == PARAMETER:
                 layout = self.input_layouts[node.params["index"]]
                 shape = out_avals[0].shape
@@ -392,7 +391,7 @@ class _Walk:
                 op = records.get(node.op)
                 if op is None:
                     op = records[node.op] = lookup(node.op)
-                operands = [self.shardings[v] for v in node.operands]
+                operands = [shardings[v] for v in node.operands]
                 if self.views:
                     operands = self._viewed(ctx, node, operands)
                 if not op.reads_ranges:  # a ranged axis is no equal blocks: a rule that knows nothing of it reads

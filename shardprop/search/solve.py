@@ -41,7 +41,9 @@ from ..splitting.cost import Footprint, estimate, footprint, price
 from ..splitting.split import PlanPricer
 from .space import AUTO, Leaf, candidate_specs, decision_groups, expert_seeds, leaves_of, tied
 
-SWEEPS_TIED, SWEEPS_UNTIED = 2, 2
+# sweeps over the bundles: one tied (the starts hold the coordinated layouts, Megatron's column/row pairs), then two
+# untied for the few layers alike
+SWEEPS_TIED, SWEEPS_UNTIED = 1, 2
 # a bundle holding less than this share of the searched bytes is left to adopt what it meets, after the others
 SMALL = 0.02
 # a bundle of this many groups or fewer is searched group by group after the tied phase; a deeper stack's layers
@@ -221,7 +223,9 @@ class _Evaluator:
         plan = self.plan(specs)
         if plan is None:
             return None
-        memory = footprint(plan, self.donated)
+        # (the screen without a limit ranks by price alone: the footprint of the one chosen is priced in full)
+        weighs_memory = self.memory_limit is not None or self.backward is True
+        memory = footprint(plan, self.donated) if weighs_memory else Footprint(0, 0, 0)
         excess = 0 if self.memory_limit is None else max(0, memory.total - self.memory_limit)
         return Candidate(tuple(plan.sharded.in_specs), price(plan), total_moved(estimate(plan)), memory, excess)
 
