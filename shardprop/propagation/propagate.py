@@ -395,7 +395,7 @@ class _Walk:
                 if self.views:
                     operands = self._viewed(ctx, node, operands)
                 if not op.reads_ranges:  # a ranged axis is no equal blocks: a rule that knows nothing of it reads
-                    operands = [o.without_ranges() for o in operands]  # it whole
+                    operands = [o.without_ranges() if o.spans else o for o in operands]  # it whole
                 try:
                     result, outputs = self._apply(ctx, node, op, operands)
                 except RuleConflict as conflict:
@@ -419,8 +419,8 @@ class _Walk:
                 for sharding in outputs:
                     self._check(node, sharding)
             for value, sharding in zip(node.outputs, outputs, strict=True):
-                self.shardings[value] = sharding
-            self.needs.append(tuple(needs))
+                shardings[value] = sharding
+            self.needs.append(needs if type(needs) is tuple else tuple(needs))
             self.rule_names.append(rule_name)
         self._view_returned()
 
@@ -522,34 +522,21 @@ class _Walk:
         return TensorSharding(sharding.shape, tuple(axes))
 
     def _apply(self, ctx: RuleContext, node: Node, op, operands: list[TensorSharding]):
-        """The rule on ``operands``: ``(RuleOutput, settled output shardings)``; a conflict is a RuleConflict."""
-        result = self._rule(ctx, node, op, operands)
+        """The rule on ``operands``: ``(RuleOutput, settled output shardings)``; a conflict is a RuleConflict. From the
+        memo where an earlier walk gave the node operands laid out alike (its outputs too, settled and checked, where
+        the rule creates no axis: settling them is then nothing)."""
+        key = None if self.memo is None else _memo_key(node.id, operands)
+        found = None if key is None else self.memo.get(key)
+        if found is not None and found[1] is not None:
+            return found
+        result = found[0] if found is not None else op.propagate(ctx, *operands, **node.params)
         outputs = tuple(self._settle(ctx, v, s) for v, s in zip(node.outputs, result.outputs, strict=True))
         for sharding in outputs:
             self._check_mesh_axes_once(sharding)
+        if key is not None and found is None and result.body is None:
+            created = any(a is CREATED for sharding in result.outputs for a in sharding.axes)
+            self.memo[key] = (result, None if created else outputs)
         return result, outputs
-
-    def _rule(self, ctx: RuleContext, node: Node, op, operands: list[TensorSharding]):
-        """``op``'s rule on ``operands``; from the memo where an earlier walk gave it operands laid out alike. Not with
-        an open axis among them (the rule then asks the walk's tracker) nor for an op with bodies."""
-        if self.memo is None:
-            return op.propagate(ctx, *operands, **node.params)
-        key = [node.id]
-        for operand in operands:
-            for a in operand.axes:
-                if a is None:
-                    key.append(None)
-                elif a.__class__ is Sharded:
-                    key.append((a.mesh_axes, a.span))
-                else:
-                    return op.propagate(ctx, *operands, **node.params)
-        key = tuple(key)
-        result = self.memo.get(key)
-        if result is None:
-            result = op.propagate(ctx, *operands, **node.params)
-            if result.body is None:
-                self.memo[key] = result
-        return result
 
     def _check(self, node: Node, sharding: TensorSharding) -> None:
         try:
@@ -633,6 +620,21 @@ class _Walk:
         more = f" -> ... {len(ops) - 4} more ops" if len(ops) > 4 else ""
         return f"{root}, via {' -> '.join(ops[:4])}{more}"
 
+
+
+def _memo_key(node_id: int, operands: list[TensorSharding]) -> tuple | None:
+    """What a rule's result depends on in a walk that makes no shards: the node and its operands' layouts (None with
+    an open axis among them: the rule then asks the walk's tracker)."""
+    key: list = [node_id]
+    for operand in operands:
+        for a in operand.axes:
+            if a is None:
+                key.append(None)
+            elif a.__class__ is Sharded:
+                key.append((a.mesh_axes, a.span))
+            else:
+                return None
+    return tuple(key)
 
 
 def _common_start(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:

@@ -223,9 +223,7 @@ class _Evaluator:
         plan = self.plan(specs)
         if plan is None:
             return None
-        # (the screen without a limit ranks by price alone: the footprint of the one chosen is priced in full)
-        weighs_memory = self.memory_limit is not None or self.backward is True
-        memory = footprint(plan, self.donated) if weighs_memory else Footprint(0, 0, 0)
+        memory = footprint(plan, self.donated)  # (also without a limit: of two plans as cheap, the leaner)
         excess = 0 if self.memory_limit is None else max(0, memory.total - self.memory_limit)
         return Candidate(tuple(plan.sharded.in_specs), price(plan), total_moved(estimate(plan)), memory, excess)
 
