@@ -9,6 +9,7 @@ the time XLA takes to compile the chosen program. Every program's result is comp
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -186,20 +187,33 @@ def _equal(got, want) -> bool:
                for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True))
 
 
-def measure_layout(model: Model, mesh, in_specs, name: str, reference, memory_limit=None) -> Measured:
-    """Compile ``model`` with ``in_specs`` under shardprop; its bytes (HLO), memory, equality with ``reference``."""
+# the searched layout's timings are the median of this many runs, each a fresh search and a fresh XLA compile,
+# interleaved (the machines are noisy)
+TIMING_RUNS = 3
+
+
+def measure_layout(model: Model, mesh, in_specs, name: str, reference, memory_limit=None, runs: int = 1) -> Measured:
+    """Compile ``model`` with ``in_specs`` under shardprop; its bytes (HLO), memory, equality with ``reference``; the
+    search's and XLA's compile times, the medians of ``runs`` fresh ones."""
     import shardprop as sp
 
-    fs = sp.autoshard(model.f, mesh=mesh, in_specs=in_specs, memory_limit=memory_limit)
-    program = fs.trace(*model.args)
-    search = program.search
-    started = time.perf_counter()
-    compiled = program.lower(*model.args).compile()
-    compile_seconds = time.perf_counter() - started
+    searches, checks, compiles, chosen = [], [], [], set()
+    for _ in range(runs):
+        fs = sp.autoshard(model.f, mesh=mesh, in_specs=in_specs, memory_limit=memory_limit)
+        program = fs.trace(*model.args)
+        search = program.search
+        if search is not None:
+            searches.append(search.seconds)
+            checks.append(search.compile_seconds)
+            chosen.add(search.chosen.specs)
+        started = time.perf_counter()
+        compiled = program.lower(*model.args).compile()
+        compiles.append(time.perf_counter() - started)
+    assert len(chosen) <= 1, f"the search chose differently on two runs: {chosen}"
     moved = total_moved(parse_hlo(compiled.as_text(), program.mesh))
     return Measured(name, moved, compiled_footprint(compiled), True, _equal(fs(*model.args), reference),
-                    compile_seconds, None if search is None else search.seconds,
-                    0.0 if search is None else search.compile_seconds, "" if search is None else str(search))
+                    statistics.median(compiles), statistics.median(searches) if searches else None,
+                    statistics.median(checks) if checks else 0.0, "" if search is None else str(search))
 
 
 def run(models=MODELS, say=print) -> list[Result]:
@@ -219,7 +233,8 @@ def run(models=MODELS, say=print) -> list[Result]:
             result = Result(model.name, "x".join(map(str, model.mesh[0])), limit,
                             [Measured(**{**asdict(e), "fits": limit is None or e.memory <= limit}) for e in experts])
             try:
-                result.searched = measure_layout(model, mesh, model.auto_specs, "sp.AUTO", reference, limit)
+                result.searched = measure_layout(model, mesh, model.auto_specs, "sp.AUTO", reference, limit,
+                                                 runs=TIMING_RUNS)
                 result.searched.fits = limit is None or result.searched.memory <= limit
             except sp.MemoryLimitError as err:
                 result.error = str(err)
@@ -251,10 +266,11 @@ def markdown(results: list[Result], command: str) -> str:
              "result is compared with the unsharded function's (rtol 2e-4, atol 1e-4: adam's first step moves a "
              "parameter by about lr = 1e-3 times the sign of its gradient, which rounding decides where the "
              "gradient is near 0; every layout, data parallel too, is within 1e-4 of the unsharded step). *search s* "
-             "is the search's own time (`prog.search.seconds`: trace and lowering not included; the chosen plan, "
+             "is the search's own time (`prog.search.seconds`, the median of three fresh searches: trace and "
+             "lowering not included; the chosen plan, "
              "which `compile_program` builds either way, is) and, under a limit, the part of it spent compiling "
              "finalists to check their memory; *XLA compile s* is `prog.lower(...).compile()` of the chosen "
-             "program.", "",
+             "program (the median of three, each after its search).", "",
              "| model | mesh | limit | best expert (fits) | its bytes / memory | sp.AUTO bytes / memory | "
              "search s | XLA compile s | all equal |",
              "|---|---|---|---|---|---|---|---|---|"]
