@@ -72,7 +72,8 @@ def flat_in_specs(in_specs: Any, graph: Graph, is_leaf: Callable[[Any], bool] = 
 @gc_paused
 def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
               conflicts: str = "reshard", price: Callable[[ShardedGraph], float] | None = None,
-              backward: bool | str = True, lineage: bool = True, memo: dict | None = None) -> ShardedGraph:
+              backward: bool | str = True, lineage: bool = True, memo: dict | None = None,
+              adopt: bool = True) -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
@@ -91,6 +92,8 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     (the same layouts, each axis without its blocks: what pricing reads), for the search's screens. ``memo``, a dict
     the caller keeps between calls on one graph and mesh, reuses the rules' results on operands laid out as in an
     earlier walk (walks that make no shards: a rule is then a function of its node and its operands' layouts).
+    ``adopt=False`` replicates every axis nothing annotates (a broadcast's, an unannotated argument's) rather than
+    letting it adopt what it meets: one walk rather than two (the layout search's rough screen).
 
     >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
     >>> sg.in_specs                                                                       # doctest: +SKIP
@@ -108,7 +111,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
                                                                          uneven=True))
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
                                 conflicts="error" if strict else conflicts, price=price, backward=backward,
-                                lineage=lineage, memo=memo)
+                                lineage=lineage, memo=memo, adopt=adopt)
     if strict and sharded.fallbacks:
         first = min(sharded.fallbacks)
         node, cause = graph.nodes[first], sharded.fallback_causes.get(first)
@@ -180,7 +183,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                       strict: bool = False, conflicts: str = "error",
                       price: Callable[[ShardedGraph], float] | None = None,
                       backward: bool | str = True, lineage: bool = True,
-                      memo: dict | None = None) -> ShardedGraph:
+                      memo: dict | None = None, adopt: bool = True) -> ShardedGraph:
     """:func:`propagate` from validated input layouts (None: unannotated); no warnings. Rules use it to
     shard sub-computations such as scan bodies. ``price`` gives the bytes a candidate moves (the backward pass's
     layouts against the forward walk's); without it, the bytes of the nodes' operand moves. ``backward=False``
@@ -198,7 +201,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
     # (the backward pass reads the forward walk's shard lineage: which operand block each output block came from)
     forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=lineage or bool(backward),
-                     memo=memo)
+                     memo=memo, adopt=adopt)
     # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
     # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)
@@ -225,7 +228,8 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                                                         (True, False)[:1 + _views_returned(graph, dict(views))]):
             try:
                 candidate = _walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced,
-                                   adopt_shared=shared, adopt_returned=adopt_returned, lineage=lineage, memo=memo)
+                                   adopt_shared=shared, adopt_returned=adopt_returned, lineage=lineage, memo=memo,
+                                   adopt=adopt)
             except ShardingConflictError:
                 continue  # the views met a clash of the user's own: refused (or resolved) as without them
             key = _layouts(candidate)
@@ -280,11 +284,18 @@ def _views_returned(graph: Graph, views) -> bool:
 
 def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset(),
            adopt_shared: bool = False, adopt_returned: bool = True, lineage: bool = True,
-           memo: dict | None = None) -> ShardedGraph:
+           memo: dict | None = None, adopt: bool = True) -> ShardedGraph:
     """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
-    ``conflicts`` says (the backward pass priced them: moving there is the cheapest way)."""
+    ``conflicts`` says (the backward pass priced them: moving there is the cheapest way). ``adopt=False``: one walk,
+    every open axis replicated (nothing for a first walk to learn)."""
     mesh_shape = dict(mesh.shape)
+    if not adopt:
+        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts, views=views,
+                      priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned, lineage=lineage,
+                      memo=memo)
+        final.run()
+        return _product(graph, mesh, final, priced)
     first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts, views=views,
                   priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned, memo=memo)
     try:
@@ -293,7 +304,7 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
         # The exploratory walk makes no shards; replay with lineage so that the error can say where each
         # operand's sharding came from (following shard parents back to an input spec).
         try:
-            _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts,
+            _Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts,
                   views=views, priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned).run()
         except ShardingConflictError as detailed:
             raise detailed from None
@@ -306,9 +317,19 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
         # tensor adopting the same mesh axis). Replicating every open axis is always consistent.
-        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=lambda key: None, conflicts=conflicts,
+        final = _Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts,
                       views=views, priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned)
         final.run()
+    return _product(graph, mesh, final, priced)
+
+
+def _replicated(key) -> None:
+    """The resolution of every open axis as replicated (always consistent)."""
+    return None
+
+
+def _product(graph: Graph, mesh: Mesh, final: _Walk, priced: frozenset) -> ShardedGraph:
+    """The ShardedGraph a final walk made."""
     return ShardedGraph(graph, mesh, tuple(final.shardings), tuple(final.needs), tuple(final.rule_names),
                         frozenset(final.fallbacks), final.bodies, final.reshards, final.adoptions,
                         final.fallback_causes, final.need_spans, views=final.views_taken,

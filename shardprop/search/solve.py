@@ -163,8 +163,8 @@ class _Evaluator:
     propagation's: True weighs every setting of its backward pass, each priced by its plan, as ``autoshard`` builds
     the program; "quick" one setting, its candidates compared by their operand moves (as ``propagate`` compares them
     without a price) and only the one kept split — a fifth of the time (the search's screen); "rough" prices the
-    forward walk by its operand moves alone, with no split (the rough screen: it only orders a bundle's layouts for
-    the screen)."""
+    forward walk by its operand moves alone, with no split and every axis nothing annotates replicated (one walk: the
+    rough screen only orders a bundle's layouts for the screen)."""
 
     def __init__(self, graph, mesh, *, strict: bool, conflicts: str, strategy: str, memory_limit: int | None,
                  donated: tuple[int, ...] = (), backward: bool | str = True, memo: dict | None = None):
@@ -215,7 +215,8 @@ class _Evaluator:
                 warnings.simplefilter("ignore")
                 try:
                     sharded = propagate(self.graph, as_tree(self.graph, specs), mesh=self.mesh, strict=self.strict,
-                                        conflicts=self.conflicts, backward=False, lineage=False, memo=self.memo)
+                                        conflicts=self.conflicts, backward=False, lineage=False, memo=self.memo,
+                                        adopt=False)
                 except (ShardingConflictError, NoRuleError):
                     return None
             moved = sharded.edge_move_bytes()

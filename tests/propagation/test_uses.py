@@ -351,3 +351,17 @@ def test_without_lineage_every_layout_is_the_same(name, backward):
         remembered = sp.propagate(graph, specs, mesh=mesh, backward=backward, lineage=False, memo=memo)
     assert memo and [s.layout for s in remembered.shardings] == [s.layout for s in full.shardings]
     assert remembered.needs == full.needs
+
+
+def test_without_adopting_what_no_spec_lays_out_is_replicated():
+    # the layout search's rough screen: one walk, nothing adopted (an unannotated argument, a broadcast's axes)
+    mesh = sp.make_mesh((4, 2), (DATA, MODEL))
+    x = _normal(8, 16)
+    graph = sp.trace(lambda a, b: (a + b) * jnp.ones((8, 16)), x, x)
+    adopted = sp.propagate(graph, (P(DATA, MODEL), None), mesh=mesh)
+    bare = sp.propagate(graph, (P(DATA, MODEL), None), mesh=mesh, adopt=False, backward=False)
+    assert adopted.in_specs[1] == P(DATA, MODEL)
+    assert bare.in_specs[1] == P() and bare.edge_move_bytes() == 0  # b is sliced where it meets a: no move
+    ones = graph.nodes[graph.producer[graph.outputs[0]]].operands[1]  # the broadcast's value
+    assert bare.layout(ones) == ((), ()) and adopted.layout(ones) == ((DATA,), (MODEL,))
+    assert len(sp.split(bare).stages) == 1
