@@ -117,6 +117,13 @@ class ValueType:
         return self.halo[axis] if self.halo else (0, 0)
 
 
+@functools.lru_cache(maxsize=65536)
+def held_whole(layout: Layout) -> ValueType:
+    """The type of a whole (not partial) value laid out as ``layout``: one shared instance per layout (the passes ask
+    on every edge of 10^5-node graphs)."""
+    return ValueType(layout)
+
+
 def whole(layouts) -> tuple[ValueType, ...]:
     """Layouts as the types of whole (not partial) values."""
     return _whole(tuple(layouts))
@@ -125,7 +132,7 @@ def whole(layouts) -> tuple[ValueType, ...]:
 @functools.lru_cache(maxsize=65536)
 def _whole(layouts: tuple) -> tuple[ValueType, ...]:
     # a graph has few distinct layouts, asked for on every edge
-    return tuple(ValueType(layout) for layout in layouts)
+    return tuple(held_whole(layout) for layout in layouts)
 
 
 def type_string(aval, vtype: ValueType) -> str:

@@ -13,7 +13,7 @@ from ..expr.graph import Graph, Node, render
 from ..core.layouts import Layout, Shard, Sharded, TensorSharding, layout_refines, layout_to_spec, shard_count
 from ..core.rules import Body
 from ..core.moves import move_bytes
-from ..core.types import ValueType, type_string
+from ..core.types import ValueType, held_whole, type_string
 
 
 class RuleName(StrEnum):
@@ -127,7 +127,7 @@ class ShardedGraph:
             for value, need in zip(node.operands, self.needs[node.id], strict=False):
                 held = self.layout(value)
                 if need != held:
-                    total += move_bytes(avals[value].shape, avals[value].dtype, ValueType(held), ValueType(need),
+                    total += move_bytes(avals[value].shape, avals[value].dtype, held_whole(held), held_whole(need),
                                         mesh_shape)
         return total
 

@@ -22,7 +22,7 @@ from itertools import count
 from ..core.layouts import Layout, Sharded, TensorSharding, is_refinement, layout_refines, shard_count
 from ..core.moves import move_bytes
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
-from ..core.types import ValueType
+from ..core.types import ValueType, held_whole
 from ..errors import ShardingError
 from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import has_record, lookup
@@ -368,7 +368,7 @@ def _produce_as(sharded: ShardedGraph, node, target: Layout,
     cost = 0.0
     for operand_id, operand, new, old in zip(node.operands, operands, needs, sharded.needs[node.id], strict=True):
         aval = graph.avals[operand_id]
-        have = ValueType(operand.layout)
+        have = held_whole(operand.layout)
         cost += move_bytes(aval.shape, aval.dtype, have, ValueType(new), mesh_shape) - \
             move_bytes(aval.shape, aval.dtype, have, ValueType(old), mesh_shape)
     # an axis the node creates (a broadcast's) takes whatever layout it is given: a choice too

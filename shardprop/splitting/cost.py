@@ -15,7 +15,7 @@ from ..core.layouts import block_shape
 from ..core.subaxes import sizes_with
 from ..core.collectives import Collective, finish_transfers
 from ..core.moves import move_bytes as planned_bytes, move_transfers as planned_transfers
-from ..core.types import ValueType
+from ..core.types import ValueType, held_whole
 from ..core.transfers import Transfer, total_moved
 from ..ops import finish_geometry, has_record, lookup
 from ..ops.opdef import Family
@@ -187,7 +187,7 @@ def footprint(plan, donated: tuple[int, ...] = ()) -> Footprint:
     search compiles its finalists before trusting a limit. ``donated`` argument leaves (flat indices) lend their buffers
     to outputs of their shape, dtype and block, as XLA aliases them."""
     graph, mesh_shape = plan.graph, plan.mesh_shape
-    arguments = {Ref(v, ValueType(plan.sharded.layout(v))) for v in graph.inputs}
+    arguments = {Ref(v, held_whole(plan.sharded.layout(v))) for v in graph.inputs}
     outputs = {plan.stages[s.stage].output_refs[s.index] if s.stage is not None else None
                for s in plan.output_sources} - {None}
     argument_bytes = sum(ref_bytes(graph, r, mesh_shape) for r in arguments)
@@ -210,7 +210,7 @@ def _aliased(plan, donated) -> int:
     total = 0
     for k in donated:
         v = graph.inputs[k]
-        mine = (graph.avals[v], ref_bytes(graph, Ref(v, ValueType(plan.sharded.layout(v))), mesh_shape))
+        mine = (graph.avals[v], ref_bytes(graph, Ref(v, held_whole(plan.sharded.layout(v))), mesh_shape))
         if mine in free:
             free.remove(mine)
             total += mine[1]

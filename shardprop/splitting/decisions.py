@@ -30,7 +30,7 @@ from types import MappingProxyType
 from ..core.collectives import Collective, CollectiveKind
 from ..core.layouts import Layout, shard_count, spelled, uneven_span
 from ..core.rules import Body
-from ..core.types import ValueType, carried_type, whole
+from ..core.types import ValueType, carried_type, held_whole, whole
 from ..expr.graph import PARAMETER, Graph, Node
 from ..ops import lookup
 from ..propagation import ShardedGraph
@@ -141,7 +141,7 @@ class Decisions:
         out = []
         for v in (node.outputs if outputs is None else [node.outputs[k] for k in outputs]):
             ranged = self._ranges.get(v) if keeps else None
-            base = ValueType(self.sharded.layout(v)) if ranged is None else ranged
+            base = held_whole(self.sharded.layout(v)) if ranged is None else ranged
             # a returned result finished ranged is then moved into the blocks it is returned in (emit)
             held = self.type(v) if v in self.returned else base
             out.append((v, ValueType(base.layout, collective.mesh_axes, collective.kind.reduction, span=base.span),
@@ -209,12 +209,12 @@ class Decisions:
         """How a value the program returns is held (:meth:`~shardprop.propagation.ShardedGraph.returned_layout`); a
         body's output ranged otherwise than a carry is held whole along it, as the op takes it (``out_layouts``)."""
         if self.sharded.is_body:
-            return ValueType(self.sharded.layout(value))
-        return ValueType(self.sharded.returned_layout(value))
+            return held_whole(self.sharded.layout(value))
+        return held_whole(self.sharded.returned_layout(value))
 
     @cached_property
     def _types(self) -> tuple[ValueType, ...]:
-        table = [ValueType(sharding.layout) for sharding in self.sharded.shardings]
+        table = [held_whole(sharding.layout) for sharding in self.sharded.shardings]
         for value in self._ranges:
             ranged = self._ranged_type(value)
             if ranged is not None:
@@ -317,7 +317,7 @@ class Draft(Decisions):
         ranged = self._ranged_type(value)
         if ranged is None:
             return self._returned_type(value) if value in self.returned and value in self._ranges else \
-                ValueType(self.sharded.layout(value))
+                held_whole(self.sharded.layout(value))
         return ranged
 
     def layout(self, value: int) -> Layout:

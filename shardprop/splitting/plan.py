@@ -13,7 +13,7 @@ from ..errors import StageIndexError
 from ..propagation import ShardedGraph
 from ..core.layouts import Layout, layout_to_spec
 from .strategy import Strategy
-from ..core.types import ValueType
+from ..core.types import held_whole
 from .decisions import Decisions
 from .ir import BodyProgram, Instruction, NodeIR, Ref, index_nodes
 
@@ -55,7 +55,7 @@ class StageInput:
 
     @property
     def ref(self) -> Ref:
-        return Ref(self.value, ValueType(self.layout))
+        return Ref(self.value, held_whole(self.layout))
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +80,7 @@ class Stage:
 
     @property
     def output_refs(self) -> tuple[Ref, ...]:
-        return tuple(Ref(v, ValueType(layout)) for v, layout in zip(self.outputs, self.out_layouts, strict=True))
+        return tuple(Ref(v, held_whole(layout)) for v, layout in zip(self.outputs, self.out_layouts, strict=True))
 
     @property
     def in_specs(self) -> tuple[PartitionSpec, ...]:
