@@ -365,13 +365,24 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases(), data=st.data())
 def test_a_memo_shared_with_other_layouts_changes_no_layout(case, data, meshes):
-    """The layout search's screens propagate without shards (``lineage=False``), their walks sharing the rules'
-    results (``memo=``) across the assignments they price: after walks on other input layouts, a propagation gives
-    exactly the layouts and operand layouts a fresh one gives, whatever the backward pass's setting."""
+    """The layout search's screens propagate without shards (``lineage=False``: the backward pass reruns a node's rule
+    where it asks what its blocks came from), their walks sharing the rules' results (``memo=``) across the
+    assignments they price: after walks on other input layouts, a propagation gives exactly the layouts and operand
+    layouts a fresh one with shards gives, whatever the backward pass's setting — of the program or of a training
+    step of it."""
     program, mesh_name, specs, options = case
     mesh = meshes[mesh_name]
     mesh_shape = dict(mesh.shape)
     f, _ = program_functions(program, mesh)
+    if data.draw(st.booleans()) and not any(op.startswith("while") for op in program.ops):
+        # a training step of it: its gradients are where the backward pass asks each node's lineage
+        loss = weighted(f)
+
+        def step(*xs):
+            grads = jax.grad(loss, argnums=tuple(range(len(xs))))(*xs)
+            return [x - 0.1 * d for x, d in zip(xs, grads, strict=True)]
+        event("a training step")
+        f = step
     graph = sp.trace(f, *random_inputs(program))
     others = [tuple(data.draw(specs_for(v.shape, mesh_shape)) for v in program.inputs) for _ in range(2)]
     backward = data.draw(st.sampled_from([True, "quick", False]))

@@ -199,9 +199,9 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
-    # (the backward pass reads the forward walk's shard lineage: which operand block each output block came from)
-    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=lineage or bool(backward),
-                     memo=memo, adopt=adopt)
+    # (the backward pass reads which operand block each output block came from: the forward walk's shard lineage, or
+    # without it, each node's rule again where it asks: uses.py)
+    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=lineage, memo=memo, adopt=adopt)
     # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
     # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)

@@ -396,6 +396,8 @@ def _trial_layouts(sharded: ShardedGraph, node, rule, operands, target: Layout,
         dropped = set(have) - set(want)
         if not dropped:
             continue
+        if isinstance(output.axes[axis], Sharded) and not output.axes[axis].shards:
+            output, operands = _with_lineage(sharded, node, rule, operands)
         a = output.axes[axis]
         for shard in a.shards if isinstance(a, Sharded) else ():
             for parent in shard.parents:
@@ -429,6 +431,21 @@ def _trial_layouts(sharded: ShardedGraph, node, rule, operands, target: Layout,
         if not found:
             return None
     return trial
+
+
+def _with_lineage(sharded: ShardedGraph, node, rule, operands: list[TensorSharding]):
+    """``node``'s output and operands with shards, for a walk that made none (``propagate(lineage=False)``, the layout
+    search's screens): the node's rule on its operands given fresh blocks — which operand blocks each output block
+    came from is the rule's alone. An operand the walk moved to resolve a conflict is taken replicated, as it was."""
+    avals = sharded.graph.avals
+    ctx = RuleContext(tuple(avals[v] for v in node.operands), tuple(avals[v] for v in node.outputs),
+                      sharded.mesh_shape, count(), OpenTracker(), lineage=True, graph=sharded.graph)
+    ctx.node = node.id
+    moved = sharded.reshards.get(node.id, (None,))[0]
+    fresh = [TensorSharding(o.shape, tuple(ctx.root(k, o.shape[k], a.mesh_axes) if isinstance(a, Sharded) and j != moved
+                                           else None for k, a in enumerate(o.axes)))
+             for j, o in enumerate(operands)]
+    return rule.propagate(ctx, *fresh, **node.params).outputs[0], fresh
 
 
 def _is_choice(operands, needs, was, target: Layout) -> bool:
