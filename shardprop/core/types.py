@@ -26,7 +26,7 @@ is planned by :mod:`shardprop.core.moves`.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..expr.graph import short_dtype, value_name
@@ -62,6 +62,8 @@ class ValueType:
     # per tensor axis, the rows each device holds of a ranged axis (laid out over the layout's mesh axes), or None;
     # () for none
     span: tuple[Span | None, ...] = ()
+    # types key the IR's refs, asked for on every edge: hashed once
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.halo and not any(lo or hi for lo, hi in self.halo):  # no rows from anyone: one spelling
@@ -71,14 +73,18 @@ class ValueType:
         if not self.partial:  # the common case, on every edge of 10^5-node graphs
             if self.reduction is not Reduction.SUM:  # a whole value is a whole value, however it was combined
                 object.__setattr__(self, "reduction", Reduction.SUM)
-            return
-        if list(self.partial) != sorted(self.partial):  # a set of mesh axes: one spelling, so equal types compare equal
-            object.__setattr__(self, "partial", tuple(sorted(self.partial)))
-        used = {name for m in self.layout for name in m}
-        if used & set(self.partial) and self.reduction not in (Reduction.PREFIX, Reduction.MIRRORED,
-                                                                Reduction.ROTATED, Reduction.ROUTED):
-            raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
-                             f"{self.partial}")
+        else:
+            if list(self.partial) != sorted(self.partial):  # a set of mesh axes: one spelling, so equal types are equal
+                object.__setattr__(self, "partial", tuple(sorted(self.partial)))
+            used = {name for m in self.layout for name in m}
+            if used & set(self.partial) and self.reduction not in (Reduction.PREFIX, Reduction.MIRRORED,
+                                                                    Reduction.ROTATED, Reduction.ROUTED):
+                raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
+                                 f"{self.partial}")
+        object.__setattr__(self, "_hash", hash((self.layout, self.partial, self.reduction, self.halo, self.span)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def is_partial_sum(self) -> bool:
