@@ -134,6 +134,18 @@ class Graph:
         avals = self.avals
         return tuple((tuple([avals[v] for v in n.operands]), tuple([avals[v] for v in n.outputs])) for n in self.nodes)
 
+    @cached_property
+    def argument_only(self) -> frozenset[int]:
+        """The nodes that read arguments and constants only, through other such nodes (a broadcast bias, a cast of
+        a weight)."""
+        found: set[int] = set()
+        nodes, producer, leaves = self.nodes, self.producer, (PARAMETER, CONSTANT)
+        for node in nodes:
+            if node.op not in leaves and all(nodes[producer[v]].op in leaves or producer[v] in found
+                                             for v in node.operands):
+                found.add(node.id)
+        return frozenset(found)
+
     def topological_order(self) -> list[int]:
         return list(nx.topological_sort(self.digraph))
 

@@ -193,13 +193,7 @@ def _sink_argument_only_nodes(decisions: Decisions, stage_of: dict[int, int], bo
     to the first stage that uses them: computing them early would only ship their results between stages,
     while the arguments they read are available to every stage anyway."""
     graph = decisions.graph
-    nodes, producer, consumers = graph.nodes, graph.producer, graph.consumers
-    argument_only: set[int] = set()
-    for node in nodes:
-        if node.op not in (PARAMETER, CONSTANT) and all(
-            nodes[producer[v]].op in (PARAMETER, CONSTANT) or producer[v] in argument_only for v in node.operands
-        ):
-            argument_only.add(node.id)
+    nodes, consumers, argument_only = graph.nodes, graph.consumers, graph.argument_only
     outputs = set(graph.outputs)
     for node in reversed(nodes):
         if node.id not in argument_only or any(v in outputs for v in node.outputs):
