@@ -88,13 +88,16 @@ def run_search(args) -> int:
     from ..bench.run import stderr
 
     results = search.run(say=stderr)
+    scaled = search.scaling(say=stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "search.md").write_text(search.markdown(results, command_line(args)) + "\n")
+    (out / "search.md").write_text(search.markdown(results, command_line(args), scaled) + "\n")
     json_path = Path(args.json) if args.json else out / "search.json"
-    json_path.write_text(json.dumps([asdict(r) for r in results], indent=1, default=str) + "\n")
+    json_path.write_text(json.dumps({"models": [asdict(r) for r in results], "scaling": [asdict(r) for r in scaled]},
+                                    indent=1, default=str) + "\n")
     print(f"wrote {out / 'search.md'}, {json_path}")
     wrong = [r.model for r in results if not all(e.equal for e in r.experts) or (r.searched and not r.searched.equal)]
+    wrong += [f"stack of {r.blocks} blocks" for r in scaled if not r.equal]
     if wrong:
         print(f"FAILED: results differ from the unsharded function's: {', '.join(wrong)}")
         return 1
