@@ -9,9 +9,9 @@ shaped like it further down its path, :func:`~.space.decision_groups`):
    expert would write (:func:`~.space.expert_seeds`: data parallel, FSDP, Megatron, Megatron with FSDP);
 2. from the cheapest start (:data:`DESCENTS`), each group tries its layouts — the :data:`PREFILTER` the rough screen
    (the forward walk's operand moves, no split) ranks first — keeping a change only when the plan gets strictly
-   cheaper (fitting the limit first): first with the layers of a stack tied (one layout per
-   bundle, :func:`~.space.tied`), then — for a few layers alike — each on its own; then the small arguments
-   (biases, norms' scales) adopt what they meet, all in one plan, where that is cheaper;
+   cheaper (fitting the limit first): first with the layers of a stack tied (one layout per bundle,
+   :func:`~.space.tied`), then — under a memory limit, for a few layers alike — each on its own; then the small
+   arguments (biases, norms' scales) adopt what they meet, all in one plan, where that is cheaper;
 3. the descent screens with a quick propagation (one setting of its backward pass) that makes no shards, its walks
    sharing the rules' results (``propagate(memo=)``); the cheapest assignment it saw is priced as ``autoshard``
    builds it and chosen — under a memory limit, the cheapest (:data:`FINALISTS_LIMITED`), then the two leanest, are
@@ -41,21 +41,18 @@ from ..splitting.cost import Footprint, estimate, footprint, price
 from ..splitting.split import PlanPricer
 from .space import AUTO, Leaf, candidate_specs, decision_groups, expert_seeds, leaves_of, tied
 
-# sweeps over the bundles: one tied (the starts hold the coordinated layouts, Megatron's column/row pairs), then two
-# untied for the few layers alike
-SWEEPS_TIED, SWEEPS_UNTIED = 1, 2
 # a bundle holding less than this share of the searched bytes is left to adopt what it meets, after the others
 SMALL = 0.02
-# a bundle of this many groups or fewer is searched group by group after the tied phase; a deeper stack's layers
-# keep one layout
+# under a memory limit, a bundle of this many groups or fewer is searched group by group after the tied phase (layers
+# alike may need different layouts to fit: the first two sharded, the third not); a deeper stack's layers, and every
+# stack's without a limit, keep one layout (layers alike cost alike; refining each never paid in the benchmark and
+# costs a sweep per layer)
 UNTIE_AT_MOST = 4
 # the starts the descent runs from (the cheapest first)
 DESCENTS = 1
 # the layouts of a bundle the screen prices, of those the rough screen ranks first (the forward walk's operand
 # moves alone: no split, a fifth of the screen's time)
 PREFILTER = 2
-# a layout the next sweep tries again: its price within this factor of its bundle's best in the sweep before
-PROMISING = 1.1
 # the screened assignments priced in full at the end (each as autoshard builds it: ~3x a screen); under a memory limit,
 # more, and the two leanest (candidates for the compiled check)
 FINALISTS, FINALISTS_LIMITED = 1, 4
@@ -292,42 +289,30 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     def small(bundle) -> bool:  # a few hundredths of the searched bytes (biases, norms' scales): decided last
         return sum(leaves[k].nbytes for g in bundle for k in g) < SMALL * total
 
-    def descend(bundles: list[tuple[tuple[int, ...], ...]], sweeps: int, current: Candidate) -> Candidate:
-        # the biggest decisions first: they move the most bytes
-        bundles = sorted(bundles, key=lambda b: (-sum(leaves[k].nbytes for g in b for k in g), b))
-        tried = {b: options[b[0][0]] for b in bundles}
-        for _ in range(sweeps):
-            improved = False
-            for bundle in bundles:
-                prices = {}
-                specs = tried[bundle]
-                if len(specs) > PREFILTER:  # the rough screen keeps the few least moving (and any tied with them)
-                    rough = {spec: rough_screen(assigned(current.specs, bundle, spec)) for spec in specs}
-                    ordered = sorted((spec for spec in specs if rough[spec] is not None), key=lambda x: rough[x].rank)
-                    cut = rough[ordered[min(PREFILTER, len(ordered)) - 1]].rank if ordered else ()
-                    specs = [spec for spec in ordered if rough[spec].rank <= cut][:PREFILTER + 2]
-                for spec in specs:
-                    found = screen(assigned(current.specs, bundle, spec))
-                    if found is not None:
-                        prices[spec] = found.rank
-                        if found.rank < current.rank:
-                            current, improved = found, True
-                # the next sweep tries again only the layouts that came close (within PROMISING of the best)
-                best = min(prices.values(), default=None)
-                tried[bundle] = tuple(spec for spec, rank in prices.items()
-                                      if rank[0] <= best[0] and rank[1] <= best[1] * PROMISING + 1)
-            if not improved:
-                break
+    def sweep(bundles: list[tuple[tuple[int, ...], ...]], current: Candidate) -> Candidate:
+        """Each bundle in turn (the biggest first: they move the most bytes) tries its layouts — those the rough
+        screen ranks first — keeping a change where the plan gets strictly cheaper."""
+        for bundle in sorted(bundles, key=lambda b: (-sum(leaves[k].nbytes for g in b for k in g), b)):
+            specs = options[bundle[0][0]]
+            if len(specs) > PREFILTER:  # the rough screen keeps the few least moving (and any tied with them)
+                rough = {spec: rough_screen(assigned(current.specs, bundle, spec)) for spec in specs}
+                ordered = sorted((spec for spec in specs if rough[spec] is not None), key=lambda x: rough[x].rank)
+                cut = rough[ordered[min(PREFILTER, len(ordered)) - 1]].rank if ordered else ()
+                specs = [spec for spec in ordered if rough[spec].rank <= cut][:PREFILTER + 2]
+            for spec in specs:
+                found = screen(assigned(current.specs, bundle, spec))
+                if found is not None and found.rank < current.rank:
+                    current = found
         return current
 
     bundles = tied(leaves, groups)
     large = [b for b in bundles if not small(b)]
 
     def searched_from(start: Candidate) -> Candidate:
-        found = descend(large or bundles, SWEEPS_TIED, start)
-        untied = [(g,) for b in large if 1 < len(b) <= UNTIE_AT_MOST for g in b]
-        if untied:  # a few layers alike may each want their own layout (Megatron's column, then row)
-            found = descend(untied, SWEEPS_UNTIED, found)
+        found = sweep(large or bundles, start)
+        untied = [(g,) for b in large if 1 < len(b) <= UNTIE_AT_MOST for g in b] if memory_limit is not None else []
+        if untied:  # a few layers alike may each need their own layout to fit
+            found = sweep(untied, found)
         lesser = [g for b in bundles if small(b) for g in b]
         if not large or not lesser:
             return found
