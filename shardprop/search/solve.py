@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec
 from ..core.transfers import total_moved
 from ..errors import MemoryLimitError, NoRuleError, OptionError, SearchError, ShardingConflictError
 from ..propagation import propagate
-from ..splitting.cost import Footprint, estimate, footprint, price
+from ..splitting.cost import Footprint, estimate, footprint, price, whole_work
 from ..splitting.split import PlanPricer
 from .space import AUTO, Leaf, candidate_specs, decision_groups, expert_seeds, leaves_of, tied
 
@@ -345,8 +345,7 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
         chosen = finalists[0]
         if chosen.excess:
             raise _over_limit(leaves, searched, chosen, memory_limit)
-    replicated = screen([PartitionSpec()] * len(flat_specs))
-    bound = 0.0 if replicated is None else (replicated.price - replicated.moved) / mesh.size
+    bound = whole_work(graph) / mesh.size
     return SearchResult(chosen, tuple(leaves), tuple(searched), tuple(groups), tuple(finalists), memory_limit, bound,
                         rough_screen.evaluations + screen.evaluations + full.evaluations, time.perf_counter() - started,
                         len(checks), sum(checks), options, full)

@@ -50,6 +50,18 @@ def node_move_bytes(view: Decisions, node: Node, needs: tuple[ValueType, ...] | 
 MACS_PER_BYTE = 8.0
 
 
+def whole_work(graph) -> float:
+    """The multiply-adds of ``graph`` run whole on one device, in bytes' worth: spread evenly over ``n`` devices with
+    no byte moved, ``whole_work(graph) / n`` is a price no plan beats (:func:`price`)."""
+    total = 0.0
+    for node in graph.nodes:
+        work = lookup(node.op).work if has_record(node.op) else None
+        if work is not None:
+            total += work(node, [graph.avals[v].shape for v in node.operands],
+                          graph.avals[node.outputs[0]].shape) / MACS_PER_BYTE
+    return total
+
+
 def compute_bytes(view: Decisions, node: Node, needs: tuple[ValueType, ...] | None = None) -> float:
     """The multiply-adds one device does for ``node`` with its operands in ``needs`` (default: as ``view`` says),
     in bytes' worth (:data:`MACS_PER_BYTE`); 0 for ops whose record has no ``work`` piece."""

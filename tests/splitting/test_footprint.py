@@ -40,3 +40,19 @@ def test_elementwise_chains_take_no_memory_of_their_own():
     prog = sp.autoshard(lambda x: jax.numpy.sin(jax.numpy.exp(x) * 2 + 1).sum(), mesh=sp.make_mesh((8,), ("i",)),
                         in_specs=P("i")).trace(x)
     assert footprint(prog.plan).temporaries < 256 * 256 * 4 // 8  # no block-sized intermediate: fused
+
+
+@pytest.mark.parametrize("build", [lambda: bench_search.mlp(True, width=64, batch=16),
+                                   lambda: bench_search.transformer(True, d_model=32, d_ff=64, batch=2, seq=8)])
+def test_the_whole_work_is_what_a_replicated_plan_prices_beyond_its_moves(build):
+    # the search's bound: the program's multiply-adds run whole (whole_work), spread evenly over the devices
+    from shardprop.core.transfers import total_moved
+    from shardprop.splitting.cost import estimate, price, whole_work
+
+    model = build()
+    mesh = sp.make_mesh(*model.mesh)
+    graph = sp.trace(model.f, *model.args)
+    replicated = jax.tree_util.tree_map(lambda _: P(), model.args)
+    plan = sp.split(sp.propagate(graph, replicated, mesh=mesh))
+    assert whole_work(graph) > 0
+    assert whole_work(graph) == pytest.approx(price(plan) - total_moved(estimate(plan)))
