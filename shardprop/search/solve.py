@@ -273,7 +273,9 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
 
     # the starts: every searched argument adopting what it meets, and the layouts an expert would write
     first_use = {k: min(graph.consumers[graph.inputs[k]], default=len(graph.nodes)) for k in searched}
-    seeds = expert_seeds(leaves, groups, options, mesh_shape, first_use)
+    busy = frozenset(name for spec in flat_specs if isinstance(spec, PartitionSpec) for entry in spec
+                     for name in ((entry,) if isinstance(entry, str) else entry if isinstance(entry, tuple) else ()))
+    seeds = expert_seeds(leaves, groups, options, mesh_shape, first_use, busy)
     starts: list[Candidate] = []
     for start in [assigned(flat_specs, groups, None)] + [_seeded(flat_specs, groups, chosen) for _, chosen in seeds]:
         if any(tuple(start) == c.specs for c in starts):

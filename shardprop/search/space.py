@@ -154,12 +154,14 @@ def tied(leaves: list[Leaf], groups: list[tuple[int, ...]]) -> list[tuple[tuple[
 
 
 def expert_seeds(leaves: list[Leaf], groups: list[tuple[int, ...]], options: dict[int, tuple[PartitionSpec, ...]],
-                 mesh_shape: dict[str, int], first_use: dict[int, int]) -> list[tuple[str, dict[int, PartitionSpec]]]:
+                 mesh_shape: dict[str, int], first_use: dict[int, int],
+                 busy: frozenset[str] = frozenset()) -> list[tuple[str, dict[int, PartitionSpec]]]:
     """The layouts an expert would start from, as ``(name, {group leader: spec})``: data parallel (everything
     replicated), FSDP over one mesh axis (every matrix's first axis it divides), Megatron over one mesh axis
     (matrices, in the order the program first reads them, alternate column and row splits), and Megatron over one
     axis with FSDP over another. Vectors stay replicated (the search decides them); a layout the axes do not divide
-    is left replicated."""
+    is left replicated. Megatron is not over a ``busy`` mesh axis (one the fixed arguments shard: the batch's) while
+    another is free — an expert splits matrices over the axis the batch does not use."""
     matrices = sorted((g[0] for g in groups if len(leaves[g[0]].shape) == 2), key=lambda k: (first_use.get(k, k), k))
 
     def valid(leader: int, spec: PartitionSpec) -> PartitionSpec:
@@ -175,12 +177,14 @@ def expert_seeds(leaves: list[Leaf], groups: list[tuple[int, ...]], options: dic
         return out
 
     def megatron(axis: str, fsdp_axis: str | None = None) -> dict[int, PartitionSpec]:
-        return {leader: valid(leader, PartitionSpec(fsdp_axis, axis) if n % 2 == 0 else PartitionSpec(axis, fsdp_axis))
+        other = [fsdp_axis] if fsdp_axis else []
+        return {leader: valid(leader, _spec([other, [axis]] if n % 2 == 0 else [[axis], other]))
                 for n, leader in enumerate(matrices)}
 
     names = list(mesh_shape)
     seeds: list[tuple[str, dict[int, PartitionSpec]]] = [("data parallel", {})]
     seeds += [(f"FSDP over {a}", fsdp(a)) for a in names]
-    seeds += [(f"Megatron over {a}", megatron(a)) for a in names]
-    seeds += [(f"Megatron over {a}, FSDP over {b}", megatron(a, b)) for a in names for b in names if a != b]
+    tensor = [a for a in names if a not in busy] or names
+    seeds += [(f"Megatron over {a}", megatron(a)) for a in tensor]
+    seeds += [(f"Megatron over {a}, FSDP over {b}", megatron(a, b)) for a in tensor for b in names if a != b]
     return seeds
