@@ -15,10 +15,13 @@ devices, every process running the same program on its own shards.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from typing import Any
 
 import numpy as np
+
+from .mesh import check_device_count, started_with
 
 # What `shardprop launch` sets for each process.
 COORDINATOR = "SHARDPROP_COORDINATOR"
@@ -42,6 +45,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     Arguments left out are read from what ``shardprop launch`` sets (``SHARDPROP_COORDINATOR``, ...); without
     them, a cluster manager's variables (SLURM, Open MPI) let ``jax.distributed.initialize()`` detect the rest.
     ``devices_per_process`` sets the number of virtual CPU devices (CPU clusters); their collectives use gloo.
+    Once set, that count is the process's: a later ``jax.config.update("jax_num_cpu_devices", n)`` with another
+    ``n`` is refused by :func:`~shardprop.mesh.check_device_count` (``sp.make_mesh``, :func:`process_local`).
     ``timeout``: seconds for the cluster to form (default 300); ``heartbeat_timeout``: seconds after which a
     process that stopped answering (crashed, killed) is declared dead and every other process ends with an error
     (``SHARDPROP_HEARTBEAT_TIMEOUT``; default JAX's 100). After it, a process that fails — an uncaught exception
@@ -59,7 +64,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     coordinator_address = coordinator_address or env.get(COORDINATOR)
     num_processes = num_processes or _int(env.get(NUM_PROCESSES))
     process_id = process_id if process_id is not None else _int(env.get(PROCESS_ID))
-    devices_per_process = devices_per_process or _int(env.get(DEVICES_PER_PROCESS))
+    asked_by = f"sp.distributed.initialize(devices_per_process={devices_per_process})"
+    if not devices_per_process and _int(env.get(DEVICES_PER_PROCESS)):
+        devices_per_process = _int(env.get(DEVICES_PER_PROCESS))
+        asked_by = f"shardprop launch --devices-per-process {devices_per_process}"
     timeout = timeout or _int(env.get(INIT_TIMEOUT)) or 300
     heartbeat_timeout = heartbeat_timeout or _int(env.get(HEARTBEAT_TIMEOUT)) or 100
     detected = [name for var, name in _CLUSTERS.items() if (_int(env.get(var)) or 0) > 1]
@@ -67,6 +75,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         return False  # one process: nothing to join
     if devices_per_process:
         jax.config.update("jax_num_cpu_devices", devices_per_process)
+        started_with(devices_per_process, asked_by)
     # CPU devices talk through gloo across processes (no effect on GPU/TPU backends).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address, num_processes, process_id, initialization_timeout=timeout,
@@ -107,6 +116,35 @@ def _exit_at_once_on_error() -> None:
 
 def _int(text: str | None) -> int | None:
     return int(text) if text not in (None, "") else None
+
+
+def describe_devices(devices) -> str:
+    """``devices`` by process, for messages: ``0, 1, 2, 3 (process 0); 2048, 2049 (process 1)`` (at most 8 ids
+    per process, then how many more)."""
+    by_process: dict[int, list[int]] = {}
+    for d in devices:
+        by_process.setdefault(d.process_index, []).append(d.id)
+    parts = []
+    for process, ids in by_process.items():
+        shown = ", ".join(map(str, ids[:8])) + (f", ... ({len(ids)} devices)" if len(ids) > 8 else "")
+        parts.append(f"{shown} (process {process})")
+    return "; ".join(parts)
+
+
+def devices_of_process(devices, process: int) -> list:
+    """The devices of ``devices`` (a mesh's, in mesh order) that process ``process`` holds; a
+    :class:`~shardprop.MeshError` naming the process and the devices when it holds none. (JAX, asked to place
+    this process's part on such a mesh, fails on the empty list with a bare ``StopIteration``.)"""
+    from .errors import MeshError
+
+    devices = list(devices)
+    mine = [d for d in devices if d.process_index == process]
+    if not mine:
+        raise MeshError(
+            f"process {process} holds no device of the mesh (the mesh's devices: {describe_devices(devices)}), so "
+            "it has no part of it to give: the mesh must span every process's devices (sp.make_mesh without "
+            "devices= does)")
+    return mine
 
 
 def is_multiprocess() -> bool:
@@ -191,8 +229,10 @@ def _every_row(arrays: list, mesh) -> list[np.ndarray]:
     pieces, layout = [], []  # layout: per array, (dtype, block shape, bytes per block)
     for x in arrays:
         held = {s.device: np.asarray(s.data) for s in x.addressable_shards}
-        block = held[mine[0]]
-        layout.append((block.dtype, block.shape, block.nbytes))
+        # The layout from the sharding, not from a block of this process's: a process that holds no device of the
+        # mesh has none, and it must still join the gather the others wait in.
+        dtype, shape = np.dtype(x.dtype), tuple(x.sharding.shard_shape(x.shape))
+        layout.append((dtype, shape, math.prod(shape) * dtype.itemsize))
         pieces += [np.ascontiguousarray(held[d]).view(np.uint8).reshape(-1) for d in mine]
     payload = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
     padded = np.zeros(1 << max(int(payload.size - 1).bit_length(), 6), np.uint8)
@@ -292,13 +332,16 @@ def any_process(flags) -> list[bool]:
 def process_local(rows: Any, mesh, spec) -> Any:
     """A global array from the rows this process holds: ``rows`` (each array of a pytree) is this process's part
     along the axes ``spec`` lays out over processes, in process order (``jax.make_array_from_process_local_data``).
-    Each process loads only its own rows of a batch.
+    Each process loads only its own rows of a batch. A mesh that holds no device of this process is a
+    :class:`~shardprop.MeshError` naming the process and the mesh's devices (:func:`devices_of_process`).
 
     >>> x = sp.distributed.process_local(my_rows, mesh, P("i"))   # doctest: +SKIP
     """
     import jax
     from jax.sharding import NamedSharding
 
+    check_device_count()
+    devices_of_process(mesh.devices.flat, jax.process_index())  # a typed error, not JAX's StopIteration
     sharding = NamedSharding(mesh, spec)
     return jax.tree_util.tree_map(lambda r: jax.make_array_from_process_local_data(sharding, np.asarray(r)), rows)
 
@@ -368,8 +411,9 @@ def check_same_plan(plan) -> None:
     for k in range(table.shape[1]):
         column = [int(table[p, k]) if k < counts[p] else None for p in range(len(counts))]  # None: no stage k
         if len(set(column)) > 1:
-            other = next((p for p, c in enumerate(column) if c != column[me]), None)
-            other = other if other is not None else next(p for p in range(len(counts)) if p != me)
+            # the first process whose stage differs from this one's (there is one: the column holds two values);
+            # the default only keeps next() from ever raising StopIteration
+            other = next((p for p, c in enumerate(column) if c != column[me]), (me + 1) % len(counts))
             sizes = ", ".join(f"process {p}: {int(c)}" for p, c in enumerate(counts))
             raise PlanMismatchError(
                 f"the processes made different plans, so their collectives would not match (a deadlock): stage {k} "

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import shardprop as sp
+import shardprop.mesh as shardprop_mesh
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed" / "worker.py"
@@ -60,6 +61,73 @@ def test_the_debugger_steps_the_same_programs_on_both_processes(tmp_path):
                             timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert "matches the saved output" in replay.stdout
+
+
+def test_a_device_count_set_by_the_script_is_refused_and_a_mesh_spans_both_processes():
+    """Issue #31, tests/distributed/device_count_worker.py: the README's jax_num_cpu_devices line run after
+    initialize() is refused by name on both processes; set back, a (4, 2) mesh holds both processes' devices and
+    the result equals the unsharded one; a mesh of the wrong size and process_local on a mesh without this
+    process's devices are MeshErrors, not a wrong mesh or a StopIteration."""
+    done, _ = _launch(str(WORKER.parent / "device_count_worker.py"), worker=None)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    for k in (0, 1):
+        for line in (f"[{k}] refused count: jax_num_cpu_devices was set to 8 after sp.distributed.initialize() set it "
+                     "to 4 for `shardprop launch --devices-per-process 4`",
+                     f"[{k}] ok the (4, 2) mesh holds [4, 4] devices of processes 0 and 1",
+                     f"[{k}] refused size: a (2, 2) mesh holds 4 devices, but the 2 processes have 8 (process 0: 4, "
+                     "process 1: 4)",
+                     f"[{k}] ok equal to the unsharded function", f"[{k}] device count all ok"):
+            assert line in done.stdout, (line, done.stdout)
+    assert "[0] ok process_local on a mesh of this process's devices" in done.stdout
+    assert ("[1] refused process_local: process 1 holds no device of the mesh (the mesh's devices: 0, 1, 2, 3 "
+            "(process 0))") in done.stdout
+
+
+class _Device:
+    """A stand-in for a jax Device: all the mesh helpers read is its id and process."""
+
+    def __init__(self, id, process_index):
+        self.id, self.process_index = id, process_index
+
+
+def _devices(per_process, processes=2):
+    return [_Device(2048 * p + k, p) for p in range(processes) for k in range(per_process)]
+
+
+def test_process_local_on_a_mesh_without_this_process_names_the_process_and_the_devices():
+    """JAX's make_array_from_process_local_data fails with a bare StopIteration there (RuntimeError out of
+    tree_map); process_local picks this process's devices first."""
+    process_0s = _devices(4)[:4]
+    with pytest.raises(sp.MeshError, match=r"process 1 holds no device of the mesh \(the mesh's devices: 0, 1, 2, 3 "
+                                           r"\(process 0\)\)"):
+        sp.distributed.devices_of_process(process_0s, 1)
+    assert [d.id for d in sp.distributed.devices_of_process(_devices(2), 1)] == [2048, 2049]
+    many = sp.distributed.describe_devices(_devices(10))
+    assert many.startswith("0, 1, 2, 3, 4, 5, 6, 7, ... (10 devices) (process 0); 2048,"), many
+
+
+def test_a_mesh_across_processes_must_hold_every_processs_devices():
+    from shardprop.mesh import check_spans_every_process
+
+    check_spans_every_process((4, 2), _devices(4))
+    with pytest.raises(sp.MeshError) as info:
+        check_spans_every_process((4, 2), _devices(8))  # 8 per process, as with the README's line: 16 in all
+    assert str(info.value) == (
+        "a (4, 2) mesh holds 8 devices, but the 2 processes have 16 (process 0: 8, process 1: 8): on several "
+        "processes a mesh spans every process's devices. Make the mesh hold 16, or give each process 4 devices "
+        "(shardprop launch --devices-per-process 4)")
+
+
+def test_a_device_count_changed_after_initialize_is_refused_naming_the_setting_and_the_flag(monkeypatch):
+    import jax
+
+    now = jax.config.jax_num_cpu_devices  # 8, set by conftest
+    monkeypatch.setattr(shardprop_mesh, "_started_with", (now, f"shardprop launch --devices-per-process {now}"))
+    shardprop_mesh.check_device_count()
+    monkeypatch.setattr(shardprop_mesh, "_started_with", (4, "shardprop launch --devices-per-process 4"))
+    with pytest.raises(sp.MeshError, match=f"jax_num_cpu_devices was set to {now} after .* set it to 4 for `shardprop "
+                                           f"launch --devices-per-process 4`.*launch with --devices-per-process {now}"):
+        sp.make_mesh((2,), ("i",))
 
 
 def test_a_crashing_process_stops_the_others_in_bounded_time():

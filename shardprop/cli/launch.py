@@ -1,7 +1,8 @@
 """``shardprop launch -n 2 --devices-per-process 4 -- python script.py``: a local multi-process cluster.
 
 Starts ``-n`` copies of the command, each told (``SHARDPROP_*`` variables, read by ``sp.distributed.initialize()``)
-the coordinator on 127.0.0.1 and a free port, its process id and how many virtual CPU devices it has; forwards
+the coordinator on 127.0.0.1 and a free port, its process id and how many virtual CPU devices it has (a script that
+changes ``jax_num_cpu_devices`` after ``initialize()`` is refused by ``sp.make_mesh``, naming both); forwards
 every line they print prefixed with ``[k]`` (leaving out the lines gloo prints as it connects, unless
 ``--verbose``); and fails fast: when one process exits with an error (or the
 cluster does not form within ``--timeout`` seconds, which makes ``initialize`` fail), the others are stopped —
@@ -33,7 +34,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("launch", help="run a script as N processes of a local JAX cluster (CPU devices, gloo)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--processes", type=int, default=2, help="number of processes (default 2)")
-    p.add_argument("--devices-per-process", type=int, default=4, help="virtual CPU devices per process (default 4)")
+    p.add_argument("--devices-per-process", type=int, default=4,
+                   help="virtual CPU devices per process (default 4); a script may not change it "
+                        "(jax_num_cpu_devices) after sp.distributed.initialize()")
     p.add_argument("--timeout", type=int, default=60,
                    help="seconds for the cluster to form before the processes give up (default 60)")
     p.add_argument("--verbose", action="store_true", help="also forward what gloo prints as its ranks connect")
