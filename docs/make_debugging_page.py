@@ -224,9 +224,15 @@ attach to a bug report, without the model code.
 ## From the command line
 
 `shardprop debug` takes the `inspect` arguments (arrays are filled from `--seed`, or read with
-`--arg @x.npy@P(i,j)`), steps every stage printing its summary and its comparison with the unsharded function,
-and ends with the first divergence (or "all N values agree"), the promises checked, the first non-finite value
-if any, and the profile. `--format json` gives the same for tools; `--save-stage K DIR` saves a stage.
+`--arg @x.npy@P(i,j)`; a function of pytrees takes `--args PATH.py:EXAMPLE`, `--args FILE.npz` or `--args FILE.npy`,
+repeated in positional order, with `--in-specs`), steps every stage printing its summary and its comparison with the
+unsharded function, and ends with the first divergence (or "all N values agree"), the promises checked, the first
+non-finite value if any, and the profile. `--format json` gives the same for tools; `--save-stage K DIR` saves a stage.
+
+The exit status says what the run found, so that a script or a CI job can gate on it: 0 when every value agrees
+with the unsharded function, every promise holds and no value is NaN or infinite; 1 when it finds a divergence, a
+broken promise or a non-finite value (in the arguments too; standard error then says which); 2 when the command
+itself fails (a bad option, a function that does not trace). `--interactive` exits 0.
 
 {cli_block(CLI)}
 `--interactive` stops at a prompt between stages: `next`, `print NAME`, `blocks NAME`, `break NAME`,

@@ -1,5 +1,5 @@
 """`shardprop debug`, run as a user would (a subprocess): stage by stage, JSON, arrays from files, a saved
-stage, the interactive prompt, and one-line errors."""
+stage, the interactive prompt, pytree arguments (`--args`), the exit status, and one-line errors."""
 
 import json
 import subprocess
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 EXAMPLE = Path(__file__).parent / "inspection" / "nx_example.py"
 BASE = [sys.executable, "-m", "shardprop", "debug", f"{EXAMPLE}:f", "--mesh", "i=4,j=2", "--strategy", "gather",
@@ -49,8 +50,9 @@ def test_arrays_from_files_and_a_non_finite_value(tmp_path):
     a[3, 2] = np.inf
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", np.ones((16, 8), np.float32))
-    out = run("--arg", f"@{tmp_path / 'a.npy'}@P(i,j)", "--arg", f"@{tmp_path / 'b.npy'}").stdout
-    assert "first non-finite: argument a holds inf: a[3, 2] on device 0 (i=0, j=0)" in out
+    result = run("--arg", f"@{tmp_path / 'a.npy'}@P(i,j)", "--arg", f"@{tmp_path / 'b.npy'}", check=False)
+    assert "first non-finite: argument a holds inf: a[3, 2] on device 0 (i=0, j=0)" in result.stdout
+    assert result.returncode == 1 and "found a non-finite value (exit status 1)" in result.stderr
 
 
 def test_save_stage(tmp_path):
@@ -84,3 +86,58 @@ def test_bad_input_is_a_one_line_error(extra, message):
     result = run(*extra, check=False)
     assert result.returncode == 2, result.stdout
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+LOSS = Path(__file__).parent / "cli_loss_example.py"
+LOSS_SPECS = ["--in-specs", "(None, P('i'), P('i'))"]  # parameters unannotated, the batch over i
+
+
+def debug_loss(function, *extra, stdin=None):
+    """``shardprop debug`` on a function of (params dict, tokens, targets) from tests/cli_loss_example.py."""
+    return subprocess.run([sys.executable, "-m", "shardprop", "debug", f"{LOSS}:{function}", "--mesh", "i=8",
+                           "--repeats", "1", *extra], capture_output=True, text=True, timeout=300, input=stdin)
+
+
+def test_a_loss_over_a_params_dict_agrees_with_the_unsharded_function_and_exits_0(tmp_path):
+    out = tmp_path / "debug.json"
+    result = debug_loss("loss_fn", "--args", f"{LOSS}:make_args", *LOSS_SPECS, "--format", "json", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["agree"] is True and doc["divergence"] is None and doc["findings"] == [] and doc["nonfinite"] is None
+    sources = {i["source"]: i["spec"] for stage in doc["stages"] for i in stage["inputs"]}
+    assert sources["argument 4"] == sources["argument 5"] == "P('i',)"   # tokens and targets, after the 4 params
+
+
+def test_the_loss_it_computes_from_an_npz_is_the_unsharded_loss(tmp_path):
+    """The parameters from an .npz, the batch from the example module: the value `print` shows at the prompt
+    is what loss_fn gives unsharded on one device."""
+    import shardprop as sp
+    from shardprop.expr.graph import value_name
+    from tests.cli_loss_example import loss_fn, make_args
+
+    args = make_args()
+    np.savez(tmp_path / "params.npz", **args[0])
+    prog = sp.autoshard(loss_fn, mesh=sp.make_mesh((8,), ("i",)), in_specs=(None, P("i"), P("i"))).trace(*args)
+    name = value_name(prog.plan.graph.outputs[0])  # the loss, as the listing names it
+    result = debug_loss("loss_fn", "--args", str(tmp_path / "params.npz"), "--args", f"{LOSS}:make_batch_only",
+                        *LOSS_SPECS, "--interactive", stdin=f"continue\nprint {name}\nquit\n")
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.split(f"{name} =\n")[1].split("\n")[0]
+    np.testing.assert_allclose(float(printed), float(loss_fn(*args)), rtol=1e-5)
+
+
+def test_a_planted_nan_exits_1_and_a_clean_run_0():
+    """The parameters as ShapeDtypeStructs (filled from --seed); the log of a negative number is found."""
+    planted = debug_loss("nan_loss", "--args", f"{LOSS}:make_shapes", *LOSS_SPECS)
+    assert planted.returncode == 1, planted.stderr
+    assert "first non-finite: `log` at cli_loss_example.py:" in planted.stdout
+    assert "found a non-finite value (exit status 1)" in planted.stderr and "Traceback" not in planted.stderr
+    clean = debug_loss("loss_fn", "--args", f"{LOSS}:make_shapes", *LOSS_SPECS)
+    assert clean.returncode == 0, clean.stderr
+    assert "values agree with the unsharded function" in clean.stdout and "first non-finite" not in clean.stdout
+
+
+def test_a_bad_pytree_argument_is_a_one_line_error():
+    result = debug_loss("loss_fn", "--args", f"{LOSS}:make_dict")
+    assert result.returncode == 2 and "make_dict() returned a dict, not a tuple" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,4 +1,5 @@
-"""`shardprop inspect`, run as a user would (a subprocess), in every format."""
+"""`shardprop inspect`, run as a user would (a subprocess), in every format, with flat (`--arg`) and pytree (`--args`)
+arguments."""
 
 import json
 import shutil
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 
 from shardprop.inspect import SCHEMA
@@ -29,9 +31,9 @@ def test_text_has_listing_stage_table_explanation_lineage_and_blocks():
     out = run("--explain", "e", "--lineage", "0:0,1", "--blocks", "c").stdout
     assert "c:f32[16@i,8@j] = add a b" in out and "c:f32[16@i,8] = all_gather[j axis=1] c" in out   # listing
     assert "2 stage(s), strategy gather" in out and "total ≈ 256 B moved per device" in out  # stage table
-    assert "origin: argument 0 (a) has spec P('i', 'j'); this is its axis 0" in out    # explain
+    assert "origin: argument a has spec P('i', 'j'); this is its axis 0" in out    # explain
     assert "lineage 0:0,1: i[0:4, 4:8] depends on" in out                             # lineage
-    assert "argument 0 (a)[0:4, 0:8]" in out and "argument 0 (a)[0:16, 4:8]" in out
+    assert "argument a[0:4, 0:8]" in out and "argument a[0:16, 4:8]" in out
     assert "│             0:4 │ dev 0 │ dev 1 │" in out                                 # blocks
 
 
@@ -76,7 +78,7 @@ def test_svg_format(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--arg", "f32[16,8]@P(i,q)", "--arg", "f32[16,8]"],
-     "UnknownMeshAxisError: argument 0: spec P('i', 'q') names mesh axis 'q'"),
+     "UnknownMeshAxisError: argument a: spec P('i', 'q') names mesh axis 'q'"),
     (["--arg", "x32[16,8]", "--arg", "f32[16,8]"], "unknown dtype 'x32'"),
     (["--arg", "f32[16,8]@P(i,j)"],
      "TraceError: tracing 'f' failed: TypeError: f() missing 1 required positional"),
@@ -132,3 +134,54 @@ def test_version():
     result = subprocess.run([sys.executable, "-m", "shardprop", "--version"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("shardprop 0.")
+
+
+LOSS = Path(__file__).parent / "cli_loss_example.py"
+LOSS_SPECS = ["--in-specs", "(None, P('i'), P('i'))"]  # parameters unannotated, the batch over i
+
+
+def inspect_loss(*extra, check=True):
+    """``shardprop inspect`` on ``loss_fn(params, tokens, targets)``, params a dict (tests/cli_loss_example.py)."""
+    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{LOSS}:loss_fn", "--mesh", "i=8",
+                             *extra], capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_pytree_arguments_from_an_example_function_or_files_give_the_unsharded_types(tmp_path):
+    import jax
+
+    from tests.cli_loss_example import loss_fn, make_args
+
+    from_module = json.loads(inspect_loss("--args", f"{LOSS}:make_args", *LOSS_SPECS, "--format", "json").stdout)
+    jsonschema.validate(from_module, SCHEMA)
+    args = make_args()
+    values = {v["name"]: v for v in from_module["values"]}
+    leaves = jax.tree_util.tree_leaves(args)  # the dict's keys sorted, then tokens and targets
+    typed = [(values[i["value"]]["shape"], values[i["value"]]["dtype"]) for i in from_module["inputs"]]
+    assert typed == [(list(x.shape), {"float32": "f32", "int32": "i32"}[str(x.dtype)]) for x in leaves]
+    assert [i["layout"][0] for i in from_module["inputs"]] == [[]] * 4 + [["i"], ["i"]]
+    (out,) = from_module["outputs"]
+    assert values[out["value"]]["shape"] == list(jax.eval_shape(loss_fn, *args).shape) == []
+    # The same arguments as files: the parameters an .npz (one dict argument), the batch one .npy per argument.
+    np.savez(tmp_path / "params.npz", **args[0])
+    np.save(tmp_path / "tokens.npy", args[1])
+    np.save(tmp_path / "targets.npy", args[2])
+    from_files = inspect_loss("--args", str(tmp_path / "params.npz"), "--args", str(tmp_path / "tokens.npy"),
+                              "--args", str(tmp_path / "targets.npy"), *LOSS_SPECS, "--format", "json").stdout
+    assert json.loads(from_files) == from_module
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--args", "/no/such/params.npz"], "OptionError: --args '/no/such/params.npz': cannot read it"),
+    (["--args", f"{LOSS}:no_such_example"], "cli_loss_example.py has no 'no_such_example'"),
+    (["--args", f"{LOSS}:make_dict"], "make_dict() returned a dict, not a tuple of arguments"),
+    (["--args", f"{LOSS}:make_args", "--in-specs", "(P('i'), P('i'))"],
+     "SpecTreeError: in_specs (P('i',), P('i',)) is not a pytree prefix of the arguments"),
+    (["--args", f"{LOSS}:make_args", "--arg", "f32[8]"], "give --arg (one array per flag) or --args"),
+])
+def test_bad_pytree_arguments_are_a_one_line_error(extra, message):
+    result = inspect_loss(*extra, check=False)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr and "Traceback" not in result.stderr

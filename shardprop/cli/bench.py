@@ -1,6 +1,10 @@
 """``shardprop bench [--quick] [--repeats N] [--out DIR] [--json PATH] [--no-plots] [--only PATTERN]``: the benchmark
 against ``jax.jit`` (see :mod:`shardprop.bench`), written as a table, JSON, PNG plots and ``DIR/benchmarks.md``.
 
+``DIR`` is ``./shardprop-bench`` unless ``--out`` says otherwise: a folder of its own, never the ``docs/`` of whatever
+project it runs in. The project's own pages are regenerated with ``--out docs`` (which also rewrites the summary
+section of ``docs/performance.md``).
+
 It exits 0 when every row ran and equals the unsharded function, whatever the goals say (it is a measurement), and
 1 when a row is wrong or fails to run."""
 
@@ -12,6 +16,7 @@ from pathlib import Path
 from ..errors import OptionError
 
 QUICK_ROUNDS, FULL_ROUNDS = 5, 30
+DEFAULT_OUT = "shardprop-bench"
 
 
 def add_parser(sub) -> None:
@@ -23,7 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--quick", action="store_true", help="a few rows, few rounds, scaling up to 10^4 nodes (< 2 min)")
     p.add_argument("--repeats", type=int, help=f"interleaved timing rounds per row (default {FULL_ROUNDS}, "
                                                f"{QUICK_ROUNDS} with --quick; 0 skips the runtime ratios)")
-    p.add_argument("--out", default="docs", help="directory of benchmarks.md and img/bench_*.png (default docs)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"directory of benchmarks.md and img/bench_*.png, or of search.md with --search (default "
+                        f"./{DEFAULT_OUT}; the project's own pages: --out docs)")
     p.add_argument("--json", help="where to write the JSON (default OUT/benchmarks.json)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--search", action="store_true",
@@ -41,7 +48,7 @@ def command_line(args) -> str:
         words.append("--quick")
     if args.repeats is not None:
         words += ["--repeats", str(args.repeats)]
-    if args.out != "docs":
+    if args.out != DEFAULT_OUT:
         words += ["--out", args.out]
     if args.json:
         words += ["--json", args.json]

@@ -1,28 +1,42 @@
-"""``shardprop debug PATH.py:FUNC --mesh i=4,j=2 --arg 'f32[16,8]@P(i,j)' ...``: run a function's sharded program
-stage by stage, each stage compared with the unsharded function, ending with the first divergence (or "all N
-values agree") and the per-stage profile. ``--interactive`` stops between stages at a small prompt."""
+"""``shardprop debug PATH.py:FUNC --mesh i=4,j=2 (--arg 'f32[16,8]@P(i,j)' ... | --args PATH.py:EXAMPLE ...)``: run a
+function's sharded program stage by stage, each stage compared with the unsharded function, ending with the first
+divergence (or "all N values agree") and the per-stage profile. ``--interactive`` stops between stages at a small
+prompt.
+
+A whole run exits 1 when it finds a problem — a divergence from the unsharded function, a broken promise or a
+non-finite value — and 0 when clean, so that a script or CI job can gate on it (2: the command itself failed)."""
 
 from __future__ import annotations
 
 import cmd
 import json
 import math
+import sys
 
 from ..errors import OptionError, ShardingError
 from ..splitting.strategy import Strategy
-from .inspect import emit, load_function, parse_arg, parse_mesh, parse_spec
+from .arguments import add_options, example_and_specs, filled, load_function, random_array
+from .inspect import emit, parse_arg, parse_mesh, parse_spec
+
+FOUND_PROBLEM = 1  # the exit status of a run that found a divergence, a broken promise or a non-finite value
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "debug", help="run a function's sharded program stage by stage against the unsharded function",
         description="Run FUNC from PATH.py sharded, stage by stage: each stage's summary and its comparison "
-                    "with the unsharded function, then the first divergence and the per-stage profile.")
+                    "with the unsharded function, then the first divergence and the per-stage profile. "
+                    "Exit status: 0 when every value agrees with the unsharded function, every promise holds and "
+                    "every value is finite; 1 when a divergence, a broken promise or a non-finite value (NaN, "
+                    "inf, in the arguments too) is found; 2 when the command fails (bad options, the function "
+                    "does not trace). --interactive exits 0.")
     p.add_argument("target", help="PATH.py:FUNC")
     p.add_argument("--mesh", required=True, help="mesh axes and sizes, e.g. i=4,j=2")
     p.add_argument("--arg", action="append", default=[], metavar="SPEC",
                    help="one per positional argument: DTYPE[SHAPE]@P(...) (filled from --seed) or @FILE.npy@P(...)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random arguments (default 0)")
+    add_options(p, in_specs_default="None: every argument unannotated")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random arguments: DTYPE[SHAPE] and ShapeDtypeStructs (default 0)")
     p.add_argument("--strategy", default="auto", choices=tuple(s.value for s in Strategy))
     p.add_argument("--keep", default="outputs", choices=("outputs", "all"),
                    help="keep every intermediate as stages run (all) or only stage outputs (default)")
@@ -42,7 +56,7 @@ def parse_value_arg(text: str, rng):
     array in the file and its spec (no ``@P(...)``: unannotated)."""
     import numpy as np
 
-    if text.strip().startswith("@"):
+    if text.strip().startswith("@"):  # one array per flag; a pytree from files is --args FILE.npz
         body = text.strip()[1:]
         at = body.rfind("@P")
         path, spec = (body[:at], parse_spec(body[at + 1:])) if at >= 0 else (body, None)
@@ -54,14 +68,7 @@ def parse_value_arg(text: str, rng):
             raise OptionError(f"--arg {text!r}: {path!r} holds several arrays (an .npz); give one .npy per argument")
         return loaded, spec
     shaped, spec = parse_arg(text)
-    dtype = np.dtype(shaped.dtype)
-    if dtype == np.bool_:
-        return rng.random(shaped.shape) > 0.5, spec
-    if dtype.kind in "iu":
-        return rng.integers(0, 10, size=shaped.shape).astype(dtype), spec
-    if dtype.kind == "c":
-        return (rng.normal(size=shaped.shape) + 1j * rng.normal(size=shaped.shape)).astype(dtype), spec
-    return rng.normal(size=shaped.shape).astype(dtype), spec
+    return random_array(shaped.shape, shaped.dtype, rng), spec
 
 
 def run(args, configure_devices) -> int:
@@ -82,11 +89,11 @@ def run(args, configure_devices) -> int:
         raise OptionError(f"--interactive reads one terminal, but this runs as {jax.process_count()} processes: "
                           "run without it (every process steps the same stages; process 0 prints the report)")
     rng = np.random.default_rng(args.seed)
-    parsed = [parse_value_arg(a, rng) for a in args.arg]
+    example, in_specs = example_and_specs(args, flat=lambda text: parse_value_arg(text, rng), default_in_specs=None)
+    values = filled(example, rng)
     f = load_function(args.target)
     mesh = make_mesh(sizes, names)
-    values = tuple(x for x, _ in parsed)
-    prog = api.compile_program(f, values, mesh=mesh, in_specs=tuple(s for _, s in parsed), strategy=args.strategy)
+    prog = api.compile_program(f, values, mesh=mesh, in_specs=in_specs, strategy=args.strategy)
     dbg = Debugger(prog, *values, keep=args.keep)
     if args.interactive:
         return Prompt(dbg, args).run()
@@ -97,9 +104,26 @@ def run(args, configure_devices) -> int:
             raise OptionError(f"--save-stage {k!r}: expected a stage number")
         report["saved"] = str(dbg.save_stage(int(k), directory))
     if args.format == "json":
-        return emit(json.dumps(_finite(report["json"]), indent=2, allow_nan=False), args.output)
-    text = report["text"] + (f"\nstage {args.save_stage[0]} saved: python {report['saved']}" if args.save_stage else "")
-    return emit(text, args.output)
+        emit(json.dumps(_finite(report["json"]), indent=2, allow_nan=False), args.output)
+    else:
+        emit(report["text"] + (f"\nstage {args.save_stage[0]} saved: python {report['saved']}" if args.save_stage
+                               else ""), args.output)
+    return exit_status(report["json"])
+
+
+def exit_status(doc: dict) -> int:
+    """:data:`FOUND_PROBLEM` when the run found a divergence, a broken promise or a non-finite value, else 0; the
+    reasons go to standard error (once: every process found the same), since the report may have gone to a file."""
+    import jax
+
+    problems = [what for what, found in (("a divergence from the unsharded function", doc["divergence"]),
+                                         (f"{len(doc['findings'])} broken promise(s)", doc["findings"]),
+                                         ("a non-finite value", doc["nonfinite"])) if found]
+    if not problems:
+        return 0
+    if jax.process_index() == 0:
+        print(f"shardprop debug: found {', '.join(problems)} (exit status {FOUND_PROBLEM})", file=sys.stderr)
+    return FOUND_PROBLEM
 
 
 def _finite(doc):

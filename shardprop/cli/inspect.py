@@ -1,10 +1,10 @@
-"""``shardprop inspect PATH.py:FUNC --mesh i=4,j=2 --arg 'f32[16,8]@P(i,j)' ...``: inspect a function from
-the command line (text, JSON, DOT or SVG), with optional ``--explain``, ``--lineage`` and ``--blocks``."""
+"""``shardprop inspect PATH.py:FUNC --mesh i=4,j=2 (--arg 'f32[16,8]@P(i,j)' ... | --args PATH.py:EXAMPLE ...
+[--in-specs SPECS])``: inspect a function from the command line (text, JSON, DOT or SVG), with optional
+``--explain``, ``--lineage`` and ``--blocks``. Also the flat ``--arg`` parsing that ``plan`` and ``debug`` share."""
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import math
 import re
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import OptionError
 from ..splitting.strategy import Strategy
+from .arguments import add_options, example_and_specs, load_function
 
 DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8", "i16": "int16",
           "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
@@ -86,32 +87,6 @@ def parse_lineage(text: str) -> tuple[str, tuple[int, ...] | None]:
     return target.strip(), blocks
 
 
-def load_function(target: str):
-    """``"path/to/file.py:name"`` (or ``file.py:obj.attr``) → the function."""
-    path, sep, name = target.rpartition(":")
-    if not sep or not path.endswith(".py"):
-        raise OptionError(f"{target!r}: expected PATH.py:FUNCTION")
-    file = Path(path)
-    if not file.is_file():
-        raise OptionError(f"{target!r}: no such file {path}")
-    sys.path.insert(0, str(file.resolve().parent))
-    spec = importlib.util.spec_from_file_location(f"_shardprop_inspect_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:  # the user's module does not import: say so in one line, no traceback
-        where = f" (line {err.lineno})" if isinstance(err, SyntaxError) and err.lineno else ""
-        raise OptionError(f"{target!r}: importing {file.name} failed{where}: {type(err).__name__}: {err}") from err
-    obj = module
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise OptionError(f"{target!r}: {file.name} has no {name!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise OptionError(f"{target!r}: {name!r} is not a function")
-    return obj
-
-
 def add_parser(sub) -> None:
     p = sub.add_parser("inspect", help="trace, shard and split a function, and show what happened",
                        description="Inspect how shardprop shards FUNC from PATH.py: the annotated listing and stage "
@@ -121,6 +96,7 @@ def add_parser(sub) -> None:
     p.add_argument("--arg", action="append", default=[], metavar="SPEC",
                    help="one per positional argument: DTYPE[SHAPE], DTYPE[SHAPE]@P(...) or DTYPE[SHAPE]@AUTO (the "
                         "layout search chooses), e.g. 'f32[16,8]@P(i,j)'")
+    add_options(p, in_specs_default="None: every argument unannotated")
     p.add_argument("--strategy", default="auto", choices=tuple(s.value for s in Strategy))
     p.add_argument("--format", choices=FORMATS,
                    help="default: from the suffix of -o (.txt .json .dot .gv .svg .png .pdf), else text")
@@ -179,11 +155,10 @@ def run(args, configure_devices) -> int:
     from ..mesh import make_mesh
 
     mesh = make_mesh(sizes, names)
-    parsed = [parse_arg(a) for a in args.arg]
+    example, in_specs = example_and_specs(args, flat=parse_arg, default_in_specs=None)
     lineages = [parse_lineage(text) for text in args.lineage]
     f = load_function(args.target)
-    prog = api.compile_program(f, tuple(s for s, _ in parsed), mesh=mesh, in_specs=tuple(p for _, p in parsed),
-                               strategy=args.strategy)
+    prog = api.compile_program(f, example, mesh=mesh, in_specs=in_specs, strategy=args.strategy)
     explained = {name: explain(prog, name) for name in args.explain}
     traced = {text: _lineage(prog, target, block) for text, (target, block) in zip(
         args.lineage, lineages, strict=True)}
@@ -227,18 +202,18 @@ def _lineage_json(result) -> dict:
 
 
 def _lineage_text(prog, text: str, result) -> str:
-    from ..expr.graph import value_name
+    from ..expr.graph import argument_label, value_name
 
     graph = prog.sharded.graph
     box = ", ".join(f"{s}:{e}" for s, e in result.box)
     lines = [f"lineage {text}: {value_name(result.value)}[{box}] depends on"
              + ("" if result.exact else " (a superset: some rule on the way is not exact)")]
     for k, boxes in result.items():
-        name = value_name(graph.inputs[k])
+        name = argument_label(graph, k)
         if not boxes:
-            lines.append(f"  argument {k} ({name}): nothing")
+            lines.append(f"  {name}: nothing")
         for b in boxes:
-            lines.append(f"  argument {k} ({name})[{', '.join(f'{s}:{e}' for s, e in b)}]")
+            lines.append(f"  {name}[{', '.join(f'{s}:{e}' for s, e in b)}]")
     return "\n".join(lines)
 
 

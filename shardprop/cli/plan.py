@@ -1,4 +1,4 @@
-"""``shardprop plan PATH.py:FUNC --mesh data=4,model=2 (--arg 'f32[64,512]@P(data)' ... | --args PATH.py:EXAMPLE)
+"""``shardprop plan PATH.py:FUNC --mesh data=4,model=2 (--arg 'f32[64,512]@P(data)' ... | --args PATH.py:EXAMPLE ...)
 [--in-specs '(AUTO, P(data))'] [--memory-limit 12MB] [--format json]``: let the layout search choose the ``sp.AUTO``
 arguments' layouts and print the chosen layout table (text or JSON), with ``--explain ARG`` for why."""
 
@@ -10,7 +10,8 @@ import re
 
 from ..errors import OptionError
 from ..splitting.strategy import Strategy
-from .inspect import emit, load_function, parse_arg, parse_mesh
+from .arguments import add_options, example_and_specs, load_function
+from .inspect import emit, parse_arg, parse_mesh
 
 _SIZE = re.compile(r"^\s*(?P<n>[0-9]*\.?[0-9]+)\s*(?P<unit>[kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
@@ -29,11 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--mesh", required=True, help="mesh axes and sizes, e.g. data=4,model=2")
     p.add_argument("--arg", action="append", default=[], metavar="SPEC",
                    help="one per positional array argument: DTYPE[SHAPE], DTYPE[SHAPE]@P(...) or DTYPE[SHAPE]@AUTO")
-    p.add_argument("--args", metavar="PATH.py:EXAMPLE",
-                   help="a function returning the example arguments (a tuple of pytrees of arrays or "
-                        "ShapeDtypeStructs), instead of --arg")
-    p.add_argument("--in-specs", help="with --args: the in_specs prefix as Python, with P and AUTO, e.g. "
-                                      "\"(AUTO, P('data'))\" (default AUTO: every argument searched)")
+    add_options(p, in_specs_default="AUTO: every argument searched")
     p.add_argument("--memory-limit", help="bytes per device the chosen plan must fit, e.g. 12MB, 1.5GiB")
     p.add_argument("--strategy", default="auto", choices=tuple(s.value for s in Strategy))
     p.add_argument("--explain", action="append", default=[], metavar="ARG",
@@ -52,14 +49,10 @@ def parse_size(text: str) -> int:
 
 
 def run(args, configure_devices) -> int:
-    if bool(args.arg) == bool(args.args):
+    if not args.arg and not args.args:
         raise OptionError("plan needs its example arguments: one --arg per argument, or --args PATH.py:EXAMPLE")
-    if args.in_specs and not args.args:
-        raise OptionError("--in-specs goes with --args (with --arg, write each spec after @)")
     sizes, names = parse_mesh(args.mesh)
     configure_devices(args.devices or max(8, math.prod(sizes)))
-    from jax.sharding import PartitionSpec
-
     from .. import api
     from ..inspect.explain import explain
     from ..inspect.searched import search_to_dict
@@ -68,15 +61,9 @@ def run(args, configure_devices) -> int:
 
     mesh = make_mesh(sizes, names)
     f = load_function(args.target)
-    if args.args:
-        example = load_function(args.args)()
-        example = example if isinstance(example, tuple) else (example,)
-        in_specs = AUTO if not args.in_specs else _in_specs(args.in_specs, PartitionSpec, AUTO)
-    else:
-        parsed = [parse_arg(a) for a in args.arg]
-        example, in_specs = tuple(s for s, _ in parsed), tuple(p for _, p in parsed)
-        if AUTO not in in_specs:
-            raise OptionError(_NOTHING)
+    example, in_specs = example_and_specs(args, flat=parse_arg, default_in_specs=AUTO)
+    if args.arg and AUTO not in in_specs:
+        raise OptionError(_NOTHING)
     limit = parse_size(args.memory_limit) if args.memory_limit else None
     prog = api.compile_program(f, example, mesh=mesh, in_specs=in_specs, strategy=args.strategy, memory_limit=limit)
     if prog.search is None:
@@ -89,12 +76,3 @@ def run(args, configure_devices) -> int:
         return emit(json.dumps(doc, indent=2), args.output)
     return emit("\n\n".join([str(prog.search), *map(str, explained.values())]), args.output)
 
-
-def _in_specs(text: str, partition_spec, auto):
-    """The ``--in-specs`` expression, read with only ``P``, ``PartitionSpec``, ``AUTO`` and ``None`` in scope."""
-    try:
-        return eval(text, {"__builtins__": {}}, {"P": partition_spec, "PartitionSpec": partition_spec,  # noqa: S307
-                                                  "AUTO": auto, "None": None})
-    except Exception as err:
-        raise OptionError(f"--in-specs {text!r}: {type(err).__name__}: {err} (write e.g. \"(AUTO, P('data'))\")") \
-            from None
