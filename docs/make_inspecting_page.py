@@ -174,15 +174,15 @@ it raises `sp.RenderError` saying how to install graphviz or to render the DOT t
 {block([*NX, "--format", "dot"], lang="dot")}
 ## JSON for tools: `sp.to_json` / `--format json`
 
-A stable document, schema id `shardprop.inspect/2`; `shardprop inspect --schema` prints its JSON Schema
+A stable document, schema id `shardprop.inspect/3`; `shardprop inspect --schema` prints its JSON Schema
 (`shardprop.inspect.SCHEMA`), and the tests validate the output against it.
 
 | field | contents |
 |---|---|
-| `schema` | `"shardprop.inspect/2"` |
+| `schema` | `"shardprop.inspect/3"` |
 | `mesh` | `axis_names` and `shape` |
 | `strategy` | `"gather"`, `"collective"` or `"auto"` (null for a sharded graph without a plan) |
-| `inputs`, `outputs` | per flat input/output: `index`, `value` (its name in the listing), `layout`; outputs also their `source` |
+| `inputs`, `outputs` | per flat input/output: `index`, `value` (its name in the listing), `layout`; inputs also their `name` (as `jax.jit` names the argument leaf: `params['w']`) and `spec_source` (`in_specs`: written, or unannotated; `sp.AUTO`: chosen by the search; `array`: the layout of the array it was called with), outputs their `source` |
 | `values` | per value: `id`, `name`, `dtype`, `shape`, its type as the plan holds it — `layout` and `partial` (the mesh axes over which it is still a partial sum, `[]` when whole) — `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards` as propagation made them, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt. The two differ only where a reduce-scatter holds a value finer than its shards (`layout` over `j`, the shards replicated) |
 | `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the type each operand is consumed in: `layout`, `partial`), `collective` (`{{kind, mesh_axes}}` or null: the collective that finishes the node; which outputs, into which types, the IR says); a loop or a cond has `bodies`: per body its `name` (`body`, `cond`, `branch0`...), `path` (`t/body`, as `--explain` takes it), `repeats` (null for a while loop), `inputs` (`index`, `value`, type, `operand`: the op's operand it comes from), `outputs` (`index`, `value`, the type the op takes it in), `partial_carries` (`output`, `mesh_axes`), its `instructions`, and its own `values` and `nodes` |
 | `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it is taken in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`), `instructions` (its IR, in order: `{{"kind": "compute", "node", "inputs", "outputs"}}`, each input and output a `{{value, layout, partial}}`; or a `"move"` or `"finish"` with `op` (`all_gather`, `all_to_all`, `ppermute`, `psum`, `psum_scatter`, `slice`, `take_once`, `pmax`, ...), `mesh_axes`, `axis`/`to_axis`, `from` and `to` (typed values), `moved_bytes` per device, `transfers` (the collectives XLA runs for it) and `node`, the node it serves); `"outside_shard_map": true` for a stage that runs a primitive without a record on whole arrays under the program's `jax.jit` |

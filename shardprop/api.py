@@ -17,32 +17,44 @@ from jax.sharding import Mesh, PartitionSpec
 
 from .calling import Convention, Traced, constrain_outputs, call_site
 from .derivatives import derivatives_for
-from .errors import FallbackWarning, MemoryLimitError, ReshardWarning, SearchError, SpecError
+from .errors import FallbackWarning, LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError
 from .expr import jax_adapter as jx
 from .expr import trace
 from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import propagate
-from .propagation.propagate import flat_in_specs, warn_fallbacks
+from .propagation.propagate import flat_in_specs, flat_specs_of_tree, warn_fallbacks
 from .search import AUTO, check_memory_limit, is_spec_leaf, search_layouts
 from .search.solve import as_tree
 from .signature import Signature, call_key
+from .spellings import (as_specs, context_mesh, leaves_some_unannotated, one_of, own_specs, placements,
+                        program_mesh, same_spec)
 from .splitting.split import PlanPricer
+from .stateful import returned_out_specs, returning_state, stateful_positions, write_back
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
                     strategy: str = "auto", conflicts: str = "reshard", traced: Traced | None = None,
-                    donated: Sequence[int] = (), memory_limit: int | float | None = None) -> Program:
+                    donated: Sequence[int] = (), memory_limit: int | float | None = None,
+                    names: Sequence[str] | None = None) -> Program:
     """``trace → (search) → propagate → split → lower`` for one set of argument shapes (arrays, ShapeDtypeStructs or
     tracers). ``sp.AUTO`` entries of ``in_specs`` are chosen by the layout search (:mod:`shardprop.search`) within
     ``memory_limit`` bytes per device; without any, a plan over the limit is a :class:`~shardprop.MemoryLimitError`.
+    An unannotated (None) argument that is an array laid out on the mesh keeps its layout, as under ``jax.jit``
+    (``spellings.own_specs``); ``NamedSharding`` leaves of ``in_specs`` are read as their specs. ``names`` are the
+    argument leaves' names (``params['w']``; default: as ``jax.jit`` names ``f``'s).
     The Program differentiates as ``f`` does (its custom derivative rules: a derivative program is compiled by
     this same pipeline); ``traced`` and ``donated`` are the calling convention it was traced with and the argument
     leaves it donates (see :class:`Program`)."""
     limit = check_memory_limit(memory_limit)
     with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
-        graph = trace(f, *args)
-    flat = flat_in_specs(in_specs, graph, is_leaf=is_spec_leaf)
+        graph = trace(f, *args, names=names)
+    flat = flat_in_specs(as_specs(in_specs, mesh, "in_specs"), graph, is_leaf=is_spec_leaf)
+    own = own_specs(jax.tree_util.tree_leaves(args), mesh)
+    kept = frozenset(k for k, (spec, mine) in enumerate(zip(flat, own, strict=True))
+                     if spec is None and mine is not None)  # unannotated, its array laid out on the mesh
+    flat = [own[k] if k in kept else spec for k, spec in enumerate(flat)]
+    in_specs = as_tree(graph, flat)
     searched = None
     if any(s is AUTO for s in flat):
         if strict and not any(isinstance(s, PartitionSpec) for s in flat):
@@ -70,7 +82,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
     derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
-    program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched)
+    program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched, kept=kept)
     if limit is not None and searched is None and (memory := program.memory()) > limit:
         raise MemoryLimitError(f"the program needs {memory:,} B per device as compiled (arguments, outputs and "
                                f"temporaries), over memory_limit={limit:,}; shard more of the arguments, or pass "
@@ -93,6 +105,15 @@ def _without_reshard_warnings(compile_derivative: Callable) -> Callable:
     return compile
 
 
+def said_at_call(err: ShardingError) -> ShardingError:
+    """``err`` ending with the user's call line (once), and without shardprop's frames below the call: what the
+    user can act on. Its type and attributes stay (``except ShardingConflictError as e: e.op``)."""
+    if not isinstance(err, LoweringError) and "(call at " not in str(err):
+        message = err.args[0] if err.args else ""
+        err.args = (f"{message} (call at {call_site()})", *err.args[1:])
+    return err.with_traceback(None)
+
+
 class AutoSharded:
     """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes, dtypes, weak
     types and static values. Called as ``jax.jit`` functions are: keyword arguments (unannotated: they adopt the
@@ -103,49 +124,98 @@ class AutoSharded:
     it), and goes into that program's own ``jax.jit`` (``dispatch.py``): a call costs what a ``jax.jit`` call
     costs, alternating signatures or not."""
 
-    def __init__(self, f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
-                 static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
-                 out_specs: Any = None, conflicts: str = "reshard", donate_argnums: int | Sequence[int] = (),
-                 donate_argnames: str | Sequence[str] = (), memory_limit: int | float | None = None):
+    def __init__(self, f: Callable, *, mesh: Mesh | None, in_specs: Any, strict: bool = False,
+                 strategy: str = "auto", static_argnums: int | Sequence[int] = (),
+                 static_argnames: str | Sequence[str] = (), out_specs: Any = None, conflicts: str = "reshard",
+                 donate_argnums: int | Sequence[int] = (), donate_argnames: str | Sequence[str] = (),
+                 memory_limit: int | float | None = None):
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
         self.memory_limit = check_memory_limit(memory_limit)
         self.out_specs, self.conflicts = out_specs, conflicts
         self.convention = Convention.of(static_argnums, static_argnames, donate_argnums, donate_argnames, fun=f)
-        self._programs: dict[tuple, Program] = {}  # by static values and Signature
+        self._programs: dict[tuple, Program] = {}  # by mesh, static values, Signature and the arrays' own layouts
         self._seen: dict[tuple, Program] = {}  # by static values and call_key: the programs of calls seen
         self._statics = bool(self.convention.static_argnums or self.convention.static_argnames)
+        self._adopts = leaves_some_unannotated(in_specs)  # an unannotated argument keeps its array's layout
+        self._options = dict(mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy,
+                             static_argnums=static_argnums, static_argnames=static_argnames, conflicts=conflicts,
+                             donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                             memory_limit=memory_limit)
+        self._returning_state: dict[tuple[int, ...], AutoSharded] = {}  # by the positions of NNX objects
+        self._writes_back = True  # NNX arguments updated in place (not by the inner function that returns them)
         functools.update_wrapper(self, f)
 
+    def _with_state(self, positions: tuple[int, ...]) -> AutoSharded:
+        """This function returning the state of its NNX arguments at ``positions`` too (``stateful.py``)."""
+        inner = self._returning_state.get(positions)
+        if inner is None:
+            inner = AutoSharded(returning_state(self.f, positions), out_specs=returned_out_specs(self.out_specs),
+                                **self._options)
+            inner._writes_back = False
+            self._returning_state[positions] = inner
+        return inner
+
     def trace(self, *args, **kwargs) -> Program:
-        """The compiled plan for these arguments (arrays or ShapeDtypeStructs), for inspection."""
+        """The compiled plan for these arguments (arrays or ShapeDtypeStructs), for inspection. With NNX objects
+        among them, the program also returns their state after the call (what ``__call__`` writes back)."""
+        positions = stateful_positions(args) if self._writes_back else ()
+        if positions:
+            return self._with_state(positions).trace(*args, **kwargs)
         call = self.convention.split(args, kwargs)
         program_args = call.program_args()
-        key = (call.statics, Signature.of(program_args))
-        program = self._programs.get(key)
+        try:
+            mesh = program_mesh(self.mesh, self.in_specs, self.out_specs)
+            in_specs = as_specs(call.in_specs(self.in_specs, len(args)), mesh, "in_specs")
+            out_specs = as_specs(self.out_specs, mesh, "out_specs")
+            leaves, tree = jax.tree_util.tree_flatten(program_args)
+            flat = flat_specs_of_tree(in_specs, tree, is_leaf=is_spec_leaf)
+        except ShardingError as err:  # the user's options against this call: say which call
+            raise said_at_call(err) from None
+        own = tuple(mine if spec is None else None for spec, mine in zip(flat, own_specs(leaves, mesh), strict=True))
+        like = (mesh if self.mesh is None else None, call.statics, Signature.of(program_args))
+        program = self._programs.get((*like, own)) or self._agreeing(like, own)
         if program is None:
-            f = constrain_outputs(self.f, self.out_specs, as_auto_mesh(self.mesh))
+            f = constrain_outputs(self.f, out_specs, as_auto_mesh(mesh))
             try:
-                program = compile_program(call.bind(f), program_args, mesh=self.mesh,
-                                          in_specs=call.in_specs(self.in_specs, len(args)), strict=self.strict,
-                                          strategy=self.strategy, conflicts=self.conflicts,
+                program = compile_program(call.bind(f), program_args, mesh=mesh, in_specs=in_specs,
+                                          strict=self.strict, strategy=self.strategy, conflicts=self.conflicts,
                                           traced=None if call.plain else Traced(self.convention, call.statics),
-                                          donated=call.donated_leaves(), memory_limit=self.memory_limit)
-            except SpecError as err:  # a bad in_specs: say which call (a constraint's error names its own line)
-                if " at " in str(err):
-                    raise
-                raise type(err)(f"{err} (call at {call_site()})") from None
-            self._programs[key] = program
+                                          donated=call.donated_leaves(), memory_limit=self.memory_limit,
+                                          names=call.argument_names(self.f, args, kwargs))
+            except ShardingError as err:  # the user's mistake (never LoweringError, ours): said at their call
+                raise said_at_call(err) from None
+        self._programs[(*like, own)] = program
         return program
+
+    def _agreeing(self, like: tuple, own: tuple) -> Program | None:
+        """A program already built for this mesh, static values and signature whose inputs are laid out as the
+        call's arrays are, wherever they have a layout of their own (a host value fits any): a training step
+        called on fresh arrays and then on its own outputs compiles once."""
+        for (*other, _), program in self._programs.items():
+            if tuple(other) == like and all(mine is None or same_spec(mine, spec) for mine, spec
+                                            in zip(own, program.sharded.in_specs, strict=True)):
+                return program
+        return None
 
     def __call__(self, *args, **kwargs):
         """``f(*args, **kwargs)``, sharded: the program of this call's static values and signature (traced and
-        compiled the first time it is seen), on the call's dynamic arguments."""
+        compiled the first time it is seen), on the call's dynamic arguments. NNX objects among the arguments are
+        updated in place, as under ``nnx.jit``."""
+        positions = stateful_positions(args) if self._writes_back else ()
+        if positions:
+            out, states = self._with_state(positions)(*args, **kwargs)
+            write_back(args, positions, states)
+            return out
         statics, program_args = (), args
         if kwargs or self._statics:  # split off the static values (checking the options against the call)
             call = self.convention.split(args, kwargs)
             statics, program_args = call.statics, call.program_args()
         leaves, tree = jax.tree_util.tree_flatten(program_args)
         key = call_key(tree, leaves)
+        if key is not None and (self._adopts or kwargs):  # the layouts an unannotated argument would keep
+            key = (key, placements(leaves))
+        if key is not None and self.mesh is None:
+            key = (key, context_mesh())
         program = None if key is None else self._seen.get((statics, key))
         if program is None:
             program = self.trace(*args, **kwargs)
@@ -159,23 +229,31 @@ class AutoSharded:
 
     def __repr__(self) -> str:
         name = getattr(self.f, "__qualname__", None) or getattr(self.f, "__name__", None) or repr(self.f)
-        traced = len(self._programs)
-        return (f"<autoshard {name} on mesh {dict(self.mesh.shape)}, in_specs={self.in_specs!r}, "
+        traced = len({id(p) for p in self._programs.values()})
+        mesh = ("the mesh of jax.set_mesh or of its NamedShardings" if self.mesh is None
+                else f"mesh {dict(self.mesh.shape)}")
+        return (f"<autoshard {name} on {mesh}, in_specs={self.in_specs!r}, "
                 f"strategy={self.strategy!r}; {traced} program{'' if traced == 1 else 's'} traced>")
 
 
-def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, strategy: str = "auto",
-              static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
-              out_specs: Any = None, conflicts: str = "reshard", donate_argnums: int | Sequence[int] = (),
-              donate_argnames: str | Sequence[str] = (), memory_limit: int | float | None = None) -> AutoSharded:
+def autoshard(f: Callable | None = None, *, mesh: Mesh | None = None, in_specs: Any = None,
+              strict: bool = False, strategy: str = "auto", static_argnums: int | Sequence[int] = (),
+              static_argnames: str | Sequence[str] = (), out_specs: Any = None, conflicts: str = "reshard",
+              donate_argnums: int | Sequence[int] = (), donate_argnames: str | Sequence[str] = (),
+              memory_limit: int | float | None = None, in_shardings: Any = None,
+              out_shardings: Any = None) -> AutoSharded | Callable[[Callable], AutoSharded]:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
-    (``P()`` replicates), ``None`` for an unannotated argument, which adopts the sharding it meets, or ``sp.AUTO``
+    (``P()`` replicates), ``None`` for an unannotated argument, which keeps the layout of an array already laid
+    out on the mesh (as ``jax.jit`` does) and otherwise adopts the sharding it meets, or ``sp.AUTO``
     for an argument whose layout the search chooses: the one that makes the cheapest plan (bytes moved and work, as
     the cost model prices the whole program) within ``memory_limit`` bytes per device (arguments, outputs and
     temporaries; none: no limit). Arguments shaped like a parameter further down its path (an optimizer's moments)
     are decided with it; ``prog.in_specs`` holds the choice, ``sp.explain(prog, "argument path")`` its reasons.
+    ``jax.jit``'s spellings work too: ``in_shardings=``/``out_shardings=`` for ``in_specs``/``out_specs``,
+    ``NamedSharding`` leaves for specs, and without ``mesh=`` the mesh set by ``jax.set_mesh`` (or the one of the
+    ``NamedSharding`` leaves). Called without ``f``, ``autoshard(mesh=..., in_specs=...)`` is a decorator.
     ``strict=True`` turns the conservative fallback for primitives without a rule into ``NoRuleError``.
     ``strategy`` is ``"gather"`` (the Nx design: cut and gather at every reduction over a sharded axis),
     ``"collective"`` (finish sums, maxima, minima and contractions with ``psum``/``pmax``/``pmin`` inside
@@ -192,8 +270,14 @@ def autoshard(f: Callable, *, mesh: Mesh, in_specs: Any, strict: bool = False, s
     >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
     >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP
     PartitionSpec('i',)
+    >>> @autoshard(in_shardings=NamedSharding(mesh, P("i")))                           # doctest: +SKIP
+    ... def double(x):
+    ...     return 2 * x
     """
-    return AutoSharded(f, mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy,
-                       static_argnums=static_argnums, static_argnames=static_argnames, out_specs=out_specs,
-                       conflicts=conflicts, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                       memory_limit=memory_limit)
+    options = dict(mesh=mesh, in_specs=one_of(in_specs, in_shardings, "in_specs"), strict=strict,
+                   strategy=strategy, static_argnums=static_argnums, static_argnames=static_argnames,
+                   out_specs=one_of(out_specs, out_shardings, "out_specs"), conflicts=conflicts,
+                   donate_argnums=donate_argnums, donate_argnames=donate_argnames, memory_limit=memory_limit)
+    if f is None:
+        return lambda fun: AutoSharded(fun, **options)
+    return AutoSharded(f, **options)

@@ -60,6 +60,11 @@ class Call:
                              for k, v in self.kwargs.items()})
         return tuple(k for k, donated in enumerate(jax.tree_util.tree_leaves(flags)) if donated)
 
+    def argument_names(self, fun, args: tuple, kwargs: dict) -> tuple[str, ...] | None:
+        """The names ``jax.jit`` gives this call's dynamic argument leaves (``params['w']``), in the order the
+        program takes them (``args`` and ``kwargs`` as called: the static ones are left out)."""
+        return jx.argument_names(fun, args, kwargs, static_argnums=self.positions, static_argnames=self.names)
+
     def bind(self, f):
         """``f`` as the program sees it: a function of the dynamic arguments (``program_args`` form)."""
         if self.plain:

@@ -37,12 +37,24 @@ class Comparison:
         return total_moved(self.jit)
 
     def __str__(self) -> str:
+        """Both programs' collectives and bytes; their output specs on the same line for a few outputs, or as a
+        table, one output leaf per row named by its key path, for a model's many."""
+        many = len(self.shardprop_out_specs) > 4
         lines = [f"{'':10} {'collectives':>11} {'bytes moved/device':>19}  output specs"]
         for name, transfers, specs in (("shardprop", self.shardprop, self.shardprop_out_specs),
                                        ("jax.jit", self.jit, self.jit_out_specs)):
-            lines.append(f"{name:10} {len(transfers):>11} {total_moved(transfers):>19.0f}  "
-                         f"{', '.join(str(s) for s in specs)}")
+            listed = f"{len(specs)} outputs, below" if many else ", ".join(str(s) for s in specs)
+            lines.append(f"{name:10} {len(transfers):>11} {total_moved(transfers):>19.0f}  {listed}")
             lines.extend(f"    {t}" for t in transfers)
+        if many:
+            graph = self.program.plan.graph
+            paths = jax.tree_util.tree_flatten_with_path(
+                jax.tree_util.tree_unflatten(graph.out_tree, list(range(len(graph.outputs)))))[0]
+            rows = [("output", "shardprop", "jax.jit")] + [
+                (jax.tree_util.keystr(path) or "(the output)", str(ours), str(theirs))
+                for (path, _), ours, theirs in zip(paths, self.shardprop_out_specs, self.jit_out_specs, strict=True)]
+            widths = [max(len(r[c]) for r in rows) for c in range(2)]
+            lines += [f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows]
         return "\n".join(lines)
 
 

@@ -2,14 +2,18 @@
 
 Every :class:`~shardprop.Program` holds one ``jax.jit`` of itself on its flat argument leaves, whose trace checks the
 call's :class:`~shardprop.signature.Signature`: a call that hits the jit's C++ cache costs what a ``jax.jit`` call
-costs. The jit has no ``in_shardings``: XLA places NumPy and host values as the compiled program reads them, and an
-array laid out otherwise is moved inside the program (one executable per input layout, as under ``jax.jit``). An
+costs. The jit has no ``in_shardings``: an array laid out otherwise than the program reads it is moved inside the
+program (one executable per input layout, as under ``jax.jit``). An
 autoshard function finds the program of a call as ``jax.jit``'s cache finds an executable, by the call's signature:
 a dict keyed by :func:`~shardprop.signature.call_key`, read in about a microsecond per leaf. So calls alternating
 between signatures (train and eval batches, a last short batch) each go straight into their own program's jit.
 
 A few calls need Python before the jit; :func:`goes_straight` and :func:`donated_in_place` find them by cheap
 predicates, up front, never by a failed attempt:
+
+NumPy values and uncommitted arrays (fresh from ``jnp`` or ``jax.random``) are put where the program reads them
+before the jit (:func:`loose_leaves`), so the executable is the one a call on committed arrays in those layouts
+uses: a training step called on fresh parameters and then on its own outputs compiles once.
 
 - a tracer of an outer transformation (``jax.grad``, ``jax.vmap``, ``jax.jit`` of the function): the call is
   traced in Python, where the custom derivative rules are put around the jit (``derivatives.py``);
@@ -31,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from .expr import jax_adapter as jx
 
@@ -46,6 +51,14 @@ def goes_straight(leaves: Sequence, devices: Any, several_processes: bool) -> bo
         elif several_processes:
             return False
     return True
+
+
+def loose_leaves(leaves: Sequence) -> list[int]:
+    """The leaves a program's ``jax.jit`` would place by its own choice: NumPy values and uncommitted arrays (Python
+    scalars are left as they are: weakly typed, the same on every call). Put where the program reads them first, a
+    call on fresh arrays and a call on the program's own outputs hit one executable."""
+    return [k for k, x in enumerate(leaves)
+            if isinstance(x, np.ndarray | np.generic) or (isinstance(x, jax.Array) and not x.committed)]
 
 
 def donated_in_place(donated: Sequence, leaves: Sequence) -> bool:

@@ -21,7 +21,7 @@ from .backends import jit_stage, parse_hlo, program_function, stage_function
 from .calling import Traced
 from .core.transfers import Transfer
 from .derivatives import Derivatives
-from .dispatch import donated_in_place, goes_straight
+from .dispatch import donated_in_place, goes_straight, loose_leaves
 from .errors import InputMismatchError, LoweringError, MeshError, OptionError, ShardingError
 from .expr import jax_adapter as jx
 from .expr.graph import Aval, value_name
@@ -58,20 +58,25 @@ class Program:
     ops differentiate); ``traced`` is how an autoshard function traced it with keyword or static arguments (None:
     it takes ``*args``); ``donated`` are the argument leaves (flat indices) it donates, as ``jax.jit``'s
     ``donate_argnums``: their buffers may hold the outputs, and the arrays are invalid after a call. ``search`` is
-    the :class:`~shardprop.SearchResult` that chose the ``sp.AUTO`` arguments' layouts (None: nothing was searched).
+    the :class:`~shardprop.SearchResult` that chose the ``sp.AUTO`` arguments' layouts (None: nothing was searched);
+    ``kept`` the unannotated argument leaves that kept their arrays' own layouts (as under ``jax.jit``).
     """
 
     def __init__(self, plan: Plan, mesh: Mesh, *, derivatives: Derivatives | None = None,
-                 traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None):
+                 traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None,
+                 kept: frozenset[int] = frozenset()):
         self.plan, self.user_mesh, self.mesh = plan, mesh, as_auto_mesh(mesh)
-        self.search = search
+        self.search, self.kept = search, frozenset(kept)
         self.graph = AnnotatedGraph(plan)
-        self.stages = StageTable(plan, frozenset(search.searched) if search is not None else frozenset())
+        self.stages = StageTable(plan, spec_sources(search, self.kept))
         self.signature = Signature.of_graph(plan.graph)
         self.derivatives, self.traced, self.donated = derivatives, traced, tuple(sorted(set(donated)))
         self._stage_fns = tuple(stage_function(plan, stage, self.mesh) for stage in plan.stages)
         self._program_fn = program_function(plan, self._stage_fns)
         self._in_shardings = tuple(NamedSharding(self.mesh, spec) for spec in plan.sharded.in_specs)
+        # Where a call's host values are put: on the user's mesh, as the outputs come back typed, so that a step fed
+        # its own outputs runs the executable its first call on host values compiled
+        self._placements = tuple(NamedSharding(self.user_mesh, spec) for spec in plan.sharded.in_specs)
         # One jit of the program on its flat argument leaves (dispatch.py). On a mesh with Explicit axes the outputs
         # are typed on it: given as out_specs say them (P('j'), where the type would say P('j', None))
         out_shardings = (None if self.user_mesh is self.mesh else
@@ -116,6 +121,12 @@ class Program:
         calls the program its call's signature maps to so."""
         if (self._runs.plan_agreed and goes_straight(leaves, self._devices, self._several_processes)
                 and (not self.donated or donated_in_place([leaves[k] for k in self.donated], leaves))):
+            loose = loose_leaves(leaves)
+            if loose:
+                placed = jax.device_put([leaves[k] for k in loose], [self._placements[k] for k in loose])
+                leaves = list(leaves)
+                for k, x in zip(loose, placed, strict=True):
+                    leaves[k] = x
             out = as_lowering_errors(self._jit, *leaves, check_arguments=lambda: self._check_leaves(leaves))
         else:
             out = self._call_checked(leaves)
@@ -295,12 +306,22 @@ class Program:
         return self._runs.stages[stage.id]
 
     def __repr__(self) -> str:
+        """One line for a few arguments; a table, one argument leaf per row, for a model's many."""
         n = len(self.plan.stages)
         graph = self.plan.graph
-        inputs = ", ".join(f"{graph.avals[v]}@{spec}"
-                           for v, spec in zip(graph.inputs, self.plan.sharded.in_specs, strict=True))
-        return (f"<Program {n} stage{'' if n == 1 else 's'}, {len(graph.nodes)} nodes, strategy "
-                f"{self.plan.strategy}, on mesh {dict(self.mesh.shape)}; inputs {inputs}>")
+        head = (f"<Program {n} stage{'' if n == 1 else 's'}, {len(graph.nodes)} nodes, strategy "
+                f"{self.plan.strategy}, on mesh {dict(self.mesh.shape)}")
+        sources = spec_sources(self.search, self.kept)
+        rows = [(name, str(graph.avals[v]), str(spec), f"({sources[k]})" if k in sources else "")
+                for k, (v, name, spec) in enumerate(zip(graph.inputs, graph.argument_names,
+                                                        self.plan.sharded.in_specs, strict=True))]
+        if len(rows) <= 3:
+            short = [f"{name}: {aval}@{spec}" + (f" {source}" if source else "") for name, aval, spec, source in rows]
+            return f"{head}; inputs {', '.join(short)}>"
+        widths = [max(len(row[c]) for row in rows) for c in range(3)]
+        table = ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, [*widths, 0], strict=True)).rstrip()
+                 for row in rows]
+        return "\n".join([f"{head}; {len(rows)} inputs:", *table]) + ">"
 
 
 def _checked_stage(plan: Plan, stage, jitted, mesh: Mesh):
@@ -350,11 +371,20 @@ def as_lowering_errors(fn, *args, mesh: Mesh | None = None, check_arguments: Cal
 
 @gc_paused
 def lower(plan: Plan, mesh: Mesh | None = None, *, derivatives: Derivatives | None = None,
-          traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None) -> Program:
+          traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None,
+          kept: frozenset[int] = frozenset()) -> Program:
     """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on).
     The keyword arguments are the Program's (an autoshard function passes them; a plan alone needs none)."""
     mesh = plan.sharded.mesh if mesh is None else mesh
     if dict(mesh.shape) != plan.mesh_shape:
         raise MeshError(
             f"the plan was propagated on mesh {plan.mesh_shape}, it cannot be lowered on {dict(mesh.shape)}")
-    return Program(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=search)
+    return Program(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=search, kept=kept)
+
+
+def spec_sources(search: SearchResult | None, kept: frozenset[int]) -> dict[int, str]:
+    """Where the spec of an argument leaf came from, where the user did not write it: ``{leaf: "chosen by
+    sp.AUTO"}`` or ``"its array's own layout"`` (an unannotated argument already laid out on the mesh)."""
+    sources = {k: "its array's own layout" for k in kept}
+    sources.update({k: "chosen by sp.AUTO" for k in (search.searched if search is not None else ())})
+    return sources

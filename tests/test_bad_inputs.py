@@ -44,11 +44,11 @@ def no_rule_strict():
 
 CATALOGUE = [
     ("spec longer than the rank", lambda: run(add, (P("i", "j", None), None), A, A), sp.SpecRankError,
-     "argument 0: spec P('i', 'j', None) has 3 entries but the argument has rank 2"),
+     "argument a: spec P('i', 'j', None) has 3 entries but the argument has rank 2"),
     ("unknown mesh axis", lambda: run(add, (P("x"), None), A, A), sp.UnknownMeshAxisError,
-     "argument 0: spec P('x',) names mesh axis 'x', but the mesh has axes ('i', 'j')"),
+     "argument a: spec P('x',) names mesh axis 'x', but the mesh has axes ('i', 'j')"),
     ("mesh axis used twice in one spec", lambda: run(add, (P("i", "i"), None), A, A), sp.DuplicateMeshAxisError,
-     "argument 0: spec P('i', 'i') uses mesh axis 'i' for two tensor axes"),
+     "argument a: spec P('i', 'i') uses mesh axis 'i' for two tensor axes"),
     ("mesh axis used twice in a compound entry", lambda: run(add, (P(("i", "i")), None), A, A),
      sp.DuplicateMeshAxisError, "uses mesh axis 'i' for two tensor axes"),
     # (an argument whose axis does not divide is accepted as ranges: tests/ops/test_ranges.py)
@@ -88,7 +88,7 @@ CATALOGUE = [
      "memory_limit='8GB': expected a positive number of bytes per device"),
     ("a memory limit nothing fits",
      lambda: sp.autoshard(add, mesh=mesh(), in_specs=(sp.AUTO, P("i")), memory_limit=64)(A, A), sp.MemoryLimitError,
-     "no layout of argument [0] fits memory_limit=64 B per device: the smallest footprint found is"),
+     "no layout of argument a fits memory_limit=64 B per device: the smallest footprint found is"),
     ("a fixed layout over the memory limit",
      lambda: sp.autoshard(add, mesh=mesh(), in_specs=P(), memory_limit=64)(A, A), sp.MemoryLimitError,
      "over memory_limit=64; shard more of the arguments, or pass sp.AUTO"),

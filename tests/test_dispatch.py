@@ -61,8 +61,8 @@ def test_alternating_signatures_each_hit_their_own_compiled_program(mesh, python
         close(fs(*(placed(mesh, a, s) for a, s in zip(args, SPECS, strict=True))), sgd_step(*args))
     assert traced == [(16, 8), (8, 8)]
     programs = [fs.trace(*args) for args in (train, short)]
-    # one executable for NumPy arguments, one for placed ones (as jax.jit without in_shardings compiles)
-    assert [p._jit._cache_size() for p in programs] == [2, 2]
+    # one executable each: NumPy arguments are put where the program reads them first, as placed ones arrive
+    assert [p._jit._cache_size() for p in programs] == [1, 1]
     for k in range(4):  # the Programs themselves, in turn
         args = train if k % 2 == 0 else short
         close(programs[k % 2](*args), sgd_step(*args))
@@ -75,7 +75,7 @@ def test_one_program_per_signature_whatever_the_arguments_are(mesh, python_first
     transposed = placed(mesh, X, P("j", "i"))  # laid out otherwise: moved inside the program, by XLA
     for args in ((W0, X), (w, x), (jnp.asarray(W0), X), (w, transposed), (W0, X.astype(np.float64))):
         close(fs(*args), sgd_step(W0, X))
-    assert len(fs._programs) == 1 and python_first == []
+    assert len({id(p) for p in fs._programs.values()}) == 1 and python_first == []
     assert fs(W0, X)[0].sharding.spec == P(None, "j")
 
 

@@ -30,8 +30,8 @@ def test_conflict_names_op_source_line_and_both_shardings(mesh):
     assert f"sharding conflict in `add` at {os.path.basename(__file__)}:{line}" in message
     assert "operand 0 (a): f32[16@i,8]" in message
     assert "operand 1 (b): f32[16@j,8]" in message
-    assert "axis 0 @i: argument 0 (a) has spec P('i',)" in message
-    assert "axis 0 @j: argument 1 (b) has spec P('j',)" in message
+    assert "axis 0 @i: argument a has spec P('i',)" in message
+    assert "axis 0 @j: argument b has spec P('j',)" in message
     assert "output axis 0: one operand is sharded over i, another over j" in message
     assert "fix:" in message
 
@@ -49,9 +49,9 @@ def test_conflict_traces_each_operand_back_to_its_input_spec_through_the_ops(mes
     line = deep.__code__.co_firstlineno
     here = __file__.rsplit("/", 1)[-1]
     message = str(info.value)
-    assert (f"axis 0 @i: argument 0 (a) has spec P('i',), via `tanh` at {here}:{line + 1} -> `mul` at "
+    assert (f"axis 0 @i: argument a has spec P('i',), via `tanh` at {here}:{line + 1} -> `mul` at "
             f"{here}:{line + 1}") in message
-    assert (f"axis 0 @j: argument 1 (b) has spec P(None, 'j'), via `add` at {here}:{line + 2} -> `transpose` at "
+    assert (f"axis 0 @j: argument b has spec P(None, 'j'), via `add` at {here}:{line + 2} -> `transpose` at "
             f"{here}:{line + 2}") in message
 
 
@@ -62,10 +62,10 @@ def test_one_mesh_axis_may_not_shard_two_axes_of_a_result(mesh):
 
 @pytest.mark.parametrize("specs,error,pattern", [
     ((P("x"), None), sp.UnknownMeshAxisError,
-     "argument 0: spec P('x',) names mesh axis 'x', but the mesh has axes ('i', 'j')"),
+     "argument a: spec P('x',) names mesh axis 'x', but the mesh has axes ('i', 'j')"),
     ((P("i", "j", None), None), sp.SpecRankError,
-     "argument 0: spec P('i', 'j', None) has 3 entries but the argument has rank 2"),
-    ((P("i", "i"), None), sp.DuplicateMeshAxisError, "argument 0: spec P('i', 'i') uses mesh axis 'i' for two"),
+     "argument a: spec P('i', 'j', None) has 3 entries but the argument has rank 2"),
+    ((P("i", "i"), None), sp.DuplicateMeshAxisError, "argument a: spec P('i', 'i') uses mesh axis 'i' for two"),
     ((None, P(None, ("i", "j")) ), None, None),
     ((P("i"), P(None), P()), sp.SpecTreeError, "is not a pytree prefix of the arguments"),
     (("i", None), sp.SpecTreeError, "neither a PartitionSpec nor None"),
@@ -129,7 +129,7 @@ def test_autoshard_and_program_say_what_they_are(mesh):
     prog = fs.trace(jnp.ones((16, 8)), jnp.ones((16, 8)))
     assert "1 program traced" in repr(fs) and "{'i': 4, 'j': 2}" in repr(fs)
     assert repr(prog) == ("<Program 1 stage, 3 nodes, strategy auto, on mesh {'i': 4, 'j': 2}; inputs "
-                          "f32[16,8]@P('i', 'j'), f32[16,8]@P('i', 'j')>")
+                          "a: f32[16,8]@P('i', 'j'), b: f32[16,8]@P('i', 'j')>")
 
 
 def test_a_conflict_inside_a_library_is_reported_at_the_users_line_that_called_it(mesh):

@@ -78,6 +78,7 @@ def print_table(doc: dict, console=None) -> None:
         table.add_row(*(cells[k] for k in columns))
     console.print(table)
     for title, body in (("per-call overhead", overhead_lines(doc["overhead"])),
+                        ("a training loop's first calls", first_calls_lines(doc.get("first_calls", {}))),
                         ("pass scaling", scaling_lines(doc["scaling"]))):
         if body:
             console.print(f"\n{title}\n" + "\n".join(body), highlight=False)
@@ -85,6 +86,17 @@ def print_table(doc: dict, console=None) -> None:
     for goal in doc["summary"]["goals"]:
         console.print(f"  {_verdict(goal['met'], 'met   ', 'MISSED', '-     ')}  {goal['goal']}: {goal['measured']}",
                       highlight=False)
+
+
+def first_calls_lines(first: dict) -> list[str]:
+    """Seconds per call of a training loop's first steps, shardprop beside jax.jit (compiles included)."""
+    if not first:
+        return []
+    names = list(first)
+    lines = [f"{'call':6}" + "".join(f"{n:>12}" for n in names)]
+    for k in range(len(first[names[0]])):
+        lines.append(f"{k + 1:<6}" + "".join(f"{first[n][k]:>11.3f}s" for n in names))
+    return lines
 
 
 def overhead_lines(overhead: list[dict]) -> list[str]:
@@ -184,6 +196,12 @@ def markdown(doc: dict, images: list[str]) -> str:
                 "batches), where `jax.jit` and the autoshard function each dispatch between two compiled programs "
                 "and the `Program` column alternates between the two Programs traced.", "", "```",
                 *overhead_lines(doc["overhead"]), "```"]
+    if doc.get("first_calls"):
+        out += ["", "## A training loop's first calls", "",
+                "An MLP training step (3 layers of 512, Megatron's layouts, the batch over `data`) called on freshly "
+                "initialised NumPy parameters, then on each call's own outputs; seconds per call, blocking on each, "
+                "compiles included (`jax.jit` with the same `in_shardings`). Only the first call should compile.", "",
+                "```", *first_calls_lines(doc["first_calls"]), "```"]
     if doc["scaling"]:
         out += ["", "## Scaling of the passes", "",
                 "A deep stack of matmuls, elementwise ops and reductions over both sharded axes "

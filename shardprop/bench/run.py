@@ -14,7 +14,7 @@ from pathlib import Path
 from . import plots, report
 from .goals import summarize
 from .measure import measure
-from .timing import scaling, small_call_overhead
+from .timing import first_calls, scaling, small_call_overhead
 from .workloads import MESHES, select, workloads
 
 # Blocks of the scaling graph: about 10^3, 10^4 and 10^5 nodes (the quick run stops at 10^4).
@@ -54,16 +54,18 @@ def run_benchmark(*, quick: bool, rounds: int, only: str | None, command: str, s
         status = "ERROR" if row["error"] else ("ok" if row["correct"] else "WRONG")
         say(f"[{k}/{len(chosen)}] {w.name}/{w.parallel}: {status} ({time.perf_counter() - t0:.1f}s)")
     mesh = make_mesh(*MESHES["2-D"])
-    overhead, points = [], []
+    overhead, points, first = [], [], {}
     if only is None:
         say("per-call overhead ...")
         overhead = small_call_overhead(mesh, rounds)
+        say("a training loop's first calls ...")
+        first = first_calls(mesh)
         layers = SCALING_LAYERS[:2] if quick else SCALING_LAYERS
         say(f"pass scaling at {', '.join(str(n) for n in layers)} layers of the deep graph (about 18 nodes each) ...")
         points = scaling(mesh, layers)
     doc = {"meta": {"command": command, "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
                     "machine": machine(), "quick": quick, "rounds": rounds, "only": only},
-           "rows": rows, "skipped": skipped, "overhead": overhead, "scaling": points}
+           "rows": rows, "skipped": skipped, "overhead": overhead, "first_calls": first, "scaling": points}
     doc["summary"] = summarize(rows, overhead, judge_runtime=not quick)
     doc["meta"]["wall_seconds"] = time.perf_counter() - start
     return doc

@@ -132,6 +132,35 @@ def small_call_overhead(mesh, rounds: int) -> list[dict]:
     return call_overhead(nx_example, mesh, (a, a + 1), (a[:8], a[:8] - 1), (spec, spec), rounds)
 
 
+def first_calls(mesh, calls: int = 3) -> dict:
+    """Seconds of a training loop's first ``calls`` steps (blocking on each, compiles included): an MLP training
+    step (3 layers of 512, Megatron's column/row layouts, the batch over the first mesh axis) called on freshly
+    initialised NumPy parameters, then on each call's own outputs — under shardprop, and under ``jax.jit`` with the
+    same ``in_shardings`` (and the parameters' ``out_shardings``). A step that compiles again when fed its own
+    outputs shows as a second slow call. ``{"shardprop": [s, ...], "jax.jit": [s, ...]}``."""
+    from ..api import autoshard
+    from .models import init_mlp, mlp_train_step
+
+    data, model = mesh.axis_names[:2]
+    layers = [{"w": P(None, model), "b": P(model)}, {"w": P(model, None), "b": P()}, {"w": P(None, model),
+                                                                                       "b": P(model)}]
+    specs = (layers, P(data), P(data))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 512)).astype(np.float32)
+    labels = rng.integers(0, 512, size=64).astype(np.int32)
+    shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs)
+    steps = {"shardprop": autoshard(mlp_train_step, mesh=mesh, in_specs=specs),
+             "jax.jit": jax.jit(mlp_train_step, in_shardings=shardings, out_shardings=(shardings[0], None))}
+    seconds: dict[str, list[float]] = {}
+    for name, step in steps.items():
+        params, seconds[name] = init_mlp((512, 512, 512, 512)), []
+        for _ in range(calls):
+            start = time.perf_counter()
+            params, loss = jax.block_until_ready(step(params, x, labels))
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
 # -- how the passes scale ----------------------------------------------------------------------------------------
 def deep(x, w, layers):
     """``layers`` blocks of a matmul, elementwise ops, a mean over one axis and a max over the other: about 18

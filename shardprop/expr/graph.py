@@ -88,6 +88,8 @@ class Graph:
     # Calls with custom derivative rules that were inlined (``custom_jvp_call``, ``custom_vjp_call``, ...): the
     # graph computes their forward only, so a Program differentiates the user's function instead.
     custom_derivatives: frozenset[str] = frozenset()
+    # The names jax.jit's messages give the argument leaves (``params['w'][0]``: the parameter and the key path)
+    names: tuple[str, ...] = ()
 
     @cached_property
     def producer(self) -> tuple[int, ...]:
@@ -119,6 +121,8 @@ class Graph:
     @cached_property
     def argument_keys(self) -> tuple[tuple, ...]:
         """Each flat argument's key path (``jax.tree_util`` keys: ``(SequenceKey(0), DictKey('w'))``)."""
+        if self.in_tree is None:  # a loop's or a cond's body: its inputs are a flat list
+            return tuple((jax.tree_util.SequenceKey(k),) for k in range(len(self.inputs)))
         skeleton = jax.tree_util.tree_unflatten(self.in_tree, list(range(len(self.inputs))))
         return tuple(path for path, _ in jax.tree_util.tree_flatten_with_path(skeleton)[0])
 
@@ -127,6 +131,12 @@ class Graph:
         """Each flat argument's key path as ``jax.tree_util.keystr`` prints it (``[0]['w']``: argument 0's key
         ``'w'``)."""
         return tuple(jax.tree_util.keystr(path) for path in self.argument_keys)
+
+    @cached_property
+    def argument_names(self) -> tuple[str, ...]:
+        """Each flat argument's name as ``jax.jit``'s messages give it: the parameter's name and the leaf's key path
+        (``params['w'][0]``, ``opt_state[0].mu['w']``); ``args[0]['w']`` where the parameters are unknown."""
+        return self.names or tuple(f"args{path}" for path in self.argument_paths)
 
     @cached_property
     def node_avals(self) -> tuple[tuple[tuple[Aval, ...], tuple[Aval, ...]], ...]:
@@ -231,9 +241,10 @@ def render(
     after it (a loop's body); ``order`` lists the nodes in another topological order (stage by stage);
     ``note(node)`` adds text after the source line."""
     type_of = type_of or (lambda v: str(graph.avals[v]))
-    params = " ".join(f"{value_name(v)}:{type_of(v)}" for v in graph.inputs)
-    rows: list[tuple[str, str | None]] = []  # (equation text, comment); extra lines have comment None
-    extra_lines: set[int] = set()
+    rows: list[tuple[str, str | None]] = [(line, None) for line in  # (equation text, comment)
+                                          argument_lines(graph, lambda v: f"{value_name(v)}:{type_of(v)}")]
+    rows.append(("  let", None))
+    extra_lines: set[int] = set(range(len(rows)))  # lines not aligned with the equations
     for node in graph.nodes if order is None else order:
         if node.op == PARAMETER:
             continue
@@ -246,7 +257,7 @@ def render(
             rhs = f"constant {format_constant(node, graph.avals[node.output])}"
         else:
             rhs = " ".join([node.op + format_params(node), *(value_name(v) for v in node.operands)])
-        comment = short_source(node.source)
+        comment = where(node, "") or None
         extra = note(node) if note is not None else ""
         rows.append((f"    {outs} = {rhs}", "  ".join(filter(None, [comment, extra])) or None))
         if after_node is not None:
@@ -254,12 +265,27 @@ def render(
                 extra_lines.add(len(rows))
                 rows.append((f"  {line}", None))
     width = max((len(text) for k, (text, _) in enumerate(rows) if k not in extra_lines), default=0)
-    lines = [f"{{ lambda ; {params}. let"]
+    lines = ["{ lambda ;"]
     for text, source in rows:
         lines.append(f"{text.ljust(width)}   # {source}" if source else text)
     outs = " ".join(value_name(v) for v in graph.outputs)
     lines.append(f"  in ({outs},) }}" if len(graph.outputs) == 1 else f"  in ({outs}) }}")
     return "\n".join(lines)
+
+
+def argument_label(graph: Graph, index: int) -> str:
+    """Argument leaf ``index`` as messages name it: ``argument params['w'] (d)`` — the user's name for it and its
+    handle in the listing (once, where the two are the same: ``argument a``)."""
+    name, handle = graph.argument_names[index], value_name(graph.inputs[index])
+    return f"argument {name}" if name == handle else f"argument {name} ({handle})"
+
+
+def argument_lines(graph: Graph, typed_value: Callable[[int], str]) -> list[str]:
+    """A listing's head, one argument per line, its name aligned after it — ``a:f32[16@i,8]   # params['w']`` — so
+    a model's hundred parameters read as a table, each under the name the user knows."""
+    typed_values = [f"    {typed_value(v)}" for v in graph.inputs]
+    width = max(map(len, typed_values), default=0)
+    return [f"{text.ljust(width)}   # {name}" for text, name in zip(typed_values, graph.argument_names, strict=True)]
 
 
 def where(node: Node, unknown: str = "an unknown line") -> str:

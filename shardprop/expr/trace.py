@@ -6,7 +6,9 @@ primitives that sharding rules understand; literals and closed-over constants be
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -51,7 +53,7 @@ def abstractify(args: tuple) -> tuple[list[jax.ShapeDtypeStruct], Any]:
     return avals, tree
 
 
-def trace(f: Callable, *args) -> Graph:
+def trace(f: Callable, *args, names: Sequence[str] | None = None) -> Graph:
     """Trace ``f`` on ``args`` (arrays, ShapeDtypeStructs, or pytrees of them) into a :class:`Graph`.
 
     >>> g = trace(lambda a, b: a + b, jnp.ones((4, 2)), jnp.ones((4, 2)))
@@ -63,19 +65,26 @@ def trace(f: Callable, *args) -> Graph:
     avals, in_tree = abstractify(args)
     out_tree_box = []
 
-    def flat_fun(*flat):
-        out = f(*jax.tree_util.tree_unflatten(in_tree, flat))
+    def leaves_of_f(*structured):
+        out = f(*structured)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         out_tree_box.append(out_tree)
         return out_leaves
 
+    # Traced on the arguments' pytrees, seen as ``f`` (its name, line and signature): JAX's own errors while tracing
+    # (a Python ``if`` on a traced value) then name the user's function and ``params['w']``, as under ``jax.jit``
+    functools.update_wrapper(leaves_of_f, f, updated=())
     try:
-        closed = jx.make_jaxpr(flat_fun, avals)
+        closed = jx.make_jaxpr(leaves_of_f, jax.tree_util.tree_unflatten(in_tree, avals))
     except ShardingError:
         raise  # shardprop's own checks while tracing (out_specs) say what is wrong themselves
     except Exception as err:  # any JAX error while tracing the user's code
         raise TraceError(f"tracing {getattr(f, '__name__', f)!r} failed: {type(err).__name__}: {err}") from err
-    return _GraphBuilder().build(closed, in_tree, out_tree_box[-1])
+    graph = _GraphBuilder().build(closed, in_tree, out_tree_box[-1])
+    names = jx.argument_names(f, args, {}) if names is None else tuple(names)
+    if names is None or len(names) != len(graph.inputs):
+        return graph
+    return dataclasses.replace(graph, names=names)
 
 
 def trace_jaxpr(closed_jaxpr) -> Graph:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, short_source, value_name, where
+from ..expr.graph import (CONSTANT, PARAMETER, argument_label, format_constant, format_params, short_source,
+                          value_name, where)
 from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..propagation.origins import trace_origin
@@ -116,16 +117,16 @@ class Explanation:
 
 
 def explain(prog: Any, value: Any) -> Explanation:
-    """Why every axis of ``value`` (a printed name such as ``"e"``, a value id, an argument's key path as
-    ``jax.tree_util.keystr`` prints it, ``"[0]['w']"``, or a path into a loop's or a cond's body as the listing
-    prints it, ``"e/body/c"``) has its sharding; for an argument whose layout ``sp.AUTO`` chose, why the search
-    chose it and what its other layouts would have cost.
+    """Why every axis of ``value`` (a printed name such as ``"e"``, a value id, an argument's name as the listing
+    prints it, ``"params['w']"``, or its key path as ``jax.tree_util.keystr`` prints it, ``"[0]['w']"``, or a path
+    into a loop's or a cond's body as the listing prints it, ``"e/body/c"``) has its sharding; for an argument whose
+    layout ``sp.AUTO`` chose, why the search chose it and what its other layouts would have cost.
 
     >>> print(sp.explain(prog, "e"))                                          # doctest: +SKIP
     e:f32[16@i] = reduce_sum[axes=(1,)] c   # f.py:10
       rule: reductions.reduction
       axis 0 (16): sharded over i, 4 blocks of 4
-        origin: argument 0 (a) has spec P('i', 'j'); this is its axis 0
+        origin: argument x (a) has spec P('i', 'j'); this is its axis 0
         -> c axis 0: `add` at f.py:8 (rule elementwise.elementwise)
         -> e axis 0: `reduce_sum` at f.py:10 (rule reductions.reduction)
       operands:
@@ -159,6 +160,9 @@ def explain(prog: Any, value: Any) -> Explanation:
     search = getattr(prog, "search", None)
     searched = () if search is None or scopes or v not in graph.inputs else \
         explain_choice(search, graph.inputs.index(v))
+    if not scopes and v in graph.inputs and graph.inputs.index(v) in getattr(prog, "kept", ()):
+        searched = ("its spec is the layout of the array it was called with: an unannotated argument already laid "
+                    "out on the mesh keeps its layout, as under jax.jit",)
     return Explanation(v, _equation(plan, node, v, scope), sharded.rules[node.id], tuple(axes),
                        tuple(_consumes(plan, node, scope)), plan.mesh_shape, _partial(plan, v, scope), searched)
 
@@ -213,12 +217,20 @@ def _equation(plan: Plan, node, v: int, scope: Scope | None) -> str:
     typ = typed(v, plan.graph.avals[v], plan.type(v))
     inside = f"   [in {scope.path}: {scope.describe()}]" if scope else ""
     if node.op == PARAMETER:
-        return f"{typ} = {'body input' if scope else 'argument'} {node.params['index']}{inside}"
+        index = node.params["index"]
+        return f"{typ} = body input {index}{inside}" if scope else \
+            f"{typ} = argument {plan.graph.argument_names[index]}"
     if node.op == CONSTANT:
         return f"{typ} = constant {format_constant(node, plan.graph.avals[v])}{inside}"
     rhs = " ".join([node.op + format_params(node), *(value_name(u) for u in node.operands)])
     stage = plan.stage_of(node.id)
     return f"{typ} = {rhs}   # {where(node)}" + (inside or ("" if stage is None else f"   [stage {stage}]"))
+
+
+def _argument(plan: Plan, index: int) -> str:
+    """``argument params['w'] (d)``: an argument leaf as the user knows it (its parameter and key path) and its
+    handle in the listing."""
+    return argument_label(plan.graph, index)
 
 
 def _body_input(plan: Plan, scopes: tuple[Scope, ...], index: int) -> str:
@@ -256,8 +268,8 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
             where_from = f"from a returned value, asked for in the layout of an argument it mirrors ({_MIRRORS})"
         else:
             argument = plan.graph.inputs[mirror.argument]
-            where_from = (f"from output {mirror.output}, returned laid out like argument {mirror.argument} "
-                          f"({value_name(argument)}, {sharded.spec(argument)}), whose shape it has ({_MIRRORS})")
+            where_from = (f"from output {mirror.output}, returned laid out like {_argument(plan, mirror.argument)} "
+                          f"({sharded.spec(argument)}), whose shape it has ({_MIRRORS})")
     else:
         node = plan.graph.nodes[met]
         asked = _asked_by_use(plan, node)
@@ -269,10 +281,11 @@ def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
         if scopes:
             text = f"{_body_input(plan, scopes, index)}; this is its axis {origin.axis}"
         elif sharded.is_unannotated_input(root):
-            text = (f"argument {index} ({value_name(root)}) is unannotated; its axis {origin.axis} adopted {names} "
+            text = (f"{_argument(plan, index)} is unannotated; its axis {origin.axis} adopted "
+                    f"{names} "
                     f"{where_from}")
         else:
-            text = (f"argument {index} ({value_name(root)}) has spec {sharded.spec(root)}; this is its axis "
+            text = (f"{_argument(plan, index)} has spec {sharded.spec(root)}; this is its axis "
                     f"{origin.axis}")
     elif _asked_by_use(plan, origin.node) is not None:
         text = _asked_by_use(plan, origin.node)
@@ -322,8 +335,8 @@ def _asked_by_use(plan: Plan, node) -> str | None:
     if isinstance(use, Mirror):
         argument = plan.graph.inputs[use.argument]
         return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from output {use.output}: it has "
-                f"the shape of argument {use.argument} ({value_name(argument)}) and is returned laid out like it, "
-                f"{plan.sharded.spec(argument)}, which this moves no more for ({_MIRRORS})")
+                f"the shape of {_argument(plan, use.argument)} and is returned laid out "
+                f"like it, {plan.sharded.spec(argument)}, which this moves no more for ({_MIRRORS})")
     if use == node.id:  # a lookup's other way (propagation/uses.py: lookup_alternatives)
         return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}: its indices' batch and the table's whole "
                 f"window share those mesh axes, and the plan moves less with the indices gathered and the window kept "
@@ -354,11 +367,11 @@ def _replicated_origin(plan: Plan, v: int, axis: int,
                           "for why — in a loop, or the carry's layout, which the loop keeps the same on every "
                           "iteration")
             elif sharded.is_unannotated_input(v):
-                origin = f"argument {index} ({value_name(v)}) is unannotated"
+                origin = f"{_argument(plan, index)} is unannotated"
                 reason = (f"its axis {axis} met no sharding, or several different ones, so it stays replicated "
                           "(replicated is compatible with every sharding)")
             else:
-                origin = f"argument {index} ({value_name(v)}) has spec {sharded.spec(v)}"
+                origin = f"{_argument(plan, index)} has spec {sharded.spec(v)}"
                 reason = f"the spec does not shard its axis {axis}"
             break
         if node.op == CONSTANT:

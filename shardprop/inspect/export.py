@@ -22,7 +22,7 @@ from .listing import move_op_name
 from .products import as_plan, body_prefix
 from .searched import SEARCH_SCHEMA, search_to_dict
 
-SCHEMA_ID = "shardprop.inspect/2"
+SCHEMA_ID = "shardprop.inspect/3"
 
 
 def _layout(layout) -> list[list[str]]:
@@ -86,7 +86,8 @@ def to_json(prog: Any) -> dict[str, Any]:
         "schema": SCHEMA_ID,
         "mesh": {"axis_names": list(plan.mesh_shape), "shape": list(plan.mesh_shape.values())},
         "strategy": str(plan.strategy) if split else None,
-        "inputs": [{"index": k, "value": value_name(v), "layout": _layout(plan.layout(v))}
+        "inputs": [{"index": k, "name": graph.argument_names[k], "value": value_name(v),
+                    "layout": _layout(plan.layout(v)), "spec_source": _spec_source(prog, k)}
                    for k, v in enumerate(graph.inputs)],
         "outputs": [{"index": k, "value": value_name(v), "layout": _layout(plan.output_type(k).layout),
                      "source": _source(plan.output_sources[k]) if split else None}
@@ -163,6 +164,18 @@ _BOX = {"type": "array", "items": {"type": "array", "items": {"type": "integer",
                                    "minItems": 2, "maxItems": 2}}
 
 
+# where an argument's spec came from: written by the user (or unannotated: propagation's), chosen by sp.AUTO, or
+# the layout of the array it was called with
+SPEC_SOURCES = ("in_specs", "sp.AUTO", "array")
+
+
+def _spec_source(prog, k: int) -> str:
+    search = getattr(prog, "search", None)
+    if search is not None and k in search.searched:
+        return "sp.AUTO"
+    return "array" if k in getattr(prog, "kept", ()) else "in_specs"
+
+
 def _object(properties: dict, required: list[str] | None = None) -> dict:
     return {"type": "object", "properties": properties, "required": required or list(properties),
             "additionalProperties": False}
@@ -233,8 +246,10 @@ SCHEMA: dict[str, Any] = {
         "mesh": _object({"axis_names": {"type": "array", "items": {"type": "string"}},
                          "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}}}),
         "strategy": {"type": ["string", "null"]},
-        "inputs": {"type": "array", "items": _object({"index": {"type": "integer"}, "value": _NAME,
-                                                      "layout": _LAYOUT})},
+        # an argument leaf: its name as jax.jit names it (params['w']), and where its spec came from
+        "inputs": {"type": "array", "items": _object({"index": {"type": "integer"}, "name": {"type": "string"},
+                                                      "value": _NAME, "layout": _LAYOUT,
+                                                      "spec_source": {"enum": list(SPEC_SOURCES)}})},
         "outputs": {"type": "array", "items": _object({"index": {"type": "integer"}, "value": _NAME,
                                                        "layout": _LAYOUT,
                                                        "source": {"oneOf": [_SOURCE, {"type": "null"}]}})},

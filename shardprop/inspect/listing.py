@@ -19,10 +19,13 @@ their sources), the collectives inside it and its outputs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
 from ..core.layouts import Layout, layout_to_spec
 from ..core.steps import realign_shift, StepKind
 from ..core.types import ValueType, type_string, typed
-from ..expr.graph import CONSTANT, PARAMETER, format_constant, format_params, short_source, value_name, where
+from ..expr.graph import (CONSTANT, PARAMETER, argument_lines, format_constant, format_params, value_name, where)
 from ..gc_pause import gc_paused
 from ..splitting import Plan, Stage
 from ..splitting.ir import BodyProgram, Compute, Finish, Move, Ref, transfers_of
@@ -118,7 +121,7 @@ def _instruction_rows(plan_graph, instructions, note, indent: str, body_rows) ->
                 rhs = f"constant {format_constant(node, avals[node.output])}"
             else:
                 rhs = " ".join([node.op + format_params(node), *(value_name(v) for v in node.operands)])
-            comment = "  ".join(filter(None, [short_source(node.source), note(instruction)]))
+            comment = "  ".join(filter(None, [where(node, ""), note(instruction)]))
             rows.append((f"{indent}{outs} = {rhs}", comment or None))
             rows += body_rows(instruction, node)
         else:
@@ -158,8 +161,8 @@ def format_listing(plan: Plan) -> str:
         computes = [Compute(n.id, (), tuple(Ref(v, plan.type(v)) for v in n.outputs)) for n in graph.nodes
                     if n.op != PARAMETER]
         rows += _instruction_rows(graph, computes, note, "    ", lambda c, n: [])
-    params = " ".join(typed(v, graph.avals[v], plan.type(v)) for v in graph.inputs)
-    return _lines(f"{{ lambda ; {params}. let", rows, graph.outputs)
+    head = argument_lines(graph, lambda v: typed(v, graph.avals[v], plan.type(v)))
+    return _lines("\n".join(["{ lambda ;", *head, "  let"]), rows, graph.outputs)
 
 
 def _lines(head: str, rows: list[tuple[str, str | None]], outputs) -> str:
@@ -207,23 +210,31 @@ def _kept(body: BodyProgram) -> str:
             else f"; carry {outputs[0]} kept a partial sum over {axes}") + ", summed after the loop"
 
 
-def format_stages(plan: Plan, searched: frozenset[int] = frozenset()) -> str:
+def format_stages(plan: Plan, sources: Mapping[int, str] | None = None) -> str:
     """One block per stage: its ops, its inputs (value, type, source), the collectives inside it and its
-    outputs (value, type). ``searched``: the arguments whose layouts ``sp.AUTO`` chose (marked so)."""
-    lines = []
-    for stage in plan.stages:
-        ops = stage_ops(plan, stage)
-        where = ", outside shard_map" if stage.outside_shard_map else ""
-        lines.append(f"stage {stage.id}: {ops_summary(ops, moves=moves_values(stage))}{where}")
-        for i in stage.inputs:
-            chosen = " (chosen by sp.AUTO)" if i.source.is_argument and i.source.index in searched else ""
-            lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {i.source}"
-                         f"{chosen}")
-        lines += collective_lines(plan, stage.instructions, "  ")
-        for ref in stage.output_refs:
-            lines.append(f"  out {typed_name(plan, ref.value, ref.type.layout)}  {layout_to_spec(ref.type.layout)}")
+    outputs (value, type). ``sources``: where the specs of the arguments the user did not annotate came from
+    (``{3: "chosen by sp.AUTO"}``), said after them."""
+    lines = [line for stage in plan.stages for line in _stage_lines(plan, stage, sources or {})]
     lines.append(f"program outputs: {', '.join(str(s) for s in plan.output_sources)}")
     return "\n".join(lines)
+
+
+def _stage_lines(plan: Plan, stage: Stage, sources: Mapping[int, str]) -> list[str]:
+    """Stage ``stage``'s block of the stage table (see :func:`format_stages`)."""
+    lines = []
+    ops = stage_ops(plan, stage)
+    where = ", outside shard_map" if stage.outside_shard_map else ""
+    lines.append(f"stage {stage.id}: {ops_summary(ops, moves=moves_values(stage))}{where}")
+    for i in stage.inputs:
+        source = sources.get(i.source.index) if i.source.is_argument else None
+        chosen = f" ({source})" if source else ""
+        origin = plan.graph.argument_names[i.source.index] if i.source.is_argument else i.source
+        lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {origin}"
+                     f"{chosen}")
+    lines += collective_lines(plan, stage.instructions, "  ")
+    for ref in stage.output_refs:
+        lines.append(f"  out {typed_name(plan, ref.value, ref.type.layout)}  {layout_to_spec(ref.type.layout)}")
+    return lines
 
 
 def collective_lines(plan_or_graph, instructions, indent: str, graph=None) -> list[str]:
@@ -271,19 +282,37 @@ def _body_collectives(plan, compute: Compute, graph, indent: str) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class TableStage(Stage):
+    """``prog.stages[k]``: the :class:`~shardprop.Stage` splitting made, printed as its block of the stage table
+    (its ops, inputs with where they come from, collectives, outputs)."""
+
+    plan: Plan | None = field(default=None, repr=False)
+    sources: Mapping[int, str] = field(default_factory=dict, repr=False)
+
+    def __str__(self) -> str:
+        return "\n".join(_stage_lines(self.plan, self, self.sources))
+
+    __repr__ = __str__
+
+
 class StageTable(tuple):
-    """``prog.stages``: the plan's stages (a tuple of :class:`~shardprop.Stage`) that prints as the table."""
+    """``prog.stages``: the plan's stages (a tuple of :class:`~shardprop.Stage`, each printing as its block) that
+    prints as the table."""
 
     plan: Plan
-    searched: frozenset[int]
+    sources: Mapping[int, str]
 
-    def __new__(cls, plan: Plan, searched: frozenset[int] = frozenset()):
-        self = super().__new__(cls, plan.stages)
-        self.plan, self.searched = plan, frozenset(searched)
+    def __new__(cls, plan: Plan, sources: Mapping[int, str] | None = None):
+        sources = dict(sources or {})
+        stages = [TableStage(**{f.name: getattr(stage, f.name) for f in fields(Stage)}, plan=plan, sources=sources)
+                  for stage in plan.stages]
+        self = super().__new__(cls, stages)
+        self.plan, self.sources = plan, sources
         return self
 
     def __str__(self) -> str:
-        return format_stages(self.plan, self.searched)
+        return format_stages(self.plan, self.sources)
 
 
 class AnnotatedGraph:
@@ -303,5 +332,6 @@ class AnnotatedGraph:
         return f"<AnnotatedGraph {len(graph.nodes)} nodes, {len(self.plan.stages)} stages>"
 
 
-__all__ = ["AnnotatedGraph", "StageTable", "collective_lines", "format_bytes", "format_listing", "format_ms",
-           "format_stages", "move_equation", "move_op", "move_op_name", "stage_ops", "type_string", "typed_name"]
+__all__ = ["AnnotatedGraph", "StageTable", "TableStage", "collective_lines", "format_bytes", "format_listing",
+           "format_ms", "format_stages", "move_equation", "move_op", "move_op_name", "stage_ops", "type_string",
+           "typed_name"]

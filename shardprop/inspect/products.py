@@ -31,8 +31,9 @@ def as_plan(prog: Any) -> Plan:
 
 
 def resolve_value(plan: Plan, ref: Any) -> int:
-    """A value id from what the user typed: its printed name (``"c"``), its id, or the :class:`~shardprop.Node`
-    that computes it (a node with several outputs must be named by the output wanted)."""
+    """A value id from what the user typed: an argument's name (``"params['w']"``) or key path (``"[0]['w']"``),
+    its printed name (``"c"``; an argument's name wins where the two are spelled alike), its id, or the
+    :class:`~shardprop.Node` that computes it (a node with several outputs must be named by the output wanted)."""
     graph = plan.graph
     count = len(graph.avals)
     if isinstance(ref, Node):
@@ -49,14 +50,14 @@ def resolve_value(plan: Plan, ref: Any) -> int:
     close = ""
     if isinstance(ref, str):
         name = ref.strip()
+        for names in (graph.argument_names, graph.argument_paths):  # params['w'], or its key path [0]['w']: the
+            if name in names:                                         # user's own names first
+                return graph.inputs[names.index(name)]
         value = _value_of_name(name)
         if value is not None and value < count:
             return value
-        if name.startswith(("[", ".")):  # an argument's key path, as jax.tree_util.keystr prints it
-            paths = graph.argument_paths
-            if name in paths:
-                return graph.inputs[paths.index(name)]
-        near = difflib.get_close_matches(name.lower(), [value_name(v) for v in range(count)], n=3, cutoff=0.5)
+        known = [*graph.argument_names, *(value_name(v) for v in range(count))]
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         close = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     raise UnknownValueError(f"no value {ref!r} in this graph{close} (give a name as printed in the listing, 'a' "
                             f"... {value_name(count - 1)!r}, a value id below {count}, or a Node)")

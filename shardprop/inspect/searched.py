@@ -46,7 +46,7 @@ def explain_choice(result, leaf: int, shown: int = 5) -> tuple[str, ...]:
     for a in priced[:shown]:
         more = a.candidate.price / chosen.price - 1 if chosen.price else 0.0
         mark = ("chosen" if a.spec == chosen.specs[leaf] else
-                f"+{more:.1%} price" if more < 0.1 else f"+{more:.0%} price")
+                f"{more:+.1%} price" if more < 0.1 else f"{more:+.0%} price")
         over = "" if not a.candidate.excess else f", over the limit by {format_bytes(a.candidate.excess)}"
         lines.append(f"  {str(a.spec):<{width}}  {format_bytes(a.candidate.moved)} moved, "
                      f"{format_bytes(a.candidate.memory.total)} per device{over}  ({mark})")

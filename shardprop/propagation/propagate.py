@@ -25,7 +25,7 @@ from ..errors import (ConflictKind, FallbackWarning, NoRuleError, OptionError, R
                       ShardingError, SpecError, SpecTreeError)
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
-from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, short_dtype, value_name, warn_at, where
+from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, argument_label, short_dtype, value_name, warn_at, where
 from ..ops import has_record, lookup
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
@@ -49,16 +49,21 @@ def is_spec(x: Any) -> bool:
 def flat_in_specs(in_specs: Any, graph: Graph, is_leaf: Callable[[Any], bool] = is_spec) -> list[Any]:
     """Broadcast ``in_specs`` — a pytree prefix of the argument tuple, as in ``shard_map`` — to one entry
     (a PartitionSpec, or None for unannotated; whatever ``is_leaf`` accepts) per flat input."""
-    n = len(graph.inputs)
+    return flat_specs_of_tree(in_specs, graph.in_tree, is_leaf)
+
+
+def flat_specs_of_tree(in_specs: Any, in_tree: Any, is_leaf: Callable[[Any], bool] = is_spec) -> list[Any]:
+    """:func:`flat_in_specs` for arguments of pytree structure ``in_tree`` (before they are traced)."""
+    n = in_tree.num_leaves
     if is_leaf(in_specs):
         return [in_specs] * n
     spec_leaves, spec_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=is_leaf)
-    args_skeleton = jax.tree_util.tree_unflatten(graph.in_tree, [0] * n)
+    args_skeleton = jax.tree_util.tree_unflatten(in_tree, [0] * n)
     try:
         subtrees = spec_tree.flatten_up_to(args_skeleton)
     except (ValueError, TypeError) as err:
         raise SpecTreeError(
-            f"in_specs {in_specs!r} is not a pytree prefix of the arguments (structure {graph.in_tree}): {err}"
+            f"in_specs {in_specs!r} is not a pytree prefix of the arguments (structure {in_tree}): {err}"
         ) from None
     flat: list[PartitionSpec | None] = []
     for spec, sub in zip(spec_leaves, subtrees, strict=True):
@@ -107,7 +112,8 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     input_layouts: list[Layout | None] = []
     for index, (spec, value) in enumerate(zip(specs, graph.inputs, strict=True)):
         shape = graph.avals[value].shape
-        input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape, f"argument {index}",
+        input_layouts.append(None if spec is None else layout_from_spec(spec, shape, mesh_shape,
+                                                                         f"argument {graph.argument_names[index]}",
                                                                          uneven=True))
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
                                 conflicts="error" if strict else conflicts, price=price, backward=backward,
@@ -631,7 +637,7 @@ class _Walk:
         origin = trace_origin(self.graph, self.shardings, value, axis)
         node = origin.node
         if origin.is_argument:
-            root = (f"argument {node.params['index']} ({value_name(origin.value)}) has spec "
+            root = (f"{argument_label(self.graph, node.params['index'])} has spec "
                     f"{self.shardings[origin.value].spec}")
         else:
             root = f"`{node.op}` at {where(node)} adopted it"

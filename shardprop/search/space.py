@@ -86,7 +86,8 @@ def _order_key(spec: PartitionSpec) -> str:
 
 @dataclass(frozen=True)
 class Leaf:
-    """One flat argument of the traced function: its position, its path (``jax.tree_util.keystr``), shape, dtype;
+    """One flat argument of the traced function: its position, its name (``path``: as ``jax.jit`` names it,
+    ``params[0]['w']``), shape, dtype;
     ``argument`` is the part of the path naming the function's argument (``[1]``; ``[0][1]`` or ``[1]['lr']`` for a
     program traced on ``(args, kwargs)``), ``within`` the rest (``[0].mu['w']``)."""
 
@@ -111,9 +112,9 @@ def leaves_of(graph, keyword_form: bool = False) -> list[Leaf]:
     named by two keys."""
     depth = 2 if keyword_form else 1
     keystr = jax.tree_util.keystr
-    return [Leaf(k, keystr(keys), graph.avals[v].shape, graph.avals[v].dtype, keystr(keys[:depth]),
-                 keystr(keys[depth:]))
-            for k, (keys, v) in enumerate(zip(graph.argument_keys, graph.inputs, strict=True))]
+    return [Leaf(k, name, graph.avals[v].shape, graph.avals[v].dtype, keystr(keys[:depth]), keystr(keys[depth:]))
+            for k, (keys, v, name) in enumerate(zip(graph.argument_keys, graph.inputs, graph.argument_names,
+                                                     strict=True))]
 
 
 def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, ...]]:

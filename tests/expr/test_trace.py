@@ -61,7 +61,7 @@ def test_pytree_arguments_and_outputs_round_trip():
 def test_listing_is_jaxpr_like_with_source_lines():
     g = sp.trace(lambda a, b: jnp.sum(a + b, axis=1), X, X)
     text = str(g)
-    assert text.splitlines()[0] == "{ lambda ; a:f32[8,4] b:f32[8,4]. let"
+    assert text.splitlines()[:4] == ["{ lambda ;", "    a:f32[8,4]   # a", "    b:f32[8,4]   # b", "  let"]
     assert "c:f32[8,4] = add a b" in text
     assert "d:f32[8] = reduce_sum[axes=(1,)] c" in text
     assert "# test_trace.py:" in text

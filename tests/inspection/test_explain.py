@@ -25,7 +25,7 @@ def test_sharded_axis_is_traced_back_to_the_input_spec(mesh):
     why = sp.explain(program(nx_example, (a, a), (P("i", "j"), None), mesh, "gather"), "e")
     (axis,) = why.axes
     assert axis.mesh_axes == ("i",)
-    assert axis.origin == "argument 0 (a) has spec P('i', 'j'); this is its axis 0"
+    assert axis.origin == "argument a has spec P('i', 'j'); this is its axis 0"
     assert [(s.op, s.source.rsplit("/", 1)[-1]) for s in axis.steps] == [("add", "nx_example.py:7"),
                                                                        ("reduce_sum", "nx_example.py:9")]
     # the reduced axis: its sharding is dropped, and the gather that pays for it is named with its bytes
@@ -53,7 +53,7 @@ def test_replicated_axis_names_the_op_that_dropped_it(mesh):
     assert scanned.mesh_axes == () and "`sort`" in scanned.origin and "sharded over i" in scanned.origin
     assert "sorts need the scanned axis whole" in scanned.reason
     # axis 1 was never sharded: the weight's spec leaves its columns whole, through the matmul and tanh
-    assert other.origin == "argument 1 (b) has spec P('j',)" and [s.op for s in other.steps] == [
+    assert other.origin == "argument w (b) has spec P('j',)" and [s.op for s in other.steps] == [
         "dot_general", "tanh", "sort"]
     matmul = sp.explain(prog, "c")
     assert any("psum[j] c finishes the result" in c for c in matmul.consumes)

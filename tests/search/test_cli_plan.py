@@ -26,10 +26,10 @@ def plan(*args, check=True):
 def test_plan_prints_the_chosen_table_and_explains_a_choice():
     out = plan(f"{EXAMPLE}:step", "--mesh", "data=4,model=2", "--args", f"{EXAMPLE}:example",
                "--in-specs", "(AUTO, P('data'), P('data'))", "--memory-limit", "1MB",
-               "--explain", "[0][0]['w']").stdout
+               "--explain", "params[0]['w']").stdout
     assert out.startswith("sp.AUTO chose 4 layouts in ")
     assert "as compiled, limit 976.6 KiB" in out
-    for path in ("[0][0]['b']", "[0][0]['w']", "[0][1]['b']", "[0][1]['w']"):
+    for path in ("params[0]['b']", "params[0]['w']", "params[1]['b']", "params[1]['w']"):
         assert f"  {path}  " in out
     assert "chosen by the sp.AUTO search among 9 layouts" in out and "(chosen)" in out
 
@@ -39,7 +39,7 @@ def test_plan_json_with_flat_arguments():
                "--format", "json").stdout
     doc = json.loads(out)["search"]
     jsonschema.validate(doc, SEARCH_SCHEMA)
-    assert [row["argument"] for row in doc["chosen"]] == ["[1]"]
+    assert [row["argument"] for row in doc["chosen"]] == ["b"]
     assert doc["chosen"][0]["shape"] == [256, 512] and isinstance(doc["chosen"][0]["spec"], list)
     assert doc["moved_bytes"] >= 0 and doc["memory"]["total"] > 0 and doc["finalists"]
 
@@ -75,4 +75,4 @@ def test_inspect_json_of_a_searched_program_says_what_was_chosen():
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     jsonschema.validate(doc, SCHEMA)
-    assert [row["argument"] for row in doc["search"]["chosen"]] == ["[1]"]
+    assert [row["argument"] for row in doc["search"]["chosen"]] == ["b"]

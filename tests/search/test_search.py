@@ -74,7 +74,7 @@ def test_fixed_specs_are_kept_exactly_and_in_specs_is_shaped_like_the_arguments(
     assert jax.tree_util.tree_structure(specs[0], is_leaf=lambda x: isinstance(x, P)) == \
         jax.tree_util.tree_structure(model.args[0], is_leaf=lambda x: isinstance(x, np.ndarray))
     searched_paths = {prog.search.leaves[k].path for k in prog.search.searched}
-    assert searched_paths == {"[0][0]['b']", "[0][1]['b']", "[0][1]['w']", "[0][2]['w']"}
+    assert searched_paths == {"params[0]['b']", "params[1]['b']", "params[1]['w']", "params[2]['w']"}
     _assert_equal(fs(*model.args), jax.jit(model.f)(*model.args))
 
 
@@ -109,13 +109,13 @@ def test_explain_says_why_a_searched_argument_got_its_layout():
     model = bench_search.mlp(True, width=64, batch=16)
     prog = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs).trace(*model.args)
     chosen = prog.in_specs[0][0]["w"]
-    text = str(sp.explain(prog, "[0][0]['w']"))
+    text = str(sp.explain(prog, "params[0]['w']"))
     assert "chosen by the sp.AUTO search among 9 layouts" in text
     assert f"{chosen}" in text and "(chosen)" in text and "% price)" in text
-    assert sp.explain(prog, "[0][0]['w']").to_dict()["search"]
+    assert sp.explain(prog, "params[0]['w']").to_dict()["search"]
     assert "(chosen by sp.AUTO)" in str(prog.stages)
     table = str(prog.search)
-    assert table.startswith("sp.AUTO chose 6 layouts") and "[0][2]['w']" in table
+    assert table.startswith("sp.AUTO chose 6 layouts") and "params[2]['w']" in table
     assert not sp.explain(prog, "[1]").search  # a fixed argument: nothing was searched
 
 
@@ -203,7 +203,7 @@ def test_explain_marks_the_layouts_over_the_limit():
     dp = sp.autoshard(model.f, mesh=mesh, in_specs=model.experts["data parallel"]).trace(*model.args).memory()
     prog = sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs, memory_limit=int(0.6 * dp)).trace(*model.args)
     leaf = prog.search.leaves[1]
-    assert leaf.path == "[0][0]['w']"
+    assert leaf.path == "params[0]['w']"
     alternatives = prog.search.alternatives(1)
     for alternative in alternatives:  # over the limit itself, not the search's screening margin
         c = alternative.candidate
@@ -233,9 +233,9 @@ def test_a_limit_nothing_fits_names_the_smallest_footprint_found():
     model = bench_search.mlp(True, width=64, batch=16)
     fs = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs, memory_limit=4096)
     # the largest arguments first: the weights
-    with pytest.raises(sp.MemoryLimitError, match=r"no layout of argument \[0\]\[0\]\['w'\].* fits "
+    with pytest.raises(sp.MemoryLimitError, match=r"no layout of argument params\[0\]\['w'\].* fits "
                                                   r"memory_limit=4,096 B per device: the smallest footprint found is "
-                                                  r"[\d,]+ B as compiled with \[0\]\[0\]\['w'\] P"):
+                                                  r"[\d,]+ B as compiled with params\[0\]\['w'\] P"):
         fs.trace(*model.args)
 
 

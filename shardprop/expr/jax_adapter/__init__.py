@@ -25,5 +25,5 @@ from .values import (  # noqa: F401  (the adapter's names, re-exported)
 )
 from .collectives import pprod  # noqa: F401  (the adapter's names, re-exported)
 from .sources import (  # noqa: F401  (the adapter's names, re-exported)
-    exclude_from_sources, sources_of_traceback, user_call_site,
+    exclude_from_sources, sources_of_traceback, user_call_site, argument_names,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable, Sequence
 
 
 from jax._src import source_info_util as _source_info_util
@@ -65,3 +66,16 @@ def _user_lines(traceback) -> tuple[str | None, str | None]:
     return source, None
 
 
+
+
+def argument_names(fun: Callable, args: Sequence, kwargs: dict, *, static_argnums: Sequence[int] = (),
+                   static_argnames: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The names ``jax.jit`` gives the dynamic argument leaves of ``fun(*args, **kwargs)`` in its messages — the
+    parameter's name and the leaf's key path (``params['w'][0]``, ``rest[1]``, ``scale``) — in flat order (positional
+    arguments, then keyword ones by name); None where JAX cannot say (a callable without a signature)."""
+    from jax._src import api_util
+
+    info = api_util.debug_info("autoshard", fun, args, kwargs, static_argnums=tuple(static_argnums),
+                               static_argnames=tuple(static_argnames))
+    names = info.arg_names
+    return None if names is None or any(n is None or n == "" for n in names) else tuple(names)

@@ -1,0 +1,70 @@
+"""flax NNX objects as arguments, updated in place as ``nnx.jit`` updates them.
+
+An NNX training step mutates its arguments — ``optimizer.update(model, grads)`` assigns new parameter values —
+and returns only the loss. A plain ``jax.jit`` (and a plain trace) sees the modules as pytrees of arrays: the
+mutation happens on copies inside the trace and is lost. Like ``nnx.jit``, an autoshard function called with NNX
+objects (``nnx.Module``, ``nnx.Optimizer``, ``nnx.Rngs``: any ``nnx.Pytree``) returns their state after the call from
+the program as extra outputs (:func:`returning_state`) and writes it back into the caller's objects
+(:func:`write_back`), so the caller's model is the updated one. Only this module knows flax.
+
+    >>> step = sp.autoshard(train_step, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")))  # doctest: +SKIP
+    >>> loss = step(model, optimizer, x, y)      # model and optimizer updated in place, as under nnx.jit
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .errors import TraceError
+
+
+def _nnx():
+    return sys.modules.get("flax.nnx")  # never imported here: a program of a user without flax has no NNX objects
+
+
+def stateful_positions(args: Sequence) -> tuple[int, ...]:
+    """The positions of ``args`` that are NNX objects (their state may change in the call)."""
+    nnx = _nnx()
+    if nnx is None:
+        return ()
+    base = getattr(nnx, "Pytree", None) or nnx.Object
+    return tuple(k for k, a in enumerate(args) if isinstance(a, base))
+
+
+def returning_state(f: Callable, positions: tuple[int, ...]) -> Callable:
+    """``f`` returning ``(its outputs, the state of args[p] after the call for each p in positions)``: each state the
+    object's array leaves, in its pytree order. An object whose structure the call changed (a Variable added or
+    removed) is a :class:`~shardprop.TraceError`: its new state could not be written back."""
+    def with_state(*args, **kwargs):
+        before = [jax.tree_util.tree_structure(args[p]) for p in positions]
+        out = f(*args, **kwargs)
+        states = []
+        for p, structure in zip(positions, before, strict=True):
+            leaves, after = jax.tree_util.tree_flatten(args[p])
+            if after != structure:
+                raise TraceError(f"{getattr(f, '__name__', 'the function')} changed the structure of its argument "
+                                 f"{p} ({type(args[p]).__name__}: a Variable added or removed), so its new state "
+                                 "cannot be written back as nnx.jit would; create every Variable before the call")
+            states.append(leaves)
+        return out, tuple(states)
+
+    functools.update_wrapper(with_state, f, updated=())  # its name, line and signature: the user's
+    return with_state
+
+
+def write_back(args: Sequence, positions: tuple[int, ...], states: Sequence[list]) -> None:
+    """Each NNX object ``args[p]`` updated in place to its state after the call (``nnx.update``)."""
+    nnx = _nnx()
+    for p, leaves in zip(positions, states, strict=True):
+        updated = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(args[p]), list(leaves))
+        nnx.update(args[p], nnx.state(updated))
+
+
+def returned_out_specs(out_specs: Any) -> Any:
+    """``out_specs`` for a function :func:`returning_state` wraps: the user's for its outputs, the states free."""
+    return None if out_specs is None else (out_specs, None)
