@@ -229,7 +229,9 @@ class AutoSharded:
 
     def __repr__(self) -> str:
         name = getattr(self.f, "__qualname__", None) or getattr(self.f, "__name__", None) or repr(self.f)
-        traced = len({id(p) for p in self._programs.values()})
+        programs = [*self._programs.values(), *(p for inner in self._returning_state.values()
+                                                 for p in inner._programs.values())]
+        traced = len({id(p) for p in programs})
         mesh = ("the mesh of jax.set_mesh or of its NamedShardings" if self.mesh is None
                 else f"mesh {dict(self.mesh.shape)}")
         return (f"<autoshard {name} on {mesh}, in_specs={self.in_specs!r}, "

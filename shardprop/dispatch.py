@@ -1,19 +1,20 @@
 """How a call reaches its compiled program: straight into that program's ``jax.jit``, or through Python first.
 
-Every :class:`~shardprop.Program` holds one ``jax.jit`` of itself on its flat argument leaves, whose trace checks the
-call's :class:`~shardprop.signature.Signature`: a call that hits the jit's C++ cache costs what a ``jax.jit`` call
-costs. The jit has no ``in_shardings``: an array laid out otherwise than the program reads it is moved inside the
-program (one executable per input layout, as under ``jax.jit``). An
-autoshard function finds the program of a call as ``jax.jit``'s cache finds an executable, by the call's signature:
-a dict keyed by :func:`~shardprop.signature.call_key`, read in about a microsecond per leaf. So calls alternating
-between signatures (train and eval batches, a last short batch) each go straight into their own program's jit.
+Every :class:`~shardprop.Program` holds one ``jax.jit`` of itself on its flat argument leaves, whose
+trace checks the call's :class:`~shardprop.signature.Signature`: a call that hits the jit's C++ cache costs what a
+``jax.jit`` call costs. An autoshard function finds the program of a call as ``jax.jit``'s cache finds an
+executable, by the call's signature: a dict keyed by :func:`~shardprop.signature.call_key`, read in about a
+microsecond per leaf. So calls alternating between signatures (train and eval batches, a last short batch) each go
+straight into their own program's jit.
+
+NumPy values and fresh, uncommitted arrays are put where the program reads them first, in one batched call
+(:func:`loose_leaves`): ``jax.jit`` keys its executables by whether an argument was placed already, so otherwise a
+training step called on fresh parameters and then on its own outputs would compile twice (as under ``jax.jit``
+with ``in_shardings``); this way it runs one executable. An array on the mesh laid out otherwise than the program
+reads it is moved inside the program (one executable per input layout, as under ``jax.jit``).
 
 A few calls need Python before the jit; :func:`goes_straight` and :func:`donated_in_place` find them by cheap
 predicates, up front, never by a failed attempt:
-
-NumPy values and uncommitted arrays (fresh from ``jnp`` or ``jax.random``) are put where the program reads them
-before the jit (:func:`loose_leaves`), so the executable is the one a call on committed arrays in those layouts
-uses: a training step called on fresh parameters and then on its own outputs compiles once.
 
 - a tracer of an outer transformation (``jax.grad``, ``jax.vmap``, ``jax.jit`` of the function): the call is
   traced in Python, where the custom derivative rules are put around the jit (``derivatives.py``);
@@ -42,8 +43,8 @@ from .expr import jax_adapter as jx
 
 def goes_straight(leaves: Sequence, devices: Any, several_processes: bool) -> bool:
     """Whether ``jax.jit`` of a computation on the mesh of ``devices`` (``jax_adapter.device_list``) takes these
-    argument leaves as they are: no tracer, no array committed to other devices, and — on a mesh spanning several
-    processes — no host value."""
+    argument leaves as they are (after :func:`loose_leaves` are put in place): no tracer, no array committed to
+    other devices, and — on a mesh spanning several processes — no host value."""
     for x in leaves:
         if isinstance(x, jax.Array):  # tracers too
             if jx.is_traced(x) or (x.committed and jx.device_list(x.sharding) != devices):
@@ -54,9 +55,10 @@ def goes_straight(leaves: Sequence, devices: Any, several_processes: bool) -> bo
 
 
 def loose_leaves(leaves: Sequence) -> list[int]:
-    """The leaves a program's ``jax.jit`` would place by its own choice: NumPy values and uncommitted arrays (Python
-    scalars are left as they are: weakly typed, the same on every call). Put where the program reads them first, a
-    call on fresh arrays and a call on the program's own outputs hit one executable."""
+    """The leaves ``jax.jit`` would place itself: NumPy values and uncommitted arrays (Python scalars are left as
+    they are: weakly typed, the same on every call). ``jax.jit`` keys its executables by whether an argument was
+    placed already, so a call on fresh arrays and a call on the program's own outputs would compile twice; put
+    where the program reads them first (``jax_adapter.put_all``), they share one executable."""
     return [k for k, x in enumerate(leaves)
             if isinstance(x, np.ndarray | np.generic) or (isinstance(x, jax.Array) and not x.committed)]
 

@@ -82,6 +82,7 @@ class Program:
         out_shardings = (None if self.user_mesh is self.mesh else
                          [NamedSharding(self.user_mesh, spec) for spec in plan.sharded.out_specs])
         self._jit = jax.jit(self._traced_call, donate_argnums=self.donated, out_shardings=out_shardings)
+
         self._devices = jx.device_list(self.mesh)
         self._several_processes = jax.process_count() > 1
         self._runs = _Runs(plan_agreed=not self._several_processes)
@@ -122,9 +123,9 @@ class Program:
         if (self._runs.plan_agreed and goes_straight(leaves, self._devices, self._several_processes)
                 and (not self.donated or donated_in_place([leaves[k] for k in self.donated], leaves))):
             loose = loose_leaves(leaves)
-            if loose:
-                placed = jax.device_put([leaves[k] for k in loose], [self._placements[k] for k in loose])
+            if loose:  # put where the program reads them: one executable for fresh and placed arguments alike
                 leaves = list(leaves)
+                placed = jx.put_all([leaves[k] for k in loose], [self._placements[k] for k in loose])
                 for k, x in zip(loose, placed, strict=True):
                     leaves[k] = x
             out = as_lowering_errors(self._jit, *leaves, check_arguments=lambda: self._check_leaves(leaves))

@@ -14,7 +14,7 @@ of a call it has seen by :func:`call_key`, the same facts read cheaply.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -34,6 +34,8 @@ class Signature:
     tree: Any
     avals: tuple[Aval, ...]
     weak_types: tuple[bool, ...]
+    # the leaves' names as jax.jit names them (params['w']), for messages; not part of what a program is fixed to
+    names: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
     def of(cls, args: Any) -> Signature:
@@ -47,7 +49,8 @@ class Signature:
     @classmethod
     def of_graph(cls, graph: Graph) -> Signature:
         """The signature a graph was traced on."""
-        return cls(graph.in_tree, tuple(graph.avals[v] for v in graph.inputs), tuple(graph.weak_inputs))
+        return cls(graph.in_tree, tuple(graph.avals[v] for v in graph.inputs), tuple(graph.weak_inputs),
+                   graph.argument_names)
 
     def check_structure(self, tree: Any) -> None:
         """Raise :class:`~shardprop.InputMismatchError` unless ``tree`` is the traced arguments' structure."""
@@ -58,7 +61,7 @@ class Signature:
         """Raise :class:`~shardprop.InputMismatchError` unless ``got`` has this structure and every leaf this shape
         and dtype. Weak types may differ, as for a compiled ``jax.jit`` function: the program keeps its own."""
         self.check_structure(got.tree)
-        problems = [f"  argument leaf {k}: got {a}, traced with {want}"
+        problems = [f"  argument leaf {k}{f' ({self.names[k]})' if self.names else ''}: got {a}, traced with {want}"
                     for k, (a, want) in enumerate(zip(got.avals, self.avals, strict=True)) if a != want]
         if problems:
             raise InputMismatchError(

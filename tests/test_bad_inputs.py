@@ -78,7 +78,7 @@ CATALOGUE = [
     ("something that is not a mesh", lambda: sp.autoshard(add, mesh="4x2", in_specs=None)(A, A), sp.MeshError,
      "expected a jax.sharding.Mesh"),
     ("calling a program with other shapes", call_with_other_shapes, sp.InputMismatchError,
-     "argument leaf 1: got f32[8,8], traced with f32[16,8]"),
+     "argument leaf 1 (b): got f32[8,8], traced with f32[16,8]"),
     ("a function JAX cannot trace", lambda: run(lambda a, b: a @ b, None, A, A), sp.TraceError,
      "tracing '<lambda>' failed: TypeError: dot_general requires contracting dimensions to have the same shape"),
     ("sp.AUTO with strict=True and nothing fixed", lambda: run(add, sp.AUTO, A, A, strict=True), sp.SearchError,

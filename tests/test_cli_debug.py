@@ -105,7 +105,7 @@ def test_a_loss_over_a_params_dict_agrees_with_the_unsharded_function_and_exits_
     doc = json.loads(out.read_text())
     assert doc["agree"] is True and doc["divergence"] is None and doc["findings"] == [] and doc["nonfinite"] is None
     sources = {i["source"]: i["spec"] for stage in doc["stages"] for i in stage["inputs"]}
-    assert sources["argument 4"] == sources["argument 5"] == "P('i',)"   # tokens and targets, after the 4 params
+    assert sources["tokens"] == sources["targets"] == "P('i',)"   # named as the function names them
 
 
 def test_the_loss_it_computes_from_an_npz_is_the_unsharded_loss(tmp_path):

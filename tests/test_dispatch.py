@@ -87,7 +87,7 @@ def test_the_checks_raise_once_with_the_messages_they_always_had(monkeypatch, me
     with pytest.raises(sp.InputMismatchError) as info:
         prog(W0, X[:8])
     assert str(info.value) == ("arguments differ from the traced ones (trace again, or call the autoshard function, "
-                               "which retraces per shape):\n  argument leaf 1: got f32[8,8], traced with f32[16,8]")
+                               "which retraces per shape):\n  argument leaf 1 (x): got f32[8,8], traced with f32[16,8]")
     assert checks == [1] and python_first == []  # raised by the jit's trace, the call not tried another way
     with pytest.raises(sp.InputMismatchError, match=r"got i32\[16,8\], traced with f32\[16,8\]"):
         prog(W0, X.astype(np.int32))

@@ -26,7 +26,7 @@ from ..distributed import assemble, every_block, in_step
 from ..errors import NotComputedError, OptionError, StageIndexError
 from ..expr import jax_adapter as jx
 from ..expr.graph import PARAMETER, value_name
-from ..inspect.listing import moves_values, stage_ops, typed_name
+from ..inspect.listing import moves_values, source_name, stage_ops, typed_name
 from ..inspect.pictures import device_blocks, device_coords
 from ..inspect.products import resolve_value
 from ..program import Program, as_lowering_errors
@@ -395,7 +395,7 @@ class Session:
             moves = [m for m in stage.instructions if isinstance(m, Move) and m.result.value == i.value
                      and m.transfer is not None and graph.producer[i.value] not in stage.nodes]
             inputs.append(Port(value_name(i.value), typed_name(plan, i.value, i.layout), str(layout_to_spec(i.layout)),
-                               str(i.source), ", then ".join(str(m.step) for m in moves),
+                               source_name(plan, i.source), ", then ".join(str(m.step) for m in moves),
                                sum(m.transfer.moved_bytes for m in moves)))
         outputs = [Port(value_name(v), typed_name(plan, v, layout), str(layout_to_spec(layout)))
                    for v, layout in zip(stage.outputs, stage.out_layouts, strict=True)]

@@ -5,7 +5,10 @@ produced by exactly one node: ``parameter`` nodes stand for the function's flat 
 for literals and closed-over arrays, every other node for one JAX primitive application (calls such as
 nested ``jit`` are already inlined). ``str(graph)`` prints a jaxpr-like listing::
 
-    { lambda ; a:f32[8,8] b:f32[8,8]. let
+    { lambda ;
+        a:f32[8,8]   # x
+        b:f32[8,8]   # y
+      let
         c:f32[8,8] = add a b                       # f.py:3
         ...
       in (i,) }

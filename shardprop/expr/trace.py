@@ -58,7 +58,10 @@ def trace(f: Callable, *args, names: Sequence[str] | None = None) -> Graph:
 
     >>> g = trace(lambda a, b: a + b, jnp.ones((4, 2)), jnp.ones((4, 2)))
     >>> print(g)                                            # doctest: +SKIP
-    { lambda ; a:f32[4,2] b:f32[4,2]. let
+    { lambda ;
+        a:f32[4,2]   # a
+        b:f32[4,2]   # b
+      let
         c:f32[4,2] = add a b   # <stdin>:1
       in (c,) }
     """

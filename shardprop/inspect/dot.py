@@ -59,7 +59,7 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
             spec = sharded.spec(node.output)
             if sharded.is_unannotated_input(node.output):
                 spec = f"unannotated → {spec}"
-            label = f"{outs}: {typ(node.output)}\nargument {index} · {spec}"
+            label = f"{outs}: {typ(node.output)}\n{graph.argument_names[index]} · {spec}"
             return f"{indent}n{node.id} [label={_quote(label)}, shape=ellipse, fillcolor=\"#eeeeee\"];"
         if node.op == CONSTANT:
             label = f"{outs} = {format_constant(node, avals[node.output])}"

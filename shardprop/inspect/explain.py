@@ -181,8 +181,8 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
                    if k in plan.sharded.returned_sliced and k in mirrors), None)
     if mirror is not None:
         argument = plan.graph.inputs[mirror.argument]
-        return (f"returned as output {mirror.output} sliced over {'*'.join(held)}, laid out like argument "
-                f"{mirror.argument} ({value_name(argument)}, {plan.sharded.spec(argument)}), whose shape it has: "
+        return (f"returned as output {mirror.output} sliced over {'*'.join(held)}, laid out like "
+                f"{_argument(plan, mirror.argument)}, {plan.sharded.spec(argument)}, whose shape it has: "
                 f"each device keeps its block, nothing moved (propagation left this axis {was}; {_MIRRORS})")
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
 

@@ -4,7 +4,10 @@
 moves (``all_gather``, ``all_to_all``, ``ppermute``, ``psum``, ``psum_scatter``, a local ``slice``, ``take_once``) as
 equations next to the ops::
 
-    { lambda ; a:f32[16@i,8@j] b:f32[16@i,8@j]. let
+    { lambda ;
+        a:f32[16@i,8@j]   # a
+        b:f32[16@i,8@j]   # b
+      let
       ── stage 0 ──
         c:f32[16@i,8@j] = add a b                          # f.py:8
       ── stage 1 ──
@@ -219,6 +222,12 @@ def format_stages(plan: Plan, sources: Mapping[int, str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def source_name(plan: Plan, source) -> str:
+    """Where a stage input comes from, as the user knows it: the argument's name (``params['w']``) or ``stage 0
+    output 1``."""
+    return plan.graph.argument_names[source.index] if source.is_argument else str(source)
+
+
 def _stage_lines(plan: Plan, stage: Stage, sources: Mapping[int, str]) -> list[str]:
     """Stage ``stage``'s block of the stage table (see :func:`format_stages`)."""
     lines = []
@@ -228,7 +237,7 @@ def _stage_lines(plan: Plan, stage: Stage, sources: Mapping[int, str]) -> list[s
     for i in stage.inputs:
         source = sources.get(i.source.index) if i.source.is_argument else None
         chosen = f" ({source})" if source else ""
-        origin = plan.graph.argument_names[i.source.index] if i.source.is_argument else i.source
+        origin = source_name(plan, i.source)
         lines.append(f"  in  {typed_name(plan, i.value, i.layout)}  {layout_to_spec(i.layout)}  <- {origin}"
                      f"{chosen}")
     lines += collective_lines(plan, stage.instructions, "  ")
@@ -333,5 +342,5 @@ class AnnotatedGraph:
 
 
 __all__ = ["AnnotatedGraph", "StageTable", "TableStage", "collective_lines", "format_bytes", "format_listing",
-           "format_ms", "format_stages", "move_equation", "move_op", "move_op_name", "stage_ops", "type_string",
-           "typed_name"]
+           "format_ms", "format_stages", "move_equation", "move_op", "move_op_name", "source_name", "stage_ops",
+           "type_string", "typed_name"]

@@ -219,7 +219,7 @@ def test_a_result_no_node_can_produce_sliced_is_returned_sliced_like_its_argumen
     assert got.sharding.spec == P(DATA)
     np.testing.assert_array_equal(np.asarray(got), np.sort(x, axis=0))
     (axis, _) = sp.explain(prog, prog.plan.graph.outputs[0]).axes
-    assert axis.origin.startswith("returned as output 0 sliced over data, laid out like argument 0")
+    assert axis.origin.startswith("returned as output 0 sliced over data, laid out like argument x (a)")
     pinned = sp.autoshard(lambda x: jnp.sort(x, axis=0), mesh=mesh, in_specs=(P(DATA),), out_specs=P()).trace(x)
     assert pinned.out_specs == (P(),) and pinned(x).sharding.spec == P()
 

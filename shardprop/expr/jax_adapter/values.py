@@ -4,6 +4,7 @@ keys), placing arrays on a mesh, random bits, and the mesh contexts a program ru
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -87,6 +88,19 @@ def place(x, sharding, *, donate: bool = False):
         if "not the same on each process" in str(err):
             raise DiffersAcrossProcesses from None
         raise
+
+
+def put_all(values: Sequence, shardings: Sequence) -> list:
+    r"""Host values (NumPy arrays, uncommitted ``jax.Array``\ s) put on the devices, committed, laid out as
+    ``shardings`` say — in one batched call into JAX's C++ sharding of arguments, the one ``jax.jit`` uses for its
+    own (about half of what ``jax.device_put`` of a list costs)."""
+    from jax._src.interpreters import pxla
+    from jax._src.lib import xla_client as xc
+
+    if any(is_extended_dtype(getattr(v, "dtype", None)) for v in values):  # PRNG keys: shard_args takes their bits
+        return list(jax.device_put(list(values), list(shardings)))
+    return list(pxla.shard_args(list(shardings), [None] * len(values),
+                                [xc.ArrayCopySemantics.REUSE_INPUT] * len(values), list(values)))
 
 
 def coordination_client():
