@@ -108,7 +108,9 @@ def _without_reshard_warnings(compile_derivative: Callable) -> Callable:
 def said_at_call(err: ShardingError) -> ShardingError:
     """``err`` ending with the user's call line (once), and without shardprop's frames below the call: what the
     user can act on. Its type and attributes stay (``except ShardingConflictError as e: e.op``)."""
-    if not isinstance(err, LoweringError) and "(call at " not in str(err):
+    if isinstance(err, LoweringError):  # our bug, not the user's: its frames are what we need to fix it
+        return err
+    if "(call at " not in str(err):
         message = err.args[0] if err.args else ""
         err.args = (f"{message} (call at {call_site()})", *err.args[1:])
     return err.with_traceback(None)
