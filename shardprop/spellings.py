@@ -22,10 +22,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .errors import MeshError, OptionError
 from .expr import jax_adapter as jx
+from .search import AUTO
 
 
 def _is_leaf(x: Any) -> bool:
-    return x is None or isinstance(x, PartitionSpec | NamedSharding) or repr(x) == "sp.AUTO"
+    return x is AUTO or x is None or isinstance(x, PartitionSpec | NamedSharding)
 
 
 def _named_shardings(*trees: Any) -> list[NamedSharding]:
