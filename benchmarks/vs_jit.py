@@ -9,17 +9,13 @@ same function under ``jax.jit`` with the same in_shardings, for arguments alread
 with the same shapes every time and alternating between two shapes (train and eval batches).
 
 ``shardprop bench`` is the full benchmark (more workloads, loops, flax/equinox/haiku/optax models, memory, compile
-times, pass scaling, docs/benchmarks.md); this script keeps the examples/ rows of docs/performance.md, timed with
-the same clocks (``shardprop.bench.timing``).
+times, pass scaling, docs/benchmarks.md); this script keeps the
+shardprop/examples/ rows of docs/performance.md, timed with the same clocks (``shardprop.bench.timing``).
 """
 
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's examples/, from anywhere
 
 import jax
 
@@ -30,7 +26,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import shardprop as sp  # noqa: E402
-from examples import attention, layernorm, mlp  # noqa: E402
+from shardprop.examples import attention, layernorm, mlp  # noqa: E402
 from shardprop.bench.report import overhead_lines  # noqa: E402
 from shardprop.bench.timing import interleaved, small_call_overhead  # noqa: E402
 from shardprop.bench.models import nx_example  # noqa: E402

@@ -18,7 +18,7 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CLI = ["shardprop", "debug", "examples/inspect_example.py:nx", "--mesh", "i=4,j=2", "--arg", "f32[16,8]@P(i,j)",
+CLI = ["shardprop", "debug", "shardprop/examples/inspect_example.py:nx", "--mesh", "i=4,j=2", "--arg", "f32[16,8]@P(i,j)",
        "--arg", "f32[16,8]", "--strategy", "gather", "--repeats", "3"]
 SPEED = ROOT / "docs" / "debugging_speed.txt"
 PROMPT_INPUT = "break e\ncontinue\nprint e\nnext\nwhere\nquit\n"
@@ -27,8 +27,8 @@ SETUP = """
 import numpy as np
 from jax.sharding import PartitionSpec as P
 import shardprop as sp
-from examples.debug_example import log_returns
-from examples.inspect_example import nx
+from shardprop.examples.debug_example import log_returns
+from shardprop.examples.inspect_example import nx
 
 mesh = sp.make_mesh((4, 2), ("i", "j"))
 a = np.arange(128, dtype=np.float32).reshape(16, 8)
@@ -117,8 +117,8 @@ Values are named as in the listing (`"e"`), by value id, or by the `Node`. `keep
 stage outputs and recomputes an intermediate when asked for it (its stage run once more with it as an extra
 output); `keep="all"` keeps every value as stages run. The debugger never changes the program: `prog(*args)`
 returns what it returned before. Every output below was pasted by `docs/make_debugging_page.py` from running
-it, on [`examples/inspect_example.py`](../examples/inspect_example.py) and
-[`examples/debug_example.py`](../examples/debug_example.py) with
+it, on [`shardprop/examples/inspect_example.py`](../shardprop/examples/inspect_example.py) and
+[`shardprop/examples/debug_example.py`](../shardprop/examples/debug_example.py) with
 
 ```python
 {SETUP.strip()}

@@ -10,11 +10,11 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NX = ["shardprop", "inspect", "examples/inspect_example.py:nx", "--mesh", "i=4,j=2",
+NX = ["shardprop", "inspect", "shardprop/examples/inspect_example.py:nx", "--mesh", "i=4,j=2",
       "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--strategy", "gather"]
-RNN_GRAD = ["shardprop", "inspect", "examples/inspect_example.py:rnn_grad", "--mesh", "i=4,j=2",
+RNN_GRAD = ["shardprop", "inspect", "shardprop/examples/inspect_example.py:rnn_grad", "--mesh", "i=4,j=2",
             "--arg", "f32[16,16]", "--arg", "f32[6,8,16]@P(None,i)", "--arg", "f32[8,16]@P(i)"]
-MATMUL = ["shardprop", "inspect", "examples/inspect_example.py:scanned_matmul", "--mesh", "i=4,j=2",
+MATMUL = ["shardprop", "inspect", "shardprop/examples/inspect_example.py:scanned_matmul", "--mesh", "i=4,j=2",
           "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[8,8]@P(j)"]
 
 
@@ -63,7 +63,7 @@ and a `shardprop inspect` option:
 `ShardedGraph` from `sp.propagate` work too (without stages, the views that need them say so). `--brief` leaves the listing and the stage table out
 of the text output, keeping only what `--explain`, `--lineage` and `--blocks` ask for. Every output
 below was pasted by `docs/make_inspecting_page.py` from running the command shown, on
-[`examples/inspect_example.py`](../examples/inspect_example.py).
+[`shardprop/examples/inspect_example.py`](../shardprop/examples/inspect_example.py).
 
 ## The annotated listing and the stage table
 
@@ -200,7 +200,7 @@ A *layout* is one list per tensor axis of the mesh axes it is laid out over (`[]
 def sp_lineage_repr() -> str:
     code = ("import jax; jax.config.update('jax_num_cpu_devices', 8)\n"
             "import jax.numpy as jnp, shardprop as sp\nfrom jax.sharding import PartitionSpec as P\n"
-            "from examples.inspect_example import nx\n"
+            "from shardprop.examples.inspect_example import nx\n"
             "prog = sp.autoshard(nx, mesh=sp.make_mesh((4, 2), ('i', 'j')), in_specs=(P('i', 'j'), None),"
             " strategy='gather').trace(jnp.ones((16, 8)), jnp.ones((16, 8)))\n"
             "print(sp.lineage(prog, output=0, block=(0, 1)))")

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from .calling import Convention, Traced, constrain_outputs, call_site
+from .calling import Convention, Traced, call_site, constrain_outputs, pin_outputs
 from .derivatives import derivatives_for
 from .errors import FallbackWarning, LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError
 from .expr import jax_adapter as jx
@@ -30,13 +30,15 @@ from .signature import Signature, call_key
 from .spellings import (as_specs, context_mesh, leaves_some_unannotated, one_of, own_specs, placements,
                         program_mesh, same_spec)
 from .splitting.split import PlanPricer
-from .stateful import returned_out_specs, returning_state, stateful_positions, write_back
+from .stateful import (declared_specs, returned_out_specs, returning_state, state_leaves, stateful_positions,
+                       write_back)
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
                     strategy: str = "auto", conflicts: str = "reshard", traced: Traced | None = None,
                     donated: Sequence[int] = (), memory_limit: int | float | None = None,
-                    names: Sequence[str] | None = None) -> Program:
+                    names: Sequence[str] | None = None, returns_inputs: Sequence[int] = (),
+                    chosen: Any = None) -> Program:
     """``trace → (search) → propagate → split → lower`` for one set of argument shapes (arrays, ShapeDtypeStructs or
     tracers). ``sp.AUTO`` entries of ``in_specs`` are chosen by the layout search (:mod:`shardprop.search`) within
     ``memory_limit`` bytes per device; without any, a plan over the limit is a :class:`~shardprop.MemoryLimitError`.
@@ -45,7 +47,10 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     argument leaves' names (``params['w']``; default: as ``jax.jit`` names ``f``'s).
     The Program differentiates as ``f`` does (its custom derivative rules: a derivative program is compiled by
     this same pipeline); ``traced`` and ``donated`` are the calling convention it was traced with and the argument
-    leaves it donates (see :class:`Program`)."""
+    leaves it donates (see :class:`Program`). ``returns_inputs`` says that the last outputs are the argument leaves
+    at those flat positions after the call (an NNX object's state): each comes back in its argument's layout, so
+    the next call, fed them, runs the same program (``chosen``: the search's result, when a pinned rebuild reuses
+    it)."""
     limit = check_memory_limit(memory_limit)
     with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
         graph = trace(f, *args, names=names)
@@ -54,8 +59,15 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     kept = frozenset(k for k, (spec, mine) in enumerate(zip(flat, own, strict=True))
                      if spec is None and mine is not None)  # unannotated, its array laid out on the mesh
     flat = [own[k] if k in kept else spec for k, spec in enumerate(flat)]
+    said = declared_specs(args, jax.tree_util.tree_leaves(args))
+    declared = frozenset(k for k, (spec, spec_said) in enumerate(zip(flat, said, strict=True))
+                         if spec is None and spec_said is not None)  # unannotated, its Variable's metadata says
+    flat = [said[k] if k in declared else spec for k, spec in enumerate(flat)]
     in_specs = as_tree(graph, flat)
-    searched = None
+    searched = chosen
+    if chosen is not None:  # a rebuild: the search's choice, kept as its choice
+        flat = [chosen.plan.sharded.in_specs[k] if s is AUTO else s for k, s in enumerate(flat)]
+        in_specs = as_tree(graph, flat)
     if any(s is AUTO for s in flat):
         if strict and not any(isinstance(s, PartitionSpec) for s in flat):
             raise SearchError("sp.AUTO with strict=True: every argument is sp.AUTO or unannotated, so nothing "
@@ -70,7 +82,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
             warnings.simplefilter("ignore", FallbackWarning)  # warn once, below)
             propagate(graph, as_tree(graph, [None if s is AUTO else s for s in flat]), mesh=mesh, strict=strict,
                       conflicts=conflicts, backward=False)
-    if searched is None:
+    if searched is None or chosen is not None:
         pricer = PlanPricer(strategy)
         sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer)
         plan = pricer.plan_for(sharded)
@@ -78,11 +90,24 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
         plan = searched.plan
         sharded = plan.sharded
         warn_fallbacks(graph, sharded.fallbacks, sharded.fallback_causes)
+    base = len(graph.outputs) - len(returns_inputs)
+    pins = {base + i: sharded.in_specs[j] for i, j in enumerate(returns_inputs)
+            if not same_spec(sharded.out_specs[base + i], sharded.in_specs[j])}
+    if pins:  # an updated state laid out otherwise than it came in: returned moved back (once, then as it came)
+        with warnings.catch_warnings():  # its moves are this rule's, not a clash of the user's layouts
+            warnings.simplefilter("ignore", ReshardWarning)
+            pinned = [None if k in kept | declared else sharded.in_specs[k] if k in returns_inputs and s is None else s
+                      for k, s in enumerate(flat)]
+            return compile_program(pin_outputs(f, pins, as_auto_mesh(mesh)), args, mesh=mesh,
+                                   in_specs=as_tree(graph, pinned), strict=strict, strategy=strategy,
+                                   conflicts=conflicts, traced=traced, donated=donated, memory_limit=memory_limit,
+                                   names=names, chosen=searched)
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
     if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
     derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
-    program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched, kept=kept)
+    program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched, kept=kept,
+                    declared=declared)
     if limit is not None and searched is None and (memory := program.memory()) > limit:
         raise MemoryLimitError(f"the program needs {memory:,} B per device as compiled (arguments, outputs and "
                                f"temporaries), over memory_limit={limit:,}; shard more of the arguments, or pass "
@@ -145,6 +170,7 @@ class AutoSharded:
                              memory_limit=memory_limit)
         self._returning_state: dict[tuple[int, ...], AutoSharded] = {}  # by the positions of NNX objects
         self._writes_back = True  # NNX arguments updated in place (not by the inner function that returns them)
+        self._returns_state_of: tuple[int, ...] = ()  # (the inner function) the positions whose state it returns
         functools.update_wrapper(self, f)
 
     def _with_state(self, positions: tuple[int, ...]) -> AutoSharded:
@@ -154,6 +180,7 @@ class AutoSharded:
             inner = AutoSharded(returning_state(self.f, positions), out_specs=returned_out_specs(self.out_specs),
                                 **self._options)
             inner._writes_back = False
+            inner._returns_state_of = positions
             self._returning_state[positions] = inner
         return inner
 
@@ -173,7 +200,8 @@ class AutoSharded:
             flat = flat_specs_of_tree(in_specs, tree, is_leaf=is_spec_leaf)
         except ShardingError as err:  # the user's options against this call: say which call
             raise said_at_call(err) from None
-        own = tuple(mine if spec is None else None for spec, mine in zip(flat, own_specs(leaves, mesh), strict=True))
+        own = tuple(None if spec is not None else mine if mine is not None else said for spec, mine, said
+                    in zip(flat, own_specs(leaves, mesh), declared_specs(program_args, leaves), strict=True))
         like = (mesh if self.mesh is None else None, call.statics, Signature.of(program_args))
         program = self._programs.get((*like, own)) or self._agreeing(like, own)
         if program is None:
@@ -183,7 +211,8 @@ class AutoSharded:
                                           strict=self.strict, strategy=self.strategy, conflicts=self.conflicts,
                                           traced=None if call.plain else Traced(self.convention, call.statics),
                                           donated=call.donated_leaves(), memory_limit=self.memory_limit,
-                                          names=call.argument_names(self.f, args, kwargs))
+                                          names=call.argument_names(self.f, args, kwargs),
+                                          returns_inputs=state_leaves(args, self._returns_state_of, leaves))
             except ShardingError as err:  # the user's mistake (never LoweringError, ours): said at their call
                 raise said_at_call(err) from None
         self._programs[(*like, own)] = program

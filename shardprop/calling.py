@@ -108,12 +108,9 @@ def constrain_outputs(f, out_specs: Any, mesh):
     as any constraint does, and the outputs come back laid out exactly so."""
     if out_specs is None:
         return f
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from .core.layouts import layout_from_spec
+    from jax.sharding import PartitionSpec
 
     is_leaf = lambda x: x is None or isinstance(x, PartitionSpec)  # noqa: E731
-    mesh_shape = dict(mesh.shape)
 
     def constrained(*args, **kwargs):
         outs = f(*args, **kwargs)
@@ -130,19 +127,41 @@ def constrain_outputs(f, out_specs: Any, mesh):
                 raise SpecTreeError(f"out_specs leaf {spec!r} (call at {call_site()}) is neither a "
                                     "PartitionSpec nor None")
             specs += [spec] * len(jax.tree_util.tree_leaves(sub))
-        pinned = []
-        for k, (x, spec) in enumerate(zip(leaves, specs, strict=True)):
-            if spec is not None:
-                where = f"out_specs for output {k} (call at {call_site()})"
-                layout_from_spec(spec, tuple(jax.numpy.shape(x)), mesh_shape, where)
-                x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-            pinned.append(x)
-        return jax.tree_util.tree_unflatten(tree, pinned)
+        return jax.tree_util.tree_unflatten(tree, _pinned(leaves, specs, mesh))
 
     for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
         if hasattr(f, attr):
             setattr(constrained, attr, getattr(f, attr))
     return constrained
+
+
+def pin_outputs(f, specs: dict[int, Any], mesh):
+    """``f`` with its flat output ``k`` pinned to ``specs[k]`` by a sharding constraint (the others free): how a
+    program returns a value in the layout of the argument it updates (``compile_program``'s ``returns_inputs``)."""
+    def pinned(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten(f(*args, **kwargs))
+        return jax.tree_util.tree_unflatten(tree, _pinned(leaves, [specs.get(k) for k in range(len(leaves))], mesh))
+
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if hasattr(f, attr):
+            setattr(pinned, attr, getattr(f, attr))
+    return pinned
+
+
+def _pinned(leaves: list, specs: list, mesh) -> list:
+    """Each leaf under a sharding constraint to its spec (None: as it is)."""
+    from jax.sharding import NamedSharding
+
+    from .core.layouts import layout_from_spec
+
+    pinned = []
+    for k, (x, spec) in enumerate(zip(leaves, specs, strict=True)):
+        if spec is not None:
+            where = f"out_specs for output {k} (call at {call_site()})"
+            layout_from_spec(spec, tuple(jax.numpy.shape(x)), dict(mesh.shape), where)
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        pinned.append(x)
+    return pinned
 
 
 @dataclass(frozen=True)

@@ -64,11 +64,11 @@ class Program:
 
     def __init__(self, plan: Plan, mesh: Mesh, *, derivatives: Derivatives | None = None,
                  traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None,
-                 kept: frozenset[int] = frozenset()):
+                 kept: frozenset[int] = frozenset(), declared: frozenset[int] = frozenset()):
         self.plan, self.user_mesh, self.mesh = plan, mesh, as_auto_mesh(mesh)
-        self.search, self.kept = search, frozenset(kept)
+        self.search, self.kept, self.declared = search, frozenset(kept), frozenset(declared)
         self.graph = AnnotatedGraph(plan)
-        self.stages = StageTable(plan, spec_sources(search, self.kept))
+        self.stages = StageTable(plan, spec_sources(search, self.kept, self.declared))
         self.signature = Signature.of_graph(plan.graph)
         self.derivatives, self.traced, self.donated = derivatives, traced, tuple(sorted(set(donated)))
         self._stage_fns = tuple(stage_function(plan, stage, self.mesh) for stage in plan.stages)
@@ -312,7 +312,7 @@ class Program:
         graph = self.plan.graph
         head = (f"<Program {n} stage{'' if n == 1 else 's'}, {len(graph.nodes)} nodes, strategy "
                 f"{self.plan.strategy}, on mesh {dict(self.mesh.shape)}")
-        sources = spec_sources(self.search, self.kept)
+        sources = spec_sources(self.search, self.kept, self.declared)
         rows = [(name, str(graph.avals[v]), str(spec), f"({sources[k]})" if k in sources else "")
                 for k, (v, name, spec) in enumerate(zip(graph.inputs, graph.argument_names,
                                                         self.plan.sharded.in_specs, strict=True))]
@@ -373,19 +373,23 @@ def as_lowering_errors(fn, *args, mesh: Mesh | None = None, check_arguments: Cal
 @gc_paused
 def lower(plan: Plan, mesh: Mesh | None = None, *, derivatives: Derivatives | None = None,
           traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None,
-          kept: frozenset[int] = frozenset()) -> Program:
+          kept: frozenset[int] = frozenset(), declared: frozenset[int] = frozenset()) -> Program:
     """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on).
     The keyword arguments are the Program's (an autoshard function passes them; a plan alone needs none)."""
     mesh = plan.sharded.mesh if mesh is None else mesh
     if dict(mesh.shape) != plan.mesh_shape:
         raise MeshError(
             f"the plan was propagated on mesh {plan.mesh_shape}, it cannot be lowered on {dict(mesh.shape)}")
-    return Program(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=search, kept=kept)
+    return Program(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=search, kept=kept,
+                   declared=declared)
 
 
-def spec_sources(search: SearchResult | None, kept: frozenset[int]) -> dict[int, str]:
+def spec_sources(search: SearchResult | None, kept: frozenset[int], declared: frozenset[int] = frozenset()
+                 ) -> dict[int, str]:
     """Where the spec of an argument leaf came from, where the user did not write it: ``{leaf: "chosen by
-    sp.AUTO"}`` or ``"its array's own layout"`` (an unannotated argument already laid out on the mesh)."""
-    sources = {k: "its array's own layout" for k in kept}
+    sp.AUTO"}``, ``"its array's own layout"`` (an unannotated argument already laid out on the mesh) or ``"its
+    Variable's sharding metadata"`` (an unannotated NNX Variable's ``nnx.with_partitioning``)."""
+    sources = {k: "its Variable's sharding metadata" for k in declared}
+    sources.update({k: "its array's own layout" for k in kept})
     sources.update({k: "chosen by sp.AUTO" for k in (search.searched if search is not None else ())})
     return sources

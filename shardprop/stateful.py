@@ -57,6 +57,40 @@ def returning_state(f: Callable, positions: tuple[int, ...]) -> Callable:
     return with_state
 
 
+def state_leaves(args: Sequence, positions: tuple[int, ...], leaves: Sequence) -> tuple[int, ...]:
+    """For each leaf of the state :func:`returning_state` returns, in order, its position among ``leaves`` (the
+    flat leaves of the call's arguments): the argument leaf it is the new value of."""
+    where: dict[int, int] = {}
+    for k, leaf in enumerate(leaves):
+        where.setdefault(id(leaf), k)
+    return tuple(where[id(leaf)] for p in positions for leaf in jax.tree_util.tree_leaves(args[p]))
+
+
+# the Variable metadata flax's nnx.with_partitioning writes (its name changed across flax versions)
+_SHARDING_METADATA = ("out_sharding", "sharding_names", "sharding")
+
+
+def declared_specs(args: Any, leaves: Sequence) -> tuple:
+    """For each of ``leaves`` (the flat leaves of the call's arguments) the ``PartitionSpec`` its NNX Variable's
+    sharding metadata declares (``nnx.with_partitioning``; read by ``nnx.get_partition_spec``), else None.
+
+        >>> declared_specs((model, x), leaves)      # doctest: +SKIP
+        (None, PartitionSpec(None, 'model'), None)  # model.bias, model.kernel, x
+    """
+    nnx = _nnx()
+    if nnx is None:
+        return (None,) * len(leaves)
+    base = getattr(nnx, "Pytree", None) or nnx.Object
+    said: dict[int, Any] = {}
+    for obj in jax.tree_util.tree_leaves(args, is_leaf=lambda x: isinstance(x, base)):
+        if not isinstance(obj, base):
+            continue
+        for _, node in nnx.iter_graph(obj):
+            if isinstance(node, nnx.Variable) and any(node.get_metadata().get(k) for k in _SHARDING_METADATA):
+                said[id(node.get_value())] = nnx.get_partition_spec(node).get_value()
+    return tuple(said.get(id(leaf)) for leaf in leaves)
+
+
 def write_back(args: Sequence, positions: tuple[int, ...], states: Sequence[list]) -> None:
     """Each NNX object ``args[p]`` updated in place to its state after the call (``nnx.update``)."""
     nnx = _nnx()

@@ -248,7 +248,7 @@ def test_plans_do_not_depend_on_the_hash_seed():
 def test_the_training_loop_example_feeds_each_process_its_rows_and_trains_as_unsharded():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "shardprop", "launch", "-n", "2", "--devices-per-process", "4", "--",
-                           sys.executable, str(ROOT / "examples" / "distributed_training.py"), "--check"],
+                           sys.executable, "-m", "shardprop.examples.distributed_training", "--check"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "[0] step 4: loss" in done.stdout

@@ -1,4 +1,4 @@
-"""Loops and branches stay sharded (issue #15): the loop workloads of examples/recurrent.py equal the unsharded
+"""Loops and branches stay sharded (issue #15): the loop workloads of shardprop.examples.recurrent equal the unsharded
 function under every strategy, the batch axis stays sharded into every loop, and under "auto" the compiled
 program moves no more bytes than jax.jit with the same input shardings — the RNN gradient fewer, its weight
 gradients summed once after the backward loop instead of on every step."""
@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from examples import recurrent
+from shardprop.examples import recurrent
 from shardprop.core.layouts import layout_to_spec
 from shardprop.core.transfers import TransferKind, total_moved
 from tests.conftest import assert_same_as_unsharded, random_args

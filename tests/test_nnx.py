@@ -74,3 +74,75 @@ def test_a_call_that_adds_a_variable_is_refused_saying_why(mesh):
 
     with pytest.raises(sp.TraceError, match="changed the structure of its argument 0 .*create every Variable"):
         sp.autoshard(grows, mesh=mesh, in_specs=None)(MLP(nnx.Rngs(0)), X)
+
+
+@pytest.mark.parametrize("in_specs", [(None, None, P("i"), P("i")), (sp.AUTO, sp.AUTO, P("i"), P("i"))],
+                         ids=["unannotated", "searched"])
+def test_updated_state_comes_back_laid_out_as_it_went_in_so_the_loop_compiles_once(mesh, in_specs):
+    """Each updated parameter and moment is returned in its argument's layout (an adam update is computed in the
+    moment's layout, which the search may choose finer than the parameter's): calls 2 and 3, fed the objects the
+    first call updated, compile nothing — counted, as tests/test_spellings.py counts jax.jit's compiles."""
+    from tests.test_spellings import compiles_of
+
+    (model, optimizer), (want_model, want_optimizer) = fresh(), fresh()
+    step = sp.autoshard(train_step, mesh=mesh, in_specs=in_specs)
+    reference = nnx.jit(train_step)
+    counts = []
+    for _ in range(3):
+        counts.append(compiles_of(lambda: jax.block_until_ready(step(model, optimizer, X, Y))))
+        reference(want_model, want_optimizer, X, Y)
+    assert counts[0] > 0 and counts[1:] == [0, 0]
+    prog = step.trace(model, optimizer, X, Y)
+    state = jax.tree_util.tree_leaves((model, optimizer))
+    for leaf, spec, name in zip(state, prog.sharded.in_specs, prog.plan.graph.argument_names, strict=False):
+        assert sp.spellings.same_spec(leaf.sharding.spec, spec), (name, leaf.sharding.spec, spec)
+    same_state(model, want_model)
+    same_state(optimizer, want_optimizer)
+
+
+class Megatron(nnx.Module):
+    """The flax way to lay out parameters: nnx.with_partitioning on the kernels (column, then row split)."""
+
+    def __init__(self, rngs):
+        init = nnx.initializers.lecun_normal()
+        self.l1 = nnx.Linear(16, 32, kernel_init=nnx.with_partitioning(init, (None, "j")), rngs=rngs)
+        self.l2 = nnx.Linear(32, 4, kernel_init=nnx.with_partitioning(init, ("j", None)), rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(jax.nn.relu(self.l1(x)))
+
+
+def test_unannotated_variables_take_the_specs_their_sharding_metadata_declares(mesh):
+    """nnx.get_partition_spec's specs (nnx.with_partitioning) lay out an unannotated model whose arrays are not yet
+    placed (eager sharding off); the stage table says where each spec came from; values equal nnx.jit's."""
+    def fresh_megatron():
+        with nnx.use_eager_sharding(False):
+            model = Megatron(nnx.Rngs(0))
+            return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    (model, optimizer), (want_model, want_optimizer) = fresh_megatron(), fresh_megatron()
+    step = sp.autoshard(train_step, mesh=mesh, in_specs=(None, None, P("i"), P("i")))
+    for _ in range(2):
+        np.testing.assert_allclose(float(step(model, optimizer, X, Y)),
+                                   float(nnx.jit(train_step)(want_model, want_optimizer, X, Y)), rtol=1e-5)
+    same_state(model, want_model)
+    same_state(optimizer, want_optimizer)
+    prog = step.trace(model, optimizer, X, Y)
+    specs = dict(zip(prog.plan.graph.argument_names, prog.sharded.in_specs, strict=True))
+    assert specs["model.l1.kernel.value"] == P(None, "j") and specs["model.l2.kernel.value"] == P("j")
+    assert specs["optimizer.opt_state[0].mu['l1']['kernel'].value"] == P(None, "j")
+    assert "<- model.l1.kernel.value (its Variable's sharding metadata)" in str(prog.stages[0])
+    assert {i["name"]: i["spec_source"] for i in sp.to_json(prog)["inputs"]}["model.l1.kernel.value"] == "metadata"
+
+
+def test_a_model_created_under_the_mesh_keeps_its_placed_layouts(mesh):
+    """flax's eager sharding places each annotated Variable when it is created under jax.set_mesh: unannotated,
+    the program keeps those layouts (the arrays' own, as under jax.jit)."""
+    with jax.set_mesh(mesh):
+        model = Megatron(nnx.Rngs(0))
+    apply = sp.autoshard(lambda m, x: m(x), mesh=mesh, in_specs=(None, P("i")))
+    prog = apply.trace(model, X)
+    specs = dict(zip(prog.plan.graph.argument_names, prog.sharded.in_specs, strict=True))
+    assert specs["m.l1.kernel.value"] == P(None, "j") and specs["m.l2.kernel.value"] == P("j")
+    assert "<- m.l1.kernel.value (its array's own layout)" in str(prog.stages[0])
+    np.testing.assert_allclose(np.asarray(apply(model, X)), np.asarray(model(X)), rtol=1e-5, atol=1e-6)

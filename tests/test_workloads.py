@@ -1,4 +1,4 @@
-"""Real workloads from examples/, sharded by autoshard under data, tensor and 2-D parallelism on three
+"""Real workloads from shardprop/examples/, sharded by autoshard under data, tensor and 2-D parallelism on three
 meshes, each equal to the unsharded function; and every primitive they use has a real rule."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from examples import attention, convnet, layernorm, mlp
+from shardprop.examples import attention, convnet, layernorm, mlp
 from shardprop.ops import Family, has_record, lookup
 from tests.conftest import assert_same_as_unsharded
 

@@ -1,7 +1,8 @@
 """The project's own benchmark models, in plain ``jax.numpy`` as a user writes them.
 
-Minimal copies of what ``examples/`` shows (an MLP train step, layer norm, a transformer block, an RNN and a GRU),
-kept here because the installed ``shardprop bench`` cannot import ``examples/``; plus a ``fori_loop`` training loop.
+Benchmark-sized variants of what ``shardprop.examples`` shows (an MLP train step over any layer sizes, layer norm, a
+transformer block with ``n_heads`` as a parameter, an RNN and a GRU), plus a ``fori_loop`` training loop and the
+workloads only the benchmark rows use.
 """
 
 from __future__ import annotations

@@ -165,15 +165,17 @@ _BOX = {"type": "array", "items": {"type": "array", "items": {"type": "integer",
 
 
 # where an argument's spec came from: written by the user (or unannotated: propagation's), chosen by sp.AUTO, or
-# the layout of the array it was called with
-SPEC_SOURCES = ("in_specs", "sp.AUTO", "array")
+# the layout of the array it was called with, or its NNX Variable's sharding metadata
+SPEC_SOURCES = ("in_specs", "sp.AUTO", "array", "metadata")
 
 
 def _spec_source(prog, k: int) -> str:
     search = getattr(prog, "search", None)
     if search is not None and k in search.searched:
         return "sp.AUTO"
-    return "array" if k in getattr(prog, "kept", ()) else "in_specs"
+    if k in getattr(prog, "kept", ()):
+        return "array"
+    return "metadata" if k in getattr(prog, "declared", ()) else "in_specs"
 
 
 def _object(properties: dict, required: list[str] | None = None) -> dict:

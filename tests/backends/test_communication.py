@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from examples import attention, layernorm, mlp
+from shardprop.examples import attention, layernorm, mlp
 from shardprop.backends.hlo import _groups, parse_hlo
 from shardprop.core.transfers import total_moved
 from tests.functions import nx_example
@@ -101,7 +101,7 @@ BLOCK_SPECS = ({"wq": COL, "wk": COL, "wv": COL, "wo": ROW, "w1": COL, "b1": P("
                 "ln1_g": None, "ln1_b": None, "ln2_g": None, "ln2_b": None}, P("i"))
 LN_ARGS = (S((256, 512), jnp.float32), S((512,), jnp.float32), S((512,), jnp.float32))
 
-# (id, function, in_specs, args): the shard_map doc's matmuls, the Nx example and the examples/ workloads.
+# (id, function, in_specs, args): the shard_map doc's matmuls, the Nx example and the shardprop/examples/ workloads.
 VERSUS_JIT = [
     ("nx_example", nx_example, (P("i", "j"), P("i", "j")), (S((1024, 1024), jnp.float32),) * 2),
     ("matmul_basic", lambda a, b: a @ b, (P("i", "j"), P("j", None)), (S((256, 512), jnp.float32),

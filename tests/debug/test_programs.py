@@ -114,7 +114,7 @@ def test_a_stage_that_calls_back_to_python_cannot_be_exported(tmp_path, mesh):
 def test_intermediates_read_out_in_small_segments_are_the_same(monkeypatch, meshes, keep):
     """A stage's intermediates are read out in segments of READOUT_NODES nodes, values crossing from one
     segment to the next as held: with 3-node segments, everything is as with one."""
-    from examples import mlp
+    from shardprop.examples import mlp
     from shardprop.backends import shard_map
 
     args = (mlp.init_params(), np.random.default_rng(4).normal(size=(16, 32)).astype(np.float32),

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from examples import attention, mlp
+from shardprop.examples import attention, mlp
 from tests.functions import nx_example
 
 RNG = np.random.default_rng(3)

@@ -15,7 +15,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from examples import recurrent  # noqa: E402
+from shardprop.examples import recurrent  # noqa: E402
 from shardprop.backends import evaluate  # noqa: E402
 from shardprop.debug import FindingKind  # noqa: E402
 from tests.functions import nx_example  # noqa: E402

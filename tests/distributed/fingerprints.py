@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import shardprop as sp  # noqa: E402
-from examples import mlp, recurrent  # noqa: E402
+from shardprop.examples import mlp, recurrent  # noqa: E402
 from tests.functions import nx_example  # noqa: E402
 
 mesh = sp.make_mesh((4, 2), ("i", "j"))

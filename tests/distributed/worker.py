@@ -15,7 +15,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from examples import mlp, recurrent  # noqa: E402
+from shardprop.examples import mlp, recurrent  # noqa: E402
 from tests.functions import nx_example  # noqa: E402
 
 me = jax.process_index()

@@ -31,7 +31,7 @@ def _rnn_grad_listing(mesh) -> str:
     weight-gradient sums left partial (one psum after the loop)."""
     import jax
 
-    from examples import recurrent
+    from shardprop.examples import recurrent
 
     xs, h0 = jnp.ones((6, 8, 16)), jnp.ones((8, 16))
     grad = sp.autoshard(jax.grad(recurrent.rnn_loss), mesh=mesh, in_specs=(None, P(None, "i"), P("i")))

@@ -132,7 +132,7 @@ def test_splitting_a_program_again_starts_from_its_propagated_graph(mesh):
 
 
 def recurrent_source() -> str:
-    from examples import recurrent
+    from shardprop.examples import recurrent
 
     return pathlib.Path(recurrent.__file__).read_text()
 
@@ -144,7 +144,7 @@ def _line_of(source: str, text: str, after: str = "") -> int:
 
 
 def _rnn_grad_program(mesh):
-    from examples import recurrent
+    from shardprop.examples import recurrent
 
     xs, h0 = jnp.ones((6, 8, 16)), jnp.ones((8, 16))
     return program(jax.grad(recurrent.rnn_loss), (recurrent.init_rnn(), xs, h0), (None, P(None, "i"), P("i")), mesh)
@@ -171,7 +171,7 @@ def test_explain_descends_into_a_loop_body_by_the_path_the_listing_prints(mesh):
 
 
 def test_explain_names_the_gather_inside_a_body_and_what_it_costs_each_iteration(mesh):
-    from examples import recurrent
+    from shardprop.examples import recurrent
 
     gates_on_j = {"wx": P(None, "j"), "wh": P(None, "j"), "b": P("j")}
     prog = program(recurrent.gru_loss, (recurrent.init_gru(), jnp.ones((6, 8, 16)), jnp.ones((8, 16))),
@@ -191,7 +191,7 @@ def test_explain_names_the_gather_inside_a_body_and_what_it_costs_each_iteration
 
 
 def test_explain_follows_while_conditions_and_nested_bodies(mesh):
-    from examples import recurrent
+    from shardprop.examples import recurrent
 
     x = jnp.ones((8, 16))
     grow = program(recurrent.grow_until, (x,), (P("i", "j"),), mesh)
@@ -211,7 +211,7 @@ def test_explain_follows_while_conditions_and_nested_bodies(mesh):
     ("b/body/zz", "no value 'zz' in this graph"),
 ])
 def test_a_bad_path_is_refused_saying_what_exists(mesh, path, message):
-    from examples import recurrent
+    from shardprop.examples import recurrent
 
     prog = program(recurrent.nested_loops, (jnp.ones((8, 16)),), (P("i", "j"),), mesh)
     with pytest.raises(sp.UnknownValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

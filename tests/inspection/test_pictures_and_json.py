@@ -107,7 +107,7 @@ def test_json_follows_its_schema_and_shard_parents_resolve(mesh):
 
 
 def test_json_of_a_workload_with_collectives_and_scans_validates(mesh):
-    from examples.mlp import init_params, train_step
+    from shardprop.examples.mlp import init_params, train_step
 
     params = init_params((32, 64, 10))
     x, labels = jnp.ones((16, 32)), jnp.zeros((16,), jnp.int32)
@@ -138,7 +138,7 @@ def test_json_lists_loop_bodies_with_their_paths_partial_sums_and_collectives(me
     """An RNN gradient: each scan node carries its body (values, nodes, where each input comes from); the
     backward body's weight-gradient contraction is marked partial over i and the loop says which outputs one
     psum finishes; a while loop's body and condition have an unknown repeat count."""
-    from examples import recurrent
+    from shardprop.examples import recurrent
 
     xs, h0 = jnp.ones((6, 8, 16)), jnp.ones((8, 16))
     grad = sp.autoshard(jax.grad(recurrent.rnn_loss), mesh=mesh, in_specs=(None, P(None, "i"), P("i")))

@@ -140,11 +140,12 @@ def test_a_clash_of_the_users_own_layouts_warns_and_halts_under_conflicts_error(
 
 
 def test_the_design_notes_example_prints_what_they_show():
-    """docs/design.md pastes `python examples/backward.py`'s explain output and bytes: checked against a real run."""
+    """docs/design.md pastes `python -m shardprop.examples.backward`'s explain output and bytes: checked against a
+real run."""
     import pathlib
     import runpy
 
-    example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "examples" / "backward.py"))
+    example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "shardprop" / "examples" / "backward.py"))
     mesh = sp.make_mesh((4, 2), (DATA, MODEL))
     prog = sp.autoshard(example["step"], mesh=mesh, in_specs=example["SPECS"]).trace(*example["arguments"]())
     design = (pathlib.Path(__file__).parents[2] / "docs" / "design.md").read_text()
@@ -190,12 +191,12 @@ def test_a_reduction_takes_its_operand_as_its_use_asks(name, f, want):
 
 
 def test_the_design_notes_mirror_example_prints_what_they_show():
-    """docs/design.md pastes `python examples/mirrors.py`'s explain output: checked against a real run, the gradients
-    laid out like their arguments and equal to the unsharded ones."""
+    """docs/design.md pastes `python -m shardprop.examples.mirrors`'s explain output: checked against a real run, the
+    gradients laid out like their arguments and equal to the unsharded ones."""
     import pathlib
     import runpy
 
-    example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "examples" / "mirrors.py"))
+    example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "shardprop" / "examples" / "mirrors.py"))
     mesh = sp.make_mesh((2, 2), ("x", "y"))
     args = example["arguments"]()
     prog = sp.autoshard(example["gradients"], mesh=mesh, in_specs=example["SPECS"]).trace(*args)

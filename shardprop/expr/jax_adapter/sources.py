@@ -19,8 +19,11 @@ def exclude_from_sources(path: str) -> None:
 
 
 # shardprop's own frames are never the user's line: an op a wrapper of ours adds (out_specs' constraints) is
-# attributed to the user's call.
-exclude_from_sources(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# attributed to the user's call. Its examples are user code, written as a user writes it: their lines are kept.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for _entry in sorted(os.listdir(_PACKAGE)):
+    if _entry != "examples":
+        exclude_from_sources(os.path.join(_PACKAGE, _entry))
 
 
 def _is_library(path: str) -> bool:

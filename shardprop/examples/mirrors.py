@@ -2,7 +2,7 @@
 sharded operand reaches) come out in their arguments' layouts, as jax.jit's explicit mode types a cotangent like its
 primal (docs/design.md, "Outputs mirror arguments").
 
-    python examples/mirrors.py
+    python -m shardprop.examples.mirrors
 """
 
 import jax

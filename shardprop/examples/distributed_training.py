@@ -1,10 +1,10 @@
 """A training loop on several processes, each feeding only its own rows of every batch.
 
-    shardprop launch -n 2 --devices-per-process 4 -- python examples/distributed_training.py
+    shardprop launch -n 2 --devices-per-process 4 -- python -m shardprop.examples.distributed_training
 
-(or on a real cluster, one process per host: ``python examples/distributed_training.py``). The batch is sharded
-over ``i`` (data parallel) and the hidden layer over ``j`` (tensor parallel) on a mesh spanning every process;
-each process reads its rows of each batch from its own slice of the data set and
+(or on a real cluster, one process per host: ``python -m shardprop.examples.distributed_training``). The batch is
+sharded over ``i`` (data parallel) and the hidden layer over ``j`` (tensor parallel) on a mesh spanning every
+process; each process reads its rows of each batch from its own slice of the data set and
 ``sp.distributed.process_local`` assembles the global batch. ``--check`` also trains unsharded on the whole
 data on every process and compares the parameters.
 """
@@ -19,7 +19,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from examples import mlp  # noqa: E402
+from shardprop.examples import mlp  # noqa: E402
 
 STEPS, BATCH, FEATURES, CLASSES = 5, 32, 16, 4
 

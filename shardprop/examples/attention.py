@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from examples.layernorm import layer_norm
+from shardprop.examples.layernorm import layer_norm
 
 
 def init_block(d_model=32, n_heads=4, d_ff=64, seed=0):

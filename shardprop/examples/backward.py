@@ -2,7 +2,7 @@
 by ``p - 0.1 * g`` on a (4, 2) mesh. The second layer's gradient is computed in its parameter's layout (the backward
 pass, docs/design.md); the first layer's is moved at the update, the priced cheapest way.
 
-    python examples/backward.py
+    python -m shardprop.examples.backward
 """
 
 import jax
