@@ -30,8 +30,8 @@ from .signature import Signature, call_key
 from .spellings import (as_specs, context_mesh, leaves_some_unannotated, one_of, own_specs, placements,
                         program_mesh, same_spec)
 from .splitting.split import PlanPricer
-from .stateful import (declared_specs, returned_out_specs, returning_state, state_leaves, stateful_positions,
-                       write_back)
+from .stateful import (declared_specs, object_spec_trees, returned_out_specs, returning_state, state_leaves,
+                       stateful_positions, write_back)
 
 
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
@@ -194,7 +194,7 @@ class AutoSharded:
         program_args = call.program_args()
         try:
             mesh = program_mesh(self.mesh, self.in_specs, self.out_specs)
-            in_specs = as_specs(call.in_specs(self.in_specs, len(args)), mesh, "in_specs")
+            in_specs = as_specs(call.in_specs(object_spec_trees(args, self.in_specs), len(args)), mesh, "in_specs")
             out_specs = as_specs(self.out_specs, mesh, "out_specs")
             leaves, tree = jax.tree_util.tree_flatten(program_args)
             flat = flat_specs_of_tree(in_specs, tree, is_leaf=is_spec_leaf)

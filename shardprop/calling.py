@@ -22,7 +22,7 @@ import jax
 
 from .expr import jax_adapter as jx
 from .expr.graph import short_source
-from .errors import InputMismatchError, OptionError, SpecTreeError
+from .errors import InputMismatchError, OptionError, SpecTreeError, abridged
 
 
 
@@ -119,8 +119,8 @@ def constrain_outputs(f, out_specs: Any, mesh):
         try:
             subtrees = spec_tree.flatten_up_to(jax.tree_util.tree_unflatten(tree, [0] * len(leaves)))
         except (ValueError, TypeError) as err:
-            raise SpecTreeError(f"out_specs {out_specs!r} is not a pytree prefix of the outputs (structure "
-                                f"{tree}) of the call at {call_site()}: {err}") from None
+            raise SpecTreeError(f"out_specs {abridged(repr(out_specs))} is not a pytree prefix of the outputs "
+                                f"(structure {abridged(tree)}) of the call at {call_site()}: {abridged(err)}") from None
         specs = []
         for spec, sub in zip(spec_leaves, subtrees, strict=True):
             if not is_leaf(spec):

@@ -150,3 +150,17 @@ class InvariantError(LoweringError):
 
 class RenderError(ShardingError):
     """A picture could not be drawn (the graphviz ``dot`` program is missing, or failed)."""
+
+
+def abridged(text: object, limit: int = 300) -> str:
+    """``str(text)``, its middle cut out past ``limit`` characters: a module's pytree structure or a spec tree of
+    a hundred leaves stays readable in a one-line message.
+
+        >>> abridged("x" * 1000, 20)
+        'xxxxxxxxxx … (980 more characters) … xxxxxxxxxx'
+    """
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} … ({len(text) - 2 * half} more characters) … {text[-half:]}"

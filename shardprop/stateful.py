@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 
-from .errors import TraceError
+from .errors import SpecTreeError, TraceError
 
 
 def _nnx():
@@ -89,6 +89,57 @@ def declared_specs(args: Any, leaves: Sequence) -> tuple:
             if isinstance(node, nnx.Variable) and any(node.get_metadata().get(k) for k in _SHARDING_METADATA):
                 said[id(node.get_value())] = nnx.get_partition_spec(node).get_value()
     return tuple(said.get(id(leaf)) for leaf in leaves)
+
+
+def object_spec_trees(args: Sequence, in_specs: Any) -> Any:
+    """``in_specs`` with each entry for an NNX object that is given by attribute path — a mapping such as
+    ``nnx.get_partition_spec(nnx.state(model))`` or a nested dict of specs (``{'l1': {'kernel': P(None, 'model')}}``)
+    — turned into a spec tree shaped like the object (a pytree prefix of it). A path's spec covers every Variable
+    under it; a Variable no path reaches is unannotated; a path that names no Variable is a
+    :class:`~shardprop.SpecTreeError`.
+
+        >>> object_spec_trees((model, x), (nnx.get_partition_spec(nnx.state(model)), P("data")))  # doctest: +SKIP
+    """
+    nnx = _nnx()
+    if nnx is None or not isinstance(in_specs, tuple | list):
+        return in_specs
+    base = getattr(nnx, "Pytree", None) or nnx.Object
+    specs = list(in_specs)
+    for k, (arg, spec) in enumerate(zip(args, in_specs, strict=False)):  # (fewer specs: keyword arguments)
+        if isinstance(arg, base) and isinstance(spec, Mapping):
+            specs[k] = _shaped_like(nnx, arg, spec, k)
+    return type(in_specs)(specs)
+
+
+def _shaped_like(nnx, obj: Any, spec: Mapping, position: int) -> Any:
+    """The spec tree of ``obj`` that ``spec`` (a mapping by attribute path) describes."""
+    by_leaf: dict[int, Any] = {}
+    reached: set[tuple] = set()
+    for path, variable in nnx.to_flat_state(nnx.state(obj)):
+        node, depth = spec, 0
+        while isinstance(node, Mapping) and depth < len(path) and path[depth] in node:
+            node, depth = node[path[depth]], depth + 1
+        if isinstance(node, Mapping):
+            continue  # no spec on its path: unannotated
+        reached.add(tuple(path[:depth]))
+        by_leaf[id(variable.get_value())] = node.get_value() if isinstance(node, nnx.Variable) else node
+    named = [path for path in _leaf_paths(spec, nnx) if path not in reached]
+    if named:
+        raise SpecTreeError(f"in_specs for argument {position} ({type(obj).__name__}) names "
+                            f"{'.'.join(map(str, named[0]))}, which is no Variable of it (its Variables: "
+                            f"{', '.join('.'.join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(obj)))})")
+    return jax.tree_util.tree_map(lambda leaf: by_leaf.get(id(leaf)), obj)
+
+
+def _leaf_paths(spec: Mapping, nnx, prefix: tuple = ()) -> list[tuple]:
+    """The paths of a nested mapping's leaves (a Variable wrapping a spec is a leaf)."""
+    paths = []
+    for key, value in spec.items():
+        if isinstance(value, Mapping) and not isinstance(value, nnx.Variable):
+            paths += _leaf_paths(value, nnx, (*prefix, key))
+        else:
+            paths.append((*prefix, key))
+    return paths
 
 
 def write_back(args: Sequence, positions: tuple[int, ...], states: Sequence[list]) -> None:

@@ -146,3 +146,29 @@ def test_a_model_created_under_the_mesh_keeps_its_placed_layouts(mesh):
     assert specs["m.l1.kernel.value"] == P(None, "j") and specs["m.l2.kernel.value"] == P("j")
     assert "<- m.l1.kernel.value (its array's own layout)" in str(prog.stages[0])
     np.testing.assert_allclose(np.asarray(apply(model, X)), np.asarray(model(X)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("spelling", ["get_partition_spec_of_state", "nested_dict", "module_shaped"])
+def test_a_model_spec_given_by_attribute_path(mesh, spelling):
+    """The spec trees flax users write: nnx.get_partition_spec of the model's state (a State), a nested dict by
+    attribute path (a path's spec covers what is under it), or nnx.get_partition_spec(model) (shaped like it)."""
+    with nnx.use_eager_sharding(False):
+        model = Megatron(nnx.Rngs(0))
+    spec = {"get_partition_spec_of_state": lambda: nnx.get_partition_spec(nnx.state(model)),
+            "nested_dict": lambda: {"l1": {"kernel": P(None, "j")}, "l2": P("j")},
+            "module_shaped": lambda: nnx.get_partition_spec(model)}[spelling]()
+    apply = sp.autoshard(lambda m, x: m(x), mesh=mesh, in_specs=(spec, P("i")))
+    prog = apply.trace(model, X)
+    specs = dict(zip(prog.plan.graph.argument_names, prog.sharded.in_specs, strict=True))
+    assert specs["m.l1.kernel.value"] == P(None, "j") and specs["m.l2.kernel.value"] == P("j")
+    np.testing.assert_allclose(np.asarray(apply(model, X)), np.asarray(model(X)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_path_that_names_no_variable_is_refused_briefly(mesh):
+    model, _ = fresh()
+    with pytest.raises(sp.SpecTreeError, match=r"names l1\.kernal, which is no Variable of it") as caught:
+        sp.autoshard(lambda m, x: m(x), mesh=mesh, in_specs=({"l1": {"kernal": P()}}, P("i"))).trace(model, X)
+    assert "(call at test_nnx.py:" in str(caught.value)
+    with pytest.raises(sp.SpecTreeError, match="is not a pytree prefix") as caught:
+        sp.autoshard(lambda m, x: m(x), mesh=mesh, in_specs=([P(), P()], P("i"))).trace(model, X)
+    assert len(str(caught.value)) < 1200  # a module's structure abridged, not 3,000 characters of its repr

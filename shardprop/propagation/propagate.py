@@ -22,7 +22,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..errors import (ConflictKind, FallbackWarning, NoRuleError, OptionError, ReshardWarning, ShardingConflictError,
-                      ShardingError, SpecError, SpecTreeError)
+                      ShardingError, SpecError, SpecTreeError, abridged)
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, argument_label, short_dtype, value_name, warn_at, where
@@ -63,8 +63,8 @@ def flat_specs_of_tree(in_specs: Any, in_tree: Any, is_leaf: Callable[[Any], boo
         subtrees = spec_tree.flatten_up_to(args_skeleton)
     except (ValueError, TypeError) as err:
         raise SpecTreeError(
-            f"in_specs {in_specs!r} is not a pytree prefix of the arguments (structure {in_tree}): {err}"
-        ) from None
+            f"in_specs {abridged(repr(in_specs))} is not a pytree prefix of the arguments (structure "
+            f"{abridged(in_tree)}): {abridged(err)}") from None
     flat: list[PartitionSpec | None] = []
     for spec, sub in zip(spec_leaves, subtrees, strict=True):
         if not is_leaf(spec):
