@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Sequence
@@ -29,6 +30,8 @@ from .search.solve import as_tree
 from .signature import Signature, call_key
 from .spellings import (as_specs, context_mesh, leaves_some_unannotated, one_of, own_specs, placements,
                         program_mesh, same_spec)
+from .core.transfers import total_moved
+from .splitting.cost import estimate
 from .splitting.split import PlanPricer
 from .stateful import (declared_specs, object_spec_trees, returned_out_specs, returning_state, state_leaves,
                        stateful_positions, write_back)
@@ -106,6 +109,9 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
     derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
+    if chosen is not None:  # a pinned rebuild: say what it moves beyond the search's plan
+        extra = total_moved(estimate(plan)) - total_moved(estimate(chosen.plan))
+        searched = dataclasses.replace(chosen, returned_moves=max(0.0, extra))
     program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched, kept=kept,
                     declared=declared)
     if limit is not None and searched is None and (memory := program.memory()) > limit:

@@ -15,6 +15,7 @@ from .backends import parse_hlo
 from .expr.trace import abstractify
 from .mesh import as_auto_mesh
 from .program import Program
+from .stateful import returning_state, state_leaves, stateful_positions
 from .core.transfers import Transfer, total_moved
 
 
@@ -27,6 +28,7 @@ class Comparison:
     shardprop_out_specs: tuple[PartitionSpec, ...]
     jit_out_specs: tuple[PartitionSpec, ...]
     program: Program
+    output_names: tuple[str, ...] = ()  # a name per output leaf where its key path says less (an NNX state leaf)
 
     @property
     def shardprop_bytes(self) -> float:
@@ -50,9 +52,10 @@ class Comparison:
             graph = self.program.plan.graph
             paths = jax.tree_util.tree_flatten_with_path(
                 jax.tree_util.tree_unflatten(graph.out_tree, list(range(len(graph.outputs)))))[0]
+            names = self.output_names or [jax.tree_util.keystr(path) or "(the output)" for path, _ in paths]
             rows = [("output", "shardprop", "jax.jit")] + [
-                (jax.tree_util.keystr(path) or "(the output)", str(ours), str(theirs))
-                for (path, _), ours, theirs in zip(paths, self.shardprop_out_specs, self.jit_out_specs, strict=True)]
+                (name, str(ours), str(theirs))
+                for name, ours, theirs in zip(names, self.shardprop_out_specs, self.jit_out_specs, strict=True)]
             widths = [max(len(r[c]) for r in rows) for c in range(2)]
             lines += [f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows]
         return "\n".join(lines)
@@ -62,14 +65,27 @@ def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: st
     """Compile ``f`` with shardprop and with ``jax.jit(in_shardings=...)`` on ``mesh`` and compare.
 
     ``jax.jit`` gets the input shardings shardprop resolved (unannotated inputs as they adopted), so both
-    start from the same layout. ``args`` may be arrays or ShapeDtypeStructs.
+    start from the same layout. ``args`` may be arrays or ShapeDtypeStructs. A step that updates flax NNX
+    arguments in place is compared with the state both return, as ``nnx.jit`` compiles it.
     """
     mesh = as_auto_mesh(mesh)
     program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
-    compiled = lower_with_jit(f, mesh, program.sharded.in_specs, *args).compile()
+    # flax NNX arguments updated in place: both sides return their state (as nnx.jit does), or XLA would drop the
+    # update — the backward pass and the optimizer — from jax.jit's program
+    positions = stateful_positions(args)
+    like_program = returning_state(f, positions) if positions else f
+    compiled = lower_with_jit(like_program, mesh, program.sharded.in_specs, *args).compile()
     jit_out = tuple(getattr(s, "spec", PartitionSpec()) for s in jax.tree_util.tree_leaves(compiled.output_shardings))
+    names = ()
+    if positions:  # the state leaves named after the argument leaves they update
+        graph = program.plan.graph
+        updated = state_leaves(args, positions, jax.tree_util.tree_leaves(args))
+        paths = jax.tree_util.tree_flatten_with_path(
+            jax.tree_util.tree_unflatten(graph.out_tree, list(range(len(graph.outputs)))))[0]
+        returned = [jax.tree_util.keystr(path[1:]) or "(the output)" for path, _ in paths[:len(paths) - len(updated)]]
+        names = (*returned, *(f"{graph.argument_names[j]} (updated)" for j in updated))
     return Comparison(program.communication(), parse_hlo(compiled.as_text(), mesh), program.out_specs,
-                      jit_out, program)
+                      jit_out, program, names)
 
 
 def lower_with_jit(f: Callable, mesh: Mesh, flat_specs: Any, *args) -> jax.stages.Lowered:

@@ -17,7 +17,9 @@ def format_search(result) -> str:
     lines = [f"sp.AUTO chose {len(result.searched)} layout{'' if len(result.searched) == 1 else 's'} in "
              f"{result.seconds:.2f} s ({result.evaluations} plans priced{checks}): {format_bytes(c.moved)} moved, "
              f"{format_bytes(c.memory.total)} per device (cost model{compiled}{limit}); price within "
-             f"{result.gap:.0%} of the bound"]
+             f"{result.gap:.0%} of the bound"
+             + ("" if not result.returned_moves else f"; the program moves {format_bytes(result.returned_moves)} "
+                "more, returning updated state laid out as it came in")]
     rows = [(r["argument"], f"{short_dtype(leaf.dtype)}[{','.join(map(str, leaf.shape))}]", str(r["spec"]),
              "" if r["with"] is None else f"with {r['with']}")
             for r, leaf in zip(result.rows(), (result.leaves[k] for k in result.searched), strict=True)]

@@ -110,6 +110,9 @@ class SearchResult:
     compile_seconds: float
     _options: dict = field(repr=False, compare=False)
     _price: _Evaluator = field(repr=False, compare=False)
+    # bytes per device the built program moves beyond the chosen plan: returning updated NNX state in its
+    # arguments' layouts (api.compile_program pins them after the search)
+    returned_moves: float = 0.0
 
     @property
     def gap(self) -> float:

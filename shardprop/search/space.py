@@ -119,19 +119,21 @@ def leaves_of(graph, keyword_form: bool = False) -> list[Leaf]:
 
 def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, ...]]:
     """The searched leaves in groups decided together, each group led by its first leaf: a leaf joins an earlier
-    argument's leaf of its shape whose path within its argument its own path ends with (the longest such:
-    ``[1][0].mu[0]['w']`` joins ``[0][0]['w']``)."""
+    argument's leaf of its shape whose path within its argument its own path ends with, key by key (the longest
+    such: ``[1][0].mu[0]['w']`` joins ``[0][0]['w']``; an NNX moment ``.opt_state[0].mu['l1']['kernel'].value``
+    joins ``.l1.kernel.value``)."""
     leader: dict[int, int] = {}
     for k in searched:
-        mine = leaves[k].within
+        mine = _keys(leaves[k].within)
         best = None
         for j in searched:
             if j >= k or leader.get(j, j) != j or leaves[j].shape != leaves[k].shape:
                 continue
-            other = leaves[j].within
+            other = _keys(leaves[j].within)
             # strictly deeper: the parameter's tree nested inside another argument's (not two arguments alike)
-            if other and len(mine) > len(other) and mine.endswith(other) and leaves[j].argument != leaves[k].argument \
-                    and (best is None or len(other) > len(leaves[best].within)):
+            if other and len(mine) > len(other) and mine[-len(other):] == other \
+                    and leaves[j].argument != leaves[k].argument \
+                    and (best is None or len(other) > len(_keys(leaves[best].within))):
                 best = j
         leader[k] = k if best is None else best
     groups: dict[int, list[int]] = {}
@@ -141,6 +143,14 @@ def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, 
 
 
 _INDEX = re.compile(r"\[\d+\]")
+# one key of a key path as jax.tree_util.keystr writes it: an attribute, a dict key or a sequence index
+_KEY = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(\d+)\]")
+
+
+def _keys(within: str) -> tuple[str, ...]:
+    """The keys of a path, whatever their kind: an NNX parameter ``.l1.kernel.value`` and its optimizer moment
+    ``.opt_state[0].mu['l1']['kernel'].value`` end alike."""
+    return tuple(next(g for g in m.groups() if g is not None) for m in _KEY.finditer(within))
 
 
 def tied(leaves: list[Leaf], groups: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
