@@ -409,6 +409,24 @@ def test_impossible_moves_say_why(shape, have, want, message):
         plan_move(shape, np.float32, have, want, {"i": 4, "j": 2})
 
 
+@pytest.mark.parametrize("mesh_shape", [{"x": 2, "y": 2, "z": 2}, {"i": 4, "j": 2, "k": 2}], ids=["2x2x2", "4x2x2"])
+def test_a_move_planned_again_is_taken_from_the_cache(mesh_shape):
+    """Counted, not timed: planning the same moves again plans nothing (every call a hit of the plan cache)."""
+    from shardprop.core import moves
+
+    rng = np.random.default_rng(1)
+    shape = (40, 48, 16, 24)
+    pairs = [(random_type(rng, shape, mesh_shape), random_type(rng, shape, mesh_shape)) for _ in range(20)]
+    first = [plan_move(shape, np.float32, have, want, mesh_shape) for have, want in pairs]
+    before = moves._plan.cache_info()
+    again = [plan_move(shape, np.float32, have, want, mesh_shape) for have, want in pairs]
+    after = moves._plan.cache_info()
+    assert again == first and after.misses == before.misses
+    assert after.hits - before.hits == sum(1 for have, want in pairs if have != want and not (
+        have.span or want.span or want.halo))
+
+
+@pytest.mark.slow  # a timing, on a machine another test worker loads: a benchmark-like check, out of the default run
 @pytest.mark.parametrize("mesh_shape", [{"x": 2, "y": 2, "z": 2}, {"i": 4, "j": 2, "k": 1}, {"i": 4, "j": 2, "k": 2}],
                          ids=["2x2x2", "4x2x1", "4x2x2"])
 def test_planning_is_fast_and_cached(mesh_shape):
