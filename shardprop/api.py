@@ -79,7 +79,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
                               "P('data'), say — or drop strict=True")
         searched = search_layouts(graph, flat, mesh=as_auto_mesh(mesh), strict=strict, conflicts=conflicts,
                                   strategy=strategy, memory_limit=limit, keyword_form=traced is not None,
-                                  donated=donated,
+                                  donated=donated, returns_inputs=returns_inputs,
                                   compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
         with warnings.catch_warnings():  # the user's own conflicts, between specs they fixed, warn (their fallbacks
             warnings.simplefilter("ignore", FallbackWarning)  # warn once, below)
@@ -110,7 +110,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
         compile_derivative = _without_reshard_warnings(compile_derivative)
     derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
     if chosen is not None:  # a pinned rebuild: say what it moves beyond the search's plan
-        extra = total_moved(estimate(plan)) - total_moved(estimate(chosen.plan))
+        extra = total_moved(estimate(plan)) - chosen.chosen.moved  # (the search priced the returns it expected)
         searched = dataclasses.replace(chosen, returned_moves=max(0.0, extra))
     program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched, kept=kept,
                     declared=declared)

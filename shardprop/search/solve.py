@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 import jax
 from jax.sharding import PartitionSpec
 
+from ..core.moves import move_bytes
 from ..core.transfers import total_moved
+from ..core.types import ValueType
 from ..errors import MemoryLimitError, NoRuleError, OptionError, SearchError, ShardingConflictError
 from ..propagation import propagate
 from ..splitting.cost import Footprint, estimate, footprint, price, whole_work
@@ -167,9 +169,11 @@ class _Evaluator:
     rough screen only orders a bundle's layouts for the screen)."""
 
     def __init__(self, graph, mesh, *, strict: bool, conflicts: str, strategy: str, memory_limit: int | None,
-                 donated: tuple[int, ...] = (), backward: bool | str = True, memo: dict | None = None):
+                 donated: tuple[int, ...] = (), backward: bool | str = True, memo: dict | None = None,
+                 returns_inputs: tuple[int, ...] = ()):
         self.graph, self.mesh, self.strict, self.conflicts, self.strategy = graph, mesh, strict, conflicts, strategy
         self.memory_limit, self.donated, self.backward = memory_limit, donated, backward
+        self.returns_inputs = returns_inputs  # the last outputs are these arguments' new values (NNX state)
         self._seen: dict[tuple, Candidate | None] = {}
         self.memo = {} if memo is None else memo  # the rules' results, shared by the evaluators of one search
         self._plans: dict[tuple, object] = {}  # the full pricing's plans (a few finalists): the chosen one is built so
@@ -219,14 +223,28 @@ class _Evaluator:
                                         adopt=False)
                 except (ShardingConflictError, NoRuleError):
                     return None
-            moved = sharded.edge_move_bytes()
+            moved = sharded.edge_move_bytes() + self._returning(sharded)
             return Candidate(tuple(sharded.in_specs), moved, moved, Footprint(0, 0, 0), 0)
         plan = self.plan(specs)
         if plan is None:
             return None
         memory = footprint(plan, self.donated)  # (also without a limit: of two plans as cheap, the leaner)
         excess = 0 if self.memory_limit is None else max(0, memory.total - self.memory_limit)
-        return Candidate(tuple(plan.sharded.in_specs), price(plan), total_moved(estimate(plan)), memory, excess)
+        returning = self._returning(plan.sharded)
+        return Candidate(tuple(plan.sharded.in_specs), price(plan) + returning, total_moved(estimate(plan)) + returning,
+                         memory, excess)
+
+    def _returning(self, sharded) -> float:
+        """Bytes per device to return each updated state laid out as its argument (the program moves it back:
+        ``api.compile_program``'s ``returns_inputs``), so a layout that computes an update elsewhere pays for it."""
+        graph, base = self.graph, len(self.graph.outputs) - len(self.returns_inputs)
+        total = 0.0
+        for i, j in enumerate(self.returns_inputs):
+            aval, want = graph.avals[graph.outputs[base + i]], sharded.layout(graph.inputs[j])
+            have = sharded.output_layout(base + i)
+            if have != want:
+                total += move_bytes(aval.shape, aval.dtype, ValueType(have), ValueType(want), sharded.mesh_shape)
+        return total
 
 
 def as_tree(graph, flat: Sequence[PartitionSpec | None]):
@@ -237,7 +255,7 @@ def as_tree(graph, flat: Sequence[PartitionSpec | None]):
 def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, conflicts: str = "reshard",
                    strategy: str = "auto", memory_limit: int | None = None,
                    compiled_memory: Callable[[object], int] | None = None, keyword_form: bool = False,
-                   donated: Sequence[int] = ()) -> SearchResult:
+                   donated: Sequence[int] = (), returns_inputs: Sequence[int] = ()) -> SearchResult:
     """Choose a spec for every ``sp.AUTO`` entry of ``flat_specs`` (one per flat argument of ``graph``; the
     others are kept exactly) minimising the plan's price within ``memory_limit`` bytes per device.
 
@@ -261,7 +279,8 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     # compiled memory decides
     screen_limit = (memory_limit if memory_limit is None or compiled_memory is None
                     else int(memory_limit * (1 + SLACK)))
-    settings = dict(strict=strict, conflicts=conflicts, strategy=strategy, donated=tuple(donated))
+    settings = dict(strict=strict, conflicts=conflicts, strategy=strategy, donated=tuple(donated),
+                    returns_inputs=tuple(returns_inputs))
     memo: dict = {}  # the rules' results on operands laid out as before: every walk of the search shares them
     screen = _Evaluator(graph, mesh, backward="quick", memory_limit=screen_limit, memo=memo, **settings)
     full = _Evaluator(graph, mesh, memory_limit=memory_limit, memo=memo, **settings)
