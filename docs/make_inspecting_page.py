@@ -106,7 +106,9 @@ partial sums (typed `{{+i}}` inside, summed by one collective after the loop). A
 value `l` of the body of the op computing `t` (`e/cond/c` for a while loop's condition, `e/branch1/c` for a
 branch of a `cond`; nested loops continue the path). `sp.explain` and `--explain` take those paths. The
 gradient of a small RNN (batch sharded over `i`): the backward scan's weight gradient is a sum over the batch;
-each device keeps its partial sum through the loop and one all-reduce finishes it after the last step.
+each device keeps its partial sum through the loop and one all-reduce finishes it after the last step. (The
+outputs on this page are jax 0.10.2's. jax 0.12 writes tanh's derivative as one primitive, `one_minus_square`,
+so under it this program has a few values fewer and the ones after them have other names.)
 
 {block([*RNN_GRAD, "--explain", "t/body/l"])}
 `sp.lineage` follows a block through loops too: a `scan` block reads the same iterations of `xs` (and every
@@ -209,6 +211,11 @@ def sp_lineage_repr() -> str:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    from tests.releases import DOCUMENTED, ON_DOCUMENTED
+
+    if not ON_DOCUMENTED:  # the page shows the documented release's output (tests/releases.py)
+        sys.exit(f"the page shows jax {'.'.join(map(str, DOCUMENTED))}'s output: regenerate it under that release")
     (ROOT / "docs" / "img").mkdir(exist_ok=True)
     subprocess.run([sys.executable, "-m", "shardprop", *NX[1:], "--format", "svg", "-o", "docs/img/nx_gather.svg"],
                    cwd=ROOT, check=True)

@@ -49,6 +49,7 @@ from .errors import (
     UnknownMeshAxisError,
     UnknownValueError,
     UnsupportedDtypeError,
+    UnsupportedJaxError,
 )
 from .expr import Graph, Node, trace
 from .inspect import Explanation, Lineage, blocks, render, show, show_blocks, stage_table, to_dot, to_json
@@ -73,7 +74,8 @@ __all__ = [
     "ReferenceEvaluationError", "RenderError", "SearchError", "SearchResult",
     "ReshardWarning", "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError",
     "SpecRankError", "SpecTreeError", "Stage", "StageIndexError", "StageInput", "Strategy", "TensorSharding",
-    "TraceError", "UnknownMeshAxisError", "UnknownValueError", "UnsupportedDtypeError", "autoshard", "blocks",
+    "TraceError", "UnknownMeshAxisError", "UnknownValueError", "UnsupportedDtypeError", "UnsupportedJaxError",
+    "autoshard", "blocks",
     "compare_with_jit", "compile_program", "explain", "lineage", "lower", "make_mesh", "propagate", "render", "show",
     "show_blocks", "split", "stage_table", "to_dot", "to_json", "trace",
 ]

@@ -140,6 +140,10 @@ class ReshardWarning(UserWarning):
     carries the conflict, as ``ShardingConflictError`` would have said it)."""
 
 
+class UnsupportedJaxError(ShardingError, ImportError):
+    """The installed JAX is outside the releases shardprop supports (raised when shardprop is imported)."""
+
+
 class LoweringError(ShardingError):
     """An operation could not be evaluated on its per-device blocks (a shardprop bug: please report it)."""
 

@@ -237,6 +237,11 @@ class Program:
         rules (relu, a custom_vjp): see ``shardprop/derivatives.py``."""
         if not self.plan.graph.custom_derivatives:
             return self._jit
+        if not any(jx.is_differentiated(x) for x in placed):
+            # traced, but not differentiated (vmap; or partial evaluation: a derivative program's tangents while JAX
+            # linearizes a custom rule that calls it): no rule is needed, and jax 0.12 stages a custom_jvp call out
+            # whole when some of its inputs are unknown there, leaving even its primal outputs unknown
+            return self._jit
         if self.derivatives is None:
             if any(jx.is_differentiated(x) for x in placed):
                 kinds = ", ".join(sorted(self.plan.graph.custom_derivatives))

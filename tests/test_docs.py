@@ -4,6 +4,7 @@ import pathlib
 import re
 
 from shardprop.ops import table
+from tests.releases import compared_parts
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,10 @@ def test_inspecting_page_is_current():
     spec = importlib.util.spec_from_file_location("make_inspecting_page", ROOT / "docs" / "make_inspecting_page.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert (ROOT / "docs" / "inspecting.md").read_text() == module.page(), "run `python docs/make_inspecting_page.py`"
+    # (on a JAX release other than the documented one, the parts it traces otherwise are run but not compared)
+    written, now = (compared_parts("docs/inspecting.md", text)
+                    for text in ((ROOT / "docs" / "inspecting.md").read_text(), module.page()))
+    assert written == now, "run `python docs/make_inspecting_page.py`"
 
 
 def test_debugging_page_is_current():

@@ -55,7 +55,10 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
 def _to_mirror(node: Node, mesh_axes: tuple[str, ...], reversed_block, mesh_shape):
     """A reversal finished: each device's reversed block sent to the device at the mirrored position along every
     reversed axis (``n - 1 - i`` of its ``n`` blocks), one ``ppermute`` over ``mesh_axes``."""
-    # every mesh axis named lays out a reversed axis (a block index over (i, j) mirrors as i and j both mirror)
+    # every mesh axis named lays out a reversed axis (a block index over (i, j) mirrors as i and j both mirror), so
+    # the pairs are the same in any order of the axes: named in mesh order, as ppermute numbers the devices (jax
+    # 0.12 refuses another order, where 0.10.2 sorted it)
+    mesh_axes = tuple(name for name in mesh_shape if name in mesh_axes)
     sizes = [mesh_shape[name] for name in mesh_axes]
     devices = list(itertools.product(*(range(n) for n in sizes)))
     pairs = [(d, devices.index(tuple(n - 1 - c for n, c in zip(sizes, coords, strict=True))))

@@ -23,6 +23,7 @@ UNARY = (
     "sqrt", "rsqrt", "cbrt", "abs", "not", "erf", "erfc", "erf_inv", "lgamma", "digamma", "real", "imag",
     "conj", "integer_pow", "convert_element_type", "reduce_precision", "copy", "square",
     "population_count", "clz", "bessel_i0e", "bessel_i1e", "stop_gradient",
+    "log2", "one_minus_square",  # jax >= 0.12 (jnp.log2; tanh's, asin's, atanh's derivatives)
 )
 NARY = (
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or",
@@ -31,6 +32,7 @@ NARY = (
     "eq", "ne", "lt", "le", "gt", "ge", "eq_to", "le_to", "lt_to",
     "select_n", "clamp",
     "threefry2x32",
+    "polynomial",  # jax >= 0.12: Horner's rule on x and its coefficients (lax.erf, jnp.polyval), all broadcast
 )
 # How a partial sum passes through them (the rest: not at all): see opdef.Linearity.
 # Not a conversion or reduce_precision: they round or overflow each share apart (int8 shares of 100 and 100 wrap

@@ -34,7 +34,10 @@ WITHOUT_RECORD: dict[str, str] = {
         "precv", "preduced", "psend", "psum", "psum_done", "psum_invariant", "psum_invariant_start", "psum_start",
         "ragged_all_to_all", "reduce_scatter", "reduce_scatter_done", "reduce_scatter_start", "unreduced_psum",
         "unreduced_psum_start", "unreduced_reduce_scatter", "unreduced_reduce_scatter_start", "pvary",
-        "reduced_vary_cast_p", "vary_unreduced_cast_p", "shard_map"), COLLECTIVE),
+        "reduced_vary_cast_p", "vary_unreduced_cast_p", "shard_map",
+        # jax 0.12
+        "unreduced_pmax", "unreduced_pmin", "reduced_vary_cast", "vary_unreduced_cast", "pbroadcast_dynamic"),
+        COLLECTIVE),
     **dict.fromkeys((
         "accum_grad_in_ref", "addupdate", "get", "swap", "new_ref", "empty_ref", "free_ref", "freeze", "pin",
         "unpin", "run_state", "create_linear", "broadcast_to", "box_get", "box_set", "new_box", "log_extend",
@@ -50,8 +53,9 @@ WITHOUT_RECORD: dict[str, str] = {
     **dict.fromkeys(("debug_callback", "debug_print", "pure_callback", "io_callback", "ffi_call", "buffer_callback",
                      "inspect_sharding", "check"), OPAQUE),
     **dict.fromkeys(("iota_2x32_shape", "philox2x32", "philox4x32", "threefry4x32"), PRNG),
-    **dict.fromkeys(("tie", "layout_constraint", "compute_on", "xla_metadata_value"), MEMORY),
-    **dict.fromkeys(("eval_jaxpr", "from_edtype", "to_edtype", "scaled_dot", "custom_partitioning", "shard_alike",
+    **dict.fromkeys(("tie", "layout_constraint", "compute_on", "xla_metadata_value",
+                     "relayout", "with_memory_space_constraint"), MEMORY),
+    **dict.fromkeys(("from_edtype", "to_edtype", "scaled_dot", "custom_partitioning", "shard_alike",
                      "geqrf", "geqp3"), INTERNAL),
     "select_and_scatter": NO_FUNCTION,
     "stage": NOT_IN_TRACES,

@@ -15,12 +15,12 @@ import pytest
 import shardprop as sp
 from shardprop.splitting.ir import Move
 
-from .goldens import GOLDEN, GOLDENS, nx_program
+from .goldens import GOLDENS, golden_path, nx_program
 
 
 @pytest.mark.parametrize("name", sorted(GOLDENS))
 def test_golden(name, mesh):
-    assert GOLDENS[name](mesh) + "\n" == (GOLDEN / name).read_text(), \
+    assert GOLDENS[name](mesh) + "\n" == golden_path(name).read_text(), \
         f"{name} changed: if on purpose, run `python -m tests.inspection.goldens` and read the diff"
 
 

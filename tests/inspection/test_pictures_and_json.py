@@ -145,7 +145,9 @@ def test_json_lists_loop_bodies_with_their_paths_partial_sums_and_collectives(me
     doc = json.loads(json.dumps(sp.to_json(grad.trace(recurrent.init_rnn(), xs, h0))))
     jsonschema.validate(doc, SCHEMA)
     forward, backward = [n for n in doc["nodes"] if n["op"] == "scan"]
-    assert [b["path"] for b in forward["bodies"] + backward["bodies"]] == ["g/body", "ba/body"]
+    # each body's path is its loop's (first) output's name, as the listing prints it
+    assert [b["path"] for b in forward["bodies"] + backward["bodies"]] == [
+        f"{loop['outputs'][0]}/body" for loop in (forward, backward)]
     assert backward["collective"] == {"kind": "psum", "mesh_axes": ["i"]}
     (stage,) = doc["stages"]  # after the loop, one psum of each carry it kept partial
     finished = [i for i in stage["instructions"] if i["kind"] == "move" and i["from"]["value"] in backward["outputs"]]

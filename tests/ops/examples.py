@@ -17,6 +17,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import primitives as prims
 from jax.sharding import PartitionSpec as P
 
+from shardprop.expr import jax_adapter as jx
+
 F32, I32, U32, BOOL = np.float32, np.int32, np.uint32, np.bool_
 M = (16, 8)
 B = (4, 6, 6)  # a batch of four 6x6 matrices, for the linear algebra
@@ -89,7 +91,17 @@ def _batched_spd(a):
     return a @ jnp.swapaxes(a, -1, -2) + 6 * jnp.eye(a.shape[-1])
 
 
+# Elementwise primitives jax 0.12 added (jax 0.10.2 computes these from others): an example where JAX defines them.
+_NEWER_ELEMENTWISE = "log2 one_minus_square polynomial"
+if set(_NEWER_ELEMENTWISE.split()) <= jx.defined_primitives():
+    _NEWER = [ex("newer_elementwise", _NEWER_ELEMENTWISE,
+                 lambda a, b: (lax.log2(a), lax.one_minus_square(a / 8), lax.polynomial(a, [1.0, b, 0.25])),
+                 [(M, F32), (M, F32)], [P("i", "j"), P("i")], positive=True)]
+else:
+    _NEWER = []
+
 EXAMPLES = [
+    *_NEWER,
     ex("unary_float", " ".join(UNARY), lambda a: _each(UNARY, a), [(M, F32)], [P("i", "j")], positive=True),
     ex("binary_float", " ".join(BINARY), lambda a, b: _each(BINARY, a, b), [(M, F32), (M, F32)],
        [P("i", "j"), P("i")], positive=True),

@@ -25,7 +25,9 @@ def test_every_primitive_jax_defines_is_accounted_for_once():
     recorded, inlined, without = set(table()), set(jx.INLINED_CALLS | jx.FOLDED_AT_TRACE), set(WITHOUT_RECORD)
     assert not (recorded & inlined) and not (recorded & without) and not (inlined & without)
     assert sorted(defined - recorded - inlined - without) == [], "primitives nobody has decided about"
-    assert sorted((recorded | inlined | without) - defined) == [], "names JAX 0.10.2 does not define"
+    # a name only another supported JAX release defines (jax_adapter/versions.py) is allowed
+    assert sorted((recorded | inlined | without) - defined - jx.PRIMITIVES_OF_SOME_RELEASES) == [], \
+        "names no supported JAX release defines"
 
 
 def test_every_record_has_every_piece():
@@ -55,7 +57,7 @@ def test_an_unknown_primitive_gets_the_conservative_record():
 
 def test_every_record_has_an_example():
     covered = set().union(*(e.primitives for e in EXAMPLES + MESH_EXAMPLES))
-    assert sorted(set(table()) - covered) == []
+    assert sorted((set(table()) & jx.defined_primitives()) - covered) == []
     assert sorted(covered - set(table())) == []
 
 

@@ -4,11 +4,15 @@ Everything JAX-version-specific lives here: turning a function into a jaxpr, wal
 calls to inline (nested ``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``closed_call``, ``remat``), binding a
 primitive from its equation params (``jaxprs.py``); abstract types, dtypes, tracers, placement and mesh contexts
 (``values.py``); the user's source lines (``sources.py``); an all-reduce JAX has no public collective for
-(``collectives.py``). Private imports (``jax._src``) are confined to these four modules. The rest of shardprop sees
-only :mod:`shardprop.expr.graph` and the names below; when a JAX release changes these internals, this package is
-the one to touch.
+(``collectives.py``); the supported releases (jax 0.10.2 through 0.12.x), checked at import, and what differs
+between them — a ``scan``'s params, a call's body param, the primitive names only some release defines — read into
+one vocabulary, 0.10.2's (``versions.py``). Private imports (``jax._src``) are confined to these five modules. The
+rest of shardprop sees only :mod:`shardprop.expr.graph` and the names below; when a JAX release changes these
+internals, this package is the one to touch.
 """
 
+# first: a JAX outside the supported releases is refused before any module reads its internals
+from .versions import JAX_VERSION, PRIMITIVES_OF_SOME_RELEASES  # noqa: F401  (the adapter's names, re-exported)
 from .jaxprs import (  # noqa: F401  (the adapter's names, re-exported)
     Primitive, CALL_JAXPR_PARAM, LINEAR_SOLVE, INLINED_CALLS, CUSTOM_JVP_CALLS, CUSTOM_VJP_CALLS,
     PLATFORM_INDEX, FOLDED_AT_TRACE, FOLDABLE_INDEX_ARITHMETIC, Equation, Body, make_jaxpr, closed_body,

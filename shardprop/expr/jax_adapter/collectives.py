@@ -11,10 +11,13 @@ from jax._src import core
 from jax._src.interpreters import batching, mlir
 from jax._src.lax import parallel
 
+# jax 0.10.2 calls the all-reduce lowering ``_allreduce_lowering``; 0.12 renamed it ``_all_reduce_lowering``.
+_allreduce_lowering = getattr(parallel, "_allreduce_lowering", None) or parallel._all_reduce_lowering
+
 _pprod_p = core.Primitive("shardprop_pprod")
 _pprod_p.def_impl(partial(parallel._allreduce_impl, _pprod_p, lax.reduce_prod))
 _pprod_p.def_effectful_abstract_eval(partial(parallel._pmin_pmax_abstract_eval, "pprod"))
-mlir.register_lowering(_pprod_p, partial(parallel._allreduce_lowering, lax.mul_p, lax.reduce_prod))
+mlir.register_lowering(_pprod_p, partial(_allreduce_lowering, lax.mul_p, lax.reduce_prod))
 batching.fancy_primitive_batchers[_pprod_p] = partial(parallel._batched_reduction_collective, _pprod_p,
                                                       lambda v, axis_size: lax.integer_pow(v, axis_size))
 

@@ -16,6 +16,7 @@ from jax.extend import core as jex_core
 
 from .sources import sources_of_traceback
 from .values import aval_of
+from .versions import EVAL_JAXPR_BODY, bind_params, read_params
 
 Primitive = jex_core.Primitive
 
@@ -33,6 +34,11 @@ CALL_JAXPR_PARAM = {
     "linear_call": "callee",
     "remat2": "jaxpr",
     "composite": "jaxpr",
+    # jax 0.12: calls that only order their body's equations (jax.experimental.overlap) or attach XLA metadata
+    "program_order": "call_jaxpr",
+    "xla_metadata_call": "jaxpr",
+    # jax 0.12 folds ``call`` and ``closed_call`` into ``eval_jaxpr`` (``core.closed_call_p is eval_jaxpr_p``)
+    "eval_jaxpr": EVAL_JAXPR_BODY,
 }
 # ``custom_linear_solve`` (``jnp.linalg.solve``) computes ``solve(*solve_consts, *b)``: its forward is the
 # ``solve`` jaxpr applied to its own constants and the right-hand side.
@@ -161,7 +167,7 @@ def _as_body(sub) -> Body | None:
 
 def _body(jaxpr, consts) -> Body:
     equations = (
-        Equation(e.primitive, tuple(e.invars), tuple(e.outvars), e.params,
+        Equation(e.primitive, tuple(e.invars), tuple(e.outvars), read_params(e.primitive.name, e.params),
                  *sources_of_traceback(e.source_info.traceback))
         for e in jaxpr.eqns
     )
@@ -242,14 +248,15 @@ def bind(primitive: Primitive, invals: Sequence[Any], params: dict) -> list:
     """Apply ``primitive`` to ``invals`` with an equation's params; always returns a list of outputs."""
     # As jax 0.10.2's own eval_jaxpr does: a call-like primitive (shard_map) keeps its body in the params
     # ("subfuns"), which its bind pops itself.
-    out = primitive.bind(*invals, **primitive.get_bind_params(params))
+    out = primitive.bind(*invals, **primitive.get_bind_params(bind_params(primitive.name, params)))
     return list(out) if primitive.multiple_results else [out]
 
 
 # Modules of kernel languages and accelerator back ends: their primitives never appear in a traced jax.numpy
 # program, and importing them can need an accelerator's libraries.
 _NOT_SCANNED = ("test_util", "internal_test", "test_loader", "test_multiprocess", "mosaic", "pallas", "triton",
-                "tpu_custom", "mlir.dialects", "lib.", "export.serialization")
+                "tpu_custom", "mlir.dialects", "lib.", "export.serialization",
+                "thunky")  # jax 0.12's XLA:GPU thunk-executor language (jax.experimental.thunky)
 
 
 @functools.cache
