@@ -136,6 +136,7 @@ def test_unannotated_variables_take_the_specs_their_sharding_metadata_declares(m
     assert specs["optimizer.opt_state[0].mu['l1']['kernel'].value"] == P(None, "j")
     assert "<- model.l1.kernel.value (its Variable's sharding metadata)" in str(prog.stages[0])
     assert {i["name"]: i["spec_source"] for i in sp.to_json(prog)["inputs"]}["model.l1.kernel.value"] == "metadata"
+    assert "its Variable's sharding metadata (nnx.with_partitioning" in str(sp.explain(prog, "model.l1.kernel.value"))
 
 
 def test_a_model_created_under_the_mesh_keeps_its_placed_layouts(mesh):

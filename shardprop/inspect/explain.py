@@ -163,6 +163,9 @@ def explain(prog: Any, value: Any) -> Explanation:
     if not scopes and v in graph.inputs and graph.inputs.index(v) in getattr(prog, "kept", ()):
         searched = ("its spec is the layout of the array it was called with: an unannotated argument already laid "
                     "out on the mesh keeps its layout, as under jax.jit",)
+    if not scopes and v in graph.inputs and graph.inputs.index(v) in getattr(prog, "declared", ()):
+        searched = ("its spec is its Variable's sharding metadata (nnx.with_partitioning, as nnx.get_partition_spec "
+                    "reads it): an unannotated NNX Variable not yet placed on the mesh takes it",)
     return Explanation(v, _equation(plan, node, v, scope), sharded.rules[node.id], tuple(axes),
                        tuple(_consumes(plan, node, scope)), plan.mesh_shape, _partial(plan, v, scope), searched)
 
