@@ -107,8 +107,8 @@ value `l` of the body of the op computing `t` (`e/cond/c` for a while loop's con
 branch of a `cond`; nested loops continue the path). `sp.explain` and `--explain` take those paths. The
 gradient of a small RNN (batch sharded over `i`): the backward scan's weight gradient is a sum over the batch;
 each device keeps its partial sum through the loop and one all-reduce finishes it after the last step. (The
-outputs on this page are jax 0.10.2's. jax 0.12 writes tanh's derivative as one primitive, `one_minus_square`,
-so under it this program has a few values fewer and the ones after them have other names.)
+outputs on this page are jax 0.10.2's. jax 0.11 and later write tanh's derivative as one primitive,
+`one_minus_square`, so under them this program has a few values fewer and the ones after them have other names.)
 
 {block([*RNN_GRAD, "--explain", "t/body/l"])}
 `sp.lineage` follows a block through loops too: a `scan` block reads the same iterations of `xs` (and every

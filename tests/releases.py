@@ -1,12 +1,12 @@
 """Outputs that differ between the JAX releases shardprop supports.
 
 The pages' outputs (README.md, docs/) and the goldens are the oldest supported release's, :data:`DOCUMENTED` (CI's
-first environment runs it). A newer release may trace a program otherwise — jax 0.12 writes tanh's derivative as one
-primitive, ``one_minus_square``, where 0.10.2 wrote ``1 - t*t`` out, so an RNN gradient's listing has other value
-names and one loop output fewer. On such a release:
+first environment runs it). A newer release may trace a program otherwise — jax 0.11 and later write tanh's derivative
+as one primitive, ``one_minus_square``, where 0.10.2 wrote ``1 - t*t`` out, so an RNN gradient's listing has other
+value names and one loop output fewer. On such a release:
 
-- a golden is compared with its copy under ``golden/jax-<major>.<minor>/`` where there is one (the goldens' generator
-  writes it there, when the release's text differs);
+- a golden is compared with its copy under ``golden/jax-<major>.<minor>/`` of the newest release up to the installed
+  one that traced it otherwise (the goldens' generator writes one there when the release's text differs);
 - a page's parts listed in :data:`TRACED_OTHERWISE` (by their heading) are run but not compared: their code still
   runs and checks its result against the unsharded function, and every other part of the page is compared exactly.
 """
@@ -19,7 +19,7 @@ DOCUMENTED = (0, 10, 2)
 ON_DOCUMENTED = JAX_VERSION[:3] == DOCUMENTED
 RELEASE = f"jax-{JAX_VERSION[0]}.{JAX_VERSION[1]}"
 
-_TANH = ("jax >= 0.12 writes tanh's derivative as one primitive (one_minus_square): the RNN gradient's listing has "
+_TANH = ("jax >= 0.11 writes tanh's derivative as one primitive (one_minus_square): the RNN gradient's listing has "
          "other value names and its backward loop one output fewer")
 
 # (page, heading) -> why a newer release shows other output there

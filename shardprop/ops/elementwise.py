@@ -23,7 +23,7 @@ UNARY = (
     "sqrt", "rsqrt", "cbrt", "abs", "not", "erf", "erfc", "erf_inv", "lgamma", "digamma", "real", "imag",
     "conj", "integer_pow", "convert_element_type", "reduce_precision", "copy", "square",
     "population_count", "clz", "bessel_i0e", "bessel_i1e", "stop_gradient",
-    "log2", "one_minus_square",  # jax >= 0.12 (jnp.log2; tanh's, asin's, atanh's derivatives)
+    "log2", "one_minus_square",  # jax >= 0.11 (jnp.log2; tanh's, asin's, atanh's derivatives)
 )
 NARY = (
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or",

@@ -91,14 +91,14 @@ def _batched_spd(a):
     return a @ jnp.swapaxes(a, -1, -2) + 6 * jnp.eye(a.shape[-1])
 
 
-# Elementwise primitives jax 0.12 added (jax 0.10.2 computes these from others): an example where JAX defines them.
-_NEWER_ELEMENTWISE = "log2 one_minus_square polynomial"
-if set(_NEWER_ELEMENTWISE.split()) <= jx.defined_primitives():
-    _NEWER = [ex("newer_elementwise", _NEWER_ELEMENTWISE,
-                 lambda a, b: (lax.log2(a), lax.one_minus_square(a / 8), lax.polynomial(a, [1.0, b, 0.25])),
-                 [(M, F32), (M, F32)], [P("i", "j"), P("i")], positive=True)]
-else:
-    _NEWER = []
+# Elementwise primitives newer releases added (jax 0.10.2 computes these from others; 0.11 has the first two, 0.12
+# all three): an example of each the installed JAX defines.
+_NEWER = [ex(f"newer_{name}", name, function, [(M, F32), (M, F32)], [P("i", "j"), P("i")], positive=True)
+          for name, function in (("log2", lambda a, b: lax.log2(a) + b),
+                                 ("one_minus_square", lambda a, b: lax.one_minus_square(a / 8) * b),
+                                 ("polynomial", lambda a, b: lax.polynomial(a, [1.0, b, 0.25])))
+          if name in jx.defined_primitives()]
+
 
 EXAMPLES = [
     *_NEWER,

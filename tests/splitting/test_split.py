@@ -152,9 +152,11 @@ def test_a_stage_outside_shard_map_takes_its_operands_whole_and_its_moves_are_wh
         return collections.Counter((str(t.kind), t.mesh_axes, t.moved_bytes) for t in transfers)
 
     # What the compiled program moves beyond the estimate is XLA's broadcast of a host callback's result from the
-    # one device that ran it: jax.jit's program pays it too, and moves more in all.
+    # one device that ran it (an all-reduce over every device: 896 B for a 16x8 result, 56 B for the sum's 8) — of
+    # one callback under jax 0.10.2 and 0.12, of all three under 0.11: jax.jit's program pays it too, and moves more.
     extra = moves(prog.communication()) - moves(prog.estimated_communication())
-    assert extra == {("all-reduce", ("i", "j"), 896.0): 1}
+    broadcasts = {("all-reduce", ("i", "j"), 896.0): 2, ("all-reduce", ("i", "j"), 56.0): 1}
+    assert extra and all(broadcasts.get(move, 0) >= count for move, count in extra.items()), extra
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sp.FallbackWarning)
         compared = sp.compare_with_jit(f, mesh, (P("i", "j"), P("i", "j")), x, x)

@@ -72,7 +72,7 @@ PRIMITIVES_OF_SOME_RELEASES = frozenset({
     "box_get", "box_set", "new_box", "log_extend", "log_read", "new_log", "call", "closed_call", "shard_alike",
     "pbroadcast_start", "pbroadcast_done", "psum_start", "unreduced_psum_start", "unreduced_reduce_scatter_start",
     "reduced_vary_cast_p", "vary_unreduced_cast_p",  # renamed (without the _p) in 0.12
-    # 0.12 only
+    # newer releases only (log2 and one_minus_square from 0.11, the rest from 0.12)
     "log2", "one_minus_square", "polynomial", "unreduced_pmax", "unreduced_pmin", "reduced_vary_cast",
     "vary_unreduced_cast", "pbroadcast_dynamic", "relayout", "program_order", "with_memory_space_constraint",
     "xla_metadata_call",
