@@ -29,6 +29,7 @@ from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, argument_label, short
 from ..ops import has_record, lookup
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from .invariants import checked
+from .memo import Recording, Variants, memo_key, replay, resolutions
 from .origins import trace_origin
 from .product import RETURNED, RuleName, ShardedGraph
 from .uses import lookup_alternatives, mirrored_outputs, wanted_views
@@ -96,7 +97,10 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     walks rather than dozens: the layout search's screen. ``lineage=False`` makes no shards where nothing reads them
     (the same layouts, each axis without its blocks: what pricing reads), for the search's screens. ``memo``, a dict
     the caller keeps between calls on one graph and mesh, reuses the rules' results on operands laid out as in an
-    earlier walk (walks that make no shards: a rule is then a function of its node and its operands' layouts).
+    earlier walk (walks that make no shards: a rule is then a function of its node and its operands' layouts, and
+    of the calls it makes on their open axes, replayed: ``memo.py``); without one, this call's walks share their own.
+    With a backward pass the candidates are compared as walked without shards, and only the one kept is walked
+    again with them (``lineage``).
     ``adopt=False`` replicates every axis nothing annotates (a broadcast's, an unannotated argument's) rather than
     letting it adopt what it meets: one walk rather than two (the layout search's rough screen).
 
@@ -205,20 +209,26 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
     body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
-    # (the backward pass reads which operand block each output block came from: the forward walk's shard lineage, or
-    # without it, each node's rule again where it asks: uses.py)
-    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=lineage, memo=memo, adopt=adopt)
+    # the rules' results on operands laid out as before, shared by this call's walks (the candidates differ from the
+    # forward walk in a few views: most nodes see the same operands) — or by the caller's calls on this graph and mesh
+    memo = {} if memo is None else memo
+    # with a backward pass the candidates are walked without shards (comparing them reads layouts alone, and those
+    # walks share the memo) and the one kept is walked again with them; the backward pass then reruns a node's rule
+    # where it asks which operand blocks its blocks came from (uses.py)
+    exploring = lineage and not backward
+    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=exploring, memo=memo, adopt=adopt)
     # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
     # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)
     # (and, with exchanges, asking nested slices' finest: its effect on the other uses is the plan's price to judge)
     # ("quick": exchanges asked, finest not — the setting that alone finds the cheapest plan most often)
-    found = [wanted_views(forward, optimistic=optimistic, exchanges=exchanges, finest=finest)
+    found = [wanted_views(forward, optimistic=optimistic, exchanges=exchanges, finest=finest, memo=memo)
              for optimistic in (False, True)[:1 + bool(forward.reshards)]
              for exchanges in ((True,) if backward == "quick" else (False, True))
              for finest in ((False,) if backward == "quick" else (False, True))] if backward else []
     priced = frozenset().union(*(f.priced for f in found))
     candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
+    walked = [dict(conflicts="reshard", views={})]  # how each candidate was walked (the one kept is walked again)
     seen = {_layouts(candidates[0])}
     view_sets = [f.views for f in found if f.views]
     # a lookup's other way (the indices gathered, not the table), alone and with each set of views
@@ -230,18 +240,21 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
         # made as the view asks, for all of them: both are priced (each distinct program once)
         # and a returned value's open axes adopt the layout it mirrors (all the chain making it laid out so), or it is
         # made as without the mirror and returned sliced (an open chain through a cumsum would then finish it)
+        variants = Variants()  # (each distinct program walked once)
         for shared, adopt_returned in itertools.product((False, True)[:1 + _views_shared_created(graph, dict(views))],
                                                         (True, False)[:1 + _views_returned(graph, dict(views))]):
+            how = dict(conflicts=conflicts, views=dict(views), priced=priced, adopt_shared=shared,
+                       adopt_returned=adopt_returned)
             try:
-                candidate = _walks(graph, mesh, input_layouts, body, conflicts, views=dict(views), priced=priced,
-                                   adopt_shared=shared, adopt_returned=adopt_returned, lineage=lineage, memo=memo,
-                                   adopt=adopt)
+                candidate = _walks(graph, mesh, input_layouts, body, lineage=exploring, memo=memo, adopt=adopt,
+                                   variants=variants, **how)
             except ShardingConflictError:
                 continue  # the views met a clash of the user's own: refused (or resolved) as without them
             key = _layouts(candidate)
             if key not in seen:
                 seen.add(key)
                 candidates.append(candidate)
+                walked.append(how)
     cost = price or ShardedGraph.edge_move_bytes
     # (on a tie, the one returning more outputs laid out like the arguments they mirror; then the later candidate:
     # the views over the forward walk, a value adopting a view over slicing it)
@@ -251,7 +264,10 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                                           len(c.reshards) - len(c.priced), -order[id(c)]))
     if best is candidates[0] and conflicts != "reshard" and forward.reshards.keys() - priced:
         return _walks(graph, mesh, input_layouts, body, conflicts, views={}, priced=priced)  # raises the clash
-    return best
+    if lineage == exploring:
+        return best
+    kept = _walks(graph, mesh, input_layouts, body, lineage=True, memo=memo, adopt=adopt, **walked[order[id(best)]])
+    return dataclasses.replace(kept, priced=best.priced)
 
 
 def _mirrors_met(sharded: ShardedGraph) -> int:
@@ -290,11 +306,13 @@ def _views_returned(graph: Graph, views) -> bool:
 
 def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset(),
            adopt_shared: bool = False, adopt_returned: bool = True, lineage: bool = True,
-           memo: dict | None = None, adopt: bool = True) -> ShardedGraph:
+           memo: dict | None = None, adopt: bool = True, variants: Variants | None = None) -> ShardedGraph:
     """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
     ``conflicts`` says (the backward pass priced them: moving there is the cheapest way). ``adopt=False``: one walk,
-    every open axis replicated (nothing for a first walk to learn)."""
+    every open axis replicated (nothing for a first walk to learn). ``variants``: the earlier calls with these
+    arguments but other ``adopt_shared`` and ``adopt_returned`` (:class:`Variants`): a call they show to make the
+    product one of them made returns that product, unwalked."""
     mesh_shape = dict(mesh.shape)
     if not adopt:
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts, views=views,
@@ -302,6 +320,10 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
                       memo=memo)
         final.run()
         return _product(graph, mesh, final, priced)
+    settings = dict(adopt_shared=adopt_shared, adopt_returned=adopt_returned)
+    known = None if variants is None else variants.walked_alike(settings)
+    if known is not None:
+        return known
     first = _Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts, views=views,
                   priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned, memo=memo)
     try:
@@ -315,6 +337,10 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
         except ShardingConflictError as detailed:
             raise detailed from None
         raise plain from None
+    resolved = None if variants is None else resolutions(first.opens)
+    known = None if variants is None else variants.resolved_alike(settings, first.settings_read, resolved)
+    if known is not None:
+        return known
     try:
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts,
                       adopted_from=first.opens.adopted_from, views=views, priced=priced, adopt_shared=adopt_shared,
@@ -326,7 +352,16 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
         final = _Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts,
                       views=views, priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned)
         final.run()
-    return _product(graph, mesh, final, priced)
+    product = _product(graph, mesh, final, priced)
+    if variants is not None:
+        variants.made(settings, first.settings_read, resolved, product)
+    return product
+
+
+@functools.lru_cache(maxsize=1024)
+def _replicated_sharding(shape: tuple[int, ...]) -> TensorSharding:
+    """A value of ``shape`` held whole on every device (a constant's): one immutable object per shape."""
+    return TensorSharding(shape, (None,) * len(shape))
 
 
 def _replicated(key) -> None:
@@ -377,6 +412,7 @@ class _Walk:
         self.views = views or {}
         self.views_taken: dict[tuple[int, int], object] = {}  # the views this walk's nodes took (see uses.py)
         self._reads: collections.Counter | None = None  # value -> how many operands and outputs read it
+        self.settings_read: set[str] = set()  # which of adopt_shared, adopt_returned decided something here
         self.adopted_from = adopted_from
         self.adoptions: dict[tuple[int, int], int] = {}  # (value, axis) -> the node whose sharding it adopted
         self.reshards: dict[int, tuple[int, str]] = {}  # node id -> (operand moved, the conflict's message)
@@ -399,6 +435,7 @@ class _Walk:
                           propagate_body=self.propagate_body, graph=self.graph)
         records: dict = {}  # primitive name -> its record, looked up once per walk
         shardings = self.shardings
+        viewed = {node_id for node_id, _ in self.views}  # the nodes views name (most name none: no lookup per operand)
         for node, (in_avals, out_avals) in zip(self.graph.nodes, self.graph.node_avals, strict=True):
             ctx.node = node.id
             ctx.out_avals, ctx.in_avals = out_avals, in_avals
@@ -411,15 +448,14 @@ class _Walk:
                     axes = tuple(_argument_axis(ctx, k, n, layout[k]) for k, n in enumerate(shape))
                 rule_name = RuleName.INPUT_SPEC if layout is not None else RuleName.UNANNOTATED_INPUT
                 outputs, needs = (TensorSharding(shape, axes),), ()
-            elif node.op == CONSTANT:
-                shape = out_avals[0].shape
-                outputs, needs, rule_name = (TensorSharding(shape, (None,) * len(shape)),), (), RuleName.CONSTANT
+            elif node.op == CONSTANT:  # replicated: nothing to settle or check
+                outputs, needs, rule_name = (_replicated_sharding(out_avals[0].shape),), (), RuleName.CONSTANT
             else:
                 op = records.get(node.op)
                 if op is None:
                     op = records[node.op] = lookup(node.op)
                 operands = [shardings[v] for v in node.operands]
-                if self.views:
+                if node.id in viewed:
                     operands = self._viewed(ctx, node, operands)
                 if not op.reads_ranges:  # a ranged axis is no equal blocks: a rule that knows nothing of it reads
                     operands = [o.without_ranges() if o.spans else o for o in operands]  # it whole
@@ -441,7 +477,7 @@ class _Walk:
                         self.fallback_causes[node.id] = result.fallback_cause
                 else:
                     rule_name = op.rule_name
-            if node.op in (PARAMETER, CONSTANT):
+            if node.op == PARAMETER:
                 outputs = tuple(self._settle(ctx, v, s) for v, s in zip(node.outputs, outputs, strict=True))
                 for sharding in outputs:
                     self._check(node, sharding)
@@ -469,9 +505,12 @@ class _Walk:
             value = self.graph.outputs[k]
             sharding = self.shardings[value]
             # (else made as its readers need it, and returned sliced)
-            adopts = self.adopt_returned and self._adopts(value)
-            for a, want in zip(sharding.axes, shared[value], strict=True):
-                if isinstance(a, Open) and want and adopts:
+            opens = [(a, want) for a, want in zip(sharding.axes, shared[value], strict=True)
+                     if isinstance(a, Open) and want]
+            if opens:
+                self.settings_read.add("adopt_returned")
+            if opens and self.adopt_returned and self._adopts(value):
+                for a, want in opens:
                     self.opens.request(a, want, RETURNED)
             if self.resolve is None:
                 continue
@@ -515,12 +554,15 @@ class _Walk:
         unannotated argument, or a created value (a broadcast's) this use alone reads. A created value read by
         other uses too is made as they need it and sliced for this one (free) — or, with ``adopt_shared``, made as
         the view asks for all of them."""
-        if self.adopt_shared or self.graph.nodes[self.graph.producer[value]].op == PARAMETER:
+        if self.graph.nodes[self.graph.producer[value]].op == PARAMETER:
             return True
         if self._reads is None:
             self._reads = collections.Counter(v for n in self.graph.nodes for v in n.operands)
             self._reads.update(self.graph.outputs)
-        return self._reads[value] == 1
+        if self._reads[value] == 1:
+            return True
+        self.settings_read.add("adopt_shared")
+        return self.adopt_shared
 
     def _settle(self, ctx: RuleContext, value: int, sharding: TensorSharding) -> TensorSharding:
         """Replace created-axis markers: open in the first walk, resolved in the final one."""
@@ -551,18 +593,41 @@ class _Walk:
     def _apply(self, ctx: RuleContext, node: Node, op, operands: list[TensorSharding]):
         """The rule on ``operands``: ``(RuleOutput, settled output shardings)``; a conflict is a RuleConflict. From the
         memo where an earlier walk gave the node operands laid out alike (its outputs too, settled and checked, where
-        the rule creates no axis: settling them is then nothing)."""
-        key = None if self.memo is None else _memo_key(node.id, operands)
-        found = None if key is None else self.memo.get(key)
-        if found is not None and found[1] is not None:
-            return found
-        result = found[0] if found is not None else op.propagate(ctx, *operands, **node.params)
+        the rule creates no axis and meets no open one: settling them is then nothing); where they hold open axes, the
+        rule's calls on the tracker replayed on this walk's (memo.py)."""
+        keyed = None if self.memo is None else memo_key(node.id, operands)
+        if keyed is None:
+            return self._settled(ctx, node, op.propagate(ctx, *operands, **node.params))
+        key, opens = keyed
+        found = self.memo.get(key)
+        if found is not None:
+            if opens:
+                result = replay(found, self.opens, opens)
+                return self._settled(ctx, node, result) if found.creates else (result, result.outputs)
+            return found if found[1] is not None else self._settled(ctx, node, found[0])
+        if not opens:
+            result, outputs = self._settled(ctx, node, op.propagate(ctx, *operands, **node.params))
+            if result.body is None:
+                created = any(a is CREATED for sharding in result.outputs for a in sharding.axes)
+                self.memo[key] = (result, None if created else outputs)
+            return result, outputs
+        # the rule sees the tracker through its context: one that logs its calls, for a later walk to replay
+        recording = Recording(self.opens, opens)
+        recorded = RuleContext(ctx.in_avals, ctx.out_avals, self.mesh_shape, self.ids, recording, lineage=False,
+                               propagate_body=self.propagate_body, graph=self.graph)
+        recorded.node = node.id
+        result = op.propagate(recorded, *operands, **node.params)
+        settled = self._settled(ctx, node, result)
+        entry = recording.entry(result) if recording.replayable and result.body is None else None
+        if entry is not None:
+            self.memo[key] = entry
+        return settled
+
+    def _settled(self, ctx: RuleContext, node: Node, result):
+        """``(result, its outputs settled and checked)``."""
         outputs = tuple(self._settle(ctx, v, s) for v, s in zip(node.outputs, result.outputs, strict=True))
         for sharding in outputs:
             self._check_mesh_axes_once(sharding)
-        if key is not None and found is None and result.body is None:
-            created = any(a is CREATED for sharding in result.outputs for a in sharding.axes)
-            self.memo[key] = (result, None if created else outputs)
         return result, outputs
 
     def _check(self, node: Node, sharding: TensorSharding) -> None:
@@ -646,22 +711,6 @@ class _Walk:
             return root
         more = f" -> ... {len(ops) - 4} more ops" if len(ops) > 4 else ""
         return f"{root}, via {' -> '.join(ops[:4])}{more}"
-
-
-
-def _memo_key(node_id: int, operands: list[TensorSharding]) -> tuple | None:
-    """What a rule's result depends on in a walk that makes no shards: the node and its operands' layouts (None with
-    an open axis among them: the rule then asks the walk's tracker)."""
-    key: list = [node_id]
-    for operand in operands:
-        for a in operand.axes:
-            if a is None:
-                key.append(None)
-            elif a.__class__ is Sharded:
-                key.append((a.mesh_axes, a.span))
-            else:
-                return None
-    return tuple(key)
 
 
 def _common_start(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:

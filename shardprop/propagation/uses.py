@@ -67,7 +67,7 @@ class Backward:
 
 
 def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: bool = False,
-                 finest: bool = False) -> Backward:
+                 finest: bool = False, memo: dict | None = None) -> Backward:
     """The views that produce values in the layout their uses need, where that moves less than moving them there
     (see the module docstring); empty when every use takes its operand as it is held.
 
@@ -81,7 +81,9 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
     ``exchanges`` lets a node take an operand by an all-to-all (its mesh axes moved from one axis to another) where
     no operand held whole can be sliced instead. ``finest`` asks a value whose uses ask nested slices of it (an
     elementwise use as held, a product sliced) in the finest of them: the others then read it sliced too, which
-    changes what they make (priced by the plan, not here)."""
+    changes what they make (priced by the plan, not here). ``memo``: a dict kept between calls on one graph and mesh
+    (``propagate(memo=)``'s), remembering how each node could produce its value otherwise, where no shards were
+    made (:func:`_produce_as_remembered`)."""
     graph, mesh_shape = sharded.graph, sharded.mesh_shape
     consumers: list[list[tuple[int, int]]] = [[] for _ in graph.avals]
     for node in graph.nodes:
@@ -178,7 +180,7 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
         if clashes:
             chains.conflicted(chain, clashes)
         # (free, but no choice of its own: it follows the chain, which must make one elsewhere to be kept)
-        plan = (0.0, [], False) if free else _produce_as(sharded, node, target, exchanges)
+        plan = (0.0, [], False) if free else _produce_as_remembered(sharded, node, target, exchanges, memo)
         if plan is None:  # no operand layouts make it so
             returned_as_asked(value)
             continue
@@ -343,6 +345,35 @@ def _slices_free(held: Layout, need: Layout) -> bool:
     what it holds whole (an all-to-all, which also shards an axis further, is no such choice)."""
     used = _used(held)
     return any(m not in used for axes in need for m in axes)
+
+
+def _produce_as_remembered(sharded: ShardedGraph, node, target: Layout, exchanges: bool, memo: dict | None):
+    """:func:`_produce_as`, from ``memo`` where a backward pass asked it before of the node, its operands, its value
+    and its operands' needs laid out alike, in a walk without shards (what it reads is then their layouts, and which
+    operand the walk moved to resolve a conflict)."""
+    if memo is None:
+        return _produce_as(sharded, node, target, exchanges)
+    held = [_axes_key(sharded.shardings[v]) for v in (*node.operands, node.outputs[0])]
+    if any(axes is None for axes in held):  # shards made (or an open axis): their lineage is read
+        return _produce_as(sharded, node, target, exchanges)
+    key = ("produce as", node.id, target, exchanges, tuple(held), sharded.needs[node.id],
+           sharded.reshards.get(node.id, (None,))[0])
+    if key not in memo:
+        memo[key] = _produce_as(sharded, node, target, exchanges)
+    return memo[key]
+
+
+def _axes_key(sharding: TensorSharding) -> tuple | None:
+    """Each axis of ``sharding`` as its mesh axes and span; None where one has shards or is open."""
+    key = []
+    for a in sharding.axes:
+        if a is None:
+            key.append(None)
+        elif isinstance(a, Sharded) and not a.shards:
+            key.append((a.mesh_axes, a.span))
+        else:
+            return None
+    return tuple(key)
 
 
 def _produce_as(sharded: ShardedGraph, node, target: Layout,

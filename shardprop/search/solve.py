@@ -13,7 +13,8 @@ shaped like it further down its path, :func:`~.space.decision_groups`):
    :func:`~.space.tied`), then — under a memory limit, for a few layers alike — each on its own; then the small
    arguments (biases, norms' scales) adopt what they meet, all in one plan, where that is cheaper;
 3. the descent screens with a quick propagation (one setting of its backward pass) that makes no shards, its walks
-   sharing the rules' results (``propagate(memo=)``); the cheapest assignment it saw is priced as ``autoshard``
+   sharing the rules' results and the backward pass's trials (``propagate(memo=)``: a candidate re-runs the rules
+   only where its layouts differ); the cheapest assignment it saw is priced as ``autoshard``
    builds it and chosen — under a memory limit, the cheapest (:data:`FINALISTS_LIMITED`), then the two leanest, are
    priced so and compiled in turn, and the first whose compiled program fits is chosen.
 
@@ -281,7 +282,9 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
                     else int(memory_limit * (1 + SLACK)))
     settings = dict(strict=strict, conflicts=conflicts, strategy=strategy, donated=tuple(donated),
                     returns_inputs=tuple(returns_inputs))
-    memo: dict = {}  # the rules' results on operands laid out as before: every walk of the search shares them
+    # the rules' results on operands laid out as before, and the backward pass's trials: every walk of the search
+    # shares them
+    memo: dict = {}
     screen = _Evaluator(graph, mesh, backward="quick", memory_limit=screen_limit, memo=memo, **settings)
     full = _Evaluator(graph, mesh, memory_limit=memory_limit, memo=memo, **settings)
     rough_screen = _Evaluator(graph, mesh, backward="rough", memory_limit=None, memo=memo, **settings)
