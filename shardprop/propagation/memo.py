@@ -62,6 +62,8 @@ class Recording:
         places = tuple(self._place(o) for o in opens)
         merged = self.tracker.union(opens)
         self.calls.append((_UNION, places))
+        if id(merged) in self._places:  # the tracker returned an axis the rule already held (all of one class): a
+            self.replayable = False     # replay would hand back a new object where running the rule hands this one
         self._places[id(merged)] = len(self.made)
         self.made.append(merged)
         return merged
