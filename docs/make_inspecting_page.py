@@ -212,10 +212,9 @@ def sp_lineage_repr() -> str:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    from tests.releases import DOCUMENTED, ON_DOCUMENTED
+    from tests.releases import refuse_unless_documented
 
-    if not ON_DOCUMENTED:  # the page shows the documented release's output (tests/releases.py)
-        sys.exit(f"the page shows jax {'.'.join(map(str, DOCUMENTED))}'s output: regenerate it under that release")
+    refuse_unless_documented("docs/inspecting.md")
     (ROOT / "docs" / "img").mkdir(exist_ok=True)
     subprocess.run([sys.executable, "-m", "shardprop", *NX[1:], "--format", "svg", "-o", "docs/img/nx_gather.svg"],
                    cwd=ROOT, check=True)

@@ -13,9 +13,12 @@ value names and one loop output fewer. On such a release:
 
 from __future__ import annotations
 
-from shardprop.expr.jax_adapter import JAX_VERSION
+import sys
 
-DOCUMENTED = (0, 10, 2)
+from shardprop.expr.jax_adapter import JAX_VERSION
+from shardprop.expr.jax_adapter.versions import OLDEST
+
+DOCUMENTED = OLDEST
 ON_DOCUMENTED = JAX_VERSION[:3] == DOCUMENTED
 RELEASE = f"jax-{JAX_VERSION[0]}.{JAX_VERSION[1]}"
 
@@ -45,3 +48,11 @@ def compared_parts(page: str, text: str) -> list[tuple[str, str]]:
         lines.append(line)
     parts.append((heading, "".join(lines)))
     return [(h, part) for h, part in parts if compared(page, h)]
+
+
+def refuse_unless_documented(what: str) -> None:
+    """Exit naming the documented release unless it is the installed one: ``what`` (a page's generator) writes its
+    output."""
+    if not ON_DOCUMENTED:
+        sys.exit(f"{what} shows jax {'.'.join(map(str, DOCUMENTED))}'s output, and jax "
+                 f"{'.'.join(map(str, JAX_VERSION))} is installed: regenerate it under that release")

@@ -387,9 +387,7 @@ if __name__ == "__main__":
     jax.config.update("jax_num_cpu_devices", 8)  # as tests/conftest.py does, before shardprop is imported
     os.environ.setdefault("SHARDPROP_CHECKS", "1")  # as tests/conftest.py does: the same run as the test's
     sys.path.insert(0, str(PAGE.parent))
-    from tests.releases import DOCUMENTED, ON_DOCUMENTED
+    from tests.releases import refuse_unless_documented
 
-    if not ON_DOCUMENTED:  # the page shows the documented release's output (tests/releases.py)
-        sys.exit(f"the page shows jax {'.'.join(map(str, DOCUMENTED))}'s output, and jax {jax.__version__} is "
-                 "installed: rewrite it under that release")
+    refuse_unless_documented("README.md")
     rewrite(times="--times" in sys.argv[1:])

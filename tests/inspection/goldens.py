@@ -13,11 +13,11 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 
-from .nx_example import f
-
 from shardprop.expr.jax_adapter import JAX_VERSION
+from shardprop.expr.jax_adapter.versions import release
 
 from ..releases import ON_DOCUMENTED, RELEASE
+from .nx_example import f
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -27,13 +27,11 @@ def golden_path(name: str) -> Path:
     release up to the installed one that traced it otherwise (a difference lasts until a later copy says other)."""
     if ON_DOCUMENTED:
         return GOLDEN / name
-    own = [d / name for d in GOLDEN.glob("jax-*") if release_of(d.name) <= JAX_VERSION[:2] and (d / name).exists()]
-    return max(own, key=lambda p: release_of(p.parent.name), default=GOLDEN / name)
+    def of(folder: Path) -> tuple[int, ...]:  # "jax-0.11" -> (0, 11)
+        return release(folder.name.removeprefix("jax-"))
 
-
-def release_of(folder: str) -> tuple[int, ...]:
-    """``"jax-0.11"`` -> ``(0, 11)``."""
-    return tuple(int(p) for p in folder.removeprefix("jax-").split("."))
+    own = [d / name for d in GOLDEN.glob("jax-*") if of(d) <= JAX_VERSION[:2] and (d / name).exists()]
+    return max(own, key=lambda p: of(p.parent), default=GOLDEN / name)
 
 
 def nx_program(mesh, strategy):
