@@ -23,6 +23,7 @@ from .errors import (
     ArtifactError,
     ConflictKind,
     DuplicateMeshAxisError,
+    ExtraNotInstalledError,
     FallbackWarning,
     IndivisibleAxisError,
     InputMismatchError,
@@ -56,6 +57,8 @@ from .inspect import Explanation, Lineage, blocks, render, show, show_blocks, st
 from .compare import Comparison, compare_with_jit
 from .inspect.explain import explain
 from .inspect.lineage import lineage
+from .inspect.model_explorer import model_explorer_overlays, to_model_explorer
+from .inspect.viewer import Viewer, visualize
 from .mesh import make_mesh
 from .search import AUTO, SearchResult
 from .ops import OpDef
@@ -67,15 +70,17 @@ __version__ = "0.1.0"
 __all__ = [
     "distributed",
     "AUTO", "ArtifactError", "AutoSharded", "Collective", "Comparison", "ConflictKind", "Debugger", "Decisions",
-    "DuplicateMeshAxisError", "Explanation", "FallbackWarning", "Graph", "IndivisibleAxisError",
-    "InputMismatchError", "InvariantError", "Lineage", "LoweringError", "MemoryLimitError", "MeshError",
+    "DuplicateMeshAxisError", "Explanation", "ExtraNotInstalledError", "FallbackWarning", "Graph",
+    "IndivisibleAxisError", "InputMismatchError", "InvariantError", "Lineage", "LoweringError", "MemoryLimitError",
+    "MeshError",
     "NoRuleError", "Node",
     "NotComputedError", "OpDef", "OptionError", "OutOfStepError", "Plan", "PlanMismatchError", "Program",
     "ReferenceEvaluationError", "RenderError", "SearchError", "SearchResult",
     "ReshardWarning", "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError",
     "SpecRankError", "SpecTreeError", "Stage", "StageIndexError", "StageInput", "Strategy", "TensorSharding",
     "TraceError", "UnknownMeshAxisError", "UnknownValueError", "UnsupportedDtypeError", "UnsupportedJaxError",
-    "autoshard", "blocks",
-    "compare_with_jit", "compile_program", "explain", "lineage", "lower", "make_mesh", "propagate", "render", "show",
-    "show_blocks", "split", "stage_table", "to_dot", "to_json", "trace",
+    "Viewer", "autoshard", "blocks",
+    "compare_with_jit", "compile_program", "explain", "lineage", "lower", "make_mesh", "model_explorer_overlays",
+    "propagate", "render", "show", "show_blocks", "split", "stage_table", "to_dot", "to_json", "to_model_explorer",
+    "trace", "visualize",
 ]

@@ -43,14 +43,14 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
                     names: Sequence[str] | None = None, returns_inputs: Sequence[int] = (),
                     chosen: Any = None) -> Program:
     """``trace → (search) → propagate → split → lower`` for one set of argument shapes (arrays, ShapeDtypeStructs or
-    tracers). ``sp.AUTO`` entries of ``in_specs`` are chosen by the layout search (:mod:`shardprop.search`) within
-    ``memory_limit`` bytes per device; without any, a plan over the limit is a :class:`~shardprop.MemoryLimitError`.
+    tracers). ``sp.AUTO`` entries of ``in_specs`` are chosen by the layout search (``shardprop.search``) within
+    ``memory_limit`` bytes per device; without any, a plan over the limit is a ``shardprop.MemoryLimitError``.
     An unannotated (None) argument that is an array laid out on the mesh keeps its layout, as under ``jax.jit``
     (``spellings.own_specs``); ``NamedSharding`` leaves of ``in_specs`` are read as their specs. ``names`` are the
     argument leaves' names (``params['w']``; default: as ``jax.jit`` names ``f``'s).
     The Program differentiates as ``f`` does (its custom derivative rules: a derivative program is compiled by
     this same pipeline); ``traced`` and ``donated`` are the calling convention it was traced with and the argument
-    leaves it donates (see :class:`Program`). ``returns_inputs`` says that the last outputs are the argument leaves
+    leaves it donates (see ``Program``). ``returns_inputs`` says that the last outputs are the argument leaves
     at those flat positions after the call (an NNX object's state): each comes back in its argument's layout, so
     the next call, fed them, runs the same program (``chosen``: the search's result, when a pinned rebuild reuses
     it)."""
@@ -148,7 +148,7 @@ def said_at_call(err: ShardingError) -> ShardingError:
 
 
 class AutoSharded:
-    """``f`` sharded automatically on ``mesh``; one :class:`Program` per argument structure, shapes, dtypes, weak
+    """``f`` sharded automatically on ``mesh``; one ``Program`` per argument structure, shapes, dtypes, weak
     types and static values. Called as ``jax.jit`` functions are: keyword arguments (unannotated: they adopt the
     sharding they meet) and ``static_argnums`` / ``static_argnames`` (hashable values the trace depends on).
 
@@ -306,12 +306,20 @@ def autoshard(f: Callable | None = None, *, mesh: Mesh | None = None, in_specs: 
     ``conflicts="reshard"`` (the default) resolves two incompatibly sharded operands by moving the one cheaper
     to move, with a ``ReshardWarning``; ``"error"`` (and ``strict=True``) raises ``ShardingConflictError``.
 
-    >>> fs = autoshard(lambda a, b: a + b, mesh=make_mesh((8,), ("i",)), in_specs=(P("i"), None))
-    >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec                                   # doctest: +SKIP
-    PartitionSpec('i',)
-    >>> @autoshard(in_shardings=NamedSharding(mesh, P("i")))                           # doctest: +SKIP
-    ... def double(x):
-    ...     return 2 * x
+    Examples:
+        >>> mesh = sp.make_mesh((8,), ("i",))
+        >>> fs = sp.autoshard(lambda a, b: a + b, mesh=mesh, in_specs=(P("i"), None))
+        >>> fs(jnp.ones(16), jnp.ones(16)).sharding.spec == P("i")
+        True
+
+        As a decorator, with ``jax.jit``'s spelling (the mesh is the ``NamedSharding``'s):
+
+        >>> from jax.sharding import NamedSharding
+        >>> @sp.autoshard(in_shardings=NamedSharding(mesh, P("i")))
+        ... def double(x):
+        ...     return 2 * x
+        >>> double(jnp.arange(8.0))
+        Array([ 0.,  2.,  4.,  6.,  8., 10., 12., 14.], dtype=float32)
     """
     options = dict(mesh=mesh, in_specs=one_of(in_specs, in_shardings, "in_specs"), strict=strict,
                    strategy=strategy, static_argnums=static_argnums, static_argnames=static_argnames,

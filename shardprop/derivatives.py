@@ -138,8 +138,8 @@ class Derivatives:
 
 
 def derivatives_for(graph, f: Callable, in_specs, *, compile: Callable) -> Derivatives | None:
-    """The :class:`Derivatives` of a program traced from ``f`` (on ``graph.in_tree``'s arguments), its derivative
-    programs sharded by ``compile`` (see :class:`Derivatives`), or None when its graph inlined no call with custom
+    """The ``Derivatives`` of a program traced from ``f`` (on ``graph.in_tree``'s arguments), its derivative
+    programs sharded by ``compile`` (see ``Derivatives``), or None when its graph inlined no call with custom
     derivative rules (the program's own ops then differentiate)."""
     if not graph.custom_derivatives:
         return None

@@ -1,19 +1,19 @@
 """How a call reaches its compiled program: straight into that program's ``jax.jit``, or through Python first.
 
-Every :class:`~shardprop.Program` holds one ``jax.jit`` of itself on its flat argument leaves, whose
-trace checks the call's :class:`~shardprop.signature.Signature`: a call that hits the jit's C++ cache costs what a
+Every ``shardprop.Program`` holds one ``jax.jit`` of itself on its flat argument leaves, whose
+trace checks the call's ``shardprop.signature.Signature``: a call that hits the jit's C++ cache costs what a
 ``jax.jit`` call costs. An autoshard function finds the program of a call as ``jax.jit``'s cache finds an
-executable, by the call's signature: a dict keyed by :func:`~shardprop.signature.call_key`, read in about a
+executable, by the call's signature: a dict keyed by ``shardprop.signature.call_key``, read in about a
 microsecond per leaf. So calls alternating between signatures (train and eval batches, a last short batch) each go
 straight into their own program's jit.
 
 NumPy values and fresh, uncommitted arrays are put where the program reads them first, in one batched call
-(:func:`loose_leaves`): ``jax.jit`` keys its executables by whether an argument was placed already, so otherwise a
+(``loose_leaves``): ``jax.jit`` keys its executables by whether an argument was placed already, so otherwise a
 training step called on fresh parameters and then on its own outputs would compile twice (as under ``jax.jit``
 with ``in_shardings``); this way it runs one executable. An array on the mesh laid out otherwise than the program
 reads it is moved inside the program (one executable per input layout, as under ``jax.jit``).
 
-A few calls need Python before the jit; :func:`goes_straight` and :func:`donated_in_place` find them by cheap
+A few calls need Python before the jit; ``goes_straight`` and ``donated_in_place`` find them by cheap
 predicates, up front, never by a failed attempt:
 
 - a tracer of an outer transformation (``jax.grad``, ``jax.vmap``, ``jax.jit`` of the function): the call is
@@ -25,7 +25,7 @@ predicates, up front, never by a failed attempt:
 
 Keyword and static arguments (through ``AutoSharded.trace``) and a plan not yet agreed on by the processes go
 through Python too, then into the program's jit. A failed jit call is reported once — the user's mistake when
-the arguments are at fault (``as_lowering_errors``'s ``check_arguments``), a :class:`~shardprop.LoweringError`
+the arguments are at fault (``as_lowering_errors``'s ``check_arguments``), a ``shardprop.LoweringError``
 otherwise — and never run again.
 """
 
@@ -43,7 +43,7 @@ from .expr import jax_adapter as jx
 
 def goes_straight(leaves: Sequence, devices: Any, several_processes: bool) -> bool:
     """Whether ``jax.jit`` of a computation on the mesh of ``devices`` (``jax_adapter.device_list``) takes these
-    argument leaves as they are (after :func:`loose_leaves` are put in place): no tracer, no array committed to
+    argument leaves as they are (after ``loose_leaves`` are put in place): no tracer, no array committed to
     other devices, and — on a mesh spanning several processes — no host value."""
     for x in leaves:
         if isinstance(x, jax.Array):  # tracers too

@@ -1,15 +1,21 @@
 """Multi-process runs (JAX's multi-controller model): one process per host, a global mesh over every process's
 devices, every process running the same program on its own shards.
 
-    import shardprop as sp
-    sp.distributed.initialize()                  # join the cluster: a no-op in a single process
-    mesh = sp.make_mesh((4, 2), ("i", "j"))      # over the devices of all processes
-    out = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None))(a, b)   # a global jax.Array
-    full = sp.distributed.fetch(out)             # the whole value, as NumPy, on every process
-
 ``shardprop launch -n 2 --devices-per-process 4 -- python script.py`` starts such a script as a local cluster
-(``shardprop/cli/launch.py``): it sets the variables :func:`initialize` reads. On a real cluster (SLURM, Open MPI,
+(``shardprop/cli/launch.py``): it sets the variables ``initialize`` reads. On a real cluster (SLURM, Open MPI,
 ...) ``initialize()`` lets ``jax.distributed.initialize`` detect it.
+
+Examples:
+    The same script runs on several processes or on one, where joining the cluster is a no-op:
+
+    >>> sp.distributed.initialize()                  # join the cluster (False: a single process joins none)
+    False
+    >>> mesh = sp.make_mesh((4, 2), ("i", "j"))      # over the devices of all processes
+    >>> a, b = jnp.arange(32.0).reshape(8, 4), jnp.ones((8, 4))
+    >>> out = sp.autoshard(lambda a, b: a * b, mesh=mesh, in_specs=(P("i", "j"), None))(a, b)   # a global jax.Array
+    >>> full = sp.distributed.fetch(out)             # the whole value, as NumPy, on every process
+    >>> type(full).__name__, full.shape
+    ('ndarray', (8, 4))
 """
 
 from __future__ import annotations
@@ -46,15 +52,16 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     them, a cluster manager's variables (SLURM, Open MPI) let ``jax.distributed.initialize()`` detect the rest.
     ``devices_per_process`` sets the number of virtual CPU devices (CPU clusters); their collectives use gloo.
     Once set, that count is the process's: a later ``jax.config.update("jax_num_cpu_devices", n)`` with another
-    ``n`` is refused by :func:`~shardprop.mesh.check_device_count` (``sp.make_mesh``, :func:`process_local`).
+    ``n`` is refused by ``shardprop.mesh.check_device_count`` (``sp.make_mesh``, ``process_local``).
     ``timeout``: seconds for the cluster to form (default 300); ``heartbeat_timeout``: seconds after which a
     process that stopped answering (crashed, killed) is declared dead and every other process ends with an error
     (``SHARDPROP_HEARTBEAT_TIMEOUT``; default JAX's 100). After it, a process that fails — an uncaught exception
     or ``sys.exit`` with a nonzero code — ends at once, so the others are not left waiting in a collective.
     Call it before any other JAX call, as ``jax.distributed.initialize``.
 
-    >>> sp.distributed.initialize()      # doctest: +SKIP
-    True
+    Examples:
+        >>> sp.distributed.initialize()      # a single process (no launcher, no cluster manager): nothing to join
+        False
     """
     import jax
 
@@ -133,7 +140,7 @@ def describe_devices(devices) -> str:
 
 def devices_of_process(devices, process: int) -> list:
     """The devices of ``devices`` (a mesh's, in mesh order) that process ``process`` holds; a
-    :class:`~shardprop.MeshError` naming the process and the devices when it holds none. (JAX, asked to place
+    ``shardprop.MeshError`` naming the process and the devices when it holds none. (JAX, asked to place
     this process's part on such a mesh, fails on the empty list with a bare ``StopIteration``.)"""
     from .errors import MeshError
 
@@ -148,7 +155,7 @@ def devices_of_process(devices, process: int) -> list:
 
 
 def is_multiprocess() -> bool:
-    """True when this program runs as one of several processes (after :func:`initialize`)."""
+    """True when this program runs as one of several processes (after ``initialize``)."""
     import jax
 
     return jax.process_count() > 1
@@ -158,7 +165,11 @@ def fetch(tree: Any) -> Any:
     """Every array of ``tree`` whole, as NumPy, on every process (a global ``jax.Array`` holds only this process's
     shards: its other shards are gathered from the processes that hold them). Every process must call it.
 
-    >>> full = sp.distributed.fetch(out)   # doctest: +SKIP
+    Examples:
+        >>> mesh = sp.make_mesh((8,), ("i",))
+        >>> out = jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(mesh, P("i")))
+        >>> sp.distributed.fetch({"out": out})
+        {'out': array([0., 1., 2., 3., 4., 5., 6., 7.], dtype=float32)}
     """
     import jax
     from jax.experimental import multihost_utils
@@ -175,8 +186,11 @@ def whole(x: Any) -> Any:
     """``x`` whole on this process: a global ``jax.Array`` that spans other processes is gathered (as NumPy; a PRNG
     key array stays a key array), anything else is returned as it is. Every process must call it (a gather).
 
-    >>> sp.distributed.whole(out).shape == out.shape   # doctest: +SKIP
-    True
+    Examples:
+        >>> mesh = sp.make_mesh((8,), ("i",))
+        >>> out = jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(mesh, P("i")))
+        >>> sp.distributed.whole(out) is out           # on one process every shard is this process's
+        True
     """
     import jax
 
@@ -193,7 +207,7 @@ def every_block(arrays: list, mesh) -> list[list[Any]]:
     processes that hold them (as NumPy), all arrays in one collective program. Every process must call it when an
     array spans several processes.
 
-    Unlike :func:`fetch`, which assembles the global value, this keeps each device's own copy: two devices that
+    Unlike ``fetch``, which assembles the global value, this keeps each device's own copy: two devices that
     should hold equal replicas can be compared (the debugger's ``check()``)."""
     import jax
 
@@ -273,11 +287,12 @@ _announced = itertools.count()  # this process's collective calls so far (every 
 def in_step(call: str) -> None:
     """On several processes, check that every process makes ``call`` as its next call that runs collectives: each
     announces its n-th such call in JAX's coordination service and waits for the others' n-th. Raises
-    :class:`~shardprop.OutOfStepError` when another process announced another call, or none within
+    ``shardprop.OutOfStepError`` when another process announced another call, or none within
     ``SHARDPROP_CALL_TIMEOUT`` seconds (default 300), instead of waiting for it in a collective forever. A single
     process (or a cluster not joined through ``jax.distributed``) checks nothing.
 
-    >>> sp.distributed.in_step("check()")   # doctest: +SKIP
+    Examples:
+        >>> sp.distributed.in_step("check()")   # a single process: nothing to check, returns None
     """
     import time
 
@@ -316,8 +331,9 @@ def any_process(flags) -> list[bool]:
     process, ``flags`` as they are. Every process must call it: a decision that leads to collectives (a search
     that gathers more values) is then taken by all processes or by none, even where their own evidence differs.
 
-    >>> sp.distributed.any_process([False, True])   # doctest: +SKIP
-    [False, True]
+    Examples:
+        >>> sp.distributed.any_process([False, True])   # a single process: the flags as they are
+        [False, True]
     """
     import jax
     from jax.experimental import multihost_utils
@@ -333,9 +349,14 @@ def process_local(rows: Any, mesh, spec) -> Any:
     """A global array from the rows this process holds: ``rows`` (each array of a pytree) is this process's part
     along the axes ``spec`` lays out over processes, in process order (``jax.make_array_from_process_local_data``).
     Each process loads only its own rows of a batch. A mesh that holds no device of this process is a
-    :class:`~shardprop.MeshError` naming the process and the mesh's devices (:func:`devices_of_process`).
+    ``shardprop.MeshError`` naming the process and the mesh's devices (``devices_of_process``).
 
-    >>> x = sp.distributed.process_local(my_rows, mesh, P("i"))   # doctest: +SKIP
+    Examples:
+        >>> mesh = sp.make_mesh((8,), ("i",))
+        >>> my_rows = np.arange(16.0).reshape(8, 2)          # on a single process: every row
+        >>> x = sp.distributed.process_local(my_rows, mesh, P("i"))
+        >>> x.shape, x.sharding.spec == P("i")
+        ((8, 2), True)
     """
     import jax
     from jax.sharding import NamedSharding
@@ -364,7 +385,7 @@ def stage_fingerprints(plan) -> list[int]:
 
 
 def _ir_text(graph, instructions) -> list[str]:
-    """The instructions as text, bodies included (see :func:`stage_fingerprints`)."""
+    """The instructions as text, bodies included (see ``stage_fingerprints``)."""
     from .expr.graph import format_params
     from .splitting.ir import Compute, Move
 
@@ -393,7 +414,7 @@ def _ir_text(graph, instructions) -> list[str]:
 
 
 def check_same_plan(plan) -> None:
-    """On a multi-process run, raise :class:`~shardprop.PlanMismatchError` on every process unless all made the
+    """On a multi-process run, raise ``shardprop.PlanMismatchError`` on every process unless all made the
     same plan (the stages' collectives would otherwise not match: a deadlock). Every process must call it."""
     import jax
     from jax.experimental import multihost_utils

@@ -1,4 +1,4 @@
-"""Every error shardprop raises derives from :class:`ShardingError`.
+"""Every error shardprop raises derives from ``ShardingError``.
 
 User mistakes (a bad spec, a sharding conflict, calling a program with the wrong shapes) are reported with
 the operation, the user's source line and the shardings involved, never as a raw JAX/XLA traceback.
@@ -142,6 +142,11 @@ class ReshardWarning(UserWarning):
 
 class UnsupportedJaxError(ShardingError, ImportError):
     """The installed JAX is outside the releases shardprop supports (raised when shardprop is imported)."""
+
+
+class ExtraNotInstalledError(ShardingError, ImportError):
+    """A feature needs a package of one of shardprop's extras that is not installed (the message names the extra:
+    ``python -m pip install "shardprop[viewer]"``)."""
 
 
 class LoweringError(ShardingError):

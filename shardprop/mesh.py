@@ -20,11 +20,12 @@ def make_mesh(shape: Sequence[int], names: Sequence[str], *, devices=None) -> Me
     """Build a ``jax.sharding.Mesh`` of the given shape with ``Auto`` axis types.
 
     On one process it takes the first devices; on several (after ``sp.distributed.initialize()``) it spans every
-    process's devices, so its size must be the global device count (see :func:`check_spans_every_process`).
+    process's devices, so its size must be the global device count (see ``check_spans_every_process``).
 
-    >>> mesh = make_mesh((4, 2), ("i", "j"))    # needs 8 devices
-    >>> dict(mesh.shape)
-    {'i': 4, 'j': 2}
+    Examples:
+        >>> mesh = sp.make_mesh((4, 2), ("i", "j"))    # needs 8 devices
+        >>> dict(mesh.shape)
+        {'i': 4, 'j': 2}
     """
     shape, names = tuple(int(s) for s in shape), tuple(names)
     if len(shape) != len(names):
@@ -60,8 +61,8 @@ def started_with(devices_per_process: int, asked_by: str) -> None:
 
 
 def check_device_count() -> None:
-    """Raise :class:`~shardprop.MeshError` when ``jax_num_cpu_devices`` was changed after
-    ``sp.distributed.initialize`` set it to the devices per process the launcher asked for (:func:`started_with`): a
+    """Raise ``shardprop.MeshError`` when ``jax_num_cpu_devices`` was changed after
+    ``sp.distributed.initialize`` set it to the devices per process the launcher asked for (``started_with``): a
     module written for one process that sets 8, say.
 
     Refused rather than honoured: honoured, the cluster silently takes another shape than ``--devices-per-process``
@@ -84,7 +85,7 @@ def check_device_count() -> None:
 
 
 def check_spans_every_process(shape: tuple[int, ...], devices: list) -> None:
-    """On several processes, a mesh must hold every process's devices: raise :class:`MeshError` (each process's
+    """On several processes, a mesh must hold every process's devices: raise ``MeshError`` (each process's
     device count, the mesh's size) unless ``shape`` holds exactly ``devices``, the global ones. Taking the first
     devices, as on one process, would give a mesh of process 0's devices alone: the others would hold none of it."""
     size, processes = math.prod(shape), sorted({d.process_index for d in devices})

@@ -2,10 +2,10 @@
 (its moves included: no layout change is left to XLA between stages), the program one ``jax.jit`` of them, so XLA
 can overlap the stages' work.
 
-A :class:`Program` holds the products of the passes, newest first: ``prog.plan`` (the split plan, which holds
+A ``Program`` holds the products of the passes, newest first: ``prog.plan`` (the split plan, which holds
 ``prog.sharded``, which holds the traced graph ``prog.sharded.graph``). ``prog.graph`` prints the annotated
 listing and ``prog.stages`` the stage table. A Program is immutable, built once with everything a call needs: the
-plan, the mesh, the :class:`~shardprop.signature.Signature` it was traced with, its derivative rules, the calling
+plan, the mesh, the ``shardprop.signature.Signature`` it was traced with, its derivative rules, the calling
 convention it was traced with and its donated leaves. How a call reaches the jit: ``dispatch.py``.
 """
 
@@ -50,15 +50,15 @@ class Program:
     ``plan`` and ``sharded`` are the products of splitting and propagation; ``graph`` prints the annotated
     listing (and reads like ``sharded``); ``stages`` is the stage table; ``stage(k)`` one stage as its own
     jitted callable (its inputs in ``stages[k].inputs`` order). ``signature`` is what it was traced with: a call
-    with another structure, shapes or dtypes is an :class:`~shardprop.InputMismatchError` (weak types may differ,
+    with another structure, shapes or dtypes is an ``shardprop.InputMismatchError`` (weak types may differ,
     as for a compiled ``jax.jit`` function: the program keeps its own).
 
-    Immutable: everything is given when it is built (by :func:`lower` or an autoshard function). ``derivatives``
+    Immutable: everything is given when it is built (by ``lower`` or an autoshard function). ``derivatives``
     says how to differentiate it when its graph inlined custom derivative rules (``derivatives.py``; None: its own
     ops differentiate); ``traced`` is how an autoshard function traced it with keyword or static arguments (None:
     it takes ``*args``); ``donated`` are the argument leaves (flat indices) it donates, as ``jax.jit``'s
     ``donate_argnums``: their buffers may hold the outputs, and the arrays are invalid after a call. ``search`` is
-    the :class:`~shardprop.SearchResult` that chose the ``sp.AUTO`` arguments' layouts (None: nothing was searched);
+    the ``shardprop.SearchResult`` that chose the ``sp.AUTO`` arguments' layouts (None: nothing was searched);
     ``kept`` the unannotated argument leaves that kept their arrays' own layouts (as under ``jax.jit``).
     """
 
@@ -113,7 +113,7 @@ class Program:
     # -- calling --------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         """The program on these arguments, called as it was traced (another structure, shape or dtype is an
-        :class:`~shardprop.InputMismatchError`): the original function's outputs, laid out as ``out_specs`` say.
+        ``shardprop.InputMismatchError``): the original function's outputs, laid out as ``out_specs`` say.
         A call goes straight into the program's ``jax.jit`` unless it needs Python first (``dispatch.py``)."""
         return self.call_flat(self._leaves(args, kwargs))
 
@@ -153,7 +153,7 @@ class Program:
     def agree_on_plan(self) -> None:
         """On a mesh spanning several processes, check once (before any stage runs) that every process made this
         plan: their stages' collectives must match, or they wait for each other forever. Raises
-        :class:`~shardprop.PlanMismatchError` on every process, naming the first stage that differs. Every way of
+        ``shardprop.PlanMismatchError`` on every process, naming the first stage that differs. Every way of
         running the program calls it (a call, ``stage(k)``, the debugger); a single process skips it."""
         if not self._runs.plan_agreed:
             from .distributed import check_same_plan
@@ -195,7 +195,7 @@ class Program:
         return leaves
 
     def _check_leaves(self, leaves: list) -> None:
-        """Raise the :class:`~shardprop.InputMismatchError` these leaves deserve, if any: another shape or dtype, a
+        """Raise the ``shardprop.InputMismatchError`` these leaves deserve, if any: another shape or dtype, a
         leaf that is not an array, a ShapeDtypeStruct, a deleted array."""
         self.signature.check_call(jax.tree_util.tree_unflatten(self.signature.tree, leaves))
         check_runnable(leaves)
@@ -303,7 +303,7 @@ class Program:
 
     def stage(self, k: int):
         """Stage ``k`` alone, jitted: call it with its inputs in ``prog.stages[k].inputs`` order (whole arrays;
-        other shapes or dtypes are an :class:`~shardprop.InputMismatchError` naming what the stage expects)."""
+        other shapes or dtypes are an ``shardprop.InputMismatchError`` naming what the stage expects)."""
         stage = self.plan.stage_at(k)
         self.agree_on_plan()
         if stage.id not in self._runs.stages:
@@ -348,7 +348,7 @@ def _checked_stage(plan: Plan, stage, jitted, mesh: Mesh):
 
 def as_lowering_errors(fn, *args, mesh: Mesh | None = None, check_arguments: Callable[[], None] | None = None):
     """User mistakes are caught before this point; anything JAX or XLA raises now is shardprop's fault and
-    is reported as a :class:`LoweringError`, not as a raw traceback from deep inside the lowering.
+    is reported as a ``LoweringError``, not as a raw traceback from deep inside the lowering.
 
     With ``mesh`` (the program's, Auto axes), ``fn`` runs with it as JAX's context mesh: a user calling under
     ``jax.set_mesh`` of a mesh with Explicit axes would otherwise have ``shard_map`` refuse our mesh.
@@ -379,7 +379,7 @@ def as_lowering_errors(fn, *args, mesh: Mesh | None = None, check_arguments: Cal
 def lower(plan: Plan, mesh: Mesh | None = None, *, derivatives: Derivatives | None = None,
           traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None,
           kept: frozenset[int] = frozenset(), declared: frozenset[int] = frozenset()) -> Program:
-    """Lower a split plan to a callable :class:`Program` on ``mesh`` (default: the mesh it was propagated on).
+    """Lower a split plan to a callable ``Program`` on ``mesh`` (default: the mesh it was propagated on).
     The keyword arguments are the Program's (an autoshard function passes them; a plan alone needs none)."""
     mesh = plan.sharded.mesh if mesh is None else mesh
     if dict(mesh.shape) != plan.mesh_shape:

@@ -3,9 +3,9 @@ what a compiled program is fixed to, as ``jax.jit`` keys its cache by it.
 
 ``Signature.of(args)`` reads it off a call's arguments (arrays, Python scalars, ShapeDtypeStructs, or the tracers
 of a ``jax.jit`` trace); ``Program.signature`` is the one the program was traced with, and ``check`` raises the
-:class:`~shardprop.InputMismatchError` a call with other arguments gets — inside the program's ``jax.jit`` trace and
+``shardprop.InputMismatchError`` a call with other arguments gets — inside the program's ``jax.jit`` trace and
 on the checked path alike, with one message. An autoshard function keys its programs by it, and finds the program
-of a call it has seen by :func:`call_key`, the same facts read cheaply.
+of a call it has seen by ``call_key``, the same facts read cheaply.
 
     >>> Signature.of((jnp.ones((16, 8)), 2.0))                                       # doctest: +SKIP
     Signature(f32[16,8], f32[] weak)
@@ -40,7 +40,7 @@ class Signature:
     @classmethod
     def of(cls, args: Any) -> Signature:
         """The signature of ``args`` (a pytree); a leaf that is not an array, a Python scalar or a ShapeDtypeStruct
-        is a :class:`~shardprop.TraceError` naming it (:class:`~shardprop.UnsupportedDtypeError` for a dtype a JAX
+        is a ``shardprop.TraceError`` naming it (``shardprop.UnsupportedDtypeError`` for a dtype a JAX
         array cannot hold)."""
         structs, tree = abstractify(args)
         return cls(tree, tuple(Aval(tuple(s.shape), jx.as_dtype(s.dtype)) for s in structs),
@@ -53,12 +53,12 @@ class Signature:
                    graph.argument_names)
 
     def check_structure(self, tree: Any) -> None:
-        """Raise :class:`~shardprop.InputMismatchError` unless ``tree`` is the traced arguments' structure."""
+        """Raise ``shardprop.InputMismatchError`` unless ``tree`` is the traced arguments' structure."""
         if tree != self.tree:
             raise InputMismatchError(f"arguments have structure {tree}, but the program was traced with {self.tree}")
 
     def check(self, got: Signature) -> None:
-        """Raise :class:`~shardprop.InputMismatchError` unless ``got`` has this structure and every leaf this shape
+        """Raise ``shardprop.InputMismatchError`` unless ``got`` has this structure and every leaf this shape
         and dtype. Weak types may differ, as for a compiled ``jax.jit`` function: the program keeps its own."""
         self.check_structure(got.tree)
         problems = [f"  argument leaf {k}{f' ({self.names[k]})' if self.names else ''}: got {a}, traced with {want}"
@@ -69,8 +69,8 @@ class Signature:
                 "retraces per shape):\n" + "\n".join(problems))
 
     def check_call(self, args: Any) -> None:
-        """:meth:`check` of a call's arguments, a leaf that is not an array reported as an
-        :class:`~shardprop.InputMismatchError` too."""
+        """``check`` of a call's arguments, a leaf that is not an array reported as an
+        ``shardprop.InputMismatchError`` too."""
         try:
             got = Signature.of(args)
         except ShardingError as err:
@@ -88,7 +88,7 @@ class Signature:
 
 
 def check_runnable(leaves: Sequence) -> None:
-    """Raise :class:`~shardprop.InputMismatchError` for an argument leaf no program can run on: a ShapeDtypeStruct
+    """Raise ``shardprop.InputMismatchError`` for an argument leaf no program can run on: a ShapeDtypeStruct
     (lower it instead) or an array deleted (donated to an earlier call)."""
     for k, x in enumerate(leaves):
         if isinstance(x, jax.ShapeDtypeStruct):
@@ -103,7 +103,7 @@ _PYTHON_SCALARS = (bool, int, float, complex)
 
 def call_key(tree: Any, leaves: Sequence) -> tuple | None:
     """A cheap key of a call's signature (its arguments' ``tree`` and ``leaves``), read in about a microsecond
-    per leaf, as ``jax.jit`` keys its cache: calls with equal keys have equal :class:`Signature`\\ s. None when a
+    per leaf, as ``jax.jit`` keys its cache: calls with equal keys have equal ``Signature``\\ s. None when a
     leaf is not an array or a Python scalar: then only ``Signature.of`` can say."""
     parts: list[Any] = [tree, jax.config.jax_enable_x64]  # NumPy's and Python's dtypes read per this flag
     for x in leaves:

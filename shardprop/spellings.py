@@ -43,7 +43,7 @@ def context_mesh() -> Mesh | None:
 def program_mesh(mesh: Mesh | None, *spec_trees: Any) -> Mesh:
     """The mesh a program runs on: ``mesh`` when given; else the context mesh (``jax.set_mesh``); else the one mesh
     of the ``NamedSharding`` leaves in ``spec_trees`` — where ``jax.jit`` would find it. None of them is an
-    :class:`~shardprop.OptionError` saying the three ways to give one."""
+    ``shardprop.OptionError`` saying the three ways to give one."""
     if mesh is not None:
         return mesh
     context = context_mesh()
@@ -71,7 +71,7 @@ def same_devices(a, b) -> bool:
 def as_specs(tree: Any, mesh: Mesh, what: str) -> Any:
     """``tree`` (``in_specs`` or ``out_specs``, or their ``*_shardings`` spelling) with each ``NamedSharding`` leaf
     read as its ``PartitionSpec``. A ``NamedSharding`` on another mesh than ``mesh`` is a
-    :class:`~shardprop.MeshError` naming ``what`` and both meshes."""
+    ``shardprop.MeshError`` naming ``what`` and both meshes."""
     def spec_of(x):
         if not isinstance(x, NamedSharding):
             return x
@@ -91,7 +91,7 @@ def _describe(mesh) -> str:
 
 def one_of(specs: Any, shardings: Any, spec_name: str) -> Any:
     """``specs`` or ``shardings`` (``in_specs`` or ``in_shardings``: one option spelled two ways), whichever is
-    given; both is an :class:`~shardprop.OptionError`."""
+    given; both is an ``shardprop.OptionError``."""
     if specs is not None and shardings is not None:
         raise OptionError(f"{spec_name}= and {spec_name.replace('specs', 'shardings')}= are one option spelled two "
                           "ways (shardprop's and jax.jit's): give one")

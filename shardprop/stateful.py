@@ -4,8 +4,8 @@ An NNX training step mutates its arguments — ``optimizer.update(model, grads)`
 and returns only the loss. A plain ``jax.jit`` (and a plain trace) sees the modules as pytrees of arrays: the
 mutation happens on copies inside the trace and is lost. Like ``nnx.jit``, an autoshard function called with NNX
 objects (``nnx.Module``, ``nnx.Optimizer``, ``nnx.Rngs``: any ``nnx.Pytree``) returns their state after the call from
-the program as extra outputs (:func:`returning_state`) and writes it back into the caller's objects
-(:func:`write_back`), so the caller's model is the updated one. Only this module knows flax.
+the program as extra outputs (``returning_state``) and writes it back into the caller's objects
+(``write_back``), so the caller's model is the updated one. Only this module knows flax.
 
     >>> step = sp.autoshard(train_step, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")))  # doctest: +SKIP
     >>> loss = step(model, optimizer, x, y)      # model and optimizer updated in place, as under nnx.jit
@@ -39,7 +39,7 @@ def stateful_positions(args: Sequence) -> tuple[int, ...]:
 def returning_state(f: Callable, positions: tuple[int, ...]) -> Callable:
     """``f`` returning ``(its outputs, the state of args[p] after the call for each p in positions)``: each state the
     object's array leaves, in its pytree order. An object whose structure the call changed (a Variable added or
-    removed) is a :class:`~shardprop.TraceError`: its new state could not be written back."""
+    removed) is a ``shardprop.TraceError``: its new state could not be written back."""
     def with_state(*args, **kwargs):
         before = [jax.tree_util.tree_structure(args[p]) for p in positions]
         out = f(*args, **kwargs)
@@ -58,7 +58,7 @@ def returning_state(f: Callable, positions: tuple[int, ...]) -> Callable:
 
 
 def state_leaves(args: Sequence, positions: tuple[int, ...], leaves: Sequence) -> tuple[int, ...]:
-    """For each leaf of the state :func:`returning_state` returns, in order, its position among ``leaves`` (the
+    """For each leaf of the state ``returning_state`` returns, in order, its position among ``leaves`` (the
     flat leaves of the call's arguments): the argument leaf it is the new value of."""
     where: dict[int, int] = {}
     for k, leaf in enumerate(leaves):
@@ -96,7 +96,7 @@ def object_spec_trees(args: Sequence, in_specs: Any) -> Any:
     ``nnx.get_partition_spec(nnx.state(model))`` or a nested dict of specs (``{'l1': {'kernel': P(None, 'model')}}``)
     — turned into a spec tree shaped like the object (a pytree prefix of it). A path's spec covers every Variable
     under it; a Variable no path reaches is unannotated; a path that names no Variable is a
-    :class:`~shardprop.SpecTreeError`.
+    ``shardprop.SpecTreeError``.
 
         >>> object_spec_trees((model, x), (nnx.get_partition_spec(nnx.state(model)), P("data")))  # doctest: +SKIP
     """
@@ -151,5 +151,5 @@ def write_back(args: Sequence, positions: tuple[int, ...], states: Sequence[list
 
 
 def returned_out_specs(out_specs: Any) -> Any:
-    """``out_specs`` for a function :func:`returning_state` wraps: the user's for its outputs, the states free."""
+    """``out_specs`` for a function ``returning_state`` wraps: the user's for its outputs, the states free."""
     return None if out_specs is None else (out_specs, None)

@@ -1,5 +1,5 @@
-"""Lowering: each stage becomes a ``jax.shard_map`` (:func:`stage_function`), the program the stages in order
-(:func:`program_function`); :class:`shardprop.Program` puts them under one ``jax.jit``. ``hlo.py`` reads a
+"""Lowering: each stage becomes a ``jax.shard_map`` (``stage_function``), the program the stages in order
+(``program_function``); ``shardprop.Program`` puts them under one ``jax.jit``. ``hlo.py`` reads a
 compiled program's collectives back."""
 
 from .hlo import parse_hlo

@@ -1,8 +1,8 @@
 """Running the sharded IR on per-device blocks: the body of every stage's ``shard_map``, and of every sharded loop
 or cond.
 
-:func:`run_instructions` walks a list of :mod:`~shardprop.splitting.ir` instructions over an environment of
-blocks keyed by :class:`~shardprop.splitting.ir.Ref`: a ``Compute`` evaluates its node with its primitive's
+``run_instructions`` walks a list of ``shardprop.splitting.ir`` instructions over an environment of
+blocks keyed by ``shardprop.splitting.ir.Ref``: a ``Compute`` evaluates its node with its primitive's
 ``per_block`` piece, a ``Move`` runs one planned step (``backends/moves.py``), a ``Finish`` combines a reduction's
 partial extremes (``backends/finish.py``). There is no other evaluator of the sharded graph.
 """

@@ -1,5 +1,5 @@
 """Finishing a maximum, minimum, product or arg-extreme over sharded axes (a
-:class:`~shardprop.splitting.ir.Finish`): each device reduced its own block; one collective combines the devices'
+``shardprop.splitting.ir.Finish``): each device reduced its own block; one collective combines the devices'
 results into what the unsharded reduction gives — NaN, signed zeros, ties and first indices included."""
 
 from __future__ import annotations

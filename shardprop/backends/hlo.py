@@ -1,6 +1,6 @@
 """What a compiled program communicates: its collectives, read from the HLO text.
 
-:func:`parse_hlo` turns every collective of ``compiled.as_text()`` into a :class:`~shardprop.splitting.cost.Transfer`
+``parse_hlo`` turns every collective of ``compiled.as_text()`` into a ``shardprop.splitting.cost.Transfer``
 (kind, mesh axes, per-device result shape and dtype, bytes, bytes moved by the ring model), the records the
 cost model's estimate is made of, so estimate, measurement and ``jax.jit``'s program compare field by field.
 """

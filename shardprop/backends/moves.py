@@ -1,10 +1,10 @@
-"""Running a planned move (:func:`shardprop.core.moves.plan_move`) on this device's block, inside ``jax.shard_map``.
+"""Running a planned move (``shardprop.core.moves.plan_move``) on this device's block, inside ``jax.shard_map``.
 
-Each :class:`~shardprop.core.moves.Step` is one ``lax`` call over the mesh axes the caller's ``shard_map`` names
+Each ``shardprop.core.moves.Step`` is one ``lax`` call over the mesh axes the caller's ``shard_map`` names
 (``check_vma=False``: the steps change which mesh axes a block varies over, which the caller states in its
 ``out_specs``). A step that sends nothing between devices (groups of one device) is skipped, as
-:func:`~shardprop.core.moves.step_transfer` prices it at nothing. A step over a sub-axis (``i[minor 2]``, see
-:mod:`shardprop.core.subaxes`) is the collective over its mesh axis in groups (``axis_index_groups``) of the devices
+``shardprop.core.moves.step_transfer`` prices it at nothing. A step over a sub-axis (``i[minor 2]``, see
+``shardprop.core.subaxes``) is the collective over its mesh axis in groups (``axis_index_groups``) of the devices
 that differ only on it; a slice over one cuts by the device's coordinate on it. Steps that only move data move the
 bits of bfloat16 and float8 blocks: XLA:CPU would move them as wider floats, twice the bytes priced.
 
@@ -91,7 +91,7 @@ def _halo(x, step: Step, mesh_shape: Mapping[str, int]):
 
 
 def _realign(x, step: Step, mesh_shape: Mapping[str, int]):
-    """Rows moved into other blocks along an axis (:func:`~shardprop.core.steps.realign_rounds`): per round, each
+    """Rows moved into other blocks along an axis (``shardprop.core.steps.realign_rounds``): per round, each
     device cuts the piece it sends (where it starts in its block differs by device: a table indexed by the
     device's block), one ``ppermute`` (none for the pieces a device keeps), and each device places the piece it
     received where it lands. A position no piece lands on holds the span's fill (the rows no device holds), or
@@ -107,7 +107,7 @@ def _realign(x, step: Step, mesh_shape: Mapping[str, int]):
 
 def apply_rounds(x, rounds, axis: int, names: tuple[str, ...], block: int, fill, mesh_shape: Mapping[str, int]):
     """Blocks of ``block`` rows along ``axis`` (laid out over ``names``) made of the pieces of ``rounds``
-    (:class:`~shardprop.core.steps.Piece`: rows of one device's block ``x`` landing in another's), one ``ppermute``
+    (``shardprop.core.steps.Piece``: rows of one device's block ``x`` landing in another's), one ``ppermute``
     per round but the first (the pieces each device keeps); a position no piece lands on holds ``fill``."""
     count = shard_count(mesh_shape, names)
     here = block_index(names, mesh_shape)
@@ -151,7 +151,7 @@ def _permuted(piece, names: tuple[str, ...], pairs, mesh_shape: Mapping[str, int
 def _unspan(x, step: Step, mesh_shape: Mapping[str, int]):
     """A ranged axis gathered whole: each device sends the rows it holds (as many as the most any holds, padded),
     one ``all_gather``, and the rows are laid end to end — or, where that padding would move more, each places its
-    rows among zeros along the whole axis and one ``psum`` of their bits joins them (:func:`unspan_sums`). The rows
+    rows among zeros along the whole axis and one ``psum`` of their bits joins them (``unspan_sums``). The rows
     no device holds are the span's fill."""
     axis, names, length = step.axis, step.mesh_axes, step.length
     span = step.before.span_of(axis)

@@ -18,7 +18,7 @@ from ..splitting import Plan, Stage
 class StageRunner:
     """Runs ``plan``'s stages with ``run_stage(stage, inputs) -> outputs`` (inputs in ``stage.inputs`` order, outputs
     in ``stage.outputs`` order). Called with the program's flat arguments, it runs every stage and returns the
-    program's flat outputs; :meth:`step` runs one, for a caller that stops between stages."""
+    program's flat outputs; ``step`` runs one, for a caller that stops between stages."""
 
     def __init__(self, plan: Plan, run_stage: Callable[[Stage, list], Sequence]):
         self.plan, self.run_stage = plan, run_stage

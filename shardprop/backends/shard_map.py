@@ -1,6 +1,6 @@
 """Each stage as one ``jax.shard_map`` running its sharded IR, and the whole program as the stages in order.
 
-The program runs under one ``jax.jit`` (see :class:`shardprop.Program`). Every layout change is a move of the IR,
+The program runs under one ``jax.jit`` (see ``shardprop.Program``). Every layout change is a move of the IR,
 run inside a stage's ``shard_map``; between stages, each value passes in the layout its source made it in, so XLA
 has nothing to reshard.
 """
@@ -83,7 +83,7 @@ class Segment:
 
 
 def readout_segments(plan: Plan, stage: Stage, size: int | None = None) -> list[Segment]:
-    """Stage ``stage``'s instructions cut into segments of about ``size`` (default :data:`READOUT_NODES`) whose
+    """Stage ``stage``'s instructions cut into segments of about ``size`` (default ``READOUT_NODES``) whose
     outputs are every value it computes (the debugger's intermediates), each in the type the plan holds it in."""
     chunks = _chunks(stage.instructions, size or READOUT_NODES) or [()]
     stage_inputs = {i.ref for i in stage.inputs}
@@ -149,13 +149,13 @@ def _chunks(instructions: Sequence[Instruction], size: int) -> list[tuple[Instru
 
 
 def segment_function(plan: Plan, stage: Stage, segment: Segment, mesh: Mesh) -> Callable:
-    """``segment`` of ``stage`` as a ``shard_map`` (see :class:`Segment`); called with its inputs, then its
+    """``segment`` of ``stage`` as a ``shard_map`` (see ``Segment``); called with its inputs, then its
     carried refs."""
     return instructions_function(plan, stage, mesh, segment.instructions, segment.inputs + segment.carried,
                                  segment.outputs)
 
 
 def program_function(plan: Plan, stage_fns: Sequence[Callable]) -> Callable:
-    """The whole program on flat arguments: every stage in order (the :class:`~.runner.StageRunner`), returning the
+    """The whole program on flat arguments: every stage in order (the ``.runner.StageRunner``), returning the
     flat outputs."""
     return StageRunner(plan, lambda stage, inputs: stage_fns[stage.id](*inputs))

@@ -1,6 +1,6 @@
 """One benchmark row: a workload run through shardprop under each strategy and through ``jax.jit``, measured.
 
-:func:`measure` returns a :class:`Row`: whether every strategy's result equals the unsharded function's (``jax.jit``
+``measure`` returns a ``Row``: whether every strategy's result equals the unsharded function's (``jax.jit``
 of the function on the unplaced inputs, on one device), the collectives and bytes per device read from each
 compiled HLO, each compiled program's peak memory per device (``compiled.memory_analysis()``), the time of our
 passes next to XLA's compile times, and the runtime ratio of the ``"auto"`` program to ``jax.jit`` from

@@ -189,7 +189,7 @@ def cnn_loss(params, images, labels):
 
 
 def cnn_train_step(params, images, labels, lr=0.1):
-    """One SGD step of :func:`cnn_loss`: the loss and the updated parameters."""
+    """One SGD step of ``cnn_loss``: the loss and the updated parameters."""
     loss, grads = jax.value_and_grad(cnn_loss)(params, images, labels)
     return loss, jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
 
@@ -211,7 +211,7 @@ def lenet_loss(params, images, labels):
 
 
 def lenet_train_step(params, images, labels, lr=0.1):
-    """One SGD step of :func:`lenet_loss`: the loss and the updated parameters."""
+    """One SGD step of ``lenet_loss``: the loss and the updated parameters."""
     loss, grads = jax.value_and_grad(lenet_loss)(params, images, labels)
     return loss, jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
 
@@ -257,5 +257,5 @@ def sequence_mixer_loss(kernel, head, x, labels, vocab=1001):
 
 
 def sequence_mixer_gradient(kernel, head, x, labels):
-    """The gradients of :func:`sequence_mixer_loss` with respect to the kernel and the projection."""
+    """The gradients of ``sequence_mixer_loss`` with respect to the kernel and the projection."""
     return jax.grad(sequence_mixer_loss, argnums=(0, 1))(kernel, head, x, labels)

@@ -36,7 +36,7 @@ def _ms(seconds: float) -> str:
 
 
 def row_cells(row: dict, misses: list[dict]) -> list[str]:
-    """One table row: the cells under :data:`HEADERS`."""
+    """One table row: the cells under ``HEADERS``."""
     if row["error"]:
         return [row["name"], row["parallel"], "ERROR", *["–"] * (len(HEADERS) - 4), "runs: " +
                 row["error"].splitlines()[0][:60]]

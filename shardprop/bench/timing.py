@@ -92,7 +92,7 @@ def _median_us_per_call(cycles: dict[str, list[tuple]], rounds: int, calls: int)
 
 def call_overhead(function, mesh, args, other_args, specs, rounds: int, calls: int = 100) -> list[dict]:
     """Median microseconds per call (blocking on each) of ``jax.jit`` with ``in_shardings``, a cached
-    :class:`~shardprop.Program` and an autoshard function, over interleaved rounds of ``calls`` calls: once with
+    ``shardprop.Program`` and an autoshard function, over interleaved rounds of ``calls`` calls: once with
     arguments already placed (``jax.Array``), once with NumPy arrays. Each is measured twice: called with ``args``
     every time, and called alternately with ``args`` and ``other_args`` (another shape, as train and eval batches
     or a last short batch are), where ``jax.jit`` and the autoshard function each dispatch between two compiled
@@ -124,7 +124,7 @@ def call_overhead(function, mesh, args, other_args, specs, rounds: int, calls: i
 
 
 def small_call_overhead(mesh, rounds: int) -> list[dict]:
-    """:func:`call_overhead` of the Nx example at 16×8 (alternating with 8×8) on ``mesh``'s first two axes."""
+    """``call_overhead`` of the Nx example at 16×8 (alternating with 8×8) on ``mesh``'s first two axes."""
     from .models import nx_example
 
     a = np.linspace(-1, 1, 128, dtype=np.float32).reshape(16, 8)
@@ -173,7 +173,7 @@ def deep(x, w, layers):
 
 
 def passes_seconds(mesh, layers: int) -> tuple[int, float, float, float]:
-    """(nodes, trace seconds, propagate seconds, split seconds) of :func:`deep` with ``layers`` blocks, its input
+    """(nodes, trace seconds, propagate seconds, split seconds) of ``deep`` with ``layers`` blocks, its input
     sharded over ``mesh``'s first two axes."""
     from ..expr import trace
     from ..propagation import propagate
@@ -192,7 +192,7 @@ def passes_seconds(mesh, layers: int) -> tuple[int, float, float, float]:
 
 
 def scaling(mesh, layer_counts) -> list[dict]:
-    """:func:`passes_seconds` at each of ``layer_counts``, one dict per size."""
+    """``passes_seconds`` at each of ``layer_counts``, one dict per size."""
     rows = []
     for layers in layer_counts:
         nodes, traced, propagated, split = passes_seconds(mesh, layers)

@@ -1,11 +1,11 @@
 """The benchmark's workloads: what runs, on which mesh, with which input shardings.
 
-A :class:`Workload` names a function, builds its arguments and input specs (lazily: a library row imports its
+A ``Workload`` names a function, builds its arguments and input specs (lazily: a library row imports its
 library only when it runs), and says how it is parallelised — ``data`` (the batch over the 8 devices of mesh axis
 ``data``), ``tensor`` (hidden units, heads or classes over the 8 devices of ``model``) or ``2-D`` (batch over
 ``data`` and hidden over ``model`` on a (4, 2) mesh). ``known_gap`` explains a row expected to miss a goal;
-``fewer_expected`` says why shardprop should move fewer bytes than ``jax.jit`` on it. :func:`workloads` is the
-registry; the real-library rows are in :mod:`shardprop.bench.libraries`.
+``fewer_expected`` says why shardprop should move fewer bytes than ``jax.jit`` on it. ``workloads`` is the
+registry; the real-library rows are in ``shardprop.bench.libraries``.
 """
 
 from __future__ import annotations

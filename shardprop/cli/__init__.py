@@ -15,6 +15,7 @@ import sys
 from ..errors import ShardingError
 from . import bench as bench_cli
 from . import debug as debug_cli
+from . import docs as docs_cli
 from . import inspect as inspect_cli
 from . import launch as launch_cli
 from . import plan as plan_cli
@@ -35,21 +36,28 @@ def _configure_devices(count: int) -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="shardprop", description="shardprop: symbolic sharding propagation for JAX functions.")
+# the subcommands, in the order the help lists them (the documentation site's command-line page shows each one's help)
+COMMANDS = ("demo", "inspect", "plan", "debug", "bench", "launch", "docs")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``shardprop`` command's argument parser, every subcommand of ``COMMANDS`` on it."""
     from .. import __version__
 
-    parser.add_argument("--version", action="version", version=f"shardprop {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    command = argparse.ArgumentParser(
+        prog="shardprop", description="shardprop: symbolic sharding propagation for JAX functions.")
+    command.add_argument("--version", action="version", version=f"shardprop {__version__}")
+    sub = command.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="shard the Nx example and a small MLP on 8 CPU devices and check them")
     demo.add_argument("--devices", type=int, default=8, help="number of virtual CPU devices (default 8)")
-    inspect_cli.add_parser(sub)
-    plan_cli.add_parser(sub)
-    debug_cli.add_parser(sub)
-    bench_cli.add_parser(sub)
-    launch_cli.add_parser(sub)
-    args = parser.parse_args(argv)
+    for front_end in (inspect_cli, plan_cli, debug_cli, bench_cli, launch_cli, docs_cli):
+        front_end.add_parser(sub)
+    assert tuple(sub.choices) == COMMANDS, tuple(sub.choices)
+    return command
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.command == "demo":
         _configure_devices(args.devices)
         from .demo import run
@@ -57,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if run() else 1
     if args.command == "launch":
         return launch_cli.run(args)
-    runs = {"inspect": inspect_cli.run, "plan": plan_cli.run, "debug": debug_cli.run, "bench": bench_cli.run}
+    runs = {"inspect": inspect_cli.run, "plan": plan_cli.run, "debug": debug_cli.run, "bench": bench_cli.run,
+            "docs": docs_cli.run}
     if args.command in runs:
         try:
             return runs[args.command](args, _configure_devices)

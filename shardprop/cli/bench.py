@@ -1,5 +1,5 @@
 """``shardprop bench [--quick] [--repeats N] [--out DIR] [--json PATH] [--no-plots] [--only PATTERN]``: the benchmark
-against ``jax.jit`` (see :mod:`shardprop.bench`), written as a table, JSON, PNG plots and ``DIR/benchmarks.md``.
+against ``jax.jit`` (see ``shardprop.bench``), written as a table, JSON, PNG plots and ``DIR/benchmarks.md``.
 
 ``DIR`` is ``./shardprop-bench`` unless ``--out`` says otherwise: a folder of its own, never the ``docs/`` of whatever
 project it runs in. The project's own pages are regenerated with ``--out docs`` (which also rewrites the summary

@@ -112,7 +112,7 @@ def run(args, configure_devices) -> int:
 
 
 def exit_status(doc: dict) -> int:
-    """:data:`FOUND_PROBLEM` when the run found a divergence, a broken promise or a non-finite value, else 0; the
+    """``FOUND_PROBLEM`` when the run found a divergence, a broken promise or a non-finite value, else 0; the
     reasons go to standard error (once: every process found the same), since the report may have gone to a file."""
     import jax
 

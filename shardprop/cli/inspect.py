@@ -1,6 +1,7 @@
 """``shardprop inspect PATH.py:FUNC --mesh i=4,j=2 (--arg 'f32[16,8]@P(i,j)' ... | --args PATH.py:EXAMPLE ...
-[--in-specs SPECS])``: inspect a function from the command line (text, JSON, DOT or SVG), with optional
-``--explain``, ``--lineage`` and ``--blocks``. Also the flat ``--arg`` parsing that ``plan`` and ``debug`` share."""
+[--in-specs SPECS])``: inspect a function from the command line (text, JSON, DOT, SVG or Model Explorer's graph
+JSON, ``--view`` to open it in Model Explorer), with optional ``--explain``, ``--lineage`` and ``--blocks``. Also
+the flat ``--arg`` parsing that ``plan`` and ``debug`` share."""
 
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ def parse_lineage(text: str) -> tuple[str, tuple[int, ...] | None]:
 def add_parser(sub) -> None:
     p = sub.add_parser("inspect", help="trace, shard and split a function, and show what happened",
                        description="Inspect how shardprop shards FUNC from PATH.py: the annotated listing and stage "
-                                   "table (text), the JSON form (json), a graphviz picture (dot, svg).")
+                                   "table (text), the JSON form (json), a graphviz picture (dot, svg), the graph "
+                                   "for Google's Model Explorer (model-explorer; --view opens it there).")
     p.add_argument("target", nargs="?", help="PATH.py:FUNC")
     p.add_argument("--mesh", help="mesh axes and sizes, e.g. i=4,j=2")
     p.add_argument("--arg", action="append", default=[], metavar="SPEC",
@@ -112,20 +114,23 @@ def add_parser(sub) -> None:
     p.add_argument("--devices", type=int, help="number of virtual CPU devices (default: the mesh size, at least 8)")
     p.add_argument("--width", type=int, default=120, help="text width for tables (default 120)")
     p.add_argument("--schema", action="store_true", help="print the JSON schema of --format json and exit")
+    p.add_argument("--view", action="store_true",
+                   help="open the shard graph in Model Explorer (needs shardprop[viewer]; Ctrl+C stops its server)")
+    p.add_argument("--port", type=int, help="(--view) the port of Model Explorer's server (default: a free one)")
 
 
-FORMATS = ("text", "json", "dot", "svg", "png", "pdf")
+FORMATS = ("text", "json", "dot", "svg", "png", "pdf", "model-explorer")
 SUFFIXES = {".txt": "text", ".text": "text", ".json": "json", ".dot": "dot", ".gv": "dot", ".svg": "svg",
             ".png": "png", ".pdf": "pdf"}
 
 
 def output_format(fmt: str | None, output: str | None) -> str:
     """The format asked for: ``--format``, else the suffix of ``-o``, else text; a ``--format`` that the suffix of
-    ``-o`` contradicts (``--format svg -o graph.png``) is an :class:`OptionError`, not a mislabelled file."""
+    ``-o`` contradicts (``--format svg -o graph.png``) is an ``OptionError``, not a mislabelled file."""
     by_suffix = SUFFIXES.get(Path(output).suffix.lower()) if output else None
     if fmt is None:
         return by_suffix or "text"
-    if by_suffix is not None and by_suffix != fmt:
+    if by_suffix is not None and by_suffix != fmt and not (fmt == "model-explorer" and by_suffix == "json"):
         raise OptionError(f"--format {fmt} but -o {output} says {by_suffix}: drop one, or make them agree")
     if fmt in ("png", "pdf") and not output:
         raise OptionError(f"--format {fmt} is binary: give -o FILE.{fmt}")
@@ -143,6 +148,8 @@ def run(args, configure_devices) -> int:
     asked = {"--explain": args.explain, "--lineage": args.lineage, "--blocks": args.blocks, "--brief": args.brief}
     shown_in = {"--explain": ("text", "json"), "--lineage": ("text", "json"), "--blocks": ("text",),
                 "--brief": ("text",)}
+    if args.view and args.format not in ("text", "model-explorer"):
+        raise OptionError(f"--view opens the graph in Model Explorer: drop --format {args.format}")
     for flag, value in asked.items():
         if value and args.format not in shown_in[flag]:
             raise OptionError(f"{flag} is shown only with --format {' or '.join(shown_in[flag])}, not "
@@ -169,6 +176,16 @@ def run(args, configure_devices) -> int:
         if traced:
             doc["lineage"] = {text: _lineage_json(result) for text, result in traced.items()}
         return emit(json.dumps(doc, indent=2), args.output)
+    if args.format == "model-explorer" and (args.output or not args.view):
+        from ..inspect.model_explorer import model_explorer_json, to_model_explorer
+
+        emit(model_explorer_json(to_model_explorer(prog)), args.output)
+    if args.view:
+        from ..inspect.viewer import visualize
+
+        visualize(prog, port=args.port)  # serves until Ctrl+C
+    if args.view or args.format == "model-explorer":
+        return 0
     if args.format == "dot":
         return emit(sp_inspect.to_dot(prog), args.output)
     if args.format in ("svg", "png", "pdf"):

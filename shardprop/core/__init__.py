@@ -5,11 +5,11 @@
 ``moves.py``        the move planner: the steps from one type to another, fewest bytes first (``plan_move``);
                     ``steps.py`` one step and its price, ``move_search.py`` the search, ``subaxes.py`` a mesh
                     axis cut in two inside a move
-``rules.py``        what a sharding rule sees and returns (:class:`RuleContext`, :class:`RuleOutput`, bodies)
+``rules.py``        what a sharding rule sees and returns (``RuleContext``, ``RuleOutput``, bodies)
 ``boxes.py``        the element sets lineage talks about, and what a lineage rule sees
-``blocks.py``       what a per-block piece sees (:class:`Blocks`) and the helpers it binds primitives with
-``collectives.py``  the collective that finishes a node's partial result (:class:`Collective`)
-``transfers.py``    one collective's price (:class:`Transfer`), for estimates and compiled HLO alike
+``blocks.py``       what a per-block piece sees (``Blocks``) and the helpers it binds primitives with
+``collectives.py``  the collective that finishes a node's partial result (``Collective``)
+``transfers.py``    one collective's price (``Transfer``), for estimates and compiled HLO alike
 
 Nothing here imports ``ops`` or a pass: they import this.
 """

@@ -1,8 +1,8 @@
-"""What a primitive's ``per_block`` piece sees: :class:`Blocks`, and the helpers to evaluate on blocks.
+"""What a primitive's ``per_block`` piece sees: ``Blocks``, and the helpers to evaluate on blocks.
 
 Inside ``shard_map`` every value is a per-device block, but equation params that carry shapes are global.
-A primitive whose params carry no global shape is evaluated with :func:`bind_as_is`; one whose params do
-rewrites them for the block (:func:`bind_with`: ``broadcast_in_dim.shape`` becomes the output's block
+A primitive whose params carry no global shape is evaluated with ``bind_as_is``; one whose params do
+rewrites them for the block (``bind_with``: ``broadcast_in_dim.shape`` becomes the output's block
 shape); one whose block is not the op applied to the operand blocks (``iota``, whose values on a sharded
 axis start at the block's offset) has its own evaluator. Each operand block arrives in the layout the node
 consumes it in (``in_layouts``): the IR's moves brought it there, a local slice where it was held coarser.
@@ -38,7 +38,7 @@ class Blocks:
     # blocks (the backend evaluates the body's own plan); None otherwise.
     bodies: tuple[Callable[[list], list], ...] | None = None
     # Per operand and per output, the rows each ranged axis holds (``ValueType.span``: a Span or None per axis;
-    # () when none is ranged): :mod:`shardprop.ops.ranges` reads them.
+    # () when none is ranged): ``shardprop.ops.ranges`` reads them.
     in_spans: tuple = ()
     out_spans: tuple = ()
 

@@ -1,8 +1,8 @@
 """Boxes: the sets of tensor elements lineage talks about.
 
-A :data:`Box` is one ``(start, stop)`` per axis; a region is a list of boxes whose *union* is the set. Regions
+A ``Box`` is one ``(start, stop)`` per axis; a region is a list of boxes whose *union* is the set. Regions
 stay small: overlapping and adjacent boxes are merged, and a region that would grow past
-:data:`MAX_BOXES` is widened to its bounding box — still sound (a superset), no longer exact, so such a
+``MAX_BOXES`` is widened to its bounding box — still sound (a superset), no longer exact, so such a
 region is flagged.
 """
 
@@ -21,7 +21,7 @@ class LineageContext:
     whose op has a body (a loop's lineage walks its body). A rule that has to widen its answer past the exact set
     (too many pieces) sets ``exact = False``.
 
-    A lineage rule (the ``lineage`` piece of a primitive's :class:`~shardprop.ops.OpDef`) has one signature::
+    A lineage rule (the ``lineage`` piece of a primitive's ``shardprop.ops.OpDef``) has one signature::
 
         rule(ctx: LineageContext, box: Box, output: int, **params) -> list[list[Box]]
 
@@ -59,13 +59,13 @@ def hull(boxes: list[Box]) -> Box:
 
 def product(per_axis: list[list[tuple[int, int]]]) -> tuple[list[Box], bool]:
     """Every box of the cartesian product of per-axis interval lists: ``(boxes, exact)``, widened as
-    :func:`bounded_product` does."""
+    ``bounded_product`` does."""
     return bounded_product([[(interval,) for interval in intervals] for intervals in per_axis])
 
 
 def bounded_product(parts: list[list[Box]]) -> tuple[list[Box], bool]:
     """Every concatenation of one piece per part (each part a list of boxes over some consecutive axes):
-    ``(boxes, exact)``. Past :data:`MAX_BOXES` boxes the part with the most pieces is widened to its hull
+    ``(boxes, exact)``. Past ``MAX_BOXES`` boxes the part with the most pieces is widened to its hull
     until the product is small again — before it is built, so a strided slice of a large tensor stays
     cheap — and ``exact`` is False."""
     parts = [list(part) for part in parts]

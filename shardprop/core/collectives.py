@@ -1,4 +1,4 @@
-"""The collective that finishes a node whose devices each hold a partial result (:class:`Collective`): what an
+"""The collective that finishes a node whose devices each hold a partial result (``Collective``): what an
 op's ``finish`` piece returns, and what the split pass decides in.
 
 ``CollectiveKind`` is an enum of strings, so ``collective.kind == "psum"`` keeps working, while code compares
@@ -50,7 +50,7 @@ class CollectiveKind(StrEnum):
 class FinishGeometry:
     """Where a finish works, for those that need more than the result's layout: the ``axis`` a top-k, a rotation or a
     route works along; the rows a rotation moves each device's rows by (``shift``); the rounds of pieces a route
-    sends each device's rows in (``rounds``, :class:`~shardprop.core.steps.Piece`: a concatenation's operands joined
+    sends each device's rows in (``rounds``, ``shardprop.core.steps.Piece``: a concatenation's operands joined
     in place, a strided slice's picks) and the value of the rows no piece lands on (``fill``: a pad's rows no device
     holds); the span and length of the ranged axis an arg-extreme reduced (``rows``)."""
 
@@ -91,9 +91,9 @@ def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Ava
     zeros); ``argmax``/``argmin`` also all-reduce the extreme values (of ``operand_dtype``) and, for floats, a NaN
     flag; ``prefix`` all-gathers one row per device (its block's total) along the scanned axis; ``top_k`` all-gathers
     each device's ``k`` candidates along ``axis`` (one gather per output); ``rotate`` permutes the rows ``shift`` rows
-    further along ``axis`` into each device's block (:func:`rotation_pieces`); ``route`` permutes the pieces of the
+    further along ``axis`` into each device's block (``rotation_pieces``); ``route`` permutes the pieces of the
     joined blocks to theirs, in rounds (one record, as a realign's). (A partial sum is a move:
-    :func:`~shardprop.core.moves.move_transfers`.)"""
+    ``shardprop.core.moves.move_transfers``.)"""
     geometry = geometry or NO_GEOMETRY
     axis, shift = geometry.axis, geometry.shift
     if kind is CollectiveKind.ROUTE:

@@ -3,13 +3,13 @@
 Every axis of every tensor is in one of three states:
 
 * ``None`` — **replicated**: every device holds the whole axis.
-* :class:`Sharded` — laid out over one or more mesh axes (``mesh_axes``, major first) as equal,
-  contiguous :class:`Shard`s; each shard records the ``parents`` it was computed from, so any output block
+* ``Sharded`` — laid out over one or more mesh axes (``mesh_axes``, major first) as equal,
+  contiguous ``Shard``s; each shard records the ``parents`` it was computed from, so any output block
   can be traced back to the input slices it needs.
-* :class:`Open` — **unannotated** ("fully sharded a priori" in the Nx design): the axis adopts the sharding
+* ``Open`` — **unannotated** ("fully sharded a priori" in the Nx design): the axis adopts the sharding
   of whatever it meets. Opens exist only while propagating; the final product has none.
 
-A :data:`Layout` is the communication-relevant summary: per axis, the tuple of mesh axes (``()`` when
+A ``Layout`` is the communication-relevant summary: per axis, the tuple of mesh axes (``()`` when
 replicated). Splitting and lowering only need layouts; shards are for lineage and inspection.
 """
 
@@ -146,7 +146,7 @@ AxisSharding = Union[Sharded, Open, None]
 
 @dataclass(frozen=True, slots=True)
 class TensorSharding:
-    """The sharding of one tensor: one :data:`AxisSharding` per axis."""
+    """The sharding of one tensor: one ``AxisSharding`` per axis."""
 
     shape: tuple[int, ...]
     axes: tuple[AxisSharding, ...]
@@ -191,7 +191,7 @@ def _format_dim(size: int, axis: AxisSharding) -> str:
 
 def format_layout(shape: tuple[int, ...], layout: Layout, halo: tuple[tuple[int, int], ...] = (),
                   spans: tuple[Span | None, ...] = ()) -> str:
-    """``16@i,8``; with a halo of one row on either side of axis 0, ``16@i<1,1>,8``; ranged (:class:`Span`), the rows
+    """``16@i,8``; with a halo of one row on either side of axis 0, ``16@i<1,1>,8``; ranged (``Span``), the rows
     of device ``k``'s block: ``63@i[8k:8k+8],8`` (``x[:63]`` of 64 rows in 8 blocks), ``67@i[8k+3:8k+11]`` (64
     rows padded by 3 before)."""
     def one(n, m, rows, span) -> str:

@@ -1,5 +1,5 @@
-"""The search behind :func:`~shardprop.core.moves.plan_move`: A* over the value types of one value, joined by steps
-priced in whole units, with a lower bound that never overestimates (:class:`Search`)."""
+"""The search behind ``shardprop.core.moves.plan_move``: A* over the value types of one value, joined by steps
+priced in whole units, with a lower bound that never overestimates (``Search``)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class Search:
 
     def run(self, limit: tuple[int, int] | None = None) -> list[tuple[State, Edge, State]] | None:
         """The cheapest path from ``have`` to ``want``: ``(before, edge, after)`` per step, in order. Costs are
-        ``(bytes, collectives, steps)``, compared in that order; the heap orders by cost plus :meth:`bound`.
+        ``(bytes, collectives, steps)``, compared in that order; the heap orders by cost plus ``bound``.
         With a ``limit`` (bytes, collectives), only a path cheaper than it, None if there is none. The cost of
         the path found is left in ``cost``."""
         start, goal, bound, push, pop = self.start, self.goal, self.bound, heapq.heappush, heapq.heappop
@@ -114,7 +114,7 @@ class Search:
         return found
 
     def price(self, kind: StepKind, n: int, elements: int) -> int:
-        """:func:`~shardprop.core.transfers.moved` for a result of ``elements``, times ``scale`` (moved is linear
+        """``shardprop.core.transfers.moved`` for a result of ``elements``, times ``scale`` (moved is linear
         in the size, and its rate times ``scale`` is whole)."""
         rate = self.rates.get((kind, n))
         if rate is None:
@@ -152,7 +152,7 @@ class Search:
         return found
 
     def least(self, counts: tuple[int, ...], partial: tuple[str, ...]) -> int:
-        """:meth:`bound` of a state that slices and taking once do not finish: a function of its blocks' counts
+        """``bound`` of a state that slices and taking once do not finish: a function of its blocks' counts
         and its sums (without mesh axes of size 1)."""
         key = counts, partial
         found = self.leasts.get(key)

@@ -1,10 +1,10 @@
-"""How a value held as one :class:`~shardprop.core.types.ValueType` becomes another: the one place moves are
+"""How a value held as one ``shardprop.core.types.ValueType`` becomes another: the one place moves are
 planned and priced.
 
-A move is a short sequence of :class:`Step`\\ s — local slices, all-gathers, all-to-alls, permutes, psums,
-reduce-scatters and taking a whole value once as a partial sum — found by :func:`plan_move`, a shortest-path
-search over value types that moves the fewest bytes (the ring model of :mod:`shardprop.core.transfers`), ties
-broken by fewer collectives, then fewer steps. :func:`step_transfer` prices one step as the collective XLA
+A move is a short sequence of ``Step``\\ s — local slices, all-gathers, all-to-alls, permutes, psums,
+reduce-scatters and taking a whole value once as a partial sum — found by ``plan_move``, a shortest-path
+search over value types that moves the fewest bytes (the ring model of ``shardprop.core.transfers``), ties
+broken by fewer collectives, then fewer steps. ``step_transfer`` prices one step as the collective XLA
 compiles it to; ``shardprop/backends/moves.py`` runs the same steps on per-device blocks inside ``shard_map``.
 Estimate, executor and listing all read the one plan, so they cannot disagree.
 
@@ -21,7 +21,7 @@ no extra collective), an all-to-all over one or several mesh axes as one all-to-
 collective-permute that keeps its identity pairs, a psum as an all-reduce of the block, a psum-scatter as a
 reduce-scatter of the result block.
 
-Between its ends a move may cut a mesh axis in two and move the factors apart (:mod:`.subaxes`), as XLA does: on
+Between its ends a move may cut a mesh axis in two and move the factors apart (``.subaxes``), as XLA does: on
 the (4, 2) mesh above, ``P('i', 'j') -> P('j', 'i')`` of a (16, 8) value is a permute and an all-to-all over
 ``i[minor 2]`` (groups of two devices within ``i``), 96 B per device, where the best plan over whole axes, three
 all-to-alls, moves 120 B. ``have`` and ``want`` name whole mesh axes, and so do the ends of every plan.
@@ -30,9 +30,9 @@ all-to-alls, moves 120 B. ``have`` and ``want`` name whole mesh axes, and so do 
     ...                            mesh_shape)]
     ['permute over i*j', 'all-to-all over i[minor 2] from axis 0 to axis 1']
 
-Start reading at :func:`plan_move`; :class:`~.move_search.Search` holds the graph it searches (its edges, and
+Start reading at ``plan_move``; ``.move_search.Search`` holds the graph it searches (its edges, and
 A*'s bound), and ``_finer_path`` searches it again with a mesh axis cut in two. One step, and its price:
-:mod:`.steps`.
+``.steps``.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
               mesh_shape: Mapping[str, int]) -> tuple[Step, ...]:
     """The steps that bring a value of ``shape`` held as ``have`` to ``want``, moving the fewest bytes (ring
     model), then using the fewest collectives, over the mesh axes the types name, whole or one of them cut in two
-    (:mod:`.subaxes`). Raises ValueError for a type the shape or the mesh cannot hold.
+    (``.subaxes``). Raises ValueError for a type the shape or the mesh cannot hold.
 
     The plan does not depend on ``dtype`` (every price is proportional to the item size); it is taken so that a
-    caller reads the same arguments here as in :func:`move_transfers`.
+    caller reads the same arguments here as in ``move_transfers``.
 
     >>> [str(s) for s in plan_move((8, 8), "float32", ValueType((("i",), ())), ValueType(((), ("i",))), {"i": 4})]
     ['all-to-all over i from axis 0 to axis 1']
@@ -85,7 +85,7 @@ def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
 
 def move_transfers(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
                    mesh_shape: Mapping[str, int]) -> tuple[Transfer, ...]:
-    """The collectives of :func:`plan_move`'s plan, in order (local slices and taking a value once send nothing)."""
+    """The collectives of ``plan_move``'s plan, in order (local slices and taking a value once send nothing)."""
     if have == want:
         return ()
     return _transfers(tuple(shape), dtype, have, want, tuple(mesh_shape.items()))
@@ -128,7 +128,7 @@ def describe(shape: tuple[int, ...], steps: tuple[Step, ...], mesh_shape: Mappin
 
 def is_mesh_type(vtype: ValueType, mesh_shape: Mapping[str, int]) -> bool:
     """True when ``vtype`` names mesh axes only and holds no halo and no ranged rows, as a value between stages does;
-    the types between the steps of a move may name sub-axes (:mod:`.subaxes`), which no ``shard_map`` spec can, and
+    the types between the steps of a move may name sub-axes (``.subaxes``), which no ``shard_map`` spec can, and
     a haloed or ranged block is no block of the array: such a type stays inside its stage."""
     return not vtype.halo and not vtype.span and all(is_whole(m, mesh_shape) for m in vtype.layout) and \
         is_whole(vtype.partial, mesh_shape)
@@ -137,7 +137,7 @@ def is_mesh_type(vtype: ValueType, mesh_shape: Mapping[str, int]) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _ranged_steps(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
                   mesh: tuple[tuple[str, int], ...]) -> tuple[Step, ...]:
-    """A move to or from ranged rows (:class:`~shardprop.core.layouts.Span`), axis by axis (:func:`_axis_by_axis`).
+    """A move to or from ranged rows (``shardprop.core.layouts.Span``), axis by axis (``_axis_by_axis``).
     Where ranged rows are gathered, the cheapest of: that; the rows first realigned into blocks of ``ceil(n / count)``
     (57 rows held in blocks of 32 on 2 devices: 29 each, so less padding moves); a partial sum summed first, on each
     device's rows (a sum over the batch of a sequence's ranged rows, returned whole)."""
@@ -265,7 +265,7 @@ def _plan(shape: tuple[int, ...], have: ValueType, want: ValueType,
 
 def _finer_path(shape: tuple[int, ...], sizes: Mapping[str, int], have: ValueType, want: ValueType,
                 search: Search) -> list | None:
-    """The cheapest path that cuts a mesh axis in two (:mod:`.subaxes`), when it moves fewer bytes than
+    """The cheapest path that cuts a mesh axis in two (``.subaxes``), when it moves fewer bytes than
     ``search``'s (or as many, in fewer collectives); None otherwise.
 
     A search over ``i[major 2]`` and ``i[minor 2]`` in place of ``i`` searches every plan over whole axes too

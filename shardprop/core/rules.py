@@ -1,13 +1,13 @@
-"""What a sharding rule sees and returns: :class:`RuleContext`, :class:`RuleOutput`, :class:`RuleConflict`.
+"""What a sharding rule sees and returns: ``RuleContext``, ``RuleOutput``, ``RuleConflict``.
 
-A rule (the ``propagate`` piece of a primitive's :class:`~shardprop.ops.OpDef`) has one signature::
+A rule (the ``propagate`` piece of a primitive's ``shardprop.ops.OpDef``) has one signature::
 
     rule(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput
 
 It receives the operands' shardings and the equation's params, and returns the output shardings plus the
 layout in which it *consumes* each operand (``needs``). A need coarser than what the operand has (a sharded
 axis the op wants whole) is where the splitting pass cuts; a finer need is a local slice. Rules are pure:
-they raise :class:`RuleConflict` and the dispatcher adds the op, the source line and the operands.
+they raise ``RuleConflict`` and the dispatcher adds the op, the source line and the operands.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ class RuleOutput(NamedTuple):
     fallback: bool = False
     # Why, when the cause is inside a sub-computation (its primitive and line), for the warning and strict=True.
     fallback_cause: str | None = None
-    # A rule that reads ranged rows (:class:`~shardprop.core.layouts.Span`): per operand, per axis, the
+    # A rule that reads ranged rows (``shardprop.core.layouts.Span``): per operand, per axis, the
     # ``(mesh axes, span)`` it consumes that axis in (the need's layout says () there), or None; None: no axis.
     need_spans: tuple | None = None
 
 
 class RuleConflict(Exception):
     """Raised by a rule: output ``axis`` cannot be given one sharding (``detail`` says why); ``layouts`` are
-    the per-axis layouts (mesh axes) that clash, ``kind`` as in :class:`~shardprop.ShardingConflictError`."""
+    the per-axis layouts (mesh axes) that clash, ``kind`` as in ``shardprop.ShardingConflictError``."""
 
     def __init__(self, axis: int | None, detail: str, layouts: tuple[tuple[str, ...], ...] = (),
                  kind: ConflictKind = ConflictKind.MISMATCH):
@@ -96,7 +96,7 @@ class OpenTracker:
         return next(iter(met)) if len(met) == 1 else None
 
     def adopted_from(self, key) -> int | None:
-        """The node whose sharding the open axis ``key`` adopts (see :meth:`resolution`), if known."""
+        """The node whose sharding the open axis ``key`` adopts (see ``resolution``), if known."""
         met = self.requests.get(self.find(key), {})
         return next(iter(met.values())) if len(met) == 1 else None
 
@@ -245,7 +245,7 @@ class RuleContext:
         return Sharded(source.mesh_axes, tuple(shards))
 
     def carry_unused(self, axis: int, size: int, source: AxisSharding, used: set[str]) -> AxisSharding:
-        """:meth:`carry`, unless ``source`` is laid out over a mesh axis that an earlier output axis already
+        """``carry``, unless ``source`` is laid out over a mesh axis that an earlier output axis already
         uses (``used``, updated): one mesh axis shards at most one axis of a tensor, so this axis is then
         consumed whole (None) — its operand is gathered along it, which is always correct (``a @ b.T`` with
         both operands sharded on rows; a gather whose indices and table rows share a mesh axis)."""

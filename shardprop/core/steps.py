@@ -1,5 +1,5 @@
-"""One step of a move (:class:`Step`): what it does to a block, and what it costs — the collective XLA compiles
-it to (:func:`step_transfer`). The steps are planned by :mod:`.moves` and run by ``shardprop/backends/moves.py``."""
+"""One step of a move (``Step``): what it does to a block, and what it costs — the collective XLA compiles
+it to (``step_transfer``). The steps are planned by ``.moves`` and run by ``shardprop/backends/moves.py``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .types import ValueType
 
 
 class StepKind(StrEnum):
-    """What one step does to a block (see :class:`Step`)."""
+    """What one step does to a block (see ``Step``)."""
 
     SLICE = "slice"                # cut this device's finer block locally: free
     ALL_GATHER = "all-gather"      # an axis gives up its minor-most mesh axes
@@ -56,10 +56,10 @@ class Step:
     ``axis`` is the tensor axis a slice cuts, a gather gathers, a reduce-scatter scatters, or an all-to-all
     concatenates (the axis giving up ``mesh_axes``); ``to_axis`` is the axis an all-to-all splits (the axis
     receiving them). A permute's device pairs follow from ``before``, ``after`` and the mesh
-    (:func:`permute_pairs`); its ``mesh_axes`` are the mesh axes either layout uses, in mesh order. Between the
-    ends of a move, ``mesh_axes`` and the types may name sub-axes (``i[minor 2]``, :mod:`.subaxes`); a permute's
+    (``permute_pairs``); its ``mesh_axes`` are the mesh axes either layout uses, in mesh order. Between the
+    ends of a move, ``mesh_axes`` and the types may name sub-axes (``i[minor 2]``, ``.subaxes``); a permute's
     ``mesh_axes`` are whole. A halo step adds to ``axis`` the rows ``after`` holds past the block that ``before``
-    does not, all from device ``d - shift`` (:func:`halo_rows`); its ``mesh_axes`` are the axis's.
+    does not, all from device ``d - shift`` (``halo_rows``); its ``mesh_axes`` are the axis's.
 
     >>> str(Step(StepKind.ALL_GATHER, ("j",), ValueType(((), ("i", "j"))), ValueType(((), ("i",))), axis=1))
     'all-gather over j on axis 1'
@@ -128,7 +128,7 @@ def exchanges(step: Step, mesh_shape: Mapping[str, int]) -> bool:
 
 
 def _exchanges(step: Step, sizes: Mapping[str, int]) -> bool:
-    """:func:`exchanges`, given the sizes of the mesh axes and sub-axes ``step`` names."""
+    """``exchanges``, given the sizes of the mesh axes and sub-axes ``step`` names."""
     if step.kind not in TRANSFER_KIND:
         return False
     if step.kind is StepKind.PERMUTE:
@@ -189,7 +189,7 @@ def _linear(mesh_axes: tuple[str, ...], at: Mapping[str, int], mesh_shape: Mappi
 
 
 def step_sizes(step: Step, mesh_shape: Mapping[str, int]) -> Mapping[str, int]:
-    """``mesh_shape`` and the sizes of the sub-axes ``step`` uses (:mod:`.subaxes`): ``mesh_shape`` itself when it
+    """``mesh_shape`` and the sizes of the sub-axes ``step`` uses (``.subaxes``): ``mesh_shape`` itself when it
     uses none, the common case."""
     groups = (step.mesh_axes, *step.before.layout, *step.after.layout)
     for m in groups:  # plain loops: this runs for every step priced
@@ -257,7 +257,7 @@ def _halo_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str
 
 
 def step_span(vtype: ValueType, axis: int, length: int, mesh_shape: Mapping[str, int]) -> Span | None:
-    """The rows each device holds along ``axis`` (of ``length``) as a :class:`Span`: its span when ranged, equal
+    """The rows each device holds along ``axis`` (of ``length``) as a ``Span``: its span when ranged, equal
     blocks as ``Span(0, length / count)``; None when the axis is whole."""
     span = vtype.span_of(axis)
     if span is not None:

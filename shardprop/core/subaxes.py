@@ -1,4 +1,4 @@
-"""Sub-axes: a mesh axis cut into factors, which a move (:mod:`shardprop.core.moves`) may use between its ends.
+"""Sub-axes: a mesh axis cut into factors, which a move (``shardprop.core.moves``) may use between its ends.
 
 Mesh axis ``i`` of size 4 is two factors of size 2: device ``i = 2a + b`` is at ``a`` on ``i[major 2]`` and at
 ``b`` on ``i[minor 2]`` (Shardy's ``i:(1)2`` and ``i:(2)2``). An axis laid out over ``(i,)`` is laid out over
@@ -8,7 +8,7 @@ does: on the (4, 2) mesh ``("i", "j")``, ``P('i', 'j') -> P('j', 'i')`` is a per
 
 A sub-axis is a *name*, a ``str`` as a mesh axis is, so that layouts, types, steps and listings hold and print it
 as they do a mesh axis: ``i[major 2]``, ``i[minor 2]``, and ``i[2 after 4]`` for a factor of size 2 after a major
-one of size 4 (of an axis of 16 or more). :func:`sub_axis` reads a name back, given the mesh. Nothing outside the
+one of size 4 (of an axis of 16 or more). ``sub_axis`` reads a name back, given the mesh. Nothing outside the
 move planner and its executor sees one: every plan starts and ends on whole mesh axes.
 
     >>> cuts("i", {"i": 8})
@@ -128,7 +128,7 @@ def merged(names: tuple[str, ...], mesh_shape: Mapping[str, int]) -> tuple[str, 
 
 def spelled(state: tuple[Layout, tuple[str, ...]], mesh_shape: Mapping[str, int]) -> tuple[Layout, tuple[str, ...]]:
     """A ``(layout, partial)`` over factors, spelled on the mesh: every axis of the layout, and the sums,
-    :func:`merged`."""
+    ``merged``."""
     layout, partial = state
     return tuple(merged(m, mesh_shape) for m in layout), merged(partial, mesh_shape)
 

@@ -1,4 +1,4 @@
-"""What moving data costs: one :class:`Transfer` per collective, priced by the ring model.
+"""What moving data costs: one ``Transfer`` per collective, priced by the ring model.
 
 The cost model (``splitting/cost.py``), the move planner (``core/moves.py``) and the HLO reader
 (``backends/hlo.py``) all build these records, so an estimate and a measurement compare field by field.

@@ -1,4 +1,4 @@
-"""A value's type after splitting: how each device holds its block (:class:`ValueType`).
+"""A value's type after splitting: how each device holds its block (``ValueType``).
 
 ``layout`` says which block of the value each device holds (per tensor axis, the mesh axes it is laid out over,
 major first). ``partial`` names the mesh axes over which the devices of a group each hold one *summand* of that
@@ -13,11 +13,11 @@ blocks before each.
 ``halo`` is what a windowed op (a convolution, a pooling window) reads past its block along a sharded axis: each
 device also holds that many rows of its neighbours' blocks on either side (zeros past the ends of the array). A
 haloed value lives only between the move that exchanges the rows and the op that reads them. ``span`` gives a
-*ranged* axis's rows (:class:`~shardprop.core.layouts.Span`): a slice, pad or concatenation along a sharded axis
+*ranged* axis's rows (``shardprop.core.layouts.Span``): a slice, pad or concatenation along a sharded axis
 leaves each device the rows of its own block (possibly fewer, or none), not equal blocks of the result; a ranged
 value lives inside its stage (the program returns, and stages pass, equal blocks). Every move between two types — a
 gather, an all-to-all, a psum, a halo exchange, a realignment of ranged rows, taking a whole value as a partial one —
-is planned by :mod:`shardprop.core.moves`.
+is planned by ``shardprop.core.moves``.
 
     ``type_string(Aval((16, 8), float32), ValueType((("i",), ()), partial=("j",)))`` is ``'f32[16@i,8]{+j}'``;
     with ``halo=((1, 2), (0, 0))``, ``'f32[16@i<1,2>,8]'``; ranged, ``'f32[15@i[4k:4k+4],8]'``.
@@ -154,12 +154,12 @@ def type_string(aval, vtype: ValueType) -> str:
 
 
 def typed(value: int, aval, vtype: ValueType) -> str:
-    """``c:f32[16@i,8]``: the value's listing name and its :func:`type_string`."""
+    """``c:f32[16@i,8]``: the value's listing name and its ``type_string``."""
     return f"{value_name(value)}:{type_string(aval, vtype)}"
 
 
 def carried_type(shape: tuple[int, ...], layout: Layout, mesh_shape, partial: tuple[str, ...] = ()) -> ValueType:
     """The type of a value laid out as ``layout`` (partial over ``partial``), each axis its mesh axes do not divide
-    ranged in blocks of ``ceil(n / count)`` rows (:func:`~shardprop.core.layouts.uneven_span`: a loop's carry)."""
+    ranged in blocks of ``ceil(n / count)`` rows (``shardprop.core.layouts.uneven_span``: a loop's carry)."""
     rows = tuple(uneven_span(n, shard_count(mesh_shape, m)) if m else None for n, m in zip(shape, layout, strict=True))
     return ValueType(layout, partial, span=rows if any(r is not None for r in rows) else ())

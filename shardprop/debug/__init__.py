@@ -1,4 +1,4 @@
-"""Stage-by-stage debugging of a compiled :class:`~shardprop.Program`.
+"""Stage-by-stage debugging of a compiled ``shardprop.Program``.
 
     dbg = sp.Debugger(prog, a, b)
     dbg.step()                             # stage 0 on its own: ops, specs, wall time, bytes moved
@@ -35,7 +35,7 @@ from .session import Session, collective
 class Debugger(Session):
     """Run a program stage by stage, read every device's blocks, check the plan's promises, compare with
     the unsharded function and find the first node that goes wrong. Nodes are named as in the listing
-    (``"e"``), by value id, or by :class:`~shardprop.Node`. ``keep="all"`` keeps every intermediate as
+    (``"e"``), by value id, or by ``shardprop.Node``. ``keep="all"`` keeps every intermediate as
     stages run; ``"outputs"`` (the default) keeps stage outputs and recomputes an intermediate when asked.
 
     The program itself is never changed: ``prog(*args)`` returns what it returned before.
@@ -43,11 +43,21 @@ class Debugger(Session):
     On a mesh spanning several processes every process makes the same debugger calls in the same order, as every
     process calls the program: ``blocks(name)`` shows this process's blocks, and the analyses gather the others'
     and give the same answer everywhere. A call that runs collectives made by one process only is an
-    :class:`~shardprop.OutOfStepError` (after ``SHARDPROP_CALL_TIMEOUT`` seconds, default 300), not a deadlock.
+    ``shardprop.OutOfStepError`` (after ``SHARDPROP_CALL_TIMEOUT`` seconds, default 300), not a deadlock.
 
-    >>> dbg = sp.Debugger(prog, a, b)                                           # doctest: +SKIP
-    >>> dbg.run(); print(dbg.first_divergence())
-    None
+    Examples:
+        >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
+        >>> def f(a, b):                                   # the Nx design note's example
+        ...     x, y = a + b, a - b
+        ...     return jnp.sum(x, axis=1)[:, None] + jnp.sum(y, axis=0)[None, :]
+        >>> a, b = jnp.arange(128.0).reshape(16, 8), jnp.ones((16, 8))
+        >>> prog = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, b)
+        >>> dbg = sp.Debugger(prog, a, b)
+        >>> reports = dbg.run()                              # every stage: one report each
+        >>> len(reports)
+        2
+        >>> print(dbg.first_divergence())                    # no node differs from the unsharded function
+        None
     """
 
     def _ensure_run(self) -> None:
@@ -71,7 +81,7 @@ class Debugger(Session):
     @collective
     def compare(self, rtol: float | None = None, atol: float | None = None) -> ErrorTable:
         """Per value computed so far, max abs / relative error against the unsharded graph evaluated node by
-        node on the same inputs (see :class:`Tolerance` for the defaults). Runs the whole program first when no
+        node on the same inputs (see ``Tolerance`` for the defaults). Runs the whole program first when no
         stage has run yet."""
         self._ensure_run()
         return self._comparer(Tolerance(rtol, atol)).table()

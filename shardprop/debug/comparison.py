@@ -1,7 +1,7 @@
 """``compare()`` and ``first_divergence()``: every sharded value against the unsharded reference.
 
 Two questions, two yardsticks. *Does a value agree with the unsharded function?* — its error against the
-reference (:mod:`.reference`), within the tolerance for its scale. *Which node is at fault?* — a value can
+reference (``.reference``), within the tolerance for its scale. *Which node is at fault?* — a value can
 differ only because what it was computed from differs (rounding carried through a gradient), so the first value
 that differs is then re-computed unsharded from its *sharded* operands: if that gives another value, the node's
 own rule or lowering is at fault (the planted-bug tests check exactly this); if not, the difference was carried

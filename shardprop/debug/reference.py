@@ -77,10 +77,10 @@ def magnitude(x) -> float:
 
 def errors(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, scale: float | None = None, dtype=None
            ) -> tuple[float, float, bool]:
-    """``(max abs, max relative, agrees)`` of ``got`` against ``ref`` (as :func:`~.findings.as_numpy` gives
+    """``(max abs, max relative, agrees)`` of ``got`` against ``ref`` (as ``.findings.as_numpy`` gives
     them). NaN agrees with NaN and an infinity with the same infinity; a NaN or infinity on one side only is an
     infinite error. The relative error of an element whose reference is 0 is infinite unless it is 0 too.
-    ``scale`` and ``dtype`` as :meth:`Tolerance.for_value` takes them."""
+    ``scale`` and ``dtype`` as ``Tolerance.for_value`` takes them."""
     if got.shape != ref.shape:
         return math.inf, math.inf, False
     if np.array_equal(got, ref):  # the common case, in one pass
@@ -115,7 +115,7 @@ def _relative(diff: np.ndarray, size: np.ndarray) -> float:
 
 def bind_whole(node: Node, operands: list, reference: bool = False) -> list:
     """``node`` evaluated unsharded on ``operands`` (whole arrays): its own primitive, bound eagerly. Its
-    failure (a host callback of the user's raising, say) is a :class:`ReferenceEvaluationError` naming it."""
+    failure (a host callback of the user's raising, say) is a ``ReferenceEvaluationError`` naming it."""
     if node.op == CONSTANT:
         return [np.asarray(node.params["value"])]
     if has_record(node.op) and lookup(node.op).family is Family.PLACEMENT:

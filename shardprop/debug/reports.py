@@ -1,5 +1,5 @@
-r"""What the debugger hands back: a device's block of a value (:class:`DeviceBlock`), a value gathered from every
-process (:class:`Gathered`), and what one step did (:class:`StageReport`, with its :class:`Port`\ s)."""
+r"""What the debugger hands back: a device's block of a value (``DeviceBlock``), a value gathered from every
+process (``Gathered``), and what one step did (``StageReport``, with its ``Port``\ s)."""
 
 from __future__ import annotations
 

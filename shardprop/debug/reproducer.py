@@ -5,7 +5,7 @@ The directory gets the stage as a serialized ``jax.export`` artifact, its inputs
 inputs as they were, runs the artifact and compares with the saved outputs (exit status 0 when equal).
 
 On a mesh spanning several processes every process calls it (the inputs and outputs are gathered whole); process 0
-writes the files, and every process raises the same :class:`~shardprop.ArtifactError` if that fails.
+writes the files, and every process raises the same ``shardprop.ArtifactError`` if that fails.
 """
 
 from __future__ import annotations

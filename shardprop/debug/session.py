@@ -1,6 +1,6 @@
 """The debugger's state: which stages have run, what each returned, and every device's block of any value.
 
-A :class:`Debugger` runs a :class:`~shardprop.Program` the way it runs — stage after stage, each the same
+A ``Debugger`` runs a ``shardprop.Program`` the way it runs — stage after stage, each the same
 ``shard_map`` the program is made of (``backends.stage_function``), but each jitted on its own so it can be
 stopped between, timed and read. Intermediates of a stage are the same stage function asked for extra outputs,
 each in the layout the plan holds it in: there is no second evaluator of the sharded graph.
@@ -41,7 +41,7 @@ KEEP = ("outputs", "all")
 
 def collective(method):
     """Marks a debugger call that runs collectives (stages, gathers). On several processes every process must make
-    it at the same point, which is checked on entry (``distributed.in_step``: an :class:`~shardprop.OutOfStepError`
+    it at the same point, which is checked on entry (``distributed.in_step``: an ``shardprop.OutOfStepError``
     instead of a deadlock); a call made inside another is covered by the outer one."""
     signature = inspect.signature(method)
 
@@ -57,7 +57,7 @@ def collective(method):
 
 
 class Session:
-    """Running a program's stages one at a time and reading their values (the base of :class:`Debugger`)."""
+    """Running a program's stages one at a time and reading their values (the base of ``Debugger``)."""
 
     def __init__(self, prog: Program, *args, keep: str = "outputs", **kwargs):
         if not isinstance(prog, Program):
@@ -105,7 +105,7 @@ class Session:
     @contextlib.contextmanager
     def in_step(self, call: str):
         """Around a call that runs collectives: on several processes, every process must make ``call`` here (an
-        :class:`~shardprop.OutOfStepError` otherwise, instead of a deadlock). Calls inside it are not checked again."""
+        ``shardprop.OutOfStepError`` otherwise, instead of a deadlock). Calls inside it are not checked again."""
         if self._stepping:
             yield
             return
@@ -278,7 +278,7 @@ class Session:
             yield from values.items()
 
     def computed_by_stage(self) -> Iterator[dict[int, jax.Array]]:
-        """:meth:`computed` a group at a time, ``{value: array}`` in program order: the arguments, then each stage
+        """``computed`` a group at a time, ``{value: array}`` in program order: the arguments, then each stage
         run (an analysis gathers a group at once)."""
         yield dict(zip(self.plan.graph.inputs, self.args, strict=True))
         graph = self.plan.graph
@@ -330,7 +330,7 @@ class Session:
         return values
 
     def stage_at(self, k: Any) -> Stage:
-        """Stage ``k`` of the program (a :class:`StageIndexError` naming the range otherwise)."""
+        """Stage ``k`` of the program (a ``StageIndexError`` naming the range otherwise)."""
         return self.plan.stage_at(k)
 
     def stage_outputs(self, stage: Stage) -> tuple[jax.Array, ...]:

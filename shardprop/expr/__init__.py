@@ -1,4 +1,4 @@
-"""Tracing: a user's function becomes a flat :class:`Graph` (start with :func:`trace`)."""
+"""Tracing: a user's function becomes a flat ``Graph`` (start with ``trace``)."""
 
 from .graph import CONSTANT, PARAMETER, Aval, Graph, Node
 from .trace import trace, trace_jaxpr

@@ -1,6 +1,6 @@
 """Our flat expression graph: the product of tracing, the input of every later pass.
 
-A :class:`Graph` is a topologically ordered tuple of :class:`Node`s over integer *values*. Every value is
+A ``Graph`` is a topologically ordered tuple of ``Node``s over integer *values*. Every value is
 produced by exactly one node: ``parameter`` nodes stand for the function's flat inputs, ``constant`` nodes
 for literals and closed-over arrays, every other node for one JAX primitive application (calls such as
 nested ``jit`` are already inlined). ``str(graph)`` prints a jaxpr-like listing::
@@ -50,7 +50,7 @@ class Aval:
 class Node:
     """One operation: ``outputs = op(*operands, **params)``, at the user's ``source`` line (``file:line``).
 
-    ``operands`` and ``outputs`` are value ids into :attr:`Graph.avals`. ``primitive`` is the JAX primitive
+    ``operands`` and ``outputs`` are value ids into ``Graph.avals``. ``primitive`` is the JAX primitive
     to bind when executing (None for ``parameter`` and ``constant`` nodes).
     """
 

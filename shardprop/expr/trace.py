@@ -54,16 +54,17 @@ def abstractify(args: tuple) -> tuple[list[jax.ShapeDtypeStruct], Any]:
 
 
 def trace(f: Callable, *args, names: Sequence[str] | None = None) -> Graph:
-    """Trace ``f`` on ``args`` (arrays, ShapeDtypeStructs, or pytrees of them) into a :class:`Graph`.
+    """Trace ``f`` on ``args`` (arrays, ShapeDtypeStructs, or pytrees of them) into a ``Graph``.
 
-    >>> g = trace(lambda a, b: a + b, jnp.ones((4, 2)), jnp.ones((4, 2)))
-    >>> print(g)                                            # doctest: +SKIP
-    { lambda ;
-        a:f32[4,2]   # a
-        b:f32[4,2]   # b
-      let
-        c:f32[4,2] = add a b   # <stdin>:1
-      in (c,) }
+    Examples:
+        >>> g = sp.trace(lambda a, b: a + b, jnp.ones((4, 2)), jnp.ones((4, 2)))
+        >>> print(g)
+        { lambda ;
+            a:f32[4,2]   # a
+            b:f32[4,2]   # b
+          let
+            c:f32[4,2] = add a b   # <doctest ...>:1
+          in (c,) }
     """
     avals, in_tree = abstractify(args)
     out_tree_box = []

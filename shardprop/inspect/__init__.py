@@ -1,17 +1,17 @@
 """Inspection: read the products of the passes (a Program, Plan or ShardedGraph) and show them.
 
-Everything here reads one :class:`~shardprop.Plan` (``products.as_plan``) through its view methods and
+Everything here reads one ``shardprop.Plan`` (``products.as_plan``) through its view methods and
 changes nothing:
 
-* :func:`show` — the annotated listing, stage by stage, and the stage table (``str(prog.graph)`` is the listing);
-* ``sp.lineage`` (:func:`shardprop.inspect.lineage.lineage`) — which input elements one block of a value depends
+* ``show`` — the annotated listing, stage by stage, and the stage table (``str(prog.graph)`` is the listing);
+* ``sp.lineage`` (``shardprop.inspect.lineage.lineage``) — which input elements one block of a value depends
   on (boxes; sound, and exact where the dependency is block-shaped);
-* ``sp.explain`` (:func:`shardprop.inspect.explain.explain`) — for each axis of a value, the chain of rules, ops
+* ``sp.explain`` (``shardprop.inspect.explain.explain``) — for each axis of a value, the chain of rules, ops
   and source lines behind its sharding;
-* :func:`to_dot` / :func:`render` — graphviz pictures with stage clusters;
-* :func:`blocks` / :func:`show_blocks` — which device holds which block of any tensor (``rich``);
-* :func:`stage_table` — per stage: ops, inputs, outputs, collectives, bytes moved (``rich``);
-* :func:`to_json` — everything as JSON for tools, following :data:`SCHEMA`.
+* ``to_dot`` / ``render`` — graphviz pictures with stage clusters;
+* ``blocks`` / ``show_blocks`` — which device holds which block of any tensor (``rich``);
+* ``stage_table`` — per stage: ops, inputs, outputs, collectives, bytes moved (``rich``);
+* ``to_json`` — everything as JSON for tools, following ``SCHEMA``.
 """
 
 from .dot import render, to_dot

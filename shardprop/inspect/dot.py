@@ -1,4 +1,4 @@
-"""Pictures of the graph: graphviz DOT text (:func:`to_dot`) and files drawn by ``dot`` (:func:`render`).
+"""Pictures of the graph: graphviz DOT text (``to_dot``) and files drawn by ``dot`` (``render``).
 
 Each stage is a cluster with its own colour; arguments are ellipses, constants plain text. An edge is
 labelled with the type the value travels in; an edge on which the IR moves the value (a gather, an all-to-all, a
@@ -33,11 +33,25 @@ def _quote(text: str) -> str:
 def to_dot(prog: Any, *, title: str | None = None) -> str:
     """The graph as graphviz DOT text, stage clusters coloured, edges labelled with shardings.
 
-    >>> print(sp.to_dot(prog))                                                  # doctest: +SKIP
-    digraph shardprop {
-      ...
-      subgraph cluster_stage_0 {
-        label="stage 0"; ...
+    Examples:
+        >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
+        >>> def f(a, b):                                   # the Nx design note's example
+        ...     x, y = a + b, a - b
+        ...     return jnp.sum(x, axis=1)[:, None] + jnp.sum(y, axis=0)[None, :]
+        >>> a, b = jnp.arange(128.0).reshape(16, 8), jnp.ones((16, 8))
+        >>> prog = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, b)
+        >>> print(sp.to_dot(prog))
+        digraph shardprop {
+          graph [rankdir=TB, fontname=Helvetica, fontsize=11, labelloc=t, label="mesh i=4, j=2 · strategy gather"];
+          ...
+          subgraph cluster_stage_0 {
+            label="stage 0"; style="rounded,dashed"; color="#3d85c6"; fontcolor="#3d85c6";
+          ...
+          n0 -> n2 [label="f32[16@i,8@j]"];
+          ...
+          n2 -> n4 [label="f32[16@i,8@j] → f32[16@i,8]...gather j@1 · 64 B/device", color="#cc0000", ...];
+          ...
+        }
     """
     plan = as_plan(prog)
     sharded, graph = plan.sharded, plan.graph
@@ -120,9 +134,9 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
 
 
 def render(prog: Any, path: str | Path, *, format: str | None = None) -> Path:
-    """Draw :func:`to_dot` into ``path`` with graphviz's ``dot`` (format from the suffix: svg, png, pdf).
+    """Draw ``to_dot`` into ``path`` with graphviz's ``dot`` (format from the suffix: svg, png, pdf).
 
-    Raises :class:`~shardprop.RenderError` with install instructions when ``dot`` is not installed.
+    Raises ``shardprop.RenderError`` with install instructions when ``dot`` is not installed.
     """
     path = Path(path)
     fmt = format or path.suffix.lstrip(".") or "svg"

@@ -122,15 +122,24 @@ def explain(prog: Any, value: Any) -> Explanation:
     into a loop's or a cond's body as the listing prints it, ``"e/body/c"``) has its sharding; for an argument whose
     layout ``sp.AUTO`` chose, why the search chose it and what its other layouts would have cost.
 
-    >>> print(sp.explain(prog, "e"))                                          # doctest: +SKIP
-    e:f32[16@i] = reduce_sum[axes=(1,)] c   # f.py:10
-      rule: reductions.reduction
-      axis 0 (16): sharded over i, 4 blocks of 4
-        origin: argument x (a) has spec P('i', 'j'); this is its axis 0
-        -> c axis 0: `add` at f.py:8 (rule elementwise.elementwise)
-        -> e axis 0: `reduce_sum` at f.py:10 (rule reductions.reduction)
-      operands:
-        c: takes axis 1 (sharded over j) whole — Reductions drop sharding on the reduced axes ...
+    Examples:
+        >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
+        >>> def f(a, b):                                   # the Nx design note's example
+        ...     x, y = a + b, a - b
+        ...     return jnp.sum(x, axis=1)[:, None] + jnp.sum(y, axis=0)[None, :]
+        >>> a, b = jnp.arange(128.0).reshape(16, 8), jnp.ones((16, 8))
+        >>> prog = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, b)
+        >>> print(sp.explain(prog, "e"))
+        e:f32[16@i] = reduce_sum[axes=(1,)] c   # <doctest ...>:3   [stage 1]
+          rule: reductions.reduction
+          axis 0 (16): sharded over i, 4 blocks of 4
+            origin: argument a has spec P('i', 'j'); this is its axis 0
+            -> c axis 0: `add` at <doctest ...>:2 (rule elementwise.elementwise)
+            -> e axis 0: `reduce_sum` at <doctest ...>:3 (rule reductions.reduction)
+          operands:
+            c: takes axis 1 (sharded over j) whole, as P('i',). Reductions drop sharding on the reduced axes: the
+            op needs those axes whole (the split pass cuts there) and the other axes keep their sharding. Paid for
+            by all_gather[j axis=1] c (64 B per device) before it, in its stage.
     """
     plan, v, scopes = locate(prog, value)
     scope = scopes[-1] if scopes else None

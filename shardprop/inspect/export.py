@@ -1,6 +1,6 @@
 """The JSON form of a sharded program, for tools: values with their shards (and shard parents) and types, nodes
 with their rules and stages, stages with their inputs, outputs and sharded IR — every move and collective an
-instruction with its price. :data:`SCHEMA` is its JSON Schema (``shardprop inspect --schema`` prints it);
+instruction with its price. ``SCHEMA`` is its JSON Schema (``shardprop inspect --schema`` prints it);
 ``docs/inspecting.md`` describes every field.
 
 Layouts are lists with one entry per tensor axis: the list of mesh axes the axis is laid out over, major
@@ -67,7 +67,7 @@ def _instructions(instructions, graph) -> list[dict[str, Any]]:
 
 @gc_paused
 def to_json(prog: Any) -> dict[str, Any]:
-    """A JSON-ready dict of the program (see :data:`SCHEMA`); with ``search`` where ``sp.AUTO`` chose layouts."""
+    """A JSON-ready dict of the program (see ``SCHEMA``); with ``search`` where ``sp.AUTO`` chose layouts."""
     plan = as_plan(prog)
     graph = plan.graph
     stages = []

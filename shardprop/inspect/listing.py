@@ -229,7 +229,7 @@ def source_name(plan: Plan, source) -> str:
 
 
 def _stage_lines(plan: Plan, stage: Stage, sources: Mapping[int, str]) -> list[str]:
-    """Stage ``stage``'s block of the stage table (see :func:`format_stages`)."""
+    """Stage ``stage``'s block of the stage table (see ``format_stages``)."""
     lines = []
     ops = stage_ops(plan, stage)
     where = ", outside shard_map" if stage.outside_shard_map else ""
@@ -293,7 +293,7 @@ def _body_collectives(plan, compute: Compute, graph, indent: str) -> list[str]:
 
 @dataclass(frozen=True, eq=False)
 class TableStage(Stage):
-    """``prog.stages[k]``: the :class:`~shardprop.Stage` splitting made, printed as its block of the stage table
+    """``prog.stages[k]``: the ``shardprop.Stage`` splitting made, printed as its block of the stage table
     (its ops, inputs with where they come from, collectives, outputs)."""
 
     plan: Plan | None = field(default=None, repr=False)
@@ -306,7 +306,7 @@ class TableStage(Stage):
 
 
 class StageTable(tuple):
-    """``prog.stages``: the plan's stages (a tuple of :class:`~shardprop.Stage`, each printing as its block) that
+    """``prog.stages``: the plan's stages (a tuple of ``shardprop.Stage``, each printing as its block) that
     prints as the table."""
 
     plan: Plan

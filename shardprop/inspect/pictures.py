@@ -1,6 +1,6 @@
 """Terminal pictures with ``rich``: per-tensor block pictures and the stage table.
 
-:func:`blocks` is ``jax.debug.visualize_array_sharding`` for any tensor of the graph — before it exists: any
+``blocks`` is ``jax.debug.visualize_array_sharding`` for any tensor of the graph — before it exists: any
 rank (a 2-D projection onto two axes; the other axes at one block index, said in the caption), replicated and
 partially sharded tensors (a replicated axis is one block held by several devices).
 """
@@ -195,7 +195,7 @@ def show(prog: Any, *, console: Console | None = None) -> None:
 
 
 def show_blocks(prog: Any, value: Any, *, console: Console | None = None, **options) -> None:
-    """Print :func:`blocks` of ``value``."""
+    """Print ``blocks`` of ``value``."""
     (console or _console()).print(blocks(prog, value, **options))
 
 

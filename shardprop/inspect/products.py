@@ -1,4 +1,4 @@
-"""What inspection reads: one :class:`~shardprop.Plan`, whichever product the user hands over."""
+"""What inspection reads: one ``shardprop.Plan``, whichever product the user hands over."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from ..splitting.ir import BodyProgram
 
 
 def as_plan(prog: Any) -> Plan:
-    """The plan behind a :class:`~shardprop.Program` (or its ``prog.graph``), a :class:`~shardprop.Plan`, or
-    a :class:`~shardprop.ShardedGraph` (propagation's view, no stages: :meth:`Plan.unsplit`)."""
+    """The plan behind a ``shardprop.Program`` (or its ``prog.graph``), a ``shardprop.Plan``, or
+    a ``shardprop.ShardedGraph`` (propagation's view, no stages: ``Plan.unsplit``)."""
     if isinstance(prog, Plan):
         return prog
     if isinstance(prog, ShardedGraph):
@@ -33,7 +33,7 @@ def as_plan(prog: Any) -> Plan:
 def resolve_value(plan: Plan, ref: Any) -> int:
     """A value id from what the user typed: an argument's name (``"params['w']"``) or key path (``"[0]['w']"``),
     its printed name (``"c"``; an argument's name wins where the two are spelled alike), its id, or the
-    :class:`~shardprop.Node` that computes it (a node with several outputs must be named by the output wanted)."""
+    ``shardprop.Node`` that computes it (a node with several outputs must be named by the output wanted)."""
     graph = plan.graph
     count = len(graph.avals)
     if isinstance(ref, Node):
@@ -64,7 +64,7 @@ def resolve_value(plan: Plan, ref: Any) -> int:
 
 
 def _value_of_name(name: str) -> int | None:
-    """Inverse of :func:`value_name` (``a``…``z``, ``ba``, ``bb``…)."""
+    """Inverse of ``value_name`` (``a``…``z``, ``ba``, ``bb``…)."""
     if not name or not name.isalpha() or not name.islower():
         return None
     value = 0

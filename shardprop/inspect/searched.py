@@ -89,7 +89,7 @@ _COST = {"price": {"type": "number"}, "moved_bytes": {"type": "number", "minimum
          "memory": _fields({name: {"type": "integer"} for name in ("arguments", "outputs", "temporaries", "aliased",
                                                                    "total")} | {"compiled": {"type": ["integer",
                                                                                                       "null"]}})}
-# The JSON schema of :func:`search_to_dict` (``sp.to_json``'s ``search``, ``shardprop plan --format json``)
+# The JSON schema of ``search_to_dict`` (``sp.to_json``'s ``search``, ``shardprop plan --format json``)
 SEARCH_SCHEMA = _fields({
     "chosen": {"type": "array", "items": _fields({
         "argument": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},

@@ -1,14 +1,14 @@
-"""What shardprop knows about each JAX primitive: one :class:`OpDef` record per primitive (start there).
+"""What shardprop knows about each JAX primitive: one ``OpDef`` record per primitive (start there).
 
 Each family module (``elementwise.py``, ``reductions.py``, ...) defines the pieces for its ops — the sharding
 rule, the lineage rule, the per-block evaluation, the collective that may finish it — next to each other, and
-lists its records in ``OPS``. :func:`table` collects those lists (a name defined twice is an error); every pass
-reads a primitive's knowledge through :func:`lookup`::
+lists its records in ``OPS``. ``table`` collects those lists (a name defined twice is an error); every pass
+reads a primitive's knowledge through ``lookup``::
 
     lookup("reduce_sum").finish            # the piece that finishes a sum over sharded axes with a psum
     lookup("while").is_fallback            # False: while loops have a record of their own
 
-The family modules speak the vocabulary of :mod:`shardprop.core` (layouts, rule context, boxes, blocks,
+The family modules speak the vocabulary of ``shardprop.core`` (layouts, rule context, boxes, blocks,
 collectives) and nothing above it: ``ops`` never imports a pass. What a record needs of a pass — a loop's body
 propagated, walked or run on blocks — the pass hands it (``RuleContext.propagate_body``, ``LineageContext.walk``,
 ``Blocks.bodies``).
@@ -31,9 +31,9 @@ FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, in
 
 
 def finish_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
-    """Where the finish of ``node`` works (:class:`~shardprop.core.collectives.FinishGeometry`), given the type its
-    first operand is read in: a top-k's axis; a concatenation's axis, rotation (:func:`.ranges.rotation`) and
-    route rounds; a strided slice's route rounds (:func:`.ranges.slice_geometry`); the ranged rows a single-axis
+    """Where the finish of ``node`` works (``shardprop.core.collectives.FinishGeometry``), given the type its
+    first operand is read in: a top-k's axis; a concatenation's axis, rotation (``.ranges.rotation``) and
+    route rounds; a strided slice's route rounds (``.ranges.slice_geometry``); the ranged rows a single-axis
     reduction reads."""
     if node.op == "top_k":
         return FinishGeometry(axis=node.params["axis"])

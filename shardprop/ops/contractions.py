@@ -92,7 +92,7 @@ def finish_contraction(decisions, node: Node):
     """Contracting axes sharded alike on both sides (or on one side, the other replicated there and cut
     locally): each device multiplies its blocks and a ``psum`` adds the partial products. A ranged contracting axis
     (``h @ w[:, :1001]``'s gradient contracts over the sliced vocabulary) is read in place, its padding masked to
-    zeros (:func:`contraction_block`)."""
+    zeros (``contraction_block``)."""
     (lhs_c, rhs_c), _ = node.params["dimension_numbers"]
     return finish_summed_pairs(decisions, node, lhs_c, rhs_c, reads_ranges=True)
 
@@ -165,8 +165,8 @@ def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c, *, reads_ranges: bo
 
 
 def _keep_rule_ranges(decisions, node: Node, needs, spans, summed, contracted: set[str]) -> None:
-    """The batch and free axes the rule reads ranged (:func:`~.ranges.keep_ranges`), read alike by the finish — its
-    result then stays ranged (:meth:`~shardprop.splitting.decisions.Decisions.finished_types`): the weight gradient
+    """The batch and free axes the rule reads ranged (``.ranges.keep_ranges``), read alike by the finish — its
+    result then stays ranged (``shardprop.splitting.decisions.Decisions.finished_types``): the weight gradient
     of a sliced vocabulary keeps its rows in place. Not where their mesh axes are the summed ones (those axes would
     both lay out and sum the result): then they are read whole."""
     reads = decisions.sharded.need_spans.get(node.id)

@@ -93,7 +93,7 @@ def _carried(operand: TensorSharding) -> Layout:
 
 def _out_carried(body: Any, value: int, mesh_shape) -> Layout:
     """The layout a body's output ``value`` comes out in, for the carry's fixed point: a ranged axis counts as its
-    mesh axes where it is in the blocks a carry is held in (:func:`uneven_span`), else as whole."""
+    mesh axes where it is in the blocks a carry is held in (``uneven_span``), else as whole."""
     sharding = body.shardings[value]
     if not sharding.spans:
         return sharding.layout

@@ -2,7 +2,7 @@
 
 ``conv_general_dilated``: the batch axis and the output-feature axis propagate (from the input and the kernel);
 input-feature axes are needed whole. A spatial axis stays sharded where each device can compute its block of the
-output from its block of the input and a few rows of its neighbours' (a *halo*, :mod:`.windows`): a SAME or strided
+output from its block of the input and a few rows of its neighbours' (a *halo*, ``.windows``): a SAME or strided
 convolution (the output the input's length over the stride, the stride dividing the block), its input gradient (a
 dilated input), and its kernel gradient (the kernel's axis sharded like the input's: a partial sum). Other spatial
 axes are needed whole. The windowed reductions are in ``pooling.py``.
@@ -70,7 +70,7 @@ def conv_general_dilated(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShard
 
 
 def _spatial(lhs_spec, rhs_spec, out_spec, params, rhs_shape):
-    """Per spatial axis of a convolution: its lhs axis, its output axis, and its window (for :func:`window_reach`)."""
+    """Per spatial axis of a convolution: its lhs axis, its output axis, and its window (for ``window_reach``)."""
     strides, padding = params["window_strides"], params["padding"]
     lhs_dilation = params.get("lhs_dilation") or (1,) * len(strides)
     rhs_dilation = params.get("rhs_dilation") or (1,) * len(strides)
@@ -81,7 +81,7 @@ def _spatial(lhs_spec, rhs_spec, out_spec, params, rhs_shape):
 
 def _summed_spatial(params, shapes, lhs_layout, rhs_layout, mesh_shape, lhs_spans=(), rhs_spans=()):
     """``(lhs axis, rhs axis, reach)`` for each spatial axis whose window (the rhs's, ranged where ``rhs_spans``
-    says) is sharded like the lhs's and can be summed in blocks (:func:`summed_window_reach`). A ranged lhs axis
+    says) is sharded like the lhs's and can be summed in blocks (``summed_window_reach``). A ranged lhs axis
     (its blocks from the first row on, every row held) is summed as the frame of its blocks, its padding zeroed."""
     dn = params["dimension_numbers"]
     lhs_shape, rhs_shape = shapes[0], shapes[1]
@@ -104,8 +104,8 @@ def _conv_reaches(params, shapes, layouts, mesh_shape, lhs_spans=(), rhs_spans=(
                   ) -> dict[int, tuple[int, int, tuple[int, int]]]:
     """lhs axis -> ``(before, after, local padding)``: the rows past its block the convolution reads and how the window
     pads the haloed block, for each spatial axis the lhs is consumed sharded on (ranged where ``lhs_spans`` says) —
-    :func:`summed_window_reach` where the kernel's axis is sharded alike, :func:`dilated_window_reach` for a dilated
-    input, else :func:`~.windows.window_rows`."""
+    ``summed_window_reach`` where the kernel's axis is sharded alike, ``dilated_window_reach`` for a dilated
+    input, else ``.windows.window_rows``."""
     lhs_shape, rhs_shape = shapes[0], shapes[1]
     out = params["dimension_numbers"]
     reaches = {k_in: (*reach, (0, min(reach[1], 0)))
@@ -119,8 +119,8 @@ def _conv_reaches(params, shapes, layouts, mesh_shape, lhs_spans=(), rhs_spans=(
 
 
 def _conv_reach(size, blocks, out_size, window, span: Span | None = None):
-    """``((before, after, local padding), out span)`` — :func:`dilated_window_reach` for a dilated input, else
-    :func:`~.windows.window_rows` over the rows the devices hold (equal blocks, or ``span``), the window padding the
+    """``((before, after, local padding), out span)`` — ``dilated_window_reach`` for a dilated input, else
+    ``.windows.window_rows`` over the rows the devices hold (equal blocks, or ``span``), the window padding the
     haloed block by the rows it does not read (negative); None where neither applies."""
     if window["base_dilation"] > 1:
         if span is not None:  # as the frame of its blocks, the padding rows (zeroed) standing for padding
@@ -173,8 +173,8 @@ def convolution_block(node, invals, blocks: Blocks) -> list:
 
 def finish_convolution(decisions, node):
     """The input-feature axes (``lhs_spec[1]``, ``rhs_spec[1]``) summed per block and finished by a ``psum`` (see
-    :func:`~.contractions.finish_summed_pairs`); not with feature or batch groups, whose features pair by group. So
-    are the spatial axes whose window is sharded like the input (:func:`summed_window_reach`, the kernel gradient of
+    ``.contractions.finish_summed_pairs``); not with feature or batch groups, whose features pair by group. So
+    are the spatial axes whose window is sharded like the input (``summed_window_reach``, the kernel gradient of
     a spatially sharded convolution), each device's input block with its halo."""
     if node.params["feature_group_count"] != 1 or node.params["batch_group_count"] != 1:
         return None

@@ -61,7 +61,7 @@ def operand_needs(out_shape: tuple[int, ...], out_layout: Layout, operand_shapes
 def elementwise(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
     """Each output axis merges the operand axes aligned with it (numpy rules, right-aligned); an operand
     axis of size 1 broadcast to a larger size, or missing (a scalar), takes no part and is never sharded. A ranged
-    axis stays ranged (:func:`~shardprop.ops.ranges.keep_ranges`): the op reads it row by row."""
+    axis stays ranged (``shardprop.ops.ranges.keep_ranges``): the op reads it row by row."""
     out_shape = ctx.out_avals[0].shape
     rank = len(out_shape)
     if any(operand.spans for operand in operands):  # ranged rows are read row by row: they stay ranged

@@ -161,7 +161,7 @@ class FinishScatter:
     batch all-reduced (``psum``) instead of its rows gathered; a ``segment_max`` / ``segment_prod`` of sharded data
     combined by a ``pmax`` / a product, as ``jax.jit`` does. For operand dtypes of the numpy kinds in ``exact_for``.
     The operand is counted once: taken as a partial sum (zero on the other devices of a group), or — for a product
-    — multiplied in by each group's first device only (:func:`scatter_on_blocks`); a maximum or a minimum takes it
+    — multiplied in by each group's first device only (``scatter_on_blocks``); a maximum or a minimum takes it
     in on every device. Not where a mesh axis would then shard two axes."""
 
     kind: CollectiveKind
@@ -218,7 +218,7 @@ def scatter_on_blocks(node, invals: list, blocks: Blocks) -> list:
     sharded indexed axis whose windows cover part of it (``x.at[2:10].set(v)``) the block is padded by a window's
     length on either side, each window placed where it lands relative to the block (a window the whole axis would
     drop, past the padding), and the block cut back out. An indexed axis a window covers whole is written block by
-    block, the index set to 0 (:func:`_whole_windows_written_at_zero`)."""
+    block, the index set to 0 (``_whole_windows_written_at_zero``)."""
     operand, indices, *rest = invals
     dn = node.params["dimension_numbers"]
     if node.op == "scatter-mul":  # each device's rows multiplied in, a product to finish: the operand counted once
@@ -355,7 +355,7 @@ def finish_gather(decisions, node):
 
 def gather_on_blocks(node, invals: list, blocks: Blocks) -> list:
     """The gather on this device's blocks. A pass-through operand axis (sliced whole) that is sharded is sliced
-    whole *within the block*. An indexed axis that is sharded (:func:`finish_gather`) is looked up locally: each
+    whole *within the block*. An indexed axis that is sharded (``finish_gather``) is looked up locally: each
     index is shifted to the block's start, and the rows whose index falls in another device's block are zero (so
     the sum is exact, but a looked-up -0.0 comes back +0.0, as from jax.jit's lookup: XLA's all-reduce adds from
     +0.0); an index outside the whole axis is clamped (``clip``,

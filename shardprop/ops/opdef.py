@@ -1,4 +1,4 @@
-"""One record per primitive: :class:`OpDef` holds every piece of knowledge shardprop has about a primitive.
+"""One record per primitive: ``OpDef`` holds every piece of knowledge shardprop has about a primitive.
 
     propagate      how shardings flow through it (the propagation pass)
     lineage        which operand elements one box of an output reads (``sp.lineage``, ``sp.explain``)
@@ -8,7 +8,7 @@
                    given its operands whole instead (the split pass cuts or gathers before it)
     pull           which operand layouts give its output in a wanted layout, or None (the ``"auto"`` strategy
                    moves gathers upwards through ops that have one)
-    linear         how a partial sum passes through it (:class:`Linearity`): where it does, a sum's ``psum`` may
+    linear         how a partial sum passes through it (``Linearity``): where it does, a sum's ``psum`` may
                    wait until after it (a loop's carry accumulating gradients keeps its partial sum)
     work           the multiply-adds one device does, given its operand and output blocks — optional, for ops
                    whose work grows faster than their data (contractions, convolutions): the cost model weighs
@@ -17,7 +17,7 @@
                    its operands in — optional, for windowed ops (a convolution, a pooling window) whose output
                    block is computed from the operand's block and its neighbours' edges
     reads_ranges   True for a rule that reads ranged axes (the rows a slice, pad or concatenation along a sharded
-                   axis left each device, :class:`~shardprop.core.layouts.Span`); other rules see them replicated
+                   axis left each device, ``shardprop.core.layouts.Span``); other rules see them replicated
     runs_outside_shard_map   True for a primitive run on whole arrays outside ``shard_map`` (the records of
                    primitives without one of their own); False by default
 
@@ -107,7 +107,7 @@ class OpDef:
     linear: Linearity
     work: Callable[..., float] | None = None
     halo: Callable[..., Any] | None = None
-    # True for the ops whose rule reads ranged axes (:class:`~shardprop.core.layouts.Span`: a slice, a pad, a
+    # True for the ops whose rule reads ranged axes (``shardprop.core.layouts.Span``: a slice, a pad, a
     # concatenation along a sharded axis); every other rule is given them replicated (it reads them whole).
     reads_ranges: bool = False
     # True when the primitive runs on whole arrays in a stage of its own outside ``shard_map`` (a primitive without
@@ -132,7 +132,7 @@ class OpDef:
 
 
 def defs(names: Iterable[str], family: Family, *, linear: Linearity | Mapping[str, Linearity], **pieces) -> list[OpDef]:
-    """One :class:`OpDef` per name, all with the same pieces (a family helper, like JAX's
+    """One ``OpDef`` per name, all with the same pieces (a family helper, like JAX's
     ``defvectorized``); ``linear`` is one for all, or per name (the names it leaves out are not linear)."""
     def linearity(name: str) -> Linearity:
         return linear if isinstance(linear, Linearity) else linear.get(name, Linearity.NONE)

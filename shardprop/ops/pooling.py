@@ -2,10 +2,10 @@
 
 ``reduce_window_*`` keep the sharding of axes whose window is a single element with stride 1 and no padding or
 dilation, and of axes where each device can compute its block of the output from its block and its neighbours'
-edges (a halo, :mod:`.windows`: a SAME pool, a strided pool whose stride divides the block, a VALID 2x2 pool); the
+edges (a halo, ``.windows``: a SAME pool, a strided pool whose stride divides the block, a VALID 2x2 pool); the
 rows past the ends of the array become the reduction's identity (-inf for a maximum). ``select_and_scatter_add``
 and ``select_and_gather_add`` (a max-pool's gradient and tangent) keep the operand's sharding the same way
-(:func:`select_reaches`); trivial windows merge their two operands.
+(``select_reaches``); trivial windows merge their two operands.
 
 Lineage: a window reduction's output reads the windows it covers; a scatter into windows reads the windows that
 overlap the box (sound, not exact).
@@ -61,7 +61,7 @@ def reduce_window(ctx: RuleContext, *operands: TensorSharding, window_dimensions
 
 
 def _rows(size: int, source: Sharded, mesh_shape, out_size: int, window: dict):
-    """:func:`~.windows.window_rows` for an operand axis laid out as ``source`` (ranged, or equal blocks)."""
+    """``.windows.window_rows`` for an operand axis laid out as ``source`` (ranged, or equal blocks)."""
     count = shard_count(mesh_shape, source.mesh_axes)
     span = source.span or (Span(0, size // count) if size % count == 0 else None)
     return None if span is None else window_rows(span, size, count, out_size, **window)
@@ -75,7 +75,7 @@ def _halo_allowed(params, padding) -> bool:
 
 
 def _pool_reaches(params, shape, need, mesh_shape) -> dict[int, tuple[int, int]]:
-    """Axis -> its halo (:func:`~.windows.window_rows`) for each axis with a window that a windowed reduction
+    """Axis -> its halo (``.windows.window_rows``) for each axis with a window that a windowed reduction
     consumes sharded (``need``: its operand's type, ranged or not)."""
     names = ("window_dimensions", "window_strides", "padding", "base_dilation", "window_dilation")
     reaches = {}
@@ -139,12 +139,12 @@ def reduce_window_lineage(ctx: LineageContext, box: Box, output: int, *, window_
 
 
 def select_and_scatter(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
-    """``select_and_scatter_add``: see :func:`select_and_window`."""
+    """``select_and_scatter_add``: see ``select_and_window``."""
     return select_and_window("select_and_scatter_add", ctx, *operands, **params)
 
 
 def select_and_gather(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
-    """``select_and_gather_add``: see :func:`select_and_window`."""
+    """``select_and_gather_add``: see ``select_and_window``."""
     return select_and_window("select_and_gather_add", ctx, *operands, **params)
 
 
@@ -152,7 +152,7 @@ def select_and_window(op: str, ctx: RuleContext, *operands: TensorSharding, wind
                       padding, base_dilation=None, window_dilation=None, **params) -> RuleOutput:
     """Axes with a trivial window merge the two operands and keep the sharding; an axis with a window keeps the
     operand's (the second) where each device can compute its block from its own and its neighbours' edges
-    (:func:`select_reaches`); the others are needed whole."""
+    (``select_reaches``); the others are needed whole."""
     keep = trivial_windows(window_dimensions, window_strides, padding, base_dilation, window_dilation)
     out_shape = ctx.out_avals[0].shape
     first = operands[0]
@@ -200,7 +200,7 @@ def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int,
     """``(first operand's reach, operand's reach)`` (each ``(before, after)``) for a max-pool's derivative along an
     axis of the operand ``size`` long in ``blocks`` even blocks, the windows ``size / stride`` many, or None.
 
-    ``select_and_gather_add`` (tangent, operand -> per window) reads as a pooling window does (:func:`window_reach`).
+    ``select_and_gather_add`` (tangent, operand -> per window) reads as a pooling window does (``window_reach``).
     ``select_and_scatter_add`` (per-window source, operand -> per operand row) computes a device's rows from every
     window that overlaps them: the source's windows before and after its own, and the operand rows those windows
     cover; the rows its windows scatter into its neighbours' rows are the neighbours' to compute. ``windows``: the
@@ -240,7 +240,7 @@ def select_reaches(op: str, size: int, blocks: int, *, window: int, stride: int,
 
 
 def _select_reaches(node, in_shapes, layouts, mesh_shape, spans=(), operand_spans=()):
-    """Axis -> :func:`select_reaches` for each axis with a window the op consumes its operand sharded on (``spans``:
+    """Axis -> ``select_reaches`` for each axis with a window the op consumes its operand sharded on (``spans``:
     the source's, where it is ranged)."""
     names = ("window_dimensions", "window_strides", "padding", "base_dilation", "window_dilation")
     params = [node.params.get(n) for n in names]
@@ -259,7 +259,7 @@ def _select_reaches(node, in_shapes, layouts, mesh_shape, spans=(), operand_span
 
 
 def select_halo(node, in_shapes, needs, mesh_shape):
-    """Both operands of a max-pool's derivative consumed with their halos (:func:`select_reaches`)."""
+    """Both operands of a max-pool's derivative consumed with their halos (``select_reaches``)."""
     reaches = _select_reaches(node, in_shapes, [n.layout for n in needs], mesh_shape, needs[0].span, needs[1].span)
     return (with_halo(needs[0], {k: r[0] for k, r in reaches.items()}),
             with_halo(needs[1], {k: r[1] for k, r in reaches.items()}))

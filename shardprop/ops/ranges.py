@@ -1,5 +1,5 @@
 """Slices, pads and concatenations along a sharded axis: the axis stays sharded, each device keeping the rows of its
-own block — a *ranged* axis (:class:`~shardprop.core.layouts.Span`), as Nx gives every shard a range.
+own block — a *ranged* axis (``shardprop.core.layouts.Span``), as Nx gives every shard a range.
 
 ``x[:, :63]`` of a 64-row axis in 8 blocks leaves device 7 rows 56-62 (and a row of padding), ``x[:, 63:]`` leaves
 device 7 its one row and the others none, ``jnp.pad(x, (3, 0))`` leaves every block where it was, rows 0-2 being zeros
@@ -112,10 +112,10 @@ def slice_(ctx: RuleContext, operand: TensorSharding, *, start_indices, limit_in
 def _stepped(ctx: RuleContext, operand: TensorSharding, k: int, size: int, start: int, stride: int):
     """Output axis ``k`` of ``size`` rows, row ``r`` being operand row ``start + stride * r`` (a strided slice):
     ``(output axis, need layout, need span)``, or None when the operand axis is not laid out over mesh axes. The
-    output is in blocks of :func:`strided_layout`'s rows (equal where they divide it, else ranged); each device picks
+    output is in blocks of ``strided_layout``'s rows (equal where they divide it, else ranged); each device picks
     its block's rows in place where they are its rows of the result (``x[::2]``, ``x[::9]`` of blocks of 8), else
     reads the ``stride`` times as many operand rows its block picks from, realigned there (``x[::3]``: a few rows
-    move; a ``route`` of each device's own picks may replace that: :func:`finish_slice`)."""
+    move; a ``route`` of each device's own picks may replace that: ``finish_slice``)."""
     rows = _rows(ctx, operand, k)
     if rows is None:
         return None
@@ -372,7 +372,7 @@ def finish_concatenate(decisions, node):
 
 
 def _routed(decisions, node, held, mesh_axes, count: int):
-    """The ``route`` finish of :func:`finish_concatenate`, or None: every operand in equal blocks over ``mesh_axes``,
+    """The ``route`` finish of ``finish_concatenate``, or None: every operand in equal blocks over ``mesh_axes``,
     the result too, more than one operand laid out, and the shared rounds moving fewer rows than realigning each."""
     dim = node.params["dimension"]
     lengths = tuple(decisions.graph.avals[v].shape[dim] for v in node.operands)
@@ -391,7 +391,7 @@ def _routed(decisions, node, held, mesh_axes, count: int):
 
 
 def rotation(node, first, length: int) -> int:
-    """How many rows further each device's rows of a concatenation joined in place lie (:func:`finish_concatenate`):
+    """How many rows further each device's rows of a concatenation joined in place lie (``finish_concatenate``):
     its first operand's span offset, around the axis's ``length``; 0 when read realigned."""
     span = first.span_of(node.params["dimension"])
     return (span.offset if span is not None else 0) % length
@@ -399,7 +399,7 @@ def rotation(node, first, length: int) -> int:
 
 def concatenate_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
     """A concatenation's finish geometry: its axis, its rotation (joined in place, ranged: a roll) and, for operands
-    joined in equal blocks, the rounds of its route (:func:`~shardprop.core.steps.route_rounds`)."""
+    joined in equal blocks, the rounds of its route (``shardprop.core.steps.route_rounds``)."""
     dim = node.params["dimension"]
     length = graph.avals[node.outputs[0]].shape[dim]
     mesh_axes = operand_type.layout[dim]
@@ -430,7 +430,7 @@ def strided_picks(held: Span, length: int, start: int, stride: int, size: int, d
 
 class StridedPicks(NamedTuple):
     """How a strided slice's rows lie on the devices holding its operand: per device ``(position, row, count)``
-    (:func:`strided_picks`), the result's ``block``, whether every device's picks are its rows of the result
+    (``strided_picks``), the result's ``block``, whether every device's picks are its rows of the result
     (``in_place``), and otherwise the ``rounds`` of a route carrying them there (None where none can)."""
 
     picks: tuple[tuple[int, int, int], ...]
@@ -441,11 +441,11 @@ class StridedPicks(NamedTuple):
 
 @functools.lru_cache(maxsize=1024)
 def strided_layout(held: Span, length: int, start: int, stride: int, size: int, count: int) -> StridedPicks:
-    """The :class:`StridedPicks` of a strided slice (``size`` rows, row ``r`` being operand row ``start + stride * r``)
+    """The ``StridedPicks`` of a strided slice (``size`` rows, row ``r`` being operand row ``start + stride * r``)
     of an operand axis of ``length`` in ``count`` blocks held as ``held`` says. The result's block is
     ``ceil(size / count)`` rows, or the most rows one device picks where that is more (``x[0:16:3]`` of blocks of 8:
     devices 0 and 1 pick 3 rows each, blocks of 3 are theirs), so that each device's picks fit in a block, in place
-    or routed there (:func:`finish_slice`). A route carries held rows only; the result's rows that are a fill no
+    or routed there (``finish_slice``). A route carries held rows only; the result's rows that are a fill no
     device holds (a pad's) are that fill where they land (no route where some other row is held by no device)."""
     picks = tuple(strided_picks(held, length, start, stride, size, d) for d in range(count))
     every_row = sum(picked for _, _, picked in picks) == size

@@ -29,7 +29,7 @@ from .windows import extreme
 def reduction(ctx: RuleContext, operand: TensorSharding, *, axes, **params) -> RuleOutput:
     """The reduced axes are needed whole (or finished by a collective), the kept axes keep their sharding — a ranged
     one stays ranged when no reduced axis is laid out over mesh axes (a reduction over ranged rows reads them in
-    place when a collective finishes it: :class:`FinishReduction`)."""
+    place when a collective finishes it: ``FinishReduction``)."""
     if operand.spans:
         plain = reduction(ctx, operand.without_ranges(), axes=axes)
         kept = [k for k in range(len(operand.shape)) if k not in set(axes)]

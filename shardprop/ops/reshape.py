@@ -2,7 +2,7 @@
 input axis survives on the group's major output axis when the shard count divides that axis: every block is
 then one contiguous run of the flattened group. Every other axis of the group is needed whole — unless the
 group's mesh axes, major to minor, deal out onto the output axes with every block still one contiguous run
-(:func:`_compound`: ``(2, 4)`` over ``P('x', 'y')`` is ``(8,)`` over ``P(('x', 'y'))``, and back).
+(``_compound``: ``(2, 4)`` over ``P('x', 'y')`` is ``(8,)`` over ``P(('x', 'y'))``, and back).
 
 Lineage: each axis group maps its rows of the output box onto rows of the operand. On blocks:
 ``new_sizes`` becomes the output's block shape.
@@ -150,7 +150,7 @@ def _ranged_reshape(ctx: RuleContext, operand: TensorSharding, out_shape) -> Rul
 
 
 def _element_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
-    """Consecutive axis groups with equal element counts, size-1 axes included (unlike :func:`reshape_groups`,
+    """Consecutive axis groups with equal element counts, size-1 axes included (unlike ``reshape_groups``,
     which only needs the axes that can carry a sharding): ``(8, 6) → (2, 4, 3, 2)`` gives
     ``[([0], [0, 1]), ([1], [2, 3])]``. Within a group, elements keep their row-major order."""
     groups, i, j = [], 0, 0

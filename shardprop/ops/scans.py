@@ -1,10 +1,10 @@
 """Axis-wise scans and sorts need the scanned axis whole; the other axes keep their sharding — except a cumulative
 op (``cumsum``, ``cumprod``, ``cummax``, ``cummin``, ``cumlogsumexp``) under a communication strategy: each device
 scans its own block and one all-gather of the block totals (one row per device) finishes it, each device combining
-the totals of the blocks before it (after it, reversed) into its scan (:func:`finish_cumulative`); the axis stays
+the totals of the blocks before it (after it, reversed) into its scan (``finish_cumulative``); the axis stays
 sharded. ``jax.jit`` gathers the axis. A ``top_k`` along a sharded axis whose blocks hold at least ``k`` is, where
 it moves less than the gather, each block's top-k and an all-gather of the ``k`` candidates per device
-(:func:`finish_top_k`); its output is whole along that axis.
+(``finish_top_k``); its output is whole along that axis.
 
 Lineage: a cumulative op reads the prefix (or, reversed, the suffix) of the scanned axis; a sort reads its
 keys and itself whole along the sorted axis; ``top_k`` reads the whole axis it picks from.
@@ -26,8 +26,8 @@ from .windows import extreme
 
 def cumulative(ctx: RuleContext, operand: TensorSharding, *, axis, **params) -> RuleOutput:
     """Every axis keeps its sharding, the scanned one too: its blocks are scanned alone, and the split pass always
-    finishes them (:func:`finish_cumulative`). A ranged scanned axis (``x[:, 2:50:7]``) stays ranged, each device
-    scanning the rows it holds (the padding masked with the op's identity, :func:`cumulative_block`); another ranged
+    finishes them (``finish_cumulative``). A ranged scanned axis (``x[:, 2:50:7]``) stays ranged, each device
+    scanning the rows it holds (the padding masked with the op's identity, ``cumulative_block``); another ranged
     axis is read whole."""
     plain = operand.without_ranges()
     axes = [ctx.carry(k, n, a) for k, (n, a) in enumerate(zip(plain.shape, plain.axes, strict=True))]
@@ -67,7 +67,7 @@ _IDENTITY = {"cumsum": lambda dtype: 0, "cumprod": lambda dtype: 1,
 
 def finish_cumulative(decisions, node):
     """A cumulative op whose scanned axis its rule keeps sharded: each device scans its block, and the prefix of the
-    block totals (:class:`~shardprop.core.collectives.CollectiveKind` ``PREFIX``) finishes it — under every
+    block totals (``shardprop.core.collectives.CollectiveKind`` ``PREFIX``) finishes it — under every
     strategy (the rule relies on it)."""
     axis = node.params["axis"]
     (need,) = decisions.needs(node.id)
@@ -115,7 +115,7 @@ def top_k(ctx: RuleContext, operand: TensorSharding, *, k, axis=-1, **params) ->
 
 def finish_top_k(decisions, node):
     """A top-k along a sharded axis, each block holding at least ``k``: each device takes its block's ``k`` best (the
-    indices offset to the whole axis, :func:`top_k_block`) and a ``top_k`` finish all-gathers those candidates and
+    indices offset to the whole axis, ``top_k_block``) and a ``top_k`` finish all-gathers those candidates and
     takes the ``k`` best of them — ``count * k`` values and indices move, not the axis."""
     (x,) = node.operands
     (need,) = decisions.needs(node.id)

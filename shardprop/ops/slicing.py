@@ -1,5 +1,5 @@
 """Slicing ops at an offset or by pieces: rev, split, dynamic_slice, dynamic_update_slice (slice, pad and
-concatenate, which keep a sharded axis as ranges, are :mod:`.ranges`).
+concatenate, which keep a sharded axis as ranges, are ``.ranges``).
 
 An axis the op takes whole and unchanged keeps its sharding; a reversed axis too (each device reverses its block
 and sends it to its mirror device); the pieces of a ``split`` are cut by each device from the whole axis (it starts
@@ -37,7 +37,7 @@ def _scalar_needs(operands) -> tuple:
 
 def rev(ctx: RuleContext, operand: TensorSharding, *, dimensions, **params):
     """Axes not reversed keep their sharding; so does a reversed one: each device reverses its block, which its
-    mirror device should hold, and a permute sends it there (:func:`finish_rev`, under every strategy)."""
+    mirror device should hold, and a permute sends it there (``finish_rev``, under every strategy)."""
     axes = tuple(ctx.carry_reversed(k, n, a) if k in dimensions and isinstance(a, Sharded) else
                  (None if k in dimensions else ctx.carry(k, n, a))
                  for k, (n, a) in enumerate(zip(operand.shape, operand.axes, strict=True)))
@@ -66,7 +66,7 @@ def dynamic_slice(ctx: RuleContext, operand: TensorSharding, *indices: TensorSha
 
 def finish_dynamic_slice(decisions, node):
     """A slice at an offset along a sharded axis: each device cuts the rows of the slice that lie in its block (zeros
-    elsewhere, :func:`dynamic_slice_block`) and a ``psum`` over the axis's mesh axes adds them up — the slice, not
+    elsewhere, ``dynamic_slice_block``) and a ``psum`` over the axis's mesh axes adds them up — the slice, not
     the operand, moves. Not for booleans (no sum)."""
     graph = decisions.graph
     operand = node.operands[0]
@@ -91,7 +91,7 @@ def finish_dynamic_slice(decisions, node):
 
 def dynamic_slice_block(node, invals, blocks: Blocks) -> list:
     """The slice on this device's block. An axis sliced whole is cut to the block. Along an axis the slice takes
-    part of and the operand is sharded on (a partial sum, :func:`finish_dynamic_slice`), the block is padded by the
+    part of and the operand is sharded on (a partial sum, ``finish_dynamic_slice``), the block is padded by the
     slice's length on either side and the slice cut where it lands relative to the block: the rows of other
     devices' blocks come out as zeros (the psum turns a -0.0 of the slice into +0.0). The start is clamped over the
     whole axis, as ``lax.dynamic_slice`` does."""
@@ -170,7 +170,7 @@ def dynamic_update_slice_block(node, invals, blocks: Blocks) -> list:
 
 
 def split(ctx: RuleContext, operand: TensorSharding, *, sizes, axis, **params):
-    """Along a sharded axis each piece stays in place, ranged (:func:`.ranges.split_in_place`: the transpose of a
+    """Along a sharded axis each piece stays in place, ranged (``.ranges.split_in_place``: the transpose of a
     concatenation, such as a roll's gradient). Along a whole axis each piece's split axis is *created*: it adopts
     what it meets, and each device cuts its own block of the piece out of the whole axis. The other axes keep their
     sharding."""

@@ -77,7 +77,7 @@ def window_rows(span: Span, size: int, blocks: int, out_size: int, *, window: in
 def summed_window_reach(size: int, window_size: int, blocks: int, out_size: int, *, stride: int,
                         padding: tuple[int, int], dilation: int = 1, base_dilation: int = 1,
                         window_span: Span | None = None) -> tuple[int, int] | None:
-    """:func:`window_reach` for a convolution whose *window* axis (the kernel's, ``window_size`` long) is sharded like
+    """``window_reach`` for a convolution whose *window* axis (the kernel's, ``window_size`` long) is sharded like
     the input axis it slides over (``size`` long), both cut in ``blocks`` even blocks: each device sums the products
     of its part of the window over every output position — the kernel gradient of a spatially sharded convolution
     (its result a partial sum, finished by a ``psum``). Needs the window's blocks ``dilation`` apart to start where
@@ -200,7 +200,7 @@ def trivial_windows(window_dimensions, window_strides, padding, base_dilation=No
 
 
 def window_of(k, window_dimensions, window_strides, padding, base_dilation, window_dilation) -> dict:
-    """Axis ``k``'s window of a windowed reduction (for :func:`window_reach`)."""
+    """Axis ``k``'s window of a windowed reduction (for ``window_reach``)."""
     return dict(window=window_dimensions[k], stride=window_strides[k], padding=tuple(padding[k]),
                 dilation=(window_dilation or (1,) * len(window_dimensions))[k],
                 base_dilation=(base_dilation or (1,) * len(window_dimensions))[k])

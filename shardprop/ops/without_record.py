@@ -1,6 +1,6 @@
 """The primitives of the installed JAX that have no record here, and why.
 
-Every primitive JAX defines is either one with a record (:func:`shardprop.ops.table`), a call the tracer
+Every primitive JAX defines is either one with a record (``shardprop.ops.table``), a call the tracer
 inlines (``jax_adapter.INLINED_CALLS``) or folds (``jax_adapter.FOLDED_AT_TRACE``), or listed here with the
 reason it has no record. Those listed get the conservative record if they ever appear (every operand
 gathered, outputs replicated, a ``FallbackWarning``) and run in a stage of their own outside ``shard_map``, on

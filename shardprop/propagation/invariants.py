@@ -1,4 +1,4 @@
-"""The invariants of a :class:`ShardedGraph` (checked when ``shardprop.checks`` is enabled).
+"""The invariants of a ``ShardedGraph`` (checked when ``shardprop.checks`` is enabled).
 
 * every value has a sharding of its shape, with no open or created axis left;
 * every sharded axis is divisible by its shard count and has that many equal, contiguous shards (when

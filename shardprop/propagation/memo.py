@@ -1,10 +1,10 @@
 """What propagation's walks reuse from one another: the rules' results, across walks that make no shards
-(``propagate(memo=)``); and whole walks, across the settings of one view set (:class:`Variants`).
+(``propagate(memo=)``); and whole walks, across the settings of one view set (``Variants``).
 
 In a walk without shards (``lineage=False``: the first walk of every propagation, the layout search's screens) a
 rule is a function of its node and its operands' layouts — and, where an operand axis is *open* (an unannotated
 argument's, a broadcast's, an iota's: it adopts what it meets), of the calls it makes on the walk's
-:class:`~shardprop.core.rules.OpenTracker` (merging open axes, asking one for a layout). Such an open axis flows
+``shardprop.core.rules.OpenTracker`` (merging open axes, asking one for a layout). Such an open axis flows
 through every elementwise op that meets only replicated axes (a causal mask's through the whole attention, forward
 and back), so most nodes of a first walk see one.
 
@@ -50,8 +50,8 @@ def memo_key(node_id: int, operands: list[TensorSharding]) -> tuple[tuple, list[
 
 class Recording:
     """The walk's tracker as one rule call on open axes sees it: each call passed on, and logged with every open axis
-    named by its place in :attr:`made` (the operands' open axes, then what each merge returned), to be replayed
-    (:func:`replay`). ``replayable`` turns False where the rule hands the tracker an open axis not named so, or
+    named by its place in ``made`` (the operands' open axes, then what each merge returned), to be replayed
+    (``replay``). ``replayable`` turns False where the rule hands the tracker an open axis not named so, or
     asks it anything else."""
 
     def __init__(self, tracker: OpenTracker, opens: list[Open]):

@@ -1,4 +1,4 @@
-"""The product of propagation: a graph whose every value has a :class:`TensorSharding`."""
+"""The product of propagation: a graph whose every value has a ``TensorSharding``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..core.types import ValueType, held_whole, type_string
 
 
 class RuleName(StrEnum):
-    """What :attr:`ShardedGraph.rules` says of a node that no primitive's own rule sharded."""
+    """What ``ShardedGraph.rules`` says of a node that no primitive's own rule sharded."""
 
     INPUT_SPEC = "input spec"                # an argument laid out by its PartitionSpec
     UNANNOTATED_INPUT = "unannotated input"  # an argument whose spec was None: it adopted what it met
@@ -35,7 +35,7 @@ class ShardedGraph:
 
     ``needs[node_id][i]`` is the layout in which node ``node_id`` consumes its ``i``-th operand; where it is
     coarser than the operand's own layout the data must be gathered (the split pass cuts there).
-    ``rules[node_id]`` names the rule that sharded the node (``family.function``, or a :class:`RuleName`);
+    ``rules[node_id]`` names the rule that sharded the node (``family.function``, or a ``RuleName``);
     ``fallbacks`` are the nodes that had no rule and got the conservative one.
     """
 
@@ -54,7 +54,7 @@ class ShardedGraph:
     adoptions: Mapping[tuple[int, int], int] = field(default_factory=dict)
     # Fallbacks caused by something inside a sub-computation: node id -> what (a body primitive and its line).
     fallback_causes: Mapping[int, str] = field(default_factory=dict)
-    # Nodes that consume ranged rows (:class:`~shardprop.core.layouts.Span`): node id -> per operand, per axis, the
+    # Nodes that consume ranged rows (``shardprop.core.layouts.Span``): node id -> per operand, per axis, the
     # ``(mesh axes, span)`` it reads that axis in, or None (``needs`` says () there: no equal blocks).
     need_spans: Mapping[int, tuple] = field(default_factory=dict)
     # True for a body (a loop's, a cond's): its inputs arrive in the blocks their shardings say, ranged ones too (a
@@ -86,12 +86,12 @@ class ShardedGraph:
 
     @cached_property
     def out_specs(self) -> tuple[PartitionSpec, ...]:
-        """The spec every flat output comes back in (:meth:`output_layout`)."""
+        """The spec every flat output comes back in (``output_layout``)."""
         return tuple(layout_to_spec(self.output_layout(k)) for k in range(len(self.graph.outputs)))
 
     def output_layout(self, k: int) -> Layout:
-        """The layout output ``k`` comes back in: its value's :meth:`returned_layout`, or sliced further where it
-        mirrors an argument (:attr:`returned_sliced`; one value returned as two outputs may be sliced two ways)."""
+        """The layout output ``k`` comes back in: its value's ``returned_layout``, or sliced further where it
+        mirrors an argument (``returned_sliced``; one value returned as two outputs may be sliced two ways)."""
         mirrored = self.returned_sliced.get(k)
         return mirrored if mirrored is not None else self.returned_layout(self.graph.outputs[k])
 

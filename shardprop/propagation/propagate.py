@@ -1,7 +1,7 @@
 """``propagate(graph, in_specs, mesh=mesh) -> ShardedGraph``: the shard propagation pass.
 
 Walks the graph in order and applies each node's sharding rule (the ``propagate`` piece of its primitive's
-record, :func:`shardprop.ops.lookup`). Unannotated inputs (spec
+record, ``shardprop.ops.lookup``). Unannotated inputs (spec
 ``None``) and axes created by broadcasts start *open* and adopt the sharding they first meet; this takes
 two walks: the first learns what every open axis meets, the second runs with those choices fixed and builds
 the real shards. An open axis that met nothing, or several different shardings, is replicated — replicated
@@ -54,7 +54,7 @@ def flat_in_specs(in_specs: Any, graph: Graph, is_leaf: Callable[[Any], bool] = 
 
 
 def flat_specs_of_tree(in_specs: Any, in_tree: Any, is_leaf: Callable[[Any], bool] = is_spec) -> list[Any]:
-    """:func:`flat_in_specs` for arguments of pytree structure ``in_tree`` (before they are traced)."""
+    """``flat_in_specs`` for arguments of pytree structure ``in_tree`` (before they are traced)."""
     n = in_tree.num_leaves
     if is_leaf(in_specs):
         return [in_specs] * n
@@ -104,9 +104,17 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     ``adopt=False`` replicates every axis nothing annotates (a broadcast's, an unannotated argument's) rather than
     letting it adopt what it meets: one walk rather than two (the layout search's rough screen).
 
-    >>> sg = propagate(trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)   # doctest: +SKIP
-    >>> sg.in_specs                                                                       # doctest: +SKIP
-    (PartitionSpec('i', 'j'), PartitionSpec('i', 'j'))
+    Examples:
+        >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
+        >>> x = jnp.ones((16, 8))
+        >>> sg = sp.propagate(sp.trace(lambda a, b: a + b, x, x), (P("i", "j"), None), mesh=mesh)
+        >>> print(sg)
+        { lambda ;
+            a:f32[16@i,8@j]   # a
+            b:f32[16@i,8@j]   # b
+          let
+            c:f32[16@i,8@j] = add a b   # <doctest ...>:1
+          in (c,) }
     """
     if conflicts not in CONFLICT_MODES:
         raise OptionError(f"conflicts={conflicts!r}: expected one of {CONFLICT_MODES}")
@@ -134,7 +142,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
 
 
 def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None:
-    """One :class:`ReshardWarning` per conflict resolved, at the user's line, carrying the conflict — those inside
+    """One ``ReshardWarning`` per conflict resolved, at the user's line, carrying the conflict — those inside
     loop and branch bodies too (moved there on every iteration)."""
     for node_id, bodies in sorted(sharded.bodies.items()):
         node = graph.nodes[node_id]
@@ -173,7 +181,7 @@ def move_cost(aval, have: Layout, need: Layout, mesh_shape) -> float:
 
 
 def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
-    """One :class:`FallbackWarning` per primitive that fell back in this program, attributed to the user's line
+    """One ``FallbackWarning`` per primitive that fell back in this program, attributed to the user's line
     of its first use (so that Python's warning filters, and the printed location, name the user's code)."""
     uses: dict[str, list[Node]] = {}
     for node_id in sorted(fallbacks):
@@ -194,7 +202,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                       price: Callable[[ShardedGraph], float] | None = None,
                       backward: bool | str = True, lineage: bool = True,
                       memo: dict | None = None, adopt: bool = True) -> ShardedGraph:
-    """:func:`propagate` from validated input layouts (None: unannotated); no warnings. Rules use it to
+    """``propagate`` from validated input layouts (None: unannotated); no warnings. Rules use it to
     shard sub-computations such as scan bodies. ``price`` gives the bytes a candidate moves (the backward pass's
     layouts against the forward walk's); without it, the bytes of the nodes' operand moves. ``backward=False``
     keeps the forward walk's layouts (a loop's or a branch's body: its candidates would need the loop's price, per
@@ -311,7 +319,7 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
     ``conflicts`` says (the backward pass priced them: moving there is the cheapest way). ``adopt=False``: one walk,
     every open axis replicated (nothing for a first walk to learn). ``variants``: the earlier calls with these
-    arguments but other ``adopt_shared`` and ``adopt_returned`` (:class:`Variants`): a call they show to make the
+    arguments but other ``adopt_shared`` and ``adopt_returned`` (``Variants``): a call they show to make the
     product one of them made returns that product, unwalked."""
     mesh_shape = dict(mesh.shape)
     if not adopt:
@@ -489,7 +497,7 @@ class _Walk:
 
     def _view_returned(self) -> None:
         """The created axes of a returned value take the layout the backward pass asks for it (it mirrors an
-        argument: uses.py), as a use's view asks its operand's (:meth:`_viewed`): no node reads it to ask."""
+        argument: uses.py), as a use's view asks its operand's (``_viewed``): no node reads it to ask."""
         # a value returned as several outputs mirroring differently laid out arguments adopts, per axis, what all their
         # layouts start with: each output is then its slice, free (adopting one's finer layout would make the others
         # gather it)

@@ -9,8 +9,8 @@ operand than the result) — and if so asks the producer's operands the same, an
 at the op of the chain where it costs least, not at the op that found it.
 
 The answer is a set of *views*: ``(node, operand) -> layout``, the layout in which the node is to take that
-operand. Propagation runs once more with them (:func:`shardprop.propagation.propagate`); each view is priced by the
-one move model (:func:`~shardprop.core.moves.move_bytes`).
+operand. Propagation runs once more with them (``shardprop.propagation.propagate``); each view is priced by the
+one move model (``shardprop.core.moves.move_bytes``).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def wanted_views(sharded: ShardedGraph, *, optimistic: bool = False, exchanges: 
     elementwise use as held, a product sliced) in the finest of them: the others then read it sliced too, which
     changes what they make (priced by the plan, not here). ``memo``: a dict kept between calls on one graph and mesh
     (``propagate(memo=)``'s), remembering how each node could produce its value otherwise, where no shards were
-    made (:func:`_produce_as_remembered`)."""
+    made (``_produce_as_remembered``)."""
     graph, mesh_shape = sharded.graph, sharded.mesh_shape
     consumers: list[list[tuple[int, int]]] = [[] for _ in graph.avals]
     for node in graph.nodes:
@@ -348,7 +348,7 @@ def _slices_free(held: Layout, need: Layout) -> bool:
 
 
 def _produce_as_remembered(sharded: ShardedGraph, node, target: Layout, exchanges: bool, memo: dict | None):
-    """:func:`_produce_as`, from ``memo`` where a backward pass asked it before of the node, its operands, its value
+    """``_produce_as``, from ``memo`` where a backward pass asked it before of the node, its operands, its value
     and its operands' needs laid out alike, in a walk without shards (what it reads is then their layouts, and which
     operand the walk moved to resolve a conflict)."""
     if memo is None:
@@ -379,7 +379,7 @@ def _axes_key(sharding: TensorSharding) -> tuple | None:
 def _produce_as(sharded: ShardedGraph, node, target: Layout,
                 exchanges: bool) -> tuple[float, list[Layout | None], bool] | None:
     """How ``node`` could produce its value in ``target``: (bytes its operands' moves cost beyond what they cost now,
-    per operand the layout to take it in or None where unchanged, whether that is a choice — :func:`_is_choice`);
+    per operand the layout to take it in or None where unchanged, whether that is a choice — ``_is_choice``);
     None when no such operand layouts exist."""
     rule = lookup(node.op)
     if rule.finish is not None and rule.family not in _FINISHED_AS_TAKEN and node.op != _CONVOLUTION:

@@ -1,21 +1,21 @@
 """The layout search: the ``sp.AUTO`` arguments' layouts that make the cheapest plan within a memory limit.
 
 Every candidate is priced by the pipeline itself — propagate, split, and the cost model (bytes moved and work,
-:func:`~shardprop.splitting.cost.price`; memory, :func:`~shardprop.splitting.cost.footprint`) — so the search sees
+``shardprop.splitting.cost.price``; memory, ``shardprop.splitting.cost.footprint``) — so the search sees
 what the compiled program will move. It is a coordinate descent over decision groups (an argument and the arguments
-shaped like it further down its path, :func:`~.space.decision_groups`):
+shaped like it further down its path, ``.space.decision_groups``):
 
 1. starts: every searched argument adopting what it meets (as an unannotated argument does), and the layouts an
-   expert would write (:func:`~.space.expert_seeds`: data parallel, FSDP, Megatron, Megatron with FSDP);
-2. from the cheapest start (:data:`DESCENTS`), each group tries its layouts — the :data:`PREFILTER` the rough screen
+   expert would write (``.space.expert_seeds``: data parallel, FSDP, Megatron, Megatron with FSDP);
+2. from the cheapest start (``DESCENTS``), each group tries its layouts — the ``PREFILTER`` the rough screen
    (the forward walk's operand moves, no split) ranks first — keeping a change only when the plan gets strictly
    cheaper (fitting the limit first): first with the layers of a stack tied (one layout per bundle,
-   :func:`~.space.tied`), then — under a memory limit, for a few layers alike — each on its own; then the small
+   ``.space.tied``), then — under a memory limit, for a few layers alike — each on its own; then the small
    arguments (biases, norms' scales) adopt what they meet, all in one plan, where that is cheaper;
 3. the descent screens with a quick propagation (one setting of its backward pass) that makes no shards, its walks
    sharing the rules' results and the backward pass's trials (``propagate(memo=)``: a candidate re-runs the rules
    only where its layouts differ); the cheapest assignment it saw is priced as ``autoshard``
-   builds it and chosen — under a memory limit, the cheapest (:data:`FINALISTS_LIMITED`), then the two leanest, are
+   builds it and chosen — under a memory limit, the cheapest (``FINALISTS_LIMITED``), then the two leanest, are
    priced so and compiled in turn, and the first whose compiled program fits is chosen.
 
 Groups and layouts are tried in a fixed order and a tie keeps the earlier, so the choice is the same on every run and
@@ -93,7 +93,7 @@ class Alternative:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """What the search chose and why. ``chosen`` is the winning :class:`Candidate`; ``searched`` the flat
+    """What the search chose and why. ``chosen`` is the winning ``Candidate``; ``searched`` the flat
     arguments it decided (``leaves[k].path`` names them); ``groups`` the arguments decided together (led by their
     first); ``finalists`` the whole assignments priced in full at the end, cheapest first; ``bound`` a price no
     layout can beat (no byte moved, every device doing an equal share of the work), so ``gap`` is how far the choice
@@ -262,12 +262,12 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
 
     The descent screens layouts with a quick propagation (one setting of its backward pass); the best assignment it
     saw is then priced as ``autoshard`` builds it and chosen. With a limit, the cost model's footprint screens;
-    ``compiled_memory`` (the compiled memory of a plan) has the last word: the :data:`FINALISTS_LIMITED` cheapest
-    screened, then the two leanest, are priced in full in turn, each within :data:`SLACK` of the limit is compiled
-    (at most :data:`COMPILED_CHECKS` of the cheapest), and the first within the limit is chosen.
-    ``keyword_form``: the program was traced on ``(args, kwargs)`` (see :func:`~.space.leaves_of`); ``donated``: the
+    ``compiled_memory`` (the compiled memory of a plan) has the last word: the ``FINALISTS_LIMITED`` cheapest
+    screened, then the two leanest, are priced in full in turn, each within ``SLACK`` of the limit is compiled
+    (at most ``COMPILED_CHECKS`` of the cheapest), and the first within the limit is chosen.
+    ``keyword_form``: the program was traced on ``(args, kwargs)`` (see ``.space.leaves_of``); ``donated``: the
     argument leaves the program donates (their buffers may hold outputs).
-    Raises :class:`~shardprop.MemoryLimitError` when no layout found fits, :class:`~shardprop.SearchError` when
+    Raises ``shardprop.MemoryLimitError`` when no layout found fits, ``shardprop.SearchError`` when
     ``strict=True`` refuses every layout weighed."""
     started = time.perf_counter()
     leaves = leaves_of(graph, keyword_form)
@@ -382,8 +382,8 @@ def _compiled_within(cheapest: list[Candidate], leanest: list[Candidate], limit:
                      compiled_memory, leaves, searched) -> tuple[Candidate, tuple[Candidate, ...]]:
     """The first of the screen's ``cheapest`` assignments, then of its ``leanest``, whose compiled program fits
     ``limit``, and every assignment priced in full on the way, cheapest first. Each is priced as ``autoshard`` builds
-    it; one of the cheapest is compiled when its footprint is within :data:`SLACK` of the limit (at most
-    :data:`COMPILED_CHECKS` of them), the leanest whatever their footprint (the model errs both ways)."""
+    it; one of the cheapest is compiled when its footprint is within ``SLACK`` of the limit (at most
+    ``COMPILED_CHECKS`` of them), the leanest whatever their footprint (the model errs both ways)."""
     priced: list[Candidate] = []
     checked: list[Candidate] = []
 

@@ -1,7 +1,7 @@
 """The cost model: what a plan's moves and collectives cost, in one place.
 
 Everything that counts bytes — the strategies choosing between a gather and a collective, the listing and the
-stage table, ``Program.estimated_communication()`` — builds :class:`~shardprop.core.transfers.Transfer`s here
+stage table, ``Program.estimated_communication()`` — builds ``shardprop.core.transfers.Transfer``s here
 and sums their ``moved_bytes``.
 """
 
@@ -26,7 +26,7 @@ from .ir import Compute, Ref, reads, results, transfers_of
 
 def move_transfers(view: Decisions, value: int, have: ValueType, want: ValueType) -> tuple[Transfer, ...]:
     """The collectives that bring ``value`` from type ``have`` to type ``want``, as planned
-    (:func:`~shardprop.core.moves.plan_move`: gathers, all-to-alls, permutes, a psum or a reduce-scatter of a
+    (``shardprop.core.moves.plan_move``: gathers, all-to-alls, permutes, a psum or a reduce-scatter of a
     partial sum; local slices and taking a value once cost nothing)."""
     aval = view.graph.avals[value]
     return planned_transfers(aval.shape, aval.dtype, have, want, view.mesh_shape)
@@ -52,7 +52,7 @@ MACS_PER_BYTE = 8.0
 
 def whole_work(graph) -> float:
     """The multiply-adds of ``graph`` run whole on one device, in bytes' worth: spread evenly over ``n`` devices with
-    no byte moved, ``whole_work(graph) / n`` is a price no plan beats (:func:`price`)."""
+    no byte moved, ``whole_work(graph) / n`` is a price no plan beats (``price``)."""
     total = 0.0
     for node in graph.nodes:
         work = lookup(node.op).work if has_record(node.op) else None
@@ -64,7 +64,7 @@ def whole_work(graph) -> float:
 
 def compute_bytes(view: Decisions, node: Node, needs: tuple[ValueType, ...] | None = None) -> float:
     """The multiply-adds one device does for ``node`` with its operands in ``needs`` (default: as ``view`` says),
-    in bytes' worth (:data:`MACS_PER_BYTE`); 0 for ops whose record has no ``work`` piece."""
+    in bytes' worth (``MACS_PER_BYTE``); 0 for ops whose record has no ``work`` piece."""
     work = lookup(node.op).work
     if work is None:
         return 0.0
@@ -79,7 +79,7 @@ def compute_bytes(view: Decisions, node: Node, needs: tuple[ValueType, ...] | No
 def finishing_types(view: Decisions, node: Node, collective: Collective,
                     outputs: tuple[int, ...] | None = None, needs=None) -> list[tuple[int, ValueType, ValueType]]:
     """``(value, computed, held)`` for each output ``collective`` finishes: each device computes its partial result
-    laid out as propagation said (ranged where the finish keeps it: :meth:`Decisions.finished_types`), the
+    laid out as propagation said (ranged where the finish keeps it: ``Decisions.finished_types``), the
     collective combines them into the type the plan holds the value in (whole; a reduce-scatter's finer). The
     outputs are ``outputs`` (positions) if given, else those ``view`` records as computed partial (a loop finishes
     only the carries it kept partial), else all (a collective being weighed, the node reading its operands in
@@ -96,9 +96,9 @@ def finishing_types(view: Decisions, node: Node, collective: Collective,
 
 def collective_transfers(view: Decisions, node: Node, collective: Collective,
                          outputs: tuple[int, ...] | None = None, needs=None) -> list[Transfer]:
-    """The collectives that finish ``node`` (see :func:`finishing_types`): a sum's move (an all-reduce or a
+    """The collectives that finish ``node`` (see ``finishing_types``): a sum's move (an all-reduce or a
     reduce-scatter), a maximum's, minimum's or arg-extreme's all-reduces
-    (:func:`~shardprop.core.collectives.finish_transfers`)."""
+    (``shardprop.core.collectives.finish_transfers``)."""
     graph = view.graph
     out = []
     for v, computed, held in finishing_types(view, node, collective, outputs, needs):
@@ -114,20 +114,20 @@ def collective_transfers(view: Decisions, node: Node, collective: Collective,
 
 def collective_bytes(view: Decisions, node: Node, collective: Collective,
                      outputs: tuple[int, ...] | None = None, needs=None) -> float:
-    """Bytes one device moves in the collectives that finish ``node`` (see :func:`collective_transfers`)."""
+    """Bytes one device moves in the collectives that finish ``node`` (see ``collective_transfers``)."""
     return total_moved(collective_transfers(view, node, collective, outputs, needs))
 
 
 def estimate(plan) -> list[Transfer]:
-    """The cost model's view of a :class:`~shardprop.Plan` before compiling: every move and finishing collective of
+    """The cost model's view of a ``shardprop.Plan`` before compiling: every move and finishing collective of
     its IR, stage by stage, a loop body's once per iteration."""
     return [t for stage in plan.stages for t in instructions_transfers(stage.instructions)]
 
 
 def price(plan) -> float:
     """What a plan costs, as layouts are chosen by it (propagation's candidates, the split's strategies): the bytes per
-    device its moves and finishes send (:func:`estimate`) plus the work each device does in its contractions and
-    convolutions, in bytes' worth (:func:`compute_bytes`) — a layout that gathers a batch saves an all-reduce but
+    device its moves and finishes send (``estimate``) plus the work each device does in its contractions and
+    convolutions, in bytes' worth (``compute_bytes``) — a layout that gathers a batch saves an all-reduce but
     makes every device repeat the whole matmul."""
     work = sum(compute_bytes(plan, node) for node in plan.graph.nodes
                if has_record(node.op) and lookup(node.op).work is not None)
@@ -152,7 +152,7 @@ def instructions_transfers(instructions) -> list[Transfer]:
 
 
 def body_transfers(view: Decisions, node_id: int) -> list[Transfer]:
-    """What the bodies of a loop or a cond move (see :func:`instructions_transfers`), as decided in ``view``."""
+    """What the bodies of a loop or a cond move (see ``instructions_transfers``), as decided in ``view``."""
     plans = view.body_plans(node_id)
     if not plans:
         return []
@@ -191,7 +191,7 @@ def ref_bytes(graph, ref: Ref, mesh_shape) -> int:
 
 
 def footprint(plan, donated: tuple[int, ...] = ()) -> Footprint:
-    """The per-device memory of ``plan`` (:class:`Footprint`): arguments and outputs as they are laid out, and the
+    """The per-device memory of ``plan`` (``Footprint``): arguments and outputs as they are laid out, and the
     peak of the values live in between, walking the stages' IR in order (a value is live from the instruction that
     makes it to its last reader; a loop's or a cond's body adds its own peak while it runs). XLA schedules and
     reuses buffers differently (it fuses more, or combines all-reduces and keeps their operands live together), so

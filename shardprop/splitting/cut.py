@@ -9,7 +9,7 @@ A partial value never crosses a stage boundary: the nodes of a chain whose psum 
 finishes it.
 
 A stage receives each value as it was made (an argument in its spec, a value as an earlier stage holds it, or as
-an earlier stage already moved it) and moves it inside its own ``shard_map`` (:mod:`.emit`): no layout change is
+an earlier stage already moved it) and moves it inside its own ``shard_map`` (``.emit``): no layout change is
 left to XLA between stages. A primitive without a record runs outside ``shard_map``, on whole arrays, in a stage
 after its level's ``shard_map`` stage, which brings its operands whole.
 

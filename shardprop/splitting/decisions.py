@@ -1,16 +1,16 @@
 """The plan view: for every node, the types it consumes its operands in and the collective that finishes it; for
 every value, the type it is computed in and the type it is held in.
 
-A type (:class:`~shardprop.core.types.ValueType`) is a layout and the mesh axes over which the value is still an
+A type (``shardprop.core.types.ValueType``) is a layout and the mesh axes over which the value is still an
 unreduced partial sum: every fact about partial sums lives there. A sum finished by a ``psum`` is *computed*
 partial and *held* whole; a sum whose ``psum`` waits for a later, smaller value (or for the end of a loop) is held
 partial, and its consumers consume it partial; an operand a sum must count once is consumed partial although it is
 held whole (each group takes it on its first device); a reduce-scatter's result is held finer than it is computed.
 
-Propagation answers first (:attr:`ShardedGraph.needs`, :meth:`ShardedGraph.layout`: everything whole); a
-communication strategy revises some answers. :class:`Decisions` holds propagation's product and the revisions, and
+Propagation answers first (``ShardedGraph.needs``, ``ShardedGraph.layout``: everything whole); a
+communication strategy revises some answers. ``Decisions`` holds propagation's product and the revisions, and
 answers with the revised type where there is one — the one place those questions are answered. The strategies
-take one ``Decisions`` and return the next; :class:`~shardprop.splitting.plan.Plan` is the last one, with its
+take one ``Decisions`` and return the next; ``shardprop.splitting.plan.Plan`` is the last one, with its
 stages::
 
     plan.needs(node_id)        # operand types, in operand order
@@ -72,7 +72,7 @@ class Decisions:
         return self._needs[node_id]
 
     def need_layouts(self, node_id: int) -> tuple[Layout, ...]:
-        """The layouts of :meth:`needs`, their ranged axes whole (as :meth:`layout`: what a revision built from them
+        """The layouts of ``needs``, their ranged axes whole (as ``layout``: what a revision built from them
         may ask for)."""
         return tuple(need.even_layout for need in self.needs(node_id))
 
@@ -81,7 +81,7 @@ class Decisions:
         return self._types[value]
 
     def layout(self, value: int) -> Layout:
-        """The layout of :meth:`type`, its ranged axes whole: the axes held in equal blocks, which a need built from it
+        """The layout of ``type``, its ranged axes whole: the axes held in equal blocks, which a need built from it
         may ask for (a ranged axis is read whole unless a rule reads its ranges)."""
         return self._types[value].even_layout
 
@@ -113,7 +113,7 @@ class Decisions:
     def rule_needs(self, node_id: int) -> tuple[ValueType, ...]:
         """The types node ``node_id``'s rule reads its operands in, with the ranged rows it reads: propagation's
         answer, whatever a strategy revised (a finish that reads them alike keeps the node's ranged results:
-        :meth:`finished_types`)."""
+        ``finished_types``)."""
         needs = whole(self.sharded.needs[node_id])
         per_operand = self.sharded.need_spans.get(node_id)
         if per_operand is None:
@@ -182,7 +182,7 @@ class Decisions:
 
     def output_type(self, k: int) -> ValueType:
         """The type the program returns output ``k`` in: as its value is held — or sliced further where it mirrors an
-        argument (:attr:`~shardprop.propagation.ShardedGraph.returned_sliced`: a free slice of the value, which its
+        argument (``shardprop.propagation.ShardedGraph.returned_sliced``: a free slice of the value, which its
         readers take as it is held)."""
         if k in self.sharded.returned_sliced and not self.sharded.is_body:
             return ValueType(self.sharded.returned_sliced[k])
@@ -206,7 +206,7 @@ class Decisions:
                    for n, m, span in zip(shape, ranged.layout, ranged.span, strict=True))
 
     def _returned_type(self, value: int) -> ValueType:
-        """How a value the program returns is held (:meth:`~shardprop.propagation.ShardedGraph.returned_layout`); a
+        """How a value the program returns is held (``shardprop.propagation.ShardedGraph.returned_layout``); a
         body's output ranged otherwise than a carry is held whole along it, as the op takes it (``out_layouts``)."""
         if self.sharded.is_body:
             return held_whole(self.sharded.layout(value))
@@ -261,7 +261,7 @@ class Decisions:
 
 @dataclass(frozen=True, eq=False)
 class BodyPlan:
-    """A body (:class:`~shardprop.core.rules.Body`) with the decisions made for it: which of its sums are finished
+    """A body (``shardprop.core.rules.Body``) with the decisions made for it: which of its sums are finished
     by a collective, which of its values (carries among them) stay partial sums through the loop."""
 
     body: Body
@@ -297,8 +297,8 @@ def _ranged(shape: tuple[int, ...], layout: Layout, spans, mesh_shape) -> ValueT
 
 
 class Draft(Decisions):
-    """A pass's scratch copy of :class:`Decisions` whose revisions it fills in place, answering through the
-    same methods as it goes; :meth:`frozen` is the immutable product the pass returns."""
+    """A pass's scratch copy of ``Decisions`` whose revisions it fills in place, answering through the
+    same methods as it goes; ``frozen`` is the immutable product the pass returns."""
 
     @classmethod
     def of(cls, decisions: Decisions) -> Draft:

@@ -1,10 +1,10 @@
-"""Emitting the sharded IR (:mod:`.ir`) from the decisions: the instructions of a stage, or of a loop's body.
+"""Emitting the sharded IR (``.ir``) from the decisions: the instructions of a stage, or of a loop's body.
 
 For each node, in order: every operand is brought from the type it is available in to the type the node consumes
-it in (:func:`~shardprop.core.moves.plan_move`, one :class:`~.ir.Move` per step, each value and type moved once),
-the node runs (:class:`~.ir.Compute`), and a collective that finishes it follows: a sum as the moves from the type
+it in (``shardprop.core.moves.plan_move``, one ``.ir.Move`` per step, each value and type moved once),
+the node runs (``.ir.Compute``), and a collective that finishes it follows: a sum as the moves from the type
 it is computed in to the type it is held in (a psum, or a reduce-scatter where it is held finer), a maximum,
-minimum or arg-extreme as a :class:`~.ir.Finish`.
+minimum or arg-extreme as a ``.ir.Finish``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Emitter:
 
     def held(self, value: int) -> Ref:
         """``value`` as the plan holds it — or, for a ranged value an earlier stage made (ranged rows never leave
-        their stage), as that stage handed it over: its ranged axes whole (:func:`~.cut.cut_into_stages`)."""
+        their stage), as that stage handed it over: its ranged axes whole (``.cut.cut_into_stages``)."""
         ref = Ref(value, self.view.type(value))
         if ref.type.span and not self.has(ref):
             handed = Ref(value, handed_over(ref.type))

@@ -1,4 +1,4 @@
-"""The invariants of a :class:`Plan` and its sharded IR (checked when ``shardprop.checks`` is enabled).
+"""The invariants of a ``Plan`` and its sharded IR (checked when ``shardprop.checks`` is enabled).
 
 * every node other than arguments and constants runs in exactly one stage, as one ``Compute``;
 * every ref an instruction reads is available: a stage input, or made earlier in the stage (in a body: a body

@@ -1,19 +1,19 @@
 """The sharded IR: what each stage (and each loop body) runs, as a list of instructions over typed values.
 
-After splitting, every value a stage handles is a :class:`Ref` — a graph value in one
-:class:`~shardprop.core.types.ValueType` (a layout, and the mesh axes over which it is still a partial sum). Three
+After splitting, every value a stage handles is a ``Ref`` — a graph value in one
+``shardprop.core.types.ValueType`` (a layout, and the mesh axes over which it is still a partial sum). Three
 instructions make a stage:
 
-* :class:`Compute` runs one graph node on per-device blocks: its operands as the refs it consumes them in, its
+* ``Compute`` runs one graph node on per-device blocks: its operands as the refs it consumes them in, its
   results as the refs it computes (partial, where a collective finishes them);
-* :class:`Move` is one step of moving a value from one type to another — a local slice, an all-gather, an
+* ``Move`` is one step of moving a value from one type to another — a local slice, an all-gather, an
   all-to-all, a permute, a psum, a reduce-scatter, taking a whole value once as a partial sum — with its price;
-* :class:`Finish` combines the devices' partial maxima, minima or arg-extremes right after their reduction (it
+* ``Finish`` combines the devices' partial maxima, minima or arg-extremes right after their reduction (it
   reads the reduction's operand block too: ties, offsets).
 
 Lowering runs these instructions; the cost model sums their prices; the listing, ``sp.explain``, ``sp.to_json``,
 the stage table, the plan fingerprint and the debugger read them. Nothing re-derives a move from a pair of
-layouts: :func:`shardprop.core.moves.plan_move` planned each once, when the IR was emitted (``emit.py``).
+layouts: ``shardprop.core.moves.plan_move`` planned each once, when the IR was emitted (``emit.py``).
 
 A listing prints a stage's instructions one per line, moves included::
 
@@ -85,7 +85,7 @@ class Finish:
 
     @property
     def finishes(self) -> bool:
-        """Always: a ``Finish`` combines its node's partial results (as a finishing :class:`Move` does)."""
+        """Always: a ``Finish`` combines its node's partial results (as a finishing ``Move`` does)."""
         return True
 
 
@@ -96,7 +96,7 @@ Instruction = Union[Compute, Move, Finish]
 class BodyProgram:
     """A body's IR: ``inputs`` are its graph inputs as the loop hands them over (one iteration's), ``outputs``
     its results as the loop takes them back; ``repeats`` times per run of the loop (a scan's length; None:
-    unknown, a while loop). ``plan`` is the body with its decisions (:class:`~shardprop.splitting.BodyPlan`)."""
+    unknown, a while loop). ``plan`` is the body with its decisions (``shardprop.splitting.BodyPlan``)."""
 
     plan: object
     inputs: tuple[Ref, ...]
@@ -121,7 +121,7 @@ class NodeIR:
 
 
 def index_nodes(instructions: Iterable[Instruction]) -> dict[int, NodeIR]:
-    """:class:`NodeIR` of every node ``instructions`` compute (not inside their bodies). A node's ``moves_in`` are
+    """``NodeIR`` of every node ``instructions`` compute (not inside their bodies). A node's ``moves_in`` are
     the whole chain of moves that made each operand ref it reads — also when an earlier consumer's moves made it
     (``t = b.T`` read by ``a + t`` and then ``a * t``), or an earlier stage's."""
     instructions = list(instructions)
@@ -166,7 +166,7 @@ def reads(instruction: Instruction) -> tuple[Ref, ...]:
 
 
 def transfers_of(instruction: Instruction) -> tuple[Transfer, ...]:
-    """What ``instruction`` sends between devices, once (a loop's bodies: see :func:`body_transfers`)."""
+    """What ``instruction`` sends between devices, once (a loop's bodies: see ``body_transfers``)."""
     if isinstance(instruction, Move):
         return () if instruction.transfer is None else (instruction.transfer,)
     if isinstance(instruction, Finish):

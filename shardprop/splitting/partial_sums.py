@@ -30,7 +30,7 @@ from .decisions import BodyPlan, Decisions
 
 def carries_partial(graph: Graph, node: Node, partial_operands: list[bool]) -> bool:
     """True when ``node``, its operands partial sums where ``partial_operands`` says, gives a partial sum of its
-    result: its record's :class:`~shardprop.ops.opdef.Linearity` for the dtype of its result — and, where it
+    result: its record's ``shardprop.ops.opdef.Linearity`` for the dtype of its result — and, where it
     multiplies (``mul``, ``div``, a contraction), the factor that is not partial is a constant of finite numbers
     (non-zero, for a divisor). A share times an infinity, or over zero, is NaN where the sum's product is not (a
     lookup's other devices hold zeros)."""

@@ -1,4 +1,4 @@
-"""The product of graph splitting: a :class:`Plan` — the plan view (:class:`Decisions`) and its stages."""
+"""The product of graph splitting: a ``Plan`` — the plan view (``Decisions``) and its stages."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class Stage:
     record that run on whole arrays under the program's ``jax.jit`` (the ``shard_map`` stage before brings their
     operands whole; it may hold nothing else: ``no ops (moves only)``).
 
-    ``nodes`` are node ids (constants first, then graph order); ``instructions`` its sharded IR (:mod:`.ir`): the
+    ``nodes`` are node ids (constants first, then graph order); ``instructions`` its sharded IR (``.ir``): the
     moves its nodes' operands need, the nodes, the collectives that finish them; ``outputs`` are the values later
     stages or the program take from it, each laid out as ``out_layouts`` says (whole).
     """
@@ -94,17 +94,17 @@ class Stage:
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Plan(Decisions):
     """The split program: the decisions, ``stages`` in execution order, and where each program output comes
-    from. A plan with no stages (:meth:`unsplit`) is propagation's view, for inspecting a ShardedGraph."""
+    from. A plan with no stages (``unsplit``) is propagation's view, for inspecting a ShardedGraph."""
 
     stages: tuple[Stage, ...]
     output_sources: tuple[Source, ...]
     strategy: Strategy | None
-    # A body's plan (:meth:`of_body`) has no stages: its IR, which runs inside its op's stage, is here.
+    # A body's plan (``of_body``) has no stages: its IR, which runs inside its op's stage, is here.
     instructions: tuple[Instruction, ...] = ()
 
     @property
     def is_split(self) -> bool:
-        """False for :meth:`unsplit` plans: propagation's view, with no stages and no strategy."""
+        """False for ``unsplit`` plans: propagation's view, with no stages and no strategy."""
         return self.strategy is not None
 
     @classmethod
@@ -152,10 +152,17 @@ class Plan(Decisions):
         return first
 
     def stage_at(self, k) -> Stage:
-        """Stage ``k`` (a :class:`~shardprop.StageIndexError` naming the range otherwise).
+        """Stage ``k`` (a ``shardprop.StageIndexError`` naming the range otherwise).
 
-        >>> plan.stage_at(5)  # doctest: +SKIP
-        StageIndexError: no stage 5: this program has 2 stages (0 to 1)
+        Examples:
+            >>> mesh = sp.make_mesh((8,), ("i",))
+            >>> plan = sp.autoshard(lambda x: 2 * x, mesh=mesh, in_specs=(P("i"),)).trace(jnp.ones(16)).plan
+            >>> plan.stage_at(0).id
+            0
+            >>> plan.stage_at(5)
+            Traceback (most recent call last):
+            ...
+            shardprop.errors.StageIndexError: no stage 5: this program has 1 stage (stage 0)
         """
         count = len(self.stages)
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k < count:

@@ -1,7 +1,7 @@
 """``split(sharded_graph) -> Plan``: decide how each node pays for what it needs, cut the graph into stages
 where data must be gathered, and emit each stage's sharded IR.
 
-The pipeline, one product to the next::
+The pipeline, one product to the next:
 
     Decisions.propagated(sharded)      propagation's layouts, every value whole
     -> finish_in_blocks                cumulative ops and reversals done block by block, finished by a collective
@@ -57,7 +57,7 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
 def decide(sharded: ShardedGraph, strategy: Strategy) -> Decisions:
     """The strategy's decisions for ``sharded`` and, the same way, for every body of its loops and conds (a
     body is not cut: what it must move, it moves inside, every iteration), with the sums a loop can carry
-    unreduced (:func:`~shardprop.splitting.partial_sums.deferred_sums`)."""
+    unreduced (``shardprop.splitting.partial_sums.deferred_sums``)."""
     decisions = finish_in_blocks(Decisions.propagated(sharded))
     if strategy is not Strategy.GATHER:
         decisions = finish_with_collectives(decisions, only_if_cheaper=strategy is Strategy.AUTO)
@@ -97,7 +97,7 @@ def _with_deferred(decisions: Decisions, node, found: DeferredSums) -> Decisions
 class PlanPricer:
     """The price propagation compares its candidate layouts by: the bytes per device a candidate's plan moves, as the
     cost model estimates them (the estimate the compiled program is checked against), and the work it makes each
-    device do (:func:`~shardprop.splitting.cost.price`). Each candidate's plan is kept, so the one propagation picks
+    device do (``shardprop.splitting.cost.price``). Each candidate's plan is kept, so the one propagation picks
     is not split again."""
 
     def __init__(self, strategy: str):

@@ -5,13 +5,13 @@ operand first thing. Under ``"collective"`` each device reduces its own block an
 axes of the reduced axes (``psum`` for sums and contractions, ``pmax``/``pmin`` for maxima/minima and for
 ``any``/``all`` over bools, index combining for ``argmax``/``argmin``) finishes the result, as in the
 shard_map design doc's ``matmul_basic``; the operand is consumed as it is, so no cut
-(:func:`finish_with_collectives`). A sum whose consumers slice it anyway becomes a reduce-scatter
-(:func:`scatter_where_consumers_slice`). ``"auto"`` uses the cost model to choose per node and to place the
-remaining gathers where they move the fewest bytes (:func:`pull_gathers_back`).
+(``finish_with_collectives``). A sum whose consumers slice it anyway becomes a reduce-scatter
+(``scatter_where_consumers_slice``). ``"auto"`` uses the cost model to choose per node and to place the
+remaining gathers where they move the fewest bytes (``pull_gathers_back``).
 
-Each strategy step takes one :class:`Decisions` and returns the next; the primitive-specific knowledge (which
+Each strategy step takes one ``Decisions`` and returns the next; the primitive-specific knowledge (which
 collective finishes a primitive, which operand layouts give an output layout) is the primitive's record in
-:mod:`shardprop.ops`.
+``shardprop.ops``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .partial_sums import carries_partial
 
 def finish_in_blocks(decisions: Decisions) -> Decisions:
     """Every op whose rule keeps an axis sharded that its blocks alone do not finish, finished under every strategy
-    (:attr:`CollectiveKind.required`): a cumulative op by the prefix of its block totals, a reversal by sending each
+    (``CollectiveKind.required``): a cumulative op by the prefix of its block totals, a reversal by sending each
     reversed block to its mirror device."""
     needs: dict[int, tuple[ValueType, ...]] = {}
     collectives: dict[int, Collective] = {}
@@ -127,7 +127,7 @@ def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, t
                    ) -> tuple[list[int], Collective | None, float]:
     """Where along the linear chain from node ``node_id`` (finished by ``collective``) its psum moves the fewest
     bytes: ``(the chain up to that node, the collective there, its bytes)``, or ``([], None, bytes at the node)``
-    when that is the node itself (see :func:`defer_sums_past_linear_consumers`). ``taken``: nodes already on
+    when that is the node itself (see ``defer_sums_past_linear_consumers``). ``taken``: nodes already on
     another chain; ``needs``: the operand types a finish being weighed reads (else the node's own)."""
     graph = decisions.graph
     node = graph.nodes[node_id]

@@ -1,4 +1,4 @@
-"""The communication strategy the split pass follows (:class:`Strategy`): an enum of strings, so
+"""The communication strategy the split pass follows (``Strategy``): an enum of strings, so
 ``strategy="gather"`` keeps working while code compares against members."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from ..errors import OptionError
 
 
 class Strategy(StrEnum):
-    """How the split pass pays for an axis an op needs whole (see :func:`shardprop.split`)."""
+    """How the split pass pays for an axis an op needs whole (see ``shardprop.split``)."""
 
     AUTO = "auto"              # per node, whichever the cost model says moves fewer bytes
     GATHER = "gather"          # the Nx design: cut, and the next stage gathers the operand first
@@ -17,7 +17,7 @@ class Strategy(StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> Strategy:
-        """``value`` as a member; an unknown name is an :class:`~shardprop.OptionError`."""
+        """``value`` as a member; an unknown name is an ``shardprop.OptionError``."""
         try:
             return cls(value)
         except ValueError:

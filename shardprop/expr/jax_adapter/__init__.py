@@ -7,7 +7,7 @@ primitive from its equation params (``jaxprs.py``); abstract types, dtypes, trac
 (``collectives.py``); the supported releases (jax 0.10.2 through 0.12.x), checked at import, and what differs
 between them — a ``scan``'s params, a call's body param, the primitive names only some release defines — read into
 one vocabulary, 0.10.2's (``versions.py``). Private imports (``jax._src``) are confined to these five modules. The
-rest of shardprop sees only :mod:`shardprop.expr.graph` and the names below; when a JAX release changes these
+rest of shardprop sees only ``shardprop.expr.graph`` and the names below; when a JAX release changes these
 internals, this package is the one to touch.
 """
 

@@ -61,7 +61,7 @@ FOLDABLE_INDEX_ARITHMETIC = frozenset({"clamp", "convert_element_type", "add", "
 @dataclass(frozen=True, slots=True)
 class Equation:
     """One primitive application. ``invars``/``outvars`` are opaque variable handles: read them with
-    :func:`is_literal`, :func:`literal_value`, :func:`aval_of`, :func:`is_drop_var`."""
+    ``is_literal``, ``literal_value``, ``aval_of``, ``is_drop_var``."""
 
     primitive: Primitive
     invars: tuple[Any, ...]

@@ -50,7 +50,7 @@ def is_differentiated(x) -> bool:
 
 
 def typed_on_explicit_axes(x) -> bool:
-    """``x`` is traced with a type on a mesh's Explicit axes (see :func:`explicit_mesh_of`): sharding is part of
+    """``x`` is traced with a type on a mesh's Explicit axes (see ``explicit_mesh_of``): sharding is part of
     the types there, and a sharding constraint is an assert."""
     return explicit_mesh_of([x]) is not None
 

@@ -2,9 +2,9 @@
 
 The rest of shardprop reads equations in one vocabulary, 0.10.2's: a ``scan`` equation's params are
 ``jaxpr, num_consts, num_carry, length, reverse, unroll`` whatever the installed JAX calls them. Equations read
-from a jaxpr are put into that vocabulary (:func:`read_params`) and put back into the installed JAX's before they
-are bound (:func:`bind_params`). Every difference is detected from the installed JAX's features, not its version
-number, except where a name set has to be listed (:data:`PRIMITIVES_OF_SOME_RELEASES`).
+from a jaxpr are put into that vocabulary (``read_params``) and put back into the installed JAX's before they
+are bound (``bind_params``). Every difference is detected from the installed JAX's features, not its version
+number, except where a name set has to be listed (``PRIMITIVES_OF_SOME_RELEASES``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def release(version: str) -> tuple[int, ...]:
 
 
 def check_supported(version: str) -> None:
-    """Raise :class:`~shardprop.UnsupportedJaxError` naming ``version`` and the supported range unless
+    """Raise ``shardprop.UnsupportedJaxError`` naming ``version`` and the supported range unless
     ``OLDEST <= version < NEWER_THAN_ALL`` (shardprop reads JAX's internals, which change between releases)."""
     if not OLDEST <= release(version) < NEWER_THAN_ALL:
         supported = f"jax>={'.'.join(map(str, OLDEST))},<{'.'.join(map(str, NEWER_THAN_ALL))}"

@@ -2,8 +2,8 @@
 
 ``lineage(prog, output=0, block=(0, 1))`` takes one block of an output as laid out on the mesh and walks the
 graph backwards once: every node maps the boxes asked of its outputs to boxes of its operands with the
-lineage rule of its primitive's record (:mod:`shardprop.ops`). The answer is sound (no dependency is
-missed); it is exact when every rule on the way is exact (see :attr:`Lineage.exact`).
+lineage rule of its primitive's record (``shardprop.ops``). The answer is sound (no dependency is
+missed); it is exact when every rule on the way is exact (see ``Lineage.exact``).
 """
 
 from __future__ import annotations
@@ -63,12 +63,21 @@ def lineage(prog: Any, output: int = 0, block: Any = None, *, value: Any = None)
 
     ``block`` indexes the output's blocks along each axis as laid out on the mesh (None: the whole output);
     ``value`` (a printed name such as ``"e"`` or a value id) asks about an intermediate value instead of
-    output ``output``. For the Nx example on a (4, 2) mesh::
+    output ``output``.
 
-        >>> sp.lineage(prog, output=0, block=(0, 1))                                # doctest: +SKIP
+    Examples:
+        For the Nx example on a (4, 2) mesh:
+
+        >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
+        >>> def f(a, b):                                   # the Nx design note's example
+        ...     x, y = a + b, a - b
+        ...     return jnp.sum(x, axis=1)[:, None] + jnp.sum(y, axis=0)[None, :]
+        >>> a, b = jnp.arange(128.0).reshape(16, 8), jnp.ones((16, 8))
+        >>> prog = sp.autoshard(f, mesh=mesh, in_specs=(P("i", "j"), None), strategy="gather").trace(a, b)
+        >>> sp.lineage(prog, output=0, block=(0, 1))
         Lineage({0: [((0, 4), (0, 8)), ((0, 16), (4, 8))], 1: [((0, 4), (0, 8)), ((0, 16), (4, 8))]})
 
-    i.e. the output block needs ``a[0:4, :]`` and ``a[:, 4:8]`` (and the same of ``b``).
+        i.e. the output block needs ``a[0:4, :]`` and ``a[:, 4:8]`` (and the same of ``b``).
     """
     plan = as_plan(prog)
     graph = plan.graph

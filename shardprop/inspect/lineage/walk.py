@@ -1,5 +1,5 @@
 """The backward walk: from boxes of some values to the input elements they depend on, one node at a time with
-the ``lineage`` piece of each primitive's record (:func:`shardprop.ops.lookup`)."""
+the ``lineage`` piece of each primitive's record (``shardprop.ops.lookup``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def dependencies(graph: Graph, value: int, boxes: list[Box]) -> tuple[dict[int, 
 
 
 def seeded_dependencies(graph: Graph, seeds: dict[int, list[Box]]) -> tuple[dict[int, list[Box]], bool]:
-    """:func:`dependencies` of several values at once (``{value: boxes}``), in one backward walk."""
+    """``dependencies`` of several values at once (``{value: boxes}``), in one backward walk."""
     regions: dict[int, list[Box]] = {}
     exact = True
     for value, boxes in seeds.items():

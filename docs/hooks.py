@@ -1,0 +1,160 @@
+"""mkdocs hooks for the documentation site (mkdocs.yml's ``hooks:``).
+
+README.md is the guide's one source — its ``python`` blocks run in one session under tests/test_readme.py — and
+the site places its sections into pages rather than keeping a second copy: a page line
+
+    <!-- readme: Steering -->
+
+is replaced by README's section of that heading (its heading line through the line before the next heading of
+the same or a higher level; ``<!-- readme: intro -->`` is the text between the title and the first section).
+Links in a placed section are rewritten for the site: ``docs/x.md`` → ``x.md``, ``#anchor`` → the page that
+places the section holding it, and a link to a repository file outside ``docs/`` → that path in code.
+
+A page line ``<!-- cli-help -->`` is replaced by the installed ``shardprop`` command's help and every
+subcommand's (argparse's own output, so it cannot go stale).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SECTION_MARKER = re.compile(r"^<!-- readme: (?P<title>.+?) -->[ \t]*$", re.M)
+CLI_MARKER = "<!-- cli-help -->"
+HEADING = re.compile(r"^(?P<hashes>#{1,6}) (?P<title>.+?)\s*$")
+FENCE = re.compile(r"^```")
+
+# README anchor -> the page (path relative to docs/) placing the section that holds it; filled by on_files
+_anchor_pages: dict[str, str] = {}
+
+
+def slug(title: str) -> str:
+    """The anchor Python-Markdown's toc gives a heading (and GitHub, for the titles README uses)."""
+    text = re.sub(r"[^\w\s-]", "", title.lower())
+    return re.sub(r"[\s]+", "-", text.strip())
+
+
+def readme_sections() -> dict[str, list[str]]:
+    """README's sections by title (each with its subsections), and ``intro``; fenced code is not a heading."""
+    lines = README.read_text().splitlines()
+    headings = []  # (line index, level, title)
+    in_fence = False
+    for index, line in enumerate(lines):
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        m = None if in_fence else HEADING.match(line)
+        if m:
+            headings.append((index, len(m["hashes"]), m["title"]))
+    sections = {"intro": lines[1:headings[1][0]] if len(headings) > 1 else lines[1:]}
+    for position, (start, level, title) in enumerate(headings[1:], start=1):
+        end = next((i for i, lvl, _ in headings[position + 1:] if lvl <= level), len(lines))
+        sections[title] = lines[start:end]
+    return sections
+
+
+def _anchors_in(section: list[str]) -> list[str]:
+    in_fence, anchors = False, []
+    for line in section:
+        if FENCE.match(line):
+            in_fence = not in_fence
+        elif not in_fence and (m := HEADING.match(line)):
+            anchors.append(slug(m["title"]))
+    return anchors
+
+
+def on_files(files, config):
+    sections = readme_sections()
+    _anchor_pages.clear()
+    for file in files.documentation_pages():
+        text = pathlib.Path(file.abs_src_path).read_text()
+        for m in SECTION_MARKER.finditer(text):
+            for anchor in _anchors_in(sections.get(m["title"], [])):
+                _anchor_pages.setdefault(anchor, file.src_uri)
+    return files
+
+
+def site_link(target: str, source: pathlib.PurePosixPath, page_uri: str) -> str | None:
+    """``target`` as a link on the site, written in the repository file ``source`` (README.md or a docs page) and
+    shown on the page ``page_uri``; None for a repository file outside ``docs/`` (no page to link to)."""
+    if re.match(r"[a-z]+:", target):
+        return target
+    path, _, anchor = target.partition("#")
+    up = "../" * page_uri.count("/")
+    resolved = os.path.normpath(source.parent / path) if path else str(source)
+    if resolved == "README.md":
+        owner = _anchor_pages.get(anchor)
+        if owner is None:
+            return target  # left as is: mkdocs' link validation reports it
+        return f"#{anchor}" if owner == page_uri else f"{up}{owner}#{anchor}"
+    if resolved.startswith("docs/"):
+        return up + resolved[len("docs/"):] + (f"#{anchor}" if anchor else "")
+    return None
+
+
+MARKDOWN_LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<target>[^)\s]+)\)")
+
+
+def rewrite_links(lines: list[str], source: pathlib.PurePosixPath, page_uri: str) -> list[str]:
+    """Links outside fenced code rewritten for the site (see the module docstring)."""
+
+    def rewrite(m: re.Match) -> str:
+        target = site_link(m["target"], source, page_uri)
+        return f"{m['text']} (`{m['target']}`)" if target is None else f"[{m['text']}]({target})"
+
+    # a link's text may span lines: the text between fences is rewritten as a whole
+    out, prose, in_fence = [], [], False
+    for line in lines + ["```"]:
+        if FENCE.match(line) and not in_fence:
+            out += MARKDOWN_LINK.sub(rewrite, "\n".join(prose)).split("\n") if prose else []
+            prose = []
+        if in_fence or FENCE.match(line):
+            out.append(line)
+            in_fence = in_fence != bool(FENCE.match(line))
+        else:
+            prose.append(line)
+    return out[:-1]
+
+
+def place_section(title: str, page_uri: str) -> str:
+    sections = readme_sections()
+    if title not in sections:
+        raise KeyError(f"{page_uri}: README.md has no section {title!r} (headings: {sorted(sections)})")
+    return "\n".join(rewrite_links(sections[title], pathlib.PurePosixPath("README.md"), page_uri))
+
+
+def cli_help() -> str:
+    from shardprop.cli import COMMANDS, main
+
+    def help_of(argv: list[str]) -> str:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer), contextlib.suppress(SystemExit):
+            main(argv + ["--help"])
+        return buffer.getvalue().rstrip()
+
+    previous = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "110"  # argparse wraps to the terminal: the same width wherever the site is built
+    try:
+        parts = [f"## `shardprop`\n\n```text\n{help_of([])}\n```"]
+        for command in COMMANDS:
+            parts.append(f"## `shardprop {command}`\n\n```text\n{help_of([command])}\n```")
+    finally:
+        if previous is None:
+            os.environ.pop("COLUMNS")
+        else:
+            os.environ["COLUMNS"] = previous
+    return "\n\n".join(parts)
+
+
+def on_page_markdown(markdown, page, config, files):
+    uri = page.file.src_uri
+    markdown = "\n".join(rewrite_links(markdown.splitlines(), pathlib.PurePosixPath("docs") / uri, uri))
+    markdown = SECTION_MARKER.sub(lambda m: place_section(m["title"], uri), markdown)
+    if CLI_MARKER in markdown:
+        markdown = markdown.replace(CLI_MARKER, cli_help())
+    return markdown
