@@ -27,7 +27,23 @@ README = ROOT / "README.md"
 SECTION_MARKER = re.compile(r"^<!-- readme: (?P<title>.+?) -->[ \t]*$", re.M)
 CLI_MARKER = "<!-- cli-help -->"
 HEADING = re.compile(r"^(?P<hashes>#{1,6}) (?P<title>.+?)\s*$")
-FENCE = re.compile(r"^```")
+# CommonMark's code fences: three or more backticks or tildes, closed by the same character at least as many times
+FENCE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})")
+
+
+def fenced(lines: list[str]) -> list[bool]:
+    """For each line, whether it belongs to a fenced code block (its fences included): no heading or link there."""
+    out, opening = [], None
+    for line in lines:
+        m = FENCE.match(line)
+        if opening is None:
+            opening = m["fence"] if m else None
+            out.append(m is not None)
+        else:
+            out.append(True)
+            if m and m["fence"][0] == opening[0] and len(m["fence"]) >= len(opening) and not line[m.end():].strip():
+                opening = None
+    return out
 
 # README anchor -> the page (path relative to docs/) placing the section that holds it; filled by on_files
 _anchor_pages: dict[str, str] = {}
@@ -43,12 +59,8 @@ def readme_sections() -> dict[str, list[str]]:
     """README's sections by title (each with its subsections), and ``intro``; fenced code is not a heading."""
     lines = README.read_text().splitlines()
     headings = []  # (line index, level, title)
-    in_fence = False
-    for index, line in enumerate(lines):
-        if FENCE.match(line):
-            in_fence = not in_fence
-            continue
-        m = None if in_fence else HEADING.match(line)
+    for index, (line, code) in enumerate(zip(lines, fenced(lines), strict=True)):
+        m = None if code else HEADING.match(line)
         if m:
             headings.append((index, len(m["hashes"]), m["title"]))
     sections = {"intro": lines[1:headings[1][0]] if len(headings) > 1 else lines[1:]}
@@ -59,13 +71,8 @@ def readme_sections() -> dict[str, list[str]]:
 
 
 def _anchors_in(section: list[str]) -> list[str]:
-    in_fence, anchors = False, []
-    for line in section:
-        if FENCE.match(line):
-            in_fence = not in_fence
-        elif not in_fence and (m := HEADING.match(line)):
-            anchors.append(slug(m["title"]))
-    return anchors
+    return [slug(m["title"]) for line, code in zip(section, fenced(section), strict=True)
+            if not code and (m := HEADING.match(line))]
 
 
 def on_files(files, config):
@@ -108,14 +115,12 @@ def rewrite_links(lines: list[str], source: pathlib.PurePosixPath, page_uri: str
         return f"{m['text']} (`{m['target']}`)" if target is None else f"[{m['text']}]({target})"
 
     # a link's text may span lines: the text between fences is rewritten as a whole
-    out, prose, in_fence = [], [], False
-    for line in lines + ["```"]:
-        if FENCE.match(line) and not in_fence:
+    out, prose = [], []
+    for line, code in zip(lines + [""], fenced(lines) + [True], strict=True):
+        if code:
             out += MARKDOWN_LINK.sub(rewrite, "\n".join(prose)).split("\n") if prose else []
             prose = []
-        if in_fence or FENCE.match(line):
             out.append(line)
-            in_fence = in_fence != bool(FENCE.match(line))
         else:
             prose.append(line)
     return out[:-1]

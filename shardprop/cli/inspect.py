@@ -150,6 +150,16 @@ def run(args, configure_devices) -> int:
                 "--brief": ("text",)}
     if args.view and args.format not in ("text", "model-explorer"):
         raise OptionError(f"--view opens the graph in Model Explorer: drop --format {args.format}")
+    if args.port is not None and not args.view:
+        raise OptionError("--port is the port of --view's Model Explorer server: add --view, or drop --port")
+    if args.view and args.format == "text":
+        # --view shows the graph instead of the text: what only the text would show is refused, not dropped
+        dropped = [flag for flag, value in {"-o": args.output, "--explain": args.explain, "--lineage": args.lineage,
+                                            "--blocks": args.blocks, "--brief": args.brief}.items() if value]
+        if dropped:
+            raise OptionError(f"--view opens the graph in Model Explorer and prints no text: drop "
+                              f"{', '.join(dropped)} (or --format model-explorer -o graph.json --view to keep the "
+                              f"graph's file too)")
     for flag, value in asked.items():
         if value and args.format not in shown_in[flag]:
             raise OptionError(f"{flag} is shown only with --format {' or '.join(shown_in[flag])}, not "

@@ -147,10 +147,16 @@ def type_string(aval, vtype: ValueType) -> str:
     ``j`` adds ``{+j}`` (a partial maximum ``{max j}``): ``f32[16@i,8]{+j}``. The one spelling of a sharded type,
     in every listing, table and message."""
     text = f"{short_dtype(aval.dtype)}[{format_layout(aval.shape, vtype.layout, vtype.halo, vtype.span)}]"
+    return f"{text}{{{pending_text(vtype)}}}" if vtype.partial else text
+
+
+def pending_text(vtype: ValueType) -> str:
+    """The combine still pending, as a type spells it inside its braces: ``+j`` (a sum over ``j``), ``max i*j``;
+    ``""`` when nothing is pending."""
     if not vtype.partial:
-        return text
+        return ""
     how = "+" if vtype.reduction is Reduction.SUM else f"{vtype.reduction} "
-    return f"{text}{{{how}{'*'.join(vtype.partial)}}}"
+    return f"{how}{'*'.join(vtype.partial)}"
 
 
 def typed(value: int, aval, vtype: ValueType) -> str:

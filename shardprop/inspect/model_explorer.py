@@ -21,8 +21,8 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from ..core.layouts import Sharded, layout_to_spec
-from ..core.types import ValueType, type_string
+from ..core.layouts import Sharded, Span, layout_to_spec, shard_count
+from ..core.types import ValueType, pending_text, type_string
 from ..errors import InvariantError
 from ..expr.graph import CONSTANT, PARAMETER, format_params, value_name, where
 from ..extras import require
@@ -98,8 +98,9 @@ def to_model_explorer(prog: Any, *, label: str = "shardprop") -> GraphCollection
 
 def model_explorer_overlays(prog: Any) -> dict[str, ModelNodeData]:
     """Model Explorer node data for ``to_model_explorer(prog)``, by name: ``"bytes moved"`` (per node, the bytes one
-    device sends for it per run of the program, white to red) and ``"layout"`` (one colour per distinct type a node
-    makes its value in: ``P('i', 'j')``, ``P('i',){+j}``). Every node of the graph has a value in each.
+    device sends for it per run of the program, white to red) and ``"layout"`` (one colour per distinct layout a node
+    makes its value in — its mesh axes and pending combine: ``P('i', 'j')``, ``P('i',){+j}``, ``P('j',){max i}``; a
+    ranged axis counts as its mesh axes, its rows are in the node's ``type``). Every node of the graph has a value in each.
 
     Examples:
         >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
@@ -139,10 +140,10 @@ def model_explorer_json(collection: GraphCollection) -> str:
 
 
 def layout_text(vtype: ValueType) -> str:
-    """``P('i', 'j')``, ``P('i',){+j}``: a type's layout as a PartitionSpec, with the axes it is a pending sum
-    over."""
-    spec = str(layout_to_spec(vtype.even_layout))
-    return spec if not vtype.partial else f"{spec}{{+{'*'.join(vtype.partial)}}}"
+    """``P('i', 'j')``, ``P('i',){+j}``, ``P('j',){max i}``: the mesh axes a type lays each axis out over (a ranged
+    axis too: its rows are spread over those devices) as a PartitionSpec, with the combine still pending."""
+    spec = str(layout_to_spec(vtype.layout))
+    return f"{spec}{{{pending_text(vtype)}}}" if vtype.partial else spec
 
 
 class _Drawing:
@@ -273,7 +274,7 @@ class _Drawing:
             name = value_name(ref.value)
             tag = f"{name} " if several else ""
             rows += [(f"{tag}value", name), (f"{tag}type", type_string(aval, ref.type)),
-                     (f"{tag}layout", layout_text(ref.type)), (f"{tag}partial", "*".join(ref.type.partial) or "-")]
+                     (f"{tag}layout", layout_text(ref.type)), (f"{tag}partial", pending_text(ref.type) or "-")]
             rows += [(f"{tag}axis {a}", text) for a, text in enumerate(_axes(plan, ref, aval))]
             metadata.append(gb.MetadataItem(id=str(k), attrs=[
                 gb.KeyValue("__tensor_tag", name), gb.KeyValue("shape", str(list(aval.shape))),
@@ -291,20 +292,33 @@ class _Drawing:
 
 
 def _axes(plan: Plan, ref: Ref, aval) -> list[str]:
-    """Per tensor axis: ``16 @i: #12[0:4] #13[4:8] ...`` — the mesh axes the type lays it out over and, where
-    propagation's shards lay it out the same way, each shard's id and range (``16`` alone: replicated)."""
+    """Per tensor axis: ``16 @i: #12[0:4] #13[4:8] ...`` — the mesh axes the type lays it out over and the rows each
+    device block holds, read from the type (its span, for a ranged axis); where the axis is held as the value's
+    producer computed it, the rows carry the ids of propagation's shards (``16`` alone: replicated). An axis a move
+    changed (a realign, an all-to-all) has the rows of its new type and no ids: propagation's shards describe the
+    computed value."""
+    computed = plan.computed_type(ref.value)
     axes = plan.sharded.shardings[ref.value].axes if ref.value < len(plan.sharded.shardings) else ()
     out = []
     for k, (size, mesh_axes) in enumerate(zip(aval.shape, ref.type.layout, strict=True)):
         if not mesh_axes:
             out.append(str(size))
             continue
-        text = f"{size} @{'*'.join(mesh_axes)}"
+        rows = _rows(size, shard_count(plan.sharded.mesh_shape, mesh_axes), ref.type.span_of(k))
         axis = axes[k] if k < len(axes) else None
-        if isinstance(axis, Sharded) and axis.mesh_axes == tuple(mesh_axes):
-            text += ": " + " ".join(f"#{s.id}[{s.start}:{s.stop}]" for s in axis.shards)
-        out.append(text)
+        as_computed = computed.layout[k] == mesh_axes and computed.span_of(k) == ref.type.span_of(k)
+        ids = ([f"#{s.id}" for s in axis.shards] if as_computed and isinstance(axis, Sharded)
+               and axis.mesh_axes == tuple(mesh_axes) and len(axis.shards) == len(rows) else [""] * len(rows))
+        blocks = " ".join(f"{i}[{a}:{b}]" for i, (a, b) in zip(ids, rows, strict=True))
+        out.append(f"{size} @{'*'.join(mesh_axes)}: {blocks}")
     return out
+
+
+def _rows(size: int, count: int, span: Span | None) -> list[tuple[int, int]]:
+    """The rows of an axis of ``size`` each of ``count`` device blocks holds, from the type's span (None: equal
+    blocks, ``ceil``-sized where they do not divide it)."""
+    span = span if span is not None else Span(0, -(-size // count))
+    return [span.held(device, size) for device in range(count)]
 
 
 def _made(made: dict, ref: Ref) -> tuple[str, int]:

@@ -96,26 +96,36 @@ def visualize(prog: Any, *, host: str = "localhost", port: int | None = None, op
     require("model_explorer", extra="viewer")
     from model_explorer.config import ModelExplorerConfig
 
-    folder = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="shardprop-viewer-"))
-    graph, overlays = save_model_explorer(prog, folder)
+    if port is not None and not (isinstance(port, int) and 0 < port < 65536):
+        raise OptionError(f"port={port!r}: expected a TCP port, 1 to 65535 (or None to pick a free one)")
+    try:
+        socket.getaddrinfo(host, None, socket.AF_INET)
+    except OSError as err:
+        raise OptionError(f"host={host!r}: not an IPv4 name or address this machine resolves ({err})") from None
     port = _free_port(host) if port is None else port
     if _in_use(host, port):
         raise OptionError(f"port {port} on {host} is in use: pass another port=, or port=None to pick a free one")
+    folder = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="shardprop-viewer-"))
+    graph, overlays = save_model_explorer(prog, folder)
     command = [sys.executable, "-m", "model_explorer", str(graph), "--host", host, "--port", str(port),
                "--no_open_in_browser", "--node_data_paths", ",".join(map(str, overlays))]
-    log = open(folder / "server.log", "w")  # noqa: SIM115 - the server writes to it for as long as it runs
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    config = ModelExplorerConfig().add_model_from_path(str(graph))
-    for path in overlays:
-        config.add_node_data_from_path(str(path))
-    viewer = Viewer(process, f"http://{host}:{port}/?data={config.to_url_param_value()}", folder)
-    deadline = time.monotonic() + timeout
-    while not _healthy(host, port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            viewer.stop()
-            raise RenderError(f"Model Explorer's server did not start on {host}:{port}: "
-                              f"{(folder / 'server.log').read_text().strip()[-500:]}")
-        time.sleep(0.1)
+    with open(folder / "server.log", "w") as log:  # the child holds its own copy of the descriptor
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    viewer = Viewer(process, f"http://{host}:{port}/", folder)
+    try:  # whatever stops the start (Ctrl+C, a config error), the server does not outlive it
+        config = ModelExplorerConfig().add_model_from_path(str(graph))
+        for path in overlays:
+            config.add_node_data_from_path(str(path))
+        viewer.url = f"http://{host}:{port}/?data={config.to_url_param_value()}"
+        deadline = time.monotonic() + timeout
+        while not _healthy(host, port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RenderError(f"Model Explorer's server did not start on {host}:{port}: "
+                                  f"{(folder / 'server.log').read_text().strip()[-500:]}")
+            time.sleep(0.1)
+    except BaseException:
+        viewer.stop()
+        raise
     if open_browser:
         webbrowser.open_new_tab(viewer.url)
     if block:

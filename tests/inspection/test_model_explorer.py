@@ -35,13 +35,19 @@ def attrs(node) -> dict:
     return {kv.key: kv.value for kv in node.attrs}
 
 
-def spec_text(layout, partial) -> str:
-    """What a PartitionSpec prints for a to_json layout (one list of mesh axes per tensor axis), with ``{+j}``."""
+def pending(partial, reduction=None) -> str:
+    """A to_json type's pending combine as a type spells it: ``+j``, ``max i``."""
+    return f"{'+' if reduction is None else reduction + ' '}{'*'.join(partial)}"
+
+
+def spec_text(layout, partial, reduction=None) -> str:
+    """What a PartitionSpec prints for a to_json layout (one list of mesh axes per tensor axis), with ``{+j}`` or
+    ``{max j}``."""
     entries = [None if not m else (m[0] if len(m) == 1 else tuple(m)) for m in layout]
     while entries and entries[-1] is None:
         entries.pop()
     spec = str(P(*entries))
-    return spec if not partial else f"{spec}{{+{'*'.join(partial)}}}"
+    return spec if not partial else f"{spec}{{{pending(partial, reduction)}}}"
 
 
 def test_the_top_level_groups_are_the_stages(case):
@@ -59,11 +65,13 @@ def test_every_value_node_has_the_layout_the_plan_computes_it_in(case):
     for node_id, outputs in computed.items():
         drawn = nodes[f"n{node_id}"]
         if len(outputs) == 1:
-            assert attrs(drawn)["layout"] == spec_text(outputs[0]["layout"], outputs[0]["partial"]), drawn.label
-            assert attrs(drawn)["partial"] == ("*".join(outputs[0]["partial"]) or "-")
+            out = outputs[0]
+            assert attrs(drawn)["layout"] == spec_text(out["layout"], out["partial"], out.get("reduction")), drawn.label
+            assert attrs(drawn)["partial"] == (pending(out["partial"], out.get("reduction")) if out["partial"] else "-")
         for k, out in enumerate(outputs):
             meta = {kv.key: kv.value for kv in drawn.outputsMetadata[k].attrs}
-            assert meta["layout"] == spec_text(out["layout"], out["partial"]) and meta["__tensor_tag"] == out["value"]
+            assert meta["layout"] == spec_text(out["layout"], out["partial"], out.get("reduction"))
+            assert meta["__tensor_tag"] == out["value"]
     for entry in doc["inputs"]:
         assert attrs(nodes[f"n{doc['values'][[v['name'] for v in doc['values']].index(entry['value'])]['producer']}"])[
             "layout"] == spec_text(entry["layout"], [])
@@ -195,3 +203,40 @@ def test_the_cli_writes_graph_json_that_loads(tmp_path):
     graph = from_dict(data_class=Graph, data=data["graphs"][0])
     assert {n.namespace.split("/")[0] for n in graph.nodes if n.namespace} == {"stage 0", "stage 1"}
     assert sorted(n.label for n in graph.nodes if n.label == "all_gather") == ["all_gather", "all_gather"]
+
+
+def test_a_value_held_in_equal_blocks_shows_each_device_its_block():
+    """After a realign the value is held in equal blocks whatever propagation's shards said of it before: an axis of
+    32 over j (2 devices) shows rows [0:16] and [16:32] (the review found propagation's stale ranges there)."""
+    graph = sp.to_model_explorer(program("ranged")).graphs[0]
+    realigns = [n for n in graph.nodes if n.label == "realign"]
+    assert realigns
+    for node in realigns:
+        a = attrs(node)
+        if "[" not in a["type"].split(",")[1]:          # the move's result is not ranged on axis 1
+            assert a["axis 1"] == "32 @j: [0:16] [16:32]"
+    output = next(n for n in graph.nodes if n.label == "output 0")
+    assert attrs(output)["axis 1"] == "32 @j: [0:16] [16:32]"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--view", "--explain", "e"], "drop --explain"),
+    (["--view", "-o", "out.txt"], "drop -o"),
+    (["--port", "8080"], "add --view"),
+])
+def test_the_command_line_refuses_what_view_would_drop(extra, message, capsys):
+    from shardprop.cli import main
+
+    target = "shardprop/examples/inspect_example.py:nx"
+    argv = ["inspect", target, "--mesh", "i=4,j=2", "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("keywords, message", [
+    ({"port": 70000}, "expected a TCP port"), ({"port": -1}, "expected a TCP port"),
+    ({"host": "no-such-host.invalid"}, "not an IPv4 name"),
+])
+def test_visualize_refuses_a_bad_port_or_host_with_a_typed_error(keywords, message):
+    with pytest.raises(sp.OptionError, match=message):
+        sp.visualize(program("nx"), open_browser=False, block=False, **keywords)

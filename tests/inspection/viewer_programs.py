@@ -1,4 +1,5 @@
-"""The programs the Model Explorer tests draw: the Nx example, a loop, a partial sum, a transformer training step."""
+"""The programs the Model Explorer tests draw: the Nx example, a loop, a partial sum, a transformer training step,
+ranged rows realigned, a pending maximum."""
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,17 @@ def sorted_product(x, w):
     return jnp.sort(x @ w, axis=0)
 
 
+def glu(x, w):
+    """A gated linear unit: the halves of a product over a sharded axis are ranged rows, realigned to be multiplied."""
+    a, b = jnp.split(x @ w, 2, axis=1)
+    return a * jax.nn.sigmoid(b)
+
+
+def column_maximum(x):
+    """A maximum over a sharded axis: a pending maximum (``{max i}``), finished by a pmax."""
+    return jnp.max(jnp.tanh(x), axis=0)
+
+
 def block_specs(hidden):
     col, row = P(None, hidden), P(hidden, None)
     return {"wq": col, "wk": col, "wv": col, "wo": row, "w1": col, "b1": P(hidden), "w2": row, "b2": None,
@@ -53,7 +65,11 @@ def program(name: str):
         block = attention.init_block()
         x = _normal(8, 16, 32)
         return sp.autoshard(transformer_step, mesh=mesh, in_specs=(block_specs("j"), P("i"))).trace(block, x)
+    if name == "ranged":
+        return sp.autoshard(glu, mesh=mesh, in_specs=(P("i"), P(None, "j"))).trace(_normal(16, 32), _normal(32, 64))
+    if name == "maximum":
+        return sp.autoshard(column_maximum, mesh=mesh, in_specs=(P("i", "j"),)).trace(_normal(16, 8))
     raise KeyError(name)
 
 
-NAMES = ("nx", "scan", "partial", "transformer")
+NAMES = ("nx", "scan", "partial", "transformer", "ranged", "maximum")
