@@ -100,7 +100,8 @@ def model_explorer_overlays(prog: Any) -> dict[str, ModelNodeData]:
     """Model Explorer node data for ``to_model_explorer(prog)``, by name: ``"bytes moved"`` (per node, the bytes one
     device sends for it per run of the program, white to red) and ``"layout"`` (one colour per distinct layout a
     node makes its value in — its mesh axes and pending combine: ``P('i', 'j')``, ``P('i',){+j}``,
-    ``P('j',){max i}``; a ranged axis counts as its mesh axes, its rows are in the node's ``type``). Every node of the graph has a value in each.
+    ``P('j',){max i}``; a ranged axis counts as its mesh axes, its rows are in the node's ``type``). Every node of
+    the graph has a value in each.
 
     Examples:
         >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
