@@ -112,7 +112,11 @@ def rewrite_links(lines: list[str], source: pathlib.PurePosixPath, page_uri: str
 
     def rewrite(m: re.Match) -> str:
         target = site_link(m["target"], source, page_uri)
-        return f"{m['text']} (`{m['target']}`)" if target is None else f"[{m['text']}]({target})"
+        if target is not None:
+            return f"[{m['text']}]({target})"
+        # a repository file: its path in code, once (the text is often the path already)
+        path = os.path.normpath(source.parent / m["target"])
+        return m["text"] if path in m["text"] else f"{m['text']} (`{path}`)"
 
     # a link's text may span lines: the text between fences is rewritten as a whole
     out, prose = [], []
@@ -143,7 +147,7 @@ def cli_help() -> str:
         return buffer.getvalue().rstrip()
 
     previous = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "110"  # argparse wraps to the terminal: the same width wherever the site is built
+    os.environ["COLUMNS"] = "88"  # argparse wraps to the terminal: the same width wherever the site is built
     try:
         parts = [f"## `shardprop`\n\n```text\n{help_of([])}\n```"]
         for command in COMMANDS:
