@@ -50,9 +50,10 @@ _anchor_pages: dict[str, str] = {}
 
 
 def slug(title: str) -> str:
-    """The anchor Python-Markdown's toc gives a heading (and GitHub, for the titles README uses)."""
-    text = re.sub(r"[^\w\s-]", "", title.lower())
-    return re.sub(r"[\s]+", "-", text.strip())
+    """The anchor the site gives a heading: Python-Markdown's toc's own (GitHub's too, for the titles README uses)."""
+    from markdown.extensions.toc import slugify
+
+    return slugify(title, "-")
 
 
 def readme_sections() -> dict[str, list[str]]:
