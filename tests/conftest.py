@@ -1,5 +1,6 @@
 """Eight virtual CPU devices, set once before JAX initialises its backend; shared meshes and helpers."""
 
+import itertools
 import os
 
 import jax
@@ -18,9 +19,18 @@ from shardprop.core.layouts import layout_refines  # noqa: E402
 
 checks.enable()  # in case shardprop was imported before the variable was set
 
+# The long fuzz runs' seed (tests/test_fuzz_users.py): one per session, random unless given, set before the xdist
+# workers start so that they share it, and printed in the session header so that a failure can be replayed.
+os.environ.setdefault("SHARDPROP_FUZZ_SEED", str(int.from_bytes(os.urandom(3), "big")))
+
+
+def pytest_report_header(config):
+    return f"fuzz seed: SHARDPROP_FUZZ_SEED={os.environ['SHARDPROP_FUZZ_SEED']}"
+
 MESH_SHAPES = {
     "8": ((8,), ("i",)),
     "4x2": ((4, 2), ("i", "j")),
+    "2x4": ((2, 4), ("i", "j")),
     "2x2x2": ((2, 2, 2), ("i", "j", "k")),
 }
 
@@ -84,3 +94,40 @@ def assert_same_as_unsharded(f, args, *, mesh, in_specs, strategy="auto", rtol=1
         assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
     return fs.trace(*args)
+
+
+def assert_differentiates_as_unsharded(f, args, *, mesh, in_specs, strategy="auto", out_specs=None, rtol=1e-5,
+                                       atol=1e-5):
+    """The oracle for derivatives: the gradient of the weighted sum of ``f``'s outputs (``tests.fuzz_oracle.weighted``)
+    with respect to every argument, both ways — ``jax.grad`` of ``autoshard(f)``, and ``autoshard`` of ``jax.grad`` —
+    equals the unsharded gradient (a NaN or an infinity only where it has one). Returns the sharded gradient's
+    program."""
+    from tests.fuzz_oracle import weighted  # (the fuzzers' loss: every element's gradient differs)
+
+    argnums = tuple(range(len(args)))
+    want = jax.grad(weighted(f), argnums=argnums)(*jax.tree_util.tree_map(jax.numpy.asarray, args))
+    fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy, out_specs=out_specs)
+    grad = sp.autoshard(jax.grad(weighted(f), argnums=argnums), mesh=mesh, in_specs=in_specs, strategy=strategy)
+    for got in (jax.grad(weighted(fs), argnums=argnums)(*args), grad(*args)):
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+    return grad.trace(*args)
+
+
+def covering(rows, *columns, ids=None):
+    """The cross product of ``rows`` (tuples of parameters) with each of ``columns`` (lists of values) as pytest
+    params: a covering sample in the default run — every row once and every column value at least once (the ``t``-th
+    sampled param takes row ``t`` and value ``t + j`` of column ``j``, all modulo their lengths) — and the rest marked
+    ``slow``: the full cross product runs there (CI runs it). A param's id is its row's first entry (or ``ids(row)``)
+    and its column values."""
+    n = max([len(rows)] + [len(c) for c in columns])
+    sampled = {(t % len(rows), tuple((t + j) % len(c) for j, c in enumerate(columns))) for t in range(n)}
+    params = []
+    for k, row in enumerate(rows):
+        for combo in itertools.product(*(range(len(c)) for c in columns)):
+            values = tuple(c[i] for c, i in zip(columns, combo, strict=True))
+            label = "-".join(str(v) for v in (row[0] if ids is None else ids(row), *values))
+            params.append(pytest.param(*row, *values, id=label,
+                                       marks=() if (k, combo) in sampled else pytest.mark.slow))
+    return params

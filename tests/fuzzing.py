@@ -14,13 +14,13 @@ Shapes mix sizes that the meshes divide and sizes they do not.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
-from jax.sharding import PartitionSpec as P
+
+from tests.fuzz_specs import specs_for
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 MAX_ELEMENTS = 4096
@@ -430,66 +430,6 @@ def programs(draw, max_ops: int = 6, mesh_shape: dict[str, int] | None = None) -
     computed = [v.name for v in pool[n_inputs:]] or [inputs[0].name]
     outputs = tuple(draw(st.lists(st.sampled_from(computed), min_size=1, max_size=2, unique=True)))
     return Program(tuple(inputs), tuple(lines), outputs, tuple(kinds), tuple(pool))
-
-
-@st.composite
-def specs_for(draw, shape: tuple[int, ...], mesh_shape: dict[str, int]):
-    """None (unannotated), P() (replicated), or a random per-axis assignment of unused mesh axes,
-    compound entries included; usually divisible, sometimes deliberately not."""
-    kind = draw(st.sampled_from(["none", "replicated", "sharded", "sharded", "sharded"]))
-    if kind == "none":
-        return None
-    if kind == "replicated" or not shape:
-        return P()
-    free = list(mesh_shape)
-    entries = []
-    allow_indivisible = draw(st.integers(0, 9)) == 0
-    for n in shape:
-        options = [()]
-        for r in (1, 2):
-            for names in itertools.permutations(free, r):
-                if allow_indivisible or n % math.prod(mesh_shape[x] for x in names) == 0:
-                    options.append(names)
-        names = draw(st.sampled_from(options))
-        free = [x for x in free if x not in names]
-        entries.append(None if not names else names[0] if len(names) == 1 else names)
-    return P(*entries)
-
-
-@st.composite
-def related_spec(draw, spec, shape: tuple[int, ...], mesh_shape: dict[str, int]):
-    """A spec for an input of ``shape`` made from another input's ``spec``: per axis its mesh axes kept, cut to
-    a prefix, or extended by an unused mesh axis (where that divides the axis) — layouts that refine one
-    another, which must never conflict."""
-    entries = list(spec) + [None] * (len(shape) - len(spec))
-    names = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries[: len(shape)]]
-    used = {x for n in names for x in n}
-    out = []
-    for n, axes in zip(shape, names, strict=True):
-        choice = draw(st.sampled_from(["keep", "prefix", "extend"]))
-        if choice == "prefix" and axes:
-            axes = axes[: draw(st.integers(0, len(axes) - 1))]
-        elif choice == "extend":
-            extra = [x for x in mesh_shape if x not in used and n % math.prod(mesh_shape[y] for y in (*axes, x)) == 0]
-            if extra:
-                axes = (*axes, draw(st.sampled_from(extra)))
-                used.add(axes[-1])
-        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-    return P(*out)
-
-
-@st.composite
-def permuted_spec(draw, spec, shape: tuple[int, ...], mesh_shape: dict[str, int]):
-    """Another input's ``spec`` with its entries moved to other axes (where they divide): the layouts of ``x``
-    and ``x.T`` — a sharding conflict wherever the two meet elementwise."""
-    entries = list(spec) + [None] * (len(shape) - len(spec))
-    order = draw(st.permutations(range(len(shape))))
-    out = []
-    for n, k in zip(shape, order, strict=True):
-        entry = entries[k]
-        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-        out.append(entry if n % math.prod(mesh_shape[x] for x in names) == 0 else None)
-    return P(*out)
 
 
 def random_inputs(program: Program, seed: int = 0) -> list[np.ndarray]:

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
-from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -31,7 +30,9 @@ from shardprop.core.transfers import total_moved
 from shardprop.splitting.cost import estimate
 from shardprop.splitting.split import STRATEGIES
 from tests.conftest import MESH_SHAPES
-from tests.fuzzing import permuted_spec, programs, random_inputs, related_spec, specs_for
+from tests.fuzz_specs import permuted_spec, related_spec, specs_for
+from tests.fuzz_oracle import finite_magnitude, namespace_for, program_functions, reproducer, weighted
+from tests.fuzzing import programs, random_inputs
 
 LONG = int(os.environ.get("SHARDPROP_FUZZ_EXAMPLES", "0"))
 EXAMPLES = LONG or 100
@@ -62,50 +63,6 @@ def cases(draw):
     options = {"strategy": strategy, "out_specs": out_specs,
                "conflicts": draw(st.sampled_from(["reshard", "reshard", "reshard", "error"]))}
     return program, mesh_name, specs, options
-
-
-CONSTRAIN = "def constrain(x, spec):\n    return jax.lax.with_sharding_constraint(x, NamedSharding(MESH, spec))\n"
-
-
-def _finite_magnitude(x) -> float:
-    """The largest finite magnitude in ``x``: the scale of the tolerance (a "fill" gather gives NaN)."""
-    a = np.abs(np.asarray(x))
-    return float(np.max(a[np.isfinite(a)], initial=0))
-
-
-def namespace_for(mesh, *, reference: bool = False) -> dict:
-    """What a generated program's source refers to: ``constrain`` a sharding constraint on ``mesh`` — or, for
-    the unsharded reference, nothing at all."""
-    namespace = {"jnp": jnp, "np": np, "lax": lax, "jax": jax, "NamedSharding": NamedSharding, "P": P, "MESH": mesh}
-    if reference:
-        namespace["constrain"] = lambda x, spec: x
-    else:
-        exec(CONSTRAIN, namespace)  # noqa: S102
-    return namespace
-
-
-def program_functions(program, mesh):
-    """``(f, unconstrained f)``: the generated program, and the same without its sharding constraints."""
-    sharded, reference = namespace_for(mesh), namespace_for(mesh, reference=True)
-    exec(program.source, sharded)  # noqa: S102  the generated program
-    exec(program.source, reference)  # noqa: S102
-    return sharded["f"], reference["f"]
-
-
-def reproducer(program, mesh_name, specs, options) -> str:
-    """The failing case as a script a user can run."""
-    shape, names = MESH_SHAPES[mesh_name]
-    args = ", ".join(f"rng.normal(size={v.shape}).astype(np.float32)" for v in program.inputs)
-    return "\n".join([
-        "import jax", 'jax.config.update("jax_num_cpu_devices", 8)',
-        "import jax.numpy as jnp, numpy as np", "from jax import lax",
-        "from jax.sharding import NamedSharding, PartitionSpec as P", "import shardprop as sp",
-        f"MESH = sp.make_mesh({shape}, {names})", "", CONSTRAIN, program.source,
-        "rng = np.random.default_rng(0)", f"args = ({args},)",
-        f"got = sp.autoshard(f, mesh=MESH, in_specs={specs!r}, "
-        + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")(*args)",
-        "constrain = lambda x, spec: x  # the unsharded reference", "want = f(*map(jnp.asarray, args))",
-        "for g, w in zip(got, want):", "    np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-4)", ""])
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, print_blob=True,
@@ -149,7 +106,7 @@ def test_random_programs_equal_the_unsharded_result(case, meshes):
             assert g.sharding.is_equivalent_to(NamedSharding(mesh, spec), g.ndim), (g.sharding, spec)
         w = np.asarray(w)
         # float32 sums reassociated across blocks: tolerance relative to the result's magnitude.
-        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(w)))
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(w)))
 
 
 @st.composite
@@ -190,7 +147,7 @@ def test_conflicts_are_resolved_by_moving_an_operand(case, meshes):
     resolved = sum(issubclass(w.category, sp.ReshardWarning) for w in caught)
     event(f"conflicts resolved: {resolved}")
     want = np.asarray(f(*map(jnp.asarray, args)))
-    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(want)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(want)))
     if resolved:  # the same program halts when asked to
         try:
             sp.autoshard(f, mesh=meshes[mesh_name], in_specs=specs, strategy=strategy, conflicts="error")(*args)
@@ -220,14 +177,6 @@ def differentiable_case(case, meshes):
     return mesh, specs, options, f, unconstrained, random_inputs(program)
 
 
-def weighted(g):
-    """The scalar loss of ``g``'s outputs, each weighted elementwise (so that every element's gradient differs)."""
-    def loss(*xs):
-        outs = jax.tree_util.tree_leaves(g(*xs))
-        return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
-    return loss
-
-
 @settings(max_examples=max(EXAMPLES // 12, 8), deadline=None, derandomize=not LONG, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
@@ -251,7 +200,7 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
         return  # bad inputs, as the fuzzer counts them
     for g, w in zip(got, want, strict=True):
         w = np.asarray(w)
-        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(w)))
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(w)))
 
 
 @settings(max_examples=EXAMPLES // 12 if LONG else 3, deadline=None, derandomize=not LONG, print_blob=True,
@@ -288,7 +237,7 @@ def test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_
         return  # bad inputs, as the fuzzer counts them
     for g, w in zip(got, want, strict=True):
         w = np.asarray(w)
-        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(w)))
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(w)))
     sharded = prog.plan.sharded
     for value in sharded.graph.outputs:
         update = sharded.graph.nodes[sharded.graph.producer[value]]
@@ -331,7 +280,7 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
         return  # bad inputs, as the fuzzer counts them
     for g, w in zip(prog(*args), want, strict=True):
         w = np.asarray(w)
-        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + _finite_magnitude(w)))
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(w)))
     sharded = prog.plan.sharded
     graph = sharded.graph
     moved = total_moved(prog.estimated_communication())

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import shardprop as sp
 from tests.fuzzing import random_inputs
-from tests.test_fuzz import cases, program_functions, reproducer
+from tests.fuzz_oracle import program_functions, reproducer
+from tests.test_fuzz import cases
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, print_blob=True,
