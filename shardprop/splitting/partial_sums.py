@@ -164,6 +164,8 @@ def deferred_sums(plans: tuple[BodyPlan, ...]) -> DeferredSums | None:
         return None  # a value sharded over the axes it would be partial over: not a sum of whole copies
     if any(view.computed_type(v).span for v in partial):
         return None  # a sum finished in ranged rows: its finish moves it into the carry's blocks, in the body
+    if any(need.span or need.halo for node in graph.nodes for v, need in view.edges(node) if v in partial):
+        return None  # a partial value read in ranged rows or past its blocks: summed where it is made
     types = {v: ValueType(view.layout(v), mesh_axes) for v in partial}
     needs = {node.id: tuple(ValueType(need.layout, mesh_axes) if v in partial else need
                             for v, need in view.edges(node))

@@ -73,6 +73,8 @@ def decide(sharded: ShardedGraph, strategy: Strategy) -> Decisions:
         for choice in (strategy, Strategy.COLLECTIVE) if strategy is Strategy.AUTO else (strategy,):
             plans = tuple(BodyPlan(body, decide(body.sharded, choice)) for body in each)
             found = deferred_sums(plans)
+            if found is not None and any(decisions.needs(node_id)[k].span for k in found.operands):
+                found = None  # a carry taken in ranged rows (uneven): its sum is not deferred out of the loop
             trial = decisions.revised(bodies={node_id: plans}) if found is None else _with_deferred(
                 decisions, node, found)
             collective = trial.collective(node_id)

@@ -152,8 +152,9 @@ def cheapest_point(decisions: Decisions, node_id: int, collective: Collective, t
             break
         out = c.outputs[0]
         if (own is None and decisions.type(out) != decisions.computed_type(out)) or any(
-                u == v and not layout_refines(decisions.layout(v), need.layout) for u, need in decisions.edges(c)):
-            break  # held otherwise, or the partial value would be gathered
+                u == v and (need.span or need.halo or not layout_refines(decisions.layout(v), need.layout))
+                for u, need in decisions.edges(c)):
+            break  # held otherwise, or the partial value would be gathered, realigned or read past its block
         if summed & {name for layout in (*decisions.need_layouts(c.id), decisions.sharded.layout(out))
                      for m in layout for name in m} or decisions.type(out).span:
             # a block over a summed mesh axis: the devices' partial values would not line up (nor would a ranged
