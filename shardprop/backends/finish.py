@@ -44,12 +44,9 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
         return _product(partial, mesh_axes)
     if node.op in ("scatter-max", "scatter-min"):  # integers (ops/indexing.py): no NaN, no zero's sign, no derivative
         return (lax.pmax if kind is CollectiveKind.PMAX else lax.pmin)(partial, mesh_axes)
-    axes = node.params["axes"]
-    if rows is not None:  # a ranged axis's padding ties with nothing
-        block, _ = _without_padding(block, axes[0], rows, mesh_axes, mesh_shape,
-                                    extreme(block.dtype, lowest=kind is CollectiveKind.PMAX))
-    ties = jnp.sum(block == jnp.expand_dims(partial, axes), axis=axes, dtype=jnp.int32)
-    return _extreme(partial, ties, kind is CollectiveKind.PMAX, mesh_axes)
+    fill = None if geometry.fill_count == 0 else geometry.fill
+    return _extreme(partial, block, _held_rows(block, rows or (), mesh_shape), tuple(node.params["axes"]),
+                    kind is CollectiveKind.PMAX, mesh_axes, fill, geometry.fill_count)
 
 
 def _to_mirror(node: Node, mesh_axes: tuple[str, ...], reversed_block, mesh_shape):
@@ -140,18 +137,25 @@ def _product_jvp(mesh_axes, primals, tangents):
     return y, lax.psum(x_dot * others, mesh_axes)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _extreme(x, ties, is_max: bool, mesh_axes):
-    """The maximum (minimum) of every device's ``x``, as ``jnp.max`` (``jnp.min``) would give it over the whole
-    array: XLA's cross-device max and min neither propagate NaN nor tell -0 from +0, so floats are combined as
-    integers in IEEE total order (one all-reduce of the same size, no flags): a NaN on any device wins, and a zero
-    result takes the sign the unsharded reduction gives it (+0 for max, -0 for min)."""
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _extreme(x, block, held, axes, is_max: bool, mesh_axes, fill, fill_count: int):
+    """The maximum (minimum) of every device's ``x`` (its ``block``'s, reduced over ``axes``) and of ``fill`` (the
+    value of the rows no device holds, when ``fill_count`` elements are), as ``jnp.max`` (``jnp.min``) would give it
+    over the whole array: XLA's cross-device max and min neither propagate NaN nor tell -0 from +0, so floats are
+    combined as integers in IEEE total order (one all-reduce of the same size, no flags): a NaN on any device wins,
+    and a zero result takes the sign the unsharded reduction gives it (+0 for max, -0 for min)."""
     combine = lax.pmax if is_max else lax.pmin
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        return combine(x, mesh_axes)
+        best = combine(x, mesh_axes)
+        if fill is None:
+            return best
+        return (jnp.maximum if is_max else jnp.minimum)(best, jnp.asarray(fill, x.dtype))
     nan = jnp.array(jnp.nan if is_max else -jnp.nan, x.dtype)  # above +inf (below -inf) in total order
-    key = _total_order(jnp.where(jnp.isnan(x), nan, x))
-    best = lax.bitcast_convert_type(_total_order_inverse(combine(key, mesh_axes)), x.dtype)
+    key = combine(_total_order(jnp.where(jnp.isnan(x), nan, x)), mesh_axes)
+    if fill is not None:
+        fill = jnp.asarray(fill, x.dtype)
+        key = (jnp.maximum if is_max else jnp.minimum)(key, _total_order(jnp.where(jnp.isnan(fill), nan, fill)))
+    best = lax.bitcast_convert_type(_total_order_inverse(key), x.dtype)
     return jnp.where(jnp.isnan(best), jnp.array(jnp.nan, x.dtype), best)
 
 
@@ -167,14 +171,30 @@ def _total_order_inverse(key):
 
 
 @_extreme.defjvp
-def _extreme_jvp(is_max, mesh_axes, primals, tangents):
+def _extreme_jvp(axes, is_max, mesh_axes, fill, fill_count, primals, tangents):
     """``pmax``/``pmin`` have no differentiation rule; this is ``jnp.max``'s (``jnp.min``'s): the tangent of
-    the elements attaining the extreme, averaged over all of them. ``x``'s tangent is already its block's average
-    over the block's ``ties`` (elements equal to ``x``), so each device's share is weighted by its count."""
-    (x, ties), (x_dot, _) = primals, tangents
-    y = _extreme(x, ties, is_max, mesh_axes)
-    weight = jnp.where(x == y, ties, 0).astype(x_dot.dtype)
-    return y, lax.psum(x_dot * weight, mesh_axes) / lax.psum(weight, mesh_axes)
+    the elements attaining the extreme, averaged over all of them — every device's ``held`` elements of its block
+    equal to it, and the ``fill_count`` rows no device holds where the fill attains it (their tangent is zero). Read
+    from the blocks themselves: a device's own result's tangent averages over its block's padding too."""
+    (x, block, held), (_, block_dot, _) = primals, tangents
+    y = _extreme(x, block, held, axes, is_max, mesh_axes, fill, fill_count)
+    at = held & (block == jnp.expand_dims(y, axes))
+    total = lax.psum(jnp.sum(jnp.where(at, block_dot, jnp.zeros((), block_dot.dtype)), axis=axes), mesh_axes)
+    count = lax.psum(jnp.sum(at, axis=axes, dtype=jnp.int32), mesh_axes)
+    if fill is not None:
+        count = count + jnp.where(y == jnp.asarray(fill, y.dtype), fill_count, 0)
+    return y, total / count.astype(block_dot.dtype)
+
+
+def _held_rows(block, rows, mesh_shape):
+    """True where ``block`` holds an element of the array: along each ranged axis of ``rows`` (``(axis, mesh axes,
+    span, length)``), not in its padding."""
+    held = jnp.ones((), bool)
+    for axis, names, span, length in rows:
+        start = block_index(names, mesh_shape) * span.block - span.offset
+        row = lax.broadcasted_iota(jnp.int32, block.shape, axis) + start
+        held = held & (row >= 0) & (row < length)
+    return jnp.broadcast_to(held, block.shape)
 
 
 def _without_padding(block, axis: int, rows: tuple[Span, int], mesh_axes, mesh_shape, identity):
@@ -198,8 +218,10 @@ def _combine_arg(node, block, local_index, kind: CollectiveKind, mesh_axes, mesh
     if rows is None:
         start = block_index(mesh_axes, mesh_shape) * block.shape[axis]
     else:
-        block, start = _without_padding(block, axis, rows, mesh_axes, mesh_shape, extreme(block.dtype, lowest=is_max))
-        holds = (start < rows[1]) & (start + rows[0].block > 0)
+        (_, _, span, length), = rows
+        block, start = _without_padding(block, axis, (span, length), mesh_axes, mesh_shape,
+                                        extreme(block.dtype, lowest=is_max))
+        holds = (start < length) & (start + span.block > 0)
     index = local_index + start.astype(index_dtype)
     value = (jnp.max if is_max else jnp.min)(block, axis=axis)
     if jnp.issubdtype(block.dtype, jnp.floating):

@@ -52,12 +52,15 @@ class FinishGeometry:
     route works along; the rows a rotation moves each device's rows by (``shift``); the rounds of pieces a route
     sends each device's rows in (``rounds``, ``shardprop.core.steps.Piece``: a concatenation's operands joined
     in place, a strided slice's picks) and the value of the rows no piece lands on (``fill``: a pad's rows no device
-    holds); the span and length of the ranged axis an arg-extreme reduced (``rows``)."""
+    holds); for a reduction over ranged axes, each one's ``(axis, mesh axes, span, length)`` (``rows``) and, for a
+    maximum or a minimum, how many elements of ``fill`` (a pad's value) no device holds for each element of the
+    result (``fill_count``): the finish takes them in, and counts them among the ties its derivative averages over."""
 
     axis: int | None = None
     shift: int = 0
     rounds: tuple = ()
     rows: tuple | None = None
+    fill_count: int = 0
     fill: float | int | bool = 0
 
 

@@ -17,12 +17,14 @@ propagated, walked or run on blocks — the pass hands it (``RuleContext.propaga
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 
 from . import (contractions, control_flow, convolutions, elementwise, indexing, linalg, placement, pooling, random,
                ranges, reductions, reshape, scans, shapes, slicing)
 from ..core.collectives import FinishGeometry
+from ..core.layouts import shard_count
 from .fallback import fallback_for
 from .opdef import Family, OpDef, defs, first_sentence
 
@@ -42,9 +44,21 @@ def finish_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
     if node.op == "slice":
         return ranges.slice_geometry(graph, node, operand_type, mesh_shape)
     axes = node.params.get("axes") if lookup(node.op).family is Family.REDUCTION else None
-    if axes and len(axes) == 1 and operand_type.span_of(axes[0]) is not None:
-        return FinishGeometry(rows=(operand_type.span_of(axes[0]), graph.avals[node.operands[0]].shape[axes[0]]))
-    return FinishGeometry()
+    shape = graph.avals[node.operands[0]].shape
+    rows = tuple((k, operand_type.layout[k], operand_type.span_of(k), shape[k]) for k in axes or ()
+                 if operand_type.span_of(k) is not None)
+    if not rows:
+        return FinishGeometry()
+    filled = [(k, span) for k, _, span, _ in rows if span.fill is not None]
+    if not filled:
+        return FinishGeometry(rows=rows)
+    # the rows of the one filled axis no device holds (reductions.FinishReduction reads at most one ranged filled),
+    # once for every element of the other reduced axes
+    (k, span), = filled
+    count = shard_count(mesh_shape, operand_type.layout[k])
+    unheld = shape[k] - sum(stop - first for first, stop in (span.held(d, shape[k]) for d in range(count)))
+    others = math.prod(shape[j] for j in axes if j != k)
+    return FinishGeometry(rows=rows, fill=span.fill, fill_count=unheld * others)
 
 
 def _collect() -> Mapping[str, OpDef]:

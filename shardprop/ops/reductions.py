@@ -18,7 +18,7 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import TensorSharding, is_refinement, shard_count
+from ..core.layouts import TensorSharding, shard_count
 from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef
@@ -101,11 +101,14 @@ class FinishReduction:
         # whole
         spans = [s if s is not None and (s.fill is None or self.kind in _FILLS_TAKEN_IN or len(axes) == 1
                                          and self.kind in _FILLS_COUNTED_ONCE) else None for s in spans]
-        # a kept axis is read as the rule reads it: as held, or sliced further where the rule takes it so (a value
-        # laid out by its use: propagation/uses.py)
+        filled = [k for k, s in enumerate(spans) if s is not None and s.fill is not None]
+        for k in filled[1:]:  # the finish takes in one filled axis's rows no device holds: the others read whole
+            spans[k] = None
+        # a kept axis is read as the rule reads it, the layout its result is computed in: sliced further where the
+        # rule takes it so (a value laid out by its use: propagation/uses.py), moved where the rule lays it out over
+        # other mesh axes (an out_specs of ('k', 'i') for a kept axis held over 'i')
         rule_layout = decisions.sharded.needs[node.id][0]
-        produced = list(m if k in axes and spans[k] is not None else
-                        r if k not in axes and r != e and is_refinement(e, r) else e
+        produced = list(r if k not in axes else m if spans[k] is not None else e
                         for k, (m, e, r) in enumerate(zip(held.layout, held.even_layout, rule_layout, strict=True)))
         mesh_axes = tuple(name for k in sorted(axes) for name in produced[k])
         result = decisions.sharded.layout(node.outputs[0])
@@ -137,7 +140,9 @@ _IDENTITY = {"reduce_sum": CollectiveKind.PSUM, "reduce_max": CollectiveKind.PMA
 def reduction_block(node: Node, invals: list, blocks) -> list:
     """The reduction of this device's block; ranged rows it reduces (finished by a collective over the devices) are
     first masked past the axis's ends with the reduction's identity (0 for a sum, the lowest value for a maximum),
-    so the padding counts for nothing, and the rows no device holds (a pad's value) are taken in after."""
+    so the padding counts for nothing, and the rows no device holds (a pad's value) are counted in once after, by a
+    sum or a product — a maximum's or a minimum's finish takes them in (``backends/finish.py``: they tie with the
+    devices' results, and its derivative averages over every element attaining the extreme)."""
     (x,) = invals
     spans = blocks.in_spans[0] if blocks.in_spans else ()
     masked = [k for k in node.params["axes"] if spans and spans[k] is not None]
@@ -157,8 +162,6 @@ def reduction_block(node: Node, invals: list, blocks) -> list:
             out = out + jnp.where(first, fill * unheld, jnp.zeros((), out.dtype))
         elif node.op == "reduce_prod":  # multiplied in once, by the first device (a product over this one axis)
             out = out * jnp.where(first, fill ** unheld, jnp.ones((), out.dtype))
-        else:
-            out = _COMBINE[node.op](out, fill)
     return [out]
 
 
@@ -178,8 +181,6 @@ def arg_extreme_block(node: Node, invals: list, blocks) -> list:
 
 
 _ARG = {"argmax": CollectiveKind.ARGMAX, "argmin": CollectiveKind.ARGMIN}
-_COMBINE = {"reduce_max": jnp.maximum, "reduce_min": jnp.minimum, "reduce_or": jnp.logical_or,
-            "reduce_and": jnp.logical_and}
 
 
 def _reduction(name: str, finish: FinishReduction | None, linear: Linearity = Linearity.NONE) -> OpDef:
