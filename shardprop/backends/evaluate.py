@@ -10,15 +10,21 @@ partial extremes (``backends/finish.py``). There is no other evaluator of the sh
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Mapping
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
-from ..core.blocks import Blocks
+from ..core.blocks import Blocks, block_index
 from ..core.layouts import block_shape
+from ..expr import jax_adapter as jx
 from ..errors import LoweringError
 from ..expr.graph import CONSTANT, Graph, where
 from ..ops import finish_geometry, lookup
+from ..ops.opdef import Family
 from ..splitting.ir import BodyProgram, Compute, Finish, Move, Ref
 from .finish import finish_extreme
 from .moves import apply_step
@@ -30,16 +36,19 @@ def run_instructions(graph: Graph, mesh_shape: Mapping[str, int], instructions, 
     ref made, and returned). ``hook(instruction, env)``, if given, is called after each one."""
     for instruction in instructions:
         if isinstance(instruction, Move):
-            env[instruction.result] = apply_step(env[instruction.source], instruction.step, mesh_shape)
+            made = [apply_step(env[instruction.source], instruction.step, mesh_shape)]
         elif isinstance(instruction, Finish):
             node = graph.nodes[instruction.node]
-            env[instruction.result] = finish_extreme(node, instruction.kind, instruction.mesh_axes,
-                                                     env[instruction.source], env[instruction.operand], mesh_shape,
-                                                     node.outputs.index(instruction.result.value),
-                                                     finish_geometry(graph, node, instruction.operand.type,
-                                                                     mesh_shape))
+            made = [finish_extreme(node, instruction.kind, instruction.mesh_axes, env[instruction.source],
+                                   env[instruction.operand], mesh_shape, node.outputs.index(instruction.result.value),
+                                   finish_geometry(graph, node, instruction.operand.type, mesh_shape))]
         else:
-            env.update(zip(instruction.outputs, _compute(graph, mesh_shape, instruction, env), strict=True))
+            made = _compute(graph, mesh_shape, instruction, env)
+            if instruction.node in compared_with_itself(graph):
+                made = [computed_once(x, mesh_shape) for x in made]
+        refs = instruction.outputs if isinstance(instruction, Compute) else (instruction.result,)
+        env.update((ref, padding_without_derivative(x, ref.type, graph.avals[ref.value].shape, mesh_shape))
+                   for ref, x in zip(refs, made, strict=True))
         if hook is not None:
             hook(instruction, env)
     return env
@@ -83,3 +92,113 @@ def run_body(body: BodyProgram, mesh_shape: Mapping[str, int], input_blocks: lis
     run_instructions(graph, mesh_shape, body.instructions, env)
     return [env[ref] for ref in body.outputs]
 
+
+
+# Ops that only move or copy elements: a value read through them is still compared as it was computed.
+_VIEWS = frozenset({"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy", "copy_p"})
+_EQUALITY = frozenset({"eq", "ne"})
+# Ops whose derivative tests which elements attain their result (``x == max(x)``, ``jnp.maximum``'s tie test).
+_SELECTING = frozenset({"reduce_max", "reduce_min", "max", "min", "cummax", "cummin"})
+# The families XLA fuses into the kernels that read them (a reduction, a contraction is computed once and held).
+_FUSED = frozenset({Family.ELEMENTWISE, Family.SHAPE, Family.SLICING, Family.PLACEMENT})
+_PRODUCTS = frozenset({"mul", "div", "square", "integer_pow"})
+_SUMS = frozenset({"add", "sub", "add_any"})
+_COMPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compared_with_itself(graph: Graph) -> frozenset[int]:
+    """The nodes whose float result is tested against values computed from it — read by an op whose derivative finds
+    the elements attaining its result (a maximum, ``jnp.maximum``), or by an equality test and another op (through
+    reshapes and broadcasts) — and which XLA would compute with a multiply and an add fused into every kernel that
+    reads them: ``computed_once`` holds them in memory, so every reader sees the same bits."""
+    found = _COMPARED.get(graph)
+    if found is None:
+        found = _COMPARED[graph] = frozenset(n for n in _compared(graph) if _contracted(graph, n))
+    return found
+
+
+def _compared(graph: Graph):
+    for node in graph.nodes:
+        if node.op == CONSTANT or len(node.outputs) != 1 or jx.dtype_kind(graph.avals[node.outputs[0]].dtype) != "f":
+            continue
+        readers, seen, equality, selecting = list(graph.consumers[node.outputs[0]]), set(), False, False
+        while readers and not selecting:
+            reader = graph.nodes[readers.pop()]
+            if reader.id in seen:
+                continue
+            seen.add(reader.id)
+            equality |= reader.op in _EQUALITY
+            selecting = reader.op in _SELECTING
+            if reader.op in _VIEWS:
+                readers.extend(c for v in reader.outputs for c in graph.consumers[v])
+        if selecting or equality and len(graph.consumers[node.outputs[0]]) + (node.outputs[0] in graph.outputs) > 1:
+            yield node.id
+
+
+def _contracted(graph: Graph, node_id: int) -> bool:
+    """True when the ops XLA would fuse into the kernels reading node ``node_id``'s result (it and the producers of
+    the fused families before it) hold both a product and a sum: a multiply-add it may contract in some kernels."""
+    ops, stack, seen = set(), [node_id], set()
+    while stack:
+        node = graph.nodes[stack.pop()]
+        if node.id in seen or lookup(node.op).family not in _FUSED:
+            continue
+        seen.add(node.id)
+        ops.add(node.op)
+        stack.extend(graph.producer[v] for v in node.operands)
+    return bool(ops & _PRODUCTS) and bool(ops & _SUMS)
+
+
+def computed_once(x, mesh_shape: Mapping[str, int]):
+    """``x``, computed once and held in memory, bit for bit. XLA fuses a cheap elementwise value into every op that
+    reads it, computing it again in each, and XLA:CPU contracts a multiply and an add into one fused multiply-add in
+    some of those kernels and not in others: the copies can differ in their last bit, and ``x == max(x)`` then misses
+    the maximum its own reduction found (a gradient of ``jnp.min`` off by the whole tangent).
+    ``lax.optimization_barrier`` does not stop this (XLA:CPU removes it before fusing); an integer division of
+    ``x``'s bits by a 1 XLA cannot see is an op it never computes twice, and exact. Its derivative is ``x``'s."""
+    if not mesh_shape or jx.dtype_kind(x.dtype) != "f" or np.dtype(x.dtype).itemsize not in (2, 4, 8):
+        return x
+    index = lax.axis_index(next(iter(mesh_shape)))
+    one = lax.min(index + 1, lax.full_like(index, 1))  # 1 on every device, computed at run time
+    return _bits_divided(x, one)
+
+
+@jax.custom_jvp
+def _bits_divided(x, one):
+    """``x``, its bits divided by ``one`` (1) as integers."""
+    bits = np.dtype(f"int{8 * np.dtype(x.dtype).itemsize}")
+    return lax.bitcast_convert_type(lax.div(lax.bitcast_convert_type(x, bits), one.astype(bits)), x.dtype)
+
+
+@_bits_divided.defjvp
+def _bits_divided_jvp(primals, tangents):
+    (x, one), (x_dot, _) = primals, tangents
+    return _bits_divided(x, one), x_dot
+
+
+def padding_without_derivative(x, vtype, shape, mesh_shape: Mapping[str, int]):
+    """``x``, a block held as ``vtype`` (of a value of ``shape``), whose padding — the positions of a ranged axis's
+    blocks past the axis's ends, which nothing reads — carries no derivative. Those positions hold whatever the op
+    computed from its operands' padding (a quotient by zero, a neighbour's row a slice left in place): under
+    reverse-mode differentiation their zero cotangent times such a value is NaN, which the transpose of the op that
+    made them would carry into the rows they alias. The primal is ``x`` itself (no work); a tangent is zeroed there."""
+    if not vtype.span or not vtype.rows_in_place or jx.dtype_kind(x.dtype) not in ("f", "c"):
+        return x
+    held = jnp.ones((), bool)
+    for axis, (span, mesh_axes) in enumerate(zip(vtype.span, vtype.layout, strict=True)):
+        if span is not None:
+            first = block_index(mesh_axes, mesh_shape) * span.block - span.offset
+            row = lax.broadcasted_iota(np.int32, x.shape, axis) + first
+            held = held & (row >= 0) & (row < shape[axis])
+    return _tangent_where(x, jnp.broadcast_to(held, x.shape))
+
+
+@jax.custom_jvp
+def _tangent_where(x, held):
+    return x
+
+
+@_tangent_where.defjvp
+def _tangent_where_jvp(primals, tangents):
+    (x, held), (x_dot, _) = primals, tangents
+    return x, jnp.where(held, x_dot, jnp.zeros((), x_dot.dtype))

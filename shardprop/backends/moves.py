@@ -158,8 +158,9 @@ def _unspan(x, step: Step, mesh_shape: Mapping[str, int]):
     count = shard_count(mesh_shape, names)
     held = [span.held(d, length) for d in range(count)]
     most = unspan_rows(step, count)
-    if most == 0:
-        return lax.full(tuple(length if k == axis else n for k, n in enumerate(x.shape)), span.fill, x.dtype)
+    if most == 0:  # no device holds a row: all the fill (or nothing: an axis of no rows)
+        return lax.full(tuple(length if k == axis else n for k, n in enumerate(x.shape)),
+                        0 if span.fill is None else span.fill, x.dtype)
     starts = np.array([first - (d * span.block - span.offset) if stop > first else 0
                        for d, (first, stop) in enumerate(held)], np.int32)
     padded = lax.pad(x, lax.full((), 0, x.dtype), [(0, most, 0) if k == axis else (0, 0, 0) for k in range(x.ndim)])

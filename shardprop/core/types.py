@@ -49,6 +49,10 @@ class Reduction(StrEnum):
     ROUTED = "routed"  # operands' blocks joined in place: each device holds pieces of other devices' blocks
 
 
+# the pending combines whose devices hold other rows than their blocks' own
+_ELSEWHERE = frozenset({Reduction.MIRRORED, Reduction.ROTATED, Reduction.ROUTED, Reduction.TOP_K})
+
+
 @dataclass(frozen=True, slots=True)
 class ValueType:
     """How each device holds a value: its ``layout``, and the mesh axes over which it is an unreduced sum (a set,
@@ -85,6 +89,13 @@ class ValueType:
 
     def __hash__(self) -> int:
         return self._hash
+
+    @property
+    def rows_in_place(self) -> bool:
+        """True when each device's block holds the rows its layout (and span) name, or a partial result of them —
+        not rows bound for other devices (a reversal, a rotation or a route still pending) nor a top-k's
+        candidates."""
+        return not self.partial or self.reduction not in _ELSEWHERE
 
     @property
     def is_partial_sum(self) -> bool:
