@@ -65,7 +65,9 @@ body holding a primitive without a rule makes the op fall back; the warning and 
 primitive and its line. `jax.checkpoint` (`remat2`) is inlined: rematerialisation is XLA's business.
 
 `sharding_constraint` is an annotation: it pins its value's layout, open axes upstream adopt it,
-and an operand that arrives laid out otherwise is moved there.
+and an operand that arrives laid out otherwise is moved there. An axis its mesh axes do not divide (6 rows over 4
+devices) is laid out in blocks of `ceil(n / count)` rows, the last ones short — ranged, as an argument laid out so
+is, and as `jax.jit` pads it.
 
 ## Along a sharded axis: halos, offsets and scans
 

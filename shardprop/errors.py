@@ -63,7 +63,9 @@ class UnknownMeshAxisError(SpecError):
 
 
 class IndivisibleAxisError(SpecError):
-    """An array axis is not divisible by the size of the mesh axes it is sharded over."""
+    """An ``out_specs`` entry lays an output's axis out over mesh axes whose size does not divide it: a JAX array is
+    held in equal blocks (``jax.jit``'s ``out_shardings`` refuse it too). An argument or a sharding constraint laid out
+    so runs on uneven blocks instead."""
 
 
 class SpecRankError(SpecError):

@@ -78,11 +78,11 @@ def test_bad_specs(specs, error, pattern, mesh):
         compile(add, specs, mesh)
 
 
-def test_a_constraint_whose_axis_its_mesh_axes_do_not_divide(mesh):
-    # (an argument whose axis does not divide is accepted as ranges: tests/ops/test_ranges.py)
-    constrained = lambda a: jax.lax.with_sharding_constraint(a[:6], jax.sharding.NamedSharding(mesh, P("i")))  # noqa
+def test_out_specs_whose_axis_their_mesh_axes_do_not_divide(mesh):
+    # (an argument or a constraint whose axis does not divide is laid out in ranges, as jax.jit pads it:
+    # tests/ops/test_constraints.py; a returned array's blocks must divide it, as jax.jit's out_shardings)
     with pytest.raises(sp.IndivisibleAxisError, match=re.escape("axis 0 has size 6, not divisible by 4 (mesh axes i")):
-        compile(constrained, (None,), mesh, A)
+        sp.autoshard(lambda a: a[:6], mesh=mesh, in_specs=(None,), out_specs=P("i")).trace(A)
 
 
 def test_every_error_is_a_sharding_error_and_exported():

@@ -15,7 +15,7 @@ from jax.sharding import AxisType, PartitionSpec
 from ..core.blocks import Blocks, bind_with
 from ..expr.graph import Node
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import Open, Sharded, TensorSharding, layout_from_spec
+from ..core.layouts import Open, Sharded, TensorSharding, layout_from_spec, shard_count, uneven_span
 from .elementwise import identity, identity_lineage
 from .fallback import conservative
 from .opdef import Family, Linearity, OpDef
@@ -38,26 +38,39 @@ def constraint(ctx: RuleContext, operand: TensorSharding, *, sharding, unconstra
                **params) -> RuleOutput:
     """A sharding constraint pins its value's layout: open axes adopt it, the operand is consumed in it (moved
     there when it arrives otherwise), and the result is laid out as it says. An unconstrained axis carries the
-    operand's sharding."""
+    operand's sharding. An axis its mesh axes do not divide is laid out in blocks of ``ceil(n / count)`` rows, the
+    last ones short — ranged, as an argument laid out so is (``jax.jit`` pads it so)."""
     spec = getattr(sharding, "spec", sharding)
     shape = operand.shape
     pinned = layout_from_spec(PartitionSpec(*(None if k in unconstrained_dims else e for k, e in
                                               enumerate(_entries(spec, len(shape))))),
-                              shape, ctx.mesh_shape, "the sharding constraint")
-    axes, needs = [], []
+                              shape, ctx.mesh_shape, "the sharding constraint", uneven=True)
+    axes, needs, reads = [], [], []
     for k, (size, source, mesh_axes) in enumerate(zip(shape, operand.axes, pinned, strict=True)):
         if k in unconstrained_dims:
-            axes.append(ctx.carry(k, size, source))
-            needs.append(source.mesh_axes if isinstance(source, Sharded) else ())
+            ranged = isinstance(source, Sharded) and source.span is not None
+            axes.append(ctx.ranged(k, size, source.mesh_axes, source.span, [(source, 0)]) if ranged else
+                        ctx.carry(k, size, source))
+            needs.append(() if ranged else source.mesh_axes if isinstance(source, Sharded) else ())
+            reads.append((source.mesh_axes, source.span) if ranged else None)
             continue
         if isinstance(source, Open):
             ctx.request(source, mesh_axes)
-        if isinstance(source, Sharded) and source.mesh_axes == mesh_axes:
+        span = uneven_span(size, shard_count(ctx.mesh_shape, mesh_axes)) if mesh_axes else None
+        if span is not None:  # blocks of ceil(n / count) rows: read so, the operand's rows realigned or taken there
+            sources = [(source, 0)] if isinstance(source, Sharded) and source.mesh_axes == mesh_axes else []
+            axes.append(ctx.ranged(k, size, mesh_axes, span, sources))
+            needs.append(())
+            reads.append((mesh_axes, span))
+            continue
+        if isinstance(source, Sharded) and source.mesh_axes == mesh_axes and source.span is None:
             axes.append(ctx.carry(k, size, source))
         else:
             axes.append(ctx.root(k, size, mesh_axes) if mesh_axes else None)
         needs.append(mesh_axes)
-    return RuleOutput((TensorSharding(shape, tuple(axes)),), (tuple(needs),))
+        reads.append(None)
+    spans = (tuple(reads),) if any(r is not None for r in reads) else None
+    return RuleOutput((TensorSharding(shape, tuple(axes)),), (tuple(needs),), need_spans=spans)
 
 
 def _entries(spec, rank: int) -> tuple:
@@ -84,7 +97,8 @@ OPS = [
     OpDef("device_put", Family.PLACEMENT, propagate=device_put, lineage=identity_lineage, lineage_exact=True,
           per_block=bind_with(_no_placement), finish=None, pull=None, linear=Linearity.NONE),
     OpDef("sharding_constraint", Family.PLACEMENT, propagate=constraint, lineage=identity_lineage,
-          lineage_exact=True, per_block=pass_through, finish=None, pull=None, linear=Linearity.NONE),
+          lineage_exact=True, per_block=pass_through, finish=None, pull=None, linear=Linearity.NONE,
+          reads_ranges=True),
     OpDef("reshard", Family.PLACEMENT, propagate=reshard, lineage=identity_lineage, lineage_exact=True,
           per_block=pass_through, finish=None, pull=None, linear=Linearity.NONE),
 ]
