@@ -5,6 +5,11 @@ or cond.
 blocks keyed by ``shardprop.splitting.ir.Ref``: a ``Compute`` evaluates its node with its primitive's
 ``per_block`` piece, a ``Move`` runs one planned step (``backends/moves.py``), a ``Finish`` combines a reduction's
 partial extremes (``backends/finish.py``). There is no other evaluator of the sharded graph.
+
+Two guards keep the blocks' numbers the unsharded function's under XLA and under differentiation: a value tested
+against values computed from it (a maximum's derivative, ``x == max(x)``) is held once (``computed_once``: XLA would
+compute it again, with other roundings, in each kernel reading it), and a ranged block's padding carries no
+derivative (``padding_without_derivative``).
 """
 
 from __future__ import annotations
@@ -96,9 +101,11 @@ def run_body(body: BodyProgram, mesh_shape: Mapping[str, int], input_blocks: lis
 
 # Ops that only move or copy elements: a value read through them is still compared as it was computed.
 _VIEWS = frozenset({"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy", "copy_p"})
-_EQUALITY = frozenset({"eq", "ne"})
-# Ops whose derivative tests which elements attain their result (``x == max(x)``, ``jnp.maximum``'s tie test).
-_SELECTING = frozenset({"reduce_max", "reduce_min", "max", "min", "cummax", "cummin"})
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+# Ops that select some of their operand's elements, whose derivative (or whose user) tests which elements they are
+# (``x == max(x)``, ``jnp.maximum``'s tie test, ``x >= jnp.sort(x)[k]``).
+_SELECTING = frozenset({"reduce_max", "reduce_min", "max", "min", "cummax", "cummin", "argmax", "argmin", "sort",
+                        "top_k"})
 # The families XLA fuses into the kernels that read them (a reduction, a contraction is computed once and held).
 _FUSED = frozenset({Family.ELEMENTWISE, Family.SHAPE, Family.SLICING, Family.PLACEMENT})
 _PRODUCTS = frozenset({"mul", "div", "square", "integer_pow"})
@@ -108,7 +115,7 @@ _COMPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def compared_with_itself(graph: Graph) -> frozenset[int]:
     """The nodes whose float result is tested against values computed from it — read by an op whose derivative finds
-    the elements attaining its result (a maximum, ``jnp.maximum``), or by an equality test and another op (through
+    the elements attaining its result (a maximum, ``jnp.maximum``, a sort), or by a comparison and another op (through
     reshapes and broadcasts) — and which XLA would compute with a multiply and an add fused into every kernel that
     reads them: ``computed_once`` holds them in memory, so every reader sees the same bits."""
     found = _COMPARED.get(graph)
@@ -127,7 +134,7 @@ def _compared(graph: Graph):
             if reader.id in seen:
                 continue
             seen.add(reader.id)
-            equality |= reader.op in _EQUALITY
+            equality |= reader.op in _COMPARISONS
             selecting = reader.op in _SELECTING
             if reader.op in _VIEWS:
                 readers.extend(c for v in reader.outputs for c in graph.consumers[v])
@@ -186,8 +193,8 @@ def padding_without_derivative(x, vtype, shape, mesh_shape: Mapping[str, int]):
         return x
     held = jnp.ones((), bool)
     for axis, (span, mesh_axes) in enumerate(zip(vtype.span, vtype.layout, strict=True)):
-        if span is not None:
-            first = block_index(mesh_axes, mesh_shape) * span.block - span.offset
+        if span is not None:  # (a haloed block starts with its neighbour's rows)
+            first = block_index(mesh_axes, mesh_shape) * span.block - span.offset - vtype.halo_of(axis)[0]
             row = lax.broadcasted_iota(np.int32, x.shape, axis) + first
             held = held & (row >= 0) & (row < shape[axis])
     return _tangent_where(x, jnp.broadcast_to(held, x.shape))

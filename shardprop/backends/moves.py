@@ -269,8 +269,20 @@ def _block_index(names: tuple[str, ...], mesh_shape: Mapping[str, int]):
 def as_bits(move, x):
     """``move(x)`` on the bits of a bfloat16 or float8 ``x``, as unsigned integers of its width: XLA:CPU widens
     those floats in a collective (bfloat16 to float32, float8 to float16), moving twice the bytes; bits move as
-    they are on every backend. Sums cannot do this: a psum of bfloat16 on CPU moves float32."""
+    they are on every backend. Sums cannot do this: a psum of bfloat16 on CPU moves float32. The derivative is the
+    move's own (a tangent moves as numbers: integers carry none)."""
     if jx.dtype_kind(x.dtype) != "f" or np.dtype(x.dtype).kind != "V":  # numpy's own floats move as they are
         return move(x)
+    return _moved_bits(move, x)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _moved_bits(move, x):
     bits = np.dtype(f"uint{8 * x.dtype.itemsize}")
     return lax.bitcast_convert_type(move(lax.bitcast_convert_type(x, bits)), x.dtype)
+
+
+@_moved_bits.defjvp
+def _moved_bits_jvp(move, primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    return _moved_bits(move, x), move(x_dot)
