@@ -18,7 +18,7 @@ from .timing import first_calls, scaling, small_call_overhead
 from .workloads import MESHES, select, workloads
 
 # Blocks of the scaling graph: about 10^3, 10^4 and 10^5 nodes (the quick run stops at 10^4).
-SCALING_LAYERS = (56, 556, 5556)
+SCALING_LAYERS = (72, 715, 7143)
 
 
 def missing_modules(requires) -> list[str]:
@@ -61,7 +61,7 @@ def run_benchmark(*, quick: bool, rounds: int, only: str | None, command: str, s
         say("a training loop's first calls ...")
         first = first_calls(mesh)
         layers = SCALING_LAYERS[:2] if quick else SCALING_LAYERS
-        say(f"pass scaling at {', '.join(str(n) for n in layers)} layers of the deep graph (about 18 nodes each) ...")
+        say(f"pass scaling at {', '.join(str(n) for n in layers)} layers of the deep graph (about 14 nodes each) ...")
         points = scaling(mesh, layers)
     doc = {"meta": {"command": command, "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
                     "machine": machine(), "quick": quick, "rounds": rounds, "only": only},

@@ -36,5 +36,5 @@ SPECS = ([P(None, "model")] * 2, P("data"), P("data"))
 if __name__ == "__main__":
     mesh = sp.make_mesh((4, 2), ("data", "model"))
     prog = sp.autoshard(step, mesh=mesh, in_specs=SPECS).trace(*arguments())
-    print(sp.explain(prog, "u"))
+    print(sp.explain(prog, "t"))
     print(sp.compare_with_jit(step, mesh, SPECS, *arguments()))

@@ -102,6 +102,8 @@ class _GraphBuilder:
         self.avals: list[Aval] = []
         self.scalar_constants: dict[int, int] = {}  # value -> its integer, for constant cond indices
         self.custom_derivatives: set[str] = set()  # inlined calls with custom derivative rules
+        self.merged: dict[tuple, tuple[int, ...]] = {}  # an expression's key -> its outputs (CSE)
+        self.constants: set[int] = set()  # the values of constant nodes
 
     def _new_value(self, shape, dtype) -> int:
         self.avals.append(Aval(tuple(shape), jx.as_dtype(dtype)))
@@ -116,7 +118,13 @@ class _GraphBuilder:
 
     def _constant(self, value) -> int:
         value = jx.as_constant(value)
+        key = _constant_key(value)
+        if key is not None and key in self.merged:  # one node per small constant, as XLA folds them
+            return self.merged[key][0]
         out = self._add_node(CONSTANT, (), [(value.shape, value.dtype)], {"value": value}, None).output
+        if key is not None:
+            self.merged[key] = (out,)
+        self.constants.add(out)
         if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
             self.scalar_constants[out] = int(value)
         return out
@@ -184,9 +192,63 @@ class _GraphBuilder:
             if primitive.name == jx.STATIC_WHEN_CONSTANT and all(o in self.scalar_constants for o in operands[1:]):
                 primitive, params = jx.as_static_slice(eqn, [self.scalar_constants[o] for o in operands[1:]])
                 operands = operands[:1]
-            node = self._add_node(
-                primitive.name, operands, [jx.aval_of(v) for v in eqn.outvars], params, source, primitive, caller,
-            )
-            for var, value in zip(eqn.outvars, node.outputs, strict=True):
+            # (an expression of constants alone is not merged: each reader makes its own copy in its layout, free)
+            key = None if all(o in self.constants for o in operands) else _expression_key(primitive.name, operands,
+                                                                                         params)
+            outputs = self.merged.get(key) if key is not None else None
+            if outputs is None:
+                outputs = self._add_node(primitive.name, operands, [jx.aval_of(v) for v in eqn.outvars], params,
+                                         source, primitive, caller).outputs
+                if key is not None:
+                    self.merged[key] = outputs
+            for var, value in zip(eqn.outvars, outputs, strict=True):
                 if not jx.is_drop_var(var):
                     env[var] = value
+
+
+# Not merged however alike: ops with effects or whose results differ call to call.
+_UNMERGED_WORDS = ("callback", "print", "debug", "rng", "random_bits", "infeed", "outfeed", "send", "recv", "barrier",
+                   "token", "io_")
+
+
+def _expression_key(op: str, operands, params) -> tuple | None:
+    """A key equal for two applications of ``op`` to the same values with the same params — one expression written
+    twice, which ``jax.jit`` (XLA's common subexpressions) computes once; None where they must stay apart (effects,
+    randomness, params holding functions or bodies)."""
+    if not _mergeable(op):
+        return None
+    frozen = _frozen(tuple(sorted(params.items())))
+    return None if frozen is None else (op, tuple(operands), frozen)
+
+
+@functools.cache
+def _mergeable(op: str) -> bool:
+    return not any(word in op for word in _UNMERGED_WORDS)
+
+
+def _frozen(value):
+    """``value`` as a hashable key of plain data, or None where it holds anything else."""
+    kind = type(value)
+    if kind is int or kind is bool or kind is str:  # (typed: True == 1)
+        return (kind, value)
+    if value is None or isinstance(value, np.dtype):
+        return value
+    if isinstance(value, (float, np.generic)):  # (by repr: -0.0 == 0.0, nan != nan)
+        return (kind, repr(value))
+    if isinstance(value, tuple):  # (NamedTuples too: dimension numbers)
+        items = [_frozen(v) for v in value]
+        return None if any(i is None and v is not None for i, v in zip(items, value, strict=True)) else (
+            kind, tuple(items))
+    if isinstance(value, (frozenset, set)):
+        items = [_frozen(v) for v in sorted(value, key=repr)]
+        return None if any(i is None for i in items) else (kind, tuple(items))
+    if kind.__hash__ is not None and dataclasses.is_dataclass(value) or hasattr(value, "_value_"):
+        return (kind, repr(value))  # frozen dataclasses (gather dimension numbers), enums
+    return None
+
+
+def _constant_key(value) -> tuple | None:
+    """A key for a small constant (a scalar, a short vector): one node per value, dtype and shape."""
+    if not isinstance(value, (np.ndarray, np.generic)) or value.size > 16 or value.dtype.kind not in "biufc":
+        return None  # (a PRNG key, a large array: kept as they are)
+    return ("constant", value.dtype.str, value.shape, value.tobytes())

@@ -12,7 +12,9 @@ Two classes the outside fuzzer of issue #48 found:
   and not in others, so the copies may differ in their last bit and the test miss the maximum (``jnp.min(x +
   x.mean(0, keepdims=True), axis=0)``'s gradient was off by its whole tangent in two columns). Such a value is held
   once — with its derivative (the first fix cut it, and ``jax.grad`` of the program lost the value's tangent) and
-  for ``jax.grad`` of the program too, whose maximum's derivative JAX adds to the program's own kernels.
+  for ``jax.grad`` of the program too, whose maximum's derivative JAX adds to the program's own kernels. The same
+  expression written twice (``m + x <= jnp.min(m + x)``) is one node, as ``jax.jit`` computes it once
+  (``shardprop/expr/trace.py`` merges it): two copies were held in two kernels with two roundings.
 """
 
 import jax
@@ -55,6 +57,9 @@ COMPARED = [  # (name, f, x, in_specs): a value computed from several, compared 
      X16, (P("i", "j"),)),
     ("a softmax", lambda x: jax.nn.softmax(x * 0.5 + 1.0, axis=1), X12, (P("i", None),)),
     # (found by the fuzzer of programs as users write them: jax.grad through the program compared in its kernels)
+    ("written twice, compared with its own minimum (one node, as jax.jit computes it once)",
+     lambda x: jnp.where(jnp.mean(x, 0, keepdims=True) + x <= jnp.min(jnp.mean(x, 0, keepdims=True) + x, axis=0), x,
+                         0.0), X12, (P("i", None),)),
     ("the maximum of x plus its mean, replicated", lambda x: jnp.max(x + jnp.mean(x, 0, keepdims=True), axis=1,
                                                                     keepdims=True), X3, (P(),)),
 ]

@@ -102,3 +102,32 @@ def test_static_branches_are_inlined_while_tracing():
     # a predicate computed from data stays a cond
     data_dependent = sp.trace(lambda a: lax.cond(a.sum() > 0, jnp.sin, jnp.cos, a), x)
     assert "cond" in {n.op for n in data_dependent.nodes}
+
+
+def test_an_expression_written_twice_is_one_node_as_jax_jit_computes_it_once():
+    """Issue #48 (review): ``jnp.where(m + x <= jnp.min(m + x, 0), ...)`` written out twice was two nodes, held in
+    different kernels with different roundings, and the comparison missed the minimum (wrong counts and
+    gradients). XLA merges common subexpressions; so does the trace — the same op on the same values with the same
+    params, and small constants of the same bits."""
+    def f(x):
+        return jnp.where(jnp.mean(x, 0, keepdims=True) + x <= jnp.min(jnp.mean(x, 0, keepdims=True) + x, axis=0), x,
+                         0.0)
+
+    written = ops(sp.trace(f, X))
+    assert [written.count(op) for op in ("reduce_sum", "div", "add", "reduce_min", "le")] == [1, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("name,f,count", [
+    ("other params", lambda x: (jnp.sum(x, 0), jnp.sum(x, 1)), 2),
+    ("other operands", lambda x: (x * 2.0, (x + 1.0) * 2.0), 3),
+    ("constants of other signs", lambda x: (x * 0.0, x * -0.0), 2),
+    ("constants of other dtypes", lambda x: (x.astype(jnp.int32) + 1, x + 1.0), 2),
+    ("draws from one key", lambda x: (jax.random.normal(jax.random.key(0), (8, 4)) * x,
+                                      jax.random.normal(jax.random.key(0), (8, 4)) * x), None),
+])
+def test_expressions_that_differ_stay_apart(name, f, count):
+    graph = sp.trace(f, X)
+    if count is None:  # random bits are drawn once per call as written (an effect-like op is never merged)
+        assert sum(n.op == "random_bits" for n in graph.nodes) == 2
+    else:
+        assert len([n for n in graph.nodes if n.op in ("reduce_sum", "mul", "add")]) == count

@@ -155,7 +155,7 @@ def test_a_ten_thousand_node_graph_exports_in_small_groups():
 
     mesh = sp.make_mesh((4, 2), ("i", "j"))
     x, w = jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 32), jnp.float32)
-    plan = sp.split(sp.propagate(sp.trace(lambda x, w: deep(x, w, 556), x, w), (P("i", "j"), None), mesh=mesh))
+    plan = sp.split(sp.propagate(sp.trace(lambda x, w: deep(x, w, 715), x, w), (P("i", "j"), None), mesh=mesh))
     assert len(plan.graph.nodes) >= 10_000
     start = time.perf_counter()
     graph = sp.to_model_explorer(plan).graphs[0]

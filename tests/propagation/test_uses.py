@@ -149,8 +149,8 @@ real run."""
     mesh = sp.make_mesh((4, 2), (DATA, MODEL))
     prog = sp.autoshard(example["step"], mesh=mesh, in_specs=example["SPECS"]).trace(*example["arguments"]())
     design = (pathlib.Path(__file__).parents[2] / "docs" / "design.md").read_text()
-    for line in str(sp.explain(prog, "u")).splitlines():
-        if "origin: `transpose`" in line or line.startswith("u:") or "finishes the result" in line:
+    for line in str(sp.explain(prog, "t")).splitlines():
+        if "origin: `transpose`" in line or line.startswith("t:") or "finishes the result" in line:
             assert line in design, line
     comparison = sp.compare_with_jit(example["step"], mesh, example["SPECS"], *example["arguments"]())
     assert (comparison.shardprop_bytes, comparison.jit_bytes) == (960, 1088) and "960 B per device, where" in design
