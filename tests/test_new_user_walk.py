@@ -80,6 +80,9 @@ RUNS = {
     "jax.jit of an autoshard function": lambda: (
         jax.jit(sp.autoshard(softmax_xent, mesh=auto_mesh(), in_specs=(P("i"), None)))(X, W), softmax_xent(X, W)),
     "a while loop": lambda: (_run(loop, (X,), in_specs=(P("i"),)), loop(X)),
+    "constraint that does not divide (uneven blocks, as jax.jit pads it)": lambda: (
+        _run(lambda x: jax.lax.with_sharding_constraint(x[:6], NamedSharding(auto_mesh(), P("i"))) * 2.0, (X,),
+             in_specs=(None,)), X[:6] * 2.0),
 }
 
 
@@ -105,9 +108,8 @@ REFUSALS = {
     "constraint on an unknown axis": (lambda: _run(
         lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(sp.make_mesh((8,), ("k",)), P("k"))),
         (X,), in_specs=(None,)), sp.UnknownMeshAxisError),
-    "constraint that does not divide": (lambda: _run(
-        lambda x: jax.lax.with_sharding_constraint(x[:6], NamedSharding(auto_mesh(), P("i"))), (X,),
-        in_specs=(None,)), sp.IndivisibleAxisError),
+    "out_specs that do not divide": (lambda: _run(lambda x: x[:6] * 2.0, (X,), in_specs=(None,),
+                                                  out_specs=P("i")), sp.IndivisibleAxisError),
     "out_specs not a prefix": (lambda: _run(lambda x: (x, x), (X,), in_specs=(None,), out_specs=(P("i"),)),
                                sp.SpecTreeError),
     "unhashable static argument": (lambda: _run(lambda x, n: x.reshape(n, -1), (X, [4]), in_specs=(P("i"),),
