@@ -102,15 +102,15 @@ blocks before it (one row per device moves, the rows stay sharded); the columns 
 A `scan`, a `while` loop (a `fori_loop` with a traced bound) or a `cond` stays one node of its stage, and the
 listing prints each of its bodies' IR indented under it — the body's values in the types each device holds its
 blocks in, what it moves and the collectives that finish its nodes (on every iteration), and the carries kept
-partial sums (typed `{{+i}}` inside, summed by one collective after the loop). A body's values are named by a path: `t/body/l` is
-value `l` of the body of the op computing `t` (`e/cond/c` for a while loop's condition, `e/branch1/c` for a
+partial sums (typed `{{+i}}` inside, summed by one collective after the loop). A body's values are named by a path: `s/body/l` is
+value `l` of the body of the op computing `s` (`e/cond/c` for a while loop's condition, `e/branch1/c` for a
 branch of a `cond`; nested loops continue the path). `sp.explain` and `--explain` take those paths. The
 gradient of a small RNN (batch sharded over `i`): the backward scan's weight gradient is a sum over the batch;
 each device keeps its partial sum through the loop and one all-reduce finishes it after the last step. (The
 outputs on this page are jax 0.10.2's. jax 0.11 and later write tanh's derivative as one primitive,
 `one_minus_square`, so under them this program has a few values fewer and the ones after them have other names.)
 
-{block([*RNN_GRAD, "--explain", "t/body/l"])}
+{block([*RNN_GRAD, "--explain", "s/body/l"])}
 `sp.lineage` follows a block through loops too: a `scan` block reads the same iterations of `xs` (and every
 earlier one, through the carry), a `while` loop's block what its body and its condition read on every
 iteration (see below).
@@ -186,7 +186,7 @@ A stable document, schema id `shardprop.inspect/3`; `shardprop inspect --schema`
 | `strategy` | `"gather"`, `"collective"` or `"auto"` (null for a sharded graph without a plan) |
 | `inputs`, `outputs` | per flat input/output: `index`, `value` (its name in the listing), `layout`; inputs also their `name` (as `jax.jit` names the argument leaf: `params['w']`) and `spec_source` (`in_specs`: written, or unannotated; `sp.AUTO`: chosen by the search; `array`: the layout of the array it was called with), outputs their `source` |
 | `values` | per value: `id`, `name`, `dtype`, `shape`, its type as the plan holds it — `layout` and `partial` (the mesh axes over which it is still a partial sum, `[]` when whole) — `producer` (node id) and `axes`: per axis the `mesh_axes` and its `shards` as propagation made them, each `{{id, start, stop, parents}}` — `parents` are shard ids, so lineage graphs can be rebuilt. The two differ only where a reduce-scatter holds a value finer than its shards (`layout` over `j`, the shards replicated) |
-| `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the type each operand is consumed in: `layout`, `partial`), `collective` (`{{kind, mesh_axes}}` or null: the collective that finishes the node; which outputs, into which types, the IR says); a loop or a cond has `bodies`: per body its `name` (`body`, `cond`, `branch0`...), `path` (`t/body`, as `--explain` takes it), `repeats` (null for a while loop), `inputs` (`index`, `value`, type, `operand`: the op's operand it comes from), `outputs` (`index`, `value`, the type the op takes it in), `partial_carries` (`output`, `mesh_axes`), its `instructions`, and its own `values` and `nodes` |
+| `nodes` | per node: `id`, `op`, `operands`/`outputs` (value names), `params` (printable ones), `source` (`file:line`), `rule` (the sharding rule, or `conservative fallback`), `fallback`, `stage`, `needs` (the type each operand is consumed in: `layout`, `partial`), `collective` (`{{kind, mesh_axes}}` or null: the collective that finishes the node; which outputs, into which types, the IR says); a loop or a cond has `bodies`: per body its `name` (`body`, `cond`, `branch0`...), `path` (`s/body`, as `--explain` takes it), `repeats` (null for a while loop), `inputs` (`index`, `value`, type, `operand`: the op's operand it comes from), `outputs` (`index`, `value`, the type the op takes it in), `partial_carries` (`output`, `mesh_axes`), its `instructions`, and its own `values` and `nodes` |
 | `stages` | per stage: `id`, `nodes`, `inputs` (`value`, `layout` it is taken in, `source`: `{{"argument": k}}` or `{{"stage": s, "output": k}}`), `outputs` (`value`, `layout`), `instructions` (its IR, in order: `{{"kind": "compute", "node", "inputs", "outputs"}}`, each input and output a `{{value, layout, partial}}`; or a `"move"` or `"finish"` with `op` (`all_gather`, `all_to_all`, `ppermute`, `psum`, `psum_scatter`, `slice`, `take_once`, `pmax`, ...), `mesh_axes`, `axis`/`to_axis`, `from` and `to` (typed values), `moved_bytes` per device, `transfers` (the collectives XLA runs for it) and `node`, the node it serves); `"outside_shard_map": true` for a stage that runs a primitive without a record on whole arrays under the program's `jax.jit` |
 | `explain`, `lineage` | present when asked for with `--explain` / `--lineage`: `Explanation.to_dict()`, and `{{value, box, exact, inputs: {{index: boxes}}}}` |
 
