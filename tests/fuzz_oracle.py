@@ -38,21 +38,56 @@ def assert_matches(got, want) -> None:
         np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(w)))
 
 
-def unsharded(reference, args):
+def matches(got, want) -> bool:
+    """Whether ``assert_matches(got, want)`` passes."""
+    got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    return len(got_leaves) == len(want_leaves) and all(
+        g.shape == w.shape and g.dtype == w.dtype and np.allclose(
+            np.asarray(g), np.asarray(w), rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(w)), equal_nan=True)
+        for g, w in zip(got_leaves, want_leaves, strict=True))
+
+
+def unsharded(reference, args, *, eager: bool = True):
     """``(outputs, gradients)`` of the unsharded ``reference`` on ``args``: its outputs, and the gradient of their
-    ``weighted`` loss with respect to every argument — run eagerly, one ``jax.numpy`` call at a time. Not under one
-    ``jax.jit``: XLA computes a cheap value again in every kernel that reads it, and the copies can differ in their
-    last bit (a fused multiply-add in one kernel, another summation order in another), so that ``x == max(x)`` in a
+    ``weighted`` loss with respect to every argument — run eagerly, one ``jax.numpy`` call at a time, or with
+    ``eager=False`` under one ``jax.jit`` (one compile rather than one per op: a third of the time). The two can
+    differ: XLA computes a cheap value again in every kernel that reads it, and the copies can differ in their last
+    bit (a fused multiply-add in one kernel, another summation order in another), so that ``x == max(x)`` in a
     maximum's derivative misses the maximum — a jitted reference's gradient of ``jnp.max(|x| + |x|.mean(0), axis=2)``
     is off by a third where eager evaluation and the sharded program agree (shardprop holds such values once:
-    ``shardprop/backends/evaluate.py``)."""
+    ``shardprop/backends/evaluate.py``). ``Unsharded`` reads both."""
     def loss(*xs):
         outs = reference(*xs)
         return weighted(lambda *_: outs)(*xs), outs
 
     step = jax.value_and_grad(loss, argnums=tuple(range(len(args))), has_aux=True)
-    (_, outs), grads = step(*(jnp.asarray(a) for a in args))
+    (_, outs), grads = (step if eager else jax.jit(step))(*(jnp.asarray(a) for a in args))
     return outs, grads
+
+
+class Unsharded:
+    """The unsharded reference's outputs and gradients on ``args``, jitted (``unsharded(eager=False)``), and eagerly
+    only when a result differs from the jitted ones: a sharded result passes if it equals either. Both are the
+    unsharded function evaluated by JAX without shardprop; eagerly is the last word where the jitted reference
+    computes a maximum's tie test from two roundings of one value."""
+
+    def __init__(self, reference, args):
+        self.reference, self.args = reference, args
+        self.jitted = unsharded(reference, args, eager=False)
+        self._eager = None
+
+    def assert_matches(self, got, part: int) -> None:
+        """``got`` equals the reference's outputs (``part`` 0) or gradients (``part`` 1)."""
+        if matches(got, self.jitted[part]):
+            return
+        if self._eager is None:
+            self._eager = unsharded(self.reference, self.args)
+        assert_matches(got, self._eager[part])
+
+    @property
+    def rechecked(self) -> bool:
+        """Whether a result differed from the jitted reference (and equalled the eager one)."""
+        return self._eager is not None
 
 
 def namespace_for(mesh, *, reference: bool = False) -> dict:

@@ -128,20 +128,27 @@ def dot(draw, pool):
     return "dot_general", f"lax.dot_general({a.name}, {b.name}, {dims})", shape
 
 
-def reshape(draw, pool):
-    v = draw(st.sampled_from(pool))
-    shape = list(v.shape)
+def reshaped(draw, shape, max_rank: int = 99) -> tuple | None:
+    """``shape`` with two neighbouring axes merged, or one axis split in two (None when none splits into at most
+    ``max_rank`` axes)."""
+    shape = list(shape)
     if len(shape) >= 2 and draw(st.booleans()):
         k = draw(st.integers(0, len(shape) - 2))
         shape[k:k + 2] = [shape[k] * shape[k + 1]]
     else:
         splittable = [k for k, n in enumerate(shape) if any(n % p == 0 and n > p for p in (2, 3, 4))]
-        if not splittable:
+        if not splittable or len(shape) >= max_rank:
             return None
         k = draw(st.sampled_from(splittable))
         p = draw(st.sampled_from([p for p in (2, 3, 4) if shape[k] % p == 0 and shape[k] > p]))
         shape[k:k + 1] = [p, shape[k] // p]
-    return "reshape", f"{v.name}.reshape({tuple(shape)})", tuple(shape)
+    return tuple(shape)
+
+
+def reshape(draw, pool):
+    v = draw(st.sampled_from(pool))
+    shape = reshaped(draw, v.shape)
+    return None if shape is None else ("reshape", f"{v.name}.reshape({shape})", shape)
 
 
 def transpose(draw, pool):

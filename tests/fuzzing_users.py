@@ -3,7 +3,8 @@
 ``tests/fuzzing.py`` draws every primitive shardprop has a record for; this generator draws what models are made of,
 in the combinations where layouts meet: reductions (sum, mean, max, min, argmax) over one and two axes, with
 ``keepdims`` broadcast back against their operand (``x - x.mean(0, keepdims=True)``, a softmax's max) and sliced
-afterwards (``jnp.sum(x, axis=1)[2:6]``); elementwise ops and broadcasts between values of related shapes; extremes and
+afterwards (``jnp.sum(x, axis=1)[2:6]``); a value compared with its own extreme, written out twice; pooling windows
+over slices; elementwise ops and broadcasts between values of related shapes; extremes and
 selects (the gradients of ``max``, ``min`` and ``jnp.maximum`` average over ties); reshapes that split and merge
 sharded axes; slices, pads (constant and edge) and concatenations along sharded axes; transposes and contractions;
 sharding constraints, whose specs (``tests/fuzz_specs.py``) put several mesh axes on one tensor axis in either order.
@@ -18,7 +19,7 @@ import math
 from hypothesis import strategies as st
 
 from tests.fuzz_specs import specs_for
-from tests.fuzzing import Program, Value, _broadcast
+from tests.fuzzing import Program, Value, _broadcast, reshaped
 
 SIZES = (8, 16, 4, 12, 8, 16, 4, 6, 3, 10, 2)  # the meshes' 2, 4 and 8 blocks divide most, not all (the first is
 # drawn most often)
@@ -153,6 +154,40 @@ def extreme_of_combination(draw, pool):
         Value("", shape), (k,), keep)
 
 
+def compared_with_itself(draw, pool):
+    """A combined value compared with its own extreme, the expression written out twice as users write it:
+    ``jnp.where(m + x <= jnp.min(m + x, axis=0, keepdims=True), x, 0.0)`` (one node, as ``jax.jit`` computes it once:
+    two would be held in two kernels with two roundings)."""
+    v = _pick(draw, pool)
+    if v is None:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    inner = draw(st.sampled_from([f"({v.name} + jnp.mean({v.name}, axis={k}, keepdims=True))",
+                                  f"({v.name} * 0.75 + jnp.sin({v.name}))"]))
+    kind = draw(st.sampled_from(EXTREMES))
+    test = "<=" if kind == "min" else ">="
+    return (f"compared with its own extreme ({kind})",
+            f"jnp.where({inner} {test} jnp.{kind}({inner}, axis={k}, keepdims=True), {v.name}, 0.0)", v.shape)
+
+
+def window_over_slice(draw, pool):
+    """A pooling window (a sum or a maximum, SAME padding, stride 1 or 2) along one axis of a slice: a block reads its
+    neighbours' rows (a halo) of rows laid out in ranges."""
+    v = _pick(draw, pool)
+    cut = None if v is None else _slice_text(draw, v.shape)
+    if cut is None:
+        return None
+    index, shape = cut
+    k = draw(st.integers(0, len(shape) - 1))
+    width, stride = draw(st.sampled_from([2, 3])), draw(st.sampled_from([1, 1, 2]))
+    dims = tuple(width if d == k else 1 for d in range(len(shape)))
+    strides = tuple(stride if d == k else 1 for d in range(len(shape)))
+    kind, init = draw(st.sampled_from([("add", "0.0"), ("max", "-jnp.inf")]))
+    out = shape[:k] + (-(-shape[k] // stride),) + shape[k + 1:]
+    return (f"window over a slice ({kind})",
+            f"lax.reduce_window({v.name}[{index}], {init}, lax.{kind}, {dims}, {strides}, 'SAME')", out)
+
+
 def elementwise(draw, pool):
     a, b = _pick(draw, pool, 0), draw(st.sampled_from(pool))
     shape = _broadcast(a.shape, b.shape)
@@ -174,18 +209,8 @@ def reshape(draw, pool):
     v = _pick(draw, pool)
     if v is None:
         return None
-    shape = list(v.shape)
-    if len(shape) >= 2 and draw(st.booleans()):
-        k = draw(st.integers(0, len(shape) - 2))
-        shape[k:k + 2] = [shape[k] * shape[k + 1]]
-    else:
-        splittable = [k for k, n in enumerate(shape) if any(n % p == 0 and n > p for p in (2, 3, 4))]
-        if not splittable or len(shape) >= 4:
-            return None
-        k = draw(st.sampled_from(splittable))
-        p = draw(st.sampled_from([p for p in (2, 3, 4) if shape[k] % p == 0 and shape[k] > p]))
-        shape[k:k + 1] = [p, shape[k] // p]
-    return "reshape", f"{v.name}.reshape({tuple(shape)})", tuple(shape)
+    shape = reshaped(draw, v.shape, max_rank=4)
+    return None if shape is None else ("reshape", f"{v.name}.reshape({shape})", shape)
 
 
 def slice_(draw, pool):
@@ -258,7 +283,8 @@ def constraint(mesh_shape: dict[str, int]):
     return op
 
 
-MOTIFS = (sliced_reduction, meeting_reduction, extreme_of_combination, normalized)
+MOTIFS = (sliced_reduction, meeting_reduction, extreme_of_combination, normalized, compared_with_itself,
+          window_over_slice)
 OPS = (*MOTIFS, reduction, reduction, elementwise, unary, reshape, slice_, pad, concatenate, transpose, matmul)
 
 

@@ -2,7 +2,9 @@
 4×2, 2×4, 2×2×2 — with compound specs in either order on arguments, constraints and ``out_specs``, and uneven sizes.
 Each program runs sharded and is compared with the unsharded function; then it is differentiated both ways —
 ``jax.grad`` of the sharded program, and the sharded ``jax.grad`` — and each gradient is compared with the unsharded
-gradient (a NaN or an infinity only where it has one).
+gradient (a NaN or an infinity only where it has one). The unsharded reference is jitted, and evaluated eagerly too
+where a result differs from it (``tests/fuzz_oracle.Unsharded``: XLA may round one value two ways in a jitted
+maximum's derivative).
 
 The only acceptable outcomes are *equal* and a typed refusal of what ``jax.jit`` refuses too: ``out_specs`` that do
 not divide an output (no JAX array is laid out so), and a conflict of the specs under ``conflicts="error"``. A
@@ -29,7 +31,7 @@ from jax.sharding import NamedSharding
 import shardprop as sp
 from shardprop.splitting.split import STRATEGIES
 from tests.conftest import MESH_SHAPES
-from tests.fuzz_oracle import assert_matches, program_functions, reproducer, unsharded, weighted
+from tests.fuzz_oracle import Unsharded, program_functions, reproducer, weighted
 from tests.fuzz_specs import divides, permuted_spec, related_spec, specs_for
 from tests.fuzzing import random_inputs
 from tests.fuzzing_users import user_programs
@@ -90,8 +92,8 @@ def check_case(case, meshes) -> None:
         assert options["conflicts"] == "error", "a conflict refused under conflicts='reshard'"
         event("outcome: conflict refused (conflicts='error')")
         return
-    outputs, want = unsharded(reference, args)
-    assert_matches(got, outputs)
+    want = Unsharded(reference, args)
+    want.assert_matches(got, 0)
     for g, spec in zip(jax.tree_util.tree_leaves(got), options["out_specs"] or (), strict=False):
         if spec is not None:
             assert g.sharding.is_equivalent_to(NamedSharding(mesh, spec), g.ndim), (g.sharding, spec)
@@ -99,7 +101,7 @@ def check_case(case, meshes) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sp.ReshardWarning)
         # (jitted: the loss's ops compile with it, once, rather than each on its own)
-        assert_matches(jax.jit(jax.grad(weighted(fs), argnums=argnums))(*args), want)
+        want.assert_matches(jax.jit(jax.grad(weighted(fs), argnums=argnums))(*args), 1)
         sharded_grad = sp.autoshard(jax.grad(weighted(f), argnums=argnums), mesh=mesh, in_specs=specs,
                                     strategy=options["strategy"], conflicts=options["conflicts"])
         try:
@@ -108,7 +110,9 @@ def check_case(case, meshes) -> None:
             assert options["conflicts"] == "error", "a conflict refused under conflicts='reshard'"
             event("outcome: equal, jax.grad through it too; its sharded gradient refused (conflicts='error')")
             return
-        assert_matches(got, want)
+        want.assert_matches(got, 1)
+    if want.rechecked:
+        event("reference: differed from the jitted one, equal to the eager one")
     event("outcome: equal, both gradients too")
 
 
