@@ -183,11 +183,12 @@ def _keep_rule_ranges(decisions, node: Node, needs, spans, summed, contracted: s
 
 
 def contraction_block(node: Node, invals: list, blocks) -> list:
-    """The product of this device's blocks; along a ranged contracting axis (read in place, a ``psum`` to follow)
-    both operands' padding rows are zeroed first, so they add nothing (whatever they held: ``0 * inf`` is NaN)."""
+    """The product of this device's blocks; along every ranged axis both operands' padding rows are zeroed first:
+    along a contracting axis (read in place, a ``psum`` to follow) so that they add nothing (whatever they held:
+    ``0 * inf`` is NaN), along a free or batch axis so that they add nothing to the other operand's derivative (its
+    cotangent sums this operand's rows times the product's: a padding row's NaN times its zero cotangent is NaN)."""
     if blocks.in_spans:
-        contracting, _ = node.params["dimension_numbers"]
-        invals = [masked_rows(x, blocks, i, axes) for i, (x, axes) in enumerate(zip(invals, contracting, strict=True))]
+        invals = [masked_rows(x, blocks, i, range(x.ndim)) for i, x in enumerate(invals)]
     return bind_as_is(node, invals, blocks)
 
 

@@ -156,9 +156,11 @@ def convolution_block(node, invals, blocks: Blocks) -> list:
     reaches = _conv_reaches(node.params, blocks.in_global, blocks.in_layouts, blocks.mesh_shape, spans, rhs_spans)
     lhs, rhs = invals
     lhs_spec = node.params["dimension_numbers"].lhs_spec
-    if blocks.in_spans:  # ranged rows the convolution sums over (a kernel axis, input features): padding adds nothing
+    if blocks.in_spans:  # ranged rows the convolution sums over (a kernel axis, input features): padding adds nothing;
+        # nor, along the batch axis, to the kernel's derivative (a padding row's NaN times its zero cotangent is NaN);
+        # a haloed spatial axis is masked by its reach below
         rhs = masked_rows(rhs, blocks, 1, range(rhs.ndim))
-        lhs = masked_rows(lhs, blocks, 0, (lhs_spec[1],))
+        lhs = masked_rows(lhs, blocks, 0, [k for k in range(lhs.ndim) if k not in reaches])
     if not reaches:
         return bind_as_is(node, [lhs, rhs], blocks)
     padding = list(node.params["padding"])

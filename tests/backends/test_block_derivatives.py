@@ -60,3 +60,31 @@ def test_a_narrow_float_moved_as_bits_keeps_its_derivative(name, f, in_specs, dt
         f = (lambda g: lambda x: g(x.astype(jnp.bfloat16)))(f)
     assert_differentiates_as_unsharded(f, (x,), mesh=meshes["8"], in_specs=in_specs, strategy="gather", rtol=2e-2,
                                        atol=2e-2)
+
+
+def _normalized(x, axes):  # a quotient: its padding rows (0 / 0) are NaN
+    return x / jnp.sum(x * x, axis=axes, keepdims=True)
+
+
+PRODUCTS = [  # (name, f, args, in_specs): an operand ranged along an axis the product does not sum over, whose
+    # padding is NaN; the other operand's derivative sums over it (issue #48, the 10,000-program run)
+    ("rows of a quotient times a weight", lambda x, w: _normalized(x, 1) @ w,
+     (RNG.normal(size=(11, 4)).astype(np.float32), RNG.normal(size=(4, 3)).astype(np.float32)), (P("i"), None)),
+    ("a batch of quotients times a weight", lambda x, w: jnp.einsum("bij,jk->bik", _normalized(x, (1, 2)), w),
+     (RNG.normal(size=(5, 3, 4)).astype(np.float32), RNG.normal(size=(4, 2)).astype(np.float32)), (P("i"), None)),
+    ("the maximum of a quotient times itself (the run's program)",
+     lambda x, w: jnp.max(x / (1.0 + jnp.abs(jnp.sum(x, axis=1, keepdims=True))), axis=0) @ jnp.max(
+         x / (1.0 + jnp.abs(jnp.sum(x, axis=1, keepdims=True))), axis=0) * w,
+     (RNG.normal(size=(8, 1, 1)).astype(np.float32), np.float32(1.5)), (P(None, "i", None), None)),
+    ("a convolution of a batch of quotients", lambda x, w: lax.conv_general_dilated(
+        _normalized(x, (1, 2)), w, (1,), "SAME", dimension_numbers=("NCH", "OIH", "NCH")),
+     (RNG.normal(size=(5, 3, 16)).astype(np.float32), W), (P("i"), None)),
+]
+
+
+@pytest.mark.parametrize("name,f,args,in_specs,strategy", covering(PRODUCTS, ["auto", "collective", "gather"]))
+def test_a_product_of_an_operand_with_nan_padding_differentiates_as_unsharded(name, f, args, in_specs, strategy,
+                                                                            meshes):
+    assert_same_as_unsharded(f, args, mesh=meshes["8"], in_specs=in_specs, strategy=strategy, rtol=1e-4, atol=1e-4)
+    assert_differentiates_as_unsharded(f, args, mesh=meshes["8"], in_specs=in_specs, strategy=strategy, rtol=1e-4,
+                                       atol=1e-4)
