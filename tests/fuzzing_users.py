@@ -188,6 +188,17 @@ def window_over_slice(draw, pool):
             f"lax.reduce_window({v.name}[{index}], {init}, lax.{kind}, {dims}, {strides}, 'SAME')", out)
 
 
+def over_its_norm(draw, pool):
+    """A value over the sum of its squares along an axis, as a user normalizes rows: where the axis is laid out in
+    ranges or uneven blocks, the padding rows are ``0 / 0`` (NaN), which nothing downstream — a broadcast's
+    derivative, a window, a product — may let into a real row."""
+    v = _pick(draw, pool)
+    if v is None:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    return "over its norm", f"({v.name} / jnp.sum({v.name} * {v.name}, axis={k}, keepdims=True))", v.shape
+
+
 def elementwise(draw, pool):
     a, b = _pick(draw, pool, 0), draw(st.sampled_from(pool))
     shape = _broadcast(a.shape, b.shape)
@@ -284,7 +295,7 @@ def constraint(mesh_shape: dict[str, int]):
 
 
 MOTIFS = (sliced_reduction, meeting_reduction, extreme_of_combination, normalized, compared_with_itself,
-          window_over_slice)
+          window_over_slice, over_its_norm)
 OPS = (*MOTIFS, reduction, reduction, elementwise, unary, reshape, slice_, pad, concatenate, transpose, matmul)
 
 

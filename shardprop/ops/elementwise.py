@@ -15,6 +15,7 @@ from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Layout, TensorSharding
 from .ranges import keep_ranges
+from .windows import within_the_ends
 from .opdef import Family, Linearity, OpDef, defs
 
 UNARY = (
@@ -101,6 +102,36 @@ def elementwise_lineage(ctx: LineageContext, box: Box, output: int, **params):
     return [[_aligned(box, out_shape, shape)] for shape in ctx.in_shapes]
 
 
+def elementwise_block(node: Node, invals: list, blocks) -> list:
+    """The op on the blocks. An operand broadcast along a ranged axis of the output (a size-1 axis, or a missing one,
+    meeting ranged rows) reaches the block's padding rows too, and JAX's derivative of that broadcast sums the
+    cotangent over every row of the block: a padding row's NaN (``0 * inf``: the padding holds anything) would
+    reach the operand's real value. Such an operand is broadcast along the ranged axes with a derivative that skips
+    the padding rows; its value is unchanged."""
+    spans = blocks.out_spans[0] if blocks.out_spans else ()
+    ranged = [k for k, span in enumerate(spans) if span is not None and blocks.out_blocks[0][k] > 1]
+    if not ranged:
+        return bind_as_is(node, invals, blocks)
+    return bind_as_is(node, [_padding_without_derivative(x, ranged, blocks) for x in invals], blocks)
+
+
+def _padding_without_derivative(x, ranged: list[int], blocks):
+    """``x`` broadcast along each of the ``ranged`` output axes it is broadcast along, its rows past the ends of the
+    array held out of its derivative (``lax.stop_gradient``)."""
+    shape, rank = blocks.out_blocks[0], len(blocks.out_blocks[0])
+    offset = rank - jnp.ndim(x)
+    spread = [k for k in ranged if k < offset or jnp.shape(x)[k - offset] == 1]
+    if not spread or not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return x
+    target = tuple(shape[k] if k in spread else 1 if k < offset else jnp.shape(x)[k - offset] for k in range(rank))
+    x = jnp.broadcast_to(x, target)
+    inside = True
+    for k in spread:
+        inside = inside & within_the_ends(target, k, blocks.out_global[0][k], blocks.out_layouts[0][k],
+                                          blocks.mesh_shape, blocks.out_spans[0][k])
+    return jnp.where(inside, x, lax.stop_gradient(x))
+
+
 def mulhi_on_blocks(node: Node, invals: list, blocks) -> list:
     """``lax.mulhi`` (the high half of the product) from half-width products: JAX 0.10.2 cannot lower the
     primitive itself inside ``shard_map``. Unsigned: schoolbook on halves; signed: the unsigned result of the
@@ -167,7 +198,7 @@ def nothing_read(ctx: LineageContext, box: Box, output: int, **params):
 
 OPS = [
     *defs(UNARY + NARY, Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage,
-          lineage_exact=True, per_block=bind_as_is, finish=None, pull=pull_elementwise, linear=LINEAR,
+          lineage_exact=True, per_block=elementwise_block, finish=None, pull=pull_elementwise, linear=LINEAR,
           reads_ranges=True),
     OpDef("mulhi", Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage, lineage_exact=True,
           per_block=mulhi_on_blocks, finish=None, pull=pull_elementwise, linear=Linearity.NONE),

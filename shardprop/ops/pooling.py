@@ -18,7 +18,7 @@ from jax import lax
 
 from ..core.blocks import Blocks, bind_as_is
 from ..core.boxes import Box, LineageContext, full_box
-from ..core.layouts import Sharded, Span, TensorSharding, shard_count
+from ..core.layouts import Sharded, Span, TensorSharding, shard_count, standard_span
 from ..core.types import ValueType
 from ..core.rules import RuleContext, RuleOutput
 from ..expr import jax_adapter as jx
@@ -247,10 +247,12 @@ def _select_reaches(node, in_shapes, layouts, mesh_shape, spans=(), operand_span
     reaches = {}
     for k, kept in enumerate(trivial_windows(*params)):
         if layouts[1][k] and not kept:
-            span = spans[k] if spans else None
-            found = select_reaches(node.op, in_shapes[1][k], shard_count(mesh_shape, layouts[1][k]),
-                                   **window_of(k, *params), windows=None if span is None else (in_shapes[0][k], span),
-                                   rows=operand_spans[k] if operand_spans else None)
+            span, rows = spans[k] if spans else None, operand_spans[k] if operand_spans else None
+            count = shard_count(mesh_shape, layouts[1][k])
+            if span is None and rows is not None and layouts[0][k] == layouts[1][k]:
+                span = standard_span(in_shapes[0][k], count)  # the windows in equal blocks, which a type spells None
+            found = select_reaches(node.op, in_shapes[1][k], count, **window_of(k, *params),
+                                   windows=None if span is None else (in_shapes[0][k], span), rows=rows)
             if found is None:
                 raise ValueError(f"`{node.op}` along axis {k} has no halo: the rule keeps such an axis whole (a "
                                  "shardprop bug)")

@@ -183,13 +183,25 @@ def past_the_ends(x, axis: int, before: int, size: int, mesh_axes, mesh_shape, f
     ends of the array, and the span's fill in the rows of the array no device holds."""
     count = shard_count(mesh_shape, mesh_axes)
     span = span or Span(0, size // count)
-    first = block_index(mesh_axes, mesh_shape) * span.block - span.offset - max(before, 0)
-    index = lax.broadcasted_iota(np.int32, x.shape, axis) + first
+    index = _row_index(x.shape, axis, before, mesh_axes, mesh_shape, span)
     x = jnp.where((index >= 0) & (index < size), x, jnp.asarray(fill, x.dtype))
     if span.fill is None:
         return x
     held = (index >= -span.offset) & (index < count * span.block - span.offset)
     return jnp.where(held | (index < 0) | (index >= size), x, jnp.asarray(span.fill, x.dtype))
+
+
+def _row_index(shape, axis: int, before: int, mesh_axes, mesh_shape, span: Span):
+    """The array row each row of this device's block (``before`` halo rows first) stands for, along ``axis``."""
+    first = block_index(mesh_axes, mesh_shape) * span.block - span.offset - max(before, 0)
+    return lax.broadcasted_iota(np.int32, shape, axis) + first
+
+
+def within_the_ends(shape, axis: int, size: int, mesh_axes, mesh_shape, span: Span):
+    """True on the rows of a block of ``shape`` (ranged along ``axis`` as ``span`` says) that are rows of the array
+    (of ``size`` rows), False on its padding."""
+    index = _row_index(shape, axis, 0, mesh_axes, mesh_shape, span)
+    return (index >= 0) & (index < size)
 
 
 def trivial_windows(window_dimensions, window_strides, padding, base_dilation=None, window_dilation=None):

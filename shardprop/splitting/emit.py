@@ -42,11 +42,16 @@ class Emitter:
         """``value`` as the plan holds it — or, for a ranged value an earlier stage made (ranged rows never leave
         their stage), as that stage handed it over: its ranged axes whole (``.cut.cut_into_stages``)."""
         ref = Ref(value, self.view.type(value))
-        if ref.type.span and not self.has(ref):
+        if ref.type.span and not self.reachable(ref):
             handed = Ref(value, handed_over(ref.type))
-            if self.has(handed):
+            if self.reachable(handed):
                 return handed
         return ref
+
+    def reachable(self, ref: Ref) -> bool:
+        """True when ``ref`` is available here or can be taken from outside (``has`` takes it: only a ref a move
+        starts from, or an op reads, becomes a stage input)."""
+        return ref in self.available or ref in self.importable
 
     def has(self, ref: Ref) -> bool:
         """True when ``ref`` is available here, taking it from outside if it can be."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..core.collectives import Collective, CollectiveKind
 from ..core.layouts import Layout, layout_refines, shard_count
-from ..core.types import ValueType, whole
+from ..core.types import ValueType, carried_type
 from ..ops import lookup
 from ..ops.opdef import Family
 from .cost import collective_bytes, compute_bytes, finishing_types, move_bytes, node_move_bytes
@@ -217,29 +217,34 @@ def pull_gathers_back(decisions: Decisions) -> Decisions:
     nodes, producer, consumers = graph.nodes, graph.producer, graph.consumers
     outputs = set(graph.outputs)
 
-    def cheapest(v: int, target: Layout) -> tuple[float, list]:
-        """Bytes to have ``v`` in ``target``, and the pulls (node, operand needs, value, layout) to get there."""
-        direct = move_bytes(draft, v, draft.type(v), ValueType(target))
+    def cheapest(v: int, target: ValueType) -> tuple[float, list]:
+        """Bytes to have ``v`` in ``target``, and the pulls (node, operand types, value, type) to get there."""
+        direct = move_bytes(draft, v, draft.type(v), target)
         p = nodes[producer[v]]
         op = lookup(p.op)
         if (v in outputs or len(consumers[v]) != 1 or len(p.outputs) != 1 or p.id in draft.need_overrides
-                or p.id in draft.collectives or draft.type(v).partial or op.pull is None):
+                or p.id in draft.collectives or draft.type(v).partial or op.pull is None
+                or target != carried(v, target.layout)):  # a range other than uneven blocks: moved as it is
             return direct, []
-        pulled = op.pull(graph, p, target)
+        pulled = op.pull(graph, p, target.layout)
         if pulled is None:
             return direct, []
+        pulled = tuple(carried(u, need) for u, need in zip(p.operands, pulled, strict=True))
         total, steps = 0.0, [(p.id, pulled, v, target)]
         for u, need in zip(p.operands, pulled, strict=True):
-            if not layout_refines(draft.layout(u), need):
+            if not layout_refines(draft.layout(u), need.layout):
                 cost, more = cheapest(u, need)
                 total += cost
                 steps += more
         return (total, steps) if total < direct else (direct, [])
 
+    def carried(v: int, layout: Layout) -> ValueType:  # equal blocks, or ceil(n / count) rows where they do not divide
+        return carried_type(graph.avals[v].shape, layout, draft.mesh_shape)
+
     for consumer in reversed(nodes):
         for v, need in draft.edges(consumer):
             if not need.partial and not layout_refines(draft.layout(v), need.layout):
-                for node_id, pulled, value, target in cheapest(v, need.layout)[1]:
-                    draft.set_needs(node_id, whole(pulled))
-                    draft.hold(value, ValueType(target))
+                for node_id, pulled, value, target in cheapest(v, ValueType(need.layout, span=need.span))[1]:
+                    draft.set_needs(node_id, pulled)
+                    draft.hold(value, target)
     return draft.frozen()

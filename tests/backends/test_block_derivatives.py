@@ -1,6 +1,10 @@
 """Derivatives through the blocks' bookkeeping (issue #48, found on review): a haloed ranged block's padding, and a
 bfloat16 value moved as its bits. Oracle: the unsharded gradient on the same inputs.
 
+* A max pooling's derivative over ranged rows whose windows fall in equal blocks (a type spells those None) was
+  planned as if the windows were not laid out at all: a raw ``ValueError`` (the 2,000-program run).
+* An operand broadcast along ranged rows (a column sum times the rows): JAX's derivative of the broadcast sums the
+  cotangent over the padding rows too, where a non-finite padding row (``0 / 0``, a pooling's ``-inf``) made NaN.
 * A ranged block that also holds its neighbour's rows (a halo, for a convolution or a pooling window over a slice)
   starts before its own rows: the mask that keeps derivatives out of the padding counted from the wrong row, and the
   gradient lost the rows next to each block's edge.
@@ -33,8 +37,13 @@ def max_pool_over_a_slice(x, w):
     return lax.reduce_window(x[:, :, 3:62] + w[0, 0, 0], -jnp.inf, lax.max, (1, 1, 3), (1, 1, 2), "SAME")
 
 
+def max_pool_in_equal_blocks(x, w):  # 32 windows over 63 ranged rows: the windows' blocks are equal (a type's None)
+    return lax.reduce_window(x[:, :, 0:63] * w[0, 0, 0], -jnp.inf, lax.max, (1, 1, 2), (1, 1, 2), "SAME")
+
+
 HALOED = [("a SAME convolution", conv_over_a_slice), ("a sum pooling", pool_over_a_slice),
-          ("a strided max pooling", max_pool_over_a_slice)]
+          ("a strided max pooling", max_pool_over_a_slice),
+          ("a max pooling whose windows fall in equal blocks", max_pool_in_equal_blocks)]
 
 
 @pytest.mark.parametrize("name,f,strategy,mesh_name", covering(HALOED, ["auto", "collective", "gather"], ["8", "4x2"]))
@@ -87,4 +96,43 @@ def test_a_product_of_an_operand_with_nan_padding_differentiates_as_unsharded(na
                                                                             meshes):
     assert_same_as_unsharded(f, args, mesh=meshes["8"], in_specs=in_specs, strategy=strategy, rtol=1e-4, atol=1e-4)
     assert_differentiates_as_unsharded(f, args, mesh=meshes["8"], in_specs=in_specs, strategy=strategy, rtol=1e-4,
+                                       atol=1e-4)
+
+
+def _max_pool_times_its_sums(x, y):  # the 2,000-program run's program (issue #48): padding rows of -inf
+    pooled = lax.reduce_window(x[0:2], -jnp.inf, lax.max, (2,), (1,), "SAME")
+    return pooled * jnp.sum(pooled - jnp.sum(pooled, axis=0, keepdims=True), axis=0, keepdims=True)
+
+
+UNEVEN = RNG.normal(size=(11, 4)).astype(np.float32)
+BROADCASTS = [  # (name, f, args, in_specs, mesh): a ranged operand whose padding is not finite, and an operand
+    # broadcast along its ranged axis: JAX's derivative of the broadcast sums the cotangent over the padding rows too
+    ("a max pooling over a slice times its sum (the run's program)", _max_pool_times_its_sums,
+     (RNG.normal(size=(16,)).astype(np.float32), np.float32(0.5)), (P(("i", "j")), None), "2x2x2"),
+    ("quotient rows times their column sums (a size-1 axis)", lambda x, y: _normalized(x, 1) * jnp.sum(
+        _normalized(x, 1), axis=0, keepdims=True) * y, (UNEVEN, np.float32(2.0)), (P("i"), None), "8"),
+    ("quotient rows times their column maxima (a missing axis)", lambda x, y: _normalized(x, 1) * jnp.max(
+        _normalized(x, 1), axis=0) * y, (UNEVEN, np.float32(2.0)), (P("i"), None), "8"),
+    ("quotient rows times their total (a scalar)", lambda x, y: _normalized(x, 1) * (jnp.sum(_normalized(x, 1)) * y),
+     (UNEVEN, np.float32(2.0)), (P("i"), None), "8"),
+    ("quotient rows over their column means", lambda x, y: _normalized(x, 1) / (
+        1.0 + jnp.abs(jnp.mean(_normalized(x, 1), axis=0, keepdims=True) * y)), (UNEVEN, np.float32(2.0)),
+     (P("i"), None), "8"),
+    ("a choice between quotient rows and their column means", lambda x, y: jnp.where(
+        x > 0, _normalized(x, 1), jnp.mean(_normalized(x, 1), axis=0) * y), (UNEVEN, np.float32(2.0)),
+     (P("i"), None), "8"),
+    ("quotient rows times their column sums broadcast by hand", lambda x, y: _normalized(x, 1) * jnp.broadcast_to(
+        jnp.sum(_normalized(x, 1), axis=0) * y, x.shape), (UNEVEN, np.float32(2.0)), (P("i"), None), "8"),
+    ("a slice's rows times a column sum on a 4x2 mesh", lambda x, y: _normalized(x[1:10], 1) * jnp.sum(
+        _normalized(x[1:10], 1), axis=0, keepdims=True) * y, (UNEVEN, np.float32(2.0)), (P("i", "j"), None), "4x2"),
+]
+
+
+@pytest.mark.parametrize("name,f,args,in_specs,mesh_name,strategy",
+                         covering(BROADCASTS, ["auto", "collective", "gather"]))
+def test_an_operand_broadcast_along_padded_rows_differentiates_as_unsharded(name, f, args, in_specs, mesh_name,
+                                                                          strategy, meshes):
+    mesh = meshes[mesh_name]
+    assert_same_as_unsharded(f, args, mesh=mesh, in_specs=in_specs, strategy=strategy, rtol=1e-4, atol=1e-4)
+    assert_differentiates_as_unsharded(f, args, mesh=mesh, in_specs=in_specs, strategy=strategy, rtol=1e-4,
                                        atol=1e-4)
