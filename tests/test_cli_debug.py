@@ -1,30 +1,30 @@
-"""`shardprop debug`, run as a user would (a subprocess): stage by stage, JSON, arrays from files, a saved
-stage, the interactive prompt, pytree arguments (`--args`), the exit status, and one-line errors."""
+"""`shardprop debug` (in this process, tests/cli.py; the first test as a user runs it, a subprocess): stage by
+stage, JSON, arrays from files, a saved stage, the interactive prompt, pytree arguments (`--args`), the exit status,
+and one-line errors."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests.cli import shardprop, shardprop_subprocess
+
 EXAMPLE = Path(__file__).parent / "inspection" / "nx_example.py"
-BASE = [sys.executable, "-m", "shardprop", "debug", f"{EXAMPLE}:f", "--mesh", "i=4,j=2", "--strategy", "gather",
-        "--repeats", "2"]
+BASE = ["debug", f"{EXAMPLE}:f", "--mesh", "i=4,j=2", "--strategy", "gather", "--repeats", "2"]
 ARGS = ["--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]"]
 
 
-def run(*extra, check=True, stdin=None):
-    result = subprocess.run([*BASE, *extra], capture_output=True, text=True, timeout=300, input=stdin)
+def run(*extra, check=True, stdin=None, subprocess=False):
+    result = (shardprop_subprocess if subprocess else shardprop)(*BASE, *extra, stdin=stdin)
     if check:
         assert result.returncode == 0, result.stderr
     return result
 
 
 def test_text_steps_every_stage_compares_and_profiles():
-    out = run(*ARGS).stdout
+    out = run(*ARGS, subprocess=True).stdout
     assert "2 stage(s), 9 nodes, strategy gather" in out
     assert "stage 0: 2 ops (add, sub)" in out and "stage 1: 5 ops (reduce_sum×2, broadcast_in_dim×2, add)" in out
     assert "c:f32[16@i,8@j]  P('i', 'j')  <- stage 0 output 0, all-gather over j on axis 1 (64 B)" in out
@@ -94,8 +94,7 @@ LOSS_SPECS = ["--in-specs", "(None, P('i'), P('i'))"]  # parameters unannotated,
 
 def debug_loss(function, *extra, stdin=None):
     """``shardprop debug`` on a function of (params dict, tokens, targets) from tests/cli_loss_example.py."""
-    return subprocess.run([sys.executable, "-m", "shardprop", "debug", f"{LOSS}:{function}", "--mesh", "i=8",
-                           "--repeats", "1", *extra], capture_output=True, text=True, timeout=300, input=stdin)
+    return shardprop("debug", f"{LOSS}:{function}", "--mesh", "i=8", "--repeats", "1", *extra, stdin=stdin)
 
 
 def test_a_loss_over_a_params_dict_agrees_with_the_unsharded_function_and_exits_0(tmp_path):

@@ -1,10 +1,8 @@
-"""`shardprop inspect`, run as a user would (a subprocess), in every format, with flat (`--arg`) and pytree (`--args`)
-arguments."""
+"""`shardprop inspect` in every format, with flat (`--arg`) and pytree (`--args`) arguments: in this process
+(tests/cli.py), the first test as a user runs it (a subprocess)."""
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -12,23 +10,25 @@ import numpy as np
 import pytest
 
 from shardprop.inspect import SCHEMA
+from tests.cli import shardprop, shardprop_subprocess
 
 EXAMPLE = Path(__file__).parent / "inspection" / "nx_example.py"
-BASE = [sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:f", "--mesh", "i=4,j=2",
+BASE = ["inspect", f"{EXAMPLE}:f", "--mesh", "i=4,j=2",
         "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--strategy", "gather"]
 
 
-def run(*extra, check=True, base=True):
-    """``shardprop inspect`` on the Nx example; ``base=False`` leaves the two ``--arg`` out of BASE."""
+def run(*extra, check=True, base=True, subprocess=False):
+    """``shardprop inspect`` on the Nx example; ``base=False`` leaves the two ``--arg`` out of BASE; ``subprocess``
+    runs it as a user does."""
     cmd = BASE if base else [x for k, x in enumerate(BASE) if x != "--arg" and BASE[k - 1] != "--arg"]
-    result = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=300)
+    result = (shardprop_subprocess if subprocess else shardprop)(*cmd, *extra)
     if check:
         assert result.returncode == 0, result.stderr
     return result
 
 
 def test_text_has_listing_stage_table_explanation_lineage_and_blocks():
-    out = run("--explain", "e", "--lineage", "0:0,1", "--blocks", "c").stdout
+    out = run("--explain", "e", "--lineage", "0:0,1", "--blocks", "c", subprocess=True).stdout
     assert "c:f32[16@i,8@j] = add a b" in out and "c:f32[16@i,8] = all_gather[j axis=1] c" in out   # listing
     assert "2 stage(s), strategy gather" in out and "total ≈ 256 B moved per device" in out  # stage table
     assert "origin: argument a has spec P('i', 'j'); this is its axis 0" in out    # explain
@@ -56,8 +56,7 @@ def test_json_is_valid_against_the_documented_schema(tmp_path):
 
 
 def test_schema_flag_prints_the_schema():
-    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", "--schema"], capture_output=True,
-                            text=True, timeout=120)
+    result = shardprop("inspect", "--schema")
     assert result.returncode == 0 and json.loads(result.stdout) == json.loads(json.dumps(SCHEMA))
 
 
@@ -88,25 +87,24 @@ def test_svg_format(tmp_path):
     (["--format", "json", "--blocks", "c"], "--blocks is shown only with --format text, not --format json"),
 ])
 def test_bad_input_is_a_one_line_error(args, message):
-    cmd = [sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:f", "--mesh", "i=4,j=2"]
+    cmd = ["inspect", f"{EXAMPLE}:f", "--mesh", "i=4,j=2"]
     if "--arg" not in args:
         cmd += ["--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]"]
-    result = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+    result = shardprop(*cmd, *args)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_missing_function_is_reported():
-    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:nope", "--mesh", "i=8"],
-                            capture_output=True, text=True, timeout=120)
+    result = shardprop("inspect", f"{EXAMPLE}:nope", "--mesh", "i=8")
     assert result.returncode == 2 and "has no 'nope'" in result.stderr
 
 
 def test_a_module_that_does_not_import_is_a_one_line_error(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("def f(a):\n    return a +\n")
-    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{broken}:f", "--mesh", "i=8",
-                             "--arg", "f32[8]@P(i)"], capture_output=True, text=True, timeout=120)
+    result = shardprop("inspect", f"{broken}:f", "--mesh", "i=8",
+                       "--arg", "f32[8]@P(i)")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "importing broken.py failed (line 2): SyntaxError" in result.stderr
 
@@ -131,8 +129,7 @@ def test_the_output_suffix_picks_the_format_or_a_mismatch_is_refused(tmp_path):
 
 
 def test_version():
-    result = subprocess.run([sys.executable, "-m", "shardprop", "--version"], capture_output=True, text=True,
-                            timeout=60)
+    result = shardprop_subprocess("--version", timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("shardprop 0.")
 
 
@@ -142,8 +139,8 @@ LOSS_SPECS = ["--in-specs", "(None, P('i'), P('i'))"]  # parameters unannotated,
 
 def inspect_loss(*extra, check=True):
     """``shardprop inspect`` on ``loss_fn(params, tokens, targets)``, params a dict (tests/cli_loss_example.py)."""
-    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{LOSS}:loss_fn", "--mesh", "i=8",
-                             *extra], capture_output=True, text=True, timeout=300)
+    result = shardprop("inspect", f"{LOSS}:loss_fn", "--mesh", "i=8",
+                             *extra)
     if check:
         assert result.returncode == 0, result.stderr
     return result

@@ -9,8 +9,10 @@ resolves those: they are not bad inputs).
 
 Gradients too: ``jax.grad`` through the sharded program equals ``jax.grad`` of the unsharded function.
 
-Budgets: the default run checks 100 programs (derandomised, so CI is repeatable). Set
-``SHARDPROP_FUZZ_EXAMPLES=10000`` for the long run (random seeds); docs/reliability.md records its figures.
+Budgets: the default run checks 30 programs (derandomised, so a run is repeatable); the ``slow`` set runs each
+property again with the budgets it had before the default run's five minutes (100 programs, from a fixed seed of its
+own: ``test_each_property_on_more_programs``). Set ``SHARDPROP_FUZZ_EXAMPLES=10000`` for the long run (random seeds);
+docs/reliability.md records its figures.
 """
 
 import os
@@ -19,7 +21,9 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, event, given, note, settings
+from hypothesis import seed as with_seed
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -35,7 +39,8 @@ from tests.fuzz_oracle import finite_magnitude, namespace_for, program_functions
 from tests.fuzzing import programs, random_inputs
 
 LONG = int(os.environ.get("SHARDPROP_FUZZ_EXAMPLES", "0"))
-EXAMPLES = LONG or 100
+EXAMPLES = LONG or 30
+SLOW_EXAMPLES = 100  # the slow set's budget (test_each_property_on_more_programs)
 
 
 @st.composite
@@ -352,3 +357,27 @@ def test_a_memo_shared_with_other_layouts_changes_no_layout(case, data, meshes):
         layouts(other, lineage=False, memo=memo)
     event("refused" if isinstance(want, type) else f"memo entries: {'some' if memo else 'none'}")
     assert layouts(specs, lineage=False, memo=memo) == want
+
+
+_MORE = [  # each property, its strategies and its budget in the slow set
+    (test_random_programs_equal_the_unsharded_result, {"case": cases()}, SLOW_EXAMPLES),
+    (test_conflicts_are_resolved_by_moving_an_operand, {"case": conflicts()}, SLOW_EXAMPLES // 4),
+    (test_random_programs_differentiate_as_unsharded, {"case": cases()}, SLOW_EXAMPLES // 12),
+    (test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_moves_no_more, {"case": cases()}, 5),
+    (test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_more, {"case": cases()}, 5),
+    (test_a_memo_shared_with_other_layouts_changes_no_layout, {"case": cases(), "data": st.data()}, SLOW_EXAMPLES),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("test, strategies, examples", _MORE, ids=[t.__name__ for t, _, _ in _MORE])
+def test_each_property_on_more_programs(test, strategies, examples, meshes):
+    """The properties above on the slow set's budget, from a seed of their own (not the default run's programs)."""
+    @with_seed(49_000)
+    @settings(max_examples=examples, deadline=None, derandomize=False, database=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(**strategies)
+    def run(**drawn):
+        test.hypothesis.inner_test(**drawn, meshes=meshes)
+
+    run()

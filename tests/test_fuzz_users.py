@@ -11,9 +11,12 @@ not divide an output (no JAX array is laid out so), and a conflict of the specs 
 ``LoweringError``, a raw exception, a wrong number or shape fails, and Hypothesis shrinks it to its smallest program,
 printed as a script (``tests/fuzz_oracle.reproducer``).
 
-Budgets: the default run checks 200 programs in four parts from fixed seeds (a run is repeatable); the ``slow`` set
-checks 10,000 in ten parts of 1,000 from a random seed, which the session header prints (``SHARDPROP_FUZZ_SEED``
-replays it).
+Budgets: 200 programs in eight parts of 25 from fixed seeds (a run is repeatable): the first part in the default run,
+the other seven in the ``slow`` set; and a long run from a random seed, which the session header prints
+(``SHARDPROP_FUZZ_SEED`` replays it), of ``SHARDPROP_FUZZ_PROGRAMS`` programs (1,000 by default, in the ``slow`` set
+that CI runs: about 8 minutes on two processes) in parts of 500. The proof of a change to the generator or the
+oracle is ``SHARDPROP_FUZZ_PROGRAMS=10000 python -m pytest -m slow tests/test_fuzz_users.py`` (about an hour on two
+processes; docs/reliability.md records its runs).
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ from tests.fuzz_specs import divides, permuted_spec, related_spec, specs_for
 from tests.fuzzing import random_inputs
 from tests.fuzzing_users import user_programs
 
-PARTS, EXAMPLES = 4, 50
-LONG_PARTS, LONG_EXAMPLES = 10, 1000
+PARTS, EXAMPLES = 8, 25  # part 0 in the default run, the others in the slow set
+LONG_PROGRAMS = int(os.environ.get("SHARDPROP_FUZZ_PROGRAMS", "1000"))
+LONG_EXAMPLES = 500
+LONG_PARTS = -(-LONG_PROGRAMS // LONG_EXAMPLES)
 
 
 @st.composite
@@ -134,17 +139,19 @@ def fuzz(meshes, examples: int, seed: int, origin: str) -> None:
     run()
 
 
-@pytest.mark.parametrize("part", range(PARTS))
+@pytest.mark.parametrize("part", [pytest.param(k, marks=() if k == 0 else pytest.mark.slow) for k in range(PARTS)])
 def test_user_programs_and_their_gradients_equal_the_unsharded_ones(part, meshes):
-    """``PARTS`` parts of ``EXAMPLES`` programs each, from fixed seeds (a run is repeatable), so that the workers of
-    the default run share them."""
+    """``PARTS`` parts of ``EXAMPLES`` programs each, from fixed seeds (a run is repeatable): the first in the default
+    run, the others in the slow set, where the workers share them."""
     fuzz(meshes, EXAMPLES, 48_000 + part, f"default run, part {part}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("part", range(LONG_PARTS))
-def test_ten_thousand_user_programs(part, meshes):
-    """``LONG_PARTS`` parts of ``LONG_EXAMPLES`` programs each, from the session's seed (printed in the session header;
-    ``SHARDPROP_FUZZ_SEED`` replays a run)."""
+def test_a_long_run_of_user_programs(part, meshes):
+    """``SHARDPROP_FUZZ_PROGRAMS`` programs in parts of ``LONG_EXAMPLES``, from the session's seed (printed in the
+    session header; ``SHARDPROP_FUZZ_SEED`` with the same ``SHARDPROP_FUZZ_PROGRAMS`` replays a run)."""
     session = int(os.environ["SHARDPROP_FUZZ_SEED"])
-    fuzz(meshes, LONG_EXAMPLES, session * LONG_PARTS + part, f"SHARDPROP_FUZZ_SEED={session}, part {part}")
+    examples = min(LONG_EXAMPLES, LONG_PROGRAMS - part * LONG_EXAMPLES)
+    fuzz(meshes, examples, session * LONG_PARTS + part,
+         f"SHARDPROP_FUZZ_SEED={session} SHARDPROP_FUZZ_PROGRAMS={LONG_PROGRAMS}, part {part}")

@@ -1,8 +1,7 @@
-"""``shardprop plan``, run as a user would (a subprocess): the chosen layout table, its JSON, bad options."""
+"""``shardprop plan`` (in this process, tests/cli.py; the first test as a user runs it, a subprocess): the chosen
+layout table, its JSON, bad options."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -11,13 +10,13 @@ import pytest
 from shardprop.cli.plan import parse_size
 from shardprop.errors import OptionError
 from shardprop.inspect.searched import SEARCH_SCHEMA
+from tests.cli import shardprop, shardprop_subprocess
 
 EXAMPLE = Path(__file__).parent / "plan_example.py"
 
 
-def plan(*args, check=True):
-    result = subprocess.run([sys.executable, "-m", "shardprop", "plan", *args], capture_output=True, text=True,
-                            timeout=300)
+def plan(*args, check=True, subprocess=False):
+    result = (shardprop_subprocess if subprocess else shardprop)("plan", *args)
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -26,7 +25,7 @@ def plan(*args, check=True):
 def test_plan_prints_the_chosen_table_and_explains_a_choice():
     out = plan(f"{EXAMPLE}:step", "--mesh", "data=4,model=2", "--args", f"{EXAMPLE}:example",
                "--in-specs", "(AUTO, P('data'), P('data'))", "--memory-limit", "1MB",
-               "--explain", "params[0]['w']").stdout
+               "--explain", "params[0]['w']", subprocess=True).stdout
     assert out.startswith("sp.AUTO chose 4 layouts in ")
     assert "as compiled, limit 976.6 KiB" in out
     for path in ("params[0]['b']", "params[0]['w']", "params[1]['b']", "params[1]['w']"):
@@ -69,9 +68,8 @@ def test_parse_size_refuses_nonsense():
 def test_inspect_json_of_a_searched_program_says_what_was_chosen():
     from shardprop.inspect import SCHEMA
 
-    result = subprocess.run([sys.executable, "-m", "shardprop", "inspect", f"{EXAMPLE}:matmul", "--mesh", "i=8",
-                             "--arg", "f32[64,256]@P(i)", "--arg", "f32[256,512]@AUTO", "--format", "json"],
-                            capture_output=True, text=True, timeout=300)
+    result = shardprop("inspect", f"{EXAMPLE}:matmul", "--mesh", "i=8", "--arg", "f32[64,256]@P(i)",
+                       "--arg", "f32[256,512]@AUTO", "--format", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     jsonschema.validate(doc, SCHEMA)
