@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .api import autoshard
 from .backends import parse_hlo
+from .errors import OptionError
 from .expr.trace import abstractify
 from .mesh import as_auto_mesh
 from .program import Program
@@ -61,15 +62,26 @@ class Comparison:
         return "\n".join(lines)
 
 
-def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: str = "auto") -> Comparison:
+def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: str = "auto",
+                     program: Program | None = None) -> Comparison:
     """Compile ``f`` with shardprop and with ``jax.jit(in_shardings=...)`` on ``mesh`` and compare.
 
     ``jax.jit`` gets the input shardings shardprop resolved (unannotated inputs as they adopted), so both
     start from the same layout. ``args`` may be arrays or ShapeDtypeStructs. A step that updates flax NNX
-    arguments in place is compared with the state both return, as ``nnx.jit`` compiles it.
+    arguments in place is compared with the state both return, as ``nnx.jit`` compiles it. ``program``: the
+    shardprop side already traced (``autoshard(f, ...).trace(*args)``), whose compiled executable is read as it
+    is — one compile fewer; else ``f`` is traced with ``in_specs`` and ``strategy``.
+
+        fs = sp.autoshard(f, mesh=mesh, in_specs=(P("i"),))
+        print(sp.compare_with_jit(f, mesh, (P("i"),), x, program=fs.trace(x)))
     """
     mesh = as_auto_mesh(mesh)
-    program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
+    if program is None:
+        program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
+    elif program.mesh.shape != mesh.shape or program.mesh.devices.tolist() != mesh.devices.tolist():
+        raise OptionError(f"compare_with_jit: the program runs on mesh {dict(program.mesh.shape)} over devices "
+                          f"{program.mesh.devices.ravel().tolist()}, the comparison is on mesh {dict(mesh.shape)} "
+                          f"over {mesh.devices.ravel().tolist()}: trace the program on the comparison's mesh")
     # flax NNX arguments updated in place: both sides return their state (as nnx.jit does), or XLA would drop the
     # update — the backward pass and the optimizer — from jax.jit's program
     positions = stateful_positions(args)

@@ -30,6 +30,6 @@ def test_library_train_step_equals_unsharded_and_moves_no_more_than_jit(name, bu
     f, args, specs = build()
     prog = assert_same_as_unsharded(f, args, mesh=data_mesh, in_specs=specs, rtol=2e-4, atol=2e-5)
     assert not prog.sharded.fallbacks
-    comparison = sp.compare_with_jit(f, data_mesh, specs, *args)
+    comparison = sp.compare_with_jit(f, data_mesh, specs, *args, program=prog)
     assert comparison.jit_bytes > 0  # the gradients are summed over the batch: something moves
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)

@@ -134,6 +134,17 @@ def test_comparison_prints_both_programs_side_by_side(mesh):
     assert text.count("all-reduce over") == 4
 
 
+def test_a_comparison_reads_a_traced_program_as_it_is_and_refuses_one_on_another_mesh(mesh, meshes):
+    args = (S((64, 64), jnp.float32),) * 2
+    program = sp.autoshard(nx_example, mesh=mesh, in_specs=(P("i", "j"), P("i", "j"))).trace(*args)
+    comparison = sp.compare_with_jit(nx_example, mesh, (P("i", "j"), P("i", "j")), *args, program=program)
+    assert comparison.program is program
+    assert str(comparison) == str(sp.compare_with_jit(nx_example, mesh, (P("i", "j"), P("i", "j")), *args))
+    with pytest.raises(sp.OptionError, match=r"the program runs on mesh \{'i': 4, 'j': 2\}.*comparison is on mesh "
+                                              r"\{'i': 2, 'j': 4\}"):
+        sp.compare_with_jit(nx_example, meshes["2x4"], (P("i", "j"), P("i", "j")), *args, program=program)
+
+
 @pytest.mark.parametrize("strategy", ["gather", "collective", "auto"])
 def test_a_value_whose_mesh_axes_change_tensor_axes_moves_by_all_to_all(strategy, mesh):
     import warnings

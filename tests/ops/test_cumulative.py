@@ -46,7 +46,7 @@ def test_a_cumulative_op_stays_sharded_and_moves_one_row_per_device(name, f, mes
     scale = float(np.max(np.abs(np.asarray(want, np.float64))))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5 * scale)
     assert got.sharding.spec == spec
-    comparison = sp.compare_with_jit(f, mesh, (spec,), X, strategy=strategy)
+    comparison = sp.compare_with_jit(f, mesh, (spec,), X, program=fs.trace(X))
     assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
     prog = fs.trace(X)
     assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)

@@ -31,8 +31,8 @@ def _check(f, args, mesh, specs):
     got = fs(*args)
     want = f(*(jnp.asarray(a) for a in args))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    comparison = sp.compare_with_jit(f, mesh, specs, *args)
     prog = fs.trace(*args)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args, program=prog)
     assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
     return prog, comparison
 

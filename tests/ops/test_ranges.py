@@ -123,8 +123,8 @@ def _run(f, args, mesh, specs):
         # to 8.09 differs by 3e-4 between summation orders (XLA:CPU's order depends on the machine's vector units)
         scale = float(np.max(np.abs(np.asarray(w)), initial=1.0))
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6 * scale)
-    comparison = sp.compare_with_jit(f, mesh, specs, *args)
     prog = fs.trace(*args)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args, program=prog)
     assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
     return prog, comparison
 

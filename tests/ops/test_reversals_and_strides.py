@@ -43,7 +43,7 @@ def test_stays_sharded_and_moves_what_jit_moves(name, f, _, mesh_name, spec, str
     got = fs(X)
     np.testing.assert_allclose(np.asarray(got), np.asarray(f(jnp.asarray(X))), rtol=1e-6)
     assert got.sharding.spec == spec
-    comparison = sp.compare_with_jit(f, mesh, (spec,), X, strategy=strategy)
+    comparison = sp.compare_with_jit(f, mesh, (spec,), X, program=fs.trace(X))
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
     assert total_moved(fs.trace(X).estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
 

@@ -39,8 +39,8 @@ def test_a_top_k_along_a_sharded_axis_gathers_candidates_not_the_axis(name, f, m
     fs = sp.autoshard(f, mesh=mesh, in_specs=(spec,))
     for got, want in zip(jax.tree_util.tree_leaves(fs(X)), jax.tree_util.tree_leaves(f(jnp.asarray(X))), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    comparison = sp.compare_with_jit(f, mesh, (spec,), X)
     prog = fs.trace(X)
+    comparison = sp.compare_with_jit(f, mesh, (spec,), X, program=prog)
     assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
     if name != "on_a_middle_axis":  # (the swap moves the sharded axis out of top_k's way: nothing to finish)
         assert re.search(r"= top_k\[[ij*]+\] ", str(prog.graph)), str(prog.graph)  # the finish

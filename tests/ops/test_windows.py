@@ -97,7 +97,7 @@ def test_window_along_a_sharded_axis(name, f, mesh_name, specs, out_specs, fewer
     mesh = meshes[mesh_name]
     args = random_args([X, W])
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, rtol=1e-4, atol=1e-4)
-    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args, program=prog)
     assert prog.out_specs == out_specs == comparison.jit_out_specs, str(comparison)
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
     if fewer:
@@ -190,7 +190,7 @@ def test_halo_rows_past_the_ends_are_what_the_window_pads_with(meshes):
 
 def _same_as_unsharded_and_priced(f, args, mesh, specs):
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, rtol=1e-5, atol=1e-5)
-    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args, program=prog)
     assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
     return prog
 
@@ -341,7 +341,7 @@ def test_a_window_over_ranged_rows_reads_them_in_place(name, f, specs, meshes):
     mesh = meshes["4x2" if "columns" in name else "8"]
     args = random_args([X, W])
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, rtol=1e-4, atol=1e-4)
-    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args, program=prog)
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
     assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
     if "gradient" in name:  # the input's gradient laid out like the input (jax.jit's too, or replicated)

@@ -27,7 +27,7 @@ def test_a_psum_waits_for_the_smallest_value_of_its_linear_chain(name, f, specs,
     assert [(t.kind, t.shape, t.dtype) for t in prog.communication()] == [("all-reduce", *summed)]
     assert held_partial(prog), "the contraction is left partial"
     assert "]{+j} = dot_general" in str(prog.graph)  # the listing types the partial value
-    comparison = sp.compare_with_jit(f, mesh, specs, *args, strategy=strategy)
+    comparison = sp.compare_with_jit(f, mesh, specs, *args, program=prog)
     assert comparison.shardprop_bytes < comparison.jit_bytes / 5  # jax.jit all-reduces the product
 
 
