@@ -27,6 +27,16 @@ os.environ.setdefault("SHARDPROP_FUZZ_SEED", str(int.from_bytes(os.urandom(3), "
 def pytest_report_header(config):
     return f"fuzz seed: SHARDPROP_FUZZ_SEED={os.environ['SHARDPROP_FUZZ_SEED']}"
 
+
+def pytest_configure(config):
+    """JAX's persistent compilation cache, under the pytest cache (never the user's home): a rerun reads the
+    executables of the last one instead of compiling them (the five-minute budget is measured cold, without it).
+    ``SHARDPROP_TEST_COMPILE_CACHE=0`` turns it off."""
+    if os.environ.get("SHARDPROP_TEST_COMPILE_CACHE", "1") == "0":
+        return
+    jax.config.update("jax_compilation_cache_dir", str(config.rootpath / ".pytest_cache" / "jax-compiles"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
 MESH_SHAPES = {
     "8": ((8,), ("i",)),
     "4x2": ((4, 2), ("i", "j")),
