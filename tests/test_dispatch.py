@@ -198,3 +198,16 @@ def test_keyword_and_static_arguments_find_their_program_as_positional_ones_do(m
         close(fs(X, n, scale=2.0), pooled(X, n, 2.0))
         close(fs(X, n), pooled(X, n))
     assert sorted(traced) == [4, 4, 8, 8] and python_first == []  # n x (with or without scale): one trace each
+
+
+def test_a_program_compiles_once_for_its_call_its_hlo_its_memory_and_its_communication(mesh):
+    """One executable per signature (issue #49): reading a called program's HLO, memory and collectives compiles
+    nothing more, nor does calling it after reading them."""
+    from tests.test_spellings import compiles_of
+
+    fs = sp.autoshard(sgd_step, mesh=mesh, in_specs=SPECS)
+    first = compiles_of(lambda: close(fs(W0, X), sgd_step(W0, X)))
+    prog = fs.trace(W0, X)
+    readings = compiles_of(lambda: (prog.hlo(), prog.memory(), prog.communication()))
+    again = compiles_of(lambda: close(prog(W0, X), sgd_step(W0, X)))
+    assert (first >= 1, readings, again) == (True, 0, 0)

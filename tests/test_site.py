@@ -85,6 +85,7 @@ def site(tmp_path_factory) -> pathlib.Path:
     return out
 
 
+@pytest.mark.site
 def test_the_site_builds_strictly_with_an_entry_per_public_name(site):
     api = (site / "reference" / "api" / "index.html").read_text() + (
         site / "reference" / "errors" / "index.html").read_text()
@@ -94,6 +95,7 @@ def test_the_site_builds_strictly_with_an_entry_per_public_name(site):
     assert "usage: shardprop inspect" in cli and "--format" in cli  # the command's own help, pasted at build
 
 
+@pytest.mark.site
 def test_readme_sections_are_placed_with_their_links_rewritten(site):
     article = (site / "steering" / "index.html").read_text().split("<article", 1)[1].split("</article>", 1)[0]
     assert 'id="steering"' in article  # README's section, placed by docs/hooks.py
@@ -113,6 +115,7 @@ def _serve(directory: pathlib.Path):
     return server
 
 
+@pytest.mark.site
 def test_a_reader_sees_the_site_in_a_browser(site, tmp_path):
     server = _serve(site)
     base = f"http://127.0.0.1:{server.server_address[1]}"

@@ -25,6 +25,7 @@ def browser():
 PICTURES = [("nx", "viewer-nx-example.png"), ("transformer", "viewer-transformer-step.png")]
 
 
+@pytest.mark.site
 @pytest.mark.parametrize("name,picture", PICTURES)
 def test_the_viewer_shows_the_stages(name, picture, browser, tmp_path):
     prog = program(name)
