@@ -13,7 +13,7 @@ import shardprop as sp
 from shardprop.examples import recurrent
 from shardprop.core.layouts import layout_to_spec
 from shardprop.core.transfers import TransferKind, total_moved
-from tests.conftest import assert_same_as_unsharded, random_args
+from tests.conftest import assert_same_as_unsharded, covering, random_args
 
 RNG = np.random.default_rng(3)
 T, B, F = 6, 8, 16
@@ -63,13 +63,10 @@ def _batch_stays_sharded(prog) -> None:
                 assert any("i" in m for m in need), (node.op, v, sharded.layout(v), need)
 
 
-# Every workload under each strategy: each decides the bodies' collectives, deferred sums and in-body moves itself.
-BY_STRATEGY = [(w, strategy) for w in WORKLOADS for strategy in ("auto", "gather", "collective")]
-
-
-@pytest.mark.parametrize("workload,strategy", BY_STRATEGY, ids=[f"{w[0]}-{s}" for w, s in BY_STRATEGY])
-def test_loop_workload_equals_unsharded(workload, strategy, mesh):
-    name, f, args, specs = workload
+# Every workload under each strategy (each decides the bodies' collectives, deferred sums and in-body moves itself):
+# a covering sample by default, every workload and every strategy once; the whole cross product with -m slow.
+@pytest.mark.parametrize("name,f,args,specs,strategy", covering(WORKLOADS, ["auto", "gather", "collective"]))
+def test_loop_workload_equals_unsharded(name, f, args, specs, strategy, mesh):
     prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy=strategy, rtol=2e-4, atol=2e-5)
     _batch_stays_sharded(prog)
 
