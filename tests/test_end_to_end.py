@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.functions import mlp, nx_example
-from tests.conftest import assert_same_as_unsharded, random_args
+from tests.conftest import assert_same_as_unsharded, covering, random_args
 
 
 def normalize_rows(a, b):
@@ -55,14 +55,15 @@ SPECS = {
               (None, P(("i", "j", "k")))],
 }
 STRATEGIES = ("gather", "collective", "auto")
-# Every function under every spec and mesh; the strategy cycles so that each function meets all three.
-CASES = [(f, m, s, STRATEGIES[k % 3])
-         for k, (f, m, s) in enumerate((f, m, s) for f in FUNCTIONS for m, specs in SPECS.items() for s in specs)]
+# Every layout (mesh and specs) with a strategy, cycling so that each function meets all three; every function
+# under every layout with -m slow, a covering sample by default (every function and every layout once).
+LAYOUTS = [(m, s, STRATEGIES[k % 3]) for k, (m, s) in enumerate((m, s) for m, specs in SPECS.items() for s in specs)]
+CASES = covering([(f,) for f in FUNCTIONS], LAYOUTS, ids=lambda row: row[0].__name__)
 
 
-@pytest.mark.parametrize("f,mesh_name,specs,strategy", CASES,
-                         ids=[f"{f.__name__}-{m}-{'_'.join(str(x) for x in s)}-{st}" for f, m, s, st in CASES])
-def test_function_equals_unsharded(f, mesh_name, specs, strategy, meshes):
+@pytest.mark.parametrize("f,layout", CASES)
+def test_function_equals_unsharded(f, layout, meshes):
+    mesh_name, specs, strategy = layout
     a, b = random_args([((16, 8), np.float32)] * 2, seed=sum(map(ord, f.__name__)))
     assert_same_as_unsharded(f, (a, b), mesh=meshes[mesh_name], in_specs=specs, strategy=strategy,
                              rtol=2e-5, atol=2e-5)
