@@ -37,6 +37,7 @@ def pytest_configure(config):
     jax.config.update("jax_compilation_cache_dir", str(config.rootpath / ".pytest_cache" / "jax-compiles"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
+
 MESH_SHAPES = {
     "8": ((8,), ("i",)),
     "4x2": ((4, 2), ("i", "j")),
