@@ -16,6 +16,7 @@ from .errors import OptionError
 from .expr.trace import abstractify
 from .mesh import as_auto_mesh
 from .program import Program
+from .spellings import same_devices
 from .stateful import returning_state, state_leaves, stateful_positions
 from .core.transfers import Transfer, total_moved
 
@@ -78,7 +79,7 @@ def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: st
     mesh = as_auto_mesh(mesh)
     if program is None:
         program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
-    elif program.mesh.shape != mesh.shape or program.mesh.devices.tolist() != mesh.devices.tolist():
+    elif not same_devices(program.mesh, mesh):
         raise OptionError(f"compare_with_jit: the program runs on mesh {dict(program.mesh.shape)} over devices "
                           f"{program.mesh.devices.ravel().tolist()}, the comparison is on mesh {dict(mesh.shape)} "
                           f"over {mesh.devices.ravel().tolist()}: trace the program on the comparison's mesh")

@@ -14,7 +14,7 @@ printed as a script (``tests/fuzz_oracle.reproducer``).
 Budgets: 200 programs in eight parts of 25 from fixed seeds (a run is repeatable): the first part in the default run,
 the other seven in the ``slow`` set; and a long run from a random seed, which the session header prints
 (``SHARDPROP_FUZZ_SEED`` replays it), of ``SHARDPROP_FUZZ_PROGRAMS`` programs (1,000 by default, in the ``slow`` set
-that CI runs: about 8 minutes on two processes) in parts of 500. The proof of a change to the generator or the
+that CI runs: two parts of 500, about 5 minutes each on one process). The proof of a change to the generator or the
 oracle is ``SHARDPROP_FUZZ_PROGRAMS=10000 python -m pytest -m slow tests/test_fuzz_users.py`` (about an hour on two
 processes; docs/reliability.md records its runs).
 """

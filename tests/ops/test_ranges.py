@@ -35,13 +35,6 @@ X_ZEROS[:, :3] = 0.0
 LAYOUTS = [("8", P(None, "i")), ("4x2", P("j", "i")), ("4x2", P(None, ("i", "j")))]
 # the larger tables meet the layouts in a covering sample (every row once, every layout at least once; conftest's
 # covering), the rest of the cross product with `-m slow`: the default run's budget
-LAYOUT_IDS = {layout: f"{layout[0]}-{layout[1]}" for layout in LAYOUTS}
-
-
-
-def _layout(layout_id: str):
-    """The (mesh name, spec) a covering sample's layout id names (ids keep the test names readable)."""
-    return next(k for k, v in LAYOUT_IDS.items() if v == layout_id)
 
 
 def _causal_conv(x, w):
@@ -136,10 +129,10 @@ def _run(f, args, mesh, specs):
     return prog, comparison
 
 
-@pytest.mark.parametrize("name,f,args,sharded,stays,layout", covering(SEQUENCE, [LAYOUT_IDS[k] for k in LAYOUTS]))
+@pytest.mark.parametrize("name,f,args,sharded,stays,layout", covering(SEQUENCE, LAYOUTS))
 def test_moving_rows_along_a_sharded_axis_equals_the_unsharded_function(name, f, args, sharded, stays, layout,
                                                                         meshes):
-    mesh_name, spec = _layout(layout)
+    mesh_name, spec = layout
     specs = tuple(spec if s else P() for s in sharded)
     prog, comparison = _run(f, args, meshes[mesh_name], specs)
     if stays is not None:
@@ -210,9 +203,9 @@ LOOPS = [
 ]
 
 
-@pytest.mark.parametrize("name,f,layout", covering(LOOPS, [LAYOUT_IDS[k] for k in LAYOUTS]))
+@pytest.mark.parametrize("name,f,layout", covering(LOOPS, LAYOUTS))
 def test_a_loop_carrying_ranged_rows_keeps_them_ranged(name, f, layout, meshes):
-    mesh_name, spec = _layout(layout)
+    mesh_name, spec = layout
     prog, comparison = _run(f, (X,), meshes[mesh_name], (spec,))
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
     assert not [t for t in prog.estimated_communication() if t.kind == "all-gather" and np.prod(t.shape) >= X.size]
@@ -352,9 +345,9 @@ STRIDED = [
 KNOWN_GAPS = {("every_16th", "4x2", P(None, ("i", "j")))}  # jax.jit returns it over the sub-axis i (issue #28)
 
 
-@pytest.mark.parametrize("name,f,how,layout", covering(STRIDED, [LAYOUT_IDS[k] for k in LAYOUTS]))
+@pytest.mark.parametrize("name,f,how,layout", covering(STRIDED, LAYOUTS))
 def test_a_strided_slice_across_blocks_moves_a_few_rows(name, f, how, layout, meshes):
-    mesh_name, spec = _layout(layout)
+    mesh_name, spec = layout
     # each device picks its own block's rows and sends them on (a route), or reads the rows its block picks from
     # realigned: a few rows move, not the axis (before, it was gathered whole: 7,168 B here), and no more than jax.jit
     prog, comparison = _run(f, (X,), meshes[mesh_name], (spec,))
