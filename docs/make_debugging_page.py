@@ -57,8 +57,15 @@ class Session:
 
 
 def run_cli(argv: list[str], stdin: str | None = None) -> str:
-    done = subprocess.run([sys.executable, "-m", "shardprop", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                          check=True, timeout=300, input=stdin)
+    """The output of ``shardprop argv[1:]`` reading ``stdin``, run in this process (the page's snippets and commands
+    share one JAX start; tests/test_cli.py runs each command in a process of its own)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.cli import shardprop
+
+    with contextlib.chdir(ROOT):
+        done = shardprop(*argv[1:], stdin=stdin)
+    if done.returncode != 0:
+        raise RuntimeError(f"shardprop {' '.join(argv[1:])} failed ({done.returncode}): {done.stderr}")
     return done.stdout.rstrip().replace(str(ROOT) + "/", "")
 
 

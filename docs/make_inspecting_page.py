@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import shlex
 import subprocess
 import sys
 
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 NX = ["shardprop", "inspect", "shardprop/examples/inspect_example.py:nx", "--mesh", "i=4,j=2",
       "--arg", "f32[16,8]@P(i,j)", "--arg", "f32[16,8]", "--strategy", "gather"]
 RNN_GRAD = ["shardprop", "inspect", "shardprop/examples/inspect_example.py:rnn_grad", "--mesh", "i=4,j=2",
@@ -19,8 +25,14 @@ MATMUL = ["shardprop", "inspect", "shardprop/examples/inspect_example.py:scanned
 
 
 def run(argv: list[str]) -> str:
-    done = subprocess.run([sys.executable, "-m", "shardprop", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                          check=True, timeout=300)
+    """The output of ``shardprop argv[1:]``, run in this process (one JAX start for the page's dozen commands;
+    tests/test_cli.py runs each command in a process of its own)."""
+    from tests.cli import shardprop
+
+    with contextlib.chdir(ROOT):
+        done = shardprop(*argv[1:])
+    if done.returncode != 0:
+        raise RuntimeError(f"{shown(argv)} failed ({done.returncode}): {done.stderr}")
     return done.stdout.rstrip().replace(str(ROOT) + "/", "")
 
 
@@ -200,18 +212,18 @@ A *layout* is one list per tensor axis of the mesh axes it is laid out over (`[]
 
 
 def sp_lineage_repr() -> str:
-    code = ("import jax; jax.config.update('jax_num_cpu_devices', 8)\n"
-            "import jax.numpy as jnp, shardprop as sp\nfrom jax.sharding import PartitionSpec as P\n"
-            "from shardprop.examples.inspect_example import nx\n"
-            "prog = sp.autoshard(nx, mesh=sp.make_mesh((4, 2), ('i', 'j')), in_specs=(P('i', 'j'), None),"
-            " strategy='gather').trace(jnp.ones((16, 8)), jnp.ones((16, 8)))\n"
-            "print(sp.lineage(prog, output=0, block=(0, 1)))")
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                          timeout=300).stdout.strip()
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import shardprop as sp
+    from shardprop.examples.inspect_example import nx
+
+    prog = sp.autoshard(nx, mesh=sp.make_mesh((4, 2), ("i", "j")), in_specs=(P("i", "j"), None),
+                        strategy="gather").trace(jnp.ones((16, 8)), jnp.ones((16, 8)))
+    return str(sp.lineage(prog, output=0, block=(0, 1))).strip()
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     from tests.releases import refuse_unless_documented
 
     refuse_unless_documented("docs/inspecting.md")

@@ -1,15 +1,39 @@
 """Eight virtual CPU devices, set once before JAX initialises its backend; shared meshes and helpers."""
 
+import inspect
 import itertools
 import os
 
 import jax
 
+
+def _compile_fast():
+    """The default run compiles some 2,500 small programs, and XLA:CPU's optimisation of their machine code is most of
+    the time each takes (not what the tests check: shardprop's programs, their collectives and their results): the
+    tests ask XLA to optimise less — LLVM at -O0 without its expensive passes (``jax_disable_most_optimizations``), no
+    verification of the emitted kernels and, at jaxlib 0.10, the older loop emitters (a third faster to compile; the
+    flag is gone by 0.12). The HLO passes, the partitioner and every collective are XLA's usual ones.
+    ``SHARDPROP_TEST_FAST_COMPILE=0`` compiles as a user's programs do (CI runs the slow set so)."""
+    if os.environ.get("SHARDPROP_TEST_FAST_COMPILE", "1") == "0":
+        return
+    jax.config.update("jax_disable_most_optimizations", True)
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"  # and in the processes the tests start
+    import jaxlib
+
+    flags = ["--xla_cpu_emitter_verification_level=0"]
+    if jaxlib.__version__.startswith("0.10."):  # XLA refuses an unknown flag by ending the process
+        flags.append("--xla_cpu_use_fusion_emitters=false")
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
+
+
+_compile_fast()  # before JAX starts its backend: XLA reads XLA_FLAGS once
 jax.config.update("jax_num_cpu_devices", 8)
 os.environ["SHARDPROP_CHECKS"] = "1"  # every pass checks the invariants of its product (shardprop/checks.py)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import seed as with_seed  # noqa: E402
 
 import shardprop as sp  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
@@ -36,6 +60,29 @@ def pytest_configure(config):
         return
     jax.config.update("jax_compilation_cache_dir", str(config.rootpath / ".pytest_cache" / "jax-compiles"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by mark
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.covering`` on a test with stacked ``parametrize`` decorators: the default run keeps a covering
+    sample of their cross product (``in_covering_sample``: every value of every decorator at least once) and marks the
+    rest ``slow``, where the whole product runs (CI runs it)."""
+    for item in items:
+        if item.get_closest_marker("covering") is None or not hasattr(item, "callspec"):
+            continue
+        tables = [mark.args for mark in item.iter_markers("parametrize")]
+        names = [args[0] if isinstance(args[0], str) else ",".join(args[0]) for args in tables]
+        chosen = [item.callspec.indices[name.split(",")[0].strip()] for name in names]
+        if not in_covering_sample(chosen, [len(list(args[1])) for args in tables]):
+            item.add_marker(pytest.mark.slow)
+
+
+def in_covering_sample(chosen, sizes):
+    """Whether the combination taking value ``chosen[j]`` of table ``j`` (of ``sizes[j]`` values) is in the covering
+    sample of their cross product: the ``t``-th sampled combination takes value ``t + j`` of table ``j``, modulo its
+    size, for ``t`` up to the largest size — so every value of every table is sampled at least once."""
+    return any(all(k == (t + j) % size for j, (k, size) in enumerate(zip(chosen, sizes, strict=True)))
+               for t in range(max(sizes)))
 
 
 MESH_SHAPES = {
@@ -126,19 +173,45 @@ def assert_differentiates_as_unsharded(f, args, *, mesh, in_specs, strategy="aut
     return grad.trace(*args)
 
 
+def on_more_examples(test, examples, seed, **strategies):
+    """The Hypothesis property ``test`` again in the slow set: ``examples`` examples drawn from ``strategies`` (its
+    ``@given`` arguments, by name) from ``seed``, a seed of its own, while the default run keeps the property on a
+    small budget. Bind the result to a ``test_`` name in the property's module::
+
+        test_slices_on_more_examples = on_more_examples(test_slices, 60, 49_101, first=st.integers(0, 30))
+    """
+    inner = test.hypothesis.inner_test
+    fixtures = [name for name in inspect.signature(inner).parameters if name not in strategies]
+
+    @pytest.mark.slow
+    def more(request):
+        values = {name: request.getfixturevalue(name) for name in fixtures}
+
+        @with_seed(seed)
+        @settings(max_examples=examples, deadline=None, derandomize=False, database=None, print_blob=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(**strategies)
+        def run(**drawn):
+            inner(**drawn, **values)
+
+        run()
+
+    more.__doc__ = f"``{test.__name__}`` on {examples} examples from seed {seed} (the slow set's budget)."
+    return more
+
+
 def covering(rows, *columns, ids=None):
     """The cross product of ``rows`` (tuples of parameters) with each of ``columns`` (lists of values) as pytest
-    params: a covering sample in the default run — every row once and every column value at least once (the ``t``-th
-    sampled param takes row ``t`` and value ``t + j`` of column ``j``, all modulo their lengths) — and the rest marked
-    ``slow``: the full cross product runs there (CI runs it). A param's id is its row's first entry (or ``ids(row)``)
-    and its column values."""
-    n = max([len(rows)] + [len(c) for c in columns])
-    sampled = {(t % len(rows), tuple((t + j) % len(c) for j, c in enumerate(columns))) for t in range(n)}
+    params: a covering sample in the default run — every row once and every column value at least once
+    (``in_covering_sample``) — and the rest marked ``slow``: the full cross product runs there (CI runs it). A param's
+    id is its row's first entry (or ``ids(row)``) and its column values. (``@pytest.mark.covering`` does the same for
+    stacked ``parametrize`` decorators.)"""
+    sizes = [len(rows), *(len(c) for c in columns)]
     params = []
     for k, row in enumerate(rows):
         for combo in itertools.product(*(range(len(c)) for c in columns)):
             values = tuple(c[i] for c, i in zip(columns, combo, strict=True))
             label = "-".join(str(v) for v in (row[0] if ids is None else ids(row), *values))
             params.append(pytest.param(*row, *values, id=label,
-                                       marks=() if (k, combo) in sampled else pytest.mark.slow))
+                                       marks=() if in_covering_sample((k, *combo), sizes) else pytest.mark.slow))
     return params

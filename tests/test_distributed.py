@@ -1,6 +1,11 @@
 """Multi-process runs: ``shardprop launch`` starts 2 processes x 4 CPU devices on this machine, and the same
 ``sp.autoshard`` programs run on the 8-device mesh spanning them (tests/distributed/worker.py checks every result
-against the unsharded function, on every process); a process that crashes stops the others at once."""
+against the unsharded function, on every process); a process that crashes stops the others at once.
+
+Each run of two processes takes 6-20 s of the machine's two cores, so the default run keeps two of them — the programs
+on a mesh spanning both processes, and a crashing process stopping the other — and the slow set (which CI runs) the
+rest: the debugger across processes, the training-loop example, a device count set by the script, plans that differ,
+the hash seed, and a failing process without the launcher."""
 
 import os
 import pathlib
@@ -39,6 +44,7 @@ def test_programs_on_a_mesh_spanning_two_processes_equal_the_unsharded_result():
     assert len(chosen) == 2 and chosen["[0]"] == chosen["[1]"], chosen  # the search chose alike on both
 
 
+@pytest.mark.slow  # two processes for 6-20 s: the slow set (module docstring)
 def test_the_debugger_steps_the_same_programs_on_both_processes(tmp_path):
     """tests/distributed/debug_worker.py: each process reads its own blocks; check / compare / first_divergence /
     first_nonfinite gather the others' and agree on every process (a NaN only process 1 holds, a planted bug whose
@@ -63,6 +69,7 @@ def test_the_debugger_steps_the_same_programs_on_both_processes(tmp_path):
     assert "matches the saved output" in replay.stdout
 
 
+@pytest.mark.slow  # two processes for 6-20 s: the slow set (module docstring)
 def test_a_device_count_set_by_the_script_is_refused_and_a_mesh_spans_both_processes():
     """Issue #31, tests/distributed/device_count_worker.py: the README's jax_num_cpu_devices line run after
     initialize() is refused by name on both processes; set back, a (4, 2) mesh holds both processes' devices and
@@ -138,8 +145,8 @@ def test_a_crashing_process_stops_the_others_in_bounded_time():
     assert seconds < 60
 
 
-# the exit path (a clean non-zero exit rather than a crash) runs with -m slow, for the default run's time budget
-@pytest.mark.parametrize("failure, code", [("--crash", 1), pytest.param("--exit", 3, marks=pytest.mark.slow)])
+@pytest.mark.slow  # two processes for ~10 s: the slow set (module docstring)
+@pytest.mark.parametrize("failure, code", [("--crash", 1), ("--exit", 3)])
 def test_without_the_launcher_a_failing_process_ends_the_others_within_the_heartbeat_timeout(failure, code):
     """As on a real cluster (no launcher to stop anyone): process 1 fails after the cluster formed and leaves at
     once; process 0, waiting for it in a collective, ends with an error once the heartbeat timeout (5 s here) says
@@ -222,6 +229,7 @@ def test_fetch_of_single_process_values_is_numpy(value, mesh):
     np.testing.assert_array_equal(sp.distributed.fetch(out), np.asarray(value) * 2.0)
 
 
+@pytest.mark.slow  # two processes for 6-20 s: the slow set (module docstring)
 def test_processes_with_different_plans_refuse_naming_the_stage():
     """Process 1 plans with another strategy: both refuse with PlanMismatchError instead of deadlocking."""
     done, _ = _launch("--mismatch")
@@ -231,6 +239,7 @@ def test_processes_with_different_plans_refuse_naming_the_stage():
         assert f"stage 0 of process {k} differs from process {other}'s" in done.stdout
 
 
+@pytest.mark.slow  # two processes for 6-20 s: the slow set (module docstring)
 def test_plans_do_not_depend_on_the_hash_seed():
     """Every process must make the same plan: propagation and splitting may not depend on Python's hash seed (set
     per process) — the stage fingerprints of a few programs, under every strategy, agree across seeds (an audit of
@@ -245,6 +254,7 @@ def test_plans_do_not_depend_on_the_hash_seed():
     assert runs[0] == runs[1] and runs[0].count("\n") == 18
 
 
+@pytest.mark.slow  # two processes for 6-20 s: the slow set (module docstring)
 def test_the_training_loop_example_feeds_each_process_its_rows_and_trains_as_unsharded():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "shardprop", "launch", "-n", "2", "--devices-per-process", "4", "--",

@@ -11,8 +11,8 @@ not divide an output (no JAX array is laid out so), and a conflict of the specs 
 ``LoweringError``, a raw exception, a wrong number or shape fails, and Hypothesis shrinks it to its smallest program,
 printed as a script (``tests/fuzz_oracle.reproducer``).
 
-Budgets: 200 programs in eight parts of 25 from fixed seeds (a run is repeatable): the first part in the default run,
-the other seven in the ``slow`` set; and a long run from a random seed, which the session header prints
+Budgets: 192 programs in sixteen parts of 12 from fixed seeds (a run is repeatable): the first part in the default
+run, the other fifteen in the ``slow`` set; and a long run from a random seed, which the session header prints
 (``SHARDPROP_FUZZ_SEED`` replays it), of ``SHARDPROP_FUZZ_PROGRAMS`` programs (1,000 by default, in the ``slow`` set
 that CI runs: two parts of 500, about 5 minutes each on one process). The proof of a change to the generator or the
 oracle is ``SHARDPROP_FUZZ_PROGRAMS=10000 python -m pytest -m slow tests/test_fuzz_users.py`` (about an hour on two
@@ -39,7 +39,7 @@ from tests.fuzz_specs import divides, permuted_spec, related_spec, specs_for
 from tests.fuzzing import random_inputs
 from tests.fuzzing_users import user_programs
 
-PARTS, EXAMPLES = 8, 25  # part 0 in the default run, the others in the slow set
+PARTS, EXAMPLES = 16, 12  # part 0 in the default run, the others in the slow set
 LONG_PROGRAMS = int(os.environ.get("SHARDPROP_FUZZ_PROGRAMS", "1000"))
 LONG_EXAMPLES = 500
 LONG_PARTS = -(-LONG_PROGRAMS // LONG_EXAMPLES)

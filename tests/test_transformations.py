@@ -53,6 +53,7 @@ def close(got, want, tol=2e-5):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=tol, atol=tol)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_grad_and_jvp_of_an_autoshard_function(mesh, name, strategy):

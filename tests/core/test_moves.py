@@ -34,6 +34,7 @@ from shardprop.core.moves import describe, move_transfers, plan_bytes, plan_move
 from shardprop.core.steps import Step, StepKind, permute_pairs, step_transfer
 from shardprop.core.transfers import TransferKind, moved
 from shardprop.core.types import Reduction, ValueType
+from tests.conftest import on_more_examples
 
 MESHES = {"4x2": ((4, 2), ("i", "j")), "2x4": ((2, 4), ("i", "j")), "2x2x2": ((2, 2, 2), ("x", "y", "z")),
           "4x2x1": ((4, 2, 1), ("i", "j", "k"))}
@@ -592,9 +593,9 @@ def moves(draw):
     return mesh_name, shape, draw(value_types(shape, mesh_shape)), draw(value_types(shape, mesh_shape))
 
 
-@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
                                                                                    HealthCheck.filter_too_much])
-@given(moves())
+@given(moves())  # 150 more in the slow set (the end of this file)
 def test_any_move_keeps_values_compiles_to_its_estimate_and_is_cheapest(meshes, case):
     mesh_name, shape, have, want = case
     mesh = meshes[mesh_name]
@@ -656,3 +657,7 @@ def test_a_partial_sum_in_ranged_rows_is_summed_before_its_rows_are_gathered():
     # one wanted partial over j still is not summed: its rows alone are gathered (realigned first: the same bytes)
     kept = plan_move((57, 8), np.float32, have, ValueType(((), ()), ("j",)), sizes)
     assert StepKind.PSUM not in [s.kind for s in kept] and plan_bytes((57, 8), np.float32, kept, sizes) == 32 * row
+
+
+test_any_move_on_more_examples = on_more_examples(test_any_move_keeps_values_compiles_to_its_estimate_and_is_cheapest,
+                                                 150, 49_103, case=moves())

@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 import shardprop as sp
 from tests.fuzzing import random_inputs
+from tests.conftest import on_more_examples
 from tests.fuzz_oracle import program_functions, reproducer
 from tests.test_fuzz import cases
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, print_blob=True,
+@settings(max_examples=6, deadline=None, derandomize=True, print_blob=True,  # 25 more in the slow set (below)
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases(), keep=st.sampled_from(["outputs", "all"]))
@@ -44,3 +45,7 @@ def test_the_debugger_agrees_with_the_program_and_the_reference(case, keep, mesh
     for g, w in zip(jax.tree_util.tree_leaves(dbg.outputs), jax.tree_util.tree_leaves(want), strict=True):
         w = np.asarray(w)
         np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + float(np.max(np.abs(w), initial=0))))
+
+
+test_the_debugger_on_more_examples = on_more_examples(test_the_debugger_agrees_with_the_program_and_the_reference, 25,
+                                                     49_104, case=cases(), keep=st.sampled_from(["outputs", "all"]))

@@ -35,8 +35,9 @@ OPS = [
 LAYOUTS = [("8", P(None, "i")), ("4x2", P("j", "i")), ("2x2x2", P("k", ("i", "j")))]
 
 
-# the gather strategy applies the same (required) finish as auto: it runs with -m slow, for the default run's budget
-@pytest.mark.parametrize("strategy", ["auto", pytest.param("gather", marks=pytest.mark.slow)])
+# a covering sample by default (every op, layout and strategy once), the whole table with -m slow
+@pytest.mark.covering
+@pytest.mark.parametrize("strategy", ["auto", "gather"])
 @pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[m for m, _ in LAYOUTS])
 @pytest.mark.parametrize("name,f", OPS, ids=[o[0] for o in OPS])
 def test_a_cumulative_op_stays_sharded_and_moves_one_row_per_device(name, f, mesh_name, spec, strategy, meshes):

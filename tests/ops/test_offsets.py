@@ -37,6 +37,7 @@ def _check(f, args, mesh, specs):
     return prog, comparison
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("rows", [1, 13])
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[m for m, _ in LAYOUTS])
@@ -50,6 +51,7 @@ def test_a_write_at_an_offset_moves_nothing_and_stays_sharded(rows, pos, mesh_na
         assert comparison.jit_bytes > 0, str(comparison)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("rows", [1, 5, 13])
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[m for m, _ in LAYOUTS])
@@ -59,6 +61,7 @@ def test_a_read_at_an_offset_moves_the_slice_not_the_operand(rows, pos, mesh_nam
     assert comparison.shardprop_bytes < comparison.jit_bytes, str(comparison)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[m for m, _ in LAYOUTS])
 def test_a_read_at_a_constant_offset_is_a_slice_and_keeps_its_rows_in_place(pos, mesh_name, spec, meshes):
@@ -102,6 +105,7 @@ SLICE_WRITES = [
 ]
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[m for m, _ in LAYOUTS])
 @pytest.mark.parametrize("name,f", SLICE_WRITES, ids=[w[0] for w in SLICE_WRITES])
 def test_a_slice_write_is_done_in_place(name, f, mesh_name, spec, meshes):
@@ -112,6 +116,7 @@ def test_a_slice_write_is_done_in_place(name, f, mesh_name, spec, meshes):
     assert comparison.shardprop_bytes == 0 < comparison.jit_bytes, str(comparison)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("mode", [lax.GatherScatterMode.FILL_OR_DROP, lax.GatherScatterMode.CLIP])
 @pytest.mark.parametrize("start", [-1, 0, 7, 56, 57, 70])
 def test_a_window_scatter_out_of_range_is_dropped_or_clamped_as_unsharded(mode, start, meshes):

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from shardprop.core.transfers import total_moved
-from tests.conftest import covering
+from tests.conftest import covering, on_more_examples
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(4, 64, 8)).astype(np.float32)
@@ -287,9 +287,12 @@ def test_the_gradient_of_a_causal_convolution_stays_sharded(meshes):
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
 
 
-@settings(max_examples=20, deadline=None, derandomize=True)
-@given(first=st.integers(0, 30), length=st.integers(1, 34), lo=st.integers(0, 9), hi=st.integers(0, 9),
-       fill=st.sampled_from([0.0, -2.5]), shift=st.integers(-70, 70), spec=st.sampled_from([0, 1]))
+_SLICES = dict(first=st.integers(0, 30), length=st.integers(1, 34), lo=st.integers(0, 9), hi=st.integers(0, 9),
+               fill=st.sampled_from([0.0, -2.5]), shift=st.integers(-70, 70), spec=st.sampled_from([0, 1]))
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)  # 40 more in the slow set (the end of this file)
+@given(**_SLICES)
 def test_random_slices_pads_and_rolls_equal_the_unsharded_function(first, length, lo, hi, fill, shift, spec, meshes):
     mesh, in_spec = [(meshes["8"], P(None, "i")), (meshes["4x2"], P("j", "i"))][spec]
 
@@ -472,3 +475,7 @@ def test_a_concatenation_whose_first_operand_is_empty(f, mesh_name, spec, meshes
     # result its garbage; jnp.pad(mode="edge") builds such concatenations) (found by review)
     got = sp.autoshard(f, mesh=meshes[mesh_name], in_specs=(spec,))(SMALL)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.asarray(SMALL))))
+
+
+test_random_slices_pads_and_rolls_on_more_examples = on_more_examples(
+    test_random_slices_pads_and_rolls_equal_the_unsharded_function, 40, 49_101, **_SLICES)

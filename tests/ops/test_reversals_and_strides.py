@@ -33,8 +33,9 @@ FUNCTIONS = [
 ]
 
 
-# the gather strategy applies the same (required) finish as auto: it runs with -m slow, for the default run's budget
-@pytest.mark.parametrize("strategy", ["auto", pytest.param("gather", marks=pytest.mark.slow)])
+# a covering sample by default (every op, layout and strategy once), the whole table with -m slow
+@pytest.mark.covering
+@pytest.mark.parametrize("strategy", ["auto", "gather"])
 @pytest.mark.parametrize("mesh_name,spec", LAYOUTS, ids=[f"{m}-{s}" for m, s in LAYOUTS])
 @pytest.mark.parametrize("name,f,_", FUNCTIONS, ids=[f[0] for f in FUNCTIONS])
 def test_stays_sharded_and_moves_what_jit_moves(name, f, _, mesh_name, spec, strategy, meshes):

@@ -27,6 +27,7 @@ def _labels(n, classes, seed=0):
     return np.random.default_rng(seed).integers(0, classes, size=n).astype(np.int32)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("strategy", ["collective", "auto"])
 @pytest.mark.parametrize("loss", [_cross_entropy, _optax_cross_entropy, jax.grad(_cross_entropy)],
                          ids=["take_along_axis", "optax", "gradient"])
@@ -48,6 +49,7 @@ def _embedding_table(vocab, width, dtype=np.float32):
     return table.astype(dtype)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("mode", ["fill", "clip", "wrap", "promise_in_bounds"])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 @pytest.mark.parametrize("mesh_name,table_spec", [("4x2", P("j")), ("8", P("i")), ("2x2x2", P(("k", "i")))])
@@ -105,11 +107,10 @@ def test_a_lookup_in_booleans_keeps_its_gather(meshes):
     assert not prog.plan.collectives
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("mode", [None, "clip", "drop", "promise_in_bounds"])
 @pytest.mark.parametrize("method", ["set", "add", "mul", "min", "max"])
-# the 2x2x2 mesh's rows run with -m slow (the default run's budget)
-@pytest.mark.parametrize("mesh_name,spec", [("8", P("i")), ("4x2", P("j", "i")),
-                                            pytest.param("2x2x2", P(("k", "i")), marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mesh_name,spec", [("8", P("i")), ("4x2", P("j", "i")), ("2x2x2", P(("k", "i")))])
 def test_a_scatter_into_a_sharded_axis_updates_each_block_in_place(mesh_name, spec, method, mode, meshes):
     """``x.at[idx].op(v)`` on an axis sharded over the mesh: each device applies the updates landing in its block
     (indices shifted, the others dropped; clamped first under ``clip``) — no gather of x, and exactly the unsharded
