@@ -2,10 +2,11 @@
 ``sp.autoshard`` programs run on the 8-device mesh spanning them (tests/distributed/worker.py checks every result
 against the unsharded function, on every process); a process that crashes stops the others at once.
 
-Each run of two processes takes 6-20 s of the machine's two cores, so the default run keeps two of them — the programs
-on a mesh spanning both processes, and a crashing process stopping the other — and the slow set (which CI runs) the
-rest: the debugger across processes, the training-loop example, a device count set by the script, plans that differ,
-the hash seed, and a failing process without the launcher."""
+Each run of two processes takes 6-20 s of the machine's two cores, so the default run keeps one of them — the programs
+on a mesh spanning both processes — and the launcher's tests without JAX (a failing process stopping the other,
+signals); the slow set (which CI runs) keeps the rest: the debugger across processes, the training-loop example, a
+crash in a JAX worker, a device count set by the script, plans that differ, the hash seed, and a failing process
+without the launcher."""
 
 import os
 import pathlib
@@ -137,6 +138,23 @@ def test_a_device_count_changed_after_initialize_is_refused_naming_the_setting_a
         sp.make_mesh((2,), ("i",))
 
 
+def test_a_failing_process_stops_the_others_at_once():
+    """The launcher's part of a crash, without JAX: process 1 exits with an error while process 0 would sleep for a
+    minute; the launcher names the failure, stops process 0 and returns the failing code."""
+    import io
+
+    from shardprop.cli.launch import launch
+
+    script = ("import os, sys, time\nif os.environ['SHARDPROP_PROCESS_ID'] == '1':\n"
+              "    print('failing', flush=True); sys.exit(3)\ntime.sleep(60)")
+    out, start = io.StringIO(), time.monotonic()
+    assert launch([sys.executable, "-c", script], 2, 1, 10, out=out) == 3
+    assert time.monotonic() - start < 20
+    assert "[1] failing" in out.getvalue()
+    assert "shardprop launch: process 1 exited with code 3; stopping process(es) 0" in out.getvalue()
+
+
+@pytest.mark.slow  # two processes for ~10 s: the slow set (module docstring)
 def test_a_crashing_process_stops_the_others_in_bounded_time():
     done, seconds = _launch("--crash", "1")
     assert done.returncode == 1

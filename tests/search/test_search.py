@@ -88,6 +88,7 @@ def test_optimizer_moments_are_laid_out_like_their_parameters():
     _assert_equal(fs(*model.args), jax.jit(model.f)(*model.args), atol=bench_search.ATOL)
 
 
+@pytest.mark.slow  # two fresh processes searching (~7 s): the slow set, as tests/test_distributed.py's hash seed test
 def test_the_choice_is_the_same_under_other_hash_seeds(tmp_path):
     script = tmp_path / "choose.py"
     script.write_text(textwrap.dedent("""
