@@ -103,6 +103,22 @@ def mesh(meshes):
     return meshes["4x2"]
 
 
+@pytest.fixture(scope="session")
+def traced():
+    """Programs that several tests only read, traced (and compiled) once per worker process:
+    ``traced(f, args, mesh=mesh, in_specs=specs, strategy="gather")`` — keyed by the function, the arguments, the mesh
+    and the options (a table's rows are the same objects in every test reading them)."""
+    programs = {}
+
+    def trace(f, args, *, mesh, in_specs, **options):
+        key = (f, tuple(map(id, args)), id(mesh), repr(in_specs), tuple(sorted(options.items())))
+        if key not in programs:  # (the arguments kept alive with the program: their ids stay theirs)
+            programs[key] = (sp.autoshard(f, mesh=mesh, in_specs=in_specs, **options).trace(*args), args)
+        return programs[key][0]
+
+    return trace
+
+
 def random_args(shapes_dtypes, seed=0):
     """Random arrays for ``[(shape, dtype), ...]`` (bools and ints too)."""
     rng = np.random.default_rng(seed)
@@ -136,12 +152,13 @@ def check_rule_case(f, args, *, mesh, in_specs, expected, primitive):
     return prog
 
 
-def assert_same_as_unsharded(f, args, *, mesh, in_specs, strategy="auto", rtol=1e-5, atol=1e-5):
-    """The oracle: ``autoshard(f)`` on the mesh equals plain ``f`` on the same inputs, leaf by leaf.
+def assert_same_as_unsharded(f, args, *, mesh, in_specs, strategy="auto", rtol=1e-5, atol=1e-5, program=None):
+    """The oracle: ``autoshard(f)`` on the mesh (or ``program``, a trace of it: the ``traced`` fixture's) equals plain
+    ``f`` on the same inputs, leaf by leaf.
 
     Tolerance: float32 reassociation of sums across blocks (rtol=atol=1e-5 by default). Returns the program.
     """
-    fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy)
+    fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy) if program is None else program
     got = fs(*args)
     want = f(*jax.tree_util.tree_map(jax.numpy.asarray, args))  # plain jax.numpy on one device
     got_leaves, got_tree = jax.tree_util.tree_flatten(got)
@@ -151,7 +168,7 @@ def assert_same_as_unsharded(f, args, *, mesh, in_specs, strategy="auto", rtol=1
         assert isinstance(g, jax.Array)
         assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
-    return fs.trace(*args)
+    return fs.trace(*args) if program is None else program
 
 
 def assert_differentiates_as_unsharded(f, args, *, mesh, in_specs, strategy="auto", out_specs=None, rtol=1e-5,

@@ -66,14 +66,16 @@ def _batch_stays_sharded(prog) -> None:
 # Every workload under each strategy (each decides the bodies' collectives, deferred sums and in-body moves itself):
 # a covering sample by default, every workload and every strategy once; the whole cross product with -m slow.
 @pytest.mark.parametrize("name,f,args,specs,strategy", covering(WORKLOADS, ["auto", "gather", "collective"]))
-def test_loop_workload_equals_unsharded(name, f, args, specs, strategy, mesh):
-    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy=strategy, rtol=2e-4, atol=2e-5)
+def test_loop_workload_equals_unsharded(name, f, args, specs, strategy, mesh, traced):
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, rtol=2e-4, atol=2e-5,
+                                    program=traced(f, args, mesh=mesh, in_specs=specs, strategy=strategy))
     _batch_stays_sharded(prog)
 
 
 @pytest.mark.parametrize("name,f,args,specs", WORKLOADS, ids=[w[0] for w in WORKLOADS])
-def test_loop_workload_moves_no_more_than_jit(name, f, args, specs, mesh):
-    comparison = sp.compare_with_jit(f, mesh, specs, *args)
+def test_loop_workload_moves_no_more_than_jit(name, f, args, specs, mesh, traced):
+    comparison = sp.compare_with_jit(f, mesh, specs, *args,
+                                     program=traced(f, args, mesh=mesh, in_specs=specs, strategy="auto"))
     assert comparison.shardprop_bytes <= comparison.jit_bytes, str(comparison)
 
 

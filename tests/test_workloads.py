@@ -73,8 +73,10 @@ WORKLOADS = [
 
 
 @pytest.mark.parametrize("name,f,args,mesh_name,specs", WORKLOADS, ids=[w[0] for w in WORKLOADS])
-def test_workload_equals_unsharded(name, f, args, mesh_name, specs, meshes):
-    prog = assert_same_as_unsharded(f, args, mesh=meshes[mesh_name], in_specs=specs, rtol=2e-4, atol=2e-5)
+def test_workload_equals_unsharded(name, f, args, mesh_name, specs, meshes, traced):
+    mesh = meshes[mesh_name]
+    prog = assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, rtol=2e-4, atol=2e-5,
+                                    program=traced(f, args, mesh=mesh, in_specs=specs, strategy="auto"))
     assert not prog.sharded.fallbacks
 
 

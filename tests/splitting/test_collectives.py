@@ -92,13 +92,13 @@ def test_unknown_strategy_is_an_option_error(mesh):
 
 
 @pytest.mark.parametrize("name,f,args,mesh_name,specs,run", covering(WORKLOADS, ["gather", "collective"]))
-def test_workloads_under_the_gather_and_collective_strategies(name, f, args, mesh_name, specs, run, meshes):
+def test_workloads_under_the_gather_and_collective_strategies(name, f, args, mesh_name, specs, run, meshes, traced):
     """Each workload runs under one strategy by default (covering: every workload and both strategies; each under
     both with -m slow), and under the other is planned, not run: collective finishes never take more stages."""
     mesh = meshes[mesh_name]
-    plans = {strategy: sp.autoshard(f, mesh=mesh, in_specs=specs, strategy=strategy).trace(*args)
+    plans = {strategy: traced(f, args, mesh=mesh, in_specs=specs, strategy=strategy)
              for strategy in ("gather", "collective")}
-    assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, strategy=run, rtol=2e-4, atol=2e-5)
+    assert_same_as_unsharded(f, args, mesh=mesh, in_specs=specs, rtol=2e-4, atol=2e-5, program=plans[run])
     assert len(plans["collective"].stages) <= len(plans["gather"].stages)
 
 
