@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 
+from .core.layouts import layout_from_spec
 from .expr import jax_adapter as jx
 from .expr.graph import short_source
 from .errors import InputMismatchError, OptionError, SpecTreeError, abridged
@@ -151,8 +152,6 @@ def pin_outputs(f, specs: dict[int, Any], mesh):
 def _pinned(leaves: list, specs: list, mesh) -> list:
     """Each leaf under a sharding constraint to its spec (None: as it is)."""
     from jax.sharding import NamedSharding
-
-    from .core.layouts import layout_from_spec
 
     pinned = []
     for k, (x, spec) in enumerate(zip(leaves, specs, strict=True)):

@@ -27,7 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from .errors import MeshError, OutOfStepError, PlanMismatchError
+from .expr import jax_adapter as jx
+from .expr.graph import format_params
 from .mesh import check_device_count, started_with
+from .splitting.ir import Compute, Move
 
 # What `shardprop launch` sets for each process.
 COORDINATOR = "SHARDPROP_COORDINATOR"
@@ -142,8 +146,6 @@ def devices_of_process(devices, process: int) -> list:
     """The devices of ``devices`` (a mesh's, in mesh order) that process ``process`` holds; a
     ``shardprop.MeshError`` naming the process and the devices when it holds none. (JAX, asked to place
     this process's part on such a mesh, fails on the empty list with a bare ``StopIteration``.)"""
-    from .errors import MeshError
-
     devices = list(devices)
     mine = [d for d in devices if d.process_index == process]
     if not mine:
@@ -298,8 +300,6 @@ def in_step(call: str) -> None:
 
     import jax
 
-    from .errors import OutOfStepError
-    from .expr import jax_adapter as jx
 
     client = jx.coordination_client() if jax.process_count() > 1 else None
     if client is None:
@@ -386,9 +386,6 @@ def stage_fingerprints(plan) -> list[int]:
 
 def _ir_text(graph, instructions) -> list[str]:
     """The instructions as text, bodies included (see ``stage_fingerprints``)."""
-    from .expr.graph import format_params
-    from .splitting.ir import Compute, Move
-
     def ref(r) -> str:
         return f"{r.value}:{r.type.layout}+{r.type.partial}{r.type.reduction if r.type.partial else ''}"
 
@@ -418,8 +415,6 @@ def check_same_plan(plan) -> None:
     same plan (the stages' collectives would otherwise not match: a deadlock). Every process must call it."""
     import jax
     from jax.experimental import multihost_utils
-
-    from .errors import PlanMismatchError
 
     if jax.process_count() == 1:
         return

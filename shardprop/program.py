@@ -22,6 +22,7 @@ from .calling import Traced
 from .core.transfers import Transfer
 from .derivatives import Derivatives
 from .dispatch import donated_in_place, goes_straight, loose_leaves
+from .distributed import check_same_plan
 from .errors import InputMismatchError, LoweringError, MeshError, OptionError, ShardingError
 from .expr import jax_adapter as jx
 from .expr.graph import Aval, value_name
@@ -156,8 +157,6 @@ class Program:
         ``shardprop.PlanMismatchError`` on every process, naming the first stage that differs. Every way of
         running the program calls it (a call, ``stage(k)``, the debugger); a single process skips it."""
         if not self._runs.plan_agreed:
-            from .distributed import check_same_plan
-
             check_same_plan(self.plan)
             self._runs.plan_agreed = True
 

@@ -89,6 +89,35 @@ def test_the_vocabulary_and_the_records_import_no_pass():
     assert not set(graph.successors("expr")) & (passes | {"ops", "core"})
 
 
+# Modules whose lazy imports of the package are their job: the command line and the benchmarks load what a command
+# needs (a cold `shardprop --version` imports no pass); search/solve.py, which the optimizer issue (#51) replaces.
+LAZY_ALLOWED = ("cli/", "bench/", "search/solve.py")
+
+
+def package_imports_inside_functions(root: pathlib.Path = ROOT) -> list[str]:
+    """``path:line function`` for every import of shardprop made inside a function (outside ``LAZY_ALLOWED``)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(LAZY_ALLOWED):
+            continue
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                ours = (isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("shardprop"))
+                        or isinstance(node, ast.Import) and any(a.name.startswith("shardprop") for a in node.names))
+                if ours:
+                    found.append(f"{rel}:{node.lineno} {function.name}")
+    return found
+
+
+def test_the_package_is_imported_at_the_top_of_each_module():
+    """A function-level import of the package hides a dependency from a reader (and, before this test, cycles
+    from Python): each module names what it uses at its top."""
+    assert package_imports_inside_functions() == []
+
+
 def test_the_checker_sees_a_planted_cycle(tmp_path):
     """The test above would catch a lazy import: one planted inside a function of ``ops`` closes a cycle."""
     planted = tmp_path / "shardprop"

@@ -23,6 +23,7 @@ from ..expr.graph import CONSTANT, PARAMETER, value_name
 from ..core.layouts import layout_to_spec
 from ..core.types import typed
 from ..inspect.listing import move_equation
+from ..inspect.pictures import as_text
 from ..splitting import Plan
 from .findings import FindingKind, Where, as_numpy, check_value
 from .reference import Reference, Tolerance, bind_whole, errors, magnitude
@@ -102,8 +103,6 @@ class ErrorTable:
         return table
 
     def __str__(self) -> str:
-        from ..inspect.pictures import as_text
-
         return as_text(self, width=140)
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ..backends import parse_hlo
 from ..inspect.listing import format_bytes, format_ms, stage_ops
+from ..inspect.pictures import as_text
 from ..program import as_lowering_errors
 from ..splitting.cost import instructions_transfers
 from ..core.transfers import total_moved
@@ -57,8 +58,6 @@ class Profile:
         return table
 
     def __str__(self) -> str:
-        from ..inspect.pictures import as_text
-
         return as_text(self, width=120)
 
     def to_dict(self) -> dict[str, Any]:
