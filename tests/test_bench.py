@@ -78,7 +78,8 @@ def test_the_run_wide_goals_read_the_geomean_and_the_overhead():
 
 def test_rows_of_a_missing_library_are_skipped_and_patterns_select_rows():
     from shardprop.bench.run import missing_modules
-    from shardprop.bench.workloads import select, workloads
+    from shardprop.bench.run import workloads
+    from shardprop.bench.workloads import select
 
     assert missing_modules(("numpy", "no_such_library_for_shardprop")) == ["no_such_library_for_shardprop"]
     rows = workloads()

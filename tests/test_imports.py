@@ -89,6 +89,19 @@ def test_the_vocabulary_and_the_records_import_no_pass():
     assert not set(graph.successors("expr")) & (passes | {"ops", "core"})
 
 
+def test_modules_import_one_way():
+    """No two modules import each other, directly or round a circle (an import of a module's own package, which
+    Python runs first anyway, is no edge)."""
+    modules = {module_name(path) for path in ROOT.rglob("*.py")}
+    graph = nx.DiGraph()
+    for path in ROOT.rglob("*.py"):
+        name = module_name(path)
+        for target in imports_of(path) & modules:
+            if target != name and not name.startswith(target + "."):
+                graph.add_edge(name, target)
+    assert sorted(nx.simple_cycles(graph), key=len)[:5] == []
+
+
 # Modules whose lazy imports of the package are their job: the command line and the benchmarks load what a command
 # needs (a cold `shardprop --version` imports no pass); search/solve.py, which the optimizer issue (#51) replaces.
 LAZY_ALLOWED = ("cli/", "bench/", "search/solve.py")

@@ -15,10 +15,16 @@ from . import plots, report
 from .goals import summarize
 from .measure import measure
 from .timing import first_calls, scaling, small_call_overhead
-from .workloads import MESHES, select, workloads
+from .libraries import LIBRARIES
+from .workloads import LOOPS, MESHES, OWN, Workload, select
 
 # Blocks of the scaling graph: about 10^3, 10^4 and 10^5 nodes (the quick run stops at 10^4).
 SCALING_LAYERS = (72, 715, 7143)
+
+
+def workloads() -> list[Workload]:
+    """Every benchmark row, the project's own first, then the loops, then the real-library models."""
+    return OWN + LOOPS + LIBRARIES
 
 
 def missing_modules(requires) -> list[str]:

@@ -259,13 +259,6 @@ LOOPS = [
 ]
 
 
-def workloads() -> list[Workload]:
-    """Every benchmark row, the project's own first, then the loops, then the real-library models."""
-    from .libraries import LIBRARIES
-
-    return OWN + LOOPS + LIBRARIES
-
-
 def select(rows: list[Workload], *, quick: bool, only: str | None) -> list[Workload]:
     """The rows a run measures: the quick subset with ``quick``; with ``only``, those whose name, kind or
     parallelism contains it (case-insensitive), as ``name/parallel`` also matches (``mlp_train_step/2-D``)."""
