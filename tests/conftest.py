@@ -2,13 +2,14 @@
 
 import inspect
 import itertools
+import math
 import os
 
 import jax
 
 
 def _compile_fast():
-    """The default run compiles some 2,500 small programs, and XLA:CPU's optimisation of their machine code is most of
+    """The default run compiles thousands of small programs, and XLA:CPU's optimisation of their machine code is most of
     the time each takes (not what the tests check: shardprop's programs, their collectives and their results): the
     tests ask XLA to optimise less — LLVM at -O0 without its expensive passes (``jax_disable_most_optimizations``), no
     verification of the emitted kernels and, at jaxlib 0.10, the older loop emitters (a third faster to compile; the
@@ -67,14 +68,42 @@ def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.covering`` on a test with stacked ``parametrize`` decorators: the default run keeps a covering
     sample of their cross product (``in_covering_sample``: every value of every decorator at least once) and marks the
     rest ``slow``, where the whole product runs (CI runs it)."""
+    kept: dict = {}  # a covering test -> (its tables' sizes, the rows of each table its default-run items take)
     for item in items:
         if item.get_closest_marker("covering") is None or not hasattr(item, "callspec"):
             continue
-        tables = [mark.args for mark in item.iter_markers("parametrize")]
-        names = [args[0] if isinstance(args[0], str) else ",".join(args[0]) for args in tables]
-        chosen = [item.callspec.indices[name.split(",")[0].strip()] for name in names]
-        if not in_covering_sample(chosen, [len(list(args[1])) for args in tables]):
+        tables = [_table_of(mark) for mark in item.iter_markers("parametrize")]
+        chosen = [_row_of(item, names, rows) for names, rows in tables]
+        sizes = [len(rows) for _, rows in tables]
+        entry = kept.setdefault(item.function, [sizes, [set() for _ in tables], 0])
+        entry[2] += 1
+        rows_kept = entry[1]
+        if in_covering_sample(chosen, sizes):
+            for seen, k in zip(rows_kept, chosen, strict=True):
+                seen.add(k)
+        else:
             item.add_marker(pytest.mark.slow)
+    # the rule's own check, where the whole table was collected: every row of every table is kept
+    for function, (sizes, rows_kept, collected) in kept.items():
+        if collected == math.prod(sizes) and any(len(seen) != size for seen, size in zip(rows_kept, sizes,
+                                                                                             strict=True)):
+            raise pytest.UsageError(f"@pytest.mark.covering left rows of {function.__name__} out of the default run")
+
+
+def _table_of(mark) -> tuple[list[str], list[tuple]]:
+    """A ``parametrize`` mark's argument names and its rows, each row the tuple of its values."""
+    from _pytest.mark.structures import ParameterSet
+
+    names, rows = mark.args if len(mark.args) == 2 else (mark.kwargs["argnames"], mark.kwargs["argvalues"])
+    names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+    return names, [ParameterSet.extract_from(row, force_tuple=len(names) == 1).values for row in rows]
+
+
+def _row_of(item, names: list[str], rows: list[tuple]) -> int:
+    """Which row of its table an item runs: found by identity (pytest's ``callspec.indices`` number the items of the
+    whole cross product, not the rows of each decorator)."""
+    got = [item.callspec.params[n] for n in names]
+    return next(k for k, row in enumerate(rows) if all(a is b for a, b in zip(row, got, strict=True)))
 
 
 def in_covering_sample(chosen, sizes):

@@ -59,17 +59,12 @@ for pretend in sys.argv[1:]:
 """
 
 
-@pytest.fixture(scope="module")
-def imports_outside_the_range():
+def test_importing_shardprop_with_a_jax_outside_the_range_names_both_versions():
     run = subprocess.run([sys.executable, "-c", _IMPORTS, *OUTSIDE], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert run.returncode == 0, run.stderr
-    return dict(line.split(": ", 1) for line in run.stdout.splitlines())
-
-
-@pytest.mark.parametrize("pretend", OUTSIDE)
-def test_importing_shardprop_with_a_jax_outside_the_range_names_both_versions(pretend, imports_outside_the_range):
-    assert imports_outside_the_range[pretend].startswith(
-        "shardprop.errors.UnsupportedJaxError: shardprop supports jax>=0.10.2,<0.13, and "
-        f"jax {pretend} is installed"), imports_outside_the_range[pretend]
+    said = dict(line.split(": ", 1) for line in run.stdout.splitlines())
+    for pretend in OUTSIDE:
+        assert said[pretend].startswith("shardprop.errors.UnsupportedJaxError: shardprop supports jax>=0.10.2,<0.13, "
+                                        f"and jax {pretend} is installed"), said[pretend]
     assert issubclass(sp.UnsupportedJaxError, ImportError)
