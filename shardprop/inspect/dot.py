@@ -16,6 +16,7 @@ from ..errors import RenderError
 from ..core.types import type_string
 from ..expr.graph import CONSTANT, PARAMETER, format_constant, value_name, where as node_where
 from ..gc_pause import gc_paused
+from ..splitting import Plan
 from ..splitting.ir import transfers_of
 from .listing import format_bytes, move_op
 from .products import as_plan
@@ -54,59 +55,75 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
         }
     """
     plan = as_plan(prog)
-    sharded, graph = plan.sharded, plan.graph
-    avals = graph.avals
     mesh = ", ".join(f"{k}={n}" for k, n in plan.mesh_shape.items())
     heading = title or f"mesh {mesh}" + (f" · strategy {plan.strategy}" if plan.is_split else "")
     lines = ["digraph shardprop {",
              f"  graph [rankdir=TB, fontname=Helvetica, fontsize=11, labelloc=t, label={_quote(heading)}];",
              '  node [shape=box, style="rounded,filled", fontname=Helvetica, fontsize=10, fillcolor=white];',
-             "  edge [fontname=Helvetica, fontsize=9];"]
+             "  edge [fontname=Helvetica, fontsize=9];",
+             *_node_lines(plan), *_edge_lines(plan)]
+    for k, v in enumerate(plan.graph.outputs):
+        lines.append(f"  out{k} [label={_quote(f'output {k}: {_typ(plan, v)}')}, shape=ellipse, "
+                     'fillcolor="#eeeeee"];')
+        lines.append(f"  n{plan.graph.producer[v]} -> out{k};")
+    lines.append("}")
+    return "\n".join(lines)
 
-    def typ(v: int) -> str:
-        return type_string(avals[v], plan.type(v))
 
-    def node_line(node, indent: str, fill: str | None = None) -> str:
-        outs = " ".join(value_name(v) for v in node.outputs)
-        if node.op == PARAMETER:
-            index = node.params["index"]
-            spec = sharded.spec(node.output)
-            if sharded.is_unannotated_input(node.output):
-                spec = f"unannotated → {spec}"
-            label = f"{outs}: {typ(node.output)}\n{graph.argument_names[index]} · {spec}"
-            return f"{indent}n{node.id} [label={_quote(label)}, shape=ellipse, fillcolor=\"#eeeeee\"];"
-        if node.op == CONSTANT:
-            label = f"{outs} = {format_constant(node, avals[node.output])}"
-            return f"{indent}n{node.id} [label={_quote(label)}, shape=plaintext, style=\"\"];"
-        types = "\n".join(f"{value_name(v)}: {typ(v)}" for v in node.outputs)
-        where = node_where(node) if node.source else ""
-        ir = plan.node_ir(node.id)
-        finishes = ir.finishes if ir else ()
-        extra = "".join(f"\n{move_op(f)}" for f in finishes)
-        label = f"{node.op}\n{types}" + (f"\n{where}" if where else "") + extra
-        colour = f", fillcolor={_quote(fill)}" if fill else ""
-        return f"{indent}n{node.id} [label={_quote(label)}{colour}];"
+def _typ(plan: Plan, v: int) -> str:
+    return type_string(plan.graph.avals[v], plan.type(v))
 
+
+def _node_line(plan: Plan, node, indent: str, fill: str | None = None) -> str:
+    """One node's DOT line: an argument (its spec), a constant, or an op with its outputs' types and finishes."""
+    sharded, graph = plan.sharded, plan.graph
+    outs = " ".join(value_name(v) for v in node.outputs)
+    if node.op == PARAMETER:
+        index = node.params["index"]
+        spec = sharded.spec(node.output)
+        if sharded.is_unannotated_input(node.output):
+            spec = f"unannotated → {spec}"
+        label = f"{outs}: {_typ(plan, node.output)}\n{graph.argument_names[index]} · {spec}"
+        return f"{indent}n{node.id} [label={_quote(label)}, shape=ellipse, fillcolor=\"#eeeeee\"];"
+    if node.op == CONSTANT:
+        label = f"{outs} = {format_constant(node, graph.avals[node.output])}"
+        return f"{indent}n{node.id} [label={_quote(label)}, shape=plaintext, style=\"\"];"
+    types = "\n".join(f"{value_name(v)}: {_typ(plan, v)}" for v in node.outputs)
+    where = node_where(node) if node.source else ""
+    ir = plan.node_ir(node.id)
+    finishes = ir.finishes if ir else ()
+    extra = "".join(f"\n{move_op(f)}" for f in finishes)
+    label = f"{node.op}\n{types}" + (f"\n{where}" if where else "") + extra
+    colour = f", fillcolor={_quote(fill)}" if fill else ""
+    return f"{indent}n{node.id} [label={_quote(label)}{colour}];"
+
+
+def _node_lines(plan: Plan) -> list[str]:
+    """The arguments, then each stage's nodes in a coloured cluster, then the nodes no stage holds."""
+    graph = plan.graph
+    lines = [_node_line(plan, node, "  ") for node in graph.nodes if node.op == PARAMETER]
     in_stage: set[int] = set()
-    for node in graph.nodes:
-        if node.op == PARAMETER:
-            lines.append(node_line(node, "  "))
     for stage in plan.stages:
-            k = stage.id % len(STAGE_COLOURS)
-            lines += [f"  subgraph cluster_stage_{stage.id} {{",
-                      f"    label={_quote(f'stage {stage.id}')}; style=\"rounded,dashed\"; "
-                      f"color={_quote(STAGE_BORDERS[k])}; fontcolor={_quote(STAGE_BORDERS[k])};"]
-            for n in stage.nodes:
-                node = graph.nodes[n]
-                if n in in_stage or node.op == CONSTANT:
-                    continue
-                in_stage.add(n)
-                lines.append(node_line(node, "    ", STAGE_COLOURS[k]))
-            lines.append("  }")
-    for node in graph.nodes:
-        if node.op != PARAMETER and node.id not in in_stage:
-            lines.append(node_line(node, "  "))
-    producer = graph.producer
+        k = stage.id % len(STAGE_COLOURS)
+        lines += [f"  subgraph cluster_stage_{stage.id} {{",
+                  f"    label={_quote(f'stage {stage.id}')}; style=\"rounded,dashed\"; "
+                  f"color={_quote(STAGE_BORDERS[k])}; fontcolor={_quote(STAGE_BORDERS[k])};"]
+        for n in stage.nodes:
+            node = graph.nodes[n]
+            if n in in_stage or node.op == CONSTANT:
+                continue
+            in_stage.add(n)
+            lines.append(_node_line(plan, node, "    ", STAGE_COLOURS[k]))
+        lines.append("  }")
+    lines += [_node_line(plan, node, "  ") for node in graph.nodes
+              if node.op != PARAMETER and node.id not in in_stage]
+    return lines
+
+
+def _edge_lines(plan: Plan) -> list[str]:
+    """Every operand edge labelled with its type; an edge that moves its value red, with the steps and bytes."""
+    graph, avals, producer = plan.graph, plan.graph.avals, plan.graph.producer
+    lines = []
     for node in graph.nodes:
         if node.op in (PARAMETER, CONSTANT):
             continue
@@ -116,21 +133,17 @@ def to_dot(prog: Any, *, title: str | None = None) -> str:
             if not any(transfers_of(m) for m in moves if m.node == node.id):
                 # moved for another consumer (red on its edge, counted once) and reused here, or not moved at all
                 reused = [m.node for m in moves if transfers_of(m)]
-                label = typ(v) if not reused else (f"{typ(v)} → {type_string(avals[v], need)}\nreused (moved "
-                                                   f"for {graph.nodes[reused[0]].op})")
+                label = _typ(plan, v) if not reused else (
+                    f"{_typ(plan, v)} → {type_string(avals[v], need)}\nreused (moved for {graph.nodes[reused[0]].op})")
                 lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(label)}];")
                 continue
             mine = [m for m in moves if m.node == node.id]  # a first step made for another consumer is on its edge
             nbytes = format_bytes(sum(t.moved_bytes for m in mine for t in transfers_of(m)))
             steps = ", ".join(m.step.short for m in mine)
-            label = f"{typ(v)} → {type_string(avals[v], need)}\n{steps} · {nbytes}/device"
+            label = f"{_typ(plan, v)} → {type_string(avals[v], need)}\n{steps} · {nbytes}/device"
             lines.append(f"  n{producer[v]} -> n{node.id} [label={_quote(label)}, color={_quote(GATHER)}, "
                          f"fontcolor={_quote(GATHER)}, penwidth=2];")
-    for k, v in enumerate(graph.outputs):
-        lines.append(f"  out{k} [label={_quote(f'output {k}: {typ(v)}')}, shape=ellipse, fillcolor=\"#eeeeee\"];")
-        lines.append(f"  n{producer[v]} -> out{k};")
-    lines.append("}")
-    return "\n".join(lines)
+    return lines
 
 
 def render(prog: Any, path: str | Path, *, format: str | None = None) -> Path:
