@@ -131,6 +131,26 @@ def test_the_package_is_imported_at_the_top_of_each_module():
     assert package_imports_inside_functions() == []
 
 
+# Files over 450 lines and functions over 80 that issue #50 still splits (search/solve.py is replaced by #51): the
+# lists only shrink — a new one fails, and so does one that no longer needs its place here.
+LONG_FILES = {"propagation/propagate.py", "ops/ranges.py", "propagation/uses.py",
+              "ops/indexing.py", "search/solve.py"}
+LONG_FUNCTIONS = {"api.py:compile_program", "propagation/uses.py:wanted_views", "search/solve.py:search_layouts"}
+
+
+def test_files_and_functions_stay_short():
+    files, functions = set(), set()
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        text = path.read_text()
+        if text.count("\n") > 450:
+            files.add(rel)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80:
+                functions.add(f"{rel}:{node.name}")
+    assert (files, functions) == (LONG_FILES, LONG_FUNCTIONS)
+
+
 def test_the_checker_sees_a_planted_cycle(tmp_path):
     """The test above would catch a lazy import: one planted inside a function of ``ops`` closes a cycle."""
     planted = tmp_path / "shardprop"

@@ -19,7 +19,8 @@ from .dot import render, to_dot
 # (``import shardprop.inspect.lineage`` must give the lineage package). ``compare`` compiles the function
 # (it imports the pipeline, which imports the listing from here), so it is not imported here either.
 # ``shardprop`` exports all three.
-from .explain import AxisWhy, Explanation, Step
+from .axis_origins import Step
+from .explain import AxisWhy, Explanation
 from .export import SCHEMA, to_json
 from .lineage import Lineage
 from .listing import AnnotatedGraph, StageTable, format_listing, format_stages

@@ -12,39 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..expr.graph import (CONSTANT, PARAMETER, argument_label, format_constant, format_params, short_source,
-                          value_name, where)
-from ..ops import lookup
-from ..ops.fallback import fallback_for
-from ..propagation.origins import trace_origin
-from ..propagation.product import RETURNED
-from ..propagation.uses import Mirror, mirrored_outputs
+from ..expr.graph import (CONSTANT, PARAMETER, format_constant, format_params, value_name, where)
+from ..propagation.uses import mirrored_outputs
 from ..core.types import type_string
-from ..core.layouts import Layout, Sharded, is_refinement, layout_to_spec, shard_count
+from ..core.layouts import Sharded, is_refinement, layout_to_spec, shard_count
 from ..core.steps import StepKind
 from ..core.types import typed
 from ..splitting import Plan
 from ..splitting.ir import Move, transfers_of
-from ..core.boxes import LineageContext, full_box, hull
-from .lineage.walk import seeded_dependencies
 from .listing import collective_lines, format_bytes, move_equation
 from .products import Scope, body_prefix, locate
+from .axis_origins import (MIRRORED_OUTPUTS, Step, argument_text, asked_by_use, replicated_origin, returned_as,
+                           sharded_origin, why_rule)
 from .searched import explain_choice
-
-
-@dataclass(frozen=True)
-class Step:
-    """Op ``op`` (rule ``rule``, at ``source``) produced axis ``axis`` of ``value``."""
-
-    value: int
-    axis: int
-    op: str
-    rule: str
-    source: str | None
-
-    def __str__(self) -> str:
-        at = short_source(self.source, "an unknown line")
-        return f"{value_name(self.value)} axis {self.axis}: `{self.op}` at {at} (rule {self.rule})"
 
 
 @dataclass(frozen=True)
@@ -146,13 +126,13 @@ def explain(prog: Any, value: Any) -> Explanation:
     sharded, graph = plan.sharded, plan.graph
     node = graph.nodes[graph.producer[v]]
     sharding = sharded.shardings[v]
-    held = _returned_as(plan, v)  # (as held; or as returned, sliced further where it mirrors an argument)
+    held = returned_as(plan, v)  # (as held; or as returned, sliced further where it mirrors an argument)
     axes = []
     for axis, (size, a) in enumerate(zip(sharding.shape, sharding.axes, strict=True)):
         propagated = a.mesh_axes if isinstance(a, Sharded) else ()
         ranged = isinstance(a, Sharded) and a.span is not None
         if ranged and plan.type(v).span_of(axis) is not None:  # each device holds the rows of its block
-            origin, steps = _sharded_origin(plan, v, axis, a, scopes)
+            origin, steps = sharded_origin(plan, v, axis, a, scopes)
             rows = tuple(a.span.held(d, size) for d in range(shard_count(plan.mesh_shape, a.mesh_axes)))
             axes.append(AxisWhy(axis, size, a.mesh_axes, origin, steps, rows=rows))
         elif ranged:  # returned: a JAX array cannot be uneven
@@ -161,10 +141,10 @@ def explain(prog: Any, value: Any) -> Explanation:
         elif held[axis] != propagated:  # the plan holds it differently (a reduce-scatter leaves it finer)
             axes.append(AxisWhy(axis, size, held[axis], _held_origin(plan, node, axis, held[axis], propagated), ()))
         elif isinstance(a, Sharded):
-            origin, steps = _sharded_origin(plan, v, axis, a, scopes)
+            origin, steps = sharded_origin(plan, v, axis, a, scopes)
             axes.append(AxisWhy(axis, size, a.mesh_axes, origin, steps))
         else:
-            origin, steps, reason = _replicated_origin(plan, v, axis, scopes)
+            origin, steps, reason = replicated_origin(plan, v, axis, scopes)
             axes.append(AxisWhy(axis, size, (), origin, steps, reason))
     search = getattr(prog, "search", None)
     searched = () if search is None or scopes or v not in graph.inputs else \
@@ -194,8 +174,8 @@ def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated:
     if mirror is not None:
         argument = plan.graph.inputs[mirror.argument]
         return (f"returned as output {mirror.output} sliced over {'*'.join(held)}, laid out like "
-                f"{_argument(plan, mirror.argument)}, {plan.sharded.spec(argument)}, whose shape it has: "
-                f"each device keeps its block, nothing moved (propagation left this axis {was}; {_MIRRORS})")
+                f"{argument_text(plan, mirror.argument)}, {plan.sharded.spec(argument)}, whose shape it has: "
+                f"each device keeps its block, nothing moved (propagation left this axis {was}; {MIRRORED_OUTPUTS})")
     return f"the plan holds this value over {'*'.join(held) or 'no mesh axis'} (propagation left this axis {was})"
 
 
@@ -239,211 +219,6 @@ def _equation(plan: Plan, node, v: int, scope: Scope | None) -> str:
     return f"{typ} = {rhs}   # {where(node)}" + (inside or ("" if stage is None else f"   [stage {stage}]"))
 
 
-def _argument(plan: Plan, index: int) -> str:
-    """``argument params['w'] (d)``: an argument leaf as the user knows it (its parameter and key path) and its
-    handle in the listing."""
-    return argument_label(plan.graph, index)
-
-
-def _body_input(plan: Plan, scopes: tuple[Scope, ...], index: int) -> str:
-    """What body input ``index`` is, in the enclosing program's names: ``body input 1 (b) is carry 0 of `scan`
-    (it starts as f, then is the previous iteration's)``."""
-    scope = scopes[-1]
-    outer = "" if len(scopes) == 1 else scopes[-2].path + "/"
-    node, body = scope.node, scope.body
-    v = plan.graph.inputs[index]
-    operand = f"{outer}{value_name(node.operands[body.operands[index]])}"
-    carry = next((c for c in body.carries if c.body_input == index), None)
-    if carry is not None:
-        what = f"carry {carry.output} of `{node.op}` (it starts as {operand}, then is the previous iteration's)"
-    elif index in body.sliced:
-        what = f"one iteration's slice of {operand}, the `{node.op}`'s xs"
-    else:
-        what = f"{operand}, operand {body.operands[index]} of `{node.op}`"
-    return f"body input {index} ({value_name(v)}) is {what}, held as {layout_to_spec(plan.layout(v))}"
-
-
-def _sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
-                    scopes: tuple[Scope, ...] = ()) -> tuple[str, tuple[Step, ...]]:
-    """The origin walk (shard parents back to a shard without parents), told as steps."""
-    sharded = plan.sharded
-    origin = trace_origin(plan.graph, sharded.shardings, v, axis)
-    steps = tuple(Step(u, k, n.op, sharded.rules[n.id], n.source) for u, k, n in origin.steps)
-    root, names = origin.value, "*".join(a.mesh_axes)
-    met = sharded.adoptions.get((root, origin.axis))
-    if met is None:
-        where_from = "from the ops it meets"
-    elif met == RETURNED:  # asked for by a returned value that mirrors an argument (propagation/uses.py)
-        mirrors = mirrored_outputs(sharded)
-        mirror = _mirror_of(plan, v) or next(iter(mirrors.values()), None)
-        if mirror is None:
-            where_from = f"from a returned value, asked for in the layout of an argument it mirrors ({_MIRRORS})"
-        else:
-            argument = plan.graph.inputs[mirror.argument]
-            where_from = (f"from output {mirror.output}, returned laid out like {_argument(plan, mirror.argument)} "
-                          f"({sharded.spec(argument)}), whose shape it has ({_MIRRORS})")
-    else:
-        node = plan.graph.nodes[met]
-        asked = _asked_by_use(plan, node)
-        where_from = (f"from the sharding constraint at {where(node)}" if node.op == "sharding_constraint"
-                      else f"as {asked}" if asked is not None
-                      else f"where it meets a sharded operand of `{node.op}` at {where(node)}")
-    if origin.is_argument:
-        index = origin.node.params["index"]
-        if scopes:
-            text = f"{_body_input(plan, scopes, index)}; this is its axis {origin.axis}"
-        elif sharded.is_unannotated_input(root):
-            text = (f"{_argument(plan, index)} is unannotated; its axis {origin.axis} adopted "
-                    f"{names} "
-                    f"{where_from}")
-        else:
-            text = (f"{_argument(plan, index)} has spec {sharded.spec(root)}; this is its axis "
-                    f"{origin.axis}")
-    elif _asked_by_use(plan, origin.node) is not None:
-        text = _asked_by_use(plan, origin.node)
-    else:
-        text = (f"`{origin.node.op}` at {where(origin.node)} created {value_name(root)} axis "
-                f"{origin.axis}, unannotated; it adopted {names} {where_from}")
-    return text, steps
-
-
-def _returned_as(plan: Plan, value: int) -> Layout:
-    """The layout ``value`` is explained in: as held, or — returned as an output sliced further (it mirrors an
-    argument) — as the first such output comes back."""
-    outputs = plan.output_indices.get(value, ())
-    sliced = [k for k in outputs if k in plan.sharded.returned_sliced]
-    return plan.output_type(sliced[0]).layout if sliced else plan.type(value).layout
-
-
-def _mirror_of(plan: Plan, value: int) -> Mirror | None:
-    """The argument a returned ``value`` mirrors (the first output it is returned as that mirrors one), or None."""
-    mirrors = mirrored_outputs(plan.sharded)
-    return next((mirrors[k] for k, out in enumerate(plan.graph.outputs) if out == value and k in mirrors), None)
-
-
-_MIRRORS = ("an output shaped like an argument — a gradient, an updated parameter or state — is returned in that "
-            "argument's layout wherever that moves no more")
-
-
-def _asked_by_use(plan: Plan, node) -> str | None:
-    """Why ``node`` takes an operand in another layout than it is held in because a later use asked (the backward
-    pass, propagation/uses.py): which operand, how, which use and what that saves; None when no use asked."""
-    sharded = plan.sharded
-    views = [(j, view) for (n, j), view in sharded.views.items() if n == node.id]
-    if not views:
-        return None
-    taken = []
-    for j, view in views:
-        u = node.operands[j]
-        gained = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in now
-                  if m not in was}
-        lost = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in was
-                if m not in now}
-        changes = [f"{m} moved from axis {lost[m]} to axis {gained[m]}, an all-to-all" for m in gained if m in lost]
-        changes += [f"axis {k} sliced over {m}" for m, k in gained.items() if m not in lost]
-        changes += [f"axis {k} gathered over {m}" for m, k in lost.items() if m not in gained]
-        taken.append(f"{value_name(u)} ({', '.join(changes)})")
-    use = views[0][1].use
-    if isinstance(use, Mirror):
-        argument = plan.graph.inputs[use.argument]
-        return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from output {use.output}: it has "
-                f"the shape of {_argument(plan, use.argument)} and is returned laid out "
-                f"like it, {plan.sharded.spec(argument)}, which this moves no more for ({_MIRRORS})")
-    if use == node.id:  # a lookup's other way (propagation/uses.py: lookup_alternatives)
-        return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}: its indices' batch and the table's whole "
-                f"window share those mesh axes, and the plan moves less with the indices gathered and the window kept "
-                f"sharded than with the table gathered (both were priced)")
-    use = plan.graph.nodes[use]
-    return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from a use: `{use.op}` at {where(use)} "
-            "needs what is computed from it laid out so, and taking it so here moves no more than moving the result "
-            "there would")
-
-
-def _replicated_origin(plan: Plan, v: int, axis: int,
-                       scopes: tuple[Scope, ...] = ()) -> tuple[str, tuple[Step, ...], str]:
-    """Walk back through the axes that feed this one until the op that dropped a sharding, or its start."""
-    sharded, graph = plan.sharded, plan.graph
-    steps: list[Step] = []
-    while True:
-        node = graph.nodes[graph.producer[v]]
-        size = graph.avals[v].shape[axis]
-        here = f"{value_name(v)} axis {axis}"
-        if size == 1:
-            origin, reason = f"{here} has size 1", "an axis of size 1 has nothing to shard"
-            break
-        if node.op == PARAMETER:
-            index = node.params["index"]
-            if scopes:
-                origin = _body_input(plan, scopes, index)
-                reason = (f"it arrives with axis {axis} whole: explain the operand it is passed (outside the body) "
-                          "for why — in a loop, or the carry's layout, which the loop keeps the same on every "
-                          "iteration")
-            elif sharded.is_unannotated_input(v):
-                origin = f"{_argument(plan, index)} is unannotated"
-                reason = (f"its axis {axis} met no sharding, or several different ones, so it stays replicated "
-                          "(replicated is compatible with every sharding)")
-            else:
-                origin = f"{_argument(plan, index)} has spec {sharded.spec(v)}"
-                reason = f"the spec does not shard its axis {axis}"
-            break
-        if node.op == CONSTANT:
-            origin, reason = f"{here} is a constant", "constants are replicated on every device"
-            break
-        step = Step(v, axis, node.op, sharded.rules[node.id], node.source)
-        if node.id in sharded.fallbacks:
-            origin, reason = f"`{node.op}` at {where(node)}", _why_rule(node.op, fallback=True,
-                                                                            cause=sharded.fallback_causes.get(node.id))
-            steps.append(step)
-            break
-        feeding = _feeding_axes(plan, node, v, axis)
-        # Propagation's layouts on purpose: this walk tells why propagation left the axis replicated (the plan
-        # may hold an operand differently afterwards; the listing and `consumes` show that).
-        dropped = [(u, j) for u, j in feeding if sharded.layout(u)[j]]
-        if dropped:
-            u, j = dropped[0]
-            origin = (f"`{node.op}` at {where(node)} takes {value_name(u)} axis {j} (sharded over "
-                      f"{'*'.join(sharded.layout(u)[j])}) and leaves {here} replicated")
-            reason = _asked_by_use(plan, node) or _why_rule(node.op)
-            steps.append(step)
-            break
-        if not feeding:
-            origin = f"`{node.op}` at {where(node)} created {here}"
-            reason = ("a new axis starts unannotated; it met no sharding, or several different ones, so it stays "
-                      "replicated" if lookup(node.op).lineage_exact else _why_rule(node.op))
-            steps.append(step)
-            break
-        steps.append(step)
-        constant_free = [(u, j) for u, j in feeding if graph.nodes[graph.producer[u]].op != CONSTANT]
-        v, axis = (constant_free or feeding)[0]
-    return origin, tuple(reversed(steps)), reason
-
-
-def _feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:
-    """The operand axes an output axis is computed from: the operand axes that narrow when only the first
-    element of that output axis is asked for (read off the lineage rule of the op); where none narrows (an element
-    of a sort reads its whole axis), the operand axes at the same position and of the same size."""
-    avals = plan.graph.avals
-    k = node.outputs.index(v)
-    shape = avals[v].shape
-    probe = full_box(shape)[:axis] + ((0, 1),) + full_box(shape)[axis + 1:]
-    ctx = LineageContext(tuple(avals[u].shape for u in node.operands), tuple(avals[o].shape for o in node.outputs),
-                         seeded_dependencies)
-    feeding = []
-    rule = lookup(node.op).lineage
-    # against what the whole output reads: a slice reads part of its sliced axis whichever output axis is probed
-    whole = rule(ctx, full_box(shape), k, **node.params)
-    for u, boxes, everything in zip(node.operands, rule(ctx, probe, k, **node.params), whole, strict=True):
-        if not boxes:
-            continue
-        bounds, widest = hull(boxes), (hull(everything) if everything else None)
-        feeding += [(u, j) for j, ((s, e), n) in enumerate(zip(bounds, avals[u].shape, strict=True))
-                    if n > 1 and (s, e) != (widest[j] if widest else (0, n))]
-    if not feeding:
-        feeding = [(u, axis) for u in node.operands
-                   if len(avals[u].shape) == len(shape) and avals[u].shape[axis] == shape[axis] > 1]
-    return feeding
-
-
 def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
     """How the node consumes each operand whose sharding it does not keep: which axes it takes whole and what pays
     for it (the moves the IR makes before it, or a collective that finishes its result), an operand a sum counts
@@ -459,7 +234,7 @@ def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
         if whole:
             taken = ", ".join(f"axis {j} (sharded over {'*'.join(have.layout[j])})" for j in whole)
             asked = any(node.operands[j] == u for n, j in plan.sharded.views if n == node.id)
-            why = (_asked_by_use(plan, node) if asked else None) or _why_rule(node.op)
+            why = (asked_by_use(plan, node) if asked else None) or why_rule(node.op)
             line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need.layout)}. {why}"
             paid = _paid_by(plan, ir, u, scope)
             if paid:
@@ -528,12 +303,4 @@ def _paid_by(plan: Plan, ir, value: int, scope: Scope | None) -> str:
                          f"{where(other)}, reused here)")
     ours = all(m.node == node for m in moves)
     return f"{', then '.join(parts)} ({format_bytes(sent)} per device){' before it, in its stage' if ours else ''}"
-
-
-def _why_rule(op: str, fallback: bool = False, cause: str | None = None) -> str:
-    """The first sentence of the rule's docstring (or its family's): the why lives next to the rule."""
-    record = lookup(op)
-    if fallback or record.is_fallback:
-        return fallback_for(op).why + f" ({cause or 'no proven rule for this op here'})"
-    return record.why
 

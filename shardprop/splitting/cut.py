@@ -105,6 +105,12 @@ def worth_taking(instruction, ref: Ref, nodes, mesh_shape, returned=frozenset())
     return not (isinstance(instruction, Compute) and nodes[instruction.node].op == CONSTANT)
 
 
+def _constants_of(nodes, producer, stage_nodes: list[int]) -> tuple[int, ...]:
+    """The constants a stage embeds: those its nodes read and those among its nodes."""
+    read = {producer[v] for n in stage_nodes for v in nodes[n].operands if nodes[producer[v]].op == CONSTANT}
+    return tuple(sorted(read | {n for n in stage_nodes if nodes[n].op == CONSTANT}))
+
+
 def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: list[bool]):
     """Each stage's IR, its inputs (each ref from the earliest source that has it) and its outputs (every ref a
     later stage or the program takes from it). The operands of a stage outside ``shard_map`` are brought to the
@@ -145,9 +151,7 @@ def _emit_stages(decisions: Decisions, members: list[list[int]], runs_outside: l
                     emitters[made].bring(emitters[made].held(v), handed_over(vtype), n)
                     publish(made)
         emitter = Emitter(decisions, importable=source_of.keys())
-        constants.append(tuple(sorted({producer[v] for n in stage_nodes for v in nodes[n].operands
-                                       if nodes[producer[v]].op == CONSTANT} |
-                                      {n for n in stage_nodes if nodes[n].op == CONSTANT})))
+        constants.append(_constants_of(nodes, producer, stage_nodes))
         for n in constants[s]:
             emitter.node(n)
         if runs_outside[s]:
