@@ -11,7 +11,7 @@ Gradients too: ``jax.grad`` through the sharded program equals ``jax.grad`` of t
 
 Budgets: the default run checks 15 programs per property (10 conflicts, 4 gradients; derandomised, so a run is
 repeatable); the ``slow`` set runs each property again with the budgets it had before the default run's five minutes
-(100 programs, from a fixed seed of its own: ``test_each_property_on_more_programs``). Set
+(100 programs, from a fixed seed of its own: ``test_*_on_more_programs``). Set
 ``SHARDPROP_FUZZ_EXAMPLES=10000`` for the long run (random seeds); docs/reliability.md records its figures.
 """
 
@@ -21,9 +21,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, assume, event, given, note, settings
-from hypothesis import seed as with_seed
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -33,14 +31,14 @@ from shardprop.core.layouts import is_refinement
 from shardprop.core.transfers import total_moved
 from shardprop.splitting.cost import estimate
 from shardprop.splitting.split import STRATEGIES
-from tests.conftest import MESH_SHAPES
+from tests.conftest import MESH_SHAPES, on_more_examples
 from tests.fuzz_specs import permuted_spec, related_spec, specs_for
 from tests.fuzz_oracle import finite_magnitude, namespace_for, program_functions, reproducer, weighted
 from tests.fuzzing import programs, random_inputs
 
 LONG = int(os.environ.get("SHARDPROP_FUZZ_EXAMPLES", "0"))
 EXAMPLES = LONG or 15
-SLOW_EXAMPLES = 100  # the slow set's budget (test_each_property_on_more_programs)
+SLOW_EXAMPLES = 100  # the slow set's budget (the test_*_on_more_programs twins at the end)
 
 
 @st.composite
@@ -359,25 +357,17 @@ def test_a_memo_shared_with_other_layouts_changes_no_layout(case, data, meshes):
     assert layouts(specs, lineage=False, memo=memo) == want
 
 
-_MORE = [  # each property, its strategies and its budget in the slow set
-    (test_random_programs_equal_the_unsharded_result, {"case": cases()}, SLOW_EXAMPLES),
-    (test_conflicts_are_resolved_by_moving_an_operand, {"case": conflicts()}, SLOW_EXAMPLES // 4),
-    (test_random_programs_differentiate_as_unsharded, {"case": cases()}, SLOW_EXAMPLES // 12),
-    (test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_moves_no_more, {"case": cases()}, 5),
-    (test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_more, {"case": cases()}, 5),
-    (test_a_memo_shared_with_other_layouts_changes_no_layout, {"case": cases(), "data": st.data()}, SLOW_EXAMPLES),
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("test, strategies, examples", _MORE, ids=[t.__name__ for t, _, _ in _MORE])
-def test_each_property_on_more_programs(test, strategies, examples, meshes):
-    """The properties above on the slow set's budget, from a seed of their own (not the default run's programs)."""
-    @with_seed(49_000)
-    @settings(max_examples=examples, deadline=None, derandomize=False, database=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))
-    @given(**strategies)
-    def run(**drawn):
-        test.hypothesis.inner_test(**drawn, meshes=meshes)
-
-    run()
+# Each property again on the slow set's budget, from a seed of its own (not the default run's programs).
+test_random_programs_on_more_programs = on_more_examples(
+    test_random_programs_equal_the_unsharded_result, SLOW_EXAMPLES, 49_000, case=cases())
+test_conflicts_on_more_programs = on_more_examples(
+    test_conflicts_are_resolved_by_moving_an_operand, SLOW_EXAMPLES // 4, 49_000, case=conflicts())
+test_derivatives_on_more_programs = on_more_examples(
+    test_random_programs_differentiate_as_unsharded, SLOW_EXAMPLES // 12, 49_000, case=cases())
+test_training_step_gradients_on_more_programs = on_more_examples(
+    test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_moves_no_more, 5, 49_000,
+    case=cases())
+test_gradient_layouts_on_more_programs = on_more_examples(
+    test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_more, 5, 49_000, case=cases())
+test_shared_memo_on_more_programs = on_more_examples(
+    test_a_memo_shared_with_other_layouts_changes_no_layout, SLOW_EXAMPLES, 49_000, case=cases(), data=st.data())
