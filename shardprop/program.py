@@ -78,10 +78,12 @@ class Program:
         # Where a call's host values are put: on the user's mesh, as the outputs come back typed, so that a step fed
         # its own outputs runs the executable its first call on host values compiled
         self._placements = tuple(NamedSharding(self.user_mesh, spec) for spec in plan.sharded.in_specs)
-        # One jit of the program on its flat argument leaves (dispatch.py). On a mesh with Explicit axes the outputs
-        # are typed on it: given as out_specs say them (P('j'), where the type would say P('j', None))
-        out_shardings = (None if self.user_mesh is self.mesh else
-                         [NamedSharding(self.user_mesh, spec) for spec in plan.sharded.out_specs])
+        # One jit of the program on its flat argument leaves (dispatch.py), its outputs' shardings declared: on a mesh
+        # with Explicit axes they are typed on it (given as out_specs say them: P('j'), where the type would say
+        # P('j', None)); and declared, they are what its derivative's jit reads its cotangents as (at jax 0.10, left
+        # to JAX, that jit took the mesh from the cotangent's aval, which JAX's cache of an eager op could give from
+        # another program's mesh: IndivisibleError on the second mesh a function was differentiated on)
+        out_shardings = [NamedSharding(self.user_mesh, spec) for spec in plan.sharded.out_specs]
         self._jit = jax.jit(self._traced_call, donate_argnums=self.donated, out_shardings=out_shardings)
 
         self._devices = jx.device_list(self.mesh)

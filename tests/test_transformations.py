@@ -79,6 +79,28 @@ def test_ties_across_devices_share_the_derivative_as_unsharded():
         close(jax.grad(fs)(x), jax.grad(f)(x), tol=1e-6)
 
 
+def test_a_function_differentiated_on_one_mesh_then_another_equals_the_unsharded_gradient(meshes):
+    """Regression (found by the suite's ordering, jax 0.10): JAX caches the trace of an eager op (``o * w`` in the
+    loss) by its operands' avals without their mesh, so the cotangent of the second program's output came with the
+    first program's mesh, and the derivative's jit, left to take the output's sharding from it, raised JAX's
+    IndivisibleError. The program declares its outputs' shardings."""
+    # (run alone, the eager op's first trace in the process is this test's, on the first mesh; in the suite
+    # another test may have traced it first, unsharded, which hid the bug)
+    x = np.random.default_rng(0).normal(size=(8, 24)).astype(np.float32)
+
+    def f(x):
+        return (2.0 * jnp.sum(x, axis=1))[2:6]
+
+    def loss(g):
+        return lambda x: jnp.sum(g(x) * jnp.cos(jnp.arange(4, dtype=jnp.float32)))
+
+    grads = [jax.grad(loss(sp.autoshard(f, mesh=meshes[mesh_name], in_specs=(spec,))))(x)
+             for mesh_name, spec in [("8", P("i", None)), ("4x2", P("i", "j")), ("2x4", P("i", "j"))]]
+    want = np.asarray(jax.grad(loss(f))(x))  # (after: JAX's eager ops first traced on the meshes)
+    for got in grads:
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_vmap_batches_outside_the_annotated_axes(mesh, strategy):
     def f(x, w):

@@ -188,24 +188,30 @@ def padding_without_derivative(x, vtype, shape, mesh_shape: Mapping[str, int]):
     blocks past the axis's ends, which nothing reads — carries no derivative. Those positions hold whatever the op
     computed from its operands' padding (a quotient by zero, a neighbour's row a slice left in place): under
     reverse-mode differentiation their zero cotangent times such a value is NaN, which the transpose of the op that
-    made them would carry into the rows they alias. The primal is ``x`` itself (no work); a tangent is zeroed there."""
+    made them would carry into the rows they alias. The primal is ``x`` itself (no work); the mask of the rows held
+    is built only where the program is differentiated (in the tangent rule)."""
     if not vtype.span or not vtype.rows_in_place or jx.dtype_kind(x.dtype) not in ("f", "c"):
         return x
-    held = jnp.ones((), bool)
-    for axis, (span, mesh_axes) in enumerate(zip(vtype.span, vtype.layout, strict=True)):
-        if span is not None:  # (a haloed block starts with its neighbour's rows)
-            first = block_index(mesh_axes, mesh_shape) * span.block - span.offset - vtype.halo_of(axis)[0]
-            row = lax.broadcasted_iota(np.int32, x.shape, axis) + first
-            held = held & (row >= 0) & (row < shape[axis])
-    return _tangent_where(x, jnp.broadcast_to(held, x.shape))
+    # per ranged axis: its mesh axes, rows per block, the array row of device 0's first row (a haloed block starts
+    # with its neighbour's rows) and the axis's size — static, the rule reads this device's block index itself
+    rows = tuple((axis, tuple(mesh_axes), span.block, -span.offset - vtype.halo_of(axis)[0], shape[axis])
+                 for axis, (span, mesh_axes) in enumerate(zip(vtype.span, vtype.layout, strict=True))
+                 if span is not None)
+    return _tangent_in_rows(x, (rows, tuple(mesh_shape.items())))
 
 
-@jax.custom_jvp
-def _tangent_where(x, held):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _tangent_in_rows(x, geometry):
     return x
 
 
-@_tangent_where.defjvp
-def _tangent_where_jvp(primals, tangents):
-    (x, held), (x_dot, _) = primals, tangents
-    return x, jnp.where(held, x_dot, jnp.zeros((), x_dot.dtype))
+@_tangent_in_rows.defjvp
+def _tangent_in_rows_jvp(geometry, primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    rows, mesh_items = geometry
+    held = None
+    for axis, mesh_axes, block, first, size in rows:
+        row = lax.broadcasted_iota(np.int32, x.shape, axis) + (block_index(mesh_axes, dict(mesh_items)) * block + first)
+        inside = lax.bitwise_and(lax.ge(row, np.int32(0)), lax.lt(row, np.int32(size)))
+        held = inside if held is None else lax.bitwise_and(held, inside)
+    return x, lax.select(held, x_dot, lax.full_like(x_dot, 0))

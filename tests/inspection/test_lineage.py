@@ -70,7 +70,7 @@ def jacobian_dependencies(f, args, out_box, jac=None):
     """Per input, the boolean mask of elements some output element in ``out_box`` depends on (``jac``: the
     Jacobian of ``f`` at ``args`` if already computed)."""
     if jac is None:
-        jac = jax.jacrev(f, argnums=tuple(range(len(args))))(*args)
+        jac = jax.jit(jax.jacrev(f, argnums=tuple(range(len(args)))))(*args)
     index = tuple(slice(s, e) for s, e in out_box)
     deps = []
     for arg, j in zip(args, jac, strict=True):
@@ -98,7 +98,7 @@ def test_lineage_matches_jacobian_pattern(name, f, shapes, in_specs, mesh):
     layout = prog.plan.layout(out)
     counts = [int(np.prod([mesh.shape[m] for m in axes])) for axes in layout]
     checked_exact = 0
-    jac = jax.jacrev(f, argnums=tuple(range(len(args))))(*args)  # once: every block reads its part
+    jac = jax.jit(jax.jacrev(f, argnums=tuple(range(len(args)))))(*args)  # once: every block reads its part
     for block in itertools.product(*(range(c) for c in counts)):
         result = sp.lineage(prog, output=0, block=block)
         want = jacobian_dependencies(f, args, block_box(prog, out, block), jac)
@@ -121,7 +121,7 @@ def test_lineage_of_random_boxes_matches_jacobian_pattern(name, f, shapes, in_sp
     out = graph.outputs[0]
     shape = graph.avals[out].shape
     exact_boxes = 0
-    jac = jax.jacrev(f, argnums=tuple(range(len(args))))(*args)  # once: every box reads its part
+    jac = jax.jit(jax.jacrev(f, argnums=tuple(range(len(args)))))(*args)  # once: every box reads its part
     for _ in range(12):
         box = random_box(rng, shape)
         found, exact = dependencies(graph, out, [box])
@@ -232,7 +232,7 @@ def test_rule_edge_cases_against_jacobian_pattern(name):
     graph = sp.trace(f, *args)
     out = graph.outputs[0]
     shape = graph.avals[out].shape
-    jac = jax.jacrev(f, argnums=tuple(range(len(args))))(*args)  # once: every box reads its part
+    jac = jax.jit(jax.jacrev(f, argnums=tuple(range(len(args)))))(*args)  # once: every box reads its part
     for _ in range(10):
         box = random_box(rng, shape)
         found, exact = dependencies(graph, out, [box])
@@ -297,7 +297,7 @@ def test_scan_lineage_looks_inside_the_body(name):
         shape = graph.avals[out].shape
         is_y = k == len(graph.outputs) - 1  # every scan here has its ys last
         output_k = jax.jit(lambda *a, k=k: jax.tree_util.tree_leaves(f(*a))[k])
-        jac = jax.jacrev(output_k, argnums=tuple(range(len(args))))(*args)
+        jac = jax.jit(jax.jacrev(output_k, argnums=tuple(range(len(args)))))(*args)
         for _ in range(8):
             box = random_box(rng, shape)
             found, exact = dependencies(graph, out, [box])
@@ -395,7 +395,7 @@ def test_while_lineage_looks_inside_the_body_and_the_condition(name):
     x, c0 = (jnp.asarray(rng.normal(size=8), dtype=jnp.float32) for _ in range(2))
     graph = sp.trace(f, n, x, c0)
     assert "while" in [node.op for node in graph.nodes]
-    jac = jax.jacfwd(lambda x, c0: f(n, x, c0), argnums=(0, 1))(x, c0)
+    jac = jax.jit(jax.jacfwd(lambda x, c0: f(n, x, c0), argnums=(0, 1)))(x, c0)
     for start, stop in [(0, 2), (3, 5), (6, 8)]:
         found, exact = dependencies(graph, graph.outputs[0], [((start, stop),)])
         assert not exact

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from shardprop.core.transfers import total_moved
+from tests.conftest import assert_like_unsharded
 
 CACHE = np.random.default_rng(0).normal(size=(2, 64, 4, 8)).astype(np.float32)
 
@@ -28,9 +29,7 @@ POSITIONS = [0, 6, 7, 60, 70, -3]
 
 def _check(f, args, mesh, specs):
     fs = sp.autoshard(f, mesh=mesh, in_specs=specs)
-    got = fs(*args)
-    want = f(*(jnp.asarray(a) for a in args))
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert_like_unsharded(fs(*args), f, args, rtol=0, atol=0)
     prog = fs.trace(*args)
     comparison = sp.compare_with_jit(f, mesh, specs, *args, program=prog)
     assert total_moved(prog.estimated_communication()) == pytest.approx(comparison.shardprop_bytes)
