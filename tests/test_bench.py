@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from shardprop.bench.goals import UNEXPLAINED, row_misses, summarize
+from tests.cli import shardprop
 
 
 @pytest.mark.slow  # a (quick) benchmark run: 25 s of the default run's budget
@@ -39,9 +40,8 @@ def test_quick_run_writes_the_table_json_plots_and_page(tmp_path):
 
 
 def test_an_unmatched_only_pattern_is_an_error(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "shardprop", "bench", "--only", "no-such-row", "--out",
-                             str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "no workload matches" in result.stderr
+    result = shardprop("bench", "--only", "no-such-row", "--out", str(tmp_path))  # (tests/test_cli_bench.py: as a
+    assert result.returncode == 2 and "no workload matches" in result.stderr  # user runs it, in a subprocess)
 
 
 def _row(name, ours, jit, ratio, known_gap=None, fewer_expected=None):

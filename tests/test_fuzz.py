@@ -33,7 +33,7 @@ from shardprop.splitting.cost import estimate
 from shardprop.splitting.split import STRATEGIES
 from tests.conftest import MESH_SHAPES, on_more_examples
 from tests.fuzz_specs import permuted_spec, related_spec, specs_for
-from tests.fuzz_oracle import finite_magnitude, namespace_for, program_functions, reproducer, weighted
+from tests.fuzz_oracle import Unsharded, finite_magnitude, namespace_for, program_functions, reproducer, weighted
 from tests.fuzzing import programs, random_inputs
 
 LONG = int(os.environ.get("SHARDPROP_FUZZ_EXAMPLES", "0"))
@@ -192,7 +192,7 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
     note(reproducer(program, mesh_name, specs, options))
     f, unconstrained = program_functions(program, meshes[mesh_name])
     args = random_inputs(program)
-    want = jax.grad(weighted(unconstrained), argnums=tuple(range(len(args))))(*map(jnp.asarray, args))
+    want = Unsharded(unconstrained, args)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sp.FallbackWarning)
@@ -201,9 +201,7 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
             got = jax.grad(weighted(fs), argnums=tuple(range(len(args))))(*args)
     except (sp.IndivisibleAxisError, sp.ShardingConflictError):
         return  # bad inputs, as the fuzzer counts them
-    for g, w in zip(got, want, strict=True):
-        w = np.asarray(w)
-        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(w)))
+    want.assert_matches(got, 1)
 
 
 @settings(max_examples=EXAMPLES // 12 if LONG else 3, deadline=None, derandomize=not LONG, print_blob=True,
@@ -268,7 +266,7 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
     def gradient(g):
         return jax.grad(weighted(g), argnums=tuple(range(len(args))))
 
-    want = gradient(unconstrained)(*map(jnp.asarray, args))
+    want = Unsharded(unconstrained, args)
     strategy = options["strategy"]
 
     def traced(out_specs=None):
@@ -281,9 +279,7 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
         prog = traced()
     except (sp.IndivisibleAxisError, sp.ShardingConflictError):
         return  # bad inputs, as the fuzzer counts them
-    for g, w in zip(prog(*args), want, strict=True):
-        w = np.asarray(w)
-        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=1e-4 * (1 + finite_magnitude(w)))
+    want.assert_matches(prog(*args), 1)
     sharded = prog.plan.sharded
     graph = sharded.graph
     moved = total_moved(prog.estimated_communication())
