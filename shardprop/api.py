@@ -24,7 +24,8 @@ from .expr import trace
 from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import propagate
-from .propagation.propagate import flat_in_specs, flat_specs_of_tree, warn_fallbacks
+from .propagation.propagate import flat_in_specs, flat_specs_of_tree
+from .propagation.reports import warn_fallbacks
 from .search import AUTO, check_memory_limit, is_spec_leaf, search_layouts
 from .search.solve import as_tree
 from .signature import Signature, call_key
@@ -57,37 +58,14 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     limit = check_memory_limit(memory_limit)
     with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
         graph = trace(f, *args, names=names)
-    flat = flat_in_specs(as_specs(in_specs, mesh, "in_specs"), graph, is_leaf=is_spec_leaf)
-    own = own_specs(jax.tree_util.tree_leaves(args), mesh)
-    kept = frozenset(k for k, (spec, mine) in enumerate(zip(flat, own, strict=True))
-                     if spec is None and mine is not None)  # unannotated, its array laid out on the mesh
-    flat = [own[k] if k in kept else spec for k, spec in enumerate(flat)]
-    said = declared_specs(args, jax.tree_util.tree_leaves(args))
-    declared = frozenset(k for k, (spec, spec_said) in enumerate(zip(flat, said, strict=True))
-                         if spec is None and spec_said is not None)  # unannotated, its Variable's metadata says
-    flat = [said[k] if k in declared else spec for k, spec in enumerate(flat)]
-    in_specs = as_tree(graph, flat)
+    specs = ArgumentSpecs.resolve(graph, args, in_specs, mesh, chosen)
     searched = chosen
-    if chosen is not None:  # a rebuild: the search's choice, kept as its choice
-        flat = [chosen.plan.sharded.in_specs[k] if s is AUTO else s for k, s in enumerate(flat)]
-        in_specs = as_tree(graph, flat)
-    if any(s is AUTO for s in flat):
-        if strict and not any(isinstance(s, PartitionSpec) for s in flat):
-            raise SearchError("sp.AUTO with strict=True: every argument is sp.AUTO or unannotated, so nothing "
-                              "fixed says how the program is meant to be split (strict=True takes no layout "
-                              "the user did not write or imply); fix at least one argument's spec — the batch's "
-                              "P('data'), say — or drop strict=True")
-        searched = search_layouts(graph, flat, mesh=as_auto_mesh(mesh), strict=strict, conflicts=conflicts,
-                                  strategy=strategy, memory_limit=limit, keyword_form=traced is not None,
-                                  donated=donated, returns_inputs=returns_inputs,
-                                  compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
-        with warnings.catch_warnings():  # the user's own conflicts, between specs they fixed, warn (their fallbacks
-            warnings.simplefilter("ignore", FallbackWarning)  # warn once, below)
-            propagate(graph, as_tree(graph, [None if s is AUTO else s for s in flat]), mesh=mesh, strict=strict,
-                      conflicts=conflicts, backward=False)
+    if chosen is None and specs.searched:
+        searched = _search(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts, limit=limit,
+                           keyword_form=traced is not None, donated=donated, returns_inputs=returns_inputs)
     if searched is None or chosen is not None:
         pricer = PlanPricer(strategy)
-        sharded = propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer)
+        sharded = propagate(graph, specs.tree(graph), mesh=mesh, strict=strict, conflicts=conflicts, price=pricer)
         plan = pricer.plan_for(sharded)
     else:  # the search built the chosen plan; its moves between searched layouts are its priced choice, not a clash
         plan = searched.plan
@@ -99,12 +77,10 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     if pins:  # an updated state laid out otherwise than it came in: returned moved back (once, then as it came)
         with warnings.catch_warnings():  # its moves are this rule's, not a clash of the user's layouts
             warnings.simplefilter("ignore", ReshardWarning)
-            pinned = [None if k in kept | declared else sharded.in_specs[k] if k in returns_inputs and s is None else s
-                      for k, s in enumerate(flat)]
             return compile_program(pin_outputs(f, pins, as_auto_mesh(mesh)), args, mesh=mesh,
-                                   in_specs=as_tree(graph, pinned), strict=strict, strategy=strategy,
-                                   conflicts=conflicts, traced=traced, donated=donated, memory_limit=memory_limit,
-                                   names=names, chosen=searched)
+                                   in_specs=specs.pinned(graph, sharded, returns_inputs), strict=strict,
+                                   strategy=strategy, conflicts=conflicts, traced=traced, donated=donated,
+                                   memory_limit=memory_limit, names=names, chosen=searched)
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
     if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
@@ -112,13 +88,75 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     if chosen is not None:  # a pinned rebuild: say what it moves beyond the search's plan
         extra = total_moved(estimate(plan)) - chosen.chosen.moved  # (the search priced the returns it expected)
         searched = dataclasses.replace(chosen, returned_moves=max(0.0, extra))
-    program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched, kept=kept,
-                    declared=declared)
+    program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched,
+                    kept=specs.kept, declared=specs.declared)
     if limit is not None and searched is None and (memory := program.memory()) > limit:
         raise MemoryLimitError(f"the program needs {memory:,} B per device as compiled (arguments, outputs and "
                                f"temporaries), over memory_limit={limit:,}; shard more of the arguments, or pass "
                                "sp.AUTO for those whose layout the search may choose")
     return program
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentSpecs:
+    """Every argument leaf's spec as the program takes it (``flat``): the user's, an unannotated leaf's own array
+    layout on the mesh (its position in ``kept``, as ``jax.jit`` keeps it), its NNX Variable's declared sharding
+    (``declared``), or ``sp.AUTO`` for the search (replaced by its choice in a pinned rebuild)."""
+
+    flat: tuple
+    kept: frozenset[int]
+    declared: frozenset[int]
+
+    @staticmethod
+    def resolve(graph, args: tuple, in_specs: Any, mesh: Mesh, chosen: Any = None) -> ArgumentSpecs:
+        """The specs of ``args``' leaves, from ``in_specs`` (a tree, NamedShardings read as their specs), the arrays'
+        own layouts and the NNX metadata; ``chosen``: the search's result whose choices fill the ``sp.AUTO`` ones."""
+        flat = flat_in_specs(as_specs(in_specs, mesh, "in_specs"), graph, is_leaf=is_spec_leaf)
+        leaves = jax.tree_util.tree_leaves(args)
+        own, said = own_specs(leaves, mesh), declared_specs(args, leaves)
+        kept = frozenset(k for k, (spec, mine) in enumerate(zip(flat, own, strict=True))
+                         if spec is None and mine is not None)  # unannotated, its array laid out on the mesh
+        declared = frozenset(k for k, (spec, spec_said) in enumerate(zip(flat, said, strict=True))
+                             if k not in kept and spec is None and spec_said is not None)  # its metadata says
+        flat = [own[k] if k in kept else said[k] if k in declared else spec for k, spec in enumerate(flat)]
+        if chosen is not None:  # a rebuild: the search's choice, kept as its choice
+            flat = [chosen.plan.sharded.in_specs[k] if s is AUTO else s for k, s in enumerate(flat)]
+        return ArgumentSpecs(tuple(flat), kept, declared)
+
+    @property
+    def searched(self) -> bool:
+        """Whether some leaf's layout is the search's to choose (``sp.AUTO``)."""
+        return any(s is AUTO for s in self.flat)
+
+    def tree(self, graph, flat: Sequence | None = None) -> Any:
+        """The specs (or ``flat``) as an ``in_specs`` tree shaped like the arguments."""
+        return as_tree(graph, list(self.flat if flat is None else flat))
+
+    def pinned(self, graph, sharded, returns_inputs: Sequence[int]) -> Any:
+        """The specs of a rebuild whose returned state is pinned to its arguments' layouts: the leaves whose state is
+        returned take the layout the plan gave them, the kept and declared ones are left to say theirs again."""
+        return self.tree(graph, [None if k in self.kept | self.declared else sharded.in_specs[k]
+                                 if k in returns_inputs and s is None else s for k, s in enumerate(self.flat)])
+
+
+def _search(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str, limit,
+            keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int]):
+    """The layout search's result for the ``sp.AUTO`` leaves of ``specs``; the user's own conflicts, between the specs
+    they fixed, warn as propagation finds them (their fallbacks warn once, from the chosen plan)."""
+    if strict and not any(isinstance(s, PartitionSpec) for s in specs.flat):
+        raise SearchError("sp.AUTO with strict=True: every argument is sp.AUTO or unannotated, so nothing "
+                          "fixed says how the program is meant to be split (strict=True takes no layout "
+                          "the user did not write or imply); fix at least one argument's spec — the batch's "
+                          "P('data'), say — or drop strict=True")
+    searched = search_layouts(graph, list(specs.flat), mesh=as_auto_mesh(mesh), strict=strict, conflicts=conflicts,
+                              strategy=strategy, memory_limit=limit, keyword_form=keyword_form, donated=donated,
+                              returns_inputs=returns_inputs,
+                              compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        propagate(graph, specs.tree(graph, [None if s is AUTO else s for s in specs.flat]), mesh=mesh, strict=strict,
+                  conflicts=conflicts, backward=False)
+    return searched
 
 
 def _without_reshard_warnings(compile_derivative: Callable) -> Callable:

@@ -42,7 +42,7 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
         return _combine_arg(node, block, partial, kind, mesh_axes, mesh_shape, rows)
     if kind is CollectiveKind.PPROD:  # each device multiplied its block (a ranged axis's padding as ones)
         return _product(partial, mesh_axes)
-    if node.op in ("scatter-max", "scatter-min"):  # integers (ops/indexing.py): no NaN, no zero's sign, no derivative
+    if node.op in ("scatter-max", "scatter-min"):  # integers (ops/scatters.py): no NaN, no zero's sign, no derivative
         return (lax.pmax if kind is CollectiveKind.PMAX else lax.pmin)(partial, mesh_axes)
     fill = None if geometry.fill_count == 0 else geometry.fill
     return _extreme(partial, block, _held_rows(block, rows or (), mesh_shape), tuple(node.params["axes"]),

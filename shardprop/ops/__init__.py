@@ -21,28 +21,28 @@ import math
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from . import (contractions, control_flow, convolutions, elementwise, indexing, linalg, placement, pooling, random,
-               ranges, reductions, reshape, scans, shapes, slicing)
+from . import (contractions, control_flow, convolutions, elementwise, linalg, lookups, placement, pooling, random,
+               range_routes, ranges, reductions, reshape, scans, scatters, shapes, slicing)
 from ..core.collectives import FinishGeometry
 from ..core.layouts import shard_count
 from .fallback import fallback_for
 from .opdef import Family, OpDef, defs, first_sentence
 
-FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, indexing, contractions, convolutions,
-            pooling, linalg, control_flow, random, placement)
+FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, lookups, scatters, contractions,
+            convolutions, pooling, linalg, control_flow, random, placement)
 
 
 def finish_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
     """Where the finish of ``node`` works (``shardprop.core.collectives.FinishGeometry``), given the type its
     first operand is read in: a top-k's axis; a concatenation's axis, rotation (``.ranges.rotation``) and
-    route rounds; a strided slice's route rounds (``.ranges.slice_geometry``); the ranged rows a single-axis
+    route rounds; a strided slice's route rounds (``.range_routes.slice_geometry``); the ranged rows a single-axis
     reduction reads."""
     if node.op == "top_k":
         return FinishGeometry(axis=node.params["axis"])
     if node.op == "concatenate":
-        return ranges.concatenate_geometry(graph, node, operand_type, mesh_shape)
+        return range_routes.concatenate_geometry(graph, node, operand_type, mesh_shape)
     if node.op == "slice":
-        return ranges.slice_geometry(graph, node, operand_type, mesh_shape)
+        return range_routes.slice_geometry(graph, node, operand_type, mesh_shape)
     axes = node.params.get("axes") if lookup(node.op).family is Family.REDUCTION else None
     shape = graph.avals[node.operands[0]].shape
     rows = tuple((k, operand_type.layout[k], operand_type.span_of(k), shape[k]) for k in axes or ()

@@ -28,7 +28,8 @@ from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
 from .opdef import Family, Linearity, OpDef
-from .ranges import keep_ranges, masked_rows
+from .range_blocks import masked_rows
+from .ranges import keep_ranges
 
 
 def dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, *, dimension_numbers,
@@ -222,10 +223,26 @@ def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShardin
     return RuleOutput((out,), (((),) * len(lhs.shape), tuple(rhs_need), ((),) * len(group_sizes.shape)))
 
 
+def summed_as_partner_holds(node: Node, j: int, held, in_shapes, mesh_shape):
+    """Operand ``j`` of a ``dot_general`` as a psum finish takes it: each contracted axis it holds whole sliced over the
+    mesh axes the other operand's paired axis is held over (each device multiplies its blocks and sums them)."""
+    (lhs, rhs), _ = node.params["dimension_numbers"]
+    own, other = held[j], held[1 - j]
+    mine, theirs = (lhs, rhs) if j == 0 else (rhs, lhs)
+    taken = list(own)
+    for a, b in zip(mine, theirs, strict=True):
+        used = {m for axes in taken for m in axes}
+        if not own[a] and other[b] and not used & set(other[b]) \
+                and in_shapes[j][a] % shard_count(mesh_shape, other[b]) == 0:
+            taken[a] = other[b]
+    return tuple(taken)
+
+
 OPS = [
     OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage, reads_ranges=True,
           lineage_exact=True, per_block=contraction_block, finish=finish_contraction, pull=None,
-          linear=Linearity.EITHER, work=contraction_work),
+          linear=Linearity.EITHER, work=contraction_work, finished_operand=summed_as_partner_holds,
+          finish_follows_needs=True),
     OpDef("ragged_dot_general", Family.CONTRACTION, propagate=ragged_dot_general, lineage=whole_operands,
           lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

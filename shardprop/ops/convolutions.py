@@ -27,7 +27,7 @@ from ..core.layouts import Sharded, Span, TensorSharding, shard_count
 from ..core.rules import RuleContext, RuleOutput
 from ..expr import jax_adapter as jx
 from .contractions import finish_summed_pairs
-from .ranges import masked_rows
+from .range_blocks import masked_rows
 from .opdef import Family, Linearity, OpDef
 from .windows import (dilated_window_reach, past_the_ends, reach_or_bug, summed_window_reach, window_out,
                       window_rows, with_halo)
@@ -215,5 +215,6 @@ def conv_lineage(ctx: LineageContext, box: Box, output: int, *, dimension_number
 OPS = [
     OpDef("conv_general_dilated", Family.WINDOW, propagate=conv_general_dilated, lineage=conv_lineage,
           lineage_exact=False, per_block=convolution_block, finish=finish_convolution, pull=None,
-          linear=Linearity.EITHER, work=convolution_work, halo=convolution_halo, reads_ranges=True),
+          linear=Linearity.EITHER, work=convolution_work, halo=convolution_halo, reads_ranges=True,
+          finish_follows_needs=True),
 ]

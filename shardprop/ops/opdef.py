@@ -16,6 +16,14 @@
     halo           the rows past its block each operand's block must come with, given the types the op consumes
                    its operands in — optional, for windowed ops (a convolution, a pooling window) whose output
                    block is computed from the operand's block and its neighbours' edges
+    finished_operand   the layout in which the op, where its finish may combine partial results, asks for an
+                   operand (a product's contracted axes sliced as the other operand holds them: each device multiplies
+                   its blocks, a psum adds them) — optional; without it, such an op takes an operand as it is held
+    alternative    another way to take its operands than its rule's, which the plan prices (a lookup's indices gathered
+                   where they share a mesh axis with the table's whole window) — optional
+    finish_follows_needs   True for an op whose finish combines results computed from its operands as the op
+                   consumes them (a contraction's, a reduction's, a convolution's partial sums): a view of the
+                   backward pass may change how it takes them; another finish reads its operands as they are held
     reads_ranges   True for a rule that reads ranged axes (the rows a slice, pad or concatenation along a sharded
                    axis left each device, ``shardprop.core.layouts.Span``); other rules see them replicated
     runs_outside_shard_map   True for a primitive run on whole arrays outside ``shard_map`` (the records of
@@ -31,6 +39,8 @@ has none (``finish=None``), so a missing piece is a construction error rather th
     pull(graph: Graph, node: Node, target: Layout) -> operand needs | None
     work(node: Node, operand_blocks: list[Shape], out_block: Shape) -> float
     halo(node: Node, in_shapes, needs: tuple[ValueType, ...], mesh_shape) -> tuple[ValueType, ...]  # with halos
+    finished_operand(node: Node, j: int, held: list[Layout], in_shapes, mesh_shape) -> Layout
+    alternative(node: Node, in_shapes, held: list[Layout], needs: list[Layout]) -> {operand: Layout}
 """
 
 from __future__ import annotations
@@ -107,6 +117,9 @@ class OpDef:
     linear: Linearity
     work: Callable[..., float] | None = None
     halo: Callable[..., Any] | None = None
+    finished_operand: Callable[..., Any] | None = None
+    alternative: Callable[..., Any] | None = None
+    finish_follows_needs: bool = False
     # True for the ops whose rule reads ranged axes (``shardprop.core.layouts.Span``: a slice, a pad, a
     # concatenation along a sharded axis); every other rule is given them replicated (it reads them whole).
     reads_ranges: bool = False

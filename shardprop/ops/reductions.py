@@ -22,7 +22,8 @@ from ..core.layouts import TensorSharding, shard_count
 from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .opdef import Family, Linearity, OpDef
-from .ranges import keep_ranges, masked_rows
+from .range_blocks import masked_rows
+from .ranges import keep_ranges
 from .windows import extreme
 
 
@@ -186,8 +187,8 @@ _ARG = {"argmax": CollectiveKind.ARGMAX, "argmin": CollectiveKind.ARGMIN}
 def _reduction(name: str, finish: FinishReduction | None, linear: Linearity = Linearity.NONE) -> OpDef:
     per_block = reduction_block if name in _IDENTITY else arg_extreme_block if name in _ARG else bind_as_is
     return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage, lineage_exact=True,
-                 per_block=per_block, finish=finish, pull=None,
-                 linear=linear, reads_ranges=True)
+                 per_block=per_block, finish=finish, pull=None, linear=linear, reads_ranges=True,
+                 finish_follows_needs=True)
 
 
 OPS = [

@@ -20,7 +20,7 @@ from ..core.layouts import Sharded, TensorSharding, shard_count, standard_span, 
 from ..core.types import ValueType
 from ..expr import jax_adapter as jx
 from .opdef import Family, Linearity, OpDef, defs
-from .ranges import masked_rows
+from .range_blocks import masked_rows
 from .windows import extreme
 
 

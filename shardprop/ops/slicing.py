@@ -22,7 +22,8 @@ from ..core.layouts import Sharded, TensorSharding
 from ..core.collectives import Collective, CollectiveKind
 from ..core.types import ValueType
 from .opdef import Family, Linearity, OpDef
-from .ranges import split_block, split_in_place
+from .range_blocks import split_block
+from .ranges import split_in_place
 
 
 def _keep_axes(ctx: RuleContext, operand: TensorSharding, keep: list[bool], out_shape) -> RuleOutput:

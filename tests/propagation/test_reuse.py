@@ -1,9 +1,8 @@
 """What propagation's walks reuse from one another (propagation/memo.py, and the backward pass's remembered trials in
-uses.py) changes no layout: training steps propagated under each expert layout, with one memo shared across all of
+producing.py) changes no layout: training steps propagated under each expert layout, with one memo shared across all of
 them (as the layout search shares it), give exactly what propagating each with nothing reused gives — every value's
 layout, every operand's, what is returned, the conflicts resolved and the views taken, and the plan's price."""
 
-import importlib
 import warnings
 
 import pytest
@@ -12,11 +11,9 @@ import shardprop as sp
 from shardprop.bench import search as bench
 from shardprop.core.layouts import Sharded
 from shardprop.propagation import memo as memo_module
-from shardprop.propagation import uses
+from shardprop.propagation import producing, uses, walk
 from shardprop.splitting.cost import price
 from shardprop.splitting.split import PlanPricer
-
-propagate_module = importlib.import_module("shardprop.propagation.propagate")  # (the package exports the function)
 
 MODELS = {
     "transformer block": lambda: bench.transformer(True, d_model=32, d_ff=64, batch=4, seq=8),
@@ -27,12 +24,12 @@ MODELS = {
 
 def _nothing_reused(monkeypatch):
     """No rule's result remembered, every setting of a view set walked, every backward trial run."""
-    monkeypatch.setattr(propagate_module, "memo_key", lambda node_id, operands: None)
+    monkeypatch.setattr(walk, "memo_key", lambda node_id, operands: None)
     monkeypatch.setattr(memo_module.Variants, "walked_alike", lambda self, settings: None)
     monkeypatch.setattr(memo_module.Variants, "resolved_alike", lambda self, settings, read, resolved: None)
-    monkeypatch.setattr(uses, "_produce_as_remembered",
-                        lambda sharded, node, target, exchanges, memo: uses._produce_as(sharded, node, target,
-                                                                                         exchanges))
+    monkeypatch.setattr(uses, "produce_as_remembered",
+                        lambda sharded, node, target, exchanges, memo: producing._produce_as(sharded, node, target,
+                                                                                              exchanges))
 
 
 def _layouts(graph, model, backward, memo=None):

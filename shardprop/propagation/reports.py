@@ -1,0 +1,69 @@
+"""What propagation tells the user: one ``ReshardWarning`` per sharding conflict it resolved by moving an operand, and
+one ``FallbackWarning`` per primitive that took the conservative rule — each at the user's line, with the move's
+collectives and bytes as the move planner plans them (``describe_move``)."""
+
+from __future__ import annotations
+
+from ..errors import FallbackWarning, ReshardWarning
+from ..expr.graph import Graph, Node, value_name, warn_at, where
+from ..core.layouts import Layout, layout_to_spec
+from ..core.moves import move_bytes, plan_move
+from ..core.steps import exchanges
+from ..core.types import ValueType
+from .product import ShardedGraph
+
+
+def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None:
+    """One ``ReshardWarning`` per conflict resolved, at the user's line, carrying the conflict — those inside
+    loop and branch bodies too (moved there on every iteration)."""
+    for node_id, bodies in sorted(sharded.bodies.items()):
+        node = graph.nodes[node_id]
+        for body in bodies:
+            inside_body = f" inside the {body.name} of `{node.op}` at {where(node)}" + \
+                ("" if not body.carries else ", on every iteration")
+            warn_reshards(body.sharded.graph, body.sharded, inside_body)
+    for node_id, (operand, message) in sorted(sharded.reshards.items()):
+        if node_id in sharded.priced:  # a move chosen as the cheapest way, not a clash of the user's layouts
+            continue
+        node = graph.nodes[node_id]
+        moved = node.operands[operand]
+        have, need = sharded.layout(moved), sharded.needs[node_id][operand]
+        aval = sharded.graph.avals[moved]
+        how, nbytes = describe_move(aval, have, need, sharded.mesh_shape)
+        text = (f"shardprop: resolved a sharding conflict in `{node.op}` at "
+                f"{where(node)}{inside} by moving operand {operand} "
+                f"({value_name(moved)}, "
+                f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
+                f"(conflicts='error' refuses instead)\n{message}")
+        warn_at(node, text, ReshardWarning)
+
+
+def describe_move(aval, have: Layout, need: Layout, mesh_shape) -> tuple[str, float]:
+    """How a value of ``aval`` held as ``have`` is moved to ``need`` (``an all-to-all over i from axis 1 to axis 0
+    moves it``), and the bytes one device sends: the move planner's plan, as the program runs it."""
+    steps = plan_move(aval.shape, aval.dtype, ValueType(have), ValueType(need), mesh_shape)
+    sent = [s for s in steps if exchanges(s, mesh_shape)]
+    how = f"{', then '.join(map(str, sent))} moves it" if sent else "each device slices it locally"
+    return how, move_cost(aval, have, need, mesh_shape)
+
+
+def move_cost(aval, have: Layout, need: Layout, mesh_shape) -> float:
+    """Bytes one device sends to bring a value of ``aval`` from ``have`` to ``need``."""
+    return move_bytes(aval.shape, aval.dtype, ValueType(have), ValueType(need), mesh_shape)
+
+
+def warn_fallbacks(graph: Graph, fallbacks, causes=None) -> None:
+    """One ``FallbackWarning`` per primitive that fell back in this program, attributed to the user's line
+    of its first use (so that Python's warning filters, and the printed location, name the user's code)."""
+    uses: dict[str, list[Node]] = {}
+    for node_id in sorted(fallbacks):
+        node = graph.nodes[node_id]
+        uses.setdefault(node.op, []).append(node)
+    for name, nodes in sorted(uses.items()):
+        first = nodes[0]
+        more = "" if len(nodes) == 1 else f" (and {len(nodes) - 1} more use(s))"
+        cause = (causes or {}).get(first.id)
+        message = (f"shardprop: no sharding rule for primitive `{name}` at {where(first)}{more} "
+                   f"({cause or 'or none that applies here'}); using the conservative rule (operands gathered, "
+                   "result replicated)")
+        warn_at(first, message, FallbackWarning)
