@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..core.blocks import Blocks, block_index
+from ..core.blocks import Blocks, block_rows
 from ..core.layouts import block_shape
 from ..expr import jax_adapter as jx
 from ..errors import LoweringError
@@ -211,7 +211,7 @@ def _tangent_in_rows_jvp(geometry, primals, tangents):
     rows, mesh_items = geometry
     held = None
     for axis, mesh_axes, block, first, size in rows:
-        row = lax.broadcasted_iota(np.int32, x.shape, axis) + (block_index(mesh_axes, dict(mesh_items)) * block + first)
+        row = block_rows(x.shape, axis, mesh_axes, dict(mesh_items), block, first)
         inside = lax.bitwise_and(lax.ge(row, np.int32(0)), lax.lt(row, np.int32(size)))
         held = inside if held is None else lax.bitwise_and(held, inside)
     return x, lax.select(held, x_dot, lax.full_like(x_dot, 0))

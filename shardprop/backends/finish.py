@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..core.blocks import block_index
+from ..core.blocks import block_index, block_rows
 from ..core.collectives import NO_GEOMETRY, CollectiveKind, FinishGeometry, rotation_split
 from ..core.layouts import Span
+from ..ops import lookup
 from ..ops.windows import extreme
 from .moves import apply_rounds, as_bits, rotated
 from ..expr import jax_adapter as jx
@@ -92,7 +93,8 @@ def _finish_top_k(node: Node, mesh_axes: tuple[str, ...], partial, values, outpu
 def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):
     """A cumulative op finished: every device's block total (its scan's last row; first, reversed) all-gathered, the
     totals of the blocks before this one (after it, reversed) combined, and that combined into each row of its
-    scan — a sum added, a product multiplied, a maximum taken, a log-sum-exp log-added."""
+    scan by the op's ``combine`` piece (a sum added, a product multiplied, a maximum taken, a log-sum-exp
+    log-added)."""
     axis, reverse = node.params["axis"], node.params.get("reverse", False)
     rows = scanned.shape[axis]
     if rows == 0:
@@ -103,18 +105,7 @@ def _finish_prefix(node: Node, mesh_axes: tuple[str, ...], scanned, mesh_shape):
     index = lax.broadcasted_iota(jnp.int32, totals.shape, axis)
     here = block_index(mesh_axes, mesh_shape)
     earlier = index > here if reverse else index < here
-    op, dtype = node.op, scanned.dtype
-    if op == "cumsum":
-        return scanned + jnp.sum(jnp.where(earlier, totals, 0), axis=axis, keepdims=True, dtype=dtype)
-    if op == "cumprod":
-        return scanned * jnp.prod(jnp.where(earlier, totals, 1), axis=axis, keepdims=True, dtype=dtype)
-    if op == "cumlogsumexp":
-        lowest = jnp.array(-jnp.inf, dtype)
-        return jnp.logaddexp(scanned, jax.nn.logsumexp(jnp.where(earlier, totals, lowest), axis=axis, keepdims=True))
-    is_max = op == "cummax"
-    bound = extreme(dtype, lowest=is_max)  # the identity: the blocks after this one count for nothing
-    combine = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
-    return combine[1](scanned, combine[0](jnp.where(earlier, totals, bound), axis=axis, keepdims=True))
+    return lookup(node.op).combine(node, scanned, totals, earlier)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -191,8 +182,7 @@ def _held_rows(block, rows, mesh_shape):
     span, length)``), not in its padding."""
     held = jnp.ones((), bool)
     for axis, names, span, length in rows:
-        start = block_index(names, mesh_shape) * span.block - span.offset
-        row = lax.broadcasted_iota(jnp.int32, block.shape, axis) + start
+        row = block_rows(block.shape, axis, names, mesh_shape, span.block, -span.offset)
         held = held & (row >= 0) & (row < length)
     return jnp.broadcast_to(held, block.shape)
 
@@ -200,9 +190,9 @@ def _held_rows(block, rows, mesh_shape):
 def _without_padding(block, axis: int, rows: tuple[Span, int], mesh_axes, mesh_shape, identity):
     """``(block with the padding of its ranged axis set to identity, the global row its first position holds)``."""
     span, length = rows
-    start = block_index(mesh_axes, mesh_shape) * span.block - span.offset
-    row = lax.broadcasted_iota(jnp.int32, block.shape, axis) + start
-    return jnp.where((row >= 0) & (row < length), block, identity), start
+    row = block_rows(block.shape, axis, mesh_axes, mesh_shape, span.block, -span.offset)
+    return jnp.where((row >= 0) & (row < length), block, identity), block_index(mesh_axes, mesh_shape) * span.block \
+        - span.offset
 
 
 def _combine_arg(node, block, local_index, kind: CollectiveKind, mesh_axes, mesh_shape, rows=None):

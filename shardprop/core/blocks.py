@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from jax import lax
 
 from ..expr import jax_adapter as jx
@@ -94,6 +95,14 @@ def block_index(mesh_axes: tuple[str, ...], mesh_shape: Mapping[str, int]):
     for name in mesh_axes:
         index = index * mesh_shape[name] + lax.axis_index(name)
     return index
+
+
+def block_rows(shape: tuple[int, ...], axis: int, mesh_axes: tuple[str, ...], mesh_shape: Mapping[str, int],
+               block: int, first: int = 0):
+    """The array row each position of this device's block stands for along ``axis``, as int32 of ``shape`` (the
+    block's, or one broadcastable to it): ``block`` rows per device, device 0's first position at row ``first``
+    (``-span.offset`` for a ranged axis; less a halo's rows before it). The one row index of the pieces on blocks."""
+    return lax.broadcasted_iota(np.int32, shape, axis) + (block_index(mesh_axes, mesh_shape) * block + first)
 
 
 def first_device_only(x, mesh_axes: tuple[str, ...], mesh_shape: Mapping[str, int]):

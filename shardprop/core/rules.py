@@ -20,7 +20,7 @@ import numpy as np
 from typing import Any, NamedTuple
 
 from ..errors import ConflictKind
-from ..expr.graph import CONSTANT, Aval
+from ..expr.graph import Aval, constant_behind
 from .layouts import AxisSharding, Layout, Open, Shard, Sharded, Span, TensorSharding, is_refinement, shard_count
 
 
@@ -129,11 +129,8 @@ class RuleContext:
         value = graph.nodes[self.node].operands[operand]
         if graph.avals[value].shape != ():
             return None
-        producer = graph.nodes[graph.producer[value]]
-        # jnp.pad's 0 is an int literal converted; flax's pad values pass through a reshard
-        while producer.op in ("convert_element_type", "reshard", "sharding_constraint") and producer.operands:
-            producer = graph.nodes[graph.producer[producer.operands[0]]]
-        if producer.op != CONSTANT:
+        producer = constant_behind(graph, value)  # (jnp.pad's 0 is an int literal converted)
+        if producer is None:
             return None
         return np.asarray(producer.params["value"]).astype(graph.avals[value].dtype).item()
 

@@ -176,6 +176,21 @@ class Graph:
         return f"<Graph {len(self.nodes)} nodes, {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
 
 
+# The primitives whose result is their one operand's values, reshaped, broadcast, converted or placed: a constant
+# stays a constant through them (jnp.pad's 0 is an int literal converted; flax's pad values pass through a reshard).
+CARRY_VALUES = frozenset({"broadcast_in_dim", "reshape", "convert_element_type", "reshard", "sharding_constraint",
+                          "device_put"})
+
+
+def constant_behind(graph: Graph, value: int) -> Node | None:
+    """The ``constant`` node whose values ``value`` is, through primitives that carry them (``CARRY_VALUES``); None
+    where ``value`` is computed (in ``x * 2.0``, the 2.0 broadcast to ``x``'s shape is the constant 2.0)."""
+    node = graph.nodes[graph.producer[value]]
+    while node.op in CARRY_VALUES and len(node.operands) == 1:
+        node = graph.nodes[graph.producer[node.operands[0]]]
+    return node if node.op == CONSTANT else None
+
+
 def short_dtype(dtype) -> str:
     if not isinstance(dtype, np.dtype):
         return str(dtype)  # extended dtypes such as key<fry>

@@ -34,7 +34,7 @@ FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, lo
 
 def finish_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
     """Where the finish of ``node`` works (``shardprop.core.collectives.FinishGeometry``), given the type its
-    first operand is read in: a top-k's axis; a concatenation's axis, rotation (``.ranges.rotation``) and
+    first operand is read in: a top-k's axis; a concatenation's axis, rotation (``.range_routes.rotation``) and
     route rounds; a strided slice's route rounds (``.range_routes.slice_geometry``); the ranged rows a single-axis
     reduction reads."""
     if node.op == "top_k":

@@ -21,6 +21,8 @@
                    its blocks, a psum adds them) — optional; without it, such an op takes an operand as it is held
     alternative    another way to take its operands than its rule's, which the plan prices (a lookup's indices gathered
                    where they share a mesh axis with the table's whole window) — optional
+    combine        how a prefix finish combines the totals of the blocks before a device's into its block's scan (a
+                   cumulative op's: added, multiplied, log-added, the extreme taken) — optional
     finish_follows_needs   True for an op whose finish combines results computed from its operands as the op
                    consumes them (a contraction's, a reduction's, a convolution's partial sums): a view of the
                    backward pass may change how it takes them; another finish reads its operands as they are held
@@ -41,6 +43,7 @@ has none (``finish=None``), so a missing piece is a construction error rather th
     halo(node: Node, in_shapes, needs: tuple[ValueType, ...], mesh_shape) -> tuple[ValueType, ...]  # with halos
     finished_operand(node: Node, j: int, held: list[Layout], in_shapes, mesh_shape) -> Layout
     alternative(node: Node, in_shapes, held: list[Layout], needs: list[Layout]) -> {operand: Layout}
+    combine(node: Node, scanned, totals, earlier) -> block                              # inside shard_map
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ class OpDef:
     halo: Callable[..., Any] | None = None
     finished_operand: Callable[..., Any] | None = None
     alternative: Callable[..., Any] | None = None
+    combine: Callable[..., Any] | None = None
     finish_follows_needs: bool = False
     # True for the ops whose rule reads ranged axes (``shardprop.core.layouts.Span``: a slice, a pad, a
     # concatenation along a sharded axis); every other rule is given them replicated (it reads them whole).

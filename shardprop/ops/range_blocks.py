@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..core.blocks import Blocks, block_index, cut_outputs
+from ..core.blocks import Blocks, block_index, block_rows, cut_outputs
 from ..core.layouts import Span, shard_count, standard_span
 from .range_routes import strided_layout
 from .windows import past_the_ends
@@ -29,8 +29,8 @@ def split_block(node, invals, blocks: Blocks) -> list:
 
 def row_index(blocks: Blocks, span: Span, mesh_axes, shape, axis: int):
     """The global row each position of this device's block along ``axis`` holds (``span``'s rows), broadcastable."""
-    here = block_index(mesh_axes, blocks.mesh_shape) * span.block - span.offset
-    return lax.broadcasted_iota(jnp.int32, tuple(n if k == axis else 1 for k, n in enumerate(shape)), axis) + here
+    return block_rows(tuple(n if k == axis else 1 for k, n in enumerate(shape)), axis, mesh_axes, blocks.mesh_shape,
+                      span.block, -span.offset)
 
 
 def masked_rows(x, blocks: Blocks, operand: int, axes, value=0):

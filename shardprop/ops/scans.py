@@ -12,6 +12,9 @@ keys and itself whole along the sorted axis; ``top_k`` reads the whole axis it p
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+
 from ..core.blocks import bind_as_is, block_index
 from ..core.collectives import Collective, CollectiveKind
 from ..core.boxes import Box, LineageContext
@@ -156,10 +159,28 @@ def approx_top_k_lineage(ctx: LineageContext, box: Box, output: int, *, reductio
     return top_k_lineage(ctx, box, output, axis=reduction_dimension)
 
 
+def combine_earlier_blocks(node, scanned, totals, earlier):
+    """A cumulative op's ``combine`` piece: its block's scan ``scanned`` with the ``totals`` of the blocks before it
+    (``earlier``, along the scanned axis; after it, reversed) combined in — added, multiplied, log-added, or the
+    maximum (minimum) taken (``shardprop/backends/finish.py`` gathers the totals)."""
+    axis, dtype = node.params["axis"], scanned.dtype
+    if node.op == "cumsum":
+        return scanned + jnp.sum(jnp.where(earlier, totals, 0), axis=axis, keepdims=True, dtype=dtype)
+    if node.op == "cumprod":
+        return scanned * jnp.prod(jnp.where(earlier, totals, 1), axis=axis, keepdims=True, dtype=dtype)
+    if node.op == "cumlogsumexp":
+        lowest = jnp.array(-jnp.inf, dtype)
+        return jnp.logaddexp(scanned, jax.nn.logsumexp(jnp.where(earlier, totals, lowest), axis=axis, keepdims=True))
+    is_max = node.op == "cummax"
+    bound = extreme(dtype, lowest=is_max)  # the identity: the blocks after this one count for nothing
+    reduce, combine = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
+    return combine(scanned, reduce(jnp.where(earlier, totals, bound), axis=axis, keepdims=True))
+
+
 OPS = [
     *defs(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), Family.SCAN, propagate=cumulative,
           lineage=cumulative_lineage, lineage_exact=True, per_block=cumulative_block, finish=finish_cumulative,
-          pull=None, linear={"cumsum": Linearity.FIRST}, reads_ranges=True),
+          pull=None, linear={"cumsum": Linearity.FIRST}, reads_ranges=True, combine=combine_earlier_blocks),
     OpDef("sort", Family.SCAN, propagate=sort, lineage=sort_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None, linear=Linearity.NONE),
     OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=top_k_block,

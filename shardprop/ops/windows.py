@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..core.blocks import block_index
+from ..core.blocks import block_rows
 from ..core.layouts import Span, shard_count
 from ..expr import jax_adapter as jx
 
@@ -193,8 +193,7 @@ def past_the_ends(x, axis: int, before: int, size: int, mesh_axes, mesh_shape, f
 
 def _row_index(shape, axis: int, before: int, mesh_axes, mesh_shape, span: Span):
     """The array row each row of this device's block (``before`` halo rows first) stands for, along ``axis``."""
-    first = block_index(mesh_axes, mesh_shape) * span.block - span.offset - max(before, 0)
-    return lax.broadcasted_iota(np.int32, shape, axis) + first
+    return block_rows(shape, axis, mesh_axes, mesh_shape, span.block, -span.offset - max(before, 0))
 
 
 def within_the_ends(shape, axis: int, size: int, mesh_axes, mesh_shape, span: Span):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..expr.graph import CONSTANT, PARAMETER, Graph, Node
+from ..expr.graph import PARAMETER, Graph, Node, constant_behind
 from ..ops import lookup
 from ..ops.opdef import Linearity
 from ..core.collectives import Collective, CollectiveKind
@@ -45,11 +45,10 @@ def carries_partial(graph: Graph, node: Node, partial_operands: list[bool]) -> b
 
 
 def _finite_constant(graph: Graph, value: int, *, nonzero: bool) -> bool:
-    """``value`` is a constant (or a broadcast, reshape or conversion of one) of finite numbers (non-zero)."""
-    node = graph.nodes[graph.producer[value]]
-    while node.op in ("broadcast_in_dim", "reshape", "convert_element_type") and len(node.operands) == 1:
-        node = graph.nodes[graph.producer[node.operands[0]]]
-    if node.op != CONSTANT:
+    """``value`` is a constant (or a broadcast, reshape, conversion or placement of one) of finite numbers
+    (non-zero)."""
+    node = constant_behind(graph, value)
+    if node is None:
         return False
     x = np.asarray(node.params["value"])
     return bool(np.all(np.isfinite(x)) and (not nonzero or np.all(x != 0)))
