@@ -4,6 +4,7 @@ import inspect
 import itertools
 import math
 import os
+import pathlib
 
 import jax
 
@@ -88,6 +89,15 @@ def pytest_collection_modifyitems(config, items):
         if collected == math.prod(sizes) and any(len(seen) != size for seen, size in zip(rows_kept, sizes,
                                                                                              strict=True)):
             raise pytest.UsageError(f"@pytest.mark.covering left rows of {function.__name__} out of the default run")
+    _end_to_end_first(items)
+
+
+def _end_to_end_first(items) -> None:
+    """The files at the top of ``tests/`` (end to end: the multi-process programs, the README, the recipes, the
+    libraries' models — the longest tests) run first, the packages' many short tests after them: the two workers then
+    end together instead of one waiting on a long test at the end (the longest first, as a scheduler packs jobs)."""
+    top = pathlib.Path(__file__).parent
+    items.sort(key=lambda item: item.path.parent != top)  # stable: each part keeps its order
 
 
 def _table_of(mark) -> tuple[list[str], list[tuple]]:
