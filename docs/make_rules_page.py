@@ -91,8 +91,8 @@ axis, and keep it sharded all the same:
   row per device (the block totals) and combines those of the blocks before it — under every strategy.
 
 * **Reversals and strides** (`rev`, a `slice` taking every `s`-th element from one of the first `s`): each device
-  reverses its block and a `mirror` finish sends it to the device at the mirrored position (a collective-permute,
-  `{{mirrored i}}` before it); `x[:, ::2]`, `x[:, 1::2]` take each device's elements from its own block, and their
+  reverses its block and a `mirror` step — a move, planned and priced as every other — sends it to the device at
+  the mirrored position (a collective-permute, `{{mirrored i}}` before it); `x[:, ::2]`, `x[:, 1::2]` take each device's elements from its own block, and their
   gradients (a `pad` with interior padding) spread each device's block in place.
 
 A 1-D convolution and a cumulative sum along a sequence sharded over 8 devices (`x` `P(None, 'i')`):
@@ -109,8 +109,8 @@ them: a `realign` move sends each device the rows its block lacks, in rounds of 
 per round, the pieces a device keeps first), and the result is an ordinary sharded value — `jnp.roll` (two slices
 joined), a shift, the shifted slices of a causal convolution, two sequences end to end. A concatenation whose
 operands, held in place, are the result's blocks rotated (a roll: `x[63:]` and `x[:63]`) is joined in place and a
-`rotate` finish (under every strategy) permutes the rows crossing each block's edge — one `ppermute`, as XLA's
-rotation. Operands in equal blocks (two sequences end to end) are joined in place too, and a `route` finish sends
+`rotate` step (under every strategy) permutes the rows crossing each block's edge — one `ppermute`, as XLA's
+rotation. Operands in equal blocks (two sequences end to end) are joined in place too, and a `route` step sends
 each device's pieces to the blocks they land in, the pieces of every operand sharing the rounds, where that moves
 fewer rows than realigning each operand. A `dynamic_slice` whose starts are constants is traced as the static slice
 they name. Where the result does not divide, each
@@ -153,7 +153,7 @@ rides on the values'), where that moves less than gathering the axis.
 
 A strided slice across blocks (`x[:, ::3]`) is laid out in blocks of `ceil(n / count)` rows (or as many as one
 device's block picks, where that is more). Each device picks its own block's rows: in place where they are its rows
-of the result (`x[::2]`; `x[:, ::9]` of 64 rows in blocks of 8, one row each), else a `route` finish sends them to
+of the result (`x[::2]`; `x[:, ::9]` of 64 rows in blocks of 8, one row each), else a `route` step sends them to
 their blocks (`{{routed i}}` before it), where that moves fewer rows than reading the rows each block picks from
 realigned to it.
 

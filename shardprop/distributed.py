@@ -387,7 +387,8 @@ def stage_fingerprints(plan) -> list[int]:
 def _ir_text(graph, instructions) -> list[str]:
     """The instructions as text, bodies included (see ``stage_fingerprints``)."""
     def ref(r) -> str:
-        return f"{r.value}:{r.type.layout}+{r.type.partial}{r.type.reduction if r.type.partial else ''}"
+        return f"{r.value}:{r.type.layout}+{r.type.partial}{r.type.reduction if r.type.partial else ''}" \
+            f"{'' if r.type.placement is None else repr(r.type.placement)}"
 
     out = []
     for instruction in instructions:

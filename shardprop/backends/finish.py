@@ -5,19 +5,17 @@ results into what the unsharded reduction gives — NaN, signed zeros, ties and 
 from __future__ import annotations
 
 import functools
-import itertools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from ..core.blocks import block_index, block_rows
-from ..core.collectives import NO_GEOMETRY, CollectiveKind, FinishGeometry, rotation_split
+from ..core.collectives import NO_GEOMETRY, CollectiveKind, FinishGeometry
 from ..core.layouts import Span
 from ..ops import lookup
 from ..ops.windows import extreme
-from .moves import apply_rounds, as_bits, rotated
+from .moves import as_bits
 from ..expr import jax_adapter as jx
 from ..expr.graph import Node
 
@@ -26,54 +24,21 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
                    output: int = 0, geometry: FinishGeometry = NO_GEOMETRY):
     """The devices' partial results ``partial`` of output ``output`` of reduction ``node`` (``block``: this device's
     operand block; for a top-k, its values' partial result) combined by ``kind`` over ``mesh_axes``, where
-    ``geometry`` says (a rotation's shift, a route's joined operands, an arg-extreme's ranged rows)."""
+    ``geometry`` says (a top-k's axis, an arg-extreme's ranged rows)."""
     rows = geometry.rows
     if kind is CollectiveKind.TOP_K:  # each device's k best: the candidates
         return _finish_top_k(node, mesh_axes, partial, block, output)
-    if kind is CollectiveKind.ROTATE:  # each device's rows lie shift rows further
-        return _rotate(partial, node.params["dimension"], geometry.shift, mesh_axes, mesh_shape)
-    if kind is CollectiveKind.ROUTE:  # each device's block holds pieces of other blocks (joined in place, or picked)
-        return apply_rounds(partial, geometry.rounds, geometry.axis, mesh_axes, partial.shape[geometry.axis],
-                            geometry.fill, mesh_shape)
-    if kind is CollectiveKind.MIRROR:  # each device reversed its block: its mirror device's
-        return _to_mirror(node, mesh_axes, partial, mesh_shape)
     if kind is CollectiveKind.PREFIX:  # each device scanned its block
         return _finish_prefix(node, mesh_axes, partial, mesh_shape)
     if kind in (CollectiveKind.ARGMAX, CollectiveKind.ARGMIN):  # each device found its block's winner
         return _combine_arg(node, block, partial, kind, mesh_axes, mesh_shape, rows)
     if kind is CollectiveKind.PPROD:  # each device multiplied its block (a ranged axis's padding as ones)
         return _product(partial, mesh_axes)
-    if node.op in ("scatter-max", "scatter-min"):  # integers (ops/scatters.py): no NaN, no zero's sign, no derivative
+    if geometry.elementwise:  # a scatter's, of integers (ops/scatters.py): no NaN, no zero's sign, no derivative
         return (lax.pmax if kind is CollectiveKind.PMAX else lax.pmin)(partial, mesh_axes)
     fill = None if geometry.fill_count == 0 else geometry.fill
     return _extreme(partial, block, _held_rows(block, rows or (), mesh_shape), tuple(node.params["axes"]),
                     kind is CollectiveKind.PMAX, mesh_axes, fill, geometry.fill_count)
-
-
-def _to_mirror(node: Node, mesh_axes: tuple[str, ...], reversed_block, mesh_shape):
-    """A reversal finished: each device's reversed block sent to the device at the mirrored position along every
-    reversed axis (``n - 1 - i`` of its ``n`` blocks), one ``ppermute`` over ``mesh_axes``."""
-    # every mesh axis named lays out a reversed axis (a block index over (i, j) mirrors as i and j both mirror), so
-    # the pairs are the same in any order of the axes: named in mesh order, as ppermute numbers the devices (jax
-    # 0.12 refuses another order, where 0.10.2 sorted it)
-    mesh_axes = tuple(name for name in mesh_shape if name in mesh_axes)
-    sizes = [mesh_shape[name] for name in mesh_axes]
-    devices = list(itertools.product(*(range(n) for n in sizes)))
-    pairs = [(d, devices.index(tuple(n - 1 - c for n, c in zip(sizes, coords, strict=True))))
-             for d, coords in enumerate(devices)]
-    return as_bits(lambda b: lax.ppermute(b, mesh_axes, perm=pairs), reversed_block)  # bfloat16 as 16 bits
-
-
-def _rotate(x, axis: int, shift: int, mesh_axes: tuple[str, ...], mesh_shape):
-    """Each device's block of the rows ``shift`` rows further around the axis: the rest of the block ``q`` devices
-    further and the start of the next (``shift = q·B + r``), one ``ppermute`` around the devices for each that is not
-    the device itself."""
-    count = math.prod(mesh_shape[name] for name in mesh_axes)
-    parts = []
-    for first, stop, away in rotation_split(x.shape[axis], shift, count):
-        piece = lax.slice_in_dim(x, first, stop, axis=axis)
-        parts.append(piece if away == 0 else rotated(piece, mesh_axes, away, mesh_shape))
-    return lax.concatenate(parts, axis) if len(parts) > 1 else parts[0]
 
 
 def _finish_top_k(node: Node, mesh_axes: tuple[str, ...], partial, values, output: int):

@@ -26,8 +26,9 @@ from jax import lax
 
 from ..core.blocks import block_index, first_device_only
 from ..core.layouts import shard_count, standard_span
-from ..core.steps import (Step, StepKind, exchanges, halo_rows, moves_rows, permute_pairs, realign_rounds,
-                          unspan_rows, unspan_sums)
+from ..core.rounds import moves_rows, rotation_split
+from ..core.steps import (Step, StepKind, exchanges, halo_rows, permute_pairs, realign_rounds, unspan_rows,
+                          unspan_sums)
 from ..core.subaxes import groups, is_whole, sizes_with, span
 from ..expr import jax_adapter as jx
 
@@ -50,6 +51,13 @@ def apply_step(x, step: Step, mesh_shape: Mapping[str, int]):
         return _unspan(x, step, mesh_shape)
     if step.kind is StepKind.TAKE_ROWS:
         return _take_rows(x, step, mesh_shape)
+    if step.kind is StepKind.MIRROR:  # each device reversed its block: its mirror device's
+        return _to_mirror(x, names, mesh_shape)
+    placement = step.before.placement
+    if step.kind is StepKind.ROTATE:  # each device's rows lie shift rows further (the pieces kept move too)
+        return _rotate(x, step.axis, placement.shift, names, mesh_shape)
+    if step.kind is StepKind.ROUTE:  # each device's block holds pieces of other blocks (joined in place, or picked)
+        return apply_rounds(x, placement.rounds, step.axis, names, x.shape[step.axis], placement.fill, mesh_shape)
     if not exchanges(step, mesh_shape):  # over mesh axes of size 1: the block stays as it is
         return x
     if step.kind is StepKind.PERMUTE:  # over whole mesh axes, whatever its layouts use
@@ -66,6 +74,32 @@ def apply_step(x, step: Step, mesh_shape: Mapping[str, int]):
     if step.kind is StepKind.PSUM_SCATTER:
         return lax.psum_scatter(x, names, scatter_dimension=step.axis, tiled=True, axis_index_groups=within)
     raise ValueError(f"no executor for step {step}")
+
+
+def _to_mirror(reversed_block, mesh_axes: tuple[str, ...], mesh_shape):
+    """A reversal finished: each device's reversed block sent to the device at the mirrored position along every
+    reversed axis (``n - 1 - i`` of its ``n`` blocks), one ``ppermute`` over ``mesh_axes``."""
+    # every mesh axis named lays out a reversed axis (a block index over (i, j) mirrors as i and j both mirror), so
+    # the pairs are the same in any order of the axes: named in mesh order, as ppermute numbers the devices (jax
+    # 0.12 refuses another order, where 0.10.2 sorted it)
+    mesh_axes = tuple(name for name in mesh_shape if name in mesh_axes)
+    sizes = [mesh_shape[name] for name in mesh_axes]
+    devices = list(itertools.product(*(range(n) for n in sizes)))
+    pairs = [(d, devices.index(tuple(n - 1 - c for n, c in zip(sizes, coords, strict=True))))
+             for d, coords in enumerate(devices)]
+    return as_bits(lambda b: lax.ppermute(b, mesh_axes, perm=pairs), reversed_block)  # bfloat16 as 16 bits
+
+
+def _rotate(x, axis: int, shift: int, mesh_axes: tuple[str, ...], mesh_shape):
+    """Each device's block of the rows ``shift`` rows further around the axis: the rest of the block ``q`` devices
+    further and the start of the next (``shift = q·B + r``), one ``ppermute`` around the devices for each that is not
+    the device itself."""
+    count = shard_count(mesh_shape, mesh_axes)
+    parts = []
+    for first, stop, away in rotation_split(x.shape[axis], shift, count):
+        piece = lax.slice_in_dim(x, first, stop, axis=axis)
+        parts.append(piece if away == 0 else rotated(piece, mesh_axes, away, mesh_shape))
+    return lax.concatenate(parts, axis) if len(parts) > 1 else parts[0]
 
 
 def apply_steps(x, steps: Iterable[Step], mesh_shape: Mapping[str, int]):

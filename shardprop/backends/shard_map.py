@@ -138,7 +138,7 @@ def _chunks(instructions: Sequence[Instruction], size: int) -> list[tuple[Instru
     chunks, start, open_until = [], 0, -1
     for k, instruction in enumerate(instructions):
         for ref in results(instruction):
-            if ref.type.partial:
+            if ref.type.pending:
                 open_until = max(open_until, last_read.get(ref, k))
         if k + 1 - start >= size and k >= open_until:
             chunks.append(tuple(instructions[start:k + 1]))

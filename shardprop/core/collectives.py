@@ -1,5 +1,9 @@
-"""The collective that finishes a node whose devices each hold a partial result (``Collective``): what an
-op's ``finish`` piece returns, and what the split pass decides in.
+"""How a node computed on blocks is finished (``Collective``): what an op's ``finish`` piece returns, and what the
+split pass decides in. A sum (``PSUM``) and a placement (``MIRROR``, ``ROTATE``, ``ROUTE``: the op ran in place and
+left rows out of their blocks) are finished by moves (``shardprop.core.moves.plan_move``: the computed type holds
+the pending sum, or the ``shardprop.core.types.Placement``); the other combines — a maximum, a minimum, a product,
+an arg-extreme, a prefix, a top-k — read more than the value (the operand block, the op's own combine) and are a
+``Finish`` of their own, priced by ``finish_transfers``.
 
 ``CollectiveKind`` is an enum of strings, so ``collective.kind == "psum"`` keeps working, while code compares
 against members and a typo is an error, not a silent ``False``.
@@ -14,14 +18,13 @@ import numpy as np
 
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
-from .layouts import Layout, block_shape, shard_count
-from .steps import moves_rows, rounds_rows
-from .transfers import Transfer, TransferKind, hlo_dtype_name, transfer
-from .types import Reduction
+from .layouts import Layout, shard_count
+from .transfers import Transfer, TransferKind, transfer
+from .types import PlacementKind, Reduction
 
 
 class CollectiveKind(StrEnum):
-    """The collective that finishes a node whose devices each hold a partial result."""
+    """How a node whose devices each hold a partial result, or rows out of their places, is finished."""
 
     PSUM = "psum"
     PMAX = "pmax"
@@ -41,27 +44,37 @@ class CollectiveKind(StrEnum):
         return self in (CollectiveKind.PREFIX, CollectiveKind.MIRROR, CollectiveKind.ROTATE, CollectiveKind.ROUTE)
 
     @property
-    def reduction(self) -> Reduction:
-        """How the devices' partial results combine: the ``reduction`` of the type the node computes."""
-        return _REDUCTIONS[self]
+    def reduction(self) -> Reduction | None:
+        """How the devices' partial results combine: the ``reduction`` of the type the node computes; None for a
+        placement (the node computes whole values, its rows out of their places)."""
+        return _REDUCTIONS.get(self)
+
+    @property
+    def placement(self) -> PlacementKind | None:
+        """Where the node leaves each device's rows, for a placement (``MIRROR``, ``ROTATE``, ``ROUTE``); else None."""
+        return _PLACEMENTS.get(self)
+
+    @property
+    def by_moves(self) -> bool:
+        """True for the finishes that are planned moves of the value alone (a sum, a placement); False for a
+        ``Finish``."""
+        return self is CollectiveKind.PSUM or self in _PLACEMENTS
 
 
 @dataclass(frozen=True, slots=True)
 class FinishGeometry:
-    """Where a finish works, for those that need more than the result's layout: the ``axis`` a top-k, a rotation or a
-    route works along; the rows a rotation moves each device's rows by (``shift``); the rounds of pieces a route
-    sends each device's rows in (``rounds``, ``shardprop.core.steps.Piece``: a concatenation's operands joined
-    in place, a strided slice's picks) and the value of the rows no piece lands on (``fill``: a pad's rows no device
-    holds); for a reduction over ranged axes, each one's ``(axis, mesh axes, span, length)`` (``rows``) and, for a
-    maximum or a minimum, how many elements of ``fill`` (a pad's value) no device holds for each element of the
-    result (``fill_count``): the finish takes them in, and counts them among the ties its derivative averages over."""
+    """Where a ``Finish`` works, for those that need more than the result's layout (an op's ``geometry`` piece): the
+    ``axis`` a top-k works along; for a reduction over ranged axes, each one's ``(axis, mesh axes, span, length)``
+    (``rows``) and, for a maximum or a minimum, how many elements of ``fill`` (a pad's value) no device holds for
+    each element of the result (``fill_count``): the finish takes them in, and counts them among the ties its
+    derivative averages over; ``elementwise`` for partial results combined element by element, reading no operand
+    block (a scatter's maximum of integers)."""
 
     axis: int | None = None
-    shift: int = 0
-    rounds: tuple = ()
     rows: tuple | None = None
     fill_count: int = 0
     fill: float | int | bool = 0
+    elementwise: bool = False
 
 
 NO_GEOMETRY = FinishGeometry()
@@ -82,9 +95,9 @@ class Collective:
 _REDUCTIONS = {CollectiveKind.PSUM: Reduction.SUM, CollectiveKind.PMAX: Reduction.MAX,
                CollectiveKind.PMIN: Reduction.MIN, CollectiveKind.PPROD: Reduction.PROD,
                CollectiveKind.ARGMAX: Reduction.ARGMAX, CollectiveKind.ARGMIN: Reduction.ARGMIN,
-               CollectiveKind.PREFIX: Reduction.PREFIX, CollectiveKind.MIRROR: Reduction.MIRRORED,
-               CollectiveKind.TOP_K: Reduction.TOP_K, CollectiveKind.ROTATE: Reduction.ROTATED,
-               CollectiveKind.ROUTE: Reduction.ROUTED}
+               CollectiveKind.PREFIX: Reduction.PREFIX, CollectiveKind.TOP_K: Reduction.TOP_K}
+_PLACEMENTS = {CollectiveKind.MIRROR: PlacementKind.MIRRORED, CollectiveKind.ROTATE: PlacementKind.ROTATED,
+               CollectiveKind.ROUTE: PlacementKind.ROUTED}
 
 
 def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Aval, operand_dtype, layout: Layout,
@@ -93,35 +106,14 @@ def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Ava
     (a float ``pmax``/``pmin`` is one all-reduce of integers of the same size: total order keeps NaN and signed
     zeros); ``argmax``/``argmin`` also all-reduce the extreme values (of ``operand_dtype``) and, for floats, a NaN
     flag; ``prefix`` all-gathers one row per device (its block's total) along the scanned axis; ``top_k`` all-gathers
-    each device's ``k`` candidates along ``axis`` (one gather per output); ``rotate`` permutes the rows ``shift`` rows
-    further along ``axis`` into each device's block (``rotation_pieces``); ``route`` permutes the pieces of the
-    joined blocks to theirs, in rounds (one record, as a realign's). (A partial sum is a move:
+    each device's ``k`` candidates along ``axis`` (one gather per output). (A partial sum and a placement are moves:
     ``shardprop.core.moves.move_transfers``.)"""
     geometry = geometry or NO_GEOMETRY
-    axis, shift = geometry.axis, geometry.shift
-    if kind is CollectiveKind.ROUTE:
-        count = shard_count(mesh_shape, mesh_axes)
-        rounds = geometry.rounds
-        framed = tuple(count if k == axis else n for k, n in enumerate(aval.shape))  # (the routed axis may be ranged)
-        piece = tuple(rounds_rows(rounds) if k == axis else n
-                      for k, n in enumerate(block_shape(framed, layout, mesh_shape)))
-        groups = tuple(n for n in mesh_shape if n in mesh_axes and mesh_shape[n] > 1)
-        nbytes = _nbytes(piece, aval.dtype)
-        return (Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, count, piece, hlo_dtype_name(aval.dtype), nbytes,
-                         float(nbytes), arrays=sum(map(moves_rows, rounds))),)
     if kind is CollectiveKind.TOP_K:  # each device's candidates of this output along ``axis`` (a top-k's values and
         # indices: the values' gather serves both outputs, XLA merging the two identical ones)
-        n, axis = shard_count(mesh_shape, mesh_axes), axis % len(aval.shape)
+        n, axis = shard_count(mesh_shape, mesh_axes), geometry.axis % len(aval.shape)
         gathered = Aval(tuple(n * size if k == axis else size for k, size in enumerate(aval.shape)), aval.dtype)
         return (transfer(TransferKind.ALL_GATHER, mesh_axes, gathered, layout, mesh_shape),)
-    if kind is CollectiveKind.ROTATE:  # the rows of the one or two blocks each device's rows lie in
-        block = block_shape(aval.shape, layout, mesh_shape)
-        return tuple(Transfer(TransferKind.COLLECTIVE_PERMUTE, tuple(n for n in mesh_shape if n in mesh_axes),
-                              shard_count(mesh_shape, mesh_axes), piece, hlo_dtype_name(aval.dtype),
-                              _nbytes(piece, aval.dtype), float(_nbytes(piece, aval.dtype)))
-                     for piece in rotation_pieces(block, axis, shift, shard_count(mesh_shape, mesh_axes)))
-    if kind is CollectiveKind.MIRROR:  # the block itself, once
-        return (transfer(TransferKind.COLLECTIVE_PERMUTE, mesh_axes, aval, layout, mesh_shape),)
     if kind is CollectiveKind.PREFIX:
         (axis,) = [k for k, m in enumerate(layout) if m == tuple(mesh_axes)]
         n = shard_count(mesh_shape, mesh_axes)
@@ -133,27 +125,3 @@ def finish_transfers(kind: CollectiveKind, mesh_axes: tuple[str, ...], aval: Ava
         dtypes += [operand_dtype] + ([np.dtype(np.int32)] if jx.dtype_kind(operand_dtype) == "f" else [])
     return tuple(transfer(TransferKind.ALL_REDUCE, mesh_axes, Aval(aval.shape, np.dtype(dt)), layout, mesh_shape)
                  for dt in dtypes)
-
-
-def rotation_pieces(block: tuple[int, ...], axis: int, shift: int, count: int) -> list[tuple[int, ...]]:
-    """The pieces a rotation by ``shift`` rows along ``axis`` (of ``count`` blocks of ``block``) sends: positions
-    ``[0, B - r)`` of each device's block come from the block ``q`` devices further (around the end), positions
-    ``[B - r, B)`` from the one ``q + 1`` further (``shift = q·B + r``); a piece from the device itself sends nothing.
-
-    >>> rotation_pieces((4, 8, 2), 1, 63, 8)   # jnp.roll by 1 of 64 rows in blocks of 8: one row from the device before
-    [(4, 1, 2)]
-    """
-    return [tuple(n if k != axis else stop - first for k, n in enumerate(block))
-            for first, stop, away in rotation_split(block[axis], shift, count) if away]
-
-
-def rotation_split(rows: int, shift: int, count: int) -> list[tuple[int, int, int]]:
-    """``(first, stop, away)``: rows ``[first, stop)`` of the block ``away`` devices further (around the end) make up
-    each device's block rotated by ``shift`` rows — in order, the empty pieces left out; ``away`` 0 is its own."""
-    q, r = divmod(shift % (rows * count), rows)
-    return [(first, stop, away) for first, stop, away in ((r, rows, q % count), (0, r, (q + 1) % count))
-            if stop > first]
-
-
-def _nbytes(shape: tuple[int, ...], dtype) -> int:
-    return int(jx.itemsize(np.dtype(dtype)) * int(np.prod(shape)))

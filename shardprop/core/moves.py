@@ -2,7 +2,8 @@
 planned and priced.
 
 A move is a short sequence of ``Step``\\ s — local slices, all-gathers, all-to-alls, permutes, psums,
-reduce-scatters and taking a whole value once as a partial sum — found by ``plan_move``, a shortest-path
+reduce-scatters, taking a whole value once as a partial sum, halo exchanges, realignments of ranged rows, and the
+mirror, rotation or route that puts a placed value's rows in their places — found by ``plan_move``, a shortest-path
 search over value types that moves the fewest bytes (the ring model of ``shardprop.core.transfers``), ties
 broken by fewer collectives, then fewer steps. ``step_transfer`` prices one step as the collective XLA
 compiles it to; ``shardprop/backends/moves.py`` runs the same steps on per-device blocks inside ``shard_map``.
@@ -50,7 +51,8 @@ from .types import Reduction, ValueType
 
 
 from .move_search import Search, State, Edge
-from .steps import Step, StepKind, halo_step, step_sizes, step_span, step_transfer, without_trivial
+from .steps import (Step, StepKind, halo_step, placing_step, step_sizes, step_span, step_transfer,
+                    without_trivial)
 
 
 def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
@@ -69,6 +71,11 @@ def plan_move(shape: tuple[int, ...], dtype, have: ValueType, want: ValueType,
     """
     if have == want:  # the common case, on almost every edge of a graph
         return ()
+    if have.placement is not None:  # its rows put in their places first (a mirror, a rotation, a route)
+        if want.placement is not None:
+            raise ValueError(f"want: {want} holds rows out of their places, which only the op that ran in place "
+                             "leaves")
+        return (placing_step(have),) + plan_move(shape, dtype, have.in_place(), want, mesh_shape)
     if have.span or want.span:
         return _ranged_steps(tuple(shape), dtype, have, want, tuple(mesh_shape.items()))
     if want.halo:  # the blocks first, then the neighbours' rows

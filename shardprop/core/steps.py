@@ -14,10 +14,11 @@ import numpy as np
 from ..expr import jax_adapter as jx
 from ..expr.graph import Aval
 from .layouts import Layout, Span, shard_count, standard_span
-from .subaxes import (coordinate, parents, sizes_with, span)
+from .layouts import block_shape
+from .rounds import Piece, moves_rows, rotation_pieces, rounds_rows, span_rounds
+from .subaxes import coordinate, parents, sizes_with, span
 from .transfers import Transfer, TransferKind, hlo_dtype_name, moved, transfer
-from .types import ValueType
-
+from .types import PlacementKind, ValueType
 
 
 class StepKind(StrEnum):
@@ -34,6 +35,9 @@ class StepKind(StrEnum):
     REALIGN = "realign"            # ranged rows (or equal blocks) moved into other blocks: a few rows per permute
     UNSPAN = "unspan"              # a ranged axis gathered: the rows each device holds, the padding dropped
     TAKE_ROWS = "take-rows"        # a whole axis cut into ranged rows: each device its own, locally (free)
+    MIRROR = "mirror"              # each device's block sent to the device at the mirrored position (a reversal's)
+    ROTATE = "rotate"              # each device's rows, some rows further around the axis, into its block (a roll's)
+    ROUTE = "route"                # pieces of other devices' blocks sent to their blocks, in rounds of permutes
 
 
 # The collective XLA compiles each communicating step to.
@@ -46,7 +50,14 @@ TRANSFER_KIND = {
     StepKind.HALO: TransferKind.COLLECTIVE_PERMUTE,
     StepKind.REALIGN: TransferKind.COLLECTIVE_PERMUTE,
     StepKind.UNSPAN: TransferKind.ALL_GATHER,
+    StepKind.MIRROR: TransferKind.COLLECTIVE_PERMUTE,
+    StepKind.ROTATE: TransferKind.COLLECTIVE_PERMUTE,
+    StepKind.ROUTE: TransferKind.COLLECTIVE_PERMUTE,
 }
+
+# The step that puts a placed value's rows in their places (``shardprop.core.types.Placement``).
+_PLACING = {PlacementKind.MIRRORED: StepKind.MIRROR, PlacementKind.ROTATED: StepKind.ROTATE,
+            PlacementKind.ROUTED: StepKind.ROUTE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +96,8 @@ class Step:
             return f"{over} on axis {self.axis}: {rows} row{'s' * (rows != 1)} {side}"
         if self.kind is StepKind.REALIGN:
             return f"{over} on axis {self.axis}: rows shifted by {realign_shift(self)}"
+        if self.kind is StepKind.ROTATE:
+            return f"{over} on axis {self.axis}: rows from {self.before.placement.shift} rows further"
         return over if self.axis is None else f"{over} on axis {self.axis}"
 
     @property
@@ -109,6 +122,8 @@ def step_transfer(step: Step, shape: tuple[int, ...], dtype, mesh_shape: Mapping
     sizes = step_sizes(step, mesh_shape)
     if not _exchanges(step, sizes) or 0 in shape:
         return None
+    if step.kind in (StepKind.ROTATE, StepKind.ROUTE):
+        return _placing_transfer(step, shape, dtype, sizes)
     if step.kind is StepKind.HALO:  # a ranged axis's neighbours' rows: blocks of its frame
         return _halo_transfer(step, step.before.frame(shape, sizes), dtype, sizes)
     if step.kind in (StepKind.REALIGN, StepKind.UNSPAN):
@@ -139,6 +154,8 @@ def _exchanges(step: Step, sizes: Mapping[str, int]) -> bool:
         return any(moves_rows(r) for r in realign_rounds(step, shard_count(sizes, step.mesh_axes)))
     if step.kind is StepKind.UNSPAN:
         return shard_count(sizes, step.mesh_axes) > 1 and unspan_rows(step, shard_count(sizes, step.mesh_axes)) > 0
+    if step.kind is StepKind.ROUTE:
+        return any(moves_rows(r) for r in step.before.placement.rounds)
     return shard_count(sizes, step.mesh_axes) > 1
 
 
@@ -277,96 +294,13 @@ def realign_shift(step: Step) -> int:
     return (before.offset if before else 0) - (after.offset if after else 0)
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """Rows ``[source_at, source_at + rows)`` of device ``source``'s block, landing at ``[target_at, target_at + rows)``
-    of device ``target``'s (devices by block index along the axis)."""
-
-    source: int
-    target: int
-    source_at: int
-    target_at: int
-    rows: int
-
-
 def realign_rounds(step: Step, count: int) -> tuple[tuple[Piece, ...], ...]:
     """A realign step's pieces in rounds, each round one ``ppermute`` (every device sends at most one piece and
     receives at most one): first the pieces a device keeps (sent nowhere), then the others, those from the same
     number of blocks away together. Only rows of the axis move; a row of it no device holds is the span's fill."""
     held = step.before.span_of(step.axis) or standard_span(step.length, count)
     wanted = step.after.span_of(step.axis) or standard_span(step.length, count)
-    return _rounds(held, wanted, step.length, count)
-
-
-@functools.lru_cache(maxsize=4096)
-def _rounds(held: Span, wanted: Span, length: int, count: int) -> tuple[tuple[Piece, ...], ...]:
-    pieces = []
-    for target in range(count):
-        start = target * wanted.block - wanted.offset
-        first, stop = max(start, 0), min(start + wanted.block, length)
-        for source in range(count):
-            at = source * held.block - held.offset
-            lo, hi = max(first, at), min(stop, at + held.block)
-            if lo < hi:
-                pieces.append(Piece(source, target, lo - at, lo - start, hi - lo))
-    return in_rounds(pieces)
-
-
-@functools.lru_cache(maxsize=1024)
-def route_rounds(lengths: tuple[int, ...], count: int) -> tuple[tuple[Piece, ...], ...]:
-    """The rounds that carry a concatenation of operands of ``lengths`` rows, each in ``count`` equal blocks and joined
-    in place (device ``d``'s block: each operand's block ``d``, in order), into the ``count`` equal blocks of the
-    result: every piece of a joined block goes to the block its rows land in, the pieces of all operands sharing
-    rounds.
-
-    >>> rounds = route_rounds((64, 64), 8)   # x | a over 8 devices: x's blocks go to devices 0-3, a's to 4-7
-    >>> sum(map(moves_rows, rounds)), rounds_rows(rounds)   # two permutes of 8 rows (each operand realigned apart: 4)
-    (2, 16)
-    """
-    out_block = sum(lengths) // count
-    pieces, offset, at = [], 0, 0
-    for n in lengths:
-        block = n // count
-        for d in range(count):
-            first = offset + d * block  # the result's row of the block's first row
-            for t in range(first // out_block, (first + block - 1) // out_block + 1):
-                lo, hi = max(first, t * out_block), min(first + block, (t + 1) * out_block)
-                pieces.append(Piece(d, t, at + lo - first, lo - t * out_block, hi - lo))
-        offset, at = offset + n, at + block
-    return in_rounds(pieces)
-
-
-def realign_rows(held: Span, wanted: Span, length: int, count: int) -> int:
-    """Rows one device sends to realign an axis of ``length`` from the rows ``held`` says to those ``wanted`` says."""
-    return rounds_rows(_rounds(held, wanted, length, count))
-
-
-def moves_rows(pieces: tuple[Piece, ...]) -> bool:
-    """True for a round of pieces sent between devices (one ``ppermute``); False for one of pieces devices keep."""
-    return any(p.source != p.target for p in pieces)
-
-
-def rounds_rows(rounds: tuple[tuple[Piece, ...], ...]) -> int:
-    """Rows one device sends over ``rounds`` (the rounds of pieces kept send none): each round's longest piece."""
-    return sum(max(p.rows for p in pieces) for pieces in rounds if moves_rows(pieces))
-
-
-def in_rounds(pieces) -> tuple[tuple[Piece, ...], ...]:
-    """``pieces`` in rounds, every device sending at most one piece in each and receiving at most one: first the
-    pieces devices keep (local copies), then the others, each round one ``ppermute``, those from the same number of
-    blocks away together."""
-    kept: list[list[Piece]] = []
-    rounds: list[list[Piece]] = []
-    ordered = sorted(pieces, key=lambda p: (p.source != p.target, p.source - p.target, p.target))
-    for piece in ordered:
-        into = kept if piece.source == piece.target else rounds
-        for found in into:
-            if all(p.source != piece.source and p.target != piece.target for p in found):
-                found.append(piece)
-                break
-        else:
-            into.append([piece])
-    return tuple(tuple(r) for r in kept) + tuple(tuple(r) for r in rounds)
+    return span_rounds(held, wanted, step.length, count)
 
 
 def unspan_rows(step: Step, count: int) -> int:
@@ -405,3 +339,35 @@ def _rows_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str
     n = shard_count(sizes, groups)
     kind = TransferKind.ALL_REDUCE if summed else TransferKind.ALL_GATHER
     return Transfer(kind, groups, n, tuple(piece), hlo_dtype_name(dtype), nbytes, moved(kind, n, nbytes))
+
+
+def placing_step(vtype: ValueType) -> Step:
+    """The step that puts the rows of a value held as ``vtype`` (placed: ``vtype.placement``) in their places: a
+    mirror, a rotation or a route over the placement's mesh axes, leaving ``vtype.in_place()``.
+
+    >>> from shardprop.core.types import Placement
+    >>> str(placing_step(ValueType((("i",),), placement=Placement(PlacementKind.MIRRORED, ("i",)))))
+    'mirror over i'
+    """
+    placement = vtype.placement
+    return Step(_PLACING[placement.kind], placement.mesh_axes, vtype, vtype.in_place(), placement.axis)
+
+
+def _placing_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str, int]) -> Transfer:
+    """A rotate or route step's collective-permutes, in one record as a realign's (``arrays``: how many): a rotation
+    sends the rows of the one or two blocks each device's rows lie in (``shardprop.core.rounds.rotation_pieces``), a
+    route the longest piece of each round that moves rows."""
+    dtype, layout, placement = as_dtype(dtype), step.before.layout, step.before.placement
+    groups = tuple(n for n in sizes if n in step.mesh_axes and sizes[n] > 1)
+    count = shard_count(sizes, step.mesh_axes)
+    if step.kind is StepKind.ROTATE:
+        pieces = rotation_pieces(block_shape(shape, layout, sizes), step.axis, placement.shift, count)
+        piece, arrays = list(pieces[0]), len(pieces)
+        piece[step.axis] = sum(p[step.axis] for p in pieces)
+    else:  # the routed axis may be ranged: blocks of its frame
+        framed = tuple(count if k == step.axis else n for k, n in enumerate(shape))
+        piece, arrays = list(block_shape(framed, layout, sizes)), sum(map(moves_rows, placement.rounds))
+        piece[step.axis] = rounds_rows(placement.rounds)
+    nbytes = int(jx.itemsize(dtype) * int(np.prod(piece)))
+    return Transfer(TransferKind.COLLECTIVE_PERMUTE, groups, count, tuple(piece), hlo_dtype_name(dtype), nbytes,
+                    float(nbytes), arrays=arrays)

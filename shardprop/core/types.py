@@ -7,9 +7,12 @@ block: the value is their sum, not yet reduced (Shardy's unreduced axes, JAX's `
 axis is partial too until its collective combines the devices' results (``reduction``); only sums move and
 wait: the others are finished right after the op that computed them. A cumulative op (``cumsum``) over an axis
 sharded over mesh axes computes each block's own scan: partial over those same axes (``reduction`` ``PREFIX``, the
-one partial type whose mesh axes also shard it, with ``MIRRORED``: a reversal along a sharded axis done block by
-block, each device holding its mirror device's block, finished by a permute), finished by combining the totals of the
-blocks before each.
+one partial type whose mesh axes also shard it), finished by combining the totals of the blocks before each.
+``placement`` says where each device's rows lie when an op ran in place but left them out of their blocks
+(``Placement``): a reversal done block by block (each device holds its mirror device's block), blocks joined in
+place and rotated (a roll), pieces of other blocks (a concatenation joined in place, a strided slice's picks). A
+placed value is whole — nothing pending to combine — and one step of a move (``MIRROR``, ``ROTATE``, ``ROUTE``,
+``shardprop.core.steps``) puts its rows in place, planned, priced and run as every other step.
 ``halo`` is what a windowed op (a convolution, a pooling window) reads past its block along a sharded axis: each
 device also holds that many rows of its neighbours' blocks on either side (zeros past the ends of the array). A
 haloed value lives only between the move that exchanges the rows and the op that reads them. ``span`` gives a
@@ -43,14 +46,38 @@ class Reduction(StrEnum):
     ARGMAX = "argmax"
     ARGMIN = "argmin"
     PREFIX = "prefix"  # a cumulative op scanned block by block: each block lacks what the blocks before it hold
-    MIRRORED = "mirrored"  # a reversal done block by block: each device holds the block its mirror device should
     TOP_K = "top-k"  # a top-k of each block: each device holds its block's k best, the candidates for the whole
+
+
+class PlacementKind(StrEnum):
+    """Where each device's rows lie, when not in its own block (``Placement``)."""
+
+    MIRRORED = "mirrored"  # a reversal done block by block: each device holds the block its mirror device should
     ROTATED = "rotated"  # blocks joined in place, rotated: each device holds rows some blocks further (a roll)
-    ROUTED = "routed"  # operands' blocks joined in place: each device holds pieces of other devices' blocks
+    ROUTED = "routed"  # pieces of other devices' blocks (operands joined in place, a strided slice's picks)
 
 
-# the pending combines whose devices hold other rows than their blocks' own
-_ELSEWHERE = frozenset({Reduction.MIRRORED, Reduction.ROTATED, Reduction.ROUTED, Reduction.TOP_K})
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Each device's rows held out of their places along the axes laid out over ``mesh_axes``: ``kind`` says how
+    (a ``MIRRORED`` block belongs to the device at the mirrored position along every reversed axis), ``axis`` is the
+    tensor axis a rotation or a route works along, ``shift`` how many rows further a rotated device's rows lie,
+    ``rounds`` the pieces a route carries in rounds (``shardprop.core.rounds.Piece``) and ``fill`` the value of
+    the rows no piece lands on (a pad's rows no device holds).
+
+    >>> str(Placement(PlacementKind.ROTATED, ("i",), axis=0, shift=63))
+    'rotated i'
+    """
+
+    kind: PlacementKind
+    mesh_axes: tuple[str, ...]
+    axis: int | None = None
+    shift: int = 0
+    rounds: tuple = ()
+    fill: float | int | bool = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind} {'*'.join(self.mesh_axes)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +93,7 @@ class ValueType:
     # per tensor axis, the rows each device holds of a ranged axis (laid out over the layout's mesh axes), or None;
     # () for none
     span: tuple[Span | None, ...] = ()
+    placement: Placement | None = None  # rows held out of their places (a whole value's only), or None: in place
     # types key the IR's refs, asked for on every edge: hashed once
     _hash: int = field(init=False, repr=False, compare=False)
 
@@ -81,11 +109,13 @@ class ValueType:
             if list(self.partial) != sorted(self.partial):  # a set of mesh axes: one spelling, so equal types are equal
                 object.__setattr__(self, "partial", tuple(sorted(self.partial)))
             used = {name for m in self.layout for name in m}
-            if used & set(self.partial) and self.reduction not in (Reduction.PREFIX, Reduction.MIRRORED,
-                                                                    Reduction.ROTATED, Reduction.ROUTED):
+            if used & set(self.partial) and self.reduction is not Reduction.PREFIX:
                 raise ValueError(f"a mesh axis cannot both shard and sum a value: layout {self.layout}, partial "
                                  f"{self.partial}")
-        object.__setattr__(self, "_hash", hash((self.layout, self.partial, self.reduction, self.halo, self.span)))
+            if self.placement is not None:
+                raise ValueError(f"a partial value is combined in place: partial {self.partial}, {self.placement}")
+        object.__setattr__(self, "_hash", hash((self.layout, self.partial, self.reduction, self.halo, self.span,
+                                                self.placement)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -93,9 +123,19 @@ class ValueType:
     @property
     def rows_in_place(self) -> bool:
         """True when each device's block holds the rows its layout (and span) name, or a partial result of them —
-        not rows bound for other devices (a reversal, a rotation or a route still pending) nor a top-k's
-        candidates."""
-        return not self.partial or self.reduction not in _ELSEWHERE
+        not rows bound for other devices (``placement``: a reversal, a rotation or a route still pending) nor a
+        top-k's candidates."""
+        return self.placement is None and (not self.partial or self.reduction is not Reduction.TOP_K)
+
+    @property
+    def pending(self) -> bool:
+        """True while something remains to be done to the devices' blocks before they are the value's: a combine
+        (``partial``) or putting the rows in place (``placement``). A pending value never leaves its stage."""
+        return bool(self.partial) or self.placement is not None
+
+    def in_place(self) -> ValueType:
+        """This type with its rows in their places: what the step that undoes ``placement`` leaves."""
+        return ValueType(self.layout, self.partial, self.reduction, self.halo, self.span) if self.placement else self
 
     @property
     def is_partial_sum(self) -> bool:
@@ -104,7 +144,8 @@ class ValueType:
 
     def without_halo(self) -> ValueType:
         """This type without the neighbours' rows: the blocks a halo exchange starts from."""
-        return ValueType(self.layout, self.partial, self.reduction, span=self.span) if self.halo else self
+        return ValueType(self.layout, self.partial, self.reduction, span=self.span,
+                         placement=self.placement) if self.halo else self
 
     @property
     def even_layout(self) -> Layout:
@@ -119,7 +160,8 @@ class ValueType:
 
     def without_span(self) -> ValueType:
         """This type as equal blocks of its frame (the array padded to whole blocks): what the collectives see."""
-        return ValueType(self.layout, self.partial, self.reduction, self.halo) if self.span else self
+        return ValueType(self.layout, self.partial, self.reduction, self.halo,
+                         placement=self.placement) if self.span else self
 
     def frame(self, shape: tuple[int, ...], mesh_shape) -> tuple[int, ...]:
         """``shape`` with each ranged axis as long as its blocks together (``count * block``): the global shape a
@@ -158,12 +200,14 @@ def type_string(aval, vtype: ValueType) -> str:
     ``j`` adds ``{+j}`` (a partial maximum ``{max j}``): ``f32[16@i,8]{+j}``. The one spelling of a sharded type,
     in every listing, table and message."""
     text = f"{short_dtype(aval.dtype)}[{format_layout(aval.shape, vtype.layout, vtype.halo, vtype.span)}]"
-    return f"{text}{{{pending_text(vtype)}}}" if vtype.partial else text
+    return f"{text}{{{pending_text(vtype)}}}" if vtype.pending else text
 
 
 def pending_text(vtype: ValueType) -> str:
-    """The combine still pending, as a type spells it inside its braces: ``+j`` (a sum over ``j``), ``max i*j``;
-    ``""`` when nothing is pending."""
+    """The combine (or placement) still pending, as a type spells it inside its braces: ``+j`` (a sum over ``j``),
+    ``max i*j``, ``rotated i``; ``""`` when nothing is pending."""
+    if vtype.placement is not None:
+        return str(vtype.placement)
     if not vtype.partial:
         return ""
     how = "+" if vtype.reduction is Reduction.SUM else f"{vtype.reduction} "

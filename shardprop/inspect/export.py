@@ -15,7 +15,7 @@ from typing import Any
 from ..expr.graph import CONSTANT, PARAMETER, format_params, short_dtype, value_name
 from ..gc_pause import gc_paused
 from ..core.layouts import Sharded
-from ..core.types import Reduction, ValueType
+from ..core.types import PlacementKind, Reduction, ValueType
 from ..splitting import CollectiveKind, Plan, Source
 from ..splitting.ir import Compute, Move, Ref, transfers_of
 from .listing import move_op_name
@@ -33,6 +33,8 @@ def _type(vtype: ValueType) -> dict[str, Any]:
     out: dict[str, Any] = {"layout": _layout(vtype.layout), "partial": list(vtype.partial)}
     if vtype.partial and vtype.reduction is not Reduction.SUM:
         out["reduction"] = str(vtype.reduction)
+    if vtype.placement is not None:
+        out["placement"] = {"kind": str(vtype.placement.kind), "mesh_axes": list(vtype.placement.mesh_axes)}
     return out
 
 
@@ -185,9 +187,11 @@ def _object(properties: dict, required: list[str] | None = None) -> dict:
 
 _STRINGS = {"type": "array", "items": {"type": "string"}}
 # a type: a layout, and the mesh axes over which the value is still a partial sum ("reduction": a partial maximum,
-# minimum or arg-extreme, only just before the collective that combines it)
+# minimum or arg-extreme, only just before the collective that combines it; "placement": rows an op left out of
+# their places, only just before the mirror, rotation or route that puts them there)
 _TYPE_FIELDS = {"layout": _LAYOUT, "partial": _STRINGS,
-                "reduction": {"enum": [r.value for r in Reduction if r is not Reduction.SUM]}}
+                "reduction": {"enum": [r.value for r in Reduction if r is not Reduction.SUM]},
+                "placement": _object({"kind": {"enum": [k.value for k in PlacementKind]}, "mesh_axes": _STRINGS})}
 _TYPE_REQUIRED = ["layout", "partial"]
 _TYPE = _object(_TYPE_FIELDS, _TYPE_REQUIRED)
 _REF = _object({"value": _NAME, **_TYPE_FIELDS}, ["value", *_TYPE_REQUIRED])

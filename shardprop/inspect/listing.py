@@ -81,7 +81,8 @@ def typed_name(plan: Plan, value: int, layout: Layout) -> str:
 _MOVE_OPS = {StepKind.SLICE: "slice", StepKind.ALL_GATHER: "all_gather", StepKind.ALL_TO_ALL: "all_to_all",
              StepKind.PERMUTE: "ppermute", StepKind.PSUM: "psum", StepKind.PSUM_SCATTER: "psum_scatter",
              StepKind.TAKE_ONCE: "take_once", StepKind.HALO: "halo", StepKind.REALIGN: "realign",
-             StepKind.UNSPAN: "unspan", StepKind.TAKE_ROWS: "take_rows"}
+             StepKind.UNSPAN: "unspan", StepKind.TAKE_ROWS: "take_rows", StepKind.MIRROR: "mirror",
+             StepKind.ROTATE: "rotate", StepKind.ROUTE: "route"}
 
 
 def move_op_name(move: Move | Finish) -> str:
@@ -102,6 +103,8 @@ def move_op(move: Move | Finish) -> str:
         params.append(f"axis={step.axis} <{lo},{hi}>")
     elif step.kind is StepKind.REALIGN:  # how far the rows move: realign[i axis=1 by=-1]
         params.append(f"axis={step.axis} by={realign_shift(step)}")
+    elif step.kind is StepKind.ROTATE:  # where each device's rows lie: rotate[i axis=1 by=63]
+        params.append(f"axis={step.axis} by={step.before.placement.shift}")
     elif step.axis is not None:
         params.append(f"axis={step.axis}")
     return f"{move_op_name(move)}[{' '.join(params)}]"

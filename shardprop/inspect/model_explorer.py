@@ -144,7 +144,7 @@ def layout_text(vtype: ValueType) -> str:
     """``P('i', 'j')``, ``P('i',){+j}``, ``P('j',){max i}``: the mesh axes a type lays each axis out over (a ranged
     axis too: its rows are spread over those devices) as a PartitionSpec, with the combine still pending."""
     spec = str(layout_to_spec(vtype.layout))
-    return f"{spec}{{{pending_text(vtype)}}}" if vtype.partial else spec
+    return f"{spec}{{{pending_text(vtype)}}}" if vtype.pending else spec
 
 
 class _Drawing:

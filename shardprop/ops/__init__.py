@@ -17,14 +17,13 @@ propagated, walked or run on blocks — the pass hands it (``RuleContext.propaga
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping
 from types import MappingProxyType
 
 from . import (contractions, control_flow, convolutions, elementwise, linalg, lookups, placement, pooling, random,
-               range_routes, ranges, reductions, reshape, scans, scatters, shapes, slicing)
-from ..core.collectives import FinishGeometry
-from ..core.layouts import shard_count
+               ranges, reductions, reshape, scans, scatters, shapes, slicing)
+from ..core.collectives import NO_GEOMETRY, Collective, FinishGeometry
+from ..core.types import Placement
 from .fallback import fallback_for
 from .opdef import Family, OpDef, defs, first_sentence
 
@@ -33,32 +32,17 @@ FAMILIES = (elementwise, reductions, scans, shapes, reshape, ranges, slicing, lo
 
 
 def finish_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
-    """Where the finish of ``node`` works (``shardprop.core.collectives.FinishGeometry``), given the type its
-    first operand is read in: a top-k's axis; a concatenation's axis, rotation (``.range_routes.rotation``) and
-    route rounds; a strided slice's route rounds (``.range_routes.slice_geometry``); the ranged rows a single-axis
-    reduction reads."""
-    if node.op == "top_k":
-        return FinishGeometry(axis=node.params["axis"])
-    if node.op == "concatenate":
-        return range_routes.concatenate_geometry(graph, node, operand_type, mesh_shape)
-    if node.op == "slice":
-        return range_routes.slice_geometry(graph, node, operand_type, mesh_shape)
-    axes = node.params.get("axes") if lookup(node.op).family is Family.REDUCTION else None
-    shape = graph.avals[node.operands[0]].shape
-    rows = tuple((k, operand_type.layout[k], operand_type.span_of(k), shape[k]) for k in axes or ()
-                 if operand_type.span_of(k) is not None)
-    if not rows:
-        return FinishGeometry()
-    filled = [(k, span) for k, _, span, _ in rows if span.fill is not None]
-    if not filled:
-        return FinishGeometry(rows=rows)
-    # the rows of the one filled axis no device holds (reductions.FinishReduction reads at most one ranged filled),
-    # once for every element of the other reduced axes
-    (k, span), = filled
-    count = shard_count(mesh_shape, operand_type.layout[k])
-    unheld = shape[k] - sum(stop - first for first, stop in (span.held(d, shape[k]) for d in range(count)))
-    others = math.prod(shape[j] for j in axes if j != k)
-    return FinishGeometry(rows=rows, fill=span.fill, fill_count=unheld * others)
+    """Where the ``Finish`` of ``node`` works (``shardprop.core.collectives.FinishGeometry``), given the type its
+    first operand is read in: its record's ``geometry`` piece (a top-k's axis, the ranged rows a reduction reads), or
+    nothing beyond the result's layout."""
+    piece = lookup(node.op).geometry
+    return NO_GEOMETRY if piece is None else piece(graph, node, operand_type, mesh_shape)
+
+
+def finish_placement(graph, node, operand_type, collective: Collective, mesh_shape) -> Placement:
+    """Where ``node``, finished by a placement (``collective``: a mirror, a rotation, a route), leaves each device's
+    rows when it reads its first operand in ``operand_type``: its record's ``placement`` piece."""
+    return lookup(node.op).placement(graph, node, operand_type, collective, mesh_shape)
 
 
 def _collect() -> Mapping[str, OpDef]:

@@ -23,6 +23,10 @@
                    where they share a mesh axis with the table's whole window) — optional
     combine        how a prefix finish combines the totals of the blocks before a device's into its block's scan (a
                    cumulative op's: added, multiplied, log-added, the extreme taken) — optional
+    geometry       where its ``Finish`` works, given the type its first operand is read in (a top-k's axis, the
+                   ranged rows a reduction reads: ``FinishGeometry``) — optional (none: the result's layout says)
+    placement      where it leaves each device's rows when its finish is a placement (a reversal's mirror, a
+                   concatenation's rotation or route, a strided slice's route: ``Placement``) — for those ops
     finish_follows_needs   True for an op whose finish combines results computed from its operands as the op
                    consumes them (a contraction's, a reduction's, a convolution's partial sums): a view of the
                    backward pass may change how it takes them; another finish reads its operands as they are held
@@ -44,6 +48,8 @@ has none (``finish=None``), so a missing piece is a construction error rather th
     finished_operand(node: Node, j: int, held: list[Layout], in_shapes, mesh_shape) -> Layout
     alternative(node: Node, in_shapes, held: list[Layout], needs: list[Layout]) -> {operand: Layout}
     combine(node: Node, scanned, totals, earlier) -> block                              # inside shard_map
+    geometry(graph: Graph, node: Node, operand_type: ValueType, mesh_shape) -> FinishGeometry
+    placement(graph: Graph, node: Node, operand_type: ValueType, collective: Collective, mesh_shape) -> Placement
 """
 
 from __future__ import annotations
@@ -123,6 +129,8 @@ class OpDef:
     finished_operand: Callable[..., Any] | None = None
     alternative: Callable[..., Any] | None = None
     combine: Callable[..., Any] | None = None
+    geometry: Callable[..., Any] | None = None
+    placement: Callable[..., Any] | None = None
     finish_follows_needs: bool = False
     # True for the ops whose rule reads ranged axes (``shardprop.core.layouts.Span``: a slice, a pad, a
     # concatenation along a sharded axis); every other rule is given them replicated (it reads them whole).

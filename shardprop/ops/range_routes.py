@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 
 from ..core.layouts import Sharded, Span, shard_count, standard_span
-from ..core.collectives import Collective, CollectiveKind, FinishGeometry
-from ..core.steps import Piece, in_rounds, realign_rows, rounds_rows, route_rounds
-from ..core.types import ValueType
+from ..core.collectives import Collective, CollectiveKind
+from ..core.rounds import Piece, in_rounds, realign_rows, rounds_rows, route_rounds
+from ..core.types import Placement, PlacementKind, ValueType
 from ..expr import jax_adapter as jx
 
 # per operand, per axis: (mesh axes, span) the rule reads that axis in, or None
@@ -84,17 +84,15 @@ def rotation(node, first, length: int) -> int:
     return (span.offset if span is not None else 0) % length
 
 
-def concatenate_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
-    """A concatenation's finish geometry: its axis, its rotation (joined in place, ranged: a roll) and, for operands
-    joined in equal blocks, the rounds of its route (``shardprop.core.steps.route_rounds``)."""
-    dim = node.params["dimension"]
-    length = graph.avals[node.outputs[0]].shape[dim]
-    mesh_axes = operand_type.layout[dim]
-    rounds = ()
-    if mesh_axes and operand_type.span_of(dim) is None:
-        rounds = route_rounds(tuple(graph.avals[v].shape[dim] for v in node.operands), shard_count(mesh_shape,
-                                                                                                   mesh_axes))
-    return FinishGeometry(axis=dim, shift=rotation(node, operand_type, length), rounds=rounds)
+def concatenate_placement(graph, node, operand_type, collective: Collective, mesh_shape) -> Placement:
+    """Where a concatenation joined in place leaves each device's rows: rotated by its rotation (a ``rotate``
+    finish: operands ranged, a roll), or pieces a route carries (``shardprop.core.rounds.route_rounds``)."""
+    dim, mesh_axes = node.params["dimension"], collective.mesh_axes
+    if collective.kind is CollectiveKind.ROTATE:
+        shift = rotation(node, operand_type, graph.avals[node.outputs[0]].shape[dim])
+        return Placement(PlacementKind.ROTATED, mesh_axes, axis=dim, shift=shift)
+    rounds = route_rounds(tuple(graph.avals[v].shape[dim] for v in node.operands), shard_count(mesh_shape, mesh_axes))
+    return Placement(PlacementKind.ROUTED, mesh_axes, axis=dim, rounds=rounds)
 
 
 def strided_picks(held: Span, length: int, start: int, stride: int, size: int, device: int) -> tuple[int, int, int]:
@@ -171,13 +169,13 @@ def _route_axis(graph, node, operand_type: ValueType, mesh_shape):
     return None
 
 
-def slice_geometry(graph, node, operand_type: ValueType, mesh_shape) -> FinishGeometry:
-    """A strided slice's finish geometry: the axis its picks are routed along, and the route's rounds."""
-    found = _route_axis(graph, node, operand_type, mesh_shape)
-    if found is None:
-        return FinishGeometry()
-    span = operand_type.span_of(found[0])  # the rows no device holds land as the pad's fill
-    return FinishGeometry(axis=found[0], rounds=found[1], fill=0 if span is None or span.fill is None else span.fill)
+def slice_placement(graph, node, operand_type: ValueType, collective: Collective, mesh_shape) -> Placement:
+    """Where a strided slice read in place leaves each device's picks: routed along the axis they are out of place
+    on, the rows no device holds landing as the pad's fill."""
+    axis, rounds = _route_axis(graph, node, operand_type, mesh_shape)
+    span = operand_type.span_of(axis)
+    return Placement(PlacementKind.ROUTED, collective.mesh_axes, axis=axis, rounds=rounds,
+                     fill=0 if span is None or span.fill is None else span.fill)
 
 
 def finish_slice(decisions, node):

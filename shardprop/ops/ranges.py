@@ -29,7 +29,7 @@ from ..core.rules import RuleContext, RuleOutput
 from ..expr import jax_adapter as jx
 from .opdef import Family, Linearity, OpDef
 from .range_blocks import concatenate_block, pad_block, slice_block
-from .range_routes import finish_concatenate, finish_slice, strided_layout
+from .range_routes import concatenate_placement, finish_concatenate, finish_slice, slice_placement, strided_layout
 
 # per operand, per axis: (mesh axes, span) the rule reads that axis in, or None
 NeedSpans = tuple[tuple[tuple[tuple[str, ...], Span] | None, ...], ...]
@@ -378,9 +378,9 @@ def _ranged(name, propagate, lineage, per_block, linear) -> OpDef:
 
 OPS = [
     OpDef("slice", Family.SLICING, propagate=slice_, lineage=slice_lineage, lineage_exact=True, per_block=slice_block,
-          finish=finish_slice, pull=None, linear=Linearity.FIRST, reads_ranges=True),
+          finish=finish_slice, pull=None, linear=Linearity.FIRST, reads_ranges=True, placement=slice_placement),
     _ranged("pad", pad, pad_lineage, pad_block, Linearity.NONE),  # the padding value would be summed too
     OpDef("concatenate", Family.SLICING, propagate=concatenate, lineage=concatenate_lineage, lineage_exact=True,
           per_block=concatenate_block, finish=finish_concatenate, pull=None, linear=Linearity.JOINT,
-          reads_ranges=True),
+          reads_ranges=True, placement=concatenate_placement),
 ]

@@ -9,6 +9,7 @@ collective is exact for; a product or an ``xor`` has no collective, so it is giv
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import TensorSharding, shard_count
 from ..core.types import ValueType
-from ..core.collectives import Collective, CollectiveKind
+from ..core.collectives import Collective, CollectiveKind, FinishGeometry
 from .opdef import Family, Linearity, OpDef
 from .range_blocks import masked_rows
 from .ranges import keep_ranges
@@ -184,11 +185,33 @@ def arg_extreme_block(node: Node, invals: list, blocks) -> list:
 _ARG = {"argmax": CollectiveKind.ARGMAX, "argmin": CollectiveKind.ARGMIN}
 
 
+def reduction_geometry(graph, node, operand_type: ValueType, mesh_shape) -> FinishGeometry:
+    """Where a reduction's finish works: the ranged rows it reads (``(axis, mesh axes, span, length)`` per reduced
+    axis read ranged) and, for a filled one (a pad's), the fill and how many of its elements no device holds for
+    each element of the result."""
+    axes = node.params.get("axes") or ()
+    shape = graph.avals[node.operands[0]].shape
+    rows = tuple((k, operand_type.layout[k], operand_type.span_of(k), shape[k]) for k in axes
+                 if operand_type.span_of(k) is not None)
+    if not rows:
+        return FinishGeometry()
+    filled = [(k, span) for k, _, span, _ in rows if span.fill is not None]
+    if not filled:
+        return FinishGeometry(rows=rows)
+    # the rows of the one filled axis no device holds (FinishReduction reads at most one ranged filled), once for
+    # every element of the other reduced axes
+    (k, span), = filled
+    count = shard_count(mesh_shape, operand_type.layout[k])
+    unheld = shape[k] - sum(stop - first for first, stop in (span.held(d, shape[k]) for d in range(count)))
+    others = math.prod(shape[j] for j in axes if j != k)
+    return FinishGeometry(rows=rows, fill=span.fill, fill_count=unheld * others)
+
+
 def _reduction(name: str, finish: FinishReduction | None, linear: Linearity = Linearity.NONE) -> OpDef:
     per_block = reduction_block if name in _IDENTITY else arg_extreme_block if name in _ARG else bind_as_is
     return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage, lineage_exact=True,
                  per_block=per_block, finish=finish, pull=None, linear=linear, reads_ranges=True,
-                 finish_follows_needs=True)
+                 finish_follows_needs=True, geometry=reduction_geometry)
 
 
 OPS = [

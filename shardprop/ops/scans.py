@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core.blocks import bind_as_is, block_index
-from ..core.collectives import Collective, CollectiveKind
+from ..core.collectives import Collective, CollectiveKind, FinishGeometry
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding, shard_count, standard_span, uneven_span
@@ -177,6 +177,11 @@ def combine_earlier_blocks(node, scanned, totals, earlier):
     return combine(scanned, reduce(jnp.where(earlier, totals, bound), axis=axis, keepdims=True))
 
 
+def top_k_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
+    """A top-k's finish works along its axis (each device's candidates gathered there)."""
+    return FinishGeometry(axis=node.params["axis"])
+
+
 OPS = [
     *defs(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), Family.SCAN, propagate=cumulative,
           lineage=cumulative_lineage, lineage_exact=True, per_block=cumulative_block, finish=finish_cumulative,
@@ -184,7 +189,7 @@ OPS = [
     OpDef("sort", Family.SCAN, propagate=sort, lineage=sort_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=None, pull=None, linear=Linearity.NONE),
     OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=top_k_block,
-          finish=finish_top_k, pull=None, linear=Linearity.NONE),
+          finish=finish_top_k, pull=None, linear=Linearity.NONE, geometry=top_k_geometry),
     OpDef("approx_top_k", Family.SCAN, propagate=approx_top_k, lineage=approx_top_k_lineage, lineage_exact=True,
           per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

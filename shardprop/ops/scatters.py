@@ -21,7 +21,7 @@ from ..core.boxes import Box, LineageContext, full_box
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
 from ..core.types import ValueType, whole
-from ..core.collectives import Collective, CollectiveKind
+from ..core.collectives import Collective, CollectiveKind, FinishGeometry
 from .lookups import wide_index
 from .opdef import Family, Linearity, OpDef, defs
 
@@ -263,6 +263,12 @@ def _whole_windows_written_at_zero(node, indices, whole: list[int], block_sizes:
     return wide_index(indices).at[..., jnp.array(whole)].set(moved)
 
 
+def elementwise_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
+    """A scatter's partial results combine element by element (each device scattered its rows into the whole
+    result): no operand block to read, no derivative (a maximum of floats is given its rows whole)."""
+    return FinishGeometry(elementwise=True)
+
+
 OPS = [
     *defs(("scatter-add", "scatter-sub"), Family.INDEXING, propagate=scatter, lineage=scatter_lineage,
           lineage_exact=False, per_block=scatter_on_blocks, finish=FinishScatter(CollectiveKind.PSUM, "fiuc"),
@@ -270,7 +276,8 @@ OPS = [
     # a maximum's or a minimum's derivative averages the tangents of every tie, across devices too: integers only
     # (no derivative); a float one is given its rows whole
     *(OpDef(name, Family.INDEXING, propagate=scatter, lineage=scatter_lineage, lineage_exact=False,
-            per_block=scatter_on_blocks, finish=finish, pull=None, linear=Linearity.NONE, reads_ranges=True)
+            per_block=scatter_on_blocks, finish=finish, pull=None, linear=Linearity.NONE, reads_ranges=True,
+            geometry=elementwise_geometry)
       for name, finish in (("scatter-mul", FinishScatter(CollectiveKind.PPROD, "fiuc")),
                            ("scatter-max", FinishScatter(CollectiveKind.PMAX, "iub")),
                            ("scatter-min", FinishScatter(CollectiveKind.PMIN, "iub")),

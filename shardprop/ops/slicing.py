@@ -20,7 +20,7 @@ from ..core.boxes import Box, LineageContext, full_box
 from ..core.rules import CREATED, RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
 from ..core.collectives import Collective, CollectiveKind
-from ..core.types import ValueType
+from ..core.types import Placement, PlacementKind, ValueType
 from .opdef import Family, Linearity, OpDef
 from .range_blocks import split_block
 from .ranges import split_in_place
@@ -56,6 +56,12 @@ def finish_rev(decisions, node):
     if not names:
         return None
     return (need,), Collective(CollectiveKind.MIRROR, names)
+
+
+def mirror_placement(graph, node, operand_type, collective, mesh_shape) -> Placement:
+    """A reversal done block by block leaves each device the block of its mirror device along the collective's mesh
+    axes."""
+    return Placement(PlacementKind.MIRRORED, collective.mesh_axes)
 
 
 def dynamic_slice(ctx: RuleContext, operand: TensorSharding, *indices: TensorSharding, slice_sizes, **params):
@@ -227,7 +233,7 @@ def _slicing(name, propagate, lineage, *, exact=True, per_block=bind_as_is, line
 
 OPS = [
     OpDef("rev", Family.SLICING, propagate=rev, lineage=rev_lineage, lineage_exact=True, per_block=bind_as_is,
-          finish=finish_rev, pull=None, linear=Linearity.FIRST),
+          finish=finish_rev, pull=None, linear=Linearity.FIRST, placement=mirror_placement),
     OpDef("split", Family.SLICING, propagate=split, lineage=split_lineage, lineage_exact=True, per_block=split_block,
           finish=None, pull=None, linear=Linearity.NONE, reads_ranges=True),
     # Where these slices start depends on index values: any element of a sliced axis may be read.

@@ -96,13 +96,13 @@ def finishing_types(view: Decisions, node: Node, collective: Collective,
 
 def collective_transfers(view: Decisions, node: Node, collective: Collective,
                          outputs: tuple[int, ...] | None = None, needs=None) -> list[Transfer]:
-    """The collectives that finish ``node`` (see ``finishing_types``): a sum's move (an all-reduce or a
-    reduce-scatter), a maximum's, minimum's or arg-extreme's all-reduces
-    (``shardprop.core.collectives.finish_transfers``)."""
+    """The collectives that finish ``node`` (see ``finishing_types``): a sum's or a placement's move (an all-reduce
+    or a reduce-scatter; a mirror's, rotation's or route's permutes), a maximum's, minimum's or arg-extreme's
+    all-reduces (``shardprop.core.collectives.finish_transfers``)."""
     graph = view.graph
     out = []
     for v, computed, held in finishing_types(view, node, collective, outputs, needs):
-        if computed.is_partial_sum:
+        if computed.is_partial_sum or computed.placement is not None:
             out += move_transfers(view, v, computed, held)
             continue
         out += finish_transfers(collective.kind, collective.mesh_axes, graph.avals[v],

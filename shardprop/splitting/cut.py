@@ -97,8 +97,8 @@ def worth_taking(instruction, ref: Ref, nodes, mesh_shape, returned=frozenset())
     """True when a later stage takes ``ref``, a result of ``instruction``, rather than making it again: a whole value
     over whole mesh axes (a move's intermediate over a sub-axis has no spec a ``shard_map`` could pass it in), not a
     constant (each stage embeds its own) and not a local slice (redone where needed, for free) — unless the program
-    returns it so (a value returned sliced: ``returned``). Partial values never leave their stage."""
-    if ref.type.partial or not is_mesh_type(ref.type, mesh_shape):
+    returns it so (a value returned sliced: ``returned``). Partial and placed values never leave their stage."""
+    if ref.type.pending or not is_mesh_type(ref.type, mesh_shape):
         return False
     if isinstance(instruction, Move):
         return instruction.step.kind is not StepKind.SLICE or ref.value in returned

@@ -32,7 +32,7 @@ from ..core.layouts import Layout, shard_count, spelled, uneven_span
 from ..core.rules import Body
 from ..core.types import ValueType, carried_type, held_whole, whole
 from ..expr.graph import PARAMETER, Graph, Node
-from ..ops import lookup
+from ..ops import finish_placement, lookup
 from ..propagation import ShardedGraph
 
 _EMPTY: Mapping = MappingProxyType({})
@@ -138,14 +138,18 @@ class Decisions:
             need.layout[k] == want.layout[k] and need.span_of(k) == want.span_of(k)
             for need, want, per in zip(needs, rule, reads, strict=True) if per for k, r in enumerate(per)
             if r is not None)
+        # a placement's rows lie where the op left them (a mirror's, a rotation's, a route's): a whole value, placed
+        placed = None if collective.kind.placement is None else \
+            finish_placement(self.graph, node, needs[0], collective, self.mesh_shape)
         out = []
         for v in (node.outputs if outputs is None else [node.outputs[k] for k in outputs]):
             ranged = self._ranges.get(v) if keeps else None
             base = held_whole(self.sharded.layout(v)) if ranged is None else ranged
             # a returned result finished ranged is then moved into the blocks it is returned in (emit)
             held = self.type(v) if v in self.returned else base
-            out.append((v, ValueType(base.layout, collective.mesh_axes, collective.kind.reduction, span=base.span),
-                        held))
+            computed = ValueType(base.layout, span=base.span, placement=placed) if placed is not None else \
+                ValueType(base.layout, collective.mesh_axes, collective.kind.reduction, span=base.span)
+            out.append((v, computed, held))
         return out
 
     def _keeps_ranges(self, node: Node) -> bool:

@@ -2,9 +2,10 @@
 
 For each node, in order: every operand is brought from the type it is available in to the type the node consumes
 it in (``shardprop.core.moves.plan_move``, one ``.ir.Move`` per step, each value and type moved once),
-the node runs (``.ir.Compute``), and a collective that finishes it follows: a sum as the moves from the type
-it is computed in to the type it is held in (a psum, or a reduce-scatter where it is held finer), a maximum,
-minimum or arg-extreme as a ``.ir.Finish``.
+the node runs (``.ir.Compute``), and a collective that finishes it follows: a sum, or rows the node left out of
+their places (a mirror, a rotation, a route), as the moves from the type it is computed in to the type it is held in
+(a psum, or a reduce-scatter where it is held finer; the step that places the rows, then any other), a maximum,
+minimum, product, arg-extreme, prefix or top-k as a ``.ir.Finish``.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class Emitter:
             held = view.type(ref.value)
             if ref.type == held:
                 continue  # an output the collective does not finish (a loop's carry that was never partial)
-            if collective.kind is CollectiveKind.PSUM:
+            if collective.kind.by_moves:
                 self.bring(ref, held, node_id, finishing=True)
                 continue
             # a returned result finished ranged: finished in its ranges, then moved into the blocks it is returned in
@@ -188,7 +189,7 @@ class Emitter:
 
 def handed_over(vtype: ValueType) -> ValueType:
     """How a ranged value made in one stage is handed to a later one: its ranged axes whole."""
-    return ValueType(vtype.even_layout, vtype.partial, vtype.reduction)
+    return ValueType(vtype.even_layout, vtype.partial, vtype.reduction, placement=vtype.placement)
 
 
 def body_program(plan: BodyPlan) -> BodyProgram:

@@ -119,8 +119,9 @@ def _describe(instruction, graph) -> str:
 
 
 def _check_source(plan: Plan, source: Source, ref: Ref, *, before: int, what: str) -> None:
-    if ref.type.partial:
-        _fail(f"{what} {ref} is a partial sum: it would cross a stage boundary unreduced")
+    if ref.type.pending:
+        _fail(f"{what} {ref} is pending ({ref.type.placement or 'a partial sum'}): it would cross a stage boundary "
+              "unfinished")
     if source.is_argument:
         inputs = plan.graph.inputs
         if not 0 <= source.index < len(inputs) or inputs[source.index] != ref.value:

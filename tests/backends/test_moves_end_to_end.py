@@ -22,6 +22,8 @@ RNG = np.random.default_rng(7)
 X = RNG.normal(size=(16, 8)).astype(np.float32)
 SQ = RNG.normal(size=(16, 16)).astype(np.float32)
 CUBE = RNG.normal(size=(16, 32, 24)).astype(np.float32)
+SEQ = RNG.normal(size=(64,)).astype(np.float32)
+WIDE = RNG.normal(size=(4, 64)).astype(np.float32)
 
 
 def constrained(mesh, spec):
@@ -73,6 +75,20 @@ CASES = [
         lambda h, i: (jnp.tanh(h + t[i]), jnp.sum(h ** 2)), jnp.zeros((8, 16)), ids)[1])),
      (RNG.normal(size=(12, 16)).astype(np.float32), (np.arange(40).reshape(5, 8) * 7 % 12).astype(np.int32)),
      (P(), P(None, "i")), "8", {"take-once", "psum"}),
+    # the row movements: each is a step of a move (or, a prefix, a finish), planned and priced as the others
+    ("a halo: a window reads its neighbours' rows", lambda m: lambda x: jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (3,), (1,), "SAME"), (SEQ,), (P("i"),), "8", {"halo"}),
+    ("a rotation: a roll's blocks joined in place", lambda m: lambda x: jnp.roll(x, 3) * 2, (SEQ,), (P("i"),), "8",
+     {"rotate"}),
+    ("a route: two sequences joined in place", lambda m: lambda x: jnp.concatenate([x, x * 2]) * 3, (SEQ,),
+     (P("i"),), "8", {"route"}),
+    ("a mirror: a reversal done block by block", lambda m: lambda x: x[::-1] + 1, (SEQ,), (P("i"),), "8",
+     {"mirror"}),
+    ("a route of a strided slice's picks", lambda m: lambda x: x[:, ::16] * 2, (WIDE,), (P(None, "i"),), "8",
+     {"route"}),
+    ("a prefix: a cumulative sum's block totals", lambda m: lambda x: jnp.cumsum(x) * 2, (SEQ,), (P("i"),), "8",
+     {"prefix"}),
+    ("a realignment of ranged rows", lambda m: lambda x: x[1:] - x[:-1], (SEQ,), (P("i"),), "8", {"realign"}),
 ]
 MESHES = {"4x2": ((4, 2), ("i", "j")), "2x2x2": ((2, 2, 2), ("x", "y", "z")), "8": ((8,), ("i",))}
 
