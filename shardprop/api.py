@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .calling import Convention, Traced, call_site, constrain_outputs, pin_outputs
+from .calling import Convention, Traced, call_site, constrain_outputs
 from .derivatives import derivatives_for
 from .errors import FallbackWarning, LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError
 from .expr import jax_adapter as jx
-from .expr import trace
+from .expr import trace, with_pinned_outputs
 from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import propagate
@@ -41,8 +41,7 @@ from .stateful import (declared_specs, object_spec_trees, returned_out_specs, re
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
                     strategy: str = "auto", conflicts: str = "reshard", traced: Traced | None = None,
                     donated: Sequence[int] = (), memory_limit: int | float | None = None,
-                    names: Sequence[str] | None = None, returns_inputs: Sequence[int] = (),
-                    chosen: Any = None) -> Program:
+                    names: Sequence[str] | None = None, returns_inputs: Sequence[int] = ()) -> Program:
     """``trace → (search) → propagate → split → lower`` for one set of argument shapes (arrays, ShapeDtypeStructs or
     tracers). ``sp.AUTO`` entries of ``in_specs`` are chosen by the layout search (``shardprop.search``) within
     ``memory_limit`` bytes per device; without any, a plan over the limit is a ``shardprop.MemoryLimitError``.
@@ -53,41 +52,35 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     this same pipeline); ``traced`` and ``donated`` are the calling convention it was traced with and the argument
     leaves it donates (see ``Program``). ``returns_inputs`` says that the last outputs are the argument leaves
     at those flat positions after the call (an NNX object's state): each comes back in its argument's layout, so
-    the next call, fed them, runs the same program (``chosen``: the search's result, when a pinned rebuild reuses
-    it)."""
+    the next call, fed them, runs the same program."""
     limit = check_memory_limit(memory_limit)
-    with jx.program_mesh_context(as_auto_mesh(mesh)):  # the user's Explicit mesh would make constraints asserts
+    auto_mesh = as_auto_mesh(mesh)
+    with jx.program_mesh_context(auto_mesh):  # the user's Explicit mesh would make constraints asserts
         graph = trace(f, *args, names=names)
-    specs = ArgumentSpecs.resolve(graph, args, in_specs, mesh, chosen)
-    searched = chosen
-    if chosen is None and specs.searched:
+    specs = ArgumentSpecs.resolve(graph, args, in_specs, mesh)
+    searched = None
+    if specs.searched:  # the search builds the chosen plan: its moves between searched layouts are its priced choice
         searched = _search(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts, limit=limit,
                            keyword_form=traced is not None, donated=donated, returns_inputs=returns_inputs)
-    if searched is None or chosen is not None:
-        pricer = PlanPricer(strategy)
-        sharded = propagate(graph, specs.tree(graph), mesh=mesh, strict=strict, conflicts=conflicts, price=pricer)
-        plan = pricer.plan_for(sharded)
-    else:  # the search built the chosen plan; its moves between searched layouts are its priced choice, not a clash
         plan = searched.plan
-        sharded = plan.sharded
-        warn_fallbacks(graph, sharded.fallbacks, sharded.fallback_causes)
-    base = len(graph.outputs) - len(returns_inputs)
-    pins = {base + i: sharded.in_specs[j] for i, j in enumerate(returns_inputs)
-            if not same_spec(sharded.out_specs[base + i], sharded.in_specs[j])}
-    if pins:  # an updated state laid out otherwise than it came in: returned moved back (once, then as it came)
+        warn_fallbacks(graph, plan.sharded.fallbacks, plan.sharded.fallback_causes)
+    else:
+        plan = _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts)
+    pins = _moved_state(plan.sharded, len(graph.outputs), returns_inputs)
+    if pins:  # an updated state laid out otherwise than it came in: the graph returns it constrained to its layout
+        with jx.program_mesh_context(auto_mesh):
+            graph = with_pinned_outputs(graph, {k: NamedSharding(auto_mesh, spec) for k, spec in pins.items()})
         with warnings.catch_warnings():  # its moves are this rule's, not a clash of the user's layouts
             warnings.simplefilter("ignore", ReshardWarning)
-            return compile_program(pin_outputs(f, pins, as_auto_mesh(mesh)), args, mesh=mesh,
-                                   in_specs=specs.pinned(graph, sharded, returns_inputs), strict=strict,
-                                   strategy=strategy, conflicts=conflicts, traced=traced, donated=donated,
-                                   memory_limit=memory_limit, names=names, chosen=searched)
+            plan = _planned(graph, specs.pinned(graph, plan.sharded, returns_inputs), mesh=mesh, strict=strict,
+                            strategy=strategy, conflicts=conflicts)
+        if searched is not None:  # say what it moves beyond the search's plan (which priced the returns it expected)
+            extra = total_moved(estimate(plan)) - searched.chosen.moved
+            searched = dataclasses.replace(searched, returned_moves=max(0.0, extra))
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
     if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
-    derivatives = derivatives_for(graph, f, sharded.in_specs, compile=compile_derivative)
-    if chosen is not None:  # a pinned rebuild: say what it moves beyond the search's plan
-        extra = total_moved(estimate(plan)) - chosen.chosen.moved  # (the search priced the returns it expected)
-        searched = dataclasses.replace(chosen, returned_moves=max(0.0, extra))
+    derivatives = derivatives_for(graph, f, plan.sharded.in_specs, compile=compile_derivative)
     program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched,
                     kept=specs.kept, declared=specs.declared)
     if limit is not None and searched is None and (memory := program.memory()) > limit:
@@ -95,6 +88,20 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
                                f"temporaries), over memory_limit={limit:,}; shard more of the arguments, or pass "
                                "sp.AUTO for those whose layout the search may choose")
     return program
+
+
+def _planned(graph, in_specs: Any, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str):
+    """Propagation, then the split, of ``graph`` taking its arguments in ``in_specs``: the ``Plan``."""
+    pricer = PlanPricer(strategy)
+    return pricer.plan_for(propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer))
+
+
+def _moved_state(sharded, outputs: int, returns_inputs: Sequence[int]) -> dict[int, Any]:
+    """``{output: spec}`` for each returned state (the last outputs, the argument leaves ``returns_inputs`` after the
+    call) that propagation lays out otherwise than its argument: the spec it must be returned in."""
+    base = outputs - len(returns_inputs)
+    return {base + i: sharded.in_specs[j] for i, j in enumerate(returns_inputs)
+            if not same_spec(sharded.out_specs[base + i], sharded.in_specs[j])}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +115,9 @@ class ArgumentSpecs:
     declared: frozenset[int]
 
     @staticmethod
-    def resolve(graph, args: tuple, in_specs: Any, mesh: Mesh, chosen: Any = None) -> ArgumentSpecs:
+    def resolve(graph, args: tuple, in_specs: Any, mesh: Mesh) -> ArgumentSpecs:
         """The specs of ``args``' leaves, from ``in_specs`` (a tree, NamedShardings read as their specs), the arrays'
-        own layouts and the NNX metadata; ``chosen``: the search's result whose choices fill the ``sp.AUTO`` ones."""
+        own layouts and the NNX metadata."""
         flat = flat_in_specs(as_specs(in_specs, mesh, "in_specs"), graph, is_leaf=is_spec_leaf)
         leaves = jax.tree_util.tree_leaves(args)
         own, said = own_specs(leaves, mesh), declared_specs(args, leaves)
@@ -119,8 +126,6 @@ class ArgumentSpecs:
         declared = frozenset(k for k, (spec, spec_said) in enumerate(zip(flat, said, strict=True))
                              if k not in kept and spec is None and spec_said is not None)  # its metadata says
         flat = [own[k] if k in kept else said[k] if k in declared else spec for k, spec in enumerate(flat)]
-        if chosen is not None:  # a rebuild: the search's choice, kept as its choice
-            flat = [chosen.plan.sharded.in_specs[k] if s is AUTO else s for k, s in enumerate(flat)]
         return ArgumentSpecs(tuple(flat), kept, declared)
 
     @property
@@ -133,10 +138,12 @@ class ArgumentSpecs:
         return as_tree(graph, list(self.flat if flat is None else flat))
 
     def pinned(self, graph, sharded, returns_inputs: Sequence[int]) -> Any:
-        """The specs of a rebuild whose returned state is pinned to its arguments' layouts: the leaves whose state is
-        returned take the layout the plan gave them, the kept and declared ones are left to say theirs again."""
+        """The specs of a plan whose returned state is pinned to its arguments' layouts: the leaves whose state is
+        returned take the layout ``sharded`` gave them, and so do the searched ones (the search's choice), the kept
+        and declared ones are left to say theirs again."""
         return self.tree(graph, [None if k in self.kept | self.declared else sharded.in_specs[k]
-                                 if k in returns_inputs and s is None else s for k, s in enumerate(self.flat)])
+                                 if (k in returns_inputs and s is None) or s is AUTO else s
+                                 for k, s in enumerate(self.flat)])
 
 
 def _search(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str, limit,

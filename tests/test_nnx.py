@@ -204,3 +204,36 @@ def test_the_search_prices_returning_updated_state_so_it_moves_no_more_than_the_
     _, unannotated_bytes = moved((None, None, P("i"), P("i")))
     assert searched_bytes <= unannotated_bytes
     assert searched.search.chosen.moved + searched.search.returned_moves == pytest.approx(searched_bytes, rel=0.02)
+
+
+class Counter(nnx.Module):
+    """A state updated in another layout than it came in: the step constrains its new value transposed."""
+
+    def __init__(self):
+        self.total = nnx.Variable(np.arange(128, dtype=np.float32).reshape(16, 8))
+
+
+def test_an_update_computed_in_another_layout_is_returned_in_its_arguments(mesh):
+    """The step lays the new total out as ``P(None, 'i')``; it came in ``P('i', None)``: the program returns it moved
+    back (a sharding constraint added to the traced graph, not a second trace), so the next call, fed it, compiles
+    nothing — and the values are ``nnx.jit``'s."""
+    from jax.sharding import NamedSharding
+
+    from tests.test_spellings import compiles_of
+
+    def step(counter, x):
+        new = counter.total[...] * 2 + x
+        counter.total[...] = jax.lax.with_sharding_constraint(new, NamedSharding(mesh, P(None, "i")))
+        return new.sum()
+
+    counter, want = Counter(), Counter()
+    x = RNG.normal(size=(16, 8)).astype(np.float32)
+    stepped = sp.autoshard(step, mesh=mesh, in_specs=(P("i", None), None))
+    counts = [compiles_of(lambda: jax.block_until_ready(stepped(counter, x))) for _ in range(2)]
+    for _ in range(2):
+        nnx.jit(step)(want, x)
+    assert counts[0] > 0 and counts[1] == 0
+    assert sp.spellings.same_spec(counter.total[...].sharding.spec, P("i", None)), counter.total[...].sharding
+    np.testing.assert_allclose(np.asarray(counter.total[...]), np.asarray(want.total[...]), rtol=1e-6)
+    prog = stepped.trace(counter, x)
+    assert str(prog.graph).count("sharding_constraint") == 2, str(prog.graph)  # the step's own, and the pin

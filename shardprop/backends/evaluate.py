@@ -29,7 +29,7 @@ from ..expr import jax_adapter as jx
 from ..errors import LoweringError
 from ..expr.graph import CONSTANT, Graph, where
 from ..ops import finish_geometry, lookup
-from ..ops.opdef import Family
+from ..ops.opdef import Family, Trait
 from ..splitting.ir import BodyProgram, Compute, Finish, Move, Ref
 from .finish import finish_extreme
 from .moves import apply_step
@@ -99,17 +99,8 @@ def run_body(body: BodyProgram, mesh_shape: Mapping[str, int], input_blocks: lis
 
 
 
-# Ops that only move or copy elements: a value read through them is still compared as it was computed.
-_VIEWS = frozenset({"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy", "copy_p"})
-_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
-# Ops that select some of their operand's elements, whose derivative (or whose user) tests which elements they are
-# (``x == max(x)``, ``jnp.maximum``'s tie test, ``x >= jnp.sort(x)[k]``).
-_SELECTING = frozenset({"reduce_max", "reduce_min", "max", "min", "cummax", "cummin", "argmax", "argmin", "sort",
-                        "top_k"})
 # The families XLA fuses into the kernels that read them (a reduction, a contraction is computed once and held).
 _FUSED = frozenset({Family.ELEMENTWISE, Family.SHAPE, Family.SLICING, Family.PLACEMENT})
-_PRODUCTS = frozenset({"mul", "div", "square", "integer_pow"})
-_SUMS = frozenset({"add", "sub", "add_any"})
 _COMPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -134,9 +125,12 @@ def _compared(graph: Graph):
             if reader.id in seen:
                 continue
             seen.add(reader.id)
-            equality |= reader.op in _COMPARISONS
-            selecting = reader.op in _SELECTING
-            if reader.op in _VIEWS:
+            # a value read through a view is still compared as it was computed; an op selecting some of its
+            # operand's elements tests which they are (``x == max(x)``, ``jnp.maximum``'s tie, ``x >= sort(x)[k]``)
+            traits = lookup(reader.op).traits
+            equality |= Trait.COMPARISON in traits
+            selecting = Trait.SELECTING in traits
+            if Trait.VIEW in traits:
                 readers.extend(c for v in reader.outputs for c in graph.consumers[v])
         if selecting or equality and len(graph.consumers[node.outputs[0]]) + (node.outputs[0] in graph.outputs) > 1:
             yield node.id
@@ -145,15 +139,15 @@ def _compared(graph: Graph):
 def _contracted(graph: Graph, node_id: int) -> bool:
     """True when the ops XLA would fuse into the kernels reading node ``node_id``'s result (it and the producers of
     the fused families before it) hold both a product and a sum: a multiply-add it may contract in some kernels."""
-    ops, stack, seen = set(), [node_id], set()
+    traits, stack, seen = set(), [node_id], set()
     while stack:
         node = graph.nodes[stack.pop()]
         if node.id in seen or lookup(node.op).family not in _FUSED:
             continue
         seen.add(node.id)
-        ops.add(node.op)
+        traits |= lookup(node.op).traits
         stack.extend(graph.producer[v] for v in node.operands)
-    return bool(ops & _PRODUCTS) and bool(ops & _SUMS)
+    return Trait.PRODUCT in traits and Trait.SUM in traits
 
 
 def computed_once(x, mesh_shape: Mapping[str, int]):

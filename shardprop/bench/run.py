@@ -62,8 +62,9 @@ def run_benchmark(*, quick: bool, rounds: int, only: str | None, command: str, s
     mesh = make_mesh(*MESHES["2-D"])
     overhead, points, first = [], [], {}
     if only is None:
-        say("per-call overhead ...")
-        overhead = small_call_overhead(mesh, rounds)
+        if rounds:  # a timing: none with 0 rounds (--repeats 0 skips every runtime ratio)
+            say("per-call overhead ...")
+            overhead = small_call_overhead(mesh, rounds)
         say("a training loop's first calls ...")
         first = first_calls(mesh)
         layers = SCALING_LAYERS[:2] if quick else SCALING_LAYERS

@@ -91,6 +91,27 @@ def trace(f: Callable, *args, names: Sequence[str] | None = None) -> Graph:
     return dataclasses.replace(graph, names=names)
 
 
+def with_pinned_outputs(graph: Graph, shardings: dict[int, Any]) -> Graph:
+    """``graph`` with each flat output ``k`` of ``shardings`` passed through a sharding constraint to
+    ``shardings[k]`` (a ``NamedSharding`` on the program's mesh, under whose context this runs): the graph a trace
+    of the function with those outputs under ``jax.lax.with_sharding_constraint`` gives, without tracing it again
+    (how a program returns an updated state in its argument's layout). The constraints are at the lines that
+    computed the outputs."""
+    nodes, avals, outputs = list(graph.nodes), list(graph.avals), list(graph.outputs)
+    made: dict[tuple, int] = {}  # (value, sharding) -> the constrained value: one constraint for both
+    for k, sharding in sorted(shardings.items()):
+        value = graph.outputs[k]
+        if (value, sharding) not in made:
+            aval, producer = graph.avals[value], graph.nodes[graph.producer[value]]
+            primitive, params = jx.constraint_equation(aval.shape, aval.dtype, sharding)
+            avals.append(aval)
+            nodes.append(Node(len(nodes), primitive.name, (value,), (len(avals) - 1,), MappingProxyType(params),
+                              producer.source, primitive, producer.caller))
+            made[value, sharding] = len(avals) - 1
+        outputs[k] = made[value, sharding]
+    return dataclasses.replace(graph, nodes=tuple(nodes), avals=tuple(avals), outputs=tuple(outputs))
+
+
 def trace_jaxpr(closed_jaxpr) -> Graph:
     """The graph of a closed jaxpr held in an equation's params (a ``scan`` body), inputs and outputs flat."""
     return _GraphBuilder().build(closed_jaxpr, None, None)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..expr.graph import CONSTANT, PARAMETER, argument_label, short_source, value_name, where
 from ..ops import lookup
 from ..ops.fallback import fallback_for
+from ..ops.opdef import Trait
 from ..propagation.origins import trace_origin
 from ..propagation.product import RETURNED
 from ..propagation.uses import Mirror, mirrored_outputs
@@ -81,7 +82,7 @@ def sharded_origin(plan: Plan, v: int, axis: int, a: Sharded,
     else:
         node = plan.graph.nodes[met]
         asked = asked_by_use(plan, node)
-        where_from = (f"from the sharding constraint at {where(node)}" if node.op == "sharding_constraint"
+        where_from = (f"from the sharding constraint at {where(node)}" if Trait.ANNOTATION in lookup(node.op).traits
                       else f"as {asked}" if asked is not None
                       else f"where it meets a sharded operand of `{node.op}` at {where(node)}")
     if origin.is_argument:

@@ -16,7 +16,7 @@ from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Layout, TensorSharding
 from .ranges import keep_ranges
 from .windows import within_the_ends
-from .opdef import Family, Linearity, OpDef, defs
+from .opdef import Family, Linearity, OpDef, Trait, defs
 
 UNARY = (
     "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh",
@@ -196,10 +196,17 @@ def nothing_read(ctx: LineageContext, box: Box, output: int, **params):
     return [[] for _ in ctx.in_shapes]
 
 
+# what the evaluator asks of their arithmetic (backends/evaluate.py: a value compared with itself, computed once)
+TRAITS = {**dict.fromkeys(("eq", "ne", "lt", "le", "gt", "ge"), (Trait.COMPARISON,)),
+          **dict.fromkeys(("max", "min"), (Trait.SELECTING,)),
+          **dict.fromkeys(("mul", "div", "square", "integer_pow"), (Trait.PRODUCT,)),
+          **dict.fromkeys(("add", "sub", "add_any"), (Trait.SUM,)),
+          "copy": (Trait.VIEW,)}
+
 OPS = [
     *defs(UNARY + NARY, Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage,
           lineage_exact=True, per_block=elementwise_block, finish=None, pull=pull_elementwise, linear=LINEAR,
-          reads_ranges=True),
+          reads_ranges=True, traits=TRAITS),
     OpDef("mulhi", Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage, lineage_exact=True,
           per_block=mulhi_on_blocks, finish=None, pull=pull_elementwise, linear=Linearity.NONE),
     OpDef("bitcast_convert_type", Family.ELEMENTWISE, propagate=bitcast_convert_type, lineage=bitcast_lineage,

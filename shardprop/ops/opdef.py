@@ -34,6 +34,8 @@
                    axis left each device, ``shardprop.core.layouts.Span``); other rules see them replicated
     runs_outside_shard_map   True for a primitive run on whole arrays outside ``shard_map`` (the records of
                    primitives without one of their own); False by default
+    traits         what a pass asks of the op's arithmetic or form (``Trait``: a view, a comparison, a selection, a
+                   product, a sum, a broadcast, a layout annotation), so that no pass names a primitive
 
 Every field but the last three is required: a family module that defines an op says what each piece is, or that it
 has none (``finish=None``), so a missing piece is a construction error rather than a silent default. The signatures::
@@ -80,6 +82,18 @@ class Family(StrEnum):
     RANDOM = "random"
     PLACEMENT = "placement"         # device_put and sharding constraints
     FALLBACK = "no rule"            # the record of a primitive shardprop knows nothing about
+
+
+class Trait(StrEnum):
+    """A fact about an op that a pass asks about, rather than naming primitives (``OpDef.traits``)."""
+
+    VIEW = "view"              # only moves or copies elements: a value read through it is the value (a reshape)
+    COMPARISON = "comparison"  # compares elements (``eq``, ``lt``, ...)
+    SELECTING = "selecting"    # selects some operand elements; its derivative tests which (a maximum, a sort)
+    PRODUCT = "product"        # multiplies (``mul``, ``div``, ``square``, ``integer_pow``)
+    SUM = "sum"                # adds (``add``, ``sub``, ``add_any``)
+    BROADCAST = "broadcast"    # spreads its operand over more elements: its value is its operand's own
+    ANNOTATION = "annotation"  # the user's layout annotation inside the function (a sharding constraint)
 
 
 class Linearity(StrEnum):
@@ -138,6 +152,7 @@ class OpDef:
     # True when the primitive runs on whole arrays in a stage of its own outside ``shard_map`` (a primitive without
     # a record: its ``per_block`` is ``bind_globally``), a stage boundary on either side.
     runs_outside_shard_map: bool = False
+    traits: frozenset[Trait] = frozenset()
 
     @property
     def is_fallback(self) -> bool:
@@ -156,13 +171,17 @@ class OpDef:
         return first_sentence(sys.modules[self.propagate.__module__].__doc__ or self.propagate.__doc__)
 
 
-def defs(names: Iterable[str], family: Family, *, linear: Linearity | Mapping[str, Linearity], **pieces) -> list[OpDef]:
+def defs(names: Iterable[str], family: Family, *, linear: Linearity | Mapping[str, Linearity],
+         traits: Mapping[str, Iterable[Trait]] | None = None, **pieces) -> list[OpDef]:
     """One ``OpDef`` per name, all with the same pieces (a family helper, like JAX's
-    ``defvectorized``); ``linear`` is one for all, or per name (the names it leaves out are not linear)."""
+    ``defvectorized``); ``linear`` is one for all, or per name (the names it leaves out are not linear); ``traits``
+    per name (the names it leaves out have none)."""
     def linearity(name: str) -> Linearity:
         return linear if isinstance(linear, Linearity) else linear.get(name, Linearity.NONE)
 
-    return [OpDef(name, family, linear=linearity(name), **pieces) for name in names]
+    traits = traits or {}
+    return [OpDef(name, family, linear=linearity(name), traits=frozenset(traits.get(name, ())), **pieces)
+            for name in names]
 
 
 def first_sentence(text: str | None) -> str:

@@ -18,7 +18,7 @@ from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Open, Sharded, TensorSharding, layout_from_spec, shard_count, uneven_span
 from .elementwise import identity, identity_lineage
 from .fallback import conservative
-from .opdef import Family, Linearity, OpDef
+from .opdef import Family, Linearity, OpDef, Trait
 
 
 def device_put(ctx: RuleContext, *operands: TensorSharding, devices, **params) -> RuleOutput:
@@ -98,7 +98,7 @@ OPS = [
           per_block=bind_with(_no_placement), finish=None, pull=None, linear=Linearity.NONE),
     OpDef("sharding_constraint", Family.PLACEMENT, propagate=constraint, lineage=identity_lineage,
           lineage_exact=True, per_block=pass_through, finish=None, pull=None, linear=Linearity.NONE,
-          reads_ranges=True),
+          reads_ranges=True, traits=frozenset({Trait.ANNOTATION})),
     OpDef("reshard", Family.PLACEMENT, propagate=reshard, lineage=identity_lineage, lineage_exact=True,
           per_block=pass_through, finish=None, pull=None, linear=Linearity.NONE),
 ]

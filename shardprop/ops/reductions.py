@@ -22,7 +22,7 @@ from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import TensorSharding, shard_count
 from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind, FinishGeometry
-from .opdef import Family, Linearity, OpDef
+from .opdef import Family, Linearity, OpDef, Trait
 from .range_blocks import masked_rows
 from .ranges import keep_ranges
 from .windows import extreme
@@ -207,11 +207,16 @@ def reduction_geometry(graph, node, operand_type: ValueType, mesh_shape) -> Fini
     return FinishGeometry(rows=rows, fill=span.fill, fill_count=unheld * others)
 
 
+# the reductions whose result is one of their operand's elements (its derivative tests which)
+_SELECTING = frozenset({"reduce_max", "reduce_min", "argmax", "argmin"})
+
+
 def _reduction(name: str, finish: FinishReduction | None, linear: Linearity = Linearity.NONE) -> OpDef:
     per_block = reduction_block if name in _IDENTITY else arg_extreme_block if name in _ARG else bind_as_is
     return OpDef(name, Family.REDUCTION, propagate=reduction, lineage=reduction_lineage, lineage_exact=True,
                  per_block=per_block, finish=finish, pull=None, linear=linear, reads_ranges=True,
-                 finish_follows_needs=True, geometry=reduction_geometry)
+                 finish_follows_needs=True, geometry=reduction_geometry,
+                 traits=frozenset({Trait.SELECTING}) if name in _SELECTING else frozenset())
 
 
 OPS = [

@@ -18,7 +18,7 @@ from ..core.boxes import Box, LineageContext, bounded_product, full_box, hull
 from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Shard, Sharded, Span, TensorSharding, shard_count
 from .fallback import conservative
-from .opdef import Family, Linearity, OpDef
+from .opdef import Family, Linearity, OpDef, Trait
 
 # A reshape box that crosses more rows than this is widened to its bounding box (sound, not exact).
 MAX_RUNS = 4096
@@ -269,5 +269,5 @@ def _reshape_block_params(params, blocks: Blocks) -> dict:
 OPS = [
     OpDef("reshape", Family.SHAPE, propagate=reshape, lineage=reshape_lineage, lineage_exact=True,
           per_block=bind_with(_reshape_block_params), finish=None, pull=None, linear=Linearity.FIRST,
-          reads_ranges=True),
+          reads_ranges=True, traits=frozenset({Trait.VIEW})),
 ]

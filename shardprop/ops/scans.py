@@ -22,7 +22,7 @@ from ..core.rules import RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding, shard_count, standard_span, uneven_span
 from ..core.types import ValueType
 from ..expr import jax_adapter as jx
-from .opdef import Family, Linearity, OpDef, defs
+from .opdef import Family, Linearity, OpDef, Trait, defs
 from .range_blocks import masked_rows
 from .windows import extreme
 
@@ -185,11 +185,13 @@ def top_k_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
 OPS = [
     *defs(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), Family.SCAN, propagate=cumulative,
           lineage=cumulative_lineage, lineage_exact=True, per_block=cumulative_block, finish=finish_cumulative,
-          pull=None, linear={"cumsum": Linearity.FIRST}, reads_ranges=True, combine=combine_earlier_blocks),
+          pull=None, linear={"cumsum": Linearity.FIRST}, reads_ranges=True, combine=combine_earlier_blocks,
+          traits=dict.fromkeys(("cummax", "cummin"), (Trait.SELECTING,))),
     OpDef("sort", Family.SCAN, propagate=sort, lineage=sort_lineage, lineage_exact=True, per_block=bind_as_is,
-          finish=None, pull=None, linear=Linearity.NONE),
+          finish=None, pull=None, linear=Linearity.NONE, traits=frozenset({Trait.SELECTING})),
     OpDef("top_k", Family.SCAN, propagate=top_k, lineage=top_k_lineage, lineage_exact=True, per_block=top_k_block,
-          finish=finish_top_k, pull=None, linear=Linearity.NONE, geometry=top_k_geometry),
+          finish=finish_top_k, pull=None, linear=Linearity.NONE, geometry=top_k_geometry,
+          traits=frozenset({Trait.SELECTING})),
     OpDef("approx_top_k", Family.SCAN, propagate=approx_top_k, lineage=approx_top_k_lineage, lineage_exact=True,
           per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

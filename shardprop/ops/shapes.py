@@ -16,7 +16,7 @@ from ..expr.graph import Graph, Node
 from ..core.boxes import Box, LineageContext, product
 from ..core.rules import CREATED, RuleContext, RuleOutput
 from ..core.layouts import Layout, TensorSharding
-from .opdef import Family, Linearity, OpDef
+from .opdef import Family, Linearity, OpDef, Trait
 from .ranges import keep_ranges
 
 
@@ -202,13 +202,12 @@ def _empty_block_params(params, blocks: Blocks) -> dict:
 OPS = [
     OpDef("broadcast_in_dim", Family.SHAPE, propagate=broadcast_in_dim, lineage=broadcast_in_dim_lineage,
           lineage_exact=True, per_block=bind_with(_broadcast_block_params), finish=None, pull=pull_broadcast,
-          reads_ranges=True,
-          linear=Linearity.FIRST),
+          reads_ranges=True, linear=Linearity.FIRST, traits=frozenset({Trait.VIEW, Trait.BROADCAST})),
     OpDef("squeeze", Family.SHAPE, propagate=squeeze, lineage=squeeze_lineage, lineage_exact=True, reads_ranges=True,
-          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.FIRST),
+          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.FIRST, traits=frozenset({Trait.VIEW})),
     OpDef("transpose", Family.SHAPE, propagate=transpose, lineage=transpose_lineage, lineage_exact=True,
-          reads_ranges=True,
-          per_block=bind_as_is, finish=None, pull=None, linear=Linearity.FIRST),
+          reads_ranges=True, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.FIRST,
+          traits=frozenset({Trait.VIEW})),
     OpDef("iota", Family.SHAPE, propagate=iota, lineage=no_operands, lineage_exact=True,
           per_block=iota_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
     OpDef("empty", Family.SHAPE, propagate=empty, lineage=no_operands, lineage_exact=True,

@@ -24,7 +24,8 @@ from ..errors import NoRuleError, OptionError, ShardingConflictError, ShardingEr
 from ..gc_pause import gc_paused
 from ..mesh import as_auto_mesh
 from ..expr.graph import CONSTANT, PARAMETER, Graph, where
-from ..ops import has_record
+from ..ops import has_record, lookup
+from ..ops.opdef import Trait
 from ..core.rules import OpenTracker
 from .invariants import checked
 from .memo import Variants, resolutions
@@ -246,7 +247,8 @@ def _views_returned(graph: Graph, views) -> bool:
     for node_id, k in views:
         if node_id == RETURNED:
             producer = graph.nodes[graph.producer[graph.outputs[k]]]
-            if producer.op not in (PARAMETER, CONSTANT, "broadcast_in_dim", "iota") and producer.operands:
+            if producer.op not in (PARAMETER, CONSTANT) and Trait.BROADCAST not in lookup(producer.op).traits \
+                    and producer.operands:
                 return True
     return False
 

@@ -16,6 +16,7 @@ from .versions import JAX_VERSION, PRIMITIVES_OF_SOME_RELEASES  # noqa: F401  (t
 from .jaxprs import (  # noqa: F401  (the adapter's names, re-exported)
     Primitive, CALL_JAXPR_PARAM, LINEAR_SOLVE, INLINED_CALLS, CUSTOM_JVP_CALLS, CUSTOM_VJP_CALLS,
     PLATFORM_INDEX, FOLDED_AT_TRACE, FOLDABLE_INDEX_ARITHMETIC, Equation, Body, make_jaxpr, closed_body,
+    constraint_equation,
     call_body, static_platform_index, cond_branch, STATIC_WHEN_CONSTANT, as_static_slice, as_constant, is_literal,
     is_drop_var, literal_value,
     PLACEMENTS, without_placements, bind, defined_primitives, public_primitives,

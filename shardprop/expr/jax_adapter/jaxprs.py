@@ -92,6 +92,15 @@ def make_jaxpr(flat_fun: Callable, avals: Sequence[jax.ShapeDtypeStruct]):
     return closed.replace(jaxpr=jaxpr)
 
 
+def constraint_equation(shape: tuple[int, ...], dtype, sharding) -> tuple[Primitive, dict]:
+    """The primitive and params of ``jax.lax.with_sharding_constraint(x, sharding)`` for an ``x`` of ``shape`` and
+    ``dtype``, as a trace of it records them (run under the program's mesh context)."""
+    closed = jax.make_jaxpr(lambda x: jax.lax.with_sharding_constraint(x, sharding))(
+        jax.ShapeDtypeStruct(tuple(shape), dtype))
+    (equation,) = closed.jaxpr.eqns
+    return equation.primitive, dict(equation.params)
+
+
 def closed_body(closed_jaxpr) -> Body:
     """The top level of a closed jaxpr."""
     jaxpr = closed_jaxpr.jaxpr
