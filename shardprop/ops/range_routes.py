@@ -87,7 +87,7 @@ def rotation(node, first, length: int) -> int:
 def concatenate_placement(graph, node, operand_type, collective: Collective, mesh_shape) -> Placement:
     """Where a concatenation joined in place leaves each device's rows: rotated by its rotation (a ``rotate``
     finish: operands ranged, a roll), or pieces a route carries (``shardprop.core.rounds.route_rounds``)."""
-    dim, mesh_axes = node.params["dimension"], collective.mesh_axes
+    dim, mesh_axes = int(node.params["dimension"]), collective.mesh_axes
     if collective.kind is CollectiveKind.ROTATE:
         shift = rotation(node, operand_type, graph.avals[node.outputs[0]].shape[dim])
         return Placement(PlacementKind.ROTATED, mesh_axes, axis=dim, shift=shift)

@@ -106,6 +106,23 @@ def test_json_follows_its_schema_and_shard_parents_resolve(mesh):
     assert [n["stage"] for n in doc["nodes"]] == [None, None, 0, 0, 1, 1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("f,kind", [(lambda x: jnp.roll(x, 3) * 2, "rotated"), (lambda x: x[::-1] + 1, "mirrored"),
+                                    (lambda x: jnp.concatenate([x, x * 2]) * 3, "routed")],
+                         ids=["rotated", "mirrored", "routed"])
+def test_json_says_where_an_op_left_its_rows_and_the_step_that_places_them(f, kind):
+    """A value an op left out of its places is typed so (its ``placement``), and the move that puts its rows there
+    is a step of its own, as every other move: the document serializes and validates."""
+    mesh = sp.make_mesh((8,), ("i",))
+    doc = json.loads(json.dumps(sp.to_json(sp.autoshard(f, mesh=mesh, in_specs=(P("i"),)).trace(jnp.ones(64)))))
+    jsonschema.validate(doc, SCHEMA)
+    ir = [i for stage in doc["stages"] for i in stage["instructions"]]
+    placed = [o for i in ir if i["kind"] == "compute" for o in i["outputs"] if "placement" in o]
+    assert [p["placement"] for p in placed] == [{"kind": kind, "mesh_axes": ["i"]}]
+    (move,) = [i for i in ir if i["kind"] == "move" and "placement" in i["from"]]
+    assert move["op"] == {"rotated": "rotate", "mirrored": "mirror", "routed": "route"}[kind] and move["finishes"]
+    assert "placement" not in move["to"] and move["moved_bytes"] > 0
+
+
 def test_json_of_a_workload_with_collectives_and_scans_validates(mesh):
     from shardprop.examples.mlp import init_params, train_step
 
