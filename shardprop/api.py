@@ -16,7 +16,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .calling import Convention, Traced, call_site, constrain_outputs
+from .calling import Convention, Traced, call_site, constrain_outputs, pin_outputs
 from .derivatives import derivatives_for
 from .errors import FallbackWarning, LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError
 from .expr import jax_adapter as jx
@@ -80,7 +80,9 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
     if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
-    derivatives = derivatives_for(graph, f, plan.sharded.in_specs, compile=compile_derivative)
+    # (a derivative program traces f again: with the state pinned as the program returns it)
+    differentiated = pin_outputs(f, pins, auto_mesh) if pins else f
+    derivatives = derivatives_for(graph, differentiated, plan.sharded.in_specs, compile=compile_derivative)
     program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched,
                     kept=specs.kept, declared=specs.declared)
     if limit is not None and searched is None and (memory := program.memory()) > limit:

@@ -136,6 +136,21 @@ def constrain_outputs(f, out_specs: Any, mesh):
     return constrained
 
 
+def pin_outputs(f, specs: dict[int, Any], mesh):
+    """``f`` with its flat output ``k`` pinned to ``specs[k]`` by a sharding constraint (the others free): the
+    function a program's derivative programs trace, where the program returns an updated state in its argument's
+    layout (``compile_program``'s ``returns_inputs``; the program's own graph is pinned without tracing again:
+    ``shardprop.expr.with_pinned_outputs``)."""
+    def pinned(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten(f(*args, **kwargs))
+        return jax.tree_util.tree_unflatten(tree, _pinned(leaves, [specs.get(k) for k in range(len(leaves))], mesh))
+
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if hasattr(f, attr):
+            setattr(pinned, attr, getattr(f, attr))
+    return pinned
+
+
 def _pinned(leaves: list, specs: list, mesh) -> list:
     """Each leaf under a sharding constraint to its spec (None: as it is)."""
     from jax.sharding import NamedSharding

@@ -13,6 +13,7 @@ from jax import lax
 from ..core.blocks import block_index, block_rows
 from ..core.collectives import NO_GEOMETRY, CollectiveKind, FinishGeometry
 from ..core.layouts import Span
+from ..errors import LoweringError
 from ..ops import lookup
 from ..ops.windows import extreme
 from .moves import as_bits
@@ -26,6 +27,9 @@ def finish_extreme(node: Node, kind: CollectiveKind, mesh_axes: tuple[str, ...],
     operand block; for a top-k, its values' partial result) combined by ``kind`` over ``mesh_axes``, where
     ``geometry`` says (a top-k's axis, an arg-extreme's ranged rows)."""
     rows = geometry.rows
+    if kind.by_moves:  # a sum or a placement is a planned move (backends/moves.py), never a Finish
+        raise LoweringError(f"a {kind} finish of `{node.op}` reached the Finish executor (a shardprop bug: emit "
+                            "plans it as moves)")
     if kind is CollectiveKind.TOP_K:  # each device's k best: the candidates
         return _finish_top_k(node, mesh_axes, partial, block, output)
     if kind is CollectiveKind.PREFIX:  # each device scanned its block

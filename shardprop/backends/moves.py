@@ -3,10 +3,12 @@
 Each ``shardprop.core.moves.Step`` is one ``lax`` call over the mesh axes the caller's ``shard_map`` names
 (``check_vma=False``: the steps change which mesh axes a block varies over, which the caller states in its
 ``out_specs``). A step that sends nothing between devices (groups of one device) is skipped, as
-``shardprop.core.moves.step_transfer`` prices it at nothing. A step over a sub-axis (``i[minor 2]``, see
-``shardprop.core.subaxes``) is the collective over its mesh axis in groups (``axis_index_groups``) of the devices
-that differ only on it; a slice over one cuts by the device's coordinate on it. Steps that only move data move the
-bits of bfloat16 and float8 blocks: XLA:CPU would move them as wider floats, twice the bytes priced.
+``shardprop.core.moves.step_transfer`` prices it at nothing — but for the steps that put a placed value's rows in
+their places (a mirror, a rotation, a route), which rearrange the block even where they send nothing. A step over
+a sub-axis (``i[minor 2]``, see ``shardprop.core.subaxes``) is the collective over its mesh axis in groups
+(``axis_index_groups``) of the devices that differ only on it; a slice over one cuts by the device's coordinate on
+it. Steps that only move data move the bits of bfloat16 and float8 blocks: XLA:CPU would move them as wider floats,
+twice the bytes priced.
 
     steps = plan_move(x.shape, x.dtype, have, want, mesh_shape)
     jax.shard_map(lambda b: apply_steps(b, steps, mesh_shape), mesh=mesh, in_specs=layout_to_spec(have.layout),
@@ -141,7 +143,7 @@ def _realign(x, step: Step, mesh_shape: Mapping[str, int]):
 
 def apply_rounds(x, rounds, axis: int, names: tuple[str, ...], block: int, fill, mesh_shape: Mapping[str, int]):
     """Blocks of ``block`` rows along ``axis`` (laid out over ``names``) made of the pieces of ``rounds``
-    (``shardprop.core.steps.Piece``: rows of one device's block ``x`` landing in another's), one ``ppermute``
+    (``shardprop.core.rounds.Piece``: rows of one device's block ``x`` landing in another's), one ``ppermute``
     per round but the first (the pieces each device keeps); a position no piece lands on holds ``fill``."""
     count = shard_count(mesh_shape, names)
     here = block_index(names, mesh_shape)

@@ -129,8 +129,9 @@ def unframed(x, vtype: ValueType, shape: tuple[int, ...], mesh_shape) -> jax.Arr
 
 
 def _chunks(instructions: Sequence[Instruction], size: int) -> list[tuple[Instruction, ...]]:
-    """``instructions`` in runs of about ``size``, a run extended until no partial value it made is still to be read
-    (a partial value is never carried between segments, where it would be taken as whole)."""
+    """``instructions`` in runs of about ``size``, a run extended until no pending value it made (partial, or
+    placed) is still to be read (one is never carried between segments, where it would be taken as whole and in
+    place)."""
     last_read: dict[Ref, int] = {}
     for k, instruction in enumerate(instructions):
         for ref in reads(instruction):

@@ -45,7 +45,9 @@ class Transfer:
     bytes: int
     moved_bytes: float
     repeats: int = 1  # executions per run of the program: a collective inside a loop runs once per iteration
-    arrays: int = 1   # a collective of a tuple (XLA combines several all-reduces): ``shape`` is its first array's
+    # a collective of a tuple (XLA combines several all-reduces): ``shape`` is its first array's; or the permutes of
+    # one step that moves rows in pieces (a realign, a rotation, a route): ``shape`` is their pieces' rows together
+    arrays: int = 1
     unknown_trips: bool = False  # inside a while loop of unknown trip count: counted for one iteration
 
     @property

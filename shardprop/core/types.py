@@ -82,8 +82,10 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class ValueType:
-    """How each device holds a value: its ``layout``, and the mesh axes over which it is an unreduced sum (a set,
-    kept sorted so that equal types compare equal; a whole value's ``reduction`` is always ``SUM``)."""
+    """How each device holds a value: its ``layout``, the mesh axes over which it is an unreduced sum (a set,
+    kept sorted so that equal types compare equal; a whole value's ``reduction`` is always ``SUM``), the
+    neighbours' rows it also holds (``halo``), a ranged axis's rows (``span``), and where an op left its rows
+    (``placement``, a whole value's only)."""
 
     layout: Layout
     partial: tuple[str, ...] = ()

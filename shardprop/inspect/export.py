@@ -34,7 +34,9 @@ def _type(vtype: ValueType) -> dict[str, Any]:
     if vtype.partial and vtype.reduction is not Reduction.SUM:
         out["reduction"] = str(vtype.reduction)
     if vtype.placement is not None:
-        out["placement"] = {"kind": str(vtype.placement.kind), "mesh_axes": list(vtype.placement.mesh_axes)}
+        placement = vtype.placement  # (a route's rounds are its step's: "transfers", "moved_bytes")
+        out["placement"] = {"kind": str(placement.kind), "mesh_axes": list(placement.mesh_axes), "axis": placement.axis,
+                            "shift": placement.shift}
     return out
 
 
@@ -191,7 +193,8 @@ _STRINGS = {"type": "array", "items": {"type": "string"}}
 # their places, only just before the mirror, rotation or route that puts them there)
 _TYPE_FIELDS = {"layout": _LAYOUT, "partial": _STRINGS,
                 "reduction": {"enum": [r.value for r in Reduction if r is not Reduction.SUM]},
-                "placement": _object({"kind": {"enum": [k.value for k in PlacementKind]}, "mesh_axes": _STRINGS})}
+                "placement": _object({"kind": {"enum": [k.value for k in PlacementKind]}, "mesh_axes": _STRINGS,
+                                      "axis": {"type": ["integer", "null"]}, "shift": {"type": "integer"}})}
 _TYPE_REQUIRED = ["layout", "partial"]
 _TYPE = _object(_TYPE_FIELDS, _TYPE_REQUIRED)
 _REF = _object({"value": _NAME, **_TYPE_FIELDS}, ["value", *_TYPE_REQUIRED])

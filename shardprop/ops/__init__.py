@@ -24,6 +24,7 @@ from . import (contractions, control_flow, convolutions, elementwise, linalg, lo
                ranges, reductions, reshape, scans, scatters, shapes, slicing)
 from ..core.collectives import NO_GEOMETRY, Collective, FinishGeometry
 from ..core.types import Placement
+from ..errors import LoweringError
 from .fallback import fallback_for
 from .opdef import Family, OpDef, defs, first_sentence
 
@@ -42,7 +43,11 @@ def finish_geometry(graph, node, operand_type, mesh_shape) -> FinishGeometry:
 def finish_placement(graph, node, operand_type, collective: Collective, mesh_shape) -> Placement:
     """Where ``node``, finished by a placement (``collective``: a mirror, a rotation, a route), leaves each device's
     rows when it reads its first operand in ``operand_type``: its record's ``placement`` piece."""
-    return lookup(node.op).placement(graph, node, operand_type, collective, mesh_shape)
+    piece = lookup(node.op).placement
+    if piece is None:
+        raise LoweringError(f"`{node.op}` is finished by a {collective.kind} but its record has no placement piece "
+                            "(a shardprop bug)")
+    return piece(graph, node, operand_type, collective, mesh_shape)
 
 
 def _collect() -> Mapping[str, OpDef]:

@@ -37,7 +37,7 @@
     traits         what a pass asks of the op's arithmetic or form (``Trait``: a view, a comparison, a selection, a
                    product, a sum, a broadcast, a layout annotation), so that no pass names a primitive
 
-Every field but the last three is required: a family module that defines an op says what each piece is, or that it
+Every field up to ``linear`` is required: a family module that defines an op says what each piece is, or that it
 has none (``finish=None``), so a missing piece is a construction error rather than a silent default. The signatures::
 
     propagate(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput

@@ -137,7 +137,7 @@ def pad_block(node, invals, blocks: Blocks) -> list:
 
 def concatenate_block(node, invals, blocks: Blocks) -> list:
     """Along the joined axis kept in blocks, each device's rows are those of the operand each lands in (every operand
-    arrived realigned to the output's blocks, or — a ``rotate`` finish to follow — in place, the rows rotated);
+    arrived realigned to the output's blocks, or — a ``rotate`` step to follow — in place, the rows rotated);
     else the operands joined as they are."""
     axis = node.params["dimension"]
     span = _out_span(blocks, 0, axis)

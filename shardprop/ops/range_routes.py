@@ -1,8 +1,9 @@
 """Ranged rows routed into their blocks: where a concatenation joins its operands' blocks in place (a roll's
 rotation, two sequences end to end) or a strided slice leaves each device's picks out of their places, the op runs
-in place and a ``rotate`` or ``route`` finish sends each device's rows to the blocks they belong to — chosen where
-that moves fewer rows than reading the operands realigned (``shardprop.ops.ranges``' rules' reads). Here: the
-finishes' choice (``finish_concatenate``, ``finish_slice``), their geometry, and the strided picks' arithmetic."""
+in place and a ``rotate`` or ``route`` step (a move) sends each device's rows to the blocks they belong to —
+chosen where that moves fewer rows than reading the operands realigned (``shardprop.ops.ranges``' rules' reads).
+Here: the finishes' choice (``finish_concatenate``, ``finish_slice``), the placements they leave, and the strided
+picks' arithmetic."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ NeedSpans = tuple[tuple[tuple[tuple[str, ...], Span] | None, ...], ...]
 def finish_concatenate(decisions, node):
     """A concatenation whose operands, held ranged in place, are the blocks of the result rotated (``jnp.roll``: the
     slices ``x[63:]`` and ``x[:63]`` of a 64-row axis in blocks of 8 hold, together, every row of the result, each
-    device's 7 rows ahead): the op joins them in place and a ``rotate`` finish moves each device's rows into its
+    device's 7 rows ahead): the op joins them in place and a ``rotate`` step moves each device's rows into its
     block — one permute of the rows crossing a block's edge, as XLA's rotation — where reading each operand realigned
     would permute each apart. Operands in equal blocks (two sequences end to end) are joined in place too and a
-    ``route`` finish sends each piece to its block, the operands' pieces sharing permutes, where that moves fewer
+    ``route`` step sends each piece to its block, the operands' pieces sharing permutes, where that moves fewer
     rows than realigning each. None otherwise (the rule's realigned reads stand)."""
     dim = node.params["dimension"]
     graph, mesh_shape = decisions.graph, decisions.mesh_shape
@@ -59,7 +60,7 @@ def finish_concatenate(decisions, node):
 
 
 def _routed(decisions, node, held, mesh_axes, count: int):
-    """The ``route`` finish of ``finish_concatenate``, or None: every operand in equal blocks over ``mesh_axes``,
+    """The ``route`` of ``finish_concatenate``, or None: every operand in equal blocks over ``mesh_axes``,
     the result too, more than one operand laid out, and the shared rounds moving fewer rows than realigning each."""
     dim = node.params["dimension"]
     lengths = tuple(decisions.graph.avals[v].shape[dim] for v in node.operands)
@@ -181,7 +182,7 @@ def slice_placement(graph, node, operand_type: ValueType, collective: Collective
 def finish_slice(decisions, node):
     """A strided slice whose operand, read in place, leaves each device's picks out of their places in the result's
     blocks (``x[:, ::16]`` of blocks of 8: devices 0, 2, 4, 6 pick a row each, for blocks 0-3): each device picks the
-    rows its own block holds and a ``route`` finish sends them to their blocks, where that moves fewer rows than
+    rows its own block holds and a ``route`` step sends them to their blocks, where that moves fewer rows than
     reading the operand realigned to the rows each block picks from (the rule's read). None otherwise."""
     (operand,) = node.operands
     if jx.is_extended_dtype(decisions.graph.avals[operand].dtype):

@@ -27,7 +27,8 @@ from .ir import Compute, Ref, reads, results, transfers_of
 def move_transfers(view: Decisions, value: int, have: ValueType, want: ValueType) -> tuple[Transfer, ...]:
     """The collectives that bring ``value`` from type ``have`` to type ``want``, as planned
     (``shardprop.core.moves.plan_move``: gathers, all-to-alls, permutes, a psum or a reduce-scatter of a
-    partial sum; local slices and taking a value once cost nothing)."""
+    partial sum, halo exchanges, realignments, the mirror, rotation or route of a placed value; local slices and
+    taking a value once cost nothing)."""
     aval = view.graph.avals[value]
     return planned_transfers(aval.shape, aval.dtype, have, want, view.mesh_shape)
 

@@ -66,7 +66,8 @@ class Emitter:
 
     def bring(self, source: Ref, want: ValueType, node: int | None, finishing: bool = False) -> Ref:
         """``source``'s value in type ``want`` for node ``node`` (``finishing``: ``source`` is ``node``'s partial
-        result, summed into the type the plan holds it in): the moves that get it there, emitted once (from the
+        result, summed into the type the plan holds it in, or its placed result, its rows put in their places): the
+        moves that get it there, emitted once (from the
         furthest point on the way that is already available, here or from an earlier stage)."""
         target = Ref(source.value, want)
         if self.has(target):
