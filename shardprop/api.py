@@ -18,14 +18,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .calling import Convention, Traced, call_site, constrain_outputs, pin_outputs
 from .derivatives import derivatives_for
-from .errors import FallbackWarning, LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError
+from .errors import LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError
 from .expr import jax_adapter as jx
 from .expr import trace, with_pinned_outputs
 from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import propagate
 from .propagation.propagate import flat_in_specs, flat_specs_of_tree
-from .propagation.reports import warn_fallbacks
+from .propagation.reports import warn_fallbacks, warn_reshards
 from .search import AUTO, check_memory_limit, is_spec_leaf, search_layouts
 from .search.solve import as_tree
 from .signature import Signature, call_key
@@ -58,18 +58,22 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     with jx.program_mesh_context(auto_mesh):  # the user's Explicit mesh would make constraints asserts
         graph = trace(f, *args, names=names)
     specs = ArgumentSpecs.resolve(graph, args, in_specs, mesh)
+    # an updated state whose argument's layout is known comes back in it: the traced graph returns it constrained so
+    known = _known_state(specs, len(graph.outputs), returns_inputs)
+    graph = _with_pins(graph, known, auto_mesh)
     searched = None
     if specs.searched:  # the search builds the chosen plan: its moves between searched layouts are its priced choice
         searched = _search(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts, limit=limit,
                            keyword_form=traced is not None, donated=donated, returns_inputs=returns_inputs)
-        plan = searched.plan
+        plan = searched.plan  # its warnings: the fallbacks, and the conflicts of the layouts the user fixed
         warn_fallbacks(graph, plan.sharded.fallbacks, plan.sharded.fallback_causes)
+        warn_reshards(graph, plan.sharded, chosen=frozenset(k for k, s in enumerate(specs.flat) if s is AUTO))
     else:
         plan = _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts)
-    pins = _moved_state(plan.sharded, len(graph.outputs), returns_inputs)
-    if pins:  # an updated state laid out otherwise than it came in: the graph returns it constrained to its layout
-        with jx.program_mesh_context(auto_mesh):
-            graph = with_pinned_outputs(graph, {k: NamedSharding(auto_mesh, spec) for k, spec in pins.items()})
+    # one whose argument's layout propagation or the search decided, computed in another: pinned, and planned again
+    moved = _moved_state(plan.sharded, len(graph.outputs), returns_inputs)
+    if moved:
+        graph = _with_pins(graph, moved, auto_mesh)
         with warnings.catch_warnings():  # its moves are this rule's, not a clash of the user's layouts
             warnings.simplefilter("ignore", ReshardWarning)
             plan = _planned(graph, specs.pinned(graph, plan.sharded, returns_inputs), mesh=mesh, strict=strict,
@@ -81,6 +85,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
     # (a derivative program traces f again: with the state pinned as the program returns it)
+    pins = known | moved
     differentiated = pin_outputs(f, pins, auto_mesh) if pins else f
     derivatives = derivatives_for(graph, differentiated, plan.sharded.in_specs, compile=compile_derivative)
     program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched,
@@ -96,6 +101,21 @@ def _planned(graph, in_specs: Any, *, mesh: Mesh, strict: bool, strategy: str, c
     """Propagation, then the split, of ``graph`` taking its arguments in ``in_specs``: the ``Plan``."""
     pricer = PlanPricer(strategy)
     return pricer.plan_for(propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer))
+
+
+def _with_pins(graph, pins: dict[int, PartitionSpec], auto_mesh: Mesh):
+    """``graph`` returning each output ``k`` of ``pins`` constrained to ``pins[k]`` (``expr.with_pinned_outputs``)."""
+    if not pins:
+        return graph
+    with jx.program_mesh_context(auto_mesh):
+        return with_pinned_outputs(graph, {k: NamedSharding(auto_mesh, spec) for k, spec in pins.items()})
+
+
+def _known_state(specs: ArgumentSpecs, outputs: int, returns_inputs: Sequence[int]) -> dict[int, PartitionSpec]:
+    """``{output: spec}`` for each returned state (the last outputs) whose argument's layout is known before
+    propagation (a spec the user wrote, an array's own, a Variable's declared one): the layout it is returned in."""
+    base = outputs - len(returns_inputs)
+    return {base + i: specs.flat[j] for i, j in enumerate(returns_inputs) if isinstance(specs.flat[j], PartitionSpec)}
 
 
 def _moved_state(sharded, outputs: int, returns_inputs: Sequence[int]) -> dict[int, Any]:
@@ -150,8 +170,8 @@ class ArgumentSpecs:
 
 def _search(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str, limit,
             keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int]):
-    """The layout search's result for the ``sp.AUTO`` leaves of ``specs``; the user's own conflicts, between the specs
-    they fixed, warn as propagation finds them (their fallbacks warn once, from the chosen plan)."""
+    """The layout search's result for the ``sp.AUTO`` leaves of ``specs`` (no warnings: ``compile_program`` warns from
+    the chosen plan)."""
     if strict and not any(isinstance(s, PartitionSpec) for s in specs.flat):
         raise SearchError("sp.AUTO with strict=True: every argument is sp.AUTO or unannotated, so nothing "
                           "fixed says how the program is meant to be split (strict=True takes no layout "
@@ -161,10 +181,6 @@ def _search(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: 
                               strategy=strategy, memory_limit=limit, keyword_form=keyword_form, donated=donated,
                               returns_inputs=returns_inputs,
                               compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FallbackWarning)
-        propagate(graph, specs.tree(graph, [None if s is AUTO else s for s in specs.flat]), mesh=mesh, strict=strict,
-                  conflicts=conflicts, backward=False)
     return searched
 
 

@@ -2,6 +2,8 @@
 optimizer in place does so under autoshard as under nnx.jit (the oracle: the same step under nnx.jit from the same
 initialisation), names its inputs by attribute path, and a call that adds a Variable is refused clearly."""
 
+import warnings
+
 import jax
 import numpy as np
 import optax
@@ -213,10 +215,13 @@ class Counter(nnx.Module):
         self.total = nnx.Variable(np.arange(128, dtype=np.float32).reshape(16, 8))
 
 
-def test_an_update_computed_in_another_layout_is_returned_in_its_arguments(mesh):
-    """The step lays the new total out as ``P(None, 'i')``; it came in ``P('i', None)``: the program returns it moved
-    back (a sharding constraint added to the traced graph, not a second trace), so the next call, fed it, compiles
-    nothing — and the values are ``nnx.jit``'s."""
+@pytest.mark.parametrize("written", ["fixed", "adopted"])
+def test_an_update_computed_in_another_layout_is_returned_in_its_arguments(mesh, written):
+    """The step lays the new total out as ``P(None, 'i')``; it came in ``P('i', None)`` — written by the user (pinned
+    before propagation) or adopted from ``x`` (known after it: pinned, and planned again): the program returns it
+    moved back (a sharding constraint added to the traced graph, not a second trace), with no warning (the move is
+    the rule's, not a clash of the user's layouts), so the next call, fed it, compiles nothing — and the values are
+    ``nnx.jit``'s."""
     from jax.sharding import NamedSharding
 
     from tests.test_spellings import compiles_of
@@ -228,8 +233,11 @@ def test_an_update_computed_in_another_layout_is_returned_in_its_arguments(mesh)
 
     counter, want = Counter(), Counter()
     x = RNG.normal(size=(16, 8)).astype(np.float32)
-    stepped = sp.autoshard(step, mesh=mesh, in_specs=(P("i", None), None))
-    counts = [compiles_of(lambda: jax.block_until_ready(stepped(counter, x))) for _ in range(2)]
+    in_specs = (P("i", None), None) if written == "fixed" else (None, P("i", None))
+    stepped = sp.autoshard(step, mesh=mesh, in_specs=in_specs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ReshardWarning)
+        counts = [compiles_of(lambda: jax.block_until_ready(stepped(counter, x))) for _ in range(2)]
     for _ in range(2):
         nnx.jit(step)(want, x)
     assert counts[0] > 0 and counts[1] == 0

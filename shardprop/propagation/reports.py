@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from ..errors import FallbackWarning, ReshardWarning
 from ..expr.graph import Graph, Node, value_name, warn_at, where
-from ..core.layouts import Layout, layout_to_spec
+from ..core.layouts import Layout, Sharded, layout_to_spec
 from ..core.moves import move_bytes, plan_move
 from ..core.steps import exchanges
 from ..core.types import ValueType
+from .origins import trace_origin
 from .product import ShardedGraph
 
 
-def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None:
+def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "", chosen: frozenset[int] = frozenset()) -> None:
     """One ``ReshardWarning`` per conflict resolved, at the user's line, carrying the conflict — those inside
-    loop and branch bodies too (moved there on every iteration)."""
+    loop and branch bodies too (moved there on every iteration). ``chosen`` are the arguments (flat positions)
+    whose layouts the layout search chose: a conflict an axis of theirs takes part in is the search's priced
+    choice, not a clash of the user's layouts, and is not warned about."""
     for node_id, bodies in sorted(sharded.bodies.items()):
         node = graph.nodes[node_id]
         for body in bodies:
@@ -23,9 +26,9 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None
                 ("" if not body.carries else ", on every iteration")
             warn_reshards(body.sharded.graph, body.sharded, inside_body)
     for node_id, (operand, message) in sorted(sharded.reshards.items()):
-        if node_id in sharded.priced:  # a move chosen as the cheapest way, not a clash of the user's layouts
-            continue
         node = graph.nodes[node_id]
+        if node_id in sharded.priced or _laid_out_by(sharded, node, chosen):  # a move chosen as the cheapest way
+            continue
         moved = node.operands[operand]
         have, need = sharded.layout(moved), sharded.needs[node_id][operand]
         aval = sharded.graph.avals[moved]
@@ -36,6 +39,19 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "") -> None
                 f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
                 f"(conflicts='error' refuses instead)\n{message}")
         warn_at(node, text, ReshardWarning)
+
+
+def _laid_out_by(sharded: ShardedGraph, node: Node, arguments: frozenset[int]) -> bool:
+    """Whether a sharded axis of one of ``node``'s operands comes from one of ``arguments`` (flat positions)."""
+    if not arguments:
+        return False
+    for value in node.operands:
+        for axis, a in enumerate(sharded.shardings[value].axes):
+            if isinstance(a, Sharded):
+                origin = trace_origin(sharded.graph, sharded.shardings, value, axis)
+                if origin.is_argument and origin.node.params["index"] in arguments:
+                    return True
+    return False
 
 
 def describe_move(aval, have: Layout, need: Layout, mesh_shape) -> tuple[str, float]:
