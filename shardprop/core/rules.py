@@ -167,8 +167,8 @@ class RuleContext:
         for src in sources[1:]:
             if len(src.mesh_axes) > len(finest.mesh_axes):
                 finest = src
-        if not self.lineage:
-            return finest
+        if not self.lineage:  # equal blocks over its mesh axes (not the source's own rows, were it ranged)
+            return Sharded(finest.mesh_axes, ())
         count = len(finest.shards)
         length = size // count
         ids = self._ids

@@ -17,6 +17,7 @@ calls return where the rule placed them — what running the rule again would do
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..core.layouts import Open, Sharded, TensorSharding
@@ -131,22 +132,36 @@ def resolutions(opens: OpenTracker) -> tuple:
     return tuple((key, opens.resolution(key), opens.adopted_from(key)) for key in sorted(opens.parent))
 
 
+@dataclass(frozen=True)
+class Adoption:
+    """Where a view of the backward pass meets an open axis (a broadcast's, an iota's, an unannotated argument's),
+    whether the axis adopts the layout asked — the value made so, all the chain making it laid out so — or the value
+    is made as without the view and sliced for it (free). Each is a choice the candidates' prices decide."""
+
+    shared: bool = False  # a created value other uses read too is made as the view asks, for all of them
+    returned: bool = True  # a returned value's open axes adopt the layout of the argument it mirrors
+    viewed: bool = True  # a created value one use reads is made as its view asks (a reshape between may not carry it)
+
+
+ADOPTING = Adoption()  # the default: every open axis a view meets adopts what it asks
+
+
 class Variants:
-    """The products of one view set's walks under each setting of ``adopt_shared`` and ``adopt_returned``, and what
-    tells that another setting makes one of them again: its first walk would be the same where the settings it differs
-    in decided nothing in that walk (a walk is the same up to the first place a setting decides something); and a
-    final walk sees no open axis, so the settings act on it only through how the first walk resolved them."""
+    """The products of one view set's walks under each ``Adoption``, and what tells that another setting makes one of
+    them again: its first walk would be the same where the settings it differs in decided nothing in that walk (a
+    walk is the same up to the first place a setting decides something); and a final walk sees no open axis, so the
+    settings act on it only through how the first walk resolved them."""
 
     def __init__(self):
-        self._walked: list[tuple[dict, frozenset[str], ShardedGraph]] = []  # settings, those read, product
+        self._walked: list[tuple[Adoption, frozenset[str], ShardedGraph]] = []  # settings, those read, product
         self._by_resolution: dict[tuple, ShardedGraph] = {}
 
-    def walked_alike(self, settings: dict) -> ShardedGraph | None:
+    def walked_alike(self, settings: Adoption) -> ShardedGraph | None:
         """The product of a walk whose settings differ from ``settings`` only in ones it did not read."""
         return next((product for done, read, product in self._walked
-                     if all(done[name] == settings[name] for name in read)), None)
+                     if all(getattr(done, name) == getattr(settings, name) for name in read)), None)
 
-    def resolved_alike(self, settings: dict, read: set[str], resolved: tuple) -> ShardedGraph | None:
+    def resolved_alike(self, settings: Adoption, read: set[str], resolved: tuple) -> ShardedGraph | None:
         """The product of a walk whose first walk resolved the open axes as ``resolved`` (kept as made by these
         ``settings`` too)."""
         product = self._by_resolution.get(resolved)
@@ -154,6 +169,6 @@ class Variants:
             self._walked.append((settings, frozenset(read), product))
         return product
 
-    def made(self, settings: dict, read: set[str], resolved: tuple, product: ShardedGraph) -> None:
+    def made(self, settings: Adoption, read: set[str], resolved: tuple, product: ShardedGraph) -> None:
         self._walked.append((settings, frozenset(read), product))
         self._by_resolution[resolved] = product

@@ -28,7 +28,7 @@ from ..ops import has_record, lookup
 from ..ops.opdef import Trait
 from ..core.rules import OpenTracker
 from .invariants import checked
-from .memo import Variants, resolutions
+from .memo import ADOPTING, Adoption, Variants, resolutions
 from .product import RETURNED, ShardedGraph
 from .reports import warn_fallbacks, warn_reshards
 from .uses import lookup_alternatives, mirrored_outputs, wanted_views
@@ -178,21 +178,10 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
     walked = [dict(conflicts="reshard", views={})]  # how each candidate was walked (the one kept is walked again)
     seen = {_layouts(candidates[0])}
-    view_sets = [f.views for f in found if f.views]
-    # a lookup's other way (the indices gathered, not the table), alone and with each set of views
-    lookups = lookup_alternatives(forward) if backward else {}
-    if lookups:
-        view_sets += [lookups] + [{**lookups, **views} for views in view_sets]
-    for views in dict.fromkeys(tuple(sorted(views.items())) for views in view_sets):
-        # a created value (a broadcast's) several nodes read is made as the others need it and sliced for a view; or
-        # made as the view asks, for all of them: both are priced (each distinct program once)
-        # and a returned value's open axes adopt the layout it mirrors (all the chain making it laid out so), or it is
-        # made as without the mirror and returned sliced (an open chain through a cumsum would then finish it)
+    for views in _view_sets(forward, found, backward):
         variants = Variants()  # (each distinct program walked once)
-        for shared, adopt_returned in itertools.product((False, True)[:1 + _views_shared_created(graph, dict(views))],
-                                                        (True, False)[:1 + _views_returned(graph, dict(views))]):
-            how = dict(conflicts=conflicts, views=dict(views), priced=priced, adopt_shared=shared,
-                       adopt_returned=adopt_returned)
+        for adoption in _adoptions(graph, dict(views)):
+            how = dict(conflicts=conflicts, views=dict(views), priced=priced, adoption=adoption)
             try:
                 candidate = _walks(graph, mesh, input_layouts, body, lineage=exploring, memo=memo, adopt=adopt,
                                    variants=variants, **how)
@@ -216,6 +205,33 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
         return best
     kept = _walks(graph, mesh, input_layouts, body, lineage=True, memo=memo, adopt=adopt, **walked[order[id(best)]])
     return dataclasses.replace(kept, priced=best.priced)
+
+
+def _view_sets(forward: ShardedGraph, found, backward) -> list[tuple]:
+    """The distinct sets of views the candidates are walked with (sorted items): the backward pass's; a lookup's
+    other way (the indices gathered, not the table), alone and with each of them; and, first (so that they lose a
+    tie), the returned values' views alone — each returned sliced, made as the forward walk made it, where the chain
+    behind it costs more in the plan than the backward pass reckons (a window's halo)."""
+    view_sets = [f.views for f in found if f.views]
+    lookups = lookup_alternatives(forward) if backward else {}
+    if lookups:
+        view_sets += [lookups] + [{**lookups, **views} for views in view_sets]
+    returned = [{key: view for key, view in views.items() if key[0] == RETURNED} for views in view_sets]
+    view_sets = [views for views in returned if views] + view_sets
+    return list(dict.fromkeys(tuple(sorted(views.items())) for views in view_sets))
+
+
+def _adoptions(graph: Graph, views) -> list[Adoption]:
+    """The settings a view set is walked under, where each decides something: a created value (a broadcast's) several
+    nodes read made as the others need it and sliced for a view, or made as the view asks for all of them; a returned
+    value's open axes adopting the layout it mirrors (all the chain making it laid out so), or made as without the
+    mirror and returned sliced (an open chain through a cumsum would then finish it); a created value one use reads
+    made as its view asks, or (where a reshape between cannot carry the layout back to where the axis was created) as
+    without it, and sliced for it."""
+    return [Adoption(shared=shared, returned=returned, viewed=viewed)
+            for shared, returned, viewed in itertools.product((False, True)[:1 + _views_shared_created(graph, views)],
+                                                              (True, False)[:1 + _views_returned(graph, views)],
+                                                              (False, True))]
 
 
 def _mirrors_met(sharded: ShardedGraph) -> int:
@@ -254,27 +270,25 @@ def _views_returned(graph: Graph, views) -> bool:
 
 
 def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset(),
-           adopt_shared: bool = False, adopt_returned: bool = True, lineage: bool = True,
+           adoption: Adoption = ADOPTING, lineage: bool = True,
            memo: dict | None = None, adopt: bool = True, variants: Variants | None = None) -> ShardedGraph:
     """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
     ``conflicts`` says (the backward pass priced them: moving there is the cheapest way). ``adopt=False``: one walk,
     every open axis replicated (nothing for a first walk to learn). ``variants``: the earlier calls with these
-    arguments but other ``adopt_shared`` and ``adopt_returned`` (``Variants``): a call they show to make the
+    arguments but another ``adoption`` (``Variants``): a call they show to make the
     product one of them made returns that product, unwalked."""
     mesh_shape = dict(mesh.shape)
     if not adopt:
         final = Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts, views=views,
-                      priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned, lineage=lineage,
-                      memo=memo)
+                      priced=priced, adoption=adoption, lineage=lineage, memo=memo)
         final.run()
         return _product(graph, mesh, final, priced)
-    settings = dict(adopt_shared=adopt_shared, adopt_returned=adopt_returned)
-    known = None if variants is None else variants.walked_alike(settings)
+    known = None if variants is None else variants.walked_alike(adoption)
     if known is not None:
         return known
     first = Walk(graph, mesh_shape, input_layouts, body, opens=OpenTracker(), conflicts=conflicts, views=views,
-                  priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned, memo=memo)
+                  priced=priced, adoption=adoption, memo=memo)
     try:
         first.run()
     except ShardingConflictError as plain:
@@ -282,28 +296,28 @@ def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views,
         # operand's sharding came from (following shard parents back to an input spec).
         try:
             Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts,
-                  views=views, priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned).run()
+                  views=views, priced=priced, adoption=adoption).run()
         except ShardingConflictError as detailed:
             raise detailed from None
         raise plain from None
     resolved = None if variants is None else resolutions(first.opens)
-    known = None if variants is None else variants.resolved_alike(settings, first.settings_read, resolved)
+    known = None if variants is None else variants.resolved_alike(adoption, first.settings_read, resolved)
     if known is not None:
         return known
     try:
         final = Walk(graph, mesh_shape, input_layouts, body, resolve=first.opens.resolution, conflicts=conflicts,
-                      adopted_from=first.opens.adopted_from, views=views, priced=priced, adopt_shared=adopt_shared,
-                      adopt_returned=adopt_returned, lineage=lineage, memo=memo)
+                      adopted_from=first.opens.adopted_from, views=views, priced=priced, adoption=adoption,
+                      lineage=lineage, memo=memo)
         final.run()
     except ShardingError:
         # The adopted shardings clashed somewhere the first walk could not see (two open axes of one
         # tensor adopting the same mesh axis). Replicating every open axis is always consistent.
         final = Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts,
-                      views=views, priced=priced, adopt_shared=adopt_shared, adopt_returned=adopt_returned)
+                      views=views, priced=priced, adoption=adoption)
         final.run()
     product = _product(graph, mesh, final, priced)
     if variants is not None:
-        variants.made(settings, first.settings_read, resolved, product)
+        variants.made(adoption, first.settings_read, resolved, product)
     return product
 
 

@@ -17,7 +17,7 @@ from ..ops import lookup
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_refines, shard_count, uneven_span,
                             uses_mesh_axes_once)
-from .memo import Recording, memo_key, replay
+from .memo import ADOPTING, Adoption, Recording, memo_key, replay
 from .origins import trace_origin
 from .product import RETURNED, RuleName, ShardedGraph
 from .reports import move_cost
@@ -47,19 +47,18 @@ class Walk:
 
     def __init__(self, graph: Graph, mesh_shape, input_layouts, propagate_body, *,
                  opens: OpenTracker | None = None, resolve=None, conflicts: str = "error", adopted_from=None,
-                 views=None, priced=frozenset(), adopt_shared: bool = False, adopt_returned: bool = True,
-                 lineage: bool = True, memo: dict | None = None):
-        self.adopt_returned = adopt_returned
+                 views=None, priced=frozenset(), adoption: Adoption = ADOPTING, lineage: bool = True,
+                 memo: dict | None = None):
+        self.adoption = adoption
         self.lineage = lineage and resolve is not None
         # rule results by (node, operand layouts): only where no shards are made (else each result's are new)
         self.memo = None if self.lineage else memo
         self.conflicts = conflicts
-        self.adopt_shared = adopt_shared
         self.priced = priced
         self.views = views or {}
         self.views_taken: dict[tuple[int, int], object] = {}  # the views this walk's nodes took (see uses.py)
         self._reads: collections.Counter | None = None  # value -> how many operands and outputs read it
-        self.settings_read: set[str] = set()  # which of adopt_shared, adopt_returned decided something here
+        self.settings_read: set[str] = set()  # which of the Adoption's settings decided something here
         self.adopted_from = adopted_from
         self.adoptions: dict[tuple[int, int], int] = {}  # (value, axis) -> the node whose sharding it adopted
         self.reshards: dict[int, tuple[int, str]] = {}  # node id -> (operand moved, the conflict's message)
@@ -155,8 +154,8 @@ class Walk:
             opens = [(a, want) for a, want in zip(sharding.axes, shared[value], strict=True)
                      if isinstance(a, Open) and want]
             if opens:
-                self.settings_read.add("adopt_returned")
-            if opens and self.adopt_returned and self._adopts(value):
+                self.settings_read.add("returned")
+            if opens and self.adoption.returned and self._adopts(value, viewed=False):
                 for a, want in opens:
                     self.opens.request(a, want, RETURNED)
             if self.resolve is None:
@@ -174,7 +173,7 @@ class Walk:
             view = self.views.get((node.id, j))
             if view is None or sharding.spans:
                 continue
-            if any(isinstance(a, Open) for a in sharding.axes) and self._adopts(node.operands[j]):
+            if any(isinstance(a, Open) for a in sharding.axes) and self._adopts(node.operands[j], viewed=True):
                 for a, want in zip(sharding.axes, view.layout, strict=True):
                     if isinstance(a, Open) and want:
                         self.opens.request(a, want, node.id)
@@ -196,20 +195,24 @@ class Walk:
             self.views_taken[(node.id, j)] = view
         return viewed
 
-    def _adopts(self, value: int) -> bool:
+    def _adopts(self, value: int, *, viewed: bool) -> bool:
         """Whether a view of ``value``'s open axes lays the value itself out so (they adopt what is asked): an
-        unannotated argument, or a created value (a broadcast's) this use alone reads. A created value read by
-        other uses too is made as they need it and sliced for this one (free) — or, with ``adopt_shared``, made as
-        the view asks for all of them."""
+        unannotated argument, or a created value (a broadcast's) this use alone reads (for a use's view — ``viewed``
+        — unless ``Adoption.viewed`` says it is made as without the view, and sliced). A created value read by other
+        uses too is made as they need it and sliced for this one (free) — or, with ``Adoption.shared``, made as the
+        view asks for all of them."""
         if self.graph.nodes[self.graph.producer[value]].op == PARAMETER:
             return True
         if self._reads is None:
             self._reads = collections.Counter(v for n in self.graph.nodes for v in n.operands)
             self._reads.update(self.graph.outputs)
         if self._reads[value] == 1:
-            return True
-        self.settings_read.add("adopt_shared")
-        return self.adopt_shared
+            if not viewed:
+                return True
+            self.settings_read.add("viewed")
+            return self.adoption.viewed
+        self.settings_read.add("shared")
+        return self.adoption.shared
 
     def _settle(self, ctx: RuleContext, value: int, sharding: TensorSharding) -> TensorSharding:
         """Replace created-axis markers: open in the first walk, resolved in the final one."""

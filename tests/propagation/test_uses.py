@@ -291,6 +291,45 @@ def test_an_output_whose_chain_would_cost_to_adopt_is_returned_sliced():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
 
 
+def test_a_created_value_a_reshape_cannot_carry_is_made_whole_and_sliced_for_its_view():
+    """grad of (x0.reshape(2, 4), x0[:1]) with respect to (x0, x1, x2): every gradient is computed from constants
+    alone (the weights' iota and cos). The view asking x0's gradient over i reaches the iota through a reshape to
+    (2, 4), which cannot carry an 8-way axis: adopting i there would gather the iota (28 B); made whole and sliced for
+    the view it moves nothing, and every gradient comes out in its argument's layout. Found by the fuzzer (older than
+    issue #50)."""
+    mesh = sp.make_mesh((8,), ("i",))
+    xs = _normal(8), _normal(8, seed=1), _normal(8, seed=2)
+
+    def loss(a, b, c):
+        outs = (a.reshape(2, 4), jax.lax.slice_in_dim(a, 0, 1, 1, axis=0))
+        return sum(jnp.sum(o * jnp.cos(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))) for o in outs)
+
+    grad = jax.grad(loss, (0, 1, 2))
+    prog = sp.autoshard(grad, mesh=mesh, in_specs=(P("i"),) * 3).trace(*xs)
+    assert prog.out_specs == (P("i"),) * 3
+    assert sum(t.moved_bytes for t in prog.estimated_communication()) == 0
+    for g, w in zip(prog(*xs), grad(*xs), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+
+
+def test_a_windowed_result_is_returned_sliced_rather_than_computed_from_a_halo():
+    """grad of a windowed sum (window 3 along the axis over j) of constants alone: computing the gradient sliced over
+    j would take a halo of its operand (12 B); computed whole, as the forward walk makes it, and returned sliced like
+    its argument it moves nothing — the returned view alone is a candidate too. Found by the fuzzer (older than issue
+    #50)."""
+    mesh = sp.make_mesh((4, 2), ("i", "j"))
+    x = _normal(1, 2, 1)
+
+    def loss(a):
+        window = jax.lax.reduce_window(a, 0.0, jax.lax.add, (1, 3, 1), (1, 1, 1), "SAME")
+        return jnp.sum(window * jnp.cos(jnp.arange(2.0).reshape(1, 2, 1)))
+
+    prog = sp.autoshard(jax.grad(loss), mesh=mesh, in_specs=P("i", "j", None)).trace(x)
+    assert prog.out_specs == (P(None, "j"),)  # like its argument: axis 0 (one row) is not split over i
+    assert sum(t.moved_bytes for t in prog.estimated_communication()) == 0
+    np.testing.assert_allclose(np.asarray(prog(x)), np.asarray(jax.grad(loss)(x)), rtol=1e-6)
+
+
 @pytest.mark.parametrize("name,f,specs", [
     # tokens and the table's features over one mesh axis: the tokens are gathered, not the table
     ("lookup", lambda t, i: t[i] * 2, (P(None, DATA), P(DATA))),
@@ -366,3 +405,28 @@ def test_without_adopting_what_no_spec_lays_out_is_replicated():
     ones = graph.nodes[graph.producer[graph.outputs[0]]].operands[1]  # the broadcast's value
     assert bare.layout(ones) == ((), ()) and adopted.layout(ones) == ((DATA,), (MODEL,))
     assert len(sp.split(bare).stages) == 1
+
+
+def test_without_lineage_a_loop_carry_derived_beside_a_ranged_constant_is_the_same():
+    """A while loop carrying x0 (4 rows over i*j: even) whose body also reads x0[:2] (2 rows over 4 devices: ranged):
+    without lineage a derived axis took the finest source's own ranged rows (the constant's), and the carry came out
+    replicated where with lineage it is x0's layout. Found by the fuzzer (older than issue #50)."""
+    mesh = sp.make_mesh((2, 2, 2), ("i", "j", "k"))
+
+    def f(x0, x1):
+        head = jax.lax.dynamic_slice_in_dim(x0, 0, 2, axis=0)
+
+        def body(c):
+            jax.lax.dot_general(c, head, (((1,), (1,)), ((), ())))
+            return jnp.tanh(jnp.tanh(c))
+
+        return jax.lax.while_loop(lambda t: t[0] < 2, lambda t: (t[0] + 1, body(t[1])), (0, x0))[1], x0 * x1
+
+    x = _normal(4, 1)
+    graph = sp.trace(f, x, x)
+    specs = (P(("i", "j"), "k"), P(("i", "j"), None))
+    for backward in (True, "quick"):
+        full = sp.propagate(graph, specs, mesh=mesh, backward=backward)
+        bare = sp.propagate(graph, specs, mesh=mesh, backward=backward, lineage=False)
+        assert [s.layout for s in bare.shardings] == [s.layout for s in full.shardings]
+        assert bare.needs == full.needs and full.out_specs[0] == P(("i", "j"))
