@@ -45,3 +45,25 @@ def test_a_run_leaves_the_docs_folder_of_its_directory_alone(tmp_path):
     assert json.loads((out / "benchmarks.json").read_text())["meta"]["command"] == \
         "shardprop bench --repeats 0 --no-plots --only nx_example"
     assert "wrote shardprop-bench/benchmarks.json, shardprop-bench/benchmarks.md" in result.stdout
+
+
+def test_an_iopddl_problem_is_solved_and_its_result_written(tmp_path):
+    """``--iopddl``: a contest problem (google/iopddl's example) solved exactly — its cost is the one every assignment
+    tried finds (tests/search/test_ilp.py) — printed and written as JSON."""
+    from pathlib import Path
+
+    example = Path(__file__).parent / "search" / "data" / "iopddl_example.json"
+    out = tmp_path / "iopddl.json"
+    result = subprocess.run([sys.executable, "-m", "shardprop", "bench", "--iopddl", str(example), "--json", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "example: 5 nodes, 9 strategies, 5 edges — optimal: cost 445 (" in result.stdout
+    (row,) = json.loads(out.read_text())["problems"]
+    assert (row["cost"], row["bound"], row["gap"], row["status"]) == (445, 445, 0, "optimal")
+    assert row["strategies_chosen"] == [0, 0, 2, 1, 0]
+
+
+def test_a_time_limit_without_a_problem_is_refused():
+    result = subprocess.run([sys.executable, "-m", "shardprop", "bench", "--time-limit", "5"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode != 0 and "--time-limit applies to --iopddl" in result.stderr

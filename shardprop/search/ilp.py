@@ -1,0 +1,178 @@
+"""A ``Problem`` solved exactly as an integer program by HiGHS (``scipy.optimize.milp``), with the bound it proves.
+
+The formulation is XLA's auto-sharding solver's (``auto_sharding_solver.cc``) and Alpa's: a binary ``x[v, i]`` per
+node strategy, one per node; per edge a ``y[e, i, j]`` in ``[0, 1]`` whose row sums are ``x[u, :]`` and column sums
+``x[v, :]`` — with one-hot margins the only such matrix is their outer product, so ``y`` needs no integrality; and at
+each moment where the live set is largest, the usage of the live nodes' chosen strategies at most the limit. The
+matrices are built by numpy, not a modelling loop. Before solving, what cannot change the optimum is folded away: an
+edge whose matrix is zero, an edge into a node with one strategy (its row or column joins the other node's costs),
+edges between the same two nodes (summed), and moments whose live set another moment's contains; a forbidden
+strategy or pair (a cost of at least ``FORBIDDEN``) is a variable held at 0.
+
+>>> from shardprop.search.problem import Problem
+>>> p = Problem.from_lists(intervals=[(0, 2), (1, 3)], costs=[[1, 3], [2, 0]], usages=[[4, 1], [4, 1]],
+...                        edges=[(0, 1)], edge_costs=[[0, 5, 5, 0]], usage_limit=5)
+>>> s = solve(p)
+>>> s.strategies, s.cost, s.status
+((1, 1), 3, 'optimal')
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from .problem import Problem, evaluate
+
+# The contest's files mark a strategy or a pair of strategies that must not be chosen with a cost of 1e18 (and an
+# infinite cost says the same): left in, such coefficients would swamp the solver's tolerances
+FORBIDDEN = 1e18
+_STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "error"}
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The strategies chosen (one per node), their exact cost (``evaluate``; None when the solver found no feasible
+    assignment), the lower bound the solver proved on every assignment's cost, and how it ended."""
+
+    strategies: tuple[int, ...]
+    cost: float | None
+    bound: float
+    status: str
+    seconds: float
+
+    @property
+    def gap(self) -> float | None:
+        """``(cost - bound) / cost``: 0 when proved optimal; None without a solution."""
+        if self.cost is None:
+            return None
+        return 0.0 if self.cost <= self.bound else (self.cost - self.bound) / max(abs(self.cost), 1e-12)
+
+    def summary(self) -> str:
+        """``optimal: cost 3 (0.01 s)`` or ``cost 10.5, within 0.4% of the bound 10.46 (time limit, 60 s)``."""
+        if self.cost is None:
+            return f"no feasible assignment found ({self.status}, {self.seconds:.2f} s)"
+        if self.status == "optimal":
+            return f"optimal: cost {self.cost:,.6g} ({self.seconds:.2f} s)"
+        return (f"cost {self.cost:,.6g}, within {100 * self.gap:.2g}% of the bound {self.bound:,.6g} "
+                f"({self.status}, {self.seconds:.2f} s)")
+
+
+def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0) -> Solution:
+    """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
+    seconds or within ``relative_gap`` of the bound, the best found and the bound)."""
+    start = time.perf_counter()
+    node_costs, pairs = _folded(problem)
+    offsets = np.concatenate([[0], np.cumsum([len(c) for c in problem.costs])])
+    n_x = int(offsets[-1])
+    sizes = [m.size for _, _, m in pairs]
+    pair_offsets = n_x + np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    n = int(pair_offsets[-1])
+    objective = np.concatenate([np.concatenate(node_costs)] + [m.ravel() for _, _, m in pairs])
+    blocks = [_one_hot_rows(problem, offsets, n), _pair_rows(pairs, offsets, pair_offsets, n)]
+    constraints = [LinearConstraint(a, lo, hi) for a, lo, hi in blocks if a.shape[0]]
+    memory = _memory_rows(problem, offsets, n)
+    if memory is not None:
+        constraints.append(LinearConstraint(*memory))
+    upper = np.ones(n)
+    upper[objective >= FORBIDDEN] = 0  # a forbidden strategy or pair of strategies: never chosen, not priced
+    objective[objective >= FORBIDDEN] = 0
+    integrality = np.zeros(n, np.uint8)
+    integrality[:n_x] = 1
+    options = {"disp": False, "mip_rel_gap": relative_gap}
+    if time_limit is not None:
+        options["time_limit"] = float(time_limit)
+    result = milp(objective, constraints=constraints, integrality=integrality, bounds=Bounds(0, upper), options=options)
+    status = _STATUS.get(result.status, "error")
+    bound = float(getattr(result, "mip_dual_bound", None) or result.fun or 0.0) if result.x is not None else -np.inf
+    if result.x is None:
+        return Solution((), None, bound, status, time.perf_counter() - start)
+    strategies = tuple(int(np.argmax(result.x[offsets[v]:offsets[v + 1]])) for v in range(problem.node_count))
+    cost = evaluate(problem, strategies)
+    if status == "optimal" and cost is not None:
+        bound = min(bound, cost)  # the solver's tolerances: an optimum proved is its own bound
+    return Solution(strategies, cost, bound, status, time.perf_counter() - start)
+
+
+def _folded(problem: Problem) -> tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]]]:
+    """The node costs with every edge into a one-strategy node (or within one node) added to them, and the remaining
+    edges' matrices, those between the same two nodes summed and those all zero dropped."""
+    costs = [c.copy() for c in problem.costs]
+    merged: dict[tuple[int, int], np.ndarray] = {}
+    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
+        if not m.any():
+            continue
+        if u == v:
+            costs[u] += np.diag(m)
+        elif len(costs[u]) == 1:
+            costs[v] += m[0]
+        elif len(costs[v]) == 1:
+            costs[u] += m[:, 0]
+        else:
+            key, matrix = ((u, v), m) if u < v else ((v, u), m.T)
+            merged[key] = merged[key] + matrix if key in merged else matrix.copy()
+    return costs, [(u, v, m) for (u, v), m in merged.items() if m.any()]
+
+
+def _one_hot_rows(problem: Problem, offsets: np.ndarray, n: int):
+    """``sum_i x[v, i] = 1`` for every node."""
+    counts = np.diff(offsets)
+    rows = np.repeat(np.arange(problem.node_count), counts)
+    a = sparse.csr_array((np.ones(len(rows)), (rows, np.arange(offsets[-1]))), shape=(problem.node_count, n))
+    return a, np.ones(problem.node_count), np.ones(problem.node_count)
+
+
+def _pair_rows(pairs, offsets: np.ndarray, pair_offsets: np.ndarray, n: int):
+    """Per edge ``(u, v)``: ``sum_j y[i, j] - x[u, i] = 0`` for each ``i`` and ``sum_i y[i, j] - x[v, j] = 0``."""
+    rows, cols, vals, row = [], [], [], 0
+    for e, (u, v, m) in enumerate(pairs):
+        ku, kv = m.shape
+        ys = pair_offsets[e] + np.arange(ku * kv).reshape(ku, kv)
+        rows += [row + np.repeat(np.arange(ku), kv), row + np.arange(ku),
+                 row + ku + np.tile(np.arange(kv), ku), row + ku + np.arange(kv)]
+        cols += [ys.ravel(), offsets[u] + np.arange(ku), ys.ravel(), offsets[v] + np.arange(kv)]
+        vals += [np.ones(ku * kv), -np.ones(ku), np.ones(ku * kv), -np.ones(kv)]
+        row += ku + kv
+    if not rows:
+        return sparse.csr_array((0, n)), np.zeros(0), np.zeros(0)
+    a = sparse.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, n))
+    return a, np.zeros(row), np.zeros(row)
+
+
+def _memory_rows(problem: Problem, offsets: np.ndarray, n: int):
+    """At each moment whose live set no later moment's contains (a start followed by an end), the live nodes' usage
+    at most the limit; rows that no assignment can break are left out. None without a limit."""
+    if problem.usage_limit is None:
+        return None
+    starts, ends = problem.intervals[:, 0], problem.intervals[:, 1]
+    live = ends > starts
+    events = np.unique(np.concatenate([starts[live], ends[live]]))
+    if not len(events):
+        return None
+    ending = np.isin(events, ends[live])
+    # a start moment whose next event ends something: its live set is maximal
+    moments = events[:-1][np.isin(events[:-1], starts[live]) & ending[1:]]
+    first = np.searchsorted(moments, starts, "left")
+    last = np.searchsorted(moments, ends, "left")  # covers moments[first:last]: start <= t < end
+    rows, cols, vals = [], [], []
+    for v in np.flatnonzero(live & (last > first)):
+        usage = problem.usages[v]
+        strategies = np.flatnonzero(usage)
+        if not len(strategies):
+            continue
+        times = np.arange(first[v], last[v])
+        rows.append(np.repeat(times, len(strategies)))
+        cols.append(np.tile(offsets[v] + strategies, len(times)))
+        vals.append(np.tile(usage[strategies], len(times)))
+    if not rows:
+        return None
+    a = sparse.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(moments), n))
+    worst = a @ np.ones(n)  # every strategy of every live node counted: more than any assignment uses
+    binding = np.flatnonzero(worst > problem.usage_limit)
+    if not len(binding):
+        return None
+    return a[binding], -np.inf * np.ones(len(binding)), np.full(len(binding), problem.usage_limit)
