@@ -64,21 +64,23 @@ class Comparison:
 
 
 def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: str = "auto",
-                     program: Program | None = None) -> Comparison:
+                     memory_limit: int | float | None = None, program: Program | None = None) -> Comparison:
     """Compile ``f`` with shardprop and with ``jax.jit(in_shardings=...)`` on ``mesh`` and compare.
 
     ``jax.jit`` gets the input shardings shardprop resolved (unannotated inputs as they adopted), so both
-    start from the same layout. ``args`` may be arrays or ShapeDtypeStructs. A step that updates flax NNX
-    arguments in place is compared with the state both return, as ``nnx.jit`` compiles it. ``program``: the
-    shardprop side already traced (``autoshard(f, ...).trace(*args)``), whose compiled executable is read as it
-    is — one compile fewer; else ``f`` is traced with ``in_specs`` and ``strategy``.
+    start from the same layout; where ``sp.AUTO`` chose them (a searched program), it gets the output shardings
+    the search chose too, so that both compute the same function from and to the same layouts. ``args`` may be
+    arrays or ShapeDtypeStructs. A step that updates flax NNX arguments in place is compared with the state both
+    return, as ``nnx.jit`` compiles it. ``program``: the shardprop side already traced
+    (``autoshard(f, ...).trace(*args)``), whose compiled executable is read as it is — one compile fewer; else ``f``
+    is traced with ``in_specs``, ``strategy`` and ``memory_limit`` (bytes per device, as ``autoshard`` takes it).
 
         fs = sp.autoshard(f, mesh=mesh, in_specs=(P("i"),))
         print(sp.compare_with_jit(f, mesh, (P("i"),), x, program=fs.trace(x)))
     """
     mesh = as_auto_mesh(mesh)
     if program is None:
-        program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy).trace(*args)
+        program = autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy, memory_limit=memory_limit).trace(*args)
     elif not same_devices(program.mesh, mesh):
         raise OptionError(f"compare_with_jit: the program runs on mesh {dict(program.mesh.shape)} over devices "
                           f"{program.mesh.devices.ravel().tolist()}, the comparison is on mesh {dict(mesh.shape)} "
@@ -87,7 +89,8 @@ def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: st
     # update — the backward pass and the optimizer — from jax.jit's program
     positions = stateful_positions(args)
     like_program = returning_state(f, positions) if positions else f
-    compiled = lower_with_jit(like_program, mesh, program.sharded.in_specs, *args).compile()
+    out_specs = program.out_specs if program.search is not None else None
+    compiled = lower_with_jit(like_program, mesh, program.sharded.in_specs, *args, out_specs=out_specs).compile()
     jit_out = tuple(getattr(s, "spec", PartitionSpec()) for s in jax.tree_util.tree_leaves(compiled.output_shardings))
     names = ()
     if positions:  # the state leaves named after the argument leaves they update
@@ -101,9 +104,11 @@ def compare_with_jit(f: Callable, mesh: Mesh, in_specs: Any, *args, strategy: st
                       jit_out, program, names)
 
 
-def lower_with_jit(f: Callable, mesh: Mesh, flat_specs: Any, *args) -> jax.stages.Lowered:
+def lower_with_jit(f: Callable, mesh: Mesh, flat_specs: Any, *args,
+                   out_specs: tuple | None = None) -> jax.stages.Lowered:
     """``jax.jit(f)`` lowered for ``args`` (arrays or ShapeDtypeStructs) with ``in_shardings`` on ``mesh`` from
-    ``flat_specs``, one ``PartitionSpec`` per argument leaf (a program's ``graph.in_specs``)."""
+    ``flat_specs``, one ``PartitionSpec`` per argument leaf (a program's ``graph.in_specs``), and with
+    ``out_shardings`` from ``out_specs`` (one per output leaf) when given."""
     structs, tree = abstractify(args)  # arrays, ShapeDtypeStructs and Python scalars (weakly typed), as autoshard
     shardings = [NamedSharding(mesh, spec) for spec in flat_specs]
     shaped = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s, weak_type=x.weak_type)
@@ -112,4 +117,11 @@ def lower_with_jit(f: Callable, mesh: Mesh, flat_specs: Any, *args) -> jax.stage
     def flat_f(*flat):
         return f(*jax.tree_util.tree_unflatten(tree, flat))
 
-    return jax.jit(flat_f, in_shardings=shardings).lower(*shaped)
+    if out_specs is None:
+        return jax.jit(flat_f, in_shardings=shardings).lower(*shaped)
+
+    def flat_out(*flat):  # the output leaves, as flat as the specs
+        return tuple(jax.tree_util.tree_leaves(flat_f(*flat)))
+
+    out_shardings = tuple(NamedSharding(mesh, spec) for spec in out_specs)
+    return jax.jit(flat_out, in_shardings=shardings, out_shardings=out_shardings).lower(*shaped)

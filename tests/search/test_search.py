@@ -313,3 +313,16 @@ def test_a_constraint_inside_is_kept_and_the_search_works_around_it():
     prog = fs.trace(w, v, x)
     constrained = next(n for n in prog.plan.graph.nodes if n.op == "sharding_constraint")
     assert prog.sharded.spec(constrained.outputs[0]) == P("data", "model")
+
+
+def test_compare_with_jit_takes_a_memory_limit_and_gives_jit_the_searched_layouts_both_ways():
+    """``compare_with_jit(..., memory_limit=)`` (a TypeError before issue #51): the searched program within the
+    limit, and jax.jit compiled from and to the layouts the search chose — both return the outputs alike."""
+    model = bench_search.mlp(True, width=64, batch=16)
+    mesh = sp.make_mesh(*model.mesh)
+    limit = 40_000
+    comparison = sp.compare_with_jit(model.f, mesh, model.auto_specs, *model.args, memory_limit=limit)
+    prog = comparison.program
+    assert prog.search is not None and prog.search.memory_limit == limit and prog.memory() <= limit
+    assert comparison.jit_out_specs == comparison.shardprop_out_specs
+    _assert_equal(prog(*model.args), model.f(*model.args))
