@@ -114,16 +114,21 @@ def _with_pins(graph, pins: dict[int, PartitionSpec], auto_mesh: Mesh):
 def _known_state(specs: ArgumentSpecs, outputs: int, returns_inputs: Sequence[int]) -> dict[int, PartitionSpec]:
     """``{output: spec}`` for each returned state (the last outputs) whose argument's layout is known before
     propagation (a spec the user wrote, an array's own, a Variable's declared one): the layout it is returned in."""
-    base = outputs - len(returns_inputs)
-    return {base + i: specs.flat[j] for i, j in enumerate(returns_inputs) if isinstance(specs.flat[j], PartitionSpec)}
+    return {k: specs.flat[j] for k, j in _state_outputs(outputs, returns_inputs)
+            if isinstance(specs.flat[j], PartitionSpec)}
 
 
 def _moved_state(sharded, outputs: int, returns_inputs: Sequence[int]) -> dict[int, Any]:
     """``{output: spec}`` for each returned state (the last outputs, the argument leaves ``returns_inputs`` after the
     call) that propagation lays out otherwise than its argument: the spec it must be returned in."""
+    return {k: sharded.in_specs[j] for k, j in _state_outputs(outputs, returns_inputs)
+            if not same_spec(sharded.out_specs[k], sharded.in_specs[j])}
+
+
+def _state_outputs(outputs: int, returns_inputs: Sequence[int]) -> list[tuple[int, int]]:
+    """``(output, argument leaf)`` per returned state: the last outputs are the leaves ``returns_inputs`` updated."""
     base = outputs - len(returns_inputs)
-    return {base + i: sharded.in_specs[j] for i, j in enumerate(returns_inputs)
-            if not same_spec(sharded.out_specs[base + i], sharded.in_specs[j])}
+    return [(base + i, j) for i, j in enumerate(returns_inputs)]
 
 
 @dataclasses.dataclass(frozen=True)

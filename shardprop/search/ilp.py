@@ -88,9 +88,10 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
         options["time_limit"] = float(time_limit)
     result = milp(objective, constraints=constraints, integrality=integrality, bounds=Bounds(0, upper), options=options)
     status = _STATUS.get(result.status, "error")
-    bound = float(getattr(result, "mip_dual_bound", None) or result.fun or 0.0) if result.x is not None else -np.inf
     if result.x is None:
-        return Solution((), None, bound, status, time.perf_counter() - start)
+        return Solution((), None, -np.inf, status, time.perf_counter() - start)
+    proved = getattr(result, "mip_dual_bound", None)  # (a bound of 0 is a bound: no truthiness test)
+    bound = float(result.fun if proved is None or np.isnan(proved) else proved)
     strategies = tuple(int(np.argmax(result.x[offsets[v]:offsets[v + 1]])) for v in range(problem.node_count))
     cost = evaluate(problem, strategies)
     if status == "optimal" and cost is not None:
