@@ -1,9 +1,12 @@
 """A ``Problem`` solved exactly as an integer program by HiGHS (``scipy.optimize.milp``), with the bound it proves.
 
 The formulation is XLA's auto-sharding solver's (``auto_sharding_solver.cc``) and Alpa's: a binary ``x[v, i]`` per
-node strategy, one per node; per edge a ``y[e, i, j]`` in ``[0, 1]`` whose row sums are ``x[u, :]`` and column sums
-``x[v, :]`` — with one-hot margins the only such matrix is their outer product, so ``y`` needs no integrality; and at
-each moment where the live set is largest, the usage of the live nodes' chosen strategies at most the limit. The
+node strategy, one per node; per edge a ``y[e, r, c]`` in ``[0, 1]`` per pair of classes of strategies (the strategies
+of an endpoint whose rows, or columns, of the edge's matrix are equal), whose row sums are the classes' sums of
+``x[u, :]`` and column sums of ``x[v, :]`` — with one-hot margins the only such matrix is their outer product, so ``y``
+needs no integrality; and at each moment where the live set is largest, the usage of the live nodes' chosen
+strategies at most the limit. Without memory rows the relaxation is solved first: where it is integral it is the
+optimum, proved. The
 matrices are built by numpy, not a modelling loop. Before solving, what cannot change the optimum is folded away: an
 edge whose matrix is zero, an edge into a node with one strategy (its row or column joins the other node's costs),
 edges between the same two nodes (summed), and moments whose live set another moment's contains; a forbidden
@@ -27,6 +30,7 @@ from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .problem import Problem, evaluate
+from .reduce import eliminate, prune
 
 # The contest's files mark a strategy or a pair of strategies that must not be chosen with a cost of 1e18 (and an
 # infinite cost says the same): left in, such coefficients would swamp the solver's tolerances
@@ -50,6 +54,8 @@ class Solution:
         """``(cost - bound) / cost``: 0 when proved optimal; None without a solution."""
         if self.cost is None:
             return None
+        if self.status == "optimal":  # proved, to the solver's tolerance (rounding may leave the bound a hair apart)
+            return 0.0
         return 0.0 if self.cost <= self.bound else (self.cost - self.bound) / max(abs(self.cost), 1e-12)
 
     def summary(self) -> str:
@@ -64,15 +70,35 @@ class Solution:
 
 def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0) -> Solution:
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
-    seconds or within ``relative_gap`` of the bound, the best found and the bound)."""
+    seconds or within ``relative_gap`` of the bound, the best found and the bound). The problem is first shrunk
+    exactly (``.reduce``: the nodes of at most two neighbours eliminated, dominated strategies dropped): the
+    integer program is the core that is left."""
     start = time.perf_counter()
+    eliminated = eliminate(problem)
+    pruned = prune(eliminated.problem)
+    core = _solve_core(pruned.problem, time_limit=time_limit, relative_gap=relative_gap)
+    if core.cost is None:
+        return Solution((), None, core.bound + eliminated.offset, core.status, time.perf_counter() - start)
+    strategies = eliminated.recover(pruned.expand(core.strategies))
+    cost = evaluate(problem, strategies)
+    bound = core.bound + eliminated.offset
+    if cost is not None and core.status == "optimal":
+        bound = min(bound, cost)
+    return Solution(strategies, cost, bound, core.status, time.perf_counter() - start)
+
+
+def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: float) -> Solution:
+    """``solve`` on a problem as it is (no shrinking)."""
+    start = time.perf_counter()
+    if problem.node_count == 0:  # everything eliminated: the empty assignment, its cost 0
+        return Solution((), 0.0, 0.0, "optimal", 0.0)
     node_costs, pairs = _folded(problem)
     offsets = np.concatenate([[0], np.cumsum([len(c) for c in problem.costs])])
     n_x = int(offsets[-1])
-    sizes = [m.size for _, _, m in pairs]
+    sizes = [p[2].size for p in pairs]
     pair_offsets = n_x + np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     n = int(pair_offsets[-1])
-    objective = np.concatenate([np.concatenate(node_costs)] + [m.ravel() for _, _, m in pairs])
+    objective = np.concatenate([np.concatenate(node_costs)] + [p[2].ravel() for p in pairs])
     blocks = [_one_hot_rows(problem, offsets, n), _pair_rows(pairs, offsets, pair_offsets, n)]
     constraints = [LinearConstraint(a, lo, hi) for a, lo, hi in blocks if a.shape[0]]
     memory = _memory_rows(problem, offsets, n)
@@ -86,7 +112,19 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     options = {"disp": False, "mip_rel_gap": relative_gap}
     if time_limit is not None:
         options["time_limit"] = float(time_limit)
-    result = milp(objective, constraints=constraints, integrality=integrality, bounds=Bounds(0, upper), options=options)
+    # without a binding memory row, the relaxation first: on layout problems it is integral already (PyTorch's
+    # AutoParallel reports as much for LLaMA), and then it is the optimum, proved by itself, in about half the
+    # integer program's time (with memory rows it rarely is: straight to the integer program)
+    relaxed = None if memory is not None else milp(
+        objective, constraints=constraints, integrality=np.zeros(n, np.uint8), bounds=Bounds(0, upper),
+        options={k: v for k, v in options.items() if k != "mip_rel_gap"})
+    if relaxed is not None and relaxed.x is not None and relaxed.status == 0 and _integral(relaxed.x[:n_x]):
+        result = relaxed
+    else:
+        if time_limit is not None:
+            options["time_limit"] = max(1.0, float(time_limit) - (time.perf_counter() - start))
+        result = milp(objective, constraints=constraints, integrality=integrality, bounds=Bounds(0, upper),
+                      options=options)
     status = _STATUS.get(result.status, "error")
     if result.x is None:
         return Solution((), None, -np.inf, status, time.perf_counter() - start)
@@ -99,9 +137,15 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     return Solution(strategies, cost, bound, status, time.perf_counter() - start)
 
 
-def _folded(problem: Problem) -> tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]]]:
+def _integral(x: np.ndarray) -> bool:
+    """Every strategy variable 0 or 1 (within the solver's tolerance)."""
+    return bool(np.all((x < 1e-6) | (x > 1 - 1e-6)))
+
+
+def _folded(problem: Problem) -> tuple[list[np.ndarray], list[tuple]]:
     """The node costs with every edge into a one-strategy node (or within one node) added to them, and the remaining
-    edges' matrices, those between the same two nodes summed and those all zero dropped."""
+    edges' matrices, those between the same two nodes summed and those all zero dropped, over classes of strategies
+    (``_classed``)."""
     costs = [c.copy() for c in problem.costs]
     merged: dict[tuple[int, int], np.ndarray] = {}
     for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
@@ -116,7 +160,17 @@ def _folded(problem: Problem) -> tuple[list[np.ndarray], list[tuple[int, int, np
         else:
             key, matrix = ((u, v), m) if u < v else ((v, u), m.T)
             merged[key] = merged[key] + matrix if key in merged else matrix.copy()
-    return costs, [(u, v, m) for (u, v), m in merged.items() if m.any()]
+    return costs, [_classed(u, v, m) for (u, v), m in merged.items() if m.any()]
+
+
+def _classed(u: int, v: int, m: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
+    """An edge's matrix over classes of strategies: ``u``'s strategies with equal rows are one class, and ``v``'s with
+    equal columns — ``(u, v, matrix over the classes, u's class of each strategy, v's class of each strategy)``. Pair
+    variables per pair of classes are as exact (a class's variable sums its strategies') and far fewer: a strategy's
+    row is set by the type it holds the value in, its column by the type it reads it in."""
+    rows, row_of = np.unique(m, axis=0, return_inverse=True)
+    classes, col_of = np.unique(rows, axis=1, return_inverse=True)
+    return u, v, classes, row_of.ravel(), col_of.ravel()
 
 
 def _one_hot_rows(problem: Problem, offsets: np.ndarray, n: int):
@@ -128,15 +182,17 @@ def _one_hot_rows(problem: Problem, offsets: np.ndarray, n: int):
 
 
 def _pair_rows(pairs, offsets: np.ndarray, pair_offsets: np.ndarray, n: int):
-    """Per edge ``(u, v)``: ``sum_j y[i, j] - x[u, i] = 0`` for each ``i`` and ``sum_i y[i, j] - x[v, j] = 0``."""
+    """Per edge ``(u, v)`` over classes of strategies (``_classed``): for each class ``r`` of ``u``'s,
+    ``sum_c y[r, c] - sum_{i in r} x[u, i] = 0``, and for each class ``c`` of ``v``'s,
+    ``sum_r y[r, c] - sum_{j in c} x[v, j] = 0``."""
     rows, cols, vals, row = [], [], [], 0
-    for e, (u, v, m) in enumerate(pairs):
+    for e, (u, v, m, row_of, col_of) in enumerate(pairs):
         ku, kv = m.shape
         ys = pair_offsets[e] + np.arange(ku * kv).reshape(ku, kv)
-        rows += [row + np.repeat(np.arange(ku), kv), row + np.arange(ku),
-                 row + ku + np.tile(np.arange(kv), ku), row + ku + np.arange(kv)]
-        cols += [ys.ravel(), offsets[u] + np.arange(ku), ys.ravel(), offsets[v] + np.arange(kv)]
-        vals += [np.ones(ku * kv), -np.ones(ku), np.ones(ku * kv), -np.ones(kv)]
+        rows += [row + np.repeat(np.arange(ku), kv), row + row_of,
+                 row + ku + np.tile(np.arange(kv), ku), row + ku + col_of]
+        cols += [ys.ravel(), offsets[u] + np.arange(len(row_of)), ys.ravel(), offsets[v] + np.arange(len(col_of))]
+        vals += [np.ones(ku * kv), -np.ones(len(row_of)), np.ones(ku * kv), -np.ones(len(col_of))]
         row += ku + kv
     if not rows:
         return sparse.csr_array((0, n)), np.zeros(0), np.zeros(0)

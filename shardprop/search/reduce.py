@@ -1,0 +1,186 @@
+"""Shrinking a ``Problem`` without losing its optimum: a node's strategy another of its strategies dominates — no
+dearer itself, no more usage, and no dearer with any strategy of any neighbour — is dropped (of equals, the first is
+kept). Dropping one may let a neighbour's strategies dominate each other: repeated until nothing changes.
+
+>>> reduced = prune(problem)                       # doctest: +SKIP
+>>> reduced.expand(solve(reduced.problem).strategies)  # in the original's indices  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .problem import Problem
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """``problem`` with only the strategies ``kept[v]`` (indices into the original node ``v``'s) left."""
+
+    problem: Problem
+    kept: tuple[np.ndarray, ...]
+
+    def expand(self, solution) -> tuple[int, ...]:
+        """A solution of the reduced problem as one of the original (the same strategies, their original indices)."""
+        return tuple(int(k[s]) for k, s in zip(self.kept, solution, strict=True))
+
+
+def prune(problem: Problem, *, max_rounds: int = 20) -> Reduced:
+    """``problem`` without its dominated strategies (exact: some optimum of the original survives)."""
+    kept = [np.arange(len(c)) for c in problem.costs]
+    incident: list[list[tuple[int, bool]]] = [[] for _ in range(problem.node_count)]
+    for e, (u, v) in enumerate(problem.edges.tolist()):
+        incident[u].append((e, True))
+        incident[v].append((e, False))
+    dirty = set(range(problem.node_count))
+    for _ in range(max_rounds):
+        if not dirty:
+            break
+        changed = set()
+        for v in sorted(dirty):
+            if len(kept[v]) < 2:
+                continue
+            features = _features(problem, kept, incident, v)
+            survivors = _undominated(features)
+            if len(survivors) < len(kept[v]):
+                kept[v] = kept[v][survivors]
+                changed.add(v)
+        dirty = {w for v in changed for e, first in incident[v] for w in problem.edges[e] if w != v}
+    return Reduced(_restricted(problem, kept), tuple(kept))
+
+
+def _features(problem: Problem, kept, incident, v: int) -> np.ndarray:
+    """One row per kept strategy of ``v``: its cost, its usage (where a limit makes it matter), and its price with
+    every kept strategy of every neighbour."""
+    rows = kept[v]
+    parts = [problem.costs[v][rows, None]]
+    if problem.usage_limit is not None:
+        parts.append(problem.usages[v][rows, None])
+    for e, first in incident[v]:
+        u, w = problem.edges[e]
+        matrix = problem.edge_costs[e]
+        if first:
+            parts.append(matrix[np.ix_(rows, kept[w])])
+        else:
+            parts.append(matrix[np.ix_(kept[u], rows)].T)
+    return np.concatenate(parts, axis=1)
+
+
+def _undominated(features: np.ndarray) -> np.ndarray:
+    """The rows no other row is at most everywhere (strictly less somewhere, or equal and earlier)."""
+    n = len(features)
+    at_most = (features[:, None, :] <= features[None, :, :]).all(axis=2)  # at_most[a, b]: a <= b everywhere
+    equal = at_most & at_most.T
+    strictly = at_most & ~equal
+    earlier = np.tril(np.ones((n, n), bool), -1).T  # earlier[a, b]: a < b
+    dominated = (strictly | (equal & earlier)).any(axis=0)
+    return np.flatnonzero(~dominated)
+
+
+def _restricted(problem: Problem, kept) -> Problem:
+    return Problem(problem.name, problem.intervals, tuple(c[k] for c, k in zip(problem.costs, kept, strict=True)),
+                   tuple(u[k] for u, k in zip(problem.usages, kept, strict=True)), problem.edges,
+                   tuple(m[np.ix_(kept[u], kept[v])] for m, (u, v) in zip(problem.edge_costs, problem.edges.tolist(),
+                                                                          strict=True)),
+                   problem.usage_limit)
+
+
+@dataclass(frozen=True)
+class Eliminated:
+    """``problem`` with the nodes of at most two neighbours eliminated (series reduction): ``remaining[k]`` is the
+    original node of reduced node ``k``; ``recover`` gives every original node's strategy from the reduced solution."""
+
+    problem: Problem
+    remaining: tuple[int, ...]
+    offset: float = 0.0  # the cost of the nodes eliminated alone (no neighbour left): the reduced costs plus it
+    _steps: tuple = ()  # (node, neighbours, table of its best strategy per neighbours' strategies), in order
+    _node_count: int = 0
+
+    def recover(self, solution) -> tuple[int, ...]:
+        """A solution of the original problem, as cheap as ``solution`` is for the reduced one."""
+        chosen = [-1] * self._node_count
+        for k, s in zip(self.remaining, solution, strict=True):
+            chosen[k] = int(s)
+        for v, neighbours, table in reversed(self._steps):
+            chosen[v] = int(table[tuple(chosen[w] for w in neighbours)])
+        return tuple(chosen)
+
+
+def eliminate(problem: Problem) -> Eliminated:
+    """``problem`` with every node of one strategy folded into its neighbours, and every node with at most two
+    neighbours eliminated: its best strategy for each choice of theirs priced onto them (a leaf onto its neighbour's
+    costs, a link of a chain onto an edge between its two neighbours) — exact, and what is left is the graph's core.
+    Under a usage limit only nodes whose usage is the same for every strategy are eliminated (their usage stays, as a
+    node of one strategy)."""
+    n = problem.node_count
+    costs = [c.astype(np.float64).copy() for c in problem.costs]
+    adj: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
+    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
+        if u == v:
+            costs[u] += np.diag(m)
+        else:
+            _add_edge(adj, u, v, m)
+    limited = problem.usage_limit is not None
+    eligible = [not limited or np.ptp(u) == 0 for u in problem.usages]
+    alive = [True] * n
+    steps = []
+    offset = 0.0
+    queue = [v for v in range(n) if eligible[v]]
+    while queue:
+        v = queue.pop()
+        if not alive[v] or not eligible[v]:
+            continue
+        neighbours = sorted(adj[v])
+        if len(costs[v]) > 1 and len(neighbours) > 2:
+            continue
+        if len(neighbours) == 0:
+            table = np.array(int(np.argmin(costs[v])))
+            offset += float(costs[v][table])
+        elif len(neighbours) == 1:
+            (u,) = neighbours
+            total = adj[u][v] + costs[v][None, :]  # (u's strategies, v's)
+            table = np.argmin(total, axis=1)
+            costs[u] += np.minimum(total.min(axis=1), FORBIDDEN_COST)
+        elif len(neighbours) == 2:
+            u, w = neighbours
+            total = adj[u][v][:, :, None] + costs[v][None, :, None] + adj[v][w][None, :, :]  # (u, v, w)
+            table = np.argmin(total, axis=1)
+            _add_edge(adj, u, w, np.minimum(total.min(axis=1), FORBIDDEN_COST))
+        else:  # one strategy, many neighbours: its column of each edge onto each of them
+            table = np.array(0)
+            offset += float(costs[v][0])
+            for u in neighbours:
+                costs[u] += adj[u][v][:, 0]
+        for u in neighbours:
+            del adj[u][v]
+            queue.append(u)
+        adj[v] = {}
+        alive[v] = False
+        steps.append((v, tuple(neighbours) if len(costs[v]) > 1 or len(neighbours) <= 2 else (), table))
+    remaining = [v for v in range(n) if alive[v] or limited]
+    index = {v: k for k, v in enumerate(remaining)}
+    edges, matrices = [], []
+    for u in remaining:
+        for w, m in adj[u].items():
+            if u < w:
+                edges.append((index[u], index[w]))
+                matrices.append(m)
+    reduced = Problem(problem.name, problem.intervals[remaining],
+                      tuple(costs[v] if alive[v] else np.zeros(1) for v in remaining),
+                      tuple(problem.usages[v] if alive[v] else problem.usages[v][:1] for v in remaining),
+                      np.asarray(edges, np.int64).reshape(-1, 2), tuple(matrices), problem.usage_limit)
+    # (under a limit an eliminated node stays as a placeholder of one strategy, for its usage; recover overrides it)
+    return Eliminated(reduced, tuple(remaining), offset, tuple(steps), n)
+
+
+FORBIDDEN_COST = 1e18  # (the contest's; a sum of forbidden prices is forbidden, not larger)
+
+
+def _add_edge(adj, u: int, v: int, m: np.ndarray) -> None:
+    """Add ``m`` (``u``'s strategies by ``v``'s) to the edge between ``u`` and ``v``."""
+    if v in adj[u]:
+        m = np.minimum(adj[u][v] + m, FORBIDDEN_COST)
+    adj[u][v] = m
+    adj[v][u] = m.T
