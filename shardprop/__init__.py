@@ -62,7 +62,7 @@ from .inspect.viewer import Viewer, visualize
 from .mesh import make_mesh
 from .search import AUTO, SearchResult
 from .ops import OpDef
-from .propagation import Shard, ShardedGraph, TensorSharding, propagate
+from .propagation import Shard, ShardedGraph, TensorSharding, Walking, propagate, propagate_with
 from .splitting import Collective, Decisions, Plan, Stage, StageInput, Strategy, split
 
 __version__ = "0.1.0"
@@ -79,8 +79,8 @@ __all__ = [
     "ReshardWarning", "Shard", "ShardedGraph", "ShardingConflictError", "ShardingError", "SpecError",
     "SpecRankError", "SpecTreeError", "Stage", "StageIndexError", "StageInput", "Strategy", "TensorSharding",
     "TraceError", "UnknownMeshAxisError", "UnknownValueError", "UnsupportedDtypeError", "UnsupportedJaxError",
-    "Viewer", "autoshard", "blocks",
+    "Viewer", "Walking", "autoshard", "blocks",
     "compare_with_jit", "compile_program", "explain", "lineage", "lower", "make_mesh", "model_explorer_overlays",
-    "propagate", "render", "show", "show_blocks", "split", "stage_table", "to_dot", "to_json", "to_model_explorer",
-    "trace", "visualize",
+    "propagate", "propagate_with", "render", "show", "show_blocks", "split", "stage_table", "to_dot", "to_json",
+    "to_model_explorer", "trace", "visualize",
 ]

@@ -23,7 +23,7 @@ from .expr import jax_adapter as jx
 from .expr import trace, with_pinned_outputs
 from .mesh import as_auto_mesh
 from .program import Program, lower
-from .propagation import propagate
+from .propagation import Walking, propagate_with
 from .propagation.propagate import flat_in_specs, flat_specs_of_tree
 from .propagation.reports import warn_fallbacks, warn_reshards
 from .search import AUTO, check_memory_limit, is_spec_leaf, search_layouts
@@ -100,7 +100,8 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
 def _planned(graph, in_specs: Any, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str):
     """Propagation, then the split, of ``graph`` taking its arguments in ``in_specs``: the ``Plan``."""
     pricer = PlanPricer(strategy)
-    return pricer.plan_for(propagate(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, price=pricer))
+    return pricer.plan_for(propagate_with(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts,
+                                          walking=Walking(price=pricer)))
 
 
 def _with_pins(graph, pins: dict[int, PartitionSpec], auto_mesh: Mesh):
@@ -182,9 +183,10 @@ def _search(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: 
                           "fixed says how the program is meant to be split (strict=True takes no layout "
                           "the user did not write or imply); fix at least one argument's spec — the batch's "
                           "P('data'), say — or drop strict=True")
-    searched = search_layouts(graph, list(specs.flat), mesh=as_auto_mesh(mesh), strict=strict, conflicts=conflicts,
+    auto_mesh = as_auto_mesh(mesh)
+    searched = search_layouts(graph, list(specs.flat), mesh=auto_mesh, strict=strict, conflicts=conflicts,
                               strategy=strategy, memory_limit=limit, keyword_form=keyword_form, donated=donated,
-                              returns_inputs=returns_inputs,
+                              returns_inputs=returns_inputs, pin=lambda g, pins: _with_pins(g, pins, auto_mesh),
                               compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
     return searched
 

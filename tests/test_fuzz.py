@@ -211,7 +211,7 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
 def test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_moves_no_more(case, meshes):
     """``step(*xs) = [x - 0.1 * g for x, g in zip(xs, grad(loss)(*xs))]`` of a random program's weighted outputs:
     sharded, it equals the unsharded step; with the backward pass (a gradient laid out by its update) its plan
-    moves no more than with the forward walk alone (``sp.propagate(..., backward=False)``), both priced by the
+    moves no more than with the forward walk alone (``walking=sp.Walking(backward=False)``), both priced by the
     cost model; and each update is counted: the gradient arriving in its argument's layout, moved there as a priced
     choice, or moved with a ReshardWarning (a clash of the specs)."""
     mesh, specs, options, f, unconstrained, args = differentiable_case(case, meshes)
@@ -233,7 +233,8 @@ def test_a_training_step_takes_each_gradient_in_its_arguments_layout_where_that_
             prog = sp.autoshard(step, mesh=mesh, in_specs=specs, strategy=strategy).trace(*args)
             got = prog(*args)
             graph = sp.trace(step, *args)
-            forward = sp.propagate(graph, specs, mesh=mesh, backward=False)
+            forward = sp.propagate_with(graph, specs, mesh=mesh, strict=False, conflicts="reshard",
+                                        walking=sp.Walking(backward=False))
     except (sp.IndivisibleAxisError, sp.ShardingConflictError):
         return  # bad inputs, as the fuzzer counts them
     for g, w in zip(got, want, strict=True):
@@ -308,51 +309,6 @@ def test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_mor
         event("gradient in another layout, moving less")
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, print_blob=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
-@given(case=cases(), data=st.data())
-def test_a_memo_shared_with_other_layouts_changes_no_layout(case, data, meshes):
-    """The layout search's screens propagate without shards (``lineage=False``: the backward pass reruns a node's rule
-    where it asks what its blocks came from), their walks sharing the rules' results (``memo=``) across the
-    assignments they price: after walks on other input layouts, a propagation gives exactly the layouts and operand
-    layouts a fresh one with shards gives, whatever the backward pass's setting — of the program or of a training
-    step of it."""
-    program, mesh_name, specs, options = case
-    mesh = meshes[mesh_name]
-    mesh_shape = dict(mesh.shape)
-    f, _ = program_functions(program, mesh)
-    if data.draw(st.booleans()) and not any(op.startswith("while") for op in program.ops):
-        # a training step of it: its gradients are where the backward pass asks each node's lineage
-        loss = weighted(f)
-
-        def step(*xs):
-            grads = jax.grad(loss, argnums=tuple(range(len(xs))))(*xs)
-            return [x - 0.1 * d for x, d in zip(xs, grads, strict=True)]
-        event("a training step")
-        f = step
-    graph = sp.trace(f, *random_inputs(program))
-    others = [tuple(data.draw(specs_for(v.shape, mesh_shape)) for v in program.inputs) for _ in range(2)]
-    backward = data.draw(st.sampled_from([True, "quick", False]))
-    memo: dict = {}
-
-    def layouts(in_specs, **how):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                sharded = sp.propagate(graph, in_specs, mesh=mesh, backward=backward, conflicts=options["conflicts"],
-                                       **how)
-            except (sp.IndivisibleAxisError, sp.ShardingConflictError) as err:
-                return type(err)
-        return [s.layout for s in sharded.shardings], sharded.needs, sharded.in_specs
-
-    want = layouts(specs)
-    for other in others:
-        layouts(other, lineage=False, memo=memo)
-    event("refused" if isinstance(want, type) else f"memo entries: {'some' if memo else 'none'}")
-    assert layouts(specs, lineage=False, memo=memo) == want
-
-
 # Each property again on the slow set's budget, from a seed of its own (not the default run's programs).
 test_random_programs_on_more_programs = on_more_examples(
     test_random_programs_equal_the_unsharded_result, SLOW_EXAMPLES, 49_000, case=cases())
@@ -365,5 +321,3 @@ test_training_step_gradients_on_more_programs = on_more_examples(
     case=cases())
 test_gradient_layouts_on_more_programs = on_more_examples(
     test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_more, 5, 49_000, case=cases())
-test_shared_memo_on_more_programs = on_more_examples(
-    test_a_memo_shared_with_other_layouts_changes_no_layout, SLOW_EXAMPLES, 49_000, case=cases(), data=st.data())

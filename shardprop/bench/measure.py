@@ -24,7 +24,7 @@ from ..api import PlanPricer
 from ..compare import lower_with_jit
 from ..mesh import make_mesh
 from ..program import lower
-from ..propagation import propagate
+from ..propagation import Walking, propagate_with
 from ..splitting import split
 from ..core.transfers import total_moved
 from .timing import Runtime, interleaved
@@ -180,7 +180,9 @@ def _measure(workload: Workload, mesh, rounds: int, row: Row) -> None:
     want = jax.jit(f)(*args)  # the unsharded function: unplaced inputs, one device
     graph, row.trace_seconds = _timed(trace, f, *args)
     row.nodes = len(graph.nodes)
-    sharded, row.propagate_seconds = _timed(lambda: propagate(graph, in_specs, mesh=mesh, price=PlanPricer("auto")))
+    walking = Walking(price=PlanPricer("auto"))
+    sharded, row.propagate_seconds = _timed(lambda: propagate_with(graph, in_specs, mesh=mesh, strict=False,
+                                                                   conflicts="reshard", walking=walking))
     flat, tree = jax.tree_util.tree_flatten(args)
     placed = jax.tree_util.tree_unflatten(tree, [jax.device_put(x, NamedSharding(mesh, s))
                                                  for x, s in zip(flat, sharded.in_specs, strict=True)])

@@ -8,16 +8,18 @@ from .listing import format_bytes
 
 
 def format_search(result) -> str:
-    """The search's summary line and one row per searched argument (path, type, chosen spec, decided with)."""
+    """The search's summary line — what it chose, what that costs, and the solver's certificate — and one row per
+    searched argument (path, type, chosen spec, decided with)."""
     c = result.chosen
     limit = "" if result.memory_limit is None else f", limit {format_bytes(result.memory_limit)}"
     compiled = "" if c.compiled_memory is None else f", {format_bytes(c.compiled_memory)} as compiled"
     checks = "" if not result.compiled else (f"; {result.compiled} compiled to check the limit, "
                                              f"{result.compile_seconds:.2f} s")
+    solution = result.solution
     lines = [f"sp.AUTO chose {len(result.searched)} layout{'' if len(result.searched) == 1 else 's'} in "
-             f"{result.seconds:.2f} s ({result.evaluations} plans priced{checks}): {format_bytes(c.moved)} moved, "
-             f"{format_bytes(c.memory.total)} per device (cost model{compiled}{limit}); price within "
-             f"{result.gap:.0%} of the bound"
+             f"{result.seconds:.2f} s (one solve over {result.values:,} values' layouts, {result.strategies:,} "
+             f"strategies{checks}): {format_bytes(c.moved)} moved, {format_bytes(c.memory.total)} per device (cost "
+             f"model{compiled}{limit}); {result.certificate}: cost {solution.cost:,.0f}, bound {solution.bound:,.0f}"
              + ("" if not result.returned_moves else f"; the program moves {format_bytes(result.returned_moves)} "
                 "more, returning updated state laid out as it came in")]
     rows = [(r["argument"], f"{short_dtype(leaf.dtype)}[{','.join(map(str, leaf.shape))}]", str(r["spec"]),
@@ -31,8 +33,9 @@ def format_search(result) -> str:
 
 
 def explain_choice(result, leaf: int, shown: int = 5) -> tuple[str, ...]:
-    """Lines for ``sp.explain`` of searched argument ``leaf``: the layouts of its group weighed with every other
-    argument as chosen, cheapest first (price, bytes moved, memory per device), the chosen one marked."""
+    """Lines for ``sp.explain`` of searched argument ``leaf``: the solver's certificate, then each layout of its group
+    with every other value's layout chosen again around it (price, bytes moved, memory per device, what it adds),
+    cheapest first, the chosen one marked."""
     group = result.group_of(leaf)
     if group is None:
         return ()
@@ -40,22 +43,22 @@ def explain_choice(result, leaf: int, shown: int = 5) -> tuple[str, ...]:
     chosen = result.chosen
     leaves = result.leaves
     together = [leaves[k].path for k in group if k != leaf]
-    lines = [f"chosen by the sp.AUTO search among {len(alternatives)} layouts"
+    lines = [f"chosen by the sp.AUTO solve ({result.certificate}) among {len(alternatives)} layouts"
              + (f", decided with {', '.join(together)}" if together else "")
-             + " (each priced as the whole program, every other argument as chosen):"]
+             + " (each with every other layout chosen again around it):"]
     priced = [a for a in alternatives if a.candidate is not None]
     width = max((len(str(a.spec)) for a in priced[:shown]), default=0)
     for a in priced[:shown]:
         more = a.candidate.price / chosen.price - 1 if chosen.price else 0.0
         mark = ("chosen" if a.spec == chosen.specs[leaf] else
-                f"{more:+.1%} price" if more < 0.1 else f"{more:+.0%} price")
+                f"{more:+.1%} price" if abs(more) < 0.1 else f"{more:+.0%} price")
         over = "" if not a.candidate.excess else f", over the limit by {format_bytes(a.candidate.excess)}"
         lines.append(f"  {str(a.spec):<{width}}  {format_bytes(a.candidate.moved)} moved, "
                      f"{format_bytes(a.candidate.memory.total)} per device{over}  ({mark})")
     if len(priced) > shown:
         lines.append(f"  ... {len(priced) - shown} more, each dearer")
     if len(priced) < len(alternatives):
-        lines.append(f"  {len(alternatives) - len(priced)} refused by strict=True (a conflict or no rule)")
+        lines.append(f"  {len(alternatives) - len(priced)} with no plan within the limit")
     return tuple(lines)
 
 
@@ -69,11 +72,10 @@ def search_to_dict(result) -> dict:
     return {
         "chosen": [{**row, "spec": spec_json(row["spec"])} for row in result.rows()],
         **candidate(result.chosen),
-        "memory_limit": result.memory_limit, "bound": result.bound, "gap": result.gap,
-        "evaluations": result.evaluations, "seconds": result.seconds, "compiled": result.compiled,
+        "memory_limit": result.memory_limit, "status": result.status, "cost": result.solution.cost,
+        "bound": result.bound, "gap": result.gap, "certificate": result.certificate, "values": result.values,
+        "strategies": result.strategies, "seconds": result.seconds, "compiled": result.compiled,
         "compile_seconds": result.compile_seconds,
-        "finalists": [{"specs": {result.leaves[k].path: spec_json(c.specs[k]) for k in result.searched},
-                       **candidate(c)} for c in result.finalists],
     }
 
 
@@ -95,11 +97,10 @@ SEARCH_SCHEMA = _fields({
         "argument": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
         "dtype": {"type": "string"}, "spec": _SPEC, "with": {"type": ["string", "null"]}})},
     **_COST,
-    "memory_limit": {"type": ["integer", "null"]}, "bound": {"type": "number"}, "gap": {"type": "number"},
-    "evaluations": {"type": "integer"}, "seconds": {"type": "number"}, "compiled": {"type": "integer"},
-    "compile_seconds": {"type": "number"},
-    "finalists": {"type": "array", "items": _fields({"specs": {"type": "object", "additionalProperties": _SPEC},
-                                                     **_COST})},
+    "memory_limit": {"type": ["integer", "null"]}, "status": {"type": "string"}, "cost": {"type": "number"},
+    "bound": {"type": "number"}, "gap": {"type": "number"}, "certificate": {"type": "string"},
+    "values": {"type": "integer"}, "strategies": {"type": "integer"}, "seconds": {"type": "number"},
+    "compiled": {"type": "integer"}, "compile_seconds": {"type": "number"},
 })
 
 

@@ -145,6 +145,8 @@ def finish_summed_pairs(decisions, node: Node, lhs_c, rhs_c, *, reads_ranges: bo
         mesh_axes.extend(names)
     if not mesh_axes:
         return None
+    if len(set(mesh_axes)) < len(mesh_axes):
+        return None  # one mesh axis over two contracting pairs (one operand's, the other's): no one sum finishes it
     contracted = set(mesh_axes)
     out_names = {name for m in decisions.layout(node.outputs[0]) for name in m}
     for need, axes in ((lhs_need, lhs_c), (rhs_need, rhs_c)):

@@ -9,7 +9,8 @@ the primitives' records in ``shardprop.ops``.
 """
 
 from .product import RuleName, ShardedGraph
-from .propagate import propagate
+from .propagate import Walking, propagate, propagate_with
 from ..core.layouts import Layout, Open, Shard, Sharded, TensorSharding
 
-__all__ = ["Layout", "Open", "RuleName", "Shard", "Sharded", "ShardedGraph", "TensorSharding", "propagate"]
+__all__ = ["Layout", "Open", "RuleName", "Shard", "Sharded", "ShardedGraph", "TensorSharding", "Walking", "propagate",
+           "propagate_with"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+from dataclasses import dataclass
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -73,9 +74,7 @@ def flat_specs_of_tree(in_specs: Any, in_tree: Any, is_leaf: Callable[[Any], boo
 
 @gc_paused
 def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
-              conflicts: str = "reshard", price: Callable[[ShardedGraph], float] | None = None,
-              backward: bool | str = True, lineage: bool = True, memo: dict | None = None,
-              adopt: bool = True) -> ShardedGraph:
+              conflicts: str = "reshard") -> ShardedGraph:
     """Give every value of ``graph`` a sharding on ``mesh``, starting from ``in_specs``.
 
     ``in_specs`` is a pytree prefix of the arguments: ``PartitionSpec`` (``P()`` replicates) or ``None``
@@ -86,19 +85,9 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
     ``strict=True``) raises ``ShardingConflictError`` instead, as the Nx design halts.
 
     After the forward walk a backward pass lets a value's uses decide its layout where that moves no more
-    (``propagation/uses.py``); ``price`` (a ShardedGraph's bytes moved: ``autoshard`` passes its plan's estimate)
-    compares the candidates, and without it they are compared by the bytes of the nodes' operand moves alone;
-    ``backward=False`` keeps the forward walk's layouts (the Nx design's propagation, for comparison);
-    ``backward="quick"`` tries one setting of the backward pass (exchanges asked, not the finest slices), a few
-    walks rather than dozens: the layout search's screen. ``lineage=False`` makes no shards where nothing reads them
-    (the same layouts, each axis without its blocks: what pricing reads), for the search's screens. ``memo``, a dict
-    the caller keeps between calls on one graph and mesh, reuses the rules' results on operands laid out as in an
-    earlier walk (walks that make no shards: a rule is then a function of its node and its operands' layouts, and
-    of the calls it makes on their open axes, replayed: ``memo.py``); without one, this call's walks share their own.
-    With a backward pass the candidates are compared as walked without shards, and only the one kept is walked
-    again with them (``lineage``).
-    ``adopt=False`` replicates every axis nothing annotates (a broadcast's, an unannotated argument's) rather than
-    letting it adopt what it meets: one walk rather than two (the layout search's rough screen).
+    (``propagation/uses.py``), its candidates compared by the bytes of the nodes' operand moves; ``propagate_with``
+    takes how to walk (``Walking``: the price ``autoshard`` compares them by — its plan's — or the forward walk
+    alone, the Nx design's propagation, for comparison).
 
     Examples:
         >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
@@ -112,6 +101,29 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
             c:f32[16@i,8@j] = add a b   # <doctest ...>:1
           in (c,) }
     """
+    return propagate_with(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts, walking=Walking())
+
+
+@dataclass(frozen=True)
+class Walking:
+    """How propagation walks, where ``propagate``'s default is not wanted: ``price`` compares the backward pass's
+    candidates (a ShardedGraph's price: ``autoshard`` passes its plan's, ``splitting.split.PlanPricer``; None: the
+    bytes of the nodes' operand moves); ``backward=False`` keeps the forward walk's layouts (a loop's body, and the
+    Nx design's propagation, for comparison)."""
+
+    price: Callable[[ShardedGraph], float] | None = None
+    backward: bool = True
+
+
+@gc_paused
+def propagate_with(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool, conflicts: str,
+                   walking: Walking) -> ShardedGraph:
+    """``propagate``, walked as ``walking`` says: with ``Walking(price=...)`` the backward pass's candidates compared by
+    that price, with ``Walking(backward=False)`` the forward walk alone.
+
+    >>> forward = sp.propagate_with(graph, (P("i"), None), mesh=mesh, strict=False, conflicts="reshard",
+    ...                             walking=sp.Walking(backward=False))  # doctest: +SKIP
+    """
     if conflicts not in CONFLICT_MODES:
         raise OptionError(f"conflicts={conflicts!r}: expected one of {CONFLICT_MODES}")
     mesh = as_auto_mesh(mesh)
@@ -124,8 +136,7 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
                                                                          f"argument {graph.argument_names[index]}",
                                                                          uneven=True))
     sharded = propagate_layouts(graph, input_layouts, mesh, strict=strict,
-                                conflicts="error" if strict else conflicts, price=price, backward=backward,
-                                lineage=lineage, memo=memo, adopt=adopt)
+                                conflicts="error" if strict else conflicts, walking=walking)
     if strict and sharded.fallbacks:
         first = min(sharded.fallbacks)
         node, cause = graph.nodes[first], sharded.fallback_causes.get(first)
@@ -138,15 +149,15 @@ def propagate(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool = False,
 
 
 def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Mesh, *,
-                      strict: bool = False, conflicts: str = "error",
-                      price: Callable[[ShardedGraph], float] | None = None,
-                      backward: bool | str = True, lineage: bool = True,
-                      memo: dict | None = None, adopt: bool = True) -> ShardedGraph:
+                      strict: bool = False, conflicts: str = "error", walking: Walking = Walking(),
+                      lineage: bool = True, memo: dict | None = None) -> ShardedGraph:
     """``propagate`` from validated input layouts (None: unannotated); no warnings. Rules use it to
-    shard sub-computations such as scan bodies. ``price`` gives the bytes a candidate moves (the backward pass's
-    layouts against the forward walk's); without it, the bytes of the nodes' operand moves. ``backward=False``
-    keeps the forward walk's layouts (a loop's or a branch's body: its candidates would need the loop's price, per
-    iteration, which the operand moves alone misjudge)."""
+    shard sub-computations such as scan bodies, walking the forward walk alone (``Walking(backward=False)``: a
+    body's candidates would need the loop's price, per iteration, which the operand moves alone misjudge).
+    ``lineage=False`` makes no shards where nothing reads them (the same layouts, each axis without its blocks), and
+    ``memo`` (``memo.py``) is the rules' results this call's walks share — both for the tests of what they
+    change (nothing)."""
+    price, backward = walking.price, walking.backward
     if strict:
         missing = [n for n in graph.nodes if n.op not in (PARAMETER, CONSTANT) and not has_record(n.op)]
         if missing:
@@ -156,7 +167,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
                 f"{where(node)} "
                 f"(strict=True; without it the conservative rule would gather its operands and replicate its "
                 f"result){'' if len(missing) == 1 else f'; {len(missing) - 1} more op(s) without a rule'}")
-    body = functools.partial(_propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
+    body = functools.partial(propagate_body, mesh=mesh, conflicts=conflicts)  # bodies resolve conflicts alike
     # the rules' results on operands laid out as before, shared by this call's walks (the candidates differ from the
     # forward walk in a few views: most nodes see the same operands) — or by the caller's calls on this graph and mesh
     memo = {} if memo is None else memo
@@ -164,16 +175,15 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
     # walks share the memo) and the one kept is walked again with them; the backward pass then reruns a node's rule
     # where it asks which operand blocks its blocks came from (uses.py)
     exploring = lineage and not backward
-    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=exploring, memo=memo, adopt=adopt)
+    forward = _walks(graph, mesh, input_layouts, body, "reshard", views={}, lineage=exploring, memo=memo)
     # the backward pass (uses.py): node by node where each step costs no more, and optimistically, every step a
     # conflict can be carried back, where several steps may pay off together; the program moving least is kept
     # (optimism carries only conflicts' chains: without a conflict it finds what the node-by-node pass finds)
     # (and, with exchanges, asking nested slices' finest: its effect on the other uses is the plan's price to judge)
-    # ("quick": exchanges asked, finest not — the setting that alone finds the cheapest plan most often)
     found = [wanted_views(forward, optimistic=optimistic, exchanges=exchanges, finest=finest, memo=memo)
              for optimistic in (False, True)[:1 + bool(forward.reshards)]
-             for exchanges in ((True,) if backward == "quick" else (False, True))
-             for finest in ((False,) if backward == "quick" else (False, True))] if backward else []
+             for exchanges in (False, True)
+             for finest in (False, True)] if backward else []
     priced = frozenset().union(*(f.priced for f in found))
     candidates = [dataclasses.replace(forward, priced=priced & forward.reshards.keys())]
     walked = [dict(conflicts="reshard", views={})]  # how each candidate was walked (the one kept is walked again)
@@ -183,7 +193,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
         for adoption in _adoptions(graph, dict(views)):
             how = dict(conflicts=conflicts, views=dict(views), priced=priced, adoption=adoption)
             try:
-                candidate = _walks(graph, mesh, input_layouts, body, lineage=exploring, memo=memo, adopt=adopt,
+                candidate = _walks(graph, mesh, input_layouts, body, lineage=exploring, memo=memo,
                                    variants=variants, **how)
             except ShardingConflictError:
                 continue  # the views met a clash of the user's own: refused (or resolved) as without them
@@ -203,7 +213,7 @@ def propagate_layouts(graph: Graph, input_layouts: list[Layout | None], mesh: Me
         return _walks(graph, mesh, input_layouts, body, conflicts, views={}, priced=priced)  # raises the clash
     if lineage == exploring:
         return best
-    kept = _walks(graph, mesh, input_layouts, body, lineage=True, memo=memo, adopt=adopt, **walked[order[id(best)]])
+    kept = _walks(graph, mesh, input_layouts, body, lineage=True, memo=memo, **walked[order[id(best)]])
     return dataclasses.replace(kept, priced=best.priced)
 
 
@@ -271,19 +281,14 @@ def _views_returned(graph: Graph, views) -> bool:
 
 def _walks(graph: Graph, mesh: Mesh, input_layouts, body, conflicts: str, views, priced=frozenset(),
            adoption: Adoption = ADOPTING, lineage: bool = True,
-           memo: dict | None = None, adopt: bool = True, variants: Variants | None = None) -> ShardedGraph:
+           memo: dict | None = None, variants: Variants | None = None) -> ShardedGraph:
     """The two forward walks (the first learns what open axes meet, the second makes the shards), each node taking
     the operands ``views`` names in the layout it says; the conflicts at ``priced`` nodes are resolved whatever
-    ``conflicts`` says (the backward pass priced them: moving there is the cheapest way). ``adopt=False``: one walk,
-    every open axis replicated (nothing for a first walk to learn). ``variants``: the earlier calls with these
+    ``conflicts`` says (the backward pass priced them: moving there is the cheapest way). ``variants``: the earlier
+    calls with these
     arguments but another ``adoption`` (``Variants``): a call they show to make the
     product one of them made returns that product, unwalked."""
     mesh_shape = dict(mesh.shape)
-    if not adopt:
-        final = Walk(graph, mesh_shape, input_layouts, body, resolve=_replicated, conflicts=conflicts, views=views,
-                      priced=priced, adoption=adoption, lineage=lineage, memo=memo)
-        final.run()
-        return _product(graph, mesh, final, priced)
     known = None if variants is None else variants.walked_alike(adoption)
     if known is not None:
         return known
@@ -334,6 +339,20 @@ def _product(graph: Graph, mesh: Mesh, final: Walk, priced: frozenset) -> Sharde
                         priced=priced & final.reshards.keys())
 
 
-def _propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh, conflicts: str) -> ShardedGraph:
-    return dataclasses.replace(propagate_layouts(graph, input_layouts, mesh, conflicts=conflicts, backward=False),
+def propagate_body(graph: Graph, input_layouts: list[Layout], *, mesh: Mesh, conflicts: str) -> ShardedGraph:
+    return dataclasses.replace(propagate_layouts(graph, input_layouts, mesh, conflicts=conflicts,
+                                                 walking=Walking(backward=False)),
                                is_body=True)
+
+
+def propagate_decided(graph: Graph, input_layouts: list[Layout], mesh: Mesh, *, views, created,
+                      conflicts: str = "reshard") -> ShardedGraph:
+    """One walk with every choice already made (the layout search's solution): the arguments laid out as
+    ``input_layouts``, each node handed the operands ``views`` names in exactly the layout it says (``View.exact``),
+    each axis a rule creates laid out as ``created[(value, axis)]`` says (absent: replicated). No backward pass, no
+    warnings; a conflict met (where no view is given) is resolved or refused as ``conflicts`` says."""
+    body = functools.partial(propagate_body, mesh=mesh, conflicts="reshard")
+    walk = Walk(graph, dict(mesh.shape), input_layouts, body, resolve=lambda key: created.get(key) or None,
+                conflicts=conflicts, views=views)
+    walk.run()
+    return checked(_product(graph, mesh, walk, frozenset()))

@@ -47,6 +47,7 @@ class View:
     layout: Layout
     was: Layout
     use: int | Mirror
+    exact: bool = False  # taken in exactly ``layout`` (the search decided it), never kept as held where it was
 
 
 Views = Mapping[tuple[int, int], View]

@@ -184,8 +184,8 @@ class Walk:
             # nothing it asks: gathering it would undo the very adoption the views caused
             for k, (a, want) in enumerate(zip(sharding.axes, view.layout, strict=True)):
                 elsewhere = {m for k2, w in enumerate(view.layout) if k2 != k for m in w}
-                if sharding.layout[k] == want or (
-                        want == view.was[k] and sharding.layout[k] and not elsewhere & set(sharding.layout[k])):
+                if sharding.layout[k] == want or (not view.exact and want == view.was[k] and sharding.layout[k]
+                                                  and not elsewhere & set(sharding.layout[k])):
                     axes.append(a)
                 elif want and sharding.shape[k] % shard_count(self.mesh_shape, want) == 0:
                     axes.append(ctx.root(k, sharding.shape[k], want))

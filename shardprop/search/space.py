@@ -5,18 +5,21 @@ together.
 are every way to lay its axes out over the mesh that the axes divide evenly: each mesh axis on one tensor axis, or on
 none; several mesh axes on one tensor axis in the mesh's order. Arguments shaped like a parameter further down the same
 path (an optimizer's moments, ``opt_state[0].mu['w']`` beside ``params['w']``) are decided with it: one group, one
-layout. Leaves that differ only in a list index (the layers of a stack) are *tied* in the search's first phase.
-"""
+layout. """
 
 from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 from jax.sharding import PartitionSpec
+
+from ..ops import has_record, lookup
+from ..ops.opdef import Family
 
 
 class _Auto:
@@ -142,7 +145,6 @@ def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, 
     return [tuple(members) for _, members in sorted(groups.items())]
 
 
-_INDEX = re.compile(r"\[\d+\]")
 # one key of a key path as jax.tree_util.keystr writes it: an attribute, a dict key or a sequence index
 _KEY = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(\d+)\]")
 
@@ -153,49 +155,35 @@ def _keys(within: str) -> tuple[str, ...]:
     return tuple(next(g for g in m.groups() if g is not None) for m in _KEY.finditer(within))
 
 
-def tied(leaves: list[Leaf], groups: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
-    """``groups`` bundled where their leaders differ only in list indices below the argument (``[0][2]['w']`` and
-    ``[0][5]['w']``, the same shape): the layers of a stack, decided once in the search's first phase."""
-    bundles: dict[tuple, list[tuple[int, ...]]] = {}
-    for group in groups:
-        lead = leaves[group[0]]
-        key = (lead.argument, _INDEX.sub("[*]", lead.within), lead.shape)
-        bundles.setdefault(key, []).append(group)
-    return [tuple(b) for b in sorted(bundles.values())]
+def state_pairs(graph, returns_inputs: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """``(output, argument)`` for each output that is an argument's state for the next call, to come back in the
+    argument's layout: the last outputs when ``returns_inputs`` names their arguments (an NNX module's state), and an
+    output of an argument's shape and dtype where those outputs and arguments are as many — the k-th output the
+    k-th argument's (a training step returning its parameters, optimizer state or KV cache updated, in order). Not an
+    argument returned as it is, nor an output the user's own constraint lays out.
 
+    >>> state_pairs(trace(lambda w, x: (w - x.sum() * w, x.sum()), w, x))  # doctest: +SKIP
+    [(0, 0)]
+    """
+    base = len(graph.outputs) - len(returns_inputs)
+    pairs = [(base + i, j) for i, j in enumerate(returns_inputs)]
+    inputs = set(graph.inputs)
 
-def expert_seeds(leaves: list[Leaf], groups: list[tuple[int, ...]], options: dict[int, tuple[PartitionSpec, ...]],
-                 mesh_shape: dict[str, int], first_use: dict[int, int],
-                 busy: frozenset[str] = frozenset()) -> list[tuple[str, dict[int, PartitionSpec]]]:
-    """The layouts an expert would start from, as ``(name, {group leader: spec})``: data parallel (everything
-    replicated), FSDP over one mesh axis (every matrix's first axis it divides), Megatron over one mesh axis
-    (matrices, in the order the program first reads them, alternate column and row splits), and Megatron over one
-    axis with FSDP over another. Vectors stay replicated (the search decides them); a layout the axes do not divide
-    is left replicated. Megatron is not over a ``busy`` mesh axis (one the fixed arguments shard: the batch's) while
-    another is free — an expert splits matrices over the axis the batch does not use."""
-    matrices = sorted((g[0] for g in groups if len(leaves[g[0]].shape) == 2), key=lambda k: (first_use.get(k, k), k))
+    def kind(value):
+        return graph.avals[value].shape, str(graph.avals[value].dtype)
 
-    def valid(leader: int, spec: PartitionSpec) -> PartitionSpec:
-        return spec if spec in options[leader] else PartitionSpec()
-
-    def fsdp(axis: str) -> dict[int, PartitionSpec]:
-        out = {}
-        for leader in matrices:
-            shape = leaves[leader].shape
-            first = next((d for d, n in enumerate(shape) if n % mesh_shape[axis] == 0), None)
-            out[leader] = PartitionSpec() if first is None else \
-                valid(leader, _spec([[axis] if d == first else [] for d in range(len(shape))]))
-        return out
-
-    def megatron(axis: str, fsdp_axis: str | None = None) -> dict[int, PartitionSpec]:
-        other = [fsdp_axis] if fsdp_axis else []
-        return {leader: valid(leader, _spec([other, [axis]] if n % 2 == 0 else [[axis], other]))
-                for n, leader in enumerate(matrices)}
-
-    names = list(mesh_shape)
-    seeds: list[tuple[str, dict[int, PartitionSpec]]] = [("data parallel", {})]
-    seeds += [(f"FSDP over {a}", fsdp(a)) for a in names]
-    tensor = [a for a in names if a not in busy] or names
-    seeds += [(f"Megatron over {a}", megatron(a)) for a in tensor]
-    seeds += [(f"Megatron over {a}, FSDP over {b}", megatron(a, b)) for a in tensor for b in names if a != b]
-    return seeds
+    arguments: dict[tuple, list[int]] = {}
+    for index, value in enumerate(graph.inputs):
+        if graph.avals[value].shape and index not in returns_inputs:
+            arguments.setdefault(kind(value), []).append(index)
+    outputs: dict[tuple, list[int]] = {}
+    for index, value in enumerate(graph.outputs[:base]):
+        op = graph.nodes[graph.producer[value]].op
+        pinned = has_record(op) and lookup(op).family is Family.PLACEMENT
+        if graph.avals[value].shape and value not in inputs and not pinned:
+            outputs.setdefault(kind(value), []).append(index)
+    for key, returned in outputs.items():
+        alike = arguments.get(key, [])
+        if len(alike) == len(returned):
+            pairs += list(zip(returned, alike, strict=True))
+    return sorted(pairs)

@@ -15,6 +15,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
+from shardprop.core.layouts import layout_from_spec
+from shardprop.mesh import as_auto_mesh
+from shardprop.propagation.propagate import flat_in_specs, propagate_layouts
 
 DATA, MODEL = "data", "model"
 
@@ -364,47 +367,39 @@ def test_the_gradient_of_a_self_product_is_laid_out_like_its_argument():
     assert _trimmed(prog.out_specs[0]) == ("i",)
 
 
-@pytest.mark.parametrize("backward", [True, "quick", False])
+def _walked(graph, specs, mesh, *, backward=True, **internal):
+    """``propagate`` through its internal entry, with its internal settings (``lineage``, ``memo``)."""
+    mesh_shape = dict(mesh.shape)
+    layouts = [None if spec is None else layout_from_spec(spec, graph.avals[v].shape, mesh_shape, "", uneven=True)
+               for spec, v in zip(flat_in_specs(specs, graph), graph.inputs, strict=True)]
+    return propagate_layouts(graph, layouts, as_auto_mesh(mesh), conflicts="reshard",
+                             walking=sp.Walking(backward=backward), **internal)
+
+
+@pytest.mark.parametrize("backward", [True, False])
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_without_lineage_every_layout_is_the_same(name, backward):
-    # the layout search's screens propagate with lineage=False (pricing reads layouts alone): the same plan, no shards
+    # the backward pass's candidates are walked with lineage=False (comparing them reads layouts alone): the same
+    # layouts, no shards
     f, args, specs, _ = PROGRAMS[name]
     mesh = sp.make_mesh((4, 2), (DATA, MODEL))
     graph = sp.trace(f, *args)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sp.ReshardWarning)
-        full = sp.propagate(graph, specs, mesh=mesh, backward=backward)
-        bare = sp.propagate(graph, specs, mesh=mesh, backward=backward, lineage=False)
+    full = _walked(graph, specs, mesh, backward=backward)
+    bare = _walked(graph, specs, mesh, backward=backward, lineage=False)
     assert [s.layout for s in bare.shardings] == [s.layout for s in full.shardings]
     assert bare.needs == full.needs and bare.in_specs == full.in_specs
     assert any(full.shards(v, k) for v in range(len(graph.avals)) for k in range(len(graph.avals[v].shape)))
     if backward is False:  # (the backward pass reads the forward walk's lineage: that walk makes shards still)
         assert not any(bare.shards(v, k) for v in range(len(graph.avals)) for k in range(len(graph.avals[v].shape)))
     assert sp.split(bare).stages and len(sp.split(bare).stages) == len(sp.split(full).stages)
-    # a memo shared by walks on other layouts first (the search's screens) gives what a fresh propagation gives
+    # a memo shared by walks on other layouts first gives what a fresh propagation gives
     memo: dict = {}
     replicated = jax.tree_util.tree_map(lambda s: P(), specs, is_leaf=lambda s: isinstance(s, P))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sp.ReshardWarning)
-        for other in (replicated, specs):
-            sp.propagate(graph, other, mesh=mesh, backward=backward, lineage=False, memo=memo)
-        remembered = sp.propagate(graph, specs, mesh=mesh, backward=backward, lineage=False, memo=memo)
+    for other in (replicated, specs):
+        _walked(graph, other, mesh, backward=backward, lineage=False, memo=memo)
+    remembered = _walked(graph, specs, mesh, backward=backward, lineage=False, memo=memo)
     assert memo and [s.layout for s in remembered.shardings] == [s.layout for s in full.shardings]
     assert remembered.needs == full.needs
-
-
-def test_without_adopting_what_no_spec_lays_out_is_replicated():
-    # the layout search's rough screen: one walk, nothing adopted (an unannotated argument, a broadcast's axes)
-    mesh = sp.make_mesh((4, 2), (DATA, MODEL))
-    x = _normal(8, 16)
-    graph = sp.trace(lambda a, b: (a + b) * jnp.ones((8, 16)), x, x)
-    adopted = sp.propagate(graph, (P(DATA, MODEL), None), mesh=mesh)
-    bare = sp.propagate(graph, (P(DATA, MODEL), None), mesh=mesh, adopt=False, backward=False)
-    assert adopted.in_specs[1] == P(DATA, MODEL)
-    assert bare.in_specs[1] == P() and bare.edge_move_bytes() == 0  # b is sliced where it meets a: no move
-    ones = graph.nodes[graph.producer[graph.outputs[0]]].operands[1]  # the broadcast's value
-    assert bare.layout(ones) == ((), ()) and adopted.layout(ones) == ((DATA,), (MODEL,))
-    assert len(sp.split(bare).stages) == 1
 
 
 def test_without_lineage_a_loop_carry_derived_beside_a_ranged_constant_is_the_same():
@@ -425,8 +420,8 @@ def test_without_lineage_a_loop_carry_derived_beside_a_ranged_constant_is_the_sa
     x = _normal(4, 1)
     graph = sp.trace(f, x, x)
     specs = (P(("i", "j"), "k"), P(("i", "j"), None))
-    for backward in (True, "quick"):
-        full = sp.propagate(graph, specs, mesh=mesh, backward=backward)
-        bare = sp.propagate(graph, specs, mesh=mesh, backward=backward, lineage=False)
+    for backward in (True, False):
+        full = _walked(graph, specs, mesh, backward=backward)
+        bare = _walked(graph, specs, mesh, backward=backward, lineage=False)
         assert [s.layout for s in bare.shardings] == [s.layout for s in full.shardings]
         assert bare.needs == full.needs and full.out_specs[0] == P(("i", "j"))

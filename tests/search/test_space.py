@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from shardprop.search import candidate_specs, decision_groups, tied
+from shardprop.search import candidate_specs, decision_groups
 from shardprop.search.space import Leaf
 
 MESH = {"data": 4, "model": 2}
@@ -54,45 +54,3 @@ def test_two_arguments_alike_are_not_one_group():
     # f(ws=[W], vs=[V]): the same path within each argument, neither nested in the other
     leaves = _leaves(("[0][0]", (8, 8)), ("[1][0]", (8, 8)), ("[2]['w']", (8, 8)), ("[3]['w']", (8, 8)))
     assert decision_groups(leaves, [0, 1, 2, 3]) == [(0,), (1,), (2,), (3,)]
-
-
-def test_the_layers_of_a_stack_are_tied():
-    leaves = _leaves(("[0][0]['w']", (8, 8)), ("[0][1]['w']", (8, 8)), ("[0][2]['w']", (8, 4)),
-                     ("[0][0]['b']", (8,)), ("[0][1]['b']", (8,)))
-    groups = decision_groups(leaves, [0, 1, 2, 3, 4])
-    assert sorted(tied(leaves, groups)) == sorted([((0,), (1,)), ((2,),), ((3,), (4,))])
-
-
-def _two_layers():
-    # [0][0]['w'] f32[64,128] read first, [0][1]['w'] f32[128,64] second
-    leaves = [Leaf(0, "[0][0]['w']", (64, 128), np.dtype("float32"), "[0]", "[0]['w']"),
-              Leaf(1, "[0][1]['w']", (128, 64), np.dtype("float32"), "[0]", "[1]['w']")]
-    groups = [(0,), (1,)]
-    options = {k: candidate_specs(leaves[k].shape, MESH) for k in (0, 1)}
-    return leaves, groups, options
-
-
-@pytest.mark.parametrize("busy, expected", [
-    # nothing fixed: Megatron over either axis
-    (frozenset(), {"data parallel": {}, "FSDP over data": {0: P("data"), 1: P("data")},
-                   "FSDP over model": {0: P("model"), 1: P("model")},
-                   "Megatron over data": {0: P(None, "data"), 1: P("data")},
-                   "Megatron over model": {0: P(None, "model"), 1: P("model")},
-                   "Megatron over data, FSDP over model": {0: P("model", "data"), 1: P("data", "model")},
-                   "Megatron over model, FSDP over data": {0: P("data", "model"), 1: P("model", "data")}}),
-    # the batch over data: matrices are split over model only (FSDP may still use data)
-    (frozenset({"data"}), {"data parallel": {}, "FSDP over data": {0: P("data"), 1: P("data")},
-                           "FSDP over model": {0: P("model"), 1: P("model")},
-                           "Megatron over model": {0: P(None, "model"), 1: P("model")},
-                           "Megatron over model, FSDP over data": {0: P("data", "model"), 1: P("model", "data")}}),
-    # every axis busy: no axis is free, so Megatron goes over each, as with nothing fixed
-    (frozenset({"data", "model"}), None),
-])
-def test_expert_seeds_split_matrices_over_the_axes_the_batch_leaves_free(busy, expected):
-    from shardprop.search.space import expert_seeds
-
-    leaves, groups, options = _two_layers()
-    seeds = dict(expert_seeds(leaves, groups, options, MESH, {0: 3, 1: 7}, busy))
-    if expected is None:
-        expected = dict(expert_seeds(leaves, groups, options, MESH, {0: 3, 1: 7}))
-    assert seeds == expected

@@ -1,0 +1,206 @@
+"""A traced program's layout choice as one ``Problem`` (``.problem``): every node picks a strategy (``.menu``) and
+every value read by a node costs the move from the type its producer's strategy holds it in to the type the
+reader's strategy consumes it in.
+
+The nodes of the problem are the graph's nodes, in order: an argument's strategies are its candidate layouts (one,
+where the user fixed it), a constant's its replicated whole, an op's its menu — its rule asked about every layout
+its operands may be handed (each operand: the layouts its producer can hold it in and its own candidates). An edge
+joins a value's producer and each node reading it, its matrix the one planner's bytes (``core.moves.move_bytes``)
+summed over the distinct types the reader consumes it in; a reader finished by a collective reads its operands as
+they are held (the finish is decided on them), so its other pairings are forbidden.
+
+>>> built = build_problem(graph, flat_specs, mesh)   # doctest: +SKIP
+>>> solution = solve(built.problem)                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from ..core.layouts import Layout, block_shape, layout_from_spec
+from ..core.moves import move_bytes
+from ..core.types import ValueType, held_whole
+from ..expr.graph import CONSTANT, PARAMETER, Graph
+from ..propagation.propagate import propagate_body
+from .menu import NodeStrategy, node_menu
+from .problem import Problem
+from .space import candidate_specs
+
+FORBIDDEN = 1e18  # the contest's price of a pair never to be chosen (ilp.py holds such pairs at 0)
+# the most candidate layouts an operand may be handed beyond those its producer holds it in (the fewest mesh axes
+# first: replicated, then each axis alone, ...)
+HANDED_AT_MOST = 12
+
+
+@dataclass(frozen=True)
+class BuiltProblem:
+    """``problem``'s node ``k`` is ``graph``'s node ``k``; ``menus[k]`` its strategies, in the problem's order."""
+
+    problem: Problem
+    graph: Graph
+    menus: tuple[tuple[NodeStrategy, ...], ...]
+
+    def chosen(self, solution) -> tuple[NodeStrategy, ...]:
+        """Each node's strategy under ``solution`` (one index per node)."""
+        return tuple(menu[s] for menu, s in zip(self.menus, solution, strict=True))
+
+
+def layout_of_spec(spec: PartitionSpec, rank: int) -> Layout:
+    """``spec`` as a layout of ``rank`` axes (``P('i', None)`` -> ``(('i',), ())``)."""
+    entries = list(spec) + [None] * (rank - len(spec))
+    return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
+
+
+def spec_of_layout(layout: Layout) -> PartitionSpec:
+    """``layout`` as the PartitionSpec a program's argument is given."""
+    entries = [None if not m else m[0] if len(m) == 1 else tuple(m) for m in layout]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+@functools.lru_cache(maxsize=65536)
+def _candidate_layouts(shape: tuple[int, ...], mesh_items: tuple) -> tuple[Layout, ...]:
+    return tuple(layout_of_spec(s, len(shape)) for s in candidate_specs(shape, dict(mesh_items)))
+
+
+def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, ...]] = (),
+                  returns: Sequence[tuple[int, int]] = (), usage_limit: float | None = None) -> BuiltProblem:
+    """The layout choice of ``graph`` on ``mesh``: ``flat_specs`` one per flat argument — a PartitionSpec (kept
+    exactly), ``sp.AUTO`` or None (its candidates). ``ties``: flat arguments laid out alike (an optimizer's moments and
+    their parameter); ``returns``: ``(output, argument)`` pairs, each output priced back into its argument's layout (the
+    state a step returns for the next); ``usage_limit``: bytes per device live at any moment (each value's block from
+    its producer to its last reader; arguments and outputs the whole program)."""
+    bodies = functools.partial(propagate_body, mesh=mesh, conflicts="reshard")
+    mesh_shape = dict(mesh.shape)
+    mesh_items = tuple(mesh_shape.items())
+    menus: list[tuple[NodeStrategy, ...]] = []
+    held: dict[int, list[Layout]] = {}  # value -> the layouts its producer's strategies hold it in, first seen first
+    seen: dict[tuple, tuple[NodeStrategy, ...]] = {}  # a node's menu by what decides it (the layers of a stack alike)
+    for node in graph.nodes:
+        if node.op == PARAMETER:
+            aval = graph.avals[node.output]
+            spec = flat_specs[node.params["index"]]
+            if isinstance(spec, PartitionSpec):
+                layouts = (layout_from_spec(spec, aval.shape, mesh_shape, f"argument {node.params['index']}",
+                                             uneven=True),)
+            else:
+                layouts = _candidate_layouts(aval.shape, mesh_items)
+            menu = tuple(NodeStrategy((), (), (held_whole(layout),), None, 0.0, False) for layout in layouts)
+        elif node.op == CONSTANT:
+            aval = graph.avals[node.output]
+            menu = (NodeStrategy((), (), (held_whole(((),) * len(aval.shape)),), None, 0.0, False),)
+        else:
+            options = tuple(_handed_options(held[v], graph.avals[v].shape, mesh_items) for v in node.operands)
+            key = _menu_key(graph, node, options)
+            menu = seen.get(key) if key is not None else None
+            if menu is None:
+                menu = tuple(node_menu(graph, node, mesh, list(options), bodies))
+                if key is not None:
+                    seen[key] = menu
+            if not menu:
+                raise NotImplementedError(f"no strategy for `{node.op}`")  # (replaced by the fallback below)
+        menus.append(menu)
+        for k, v in enumerate(node.outputs):
+            held[v] = list(dict.fromkeys(s.outputs[k].even_layout for s in menu))
+    costs = tuple(np.array([s.cost for s in menu], np.float64) for menu in menus)
+    edges, matrices = _edges(graph, menus, mesh_shape)
+    for tie in ties:  # one layout: any other pair of choices forbidden (they have the same candidates, in one order)
+        for a, b in zip(tie, tie[1:], strict=False):
+            u, v = graph.producer[graph.inputs[a]], graph.producer[graph.inputs[b]]
+            edges.append((u, v))
+            matrices.append(np.where(np.eye(len(menus[u]), len(menus[v]), dtype=bool), 0.0, FORBIDDEN))
+    for k, j in returns:
+        value, argument = graph.outputs[k], graph.producer[graph.inputs[j]]
+        producer = graph.producer[value]
+        out = graph.nodes[producer].outputs.index(value)
+        aval = graph.avals[value]
+        edges.append((argument, producer))
+        matrices.append(np.array([[_move(aval.shape, aval.dtype, made.outputs[out], arg.outputs[0], mesh_items)
+                                   for made in menus[producer]] for arg in menus[argument]]))
+    intervals, usages = _liveness(graph, menus, mesh_shape)
+    problem = Problem(name="program", intervals=intervals, costs=costs, usages=usages,
+                      edges=np.asarray(edges, np.int64).reshape(-1, 2), edge_costs=tuple(matrices),
+                      usage_limit=usage_limit)
+    problem.check()
+    return BuiltProblem(problem, graph, tuple(menus))
+
+
+def _menu_key(graph: Graph, node, options) -> tuple | None:
+    """What a node's menu is a function of: its primitive and parameters, its operands' and outputs' shapes and dtypes,
+    the layouts its operands may be handed — and a scalar operand's value (a rule may read a literal: a pad's). None
+    where the parameters are not hashable (a loop's body: its menu is found for it alone)."""
+    avals = tuple((graph.avals[v].shape, str(graph.avals[v].dtype)) for v in node.operands + node.outputs)
+    scalars = tuple(v for v in node.operands if graph.avals[v].shape == ())
+    key = (node.op, tuple(sorted(node.params.items())), avals, options, scalars)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _liveness(graph: Graph, menus, mesh_shape) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Each node's interval (from itself to its outputs' last reader, half-open; an argument's and a returned value's
+    to the end) and each strategy's usage (its outputs' blocks, bytes per device)."""
+    end = len(graph.nodes) + 1
+    last = {v: end for v in graph.outputs}
+    for node in graph.nodes:
+        for v in node.operands:
+            last[v] = max(last.get(v, 0), node.id + 1)
+    intervals = np.zeros((len(graph.nodes), 2), np.int64)
+    usages = []
+    for node, menu in zip(graph.nodes, menus, strict=True):
+        start = 0 if node.op == PARAMETER else node.id
+        intervals[node.id] = (start, max([last.get(v, node.id + 1) for v in node.outputs] + [start]))
+        avals = [graph.avals[v] for v in node.outputs]
+        usages.append(np.array([sum(math.prod(block_shape(a.shape, t.even_layout, mesh_shape)) * a.dtype.itemsize
+                                    for a, t in zip(avals, s.outputs, strict=True)) for s in menu], np.float64))
+    return intervals, tuple(usages)
+
+
+def _handed_options(held: list[Layout], shape, mesh_items) -> tuple[Layout, ...]:
+    """What an operand may be handed: the layouts its producer can hold it in (first: taken as held), then its own
+    candidates (sliced or gathered for the reader), at most ``HANDED_AT_MOST`` of those."""
+    extra = [c for c in _candidate_layouts(tuple(shape), mesh_items) if c not in held][:HANDED_AT_MOST]
+    return tuple(held) + tuple(extra)
+
+
+def _edges(graph: Graph, menus, mesh_shape) -> tuple[list[tuple[int, int]], list[np.ndarray]]:
+    """One edge per (value, reader): the bytes to bring the value from each held type to each consumed one."""
+    producer = graph.producer
+    edges: list[tuple[int, int]] = []
+    matrices: list[np.ndarray] = []
+    for node in graph.nodes:
+        if not node.operands:
+            continue
+        menu = menus[node.id]
+        for v in dict.fromkeys(node.operands):
+            slots = [k for k, u in enumerate(node.operands) if u == v]
+            p = producer[v]
+            out = graph.nodes[p].outputs.index(v)
+            aval = graph.avals[v]
+            matrix = np.zeros((len(menus[p]), len(menu)))
+            for a, made in enumerate(menus[p]):
+                have = made.outputs[out]
+                for b, reader in enumerate(menu):
+                    if reader.collective is not None and any(have.even_layout != reader.handed[k] for k in slots):
+                        matrix[a, b] = FORBIDDEN
+                        continue
+                    wants = dict.fromkeys(reader.needs[k] for k in slots)
+                    matrix[a, b] = sum(_move(aval.shape, aval.dtype, have, want, tuple(mesh_shape.items()))
+                                       for want in wants)
+            edges.append((p, node.id))
+            matrices.append(matrix)
+    return edges, matrices
+
+
+@functools.lru_cache(maxsize=262144)
+def _move(shape, dtype, have: ValueType, want: ValueType, mesh_items) -> float:
+    return move_bytes(shape, dtype, have, want, dict(mesh_items))

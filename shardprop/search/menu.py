@@ -1,0 +1,177 @@
+"""What each node of a traced program can do: its strategies, found by asking its sharding rule.
+
+A node's strategy is the layouts its rule is handed (one per operand, even blocks) and what follows from them, as the
+split decides it (``shardprop.splitting.split.decide`` on a graph of that node alone): the types it consumes its
+operands in, the types its outputs are held in, the collective that finishes it (none, a required one, or the one
+``finish`` offers in place of gathering) and its price in the cost model's terms — the work each device does
+(``compute_bytes``), the bytes its finish moves, a loop's bodies' moves. Two handed tuples that lead to the same
+consumption, outputs and price are one strategy — unless a collective finishes it (the finish is decided on the
+operands as held, so its edges differ by what was handed).
+
+>>> menu = node_menu(graph, node, mesh, handed_options)   # doctest: +SKIP
+>>> menu[0].needs, menu[0].outputs, menu[0].cost          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+
+from ..core.collectives import Collective
+from ..core.layouts import Layout, Sharded, TensorSharding
+from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
+from ..core.transfers import total_moved
+from ..core.types import ValueType
+from ..errors import ShardingError
+from ..expr.graph import PARAMETER, Graph, Node
+from ..ops import lookup
+from ..propagation import ShardedGraph
+from ..propagation.product import RuleName
+from ..splitting.cost import body_transfers, collective_bytes, compute_bytes
+from ..splitting.split import decide
+from ..splitting.strategy import Strategy
+
+# the most handed tuples a node's rule is asked about: every combination of its operands' candidates while there are
+# at most this many, else each operand's candidates with the others as the first tuple has them
+FULL_PRODUCT_AT_MOST = 256
+
+
+@dataclass(frozen=True)
+class NodeStrategy:
+    """One way for a node to run: its rule ``handed`` these operand layouts consumes its operands in ``needs``,
+    holds its outputs in ``outputs``, is finished by ``collective`` (or not) and costs ``cost`` (work and finishing
+    bytes per device, in bytes' worth)."""
+
+    handed: tuple[Layout, ...]
+    needs: tuple[ValueType, ...]
+    outputs: tuple[ValueType, ...]
+    collective: Collective | None
+    cost: float
+    finished: bool  # the collective is the one ``finish`` offers in place of gathering (not required)
+
+
+def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout, ...]],
+              propagate_body=None) -> list[NodeStrategy]:
+    """The strategies of ``node`` when its operands may be handed in any of ``handed_options`` (per operand, its
+    candidate layouts; the first is the default), deduplicated, in a fixed order."""
+    mesh_shape = dict(mesh.shape)
+    op = lookup(node.op)
+    one = _one_node_graph(graph, node)
+    found: dict[tuple, NodeStrategy] = {}
+    for handed in _handed_tuples(handed_options):
+        result = probe(graph, node, op, handed, mesh_shape, propagate_body)
+        if result is None:
+            continue
+        for outputs in _settled_outputs(result.outputs, mesh_shape):
+            sharded = _one_node_product(one, mesh, handed, result, outputs, op)
+            for strategy in _decided(sharded, node.op, handed):
+                # (a collective finishes what its operands are held as: which edges allow it depends on them)
+                key = (strategy.needs, strategy.outputs, strategy.collective, strategy.cost,
+                       strategy.handed if strategy.collective is not None else None)
+                found.setdefault(key, strategy)
+    return list(found.values())
+
+
+def _handed_tuples(options: list[tuple[Layout, ...]]):
+    """Every combination of the operands' candidates if few, else each operand's candidates with the others at their
+    first (default) candidate."""
+    if math.prod(len(o) for o in options) <= FULL_PRODUCT_AT_MOST:
+        yield from itertools.product(*options)
+        return
+    first = tuple(o[0] for o in options)
+    yield first
+    for k, candidates in enumerate(options):
+        for layout in candidates[1:]:
+            yield first[:k] + (layout,) + first[k + 1:]
+
+
+def probe(graph: Graph, node: Node, op, handed: tuple[Layout, ...], mesh_shape, propagate_body):
+    """The rule's answer for operands laid out as ``handed`` (no shards made), or None where it refuses them (a
+    conflict, or an output laid out over one mesh axis twice)."""
+    in_avals, out_avals = (tuple(graph.avals[v] for v in node.operands), tuple(graph.avals[v] for v in node.outputs))
+    ctx = RuleContext(in_avals, out_avals, mesh_shape, itertools.count(), OpenTracker(), lineage=False,
+                      propagate_body=propagate_body, graph=graph)
+    ctx.node = node.id
+    operands = [TensorSharding(a.shape, tuple(Sharded(m, ()) if m else None for m in layout))
+                for a, layout in zip(in_avals, handed, strict=True)]
+    try:
+        result = op.propagate(ctx, *operands, **node.params)
+    except (RuleConflict, ShardingError):
+        return None
+    for sharding in result.outputs:  # a mesh axis on two axes of an output: the walk's conflict (Walk._settled)
+        names = [name for a in sharding.axes if isinstance(a, Sharded) for name in a.mesh_axes]
+        if len(names) != len(set(names)):
+            return None
+    return result
+
+
+def _settled_outputs(outputs: tuple[TensorSharding, ...], mesh_shape) -> list[tuple[TensorSharding, ...]]:
+    """The outputs with each created axis (a broadcast's new one) laid out every way it can be: replicated, or over
+    one mesh axis no other axis of that output uses and that divides it. None of them may use a mesh axis twice."""
+    per_output = []
+    for sharding in outputs:
+        used = {name for a in sharding.axes if isinstance(a, Sharded) for name in a.mesh_axes}
+        free = [name for name in mesh_shape if name not in used]
+        choices = []
+        for k, a in enumerate(sharding.axes):
+            if a is CREATED:
+                n = sharding.shape[k]
+                choices.append([None] + [Sharded((name,), ()) for name in free if n % mesh_shape[name] == 0])
+            else:
+                choices.append([a])
+        settled = []
+        for axes in itertools.product(*choices):
+            names = [name for a in axes if isinstance(a, Sharded) for name in a.mesh_axes]
+            if len(names) == len(set(names)):
+                settled.append(TensorSharding(sharding.shape, tuple(axes)))
+        per_output.append(settled)
+    return list(itertools.product(*per_output))
+
+
+@functools.lru_cache(maxsize=4096)
+def _one_node_graph(graph: Graph, node: Node) -> Graph:
+    """``node`` alone, its operands the arguments (values 0..m-1) and its outputs values m..; it returns nothing (its
+    outputs are held as the node leaves them, not as a program returns them)."""
+    m = len(node.operands)
+    params = tuple(Node(k, PARAMETER, (), (k,), {"index": k}, None) for k in range(m))
+    inner = Node(m, node.op, tuple(range(m)), tuple(range(m, m + len(node.outputs))), node.params, node.source,
+                 node.primitive)
+    avals = tuple(graph.avals[v] for v in node.operands) + tuple(graph.avals[v] for v in node.outputs)
+    return Graph(nodes=params + (inner,), avals=avals, inputs=tuple(range(m)), outputs=(), in_tree=None,
+                 out_tree=None)
+
+
+def _one_node_product(one: Graph, mesh, handed, result, outputs, op) -> ShardedGraph:
+    """The propagated one-node program: its arguments held as handed, the node as its rule answered."""
+    m = len(handed)
+    args = tuple(TensorSharding(one.avals[k].shape, tuple(Sharded(h, ()) if h else None for h in layout))
+                 for k, layout in enumerate(handed))
+    fallback = op.is_fallback or result.fallback
+    return ShardedGraph(one, mesh, args + tuple(outputs), ((),) * m + (tuple(result.needs),),
+                        (RuleName.INPUT_SPEC,) * m + (RuleName.FALLBACK if fallback else op.rule_name,),
+                        frozenset({m}) if fallback else frozenset(),
+                        {m: result.body} if result.body is not None else {},
+                        need_spans={m: result.need_spans} if result.need_spans is not None else {})
+
+
+def _decided(sharded: ShardedGraph, op_name: str, handed) -> list[NodeStrategy]:
+    """The node gathering what its rule needs whole, and — where its record offers one — finished by a collective
+    instead (each as the split decides it on the one-node program)."""
+    m = len(handed)
+    node = sharded.graph.nodes[m]
+    found = []
+    for choice in (Strategy.GATHER, Strategy.COLLECTIVE):
+        decisions = decide(sharded, choice)
+        collective = decisions.collective(m)
+        required = collective is not None and collective.kind.required
+        if choice is Strategy.COLLECTIVE and (collective is None or required):
+            continue  # nothing offered beyond what gathering does
+        cost = compute_bytes(decisions, node) if lookup(op_name).work is not None else 0.0
+        if collective is not None:
+            cost += collective_bytes(decisions, node, collective)
+        cost += total_moved(body_transfers(decisions, m))
+        found.append(NodeStrategy(tuple(handed), decisions.needs(m), tuple(decisions.type(v) for v in node.outputs),
+                                  collective, cost, choice is Strategy.COLLECTIVE))
+    return found
