@@ -19,7 +19,8 @@ def format_search(result) -> str:
     lines = [f"sp.AUTO chose {len(result.searched)} layout{'' if len(result.searched) == 1 else 's'} in "
              f"{result.seconds:.2f} s (one solve over {result.values:,} values' layouts, {result.strategies:,} "
              f"strategies{checks}): {format_bytes(c.moved)} moved, {format_bytes(c.memory.total)} per device (cost "
-             f"model{compiled}{limit}); {result.certificate}: cost {solution.cost:,.0f}, bound {solution.bound:,.0f}"
+             f"model{compiled}{limit}); {result.certificate}: price {format_bytes(solution.cost)} (bytes moved and "
+             f"work), bound {format_bytes(solution.bound)}"
              + ("" if not result.returned_moves else f"; the program moves {format_bytes(result.returned_moves)} "
                 "more, returning updated state laid out as it came in")]
     rows = [(r["argument"], f"{short_dtype(leaf.dtype)}[{','.join(map(str, leaf.shape))}]", str(r["spec"]),
