@@ -121,8 +121,12 @@ def propagate_with(graph: Graph, in_specs: Any, *, mesh: Mesh, strict: bool, con
     """``propagate``, walked as ``walking`` says: with ``Walking(price=...)`` the backward pass's candidates compared by
     that price, with ``Walking(backward=False)`` the forward walk alone.
 
-    >>> forward = sp.propagate_with(graph, (P("i"), None), mesh=mesh, strict=False, conflicts="reshard",
-    ...                             walking=sp.Walking(backward=False))  # doctest: +SKIP
+    Examples:
+        >>> mesh = sp.make_mesh((8,), ("i",))
+        >>> graph = sp.trace(lambda a, b: a + b, jnp.ones((16, 8)), jnp.ones((16, 8)))
+        >>> sp.propagate_with(graph, (P("i"), None), mesh=mesh, strict=False, conflicts="reshard",
+        ...                   walking=sp.Walking(backward=False)).in_specs
+        (P('i',), P('i',))
     """
     if conflicts not in CONFLICT_MODES:
         raise OptionError(f"conflicts={conflicts!r}: expected one of {CONFLICT_MODES}")
