@@ -79,12 +79,41 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     core = _solve_core(pruned.problem, time_limit=time_limit, relative_gap=relative_gap)
     if core.cost is None:
         return Solution((), None, core.bound + eliminated.offset, core.status, time.perf_counter() - start)
-    strategies = eliminated.recover(pruned.expand(core.strategies))
+    strategies = _canonical(problem, eliminated.recover(pruned.expand(core.strategies)))
     cost = evaluate(problem, strategies)
     bound = core.bound + eliminated.offset
     if cost is not None and core.status == "optimal":
         bound = min(bound, cost)
     return Solution(strategies, cost, bound, core.status, time.perf_counter() - start)
+
+
+def _canonical(problem: Problem, strategies: tuple[int, ...]) -> tuple[int, ...]:
+    """``strategies`` with each node in turn moved to its first strategy that costs no more with its neighbours as
+    chosen (and, under a limit, uses as much): the total never grows, and of the optima the solver may return — one or
+    another where two are equally cheap, as its parallel work happens to finish — the same is chosen on every run."""
+    chosen = list(strategies)
+    incident: list[list[tuple[int, bool]]] = [[] for _ in range(problem.node_count)]
+    own = [np.zeros(len(c)) for c in problem.costs]  # edges within a node: their diagonal
+    for e, (u, v) in enumerate(problem.edges.tolist()):
+        if u == v:
+            own[u] += np.diag(problem.edge_costs[e])
+            continue
+        incident[u].append((e, True))
+        incident[v].append((e, False))
+    for v in range(problem.node_count):
+        if len(problem.costs[v]) < 2:
+            continue
+        total = problem.costs[v] + own[v]
+        for e, first in incident[v]:
+            u, w = problem.edges[e]
+            m = problem.edge_costs[e]
+            total = total + (m[:, chosen[w]] if first else m[chosen[u], :])
+        now = total[chosen[v]]
+        fits = total <= now + 1e-9 * max(1.0, abs(now))
+        if problem.usage_limit is not None:
+            fits &= problem.usages[v] == problem.usages[v][chosen[v]]
+        chosen[v] = int(np.flatnonzero(fits)[0])
+    return tuple(chosen)
 
 
 def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: float) -> Solution:

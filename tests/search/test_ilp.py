@@ -103,3 +103,17 @@ def test_a_stopped_solve_states_its_bound_and_gap():
     assert got.bound <= (got.cost if got.cost is not None else np.inf)
     if got.status != "optimal" and got.cost is not None:
         assert "of the bound" in got.summary() and got.gap > 0
+
+
+def test_of_equal_optima_differing_at_one_node_the_first_strategy_is_chosen():
+    """The solver may return one optimum or another where they cost alike (its parallel work finishing in another
+    order, under load: a bias laid out two ways at one price); each node then takes its first strategy that costs no
+    more with its neighbours as chosen, so every run chooses the same."""
+    from shardprop.search.ilp import _canonical
+
+    problem = Problem.from_lists(intervals=[(0, 1), (0, 1), (0, 1)], costs=[[1, 0], [2, 2], [3, 3]],
+                                 usages=[[0, 0], [0, 0], [0, 0]], edges=[(0, 1), (1, 2)],
+                                 edge_costs=[[0, 0, 7, 0], [0, 0, 0, 0]], usage_limit=None)
+    optima = [a for a in itertools.product(range(2), repeat=3) if evaluate(problem, a) == _enumerated(problem)[0]]
+    assert len(optima) > 1 and {_canonical(problem, a) for a in optima} == {(1, 1, 0)}
+    assert solve(problem).strategies == (1, 1, 0)
