@@ -26,7 +26,8 @@ from jax.sharding import PartitionSpec
 from ..core.layouts import Layout, block_shape, layout_from_spec
 from ..core.moves import move_bytes
 from ..core.types import ValueType, held_whole
-from ..expr.graph import CONSTANT, PARAMETER, Graph
+from ..errors import SearchError
+from ..expr.graph import CONSTANT, PARAMETER, Graph, where
 from ..propagation.propagate import propagate_body
 from .menu import NodeStrategy, node_menu
 from .problem import Problem
@@ -105,7 +106,9 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
                 if key is not None:
                     seen[key] = menu
             if not menu:
-                raise NotImplementedError(f"no strategy for `{node.op}`")  # (replaced by the fallback below)
+                raise SearchError(f"sp.AUTO: the sharding rule of `{node.op}` at {where(node)} refused every layout "
+                                  "its operands may take, replicated too; fix the arguments' specs instead of "
+                                  "sp.AUTO, and please report it (a rule should take replicated operands)")
         menus.append(menu)
         for k, v in enumerate(node.outputs):
             held[v] = list(dict.fromkeys(s.outputs[k].even_layout for s in menu))
