@@ -104,23 +104,26 @@ def elementwise_lineage(ctx: LineageContext, box: Box, output: int, **params):
 
 def elementwise_block(node: Node, invals: list, blocks) -> list:
     """The op on the blocks. An operand broadcast along a ranged axis of the output (a size-1 axis, or a missing one,
-    meeting ranged rows) reaches the block's padding rows too, and JAX's derivative of that broadcast sums the
-    cotangent over every row of the block: a padding row's NaN (``0 * inf``: the padding holds anything) would
-    reach the operand's real value. Such an operand is broadcast along the ranged axes with a derivative that skips
-    the padding rows; its value is unchanged."""
+    meeting ranged rows) reaches the block's padding rows too — within the block, and on a device whose whole block
+    is padding (4 rows over 8 devices: one row each, the last four past the end) — and JAX's derivative of that
+    broadcast sums the cotangent over every row of the block, then over the devices that hold the operand whole: a
+    padding row's NaN (``0 * inf``: the padding holds anything) would reach the operand's real value. Such an
+    operand is broadcast along the ranged axes with a derivative that skips the padding rows; its value is
+    unchanged."""
     spans = blocks.out_spans[0] if blocks.out_spans else ()
-    ranged = [k for k, span in enumerate(spans) if span is not None and blocks.out_blocks[0][k] > 1]
+    ranged = [k for k, span in enumerate(spans) if span is not None and blocks.out_global[0][k] > 1]
     if not ranged:
         return bind_as_is(node, invals, blocks)
-    return bind_as_is(node, [_padding_without_derivative(x, ranged, blocks) for x in invals], blocks)
+    return bind_as_is(node, [_padding_without_derivative(x, shape, ranged, blocks)
+                             for x, shape in zip(invals, blocks.in_global, strict=True)], blocks)
 
 
-def _padding_without_derivative(x, ranged: list[int], blocks):
-    """``x`` broadcast along each of the ``ranged`` output axes it is broadcast along, its rows past the ends of the
-    array held out of its derivative (``lax.stop_gradient``)."""
+def _padding_without_derivative(x, global_shape, ranged: list[int], blocks):
+    """``x`` (of ``global_shape``) broadcast along each of the ``ranged`` output axes it is broadcast along, its
+    rows past the ends of the array held out of its derivative (``lax.stop_gradient``)."""
     shape, rank = blocks.out_blocks[0], len(blocks.out_blocks[0])
-    offset = rank - jnp.ndim(x)
-    spread = [k for k in ranged if k < offset or jnp.shape(x)[k - offset] == 1]
+    offset = rank - len(global_shape)
+    spread = [k for k in ranged if k < offset or global_shape[k - offset] == 1]
     if not spread or not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
         return x
     target = tuple(shape[k] if k in spread else 1 if k < offset else jnp.shape(x)[k - offset] for k in range(rank))
