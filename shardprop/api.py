@@ -32,8 +32,9 @@ from .signature import Signature, call_key
 from .spellings import (as_specs, context_mesh, leaves_some_unannotated, one_of, own_specs, placements,
                         program_mesh, same_spec)
 from .core.transfers import total_moved
-from .splitting.cost import estimate
+from .splitting.cost import estimate, footprint, price
 from .splitting.split import PlanPricer
+from .splitting.strategy import Strategy
 from .stateful import (declared_specs, object_spec_trees, returned_out_specs, returning_state, state_leaves,
                        stateful_positions, write_back)
 
@@ -61,15 +62,9 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     # an updated state whose argument's layout is known comes back in it: the traced graph returns it constrained so
     known = _known_state(specs, len(graph.outputs), returns_inputs)
     graph = _with_pins(graph, known, auto_mesh)
-    searched = None
-    if specs.searched:  # the search builds the chosen plan: its moves between searched layouts are its priced choice
-        searched = _search(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts, limit=limit,
-                           keyword_form=traced is not None, donated=donated, returns_inputs=returns_inputs)
-        plan = searched.plan  # its warnings: the fallbacks, and the conflicts of the layouts the user fixed
-        warn_fallbacks(graph, plan.sharded.fallbacks, plan.sharded.fallback_causes)
-        warn_reshards(graph, plan.sharded, chosen=frozenset(k for k, s in enumerate(specs.flat) if s is AUTO))
-    else:
-        plan = _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts)
+    plan, searched = _chosen_plan(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts,
+                                  limit=limit, keyword_form=traced is not None, donated=donated,
+                                  returns_inputs=returns_inputs)
     # one whose argument's layout propagation or the search decided, computed in another: pinned, and planned again
     moved = _moved_state(plan.sharded, len(graph.outputs), returns_inputs)
     if moved:
@@ -82,7 +77,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
             extra = total_moved(estimate(plan)) - searched.chosen.moved
             searched = dataclasses.replace(searched, returned_moves=max(0.0, extra))
     compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
-    if searched is not None:  # a derivative program starts from the layouts the search chose: its moves are priced too
+    if specs.searched:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
     # (a derivative program traces f again: with the state pinned as the program returns it)
     pins = known | moved
@@ -95,6 +90,37 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
                                f"temporaries), over memory_limit={limit:,}; shard more of the arguments, or pass "
                                "sp.AUTO for those whose layout the search may choose")
     return program
+
+
+def _chosen_plan(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str, limit,
+                 keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int]):
+    """``(plan, search result or None)``: the layout search's plan where it chooses (``sp.AUTO`` leaves, or
+    ``strategy="optimal"``), else propagation's. Around fixed specs the walk's plan is kept where the one cost model
+    prices it lower than the solve's: its moves include what the solve does not model (a sum deferred past the
+    ops that keep it partial, rows ranged over uneven blocks) — and the result says so."""
+    if not specs.searched and Strategy.parse(strategy) is not Strategy.OPTIMAL:
+        return _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy,
+                        conflicts=conflicts), None
+    # the search builds the chosen plan: its moves between searched layouts are its priced choice
+    searched = _search(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts, limit=limit,
+                       keyword_form=keyword_form, donated=donated, returns_inputs=returns_inputs)
+    plan = searched.plan
+    if not specs.searched:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            walked = _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy,
+                              conflicts=conflicts)
+        walked_memory = footprint(walked, donated)
+        if price(walked) < searched.chosen.price and (limit is None or walked_memory.total <= limit):
+            for w in said:  # the walk's own warnings, as its plan would have given them
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            chosen = dataclasses.replace(searched.chosen, price=price(walked), moved=total_moved(estimate(walked)),
+                                         memory=walked_memory)
+            return walked, dataclasses.replace(searched, chosen=chosen, walked=True, plan=walked)
+    # its warnings: the fallbacks, and the conflicts of the layouts the user fixed
+    warn_fallbacks(graph, plan.sharded.fallbacks, plan.sharded.fallback_causes)
+    warn_reshards(graph, plan.sharded, chosen=frozenset(k for k, s in enumerate(specs.flat) if s is AUTO))
+    return plan, searched
 
 
 def _planned(graph, in_specs: Any, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str):
@@ -366,7 +392,9 @@ def autoshard(f: Callable | None = None, *, mesh: Mesh | None = None, in_specs: 
     ``strict=True`` turns the conservative fallback for primitives without a rule into ``NoRuleError``.
     ``strategy`` is ``"gather"`` (the Nx design: cut and gather at every reduction over a sharded axis),
     ``"collective"`` (finish sums, maxima, minima and contractions with ``psum``/``pmax``/``pmin`` inside
-    the stage) or ``"auto"`` (the default: per node, whichever the cost model says moves fewer bytes).
+    the stage), ``"auto"`` (the default: per node, whichever the cost model says moves fewer bytes) or
+    ``"optimal"`` (every value's layout chosen by the search's one solve around the specs given — where layouts
+    change, not only what each op does with those it meets — proved optimal by the cost model, as ``sp.AUTO``'s).
     ``static_argnums`` / ``static_argnames`` are as in ``jax.jit`` (``in_specs`` then covers the positional
     arguments as called, or only the dynamic ones); keyword arguments are accepted and unannotated.
     ``out_specs`` (a pytree prefix of the outputs: ``PartitionSpec`` or None) pins the outputs' layouts, as a

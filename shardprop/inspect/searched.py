@@ -16,17 +16,22 @@ def format_search(result) -> str:
     checks = "" if not result.compiled else (f"; {result.compiled} compiled to check the limit, "
                                              f"{result.compile_seconds:.2f} s")
     solution = result.solution
-    lines = [f"sp.AUTO chose {len(result.searched)} layout{'' if len(result.searched) == 1 else 's'} in "
-             f"{result.seconds:.2f} s (one solve over {result.values:,} values' layouts, {result.strategies:,} "
-             f"strategies{checks}): {format_bytes(c.moved)} moved, {format_bytes(c.memory.total)} per device (cost "
-             f"model{compiled}{limit}); {result.certificate}: price {format_bytes(solution.cost)} (bytes moved and "
-             f"work), bound {format_bytes(solution.bound)}"
+    what = (f"sp.AUTO chose {len(result.searched)} layout{'' if len(result.searched) == 1 else 's'}" if result.searched
+            else "strategy='optimal' chose every value's layout around the arguments' specs")
+    lines = [f"{what} in {result.seconds:.2f} s (one solve over {result.values:,} values' layouts, "
+             f"{result.strategies:,} strategies{checks}): {format_bytes(c.moved)} moved, "
+             f"{format_bytes(c.memory.total)} per device (cost model{compiled}{limit}); "
+             + (f"{result.certificate}: price {format_bytes(solution.cost)} (bytes moved and work), bound "
+                f"{format_bytes(solution.bound)}" if not result.walked else
+                f"propagation's plan kept: price {format_bytes(c.price)} (bytes moved and work), below the solve's "
+                f"optimum {format_bytes(solution.cost)} by moves the solve does not model (a sum deferred past the "
+                "ops that keep it partial, rows ranged over uneven blocks)")
              + ("" if not result.returned_moves else f"; the program moves {format_bytes(result.returned_moves)} "
                 "more, returning updated state laid out as it came in")]
     rows = [(r["argument"], f"{short_dtype(leaf.dtype)}[{','.join(map(str, leaf.shape))}]", str(r["spec"]),
              "" if r["with"] is None else f"with {r['with']}")
             for r, leaf in zip(result.rows(), (result.leaves[k] for k in result.searched), strict=True)]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
     for row in rows:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) +
                      (f"  {row[3]}" if row[3] else ""))
@@ -74,7 +79,8 @@ def search_to_dict(result) -> dict:
         "chosen": [{**row, "spec": spec_json(row["spec"])} for row in result.rows()],
         **candidate(result.chosen),
         "memory_limit": result.memory_limit, "status": result.status, "cost": result.solution.cost,
-        "bound": result.bound, "gap": result.gap, "certificate": result.certificate, "values": result.values,
+        "bound": result.bound, "gap": result.gap, "certificate": result.certificate, "walked": result.walked,
+        "values": result.values,
         "strategies": result.strategies, "seconds": result.seconds, "compiled": result.compiled,
         "compile_seconds": result.compile_seconds,
     }
@@ -100,6 +106,7 @@ SEARCH_SCHEMA = _fields({
     **_COST,
     "memory_limit": {"type": ["integer", "null"]}, "status": {"type": "string"}, "cost": {"type": "number"},
     "bound": {"type": "number"}, "gap": {"type": "number"}, "certificate": {"type": "string"},
+    "walked": {"type": "boolean"},
     "values": {"type": "integer"}, "strategies": {"type": "integer"}, "seconds": {"type": "number"},
     "compiled": {"type": "integer"}, "compile_seconds": {"type": "number"},
 })

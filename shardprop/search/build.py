@@ -89,8 +89,7 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
             aval = graph.avals[node.output]
             spec = flat_specs[node.params["index"]]
             if isinstance(spec, PartitionSpec):
-                layouts = (layout_from_spec(spec, aval.shape, mesh_shape, f"argument {node.params['index']}",
-                                             uneven=True),)
+                layouts = (_even_argument_layout(graph, node.params["index"], spec, aval, mesh_shape),)
             else:
                 layouts = _candidate_layouts(aval.shape, mesh_items)
             menu = tuple(NodeStrategy((), (), (held_whole(layout),), None, 0.0, False) for layout in layouts)
@@ -133,6 +132,22 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
                       usage_limit=usage_limit)
     problem.check()
     return BuiltProblem(problem, graph, tuple(menus))
+
+
+def _even_argument_layout(graph: Graph, index: int, spec: PartitionSpec, aval, mesh_shape) -> Layout:
+    """The layout of fixed argument ``index``; a ``SearchError`` where its spec splits an axis into blocks that do not
+    divide it: the solve's layouts are equal blocks (propagation alone takes such an argument's rows as ranges)."""
+    name = graph.argument_names[index]
+    layout = layout_from_spec(spec, aval.shape, mesh_shape, f"argument {name}", uneven=True)
+    for axis, (size, axes) in enumerate(zip(aval.shape, layout, strict=True)):
+        count = math.prod(mesh_shape[m] for m in axes)
+        if size % count:
+            raise SearchError(
+                f"the layout search (sp.AUTO, strategy='optimal') lays values out in equal blocks, and argument "
+                f"{name} ({aval}) is fixed as {spec}: axis {axis} ({size}) in {count} blocks that do not "
+                f"divide it. Pad it to a multiple of {count}, lay that axis over fewer devices, or fix every "
+                "argument's spec with strategy='auto' (propagation takes its rows as ranges)")
+    return layout
 
 
 def _menu_key(graph: Graph, node, options) -> tuple | None:

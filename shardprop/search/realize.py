@@ -3,12 +3,14 @@ chosen, every node handed its operands in the layouts its strategy names, every 
 (``propagation.propagate.propagate_decided``), then split; ``mismatches`` says where the walk's product is not what
 the solution chose (an empty list: realized exactly).
 
-Where the user's own fixed layouts clash at a node — its operands, held as the arguments the user fixed make them,
-are refused by its rule — the node is walked as propagation walks it (no view): the conflict is resolved, and warned
+Where the user's own fixed layouts clash at a node — its operands are the arguments the user fixed, and its rule
+refuses them as laid out — the node is walked as propagation walks it (no view): the conflict is resolved, and warned
 about, or refused under ``conflicts='error'``, as without the search.
 """
 
 from __future__ import annotations
+
+import functools
 
 from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import lookup
@@ -43,23 +45,20 @@ def realize(built: BuiltProblem, solution, mesh, *, graph=None, fixed: frozenset
 
 
 def _clashes(built: BuiltProblem, held, fixed: frozenset[int], mesh) -> set[int]:
-    """The nodes whose operands, computed from fixed arguments and constants alone, their rule refuses as held."""
+    """The nodes whose operands are the user's fixed arguments themselves (or constants) and that their rule refuses
+    as the user laid them out: a clash of the user's own layouts. A value computed in between has the layout the
+    solve chose for it, and a move before its reader is the solve's priced choice, realized exactly (no warning)."""
     graph = built.graph
-    chosen_by_search: set[int] = set()  # values computed from a searched argument
+    users = set()  # values laid out as the user wrote: fixed arguments and constants
     out = set()
     mesh_shape = dict(mesh.shape)
+    bodies = functools.partial(propagate_body, mesh=mesh, conflicts="reshard")  # a loop's or a cond's, as build's
     for node in graph.nodes:
-        if node.op == PARAMETER:
-            if node.params["index"] not in fixed:
-                chosen_by_search.update(node.outputs)
+        if (node.op == PARAMETER and node.params["index"] in fixed) or node.op == CONSTANT:
+            users.update(node.outputs)
             continue
-        if node.op == CONSTANT:
-            continue
-        if any(v in chosen_by_search for v in node.operands):
-            chosen_by_search.update(node.outputs)
-            continue
-        if len(node.operands) > 1 and probe(graph, node, lookup(node.op), tuple(held[v] for v in node.operands),
-                                            mesh_shape, propagate_body) is None:
+        if len(node.operands) > 1 and all(v in users for v in node.operands) and probe(
+                graph, node, lookup(node.op), tuple(held[v] for v in node.operands), mesh_shape, bodies) is None:
             out.add(node.id)
     return out
 

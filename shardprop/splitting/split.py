@@ -46,7 +46,7 @@ def split(sharded: ShardedGraph, *, strategy: str = "auto") -> Plan:
     if not isinstance(sharded, ShardedGraph):
         raise OptionError(f"split takes a ShardedGraph (sp.propagate(...), or prog.sharded of a Program), got "
                           f"{type(sharded).__name__}")
-    strategy = Strategy.parse(strategy)
+    strategy = Strategy.parse(strategy).splitting
     decisions = decide(sharded, strategy)
     stages, output_sources = cut_into_stages(decisions)
     return checked(Plan(sharded=sharded, need_overrides=decisions.need_overrides, held=decisions.held,

@@ -14,6 +14,15 @@ class Strategy(StrEnum):
     AUTO = "auto"              # per node, whichever the cost model says moves fewer bytes
     GATHER = "gather"          # the Nx design: cut, and the next stage gathers the operand first
     COLLECTIVE = "collective"  # finish sums, maxima, minima and contractions with a collective, no cut
+    # every value's layout chosen by one solve (the layout search's integer program, ``shardprop.search``) around
+    # the arguments' specs — where to change layouts, not only what each op does with the layouts it meets — and
+    # the chosen graph split as under AUTO
+    OPTIMAL = "optimal"
+
+    @property
+    def splitting(self) -> Strategy:
+        """The strategy the split follows for this one (OPTIMAL has chosen the layouts; its split is AUTO's)."""
+        return Strategy.AUTO if self is Strategy.OPTIMAL else self
 
     @classmethod
     def parse(cls, value: str) -> Strategy:

@@ -353,20 +353,6 @@ def test_a_lookup_whose_batch_and_window_share_a_mesh_axis_is_taken_the_cheaper_
         assert comparison.shardprop_bytes < 1024  # the table's gather alone would move 1,024 B
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue #28's note, for the layout search of #29): the gradient of "
-                   "x0 @ x0-like products and x0 + x0 comes out P(None, 'i') moving 16 B, where laid out like x0, "
-                   "P('i'), the plan moves 12 B: the seed's layout feeding both contractions is a choice across "
-                   "several nodes that neither the forward walk nor a mirror's chain makes")
-def test_the_gradient_of_a_self_product_is_laid_out_like_its_argument():
-    mesh = sp.make_mesh((2, 2, 2), ("i", "j", "k"))
-    x = _normal(2, 2)
-    grad = jax.grad(lambda a: jnp.sum(jax.lax.dot_general(a, a, (((0,), (1,)), ((), ()))) * jnp.cos(
-        jnp.arange(4.0).reshape(2, 2))) + jnp.sum((a + a) * jnp.sin(jnp.arange(4.0).reshape(2, 2))))
-    prog = sp.autoshard(grad, mesh=mesh, in_specs=(P("i"),)).trace(x)
-    np.testing.assert_allclose(np.asarray(prog(x)), np.asarray(grad(x)), rtol=1e-5, atol=1e-6)
-    assert _trimmed(prog.out_specs[0]) == ("i",)
-
-
 def _walked(graph, specs, mesh, *, backward=True, **internal):
     """``propagate`` through its internal entry, with its internal settings (``lineage``, ``memo``)."""
     mesh_shape = dict(mesh.shape)

@@ -148,7 +148,8 @@ def _stack(ws, x):
     return jax.lax.scan(layer, x, ws)[0].sum()
 
 
-@pytest.mark.parametrize("name", ["scan over stacked layers", "fori training loop", "cond", "scan gradient"])
+@pytest.mark.parametrize("name", ["scan over stacked layers", "fori training loop", "cond", "scan gradient",
+                                  "loop over fixed arguments alone"])
 def test_the_search_prices_loops_and_branches(name):
     rng = np.random.default_rng(0)
     mesh = sp.make_mesh((4, 2), ("data", "model"))
@@ -162,6 +163,10 @@ def test_the_search_prices_loops_and_branches(name):
         "cond": (lambda w, x, flag: jax.lax.cond(flag, lambda: x @ w, lambda: x @ w.T), (ws[0], x, True),
                  (sp.AUTO, P("data"), P())),
         "scan gradient": (jax.grad(_stack), (ws, x), (sp.AUTO, P("data"))),
+        # (the clash check of a loop whose operands are the user's alone probed its body without the mesh: TypeError)
+        "loop over fixed arguments alone": (
+            lambda w, x, v: jax.lax.fori_loop(0, 3, lambda i, h: jax.numpy.tanh(h @ v), x) @ w, (ws[0], x, ws[1]),
+            (sp.AUTO, P("data"), P())),
     }[name]
     fs = sp.autoshard(f, mesh=mesh, in_specs=specs)
     _assert_equal(fs(*args), jax.jit(f)(*args), atol=1e-5)
