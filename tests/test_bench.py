@@ -21,7 +21,7 @@ def test_quick_run_writes_the_table_json_plots_and_page(tmp_path):
     assert len(rows) >= 5 and {r["kind"] for r in rows} >= {"own", "library"}
     for row in rows:
         assert row["error"] is None and row["correct"], row
-        assert set(row["strategies"]) == {"gather", "collective", "auto"}
+        assert set(row["strategies"]) == {"gather", "collective", "auto", "optimal"}
         for compiled in [s["compiled"] for s in row["strategies"].values()] + [row["jit"]]:
             assert compiled["bytes"] >= 0 and compiled["peak_memory"] > 0
         assert row["runtime"]["rounds"] == 5 and row["runtime"]["ratio"] > 0
@@ -32,6 +32,7 @@ def test_quick_run_writes_the_table_json_plots_and_page(tmp_path):
     assert {o["arguments"] for o in doc["overhead"]} == {"jax.Array", "NumPy"}
     page = (tmp_path / "benchmarks.md").read_text()
     assert "| workload | parallel | equals unsharded |" in page and "## Goals" in page
+    assert "| bytes auto | bytes optimal | bytes jax.jit |" in page
     assert "`shardprop bench --quick --out" in page
     for image in ("bench_bytes.png", "bench_runtime.png", "bench_scaling.png"):
         assert f"](img/{image})" in page

@@ -12,8 +12,8 @@ from . import plots
 from .goals import GEOMEAN_LIMIT, ROW_RUNTIME_LIMIT, UNEXPLAINED, row_label
 
 HEADERS = ("workload", "parallel", "equals unsharded", "bytes gather", "bytes collective", "bytes auto",
-           "bytes jax.jit", "collectives auto / jit", "peak memory auto / jit", "output / device auto / jit",
-           "our passes", "XLA compile ours / jit",
+           "bytes optimal", "bytes jax.jit", "collectives auto / jit", "peak memory auto / jit",
+           "output / device auto / jit", "our passes", "XLA compile ours / jit",
            "runtime auto / jit (IQR)", "goals")
 
 
@@ -49,7 +49,8 @@ def row_cells(row: dict, misses: list[dict]) -> list[str]:
         f"{m['goal']}{' (unexplained)' if m['reason'] == UNEXPLAINED else ''}" for m in mine)
     return [
         row["name"], row["parallel"], "yes" if not wrong else f"WRONG ({', '.join(wrong)})",
-        *(human_bytes(by[s]["compiled"]["bytes"]) for s in ("gather", "collective", "auto")),
+        *(human_bytes(by[s]["compiled"]["bytes"]) if s in by else "–"
+          for s in ("gather", "collective", "auto", "optimal")),
         human_bytes(jit["bytes"]), f"{auto['collectives']} / {jit['collectives']}",
         f"{human_bytes(auto['peak_memory'])} / {human_bytes(jit['peak_memory'])}",
         f"{human_bytes(auto.get('output_bytes'))} / {human_bytes(jit.get('output_bytes'))}",
@@ -70,7 +71,7 @@ def print_table(doc: dict, console=None) -> None:
         console = console if console.is_terminal else Console(width=200)
     table = Table(title=f"shardprop vs jax.jit ({len(doc['rows'])} rows; gather and collective bytes: the JSON and "
                         "benchmarks.md)")
-    columns = [k for k, h in enumerate(HEADERS) if h not in ("bytes gather", "bytes collective")]
+    columns = [k for k, h in enumerate(HEADERS) if h not in ("bytes gather", "bytes collective", "bytes optimal")]
     for k in columns:
         table.add_column(HEADERS[k], overflow="fold")
     for row in doc["rows"]:
@@ -188,7 +189,10 @@ def _markdown_header(meta: dict) -> list[str]:
             "over 8 devices. *Equals unsharded*: every strategy's result against `jax.jit` of the function on unplaced "
             "inputs (one device), each output within `atol + rtol × max|expected|` (the row's tolerances are in the "
             "JSON). *Bytes*: collective bytes moved per device, read from each compiled HLO (ring model; a collective "
-            "in a loop counted once per iteration). *Collectives*: collective instructions in the HLO. *Peak "
+            "in a loop counted once per iteration); *bytes optimal* is `strategy=\"optimal\"`'s program (every value's "
+            "layout chosen by the search's one solve around the row's specs, an unannotated argument's too: "
+            "[docs/auto.md](auto.md#around-fixed-specs-strategyoptimal)), not yet the default. *Collectives*: "
+            "collective instructions in the HLO. *Peak "
             "memory* and *output / device* (the outputs each device holds): per device, from "
             "`compiled.memory_analysis()`. "
             "*Our passes*: trace + propagate + split + lower "
