@@ -1,0 +1,31 @@
+"""The layout problem's edge prices (``search/build._move``): one plan per canonical shape, its bytes scaled, equal
+to the move planner's own price for the shape itself. Oracle: ``core.moves.move_bytes`` on the real shape."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardprop.core.moves import move_bytes
+from shardprop.core.types import ValueType
+from shardprop.search.build import _candidate_layouts, _move
+
+MESHES = [(("i", 8),), (("i", 4), ("j", 2)), (("i", 2), ("j", 2), ("k", 2))]
+SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 40, 48, 96, 100]
+DTYPES = ["float32", "bfloat16", "bool", "int8", "float64"]
+
+
+@st.composite
+def moves(draw):
+    mesh = draw(st.sampled_from(MESHES))
+    shape = tuple(draw(st.lists(st.sampled_from(SIZES), min_size=1, max_size=3)))
+    layouts = _candidate_layouts(shape, mesh)
+    have, want = draw(st.sampled_from(layouts)), draw(st.sampled_from(layouts))
+    used = {m for axes in have for m in axes}
+    partial = draw(st.sampled_from([()] + [(name,) for name, _ in mesh if name not in used]))
+    return shape, draw(st.sampled_from(DTYPES)), ValueType(have, partial), ValueType(want), mesh
+
+
+@settings(max_examples=150, deadline=None)
+@given(moves())
+def test_an_edge_costs_what_the_planner_prices_for_the_shape_itself(move):
+    shape, dtype, have, want, mesh = move
+    assert _move(shape, dtype, have, want, mesh) == move_bytes(shape, dtype, have, want, dict(mesh))
