@@ -42,7 +42,8 @@ from .stateful import (declared_specs, object_spec_trees, returned_out_specs, re
 def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, strict: bool = False,
                     strategy: str = "auto", conflicts: str = "reshard", traced: Traced | None = None,
                     donated: Sequence[int] = (), memory_limit: int | float | None = None,
-                    names: Sequence[str] | None = None, returns_inputs: Sequence[int] = ()) -> Program:
+                    names: Sequence[str] | None = None, returns_inputs: Sequence[int] = (),
+                    mirror_state: bool = True) -> Program:
     """``trace → (search) → propagate → split → lower`` for one set of argument shapes (arrays, ShapeDtypeStructs or
     tracers). ``sp.AUTO`` entries of ``in_specs`` are chosen by the layout search (``shardprop.search``) within
     ``memory_limit`` bytes per device; without any, a plan over the limit is a ``shardprop.MemoryLimitError``.
@@ -53,7 +54,8 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     this same pipeline); ``traced`` and ``donated`` are the calling convention it was traced with and the argument
     leaves it donates (see ``Program``). ``returns_inputs`` says that the last outputs are the argument leaves
     at those flat positions after the call (an NNX object's state): each comes back in its argument's layout, so
-    the next call, fed them, runs the same program."""
+    the next call, fed them, runs the same program; so does, where the search chooses layouts, an output mirroring
+    an argument unless ``mirror_state`` is False (``.search.space.state_pairs``)."""
     limit = check_memory_limit(memory_limit)
     auto_mesh = as_auto_mesh(mesh)
     with jx.program_mesh_context(auto_mesh):  # the user's Explicit mesh would make constraints asserts
@@ -64,7 +66,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     graph = _with_pins(graph, known, auto_mesh)
     plan, searched = _chosen_plan(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts,
                                   limit=limit, keyword_form=traced is not None, donated=donated,
-                                  returns_inputs=returns_inputs)
+                                  returns_inputs=returns_inputs, mirror_state=mirror_state)
     # one whose argument's layout propagation or the search decided, computed in another: pinned, and planned again
     moved = _moved_state(plan.sharded, len(graph.outputs), returns_inputs)
     if moved:
@@ -76,7 +78,8 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
         if searched is not None:  # say what it moves beyond the search's plan (which priced the returns it expected)
             extra = total_moved(estimate(plan)) - searched.chosen.moved
             searched = dataclasses.replace(searched, returned_moves=max(0.0, extra))
-    compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts)
+    compile_derivative = functools.partial(autoshard, mesh=mesh, strategy=strategy, conflicts=conflicts,
+                                           mirror_state=mirror_state)
     if specs.searched:  # a derivative program starts from the layouts the search chose: its moves are priced too
         compile_derivative = _without_reshard_warnings(compile_derivative)
     # (a derivative program traces f again: with the state pinned as the program returns it)
@@ -93,7 +96,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
 
 
 def _chosen_plan(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str, limit,
-                 keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int]):
+                 keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int], mirror_state: bool):
     """``(plan, search result or None)``: the layout search's plan where it chooses (``sp.AUTO`` leaves, or
     ``strategy="optimal"``), else propagation's. Around fixed specs the walk's plan is kept where the one cost model
     prices it lower than the solve's: its moves include what the solve does not model (a sum deferred past the
@@ -103,7 +106,8 @@ def _chosen_plan(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strat
                         conflicts=conflicts), None
     # the search builds the chosen plan: its moves between searched layouts are its priced choice
     searched = _search(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts, limit=limit,
-                       keyword_form=keyword_form, donated=donated, returns_inputs=returns_inputs)
+                       keyword_form=keyword_form, donated=donated, returns_inputs=returns_inputs,
+                       mirror_state=mirror_state)
     plan = searched.plan
     if not specs.searched:
         with warnings.catch_warnings(record=True) as said:
@@ -201,7 +205,7 @@ class ArgumentSpecs:
 
 
 def _search(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str, limit,
-            keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int]):
+            keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int], mirror_state: bool = True):
     """The layout search's result for the ``sp.AUTO`` leaves of ``specs`` (no warnings: ``compile_program`` warns from
     the chosen plan)."""
     if strict and not any(isinstance(s, PartitionSpec) for s in specs.flat):
@@ -212,7 +216,8 @@ def _search(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: 
     auto_mesh = as_auto_mesh(mesh)
     searched = search_layouts(graph, list(specs.flat), mesh=auto_mesh, strict=strict, conflicts=conflicts,
                               strategy=strategy, memory_limit=limit, keyword_form=keyword_form, donated=donated,
-                              returns_inputs=returns_inputs, pin=lambda g, pins: _with_pins(g, pins, auto_mesh),
+                              returns_inputs=returns_inputs, mirror_state=mirror_state,
+                              pin=lambda g, pins: _with_pins(g, pins, auto_mesh),
                               compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
     return searched
 
@@ -257,8 +262,9 @@ class AutoSharded:
                  strategy: str = "auto", static_argnums: int | Sequence[int] = (),
                  static_argnames: str | Sequence[str] = (), out_specs: Any = None, conflicts: str = "reshard",
                  donate_argnums: int | Sequence[int] = (), donate_argnames: str | Sequence[str] = (),
-                 memory_limit: int | float | None = None):
+                 memory_limit: int | float | None = None, mirror_state: bool = True):
         self.f, self.mesh, self.in_specs, self.strict, self.strategy = f, mesh, in_specs, strict, strategy
+        self.mirror_state = mirror_state
         self.memory_limit = check_memory_limit(memory_limit)
         self.out_specs, self.conflicts = out_specs, conflicts
         self.convention = Convention.of(static_argnums, static_argnames, donate_argnums, donate_argnames, fun=f)
@@ -269,7 +275,7 @@ class AutoSharded:
         self._options = dict(mesh=mesh, in_specs=in_specs, strict=strict, strategy=strategy,
                              static_argnums=static_argnums, static_argnames=static_argnames, conflicts=conflicts,
                              donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                             memory_limit=memory_limit)
+                             memory_limit=memory_limit, mirror_state=mirror_state)
         self._returning_state: dict[tuple[int, ...], AutoSharded] = {}  # by the positions of NNX objects
         self._writes_back = True  # NNX arguments updated in place (not by the inner function that returns them)
         self._returns_state_of: tuple[int, ...] = ()  # (the inner function) the positions whose state it returns
@@ -314,7 +320,8 @@ class AutoSharded:
                                           traced=None if call.plain else Traced(self.convention, call.statics),
                                           donated=call.donated_leaves(), memory_limit=self.memory_limit,
                                           names=call.argument_names(self.f, args, kwargs),
-                                          returns_inputs=state_leaves(args, self._returns_state_of, leaves))
+                                          returns_inputs=state_leaves(args, self._returns_state_of, leaves),
+                                          mirror_state=self.mirror_state)
             except ShardingError as err:  # the user's mistake (never LoweringError, ours): said at their call
                 raise said_at_call(err) from None
         self._programs[(*like, own)] = program
@@ -376,7 +383,7 @@ def autoshard(f: Callable | None = None, *, mesh: Mesh | None = None, in_specs: 
               static_argnames: str | Sequence[str] = (), out_specs: Any = None, conflicts: str = "reshard",
               donate_argnums: int | Sequence[int] = (), donate_argnames: str | Sequence[str] = (),
               memory_limit: int | float | None = None, in_shardings: Any = None,
-              out_shardings: Any = None) -> AutoSharded | Callable[[Callable], AutoSharded]:
+              out_shardings: Any = None, mirror_state: bool = True) -> AutoSharded | Callable[[Callable], AutoSharded]:
     """Shard ``f`` automatically on ``mesh``.
 
     ``in_specs`` is a pytree prefix of the arguments, as in ``shard_map``: a ``PartitionSpec`` per argument
@@ -385,7 +392,10 @@ def autoshard(f: Callable | None = None, *, mesh: Mesh | None = None, in_specs: 
     for an argument whose layout the search chooses: the one that makes the cheapest plan (bytes moved and work, as
     the cost model prices the whole program) within ``memory_limit`` bytes per device (arguments, outputs and
     temporaries; none: no limit). Arguments shaped like a parameter further down its path (an optimizer's moments)
-    are decided with it; ``prog.in_specs`` holds the choice, ``sp.explain(prog, "argument path")`` its reasons.
+    are decided with it; ``prog.in_specs`` holds the choice, ``sp.explain(prog, "argument path")`` its reasons. An
+    output mirroring an argument (its shape and dtype, in order: a step's new parameters, optimizer state or KV
+    cache) comes back in that argument's layout, so that the next call, fed it, compiles nothing;
+    ``mirror_state=False`` lets the search lay such outputs out as it finds cheapest.
     ``jax.jit``'s spellings work too: ``in_shardings=``/``out_shardings=`` for ``in_specs``/``out_specs``,
     ``NamedSharding`` leaves for specs, and without ``mesh=`` the mesh set by ``jax.set_mesh`` (or the one of the
     ``NamedSharding`` leaves). Called without ``f``, ``autoshard(mesh=..., in_specs=...)`` is a decorator.
@@ -422,7 +432,8 @@ def autoshard(f: Callable | None = None, *, mesh: Mesh | None = None, in_specs: 
     options = dict(mesh=mesh, in_specs=one_of(in_specs, in_shardings, "in_specs"), strict=strict,
                    strategy=strategy, static_argnums=static_argnums, static_argnames=static_argnames,
                    out_specs=one_of(out_specs, out_shardings, "out_specs"), conflicts=conflicts,
-                   donate_argnums=donate_argnums, donate_argnames=donate_argnames, memory_limit=memory_limit)
+                   donate_argnums=donate_argnums, donate_argnames=donate_argnames, memory_limit=memory_limit,
+                   mirror_state=mirror_state)
     if f is None:
         return lambda fun: AutoSharded(fun, **options)
     return AutoSharded(f, **options)

@@ -198,14 +198,15 @@ class _Session:
 def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, conflicts: str = "reshard",
                    strategy: str = "auto", memory_limit: int | None = None,
                    compiled_memory: Callable[[object], int] | None = None, keyword_form: bool = False,
-                   donated: Sequence[int] = (), returns_inputs: Sequence[int] = (),
+                   donated: Sequence[int] = (), returns_inputs: Sequence[int] = (), mirror_state: bool = True,
                    pin: Callable | None = None) -> SearchResult:
     """Choose a spec for every ``sp.AUTO`` entry of ``flat_specs`` (one per flat argument of ``graph``; PartitionSpecs
     are kept exactly, None entries laid out as the solve finds best) and a layout for every value, minimising the
     plan's price within ``memory_limit`` bytes per device; ``compiled_memory`` (the compiled memory of a plan) has the
     last word on the limit. ``keyword_form``: the program was traced on ``(args, kwargs)`` (``.space.leaves_of``);
     ``donated``: the argument leaves the program donates; ``returns_inputs``: the last outputs are these arguments'
-    new values (NNX state); ``pin(graph, {output: spec})``: the graph returning those outputs constrained so.
+    new values (NNX state); ``mirror_state``: outputs mirroring arguments come back in their layouts too
+    (``.space.state_pairs``); ``pin(graph, {output: spec})``: the graph returning those outputs constrained so.
     Raises ``shardprop.MemoryLimitError`` when no layout fits."""
     started = time.perf_counter()
     leaves = leaves_of(graph, keyword_form)
@@ -213,7 +214,7 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     free = [k for k, s in enumerate(flat_specs) if s is AUTO or s is None]
     groups = decision_groups(leaves, searched)
     ties = [g for g in decision_groups(leaves, free) if len(g) > 1 and any(k in searched for k in g)]
-    pairs = tuple(state_pairs(graph, returns_inputs))
+    pairs = tuple(state_pairs(graph, returns_inputs, mirrors=mirror_state))
     built = build_problem(graph, flat_specs, mesh, ties=ties, returns=pairs)
     fixed = frozenset(k for k, s in enumerate(flat_specs) if isinstance(s, PartitionSpec))
     session = _Session(graph, mesh, built, fixed, pairs, strategy, "error" if strict else conflicts,

@@ -155,18 +155,20 @@ def _keys(within: str) -> tuple[str, ...]:
     return tuple(next(g for g in m.groups() if g is not None) for m in _KEY.finditer(within))
 
 
-def state_pairs(graph, returns_inputs: Sequence[int] = ()) -> list[tuple[int, int]]:
+def state_pairs(graph, returns_inputs: Sequence[int] = (), *, mirrors: bool = True) -> list[tuple[int, int]]:
     """``(output, argument)`` for each output that is an argument's state for the next call, to come back in the
     argument's layout: the last outputs when ``returns_inputs`` names their arguments (an NNX module's state), and an
     output of an argument's shape and dtype where those outputs and arguments are as many — the k-th output the
-    k-th argument's (a training step returning its parameters, optimizer state or KV cache updated, in order). Not an
-    argument returned as it is, nor an output the user's own constraint lays out.
+    k-th argument's (a training step returning its parameters, optimizer state or KV cache updated, in order) unless
+    ``mirrors`` is False. Not an argument returned as it is, nor an output the user's own constraint lays out.
 
     >>> state_pairs(trace(lambda w, x: (w - x.sum() * w, x.sum()), w, x))  # doctest: +SKIP
     [(0, 0)]
     """
     base = len(graph.outputs) - len(returns_inputs)
     pairs = [(base + i, j) for i, j in enumerate(returns_inputs)]
+    if not mirrors:
+        return pairs
     inputs = set(graph.inputs)
 
     def kind(value):

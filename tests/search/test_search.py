@@ -397,3 +397,21 @@ def test_propagate_takes_what_a_user_decides_and_nothing_of_the_search():
     import inspect
 
     assert list(inspect.signature(sp.propagate).parameters) == ["graph", "in_specs", "mesh", "strict", "conflicts"]
+
+
+def test_an_output_mirroring_an_argument_comes_back_in_its_layout_unless_told_otherwise():
+    # the output has w's shape and dtype (a step's new state): mirrored, it comes back in w's layout (gathered); with
+    # mirror_state=False the search leaves it where it is made
+    mesh = sp.make_mesh((8,), ("data",))
+    w = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32)
+    counts = np.arange(64 * 64, dtype=np.int32).reshape(64, 64) % 7
+
+    def step(w, counts):
+        return counts.astype(np.float32) * jax.numpy.sum(jax.numpy.tanh(w @ w))
+
+    progs = {mirror: sp.autoshard(step, mesh=mesh, in_specs=(sp.AUTO, P("data")), mirror_state=mirror).trace(
+        w, counts) for mirror in (True, False)}
+    assert progs[True].out_specs[0] == progs[True].in_specs[0]
+    assert progs[False].out_specs[0] == P("data") and progs[False].search.chosen.moved < progs[True].search.chosen.moved
+    for prog in progs.values():
+        _assert_equal(prog(w, counts), jax.jit(step)(w, counts), atol=1e-4)
