@@ -27,6 +27,7 @@ from ..core.layouts import Layout, block_shape, layout_from_spec
 from ..core.moves import move_bytes
 from ..core.types import ValueType, held_whole
 from ..errors import SearchError
+from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, Graph, where
 from ..propagation.propagate import propagate_body
 from .menu import NodeStrategy, node_menu
@@ -231,7 +232,7 @@ def _move(shape, dtype, have: ValueType, want: ValueType, mesh_items) -> float:
     if not any(t.halo or t.span or t.placement is not None for t in (have, want)):
         devices = math.prod(n for _, n in mesh_items)
         canonical = tuple(math.gcd(n, devices) for n in shape)
-        scale = math.prod(shape) // math.prod(canonical) * np.dtype(dtype).itemsize
+        scale = math.prod(shape) // math.prod(canonical) * jx.itemsize(jx.as_dtype(dtype))  # (key<fry> too)
         return _canonical_move(canonical, have, want, mesh_items) * scale
     return move_bytes(shape, dtype, have, want, dict(mesh_items))
 

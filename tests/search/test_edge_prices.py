@@ -1,6 +1,7 @@
 """The layout problem's edge prices (``search/build._move``): one plan per canonical shape, its bytes scaled, equal
 to the move planner's own price for the shape itself. Oracle: ``core.moves.move_bytes`` on the real shape."""
 
+import jax
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -10,7 +11,7 @@ from shardprop.search.build import _candidate_layouts, _move
 
 MESHES = [(("i", 8),), (("i", 4), ("j", 2)), (("i", 2), ("j", 2), ("k", 2))]
 SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 40, 48, 96, 100]
-DTYPES = ["float32", "bfloat16", "bool", "int8", "float64"]
+DTYPES = ["float32", "bfloat16", "bool", "int8", "float64", jax.random.key(0).dtype]  # (a key: flax's dropout)
 
 
 @st.composite
