@@ -141,6 +141,9 @@ def asked_by_use(plan: Plan, node) -> str | None:
         changes += [f"axis {k} gathered over {m}" for m, k in lost.items() if m not in gained]
         taken.append(f"{value_name(u)} ({', '.join(changes)})")
     use = views[0][1].use
+    if views[0][1].exact:  # the layout search's solution, realized (search/realize.py)
+        return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}: the layout solve's choice, the plan cheapest "
+                "over every value's layout together (sp.explain of this node's value lists its other layouts)")
     if isinstance(use, Mirror):
         argument = plan.graph.inputs[use.argument]
         return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}, backward from output {use.output}: it has "

@@ -24,7 +24,7 @@ from .listing import collective_lines, format_bytes, move_equation
 from .products import Scope, body_prefix, locate
 from .axis_origins import (MIRRORED_OUTPUTS, Step, argument_text, asked_by_use, replicated_origin, returned_as,
                            sharded_origin, why_rule)
-from .searched import explain_choice
+from .searched import explain_choice, explain_value_choice
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,8 @@ def explain(prog: Any, value: Any) -> Explanation:
     """Why every axis of ``value`` (a printed name such as ``"e"``, a value id, an argument's name as the listing
     prints it, ``"params['w']"``, or its key path as ``jax.tree_util.keystr`` prints it, ``"[0]['w']"``, or a path
     into a loop's or a cond's body as the listing prints it, ``"e/body/c"``) has its sharding; for an argument whose
-    layout ``sp.AUTO`` chose, why the search chose it and what its other layouts would have cost.
+    layout ``sp.AUTO`` chose, why the search chose it and what its other layouts would have cost; for a value the
+    search laid out (under ``sp.AUTO`` or ``strategy="optimal"``), each layout it could be held in, solved again.
 
     Examples:
         >>> mesh = sp.make_mesh((4, 2), ("i", "j"))
@@ -147,8 +148,8 @@ def explain(prog: Any, value: Any) -> Explanation:
             origin, steps, reason = replicated_origin(plan, v, axis, scopes)
             axes.append(AxisWhy(axis, size, (), origin, steps, reason))
     search = getattr(prog, "search", None)
-    searched = () if search is None or scopes or v not in graph.inputs else \
-        explain_choice(search, graph.inputs.index(v))
+    searched = () if search is None or scopes else explain_choice(search, graph.inputs.index(v)) \
+        if v in graph.inputs else explain_value_choice(search, v)
     if not scopes and v in graph.inputs and graph.inputs.index(v) in getattr(prog, "kept", ()):
         searched = ("its spec is the layout of the array it was called with: an unannotated argument already laid "
                     "out on the mesh keeps its layout, as under jax.jit",)

@@ -46,17 +46,31 @@ def explain_choice(result, leaf: int, shown: int = 5) -> tuple[str, ...]:
     if group is None:
         return ()
     alternatives = result.alternatives(leaf)
-    chosen = result.chosen
-    leaves = result.leaves
-    together = [leaves[k].path for k in group if k != leaf]
-    lines = [f"chosen by the sp.AUTO solve ({result.certificate}) among {len(alternatives)} layouts"
-             + (f", decided with {', '.join(together)}" if together else "")
-             + " (each with every other layout chosen again around it):"]
+    together = [result.leaves[k].path for k in group if k != leaf]
+    head = (f"chosen by the sp.AUTO solve ({result.certificate}) among {len(alternatives)} layouts"
+            + (f", decided with {', '.join(together)}" if together else "")
+            + " (each with every other layout chosen again around it):")
+    return _alternative_lines(head, alternatives, result.chosen, shown)
+
+
+def explain_value_choice(result, value: int, shown: int = 5) -> tuple[str, ...]:
+    """Lines for ``sp.explain`` of a value the solve laid out (an intermediate or an output): each layout it could be
+    held in, every other value's layout chosen again around it, cheapest first, the chosen one marked."""
+    alternatives = result.value_alternatives(value)
+    if not alternatives:
+        return ()
+    head = (f"held so by the layout solve ({result.certificate}); its {len(alternatives)} layouts, each with every "
+            "other value's layout chosen again around it:")
+    return _alternative_lines(head, alternatives, result.chosen, shown)
+
+
+def _alternative_lines(head: str, alternatives, chosen, shown: int) -> tuple[str, ...]:
+    lines = [head]
     priced = [a for a in alternatives if a.candidate is not None]
     width = max((len(str(a.spec)) for a in priced[:shown]), default=0)
     for a in priced[:shown]:
         more = a.candidate.price / chosen.price - 1 if chosen.price else 0.0
-        mark = ("chosen" if a.spec == chosen.specs[leaf] else
+        mark = ("chosen" if a.candidate is chosen else
                 f"{more:+.1%} price" if abs(more) < 0.1 else f"{more:+.0%} price")
         over = "" if not a.candidate.excess else f", over the limit by {format_bytes(a.candidate.excess)}"
         lines.append(f"  {str(a.spec):<{width}}  {format_bytes(a.candidate.moved)} moved, "

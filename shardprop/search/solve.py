@@ -84,6 +84,7 @@ class SearchResult:
     compile_seconds: float
     plan: object = field(repr=False, compare=False)
     _alternatives: Callable = field(repr=False, compare=False)
+    _value_alternatives: Callable = field(repr=False, compare=False)
     # bytes per device the built program moves beyond the chosen plan (0 now that returned state is priced)
     returned_moves: float = 0.0
     # strategy="optimal" kept propagation's plan: the cost model prices it below the solve's (``chosen`` is it)
@@ -119,6 +120,12 @@ class SearchResult:
         first asking), cheapest first."""
         return self._alternatives(leaf)
 
+    def value_alternatives(self, value: int) -> tuple[Alternative, ...]:
+        """Every layout the solve could hold ``value`` in (a value of the traced graph), every other value's layout
+        chosen again around it (one solve each, on first asking), cheapest first; () where the plan that runs is
+        propagation's (``walked``) or ``value`` is not the solve's."""
+        return () if self.walked else self._value_alternatives(value)
+
     def __str__(self) -> str:
         from ..inspect.searched import format_search  # inspection reads the product
 
@@ -151,14 +158,14 @@ class _Session:
     compiled_memory: Callable | None
     checks: list[float] = field(default_factory=list)
 
-    def solved(self, usage_limit: float | None, fixed: dict[int, int] | None = None) -> Solution:
-        """The problem solved within ``usage_limit`` bytes per device, the nodes ``fixed`` names held to one
-        strategy."""
+    def solved(self, usage_limit: float | None, allowed: dict[int, tuple[int, ...]] | None = None) -> Solution:
+        """The problem solved within ``usage_limit`` bytes per device, the nodes ``allowed`` names held to the
+        strategies it lists."""
         problem = replace(self.built.problem, usage_limit=usage_limit)
-        if fixed:
+        if allowed:
             costs = list(problem.costs)
-            for node, index in fixed.items():
-                costs[node] = np.where(np.arange(len(costs[node])) == index, costs[node], FORBIDDEN)
+            for node, indices in allowed.items():
+                costs[node] = np.where(np.isin(np.arange(len(costs[node])), indices), costs[node], FORBIDDEN)
             problem = replace(problem, costs=tuple(costs))
         return solve(problem, time_limit=TIME_LIMIT)
 
@@ -224,16 +231,25 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     def alternatives(leaf: int) -> tuple[Alternative, ...]:
         return _alternatives(session, leaf, groups, leaves, memory_limit, chosen)
 
-    cache: dict[int, tuple[Alternative, ...]] = {}
-
-    def remembered(leaf: int) -> tuple[Alternative, ...]:
-        if leaf not in cache:
-            cache[leaf] = alternatives(leaf)
-        return cache[leaf]
+    def value_alternatives(value: int) -> tuple[Alternative, ...]:
+        return _value_alternatives(session, value, memory_limit, chosen, solution)
 
     return SearchResult(chosen, tuple(leaves), tuple(searched), tuple(groups), memory_limit, solution,
                         len(graph.nodes), built.problem.strategy_count, time.perf_counter() - started,
-                        len(session.checks), sum(session.checks), plan, remembered)
+                        len(session.checks), sum(session.checks), plan, _remembered(alternatives),
+                        _remembered(value_alternatives))
+
+
+def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
+    """``fn``, each answer computed on first asking and kept (its solves are not repeated)."""
+    cache: dict[int, tuple] = {}
+
+    def remembered(key: int) -> tuple:
+        if key not in cache:
+            cache[key] = fn(key)
+        return cache[key]
+
+    return remembered
 
 
 def _solved_within(session: _Session, limit: int | None, leaves, searched):
@@ -279,16 +295,44 @@ def _alternatives(session: _Session, leaf: int, groups, leaves, limit, chosen: C
         if spec == chosen.specs[group[0]]:
             found.append(Alternative(spec, chosen))
             continue
-        solution = session.solved(limit, {node: index})
+        solution = session.solved(limit, {node: (index,)})
         if solution.cost is None:
             found.append(Alternative(spec, None))
             continue
         found.append(Alternative(spec, session.candidate(session.planned(solution), limit)))
-    def rank(a: Alternative) -> tuple:
-        c = a.candidate
-        return (True,) if c is None else (False, c.excess, c.price, c is not chosen)
+    return tuple(sorted(found, key=lambda a: _rank(a, chosen)))
 
-    return tuple(sorted(found, key=rank))
+
+def _rank(alternative: Alternative, chosen: Candidate) -> tuple:
+    """Fitting first, then cheapest, the chosen one first among equals; no plan last."""
+    c = alternative.candidate
+    return (True,) if c is None else (False, c.excess, c.price, c is not chosen)
+
+
+def _value_alternatives(session: _Session, value: int, limit, chosen: Candidate,
+                        solution: Solution) -> tuple[Alternative, ...]:
+    """Each layout the solve could hold ``value`` in, the rest solved again around it."""
+    graph, menus = session.graph, session.built.menus
+    if value >= len(graph.avals) or graph.producer[value] >= len(menus):
+        return ()
+    node = graph.producer[value]
+    out = graph.nodes[node].outputs.index(value)
+    menu = menus[node]
+    held = session.built.chosen(solution.strategies)[node].outputs[out].even_layout
+    by_layout: dict = {}
+    for index, strategy in enumerate(menu):
+        by_layout.setdefault(strategy.outputs[out].even_layout, []).append(index)
+    if len(by_layout) < 2:
+        return ()
+    found = []
+    for layout, indices in by_layout.items():
+        if layout == held:
+            found.append(Alternative(spec_of_layout(layout), chosen))
+            continue
+        again = session.solved(limit, {node: tuple(indices)})
+        found.append(Alternative(spec_of_layout(layout), None if again.cost is None else
+                                 session.candidate(session.planned(again), limit)))
+    return tuple(sorted(found, key=lambda a: _rank(a, chosen)))
 
 
 def _names(leaves: Sequence[Leaf], searched: Sequence[int], limit: int = 4) -> str:

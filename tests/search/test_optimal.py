@@ -101,3 +101,17 @@ def test_where_the_walk_defers_a_sum_the_solve_cannot_its_plan_is_kept_and_said_
     assert prog.search.chosen.price < prog.search.solution.cost
     assert "propagation's plan kept: price" in str(prog.search)
     assert sp.to_json(prog)["search"]["walked"] is True
+
+
+def test_explain_of_a_value_the_solve_laid_out_lists_its_layouts_each_solved_again():
+    mesh = sp.make_mesh((2, 2, 2), ("i", "j", "k"))
+    x = np.random.default_rng(4).normal(size=(2, 2)).astype(np.float32)
+    prog = sp.autoshard(_self_product_gradient, mesh=mesh, in_specs=(P("i"),), strategy="optimal").trace(x)
+    out = prog.plan.graph.outputs[0]
+    alternatives = prog.search.value_alternatives(out)
+    assert len(alternatives) > 2 and alternatives[0].candidate is prog.search.chosen
+    assert all(a.candidate is None or a.candidate.price >= prog.search.chosen.price for a in alternatives)
+    text = str(sp.explain(prog, out))
+    assert f"held so by the layout solve (optimal); its {len(alternatives)} layouts" in text and "(chosen)" in text
+    # the moves the solution hands an op are said to be the solve's, not a lookup's or a use's
+    assert "the layout solve's choice" in text and "table's whole window" not in text
