@@ -25,6 +25,7 @@ from .errors import (
     DuplicateMeshAxisError,
     ExtraNotInstalledError,
     FallbackWarning,
+    StrategyWarning,
     IndivisibleAxisError,
     InputMismatchError,
     InvariantError,
@@ -70,7 +71,7 @@ __version__ = "0.1.0"
 __all__ = [
     "distributed",
     "AUTO", "ArtifactError", "AutoSharded", "Collective", "Comparison", "ConflictKind", "Debugger", "Decisions",
-    "DuplicateMeshAxisError", "Explanation", "ExtraNotInstalledError", "FallbackWarning", "Graph",
+    "DuplicateMeshAxisError", "Explanation", "ExtraNotInstalledError", "FallbackWarning", "StrategyWarning", "Graph",
     "IndivisibleAxisError", "InputMismatchError", "InvariantError", "Lineage", "LoweringError", "MemoryLimitError",
     "MeshError",
     "NoRuleError", "Node",

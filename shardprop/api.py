@@ -18,15 +18,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .calling import Convention, Traced, call_site, constrain_outputs, pin_outputs
 from .derivatives import derivatives_for
-from .errors import LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError
+from .errors import LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError, StrategyWarning
 from .expr import jax_adapter as jx
 from .expr import trace, with_pinned_outputs
+from .expr.graph import warn_at
 from .mesh import as_auto_mesh
 from .program import Program, lower
 from .propagation import Walking, propagate_with
 from .propagation.propagate import flat_in_specs, flat_specs_of_tree
 from .propagation.reports import warn_fallbacks, warn_reshards
 from .search import AUTO, check_memory_limit, is_spec_leaf, search_layouts
+from .search.build import uneven_argument
+from .search.space import state_pairs
 from .search.solve import as_tree
 from .signature import Signature, call_key
 from .spellings import (as_specs, context_mesh, leaves_some_unannotated, one_of, own_specs, placements,
@@ -104,6 +107,12 @@ def _chosen_plan(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strat
     if not specs.searched and Strategy.parse(strategy) is not Strategy.OPTIMAL:
         return _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy,
                         conflicts=conflicts), None
+    uneven = None if specs.searched else uneven_argument(graph, specs.flat, dict(mesh.shape))
+    if uneven is not None:  # the problem cannot hold it: propagation's plan, said at the user's call
+        warn_at(jx.user_call_site(), f"shardprop: strategy='optimal' planned as 'auto': {uneven} (propagation takes "
+                "its rows as ranges)", StrategyWarning)
+        return _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy,
+                        conflicts=conflicts), None
     # the search builds the chosen plan: its moves between searched layouts are its priced choice
     searched = _search(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts, limit=limit,
                        keyword_form=keyword_form, donated=donated, returns_inputs=returns_inputs,
@@ -115,7 +124,10 @@ def _chosen_plan(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strat
             walked = _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy,
                               conflicts=conflicts)
         walked_memory = footprint(walked, donated)
-        if price(walked) < searched.chosen.price and (limit is None or walked_memory.total <= limit):
+        # (only where it returns the state the solve returned in its arguments' layouts so too)
+        mirrored = all(same_spec(walked.sharded.out_specs[k], walked.sharded.in_specs[j])
+                       for k, j in state_pairs(graph, returns_inputs, mirrors=mirror_state))
+        if price(walked) < searched.chosen.price and mirrored and (limit is None or walked_memory.total <= limit):
             for w in said:  # the walk's own warnings, as its plan would have given them
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             chosen = dataclasses.replace(searched.chosen, price=price(walked), moved=total_moved(estimate(walked)),

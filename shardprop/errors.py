@@ -137,6 +137,11 @@ class FallbackWarning(UserWarning):
     """A primitive had no sharding rule; the conservative rule (gather everything, replicate) was used."""
 
 
+class StrategyWarning(UserWarning):
+    """The strategy asked for could not plan this program as it says; the message names why and what planned it
+    instead (``strategy="optimal"`` with an argument laid out in uneven blocks: propagation's plan)."""
+
+
 class ReshardWarning(UserWarning):
     """Two operands were sharded incompatibly; the one cheaper to move was gathered before the op (the message
     carries the conflict, as ``ShardingConflictError`` would have said it)."""

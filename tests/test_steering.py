@@ -199,7 +199,7 @@ def _symmetrized(x):
 SQUARE = np.random.default_rng(9).normal(size=(16, 16)).astype(np.float32)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "optimal"])  # (optimal: the solve's own move)
 def test_x_plus_its_transpose_is_resolved_by_moving_one_operand(mesh, strategy):
     import inspect
 

@@ -17,7 +17,7 @@ def format_search(result) -> str:
                                              f"{result.compile_seconds:.2f} s")
     solution = result.solution
     what = (f"sp.AUTO chose {len(result.searched)} layout{'' if len(result.searched) == 1 else 's'}" if result.searched
-            else "strategy='optimal' chose every value's layout around the arguments' specs")
+            else "strategy='optimal' solved every value's layout around the arguments' specs")
     lines = [f"{what} in {result.seconds:.2f} s (one solve over {result.values:,} values' layouts, "
              f"{result.strategies:,} strategies{checks}): {format_bytes(c.moved)} moved, "
              f"{format_bytes(c.memory.total)} per device (cost model{compiled}{limit}); "
@@ -50,7 +50,7 @@ def explain_choice(result, leaf: int, shown: int = 5) -> tuple[str, ...]:
     head = (f"chosen by the sp.AUTO solve ({result.certificate}) among {len(alternatives)} layouts"
             + (f", decided with {', '.join(together)}" if together else "")
             + " (each with every other layout chosen again around it):")
-    return _alternative_lines(head, alternatives, result.chosen, shown)
+    return _alternative_lines(head, alternatives, result.chosen, result.solution.cost, shown)
 
 
 def explain_value_choice(result, value: int, shown: int = 5) -> tuple[str, ...]:
@@ -61,15 +61,16 @@ def explain_value_choice(result, value: int, shown: int = 5) -> tuple[str, ...]:
         return ()
     head = (f"held so by the layout solve ({result.certificate}); its {len(alternatives)} layouts, each with every "
             "other value's layout chosen again around it:")
-    return _alternative_lines(head, alternatives, result.chosen, shown)
+    return _alternative_lines(head, alternatives, result.chosen, result.solution.cost, shown)
 
 
-def _alternative_lines(head: str, alternatives, chosen, shown: int) -> tuple[str, ...]:
+def _alternative_lines(head: str, alternatives, chosen, cost: float, shown: int) -> tuple[str, ...]:
+    """The alternatives' lines: bytes and memory as each plan is realized, what each adds by the problem's cost."""
     lines = [head]
     priced = [a for a in alternatives if a.candidate is not None]
     width = max((len(str(a.spec)) for a in priced[:shown]), default=0)
     for a in priced[:shown]:
-        more = a.candidate.price / chosen.price - 1 if chosen.price else 0.0
+        more = a.cost / cost - 1 if cost else 0.0
         mark = ("chosen" if a.candidate is chosen else
                 f"{more:+.1%} price" if abs(more) < 0.1 else f"{more:+.0%} price")
         over = "" if not a.candidate.excess else f", over the limit by {format_bytes(a.candidate.excess)}"

@@ -82,6 +82,10 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
     bodies = functools.partial(propagate_body, mesh=mesh, conflicts="reshard")
     mesh_shape = dict(mesh.shape)
     mesh_items = tuple(mesh_shape.items())
+    uneven = uneven_argument(graph, flat_specs, mesh_shape)
+    if uneven is not None:
+        raise SearchError(f"sp.AUTO: {uneven}. Pad it to whole blocks, lay that axis over fewer devices, or fix "
+                          "every argument's spec (propagation takes its rows as ranges)")
     menus: list[tuple[NodeStrategy, ...]] = []
     held: dict[int, list[Layout]] = {}  # value -> the layouts its producer's strategies hold it in, first seen first
     seen: dict[tuple, tuple[NodeStrategy, ...]] = {}  # a node's menu by what decides it (the layers of a stack alike)
@@ -90,7 +94,7 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
             aval = graph.avals[node.output]
             spec = flat_specs[node.params["index"]]
             if isinstance(spec, PartitionSpec):
-                layouts = (_even_argument_layout(graph, node.params["index"], spec, aval, mesh_shape),)
+                layouts = (layout_from_spec(spec, aval.shape, mesh_shape, f"argument {node.params['index']}"),)
             else:
                 layouts = _candidate_layouts(aval.shape, mesh_items)
             menu = tuple(NodeStrategy((), (), (held_whole(layout),), None, 0.0, False) for layout in layouts)
@@ -135,20 +139,21 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
     return BuiltProblem(problem, graph, tuple(menus))
 
 
-def _even_argument_layout(graph: Graph, index: int, spec: PartitionSpec, aval, mesh_shape) -> Layout:
-    """The layout of fixed argument ``index``; a ``SearchError`` where its spec splits an axis into blocks that do not
-    divide it: the solve's layouts are equal blocks (propagation alone takes such an argument's rows as ranges)."""
-    name = graph.argument_names[index]
-    layout = layout_from_spec(spec, aval.shape, mesh_shape, f"argument {name}", uneven=True)
-    for axis, (size, axes) in enumerate(zip(aval.shape, layout, strict=True)):
-        count = math.prod(mesh_shape[m] for m in axes)
-        if size % count:
-            raise SearchError(
-                f"the layout search (sp.AUTO, strategy='optimal') lays values out in equal blocks, and argument "
-                f"{name} ({aval}) is fixed as {spec}: axis {axis} ({size}) in {count} blocks that do not "
-                f"divide it. Pad it to a multiple of {count}, lay that axis over fewer devices, or fix every "
-                "argument's spec with strategy='auto' (propagation takes its rows as ranges)")
-    return layout
+def uneven_argument(graph: Graph, flat_specs, mesh_shape) -> str | None:
+    """Why the layout problem cannot hold a fixed argument — its spec splits an axis into blocks that do not divide
+    it (the problem's layouts are equal blocks; propagation takes such rows as ranges) — or None."""
+    for index, (spec, value) in enumerate(zip(flat_specs, graph.inputs, strict=True)):
+        if not isinstance(spec, PartitionSpec):
+            continue
+        aval = graph.avals[value]
+        layout = layout_from_spec(spec, aval.shape, mesh_shape, f"argument {graph.argument_names[index]}",
+                                  uneven=True)
+        for axis, (size, axes) in enumerate(zip(aval.shape, layout, strict=True)):
+            count = math.prod(mesh_shape[m] for m in axes)
+            if size % count:
+                return (f"argument {graph.argument_names[index]} ({aval}) is fixed as {spec}: axis {axis} ({size}) in "
+                        f"{count} blocks that do not divide it, and the layout solve lays values out in equal blocks")
+    return None
 
 
 def _menu_key(graph: Graph, node, options) -> tuple | None:

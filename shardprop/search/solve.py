@@ -56,10 +56,14 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Alternative:
-    """A searched argument's layout with every other value's layout chosen again around it: the best plan then."""
+    """A layout of a searched argument (or of a value the solve laid out) with every other value's layout chosen
+    again around it: the best plan then (``candidate``, as realized) and its ``cost`` by the problem (what the solve
+    minimised: never below the chosen one's; a realized plan can be cheaper than its cost by moves the problem does
+    not model, so alternatives are compared by cost)."""
 
     spec: PartitionSpec
     candidate: Candidate | None  # None: no plan with this layout fits the limit
+    cost: float | None = None
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,7 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     solution, plan, chosen = _solved_within(session, memory_limit, leaves, searched)
 
     def alternatives(leaf: int) -> tuple[Alternative, ...]:
-        return _alternatives(session, leaf, groups, leaves, memory_limit, chosen)
+        return _alternatives(session, leaf, groups, leaves, memory_limit, chosen, solution)
 
     def value_alternatives(value: int) -> tuple[Alternative, ...]:
         return _value_alternatives(session, value, memory_limit, chosen, solution)
@@ -281,7 +285,8 @@ def _solved_within(session: _Session, limit: int | None, leaves, searched):
     raise _over_limit(leaves, searched, smallest, limit)
 
 
-def _alternatives(session: _Session, leaf: int, groups, leaves, limit, chosen: Candidate) -> tuple[Alternative, ...]:
+def _alternatives(session: _Session, leaf: int, groups, leaves, limit, chosen: Candidate,
+                  chosen_solution: Solution) -> tuple[Alternative, ...]:
     group = next((g for g in groups if leaf in g), None)
     if group is None:
         return ()
@@ -293,20 +298,20 @@ def _alternatives(session: _Session, leaf: int, groups, leaves, limit, chosen: C
     for spec in candidate_specs(leaves[group[0]].shape, mesh_shape):
         index = next(i for i, s in enumerate(menu) if spec_of_layout(s.outputs[0].even_layout) == spec)
         if spec == chosen.specs[group[0]]:
-            found.append(Alternative(spec, chosen))
+            found.append(Alternative(spec, chosen, chosen_solution.cost))
             continue
         solution = session.solved(limit, {node: (index,)})
         if solution.cost is None:
             found.append(Alternative(spec, None))
             continue
-        found.append(Alternative(spec, session.candidate(session.planned(solution), limit)))
+        found.append(Alternative(spec, session.candidate(session.planned(solution), limit), solution.cost))
     return tuple(sorted(found, key=lambda a: _rank(a, chosen)))
 
 
 def _rank(alternative: Alternative, chosen: Candidate) -> tuple:
-    """Fitting first, then cheapest, the chosen one first among equals; no plan last."""
+    """Fitting first, then cheapest by the problem's cost, the chosen one first among equals; no plan last."""
     c = alternative.candidate
-    return (True,) if c is None else (False, c.excess, c.price, c is not chosen)
+    return (True,) if c is None else (False, c.excess, alternative.cost, c is not chosen)
 
 
 def _value_alternatives(session: _Session, value: int, limit, chosen: Candidate,
@@ -327,11 +332,11 @@ def _value_alternatives(session: _Session, value: int, limit, chosen: Candidate,
     found = []
     for layout, indices in by_layout.items():
         if layout == held:
-            found.append(Alternative(spec_of_layout(layout), chosen))
+            found.append(Alternative(spec_of_layout(layout), chosen, solution.cost))
             continue
         again = session.solved(limit, {node: tuple(indices)})
         found.append(Alternative(spec_of_layout(layout), None if again.cost is None else
-                                 session.candidate(session.planned(again), limit)))
+                                 session.candidate(session.planned(again), limit), again.cost))
     return tuple(sorted(found, key=lambda a: _rank(a, chosen)))
 
 

@@ -39,7 +39,7 @@ def test_the_gradient_of_a_self_product_moves_what_the_one_solve_finds():
     assert_like_unsharded(solved(x), _self_product_gradient, (x,))
     assert _moved(solved) == total_moved(solved.estimated_communication()) == 8 < _moved(walked) == 16
     assert solved.search.certificate == "optimal" and solved.search.searched == ()
-    assert str(solved.search).startswith("strategy='optimal' chose every value's layout around the arguments' specs")
+    assert str(solved.search).startswith("strategy='optimal' solved every value's layout around the arguments' specs")
 
 
 def test_an_optimal_program_differentiates_as_unsharded(meshes):
@@ -69,13 +69,16 @@ def test_a_bench_row_moves_fewer_bytes_than_the_walk_and_computes_the_same(label
     assert solved.search.certificate == "optimal"
 
 
-def test_an_uneven_fixed_argument_is_refused_by_the_search_naming_it():
+def test_an_uneven_fixed_argument_is_refused_by_the_search_and_planned_by_propagation_under_optimal():
     mesh = sp.make_mesh((8,), ("i",))
-    x, w = np.ones((4, 8), np.float32), np.ones((8, 8), np.float32)
-    for specs, strategy in (((P("i"), sp.AUTO), "auto"), ((P("i"), P()), "optimal")):
-        with pytest.raises(sp.SearchError, match=r"argument x \(f32\[4,8\]\) is fixed as P\('i',\): axis 0 \(4\) in "
-                                                 r"8 blocks that do not divide it"):
-            sp.autoshard(lambda x, w: x @ w, mesh=mesh, in_specs=specs, strategy=strategy).trace(x, w)
+    x, w = np.random.default_rng(8).normal(size=(4, 8)).astype(np.float32), np.eye(8, dtype=np.float32)
+    said = r"argument x \(f32\[4,8\]\) is fixed as P\('i',\): axis 0 \(4\) in 8 blocks that do not divide it"
+    with pytest.raises(sp.SearchError, match=said):
+        sp.autoshard(lambda x, w: x @ w, mesh=mesh, in_specs=(P("i"), sp.AUTO)).trace(x, w)
+    with pytest.warns(sp.StrategyWarning, match="strategy='optimal' planned as 'auto': " + said) as caught:
+        prog = sp.autoshard(lambda x, w: x @ w, mesh=mesh, in_specs=(P("i"), P()), strategy="optimal").trace(x, w)
+    assert caught[0].filename == __file__ and prog.search is None
+    assert_like_unsharded(prog(x, w), lambda x, w: x @ w, (x, w))
 
 
 def test_an_unknown_strategy_names_the_optimal_one():
@@ -115,3 +118,28 @@ def test_explain_of_a_value_the_solve_laid_out_lists_its_layouts_each_solved_aga
     assert f"held so by the layout solve (optimal); its {len(alternatives)} layouts" in text and "(chosen)" in text
     # the moves the solution hands an op are said to be the solve's, not a lookup's or a use's
     assert "the layout solve's choice" in text and "table's whole window" not in text
+
+
+def test_state_mirroring_its_arguments_comes_back_in_their_layouts_even_where_the_walk_is_cheaper():
+    # (a new-user pass: the walk's plan, kept as cheaper, returned the gradients in other layouts than their
+    # arguments'; the solve had priced them back)
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    rng = np.random.default_rng(0)
+    args = tuple(rng.normal(size=s).astype(np.float32) for s in ((8, 16), (16, 8), (8, 8)))
+    grads = jax.grad(lambda a, b, c: jnp.sum(jnp.sin(a @ b @ c) ** 2), argnums=(0, 1, 2))
+    specs = (P(None, "data"), P("model", "data"), P())
+    prog = sp.autoshard(grads, mesh=mesh, in_specs=specs, strategy="optimal").trace(*args)
+    assert prog.out_specs == prog.in_specs == specs
+    assert_like_unsharded(prog(*args), grads, args, rtol=1e-4, atol=1e-4)
+    free = sp.autoshard(grads, mesh=mesh, in_specs=specs, strategy="optimal", mirror_state=False).trace(*args)
+    assert free.out_specs != specs and free.search.chosen.price < prog.search.chosen.price
+
+
+def test_x_plus_its_transpose_under_optimal_moves_as_the_solve_chose_without_a_warning():
+    mesh = sp.make_mesh((8,), ("i",))
+    square = np.random.default_rng(9).normal(size=(16, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ReshardWarning)
+        prog = sp.autoshard(lambda x: x + x.T, mesh=mesh, in_specs=(P("i"),), strategy="optimal").trace(square)
+    np.testing.assert_allclose(np.asarray(prog(square)), square + square.T, rtol=1e-6)
+    assert _moved(prog) <= 192
