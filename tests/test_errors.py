@@ -94,7 +94,7 @@ def test_every_error_is_a_sharding_error_and_exported():
     exceptions = [c for c in classes if issubclass(c, BaseException)]
     warnings_ = {c for c in exceptions if issubclass(c, Warning)}
     assert sp.ConflictKind.REUSE == "reuse"  # an enum of strings, not an exception
-    assert {c.__name__ for c in warnings_} == {"FallbackWarning", "ReshardWarning"}
+    assert {c.__name__ for c in warnings_} == {"FallbackWarning", "ReshardWarning", "StrategyWarning"}
     assert len(exceptions) >= 18
     for error in set(exceptions) - warnings_:
         assert issubclass(error, sp.ShardingError), error
