@@ -14,30 +14,24 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, PartitionSpec
 
+from .choosing import chosen_plan, planned, with_pins
 from .calling import Convention, Traced, call_site, constrain_outputs, pin_outputs
 from .derivatives import derivatives_for
-from .errors import LoweringError, MemoryLimitError, ReshardWarning, SearchError, ShardingError, StrategyWarning
+from .errors import LoweringError, MemoryLimitError, ReshardWarning, ShardingError
 from .expr import jax_adapter as jx
-from .expr import trace, with_pinned_outputs
-from .expr.graph import warn_at
+from .expr import trace
 from .mesh import as_auto_mesh
 from .program import Program, lower
-from .propagation import Walking, propagate_with
 from .propagation.propagate import flat_in_specs, flat_specs_of_tree
-from .propagation.reports import warn_fallbacks, warn_reshards
-from .search import AUTO, check_memory_limit, is_spec_leaf, search_layouts
-from .search.build import uneven_argument
-from .search.space import state_pairs
+from .search import AUTO, check_memory_limit, is_spec_leaf
 from .search.solve import as_tree
 from .signature import Signature, call_key
 from .spellings import (as_specs, context_mesh, leaves_some_unannotated, one_of, own_specs, placements,
                         program_mesh, same_spec)
 from .core.transfers import total_moved
-from .splitting.cost import estimate, footprint, price
-from .splitting.split import PlanPricer
-from .splitting.strategy import Strategy
+from .splitting.cost import estimate
 from .stateful import (declared_specs, object_spec_trees, returned_out_specs, returning_state, state_leaves,
                        stateful_positions, write_back)
 
@@ -66,17 +60,17 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     specs = ArgumentSpecs.resolve(graph, args, in_specs, mesh)
     # an updated state whose argument's layout is known comes back in it: the traced graph returns it constrained so
     known = _known_state(specs, len(graph.outputs), returns_inputs)
-    graph = _with_pins(graph, known, auto_mesh)
-    plan, searched = _chosen_plan(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts,
+    graph = with_pins(graph, known, auto_mesh)
+    plan, searched = chosen_plan(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts,
                                   limit=limit, keyword_form=traced is not None, donated=donated,
                                   returns_inputs=returns_inputs, mirror_state=mirror_state)
     # one whose argument's layout propagation or the search decided, computed in another: pinned, and planned again
     moved = _moved_state(plan.sharded, len(graph.outputs), returns_inputs)
     if moved:
-        graph = _with_pins(graph, moved, auto_mesh)
+        graph = with_pins(graph, moved, auto_mesh)
         with warnings.catch_warnings():  # its moves are this rule's, not a clash of the user's layouts
             warnings.simplefilter("ignore", ReshardWarning)
-            plan = _planned(graph, specs.pinned(graph, plan.sharded, returns_inputs), mesh=mesh, strict=strict,
+            plan = planned(graph, specs.pinned(graph, plan.sharded, returns_inputs), mesh=mesh, strict=strict,
                             strategy=strategy, conflicts=conflicts)
         if searched is not None:  # say what it moves beyond the search's plan (which priced the returns it expected)
             extra = total_moved(estimate(plan)) - searched.chosen.moved
@@ -96,62 +90,6 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
                                f"temporaries), over memory_limit={limit:,}; shard more of the arguments, or pass "
                                "sp.AUTO for those whose layout the search may choose")
     return program
-
-
-def _chosen_plan(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str, limit,
-                 keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int], mirror_state: bool):
-    """``(plan, search result or None)``: the layout search's plan where it chooses (``sp.AUTO`` leaves, or
-    ``strategy="optimal"``), else propagation's. Around fixed specs the walk's plan is kept where the one cost model
-    prices it lower than the solve's: its moves include what the solve does not model (a sum deferred past the
-    ops that keep it partial, rows ranged over uneven blocks) — and the result says so."""
-    if not specs.searched and Strategy.parse(strategy) is not Strategy.OPTIMAL:
-        return _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy,
-                        conflicts=conflicts), None
-    uneven = None if specs.searched else uneven_argument(graph, specs.flat, dict(mesh.shape))
-    if uneven is not None:  # the problem cannot hold it: propagation's plan, said at the user's call
-        warn_at(jx.user_call_site(), f"shardprop: strategy='optimal' planned as 'auto': {uneven} (propagation takes "
-                "its rows as ranges)", StrategyWarning)
-        return _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy,
-                        conflicts=conflicts), None
-    # the search builds the chosen plan: its moves between searched layouts are its priced choice
-    searched = _search(graph, specs, mesh=mesh, strict=strict, strategy=strategy, conflicts=conflicts, limit=limit,
-                       keyword_form=keyword_form, donated=donated, returns_inputs=returns_inputs,
-                       mirror_state=mirror_state)
-    plan = searched.plan
-    if not specs.searched:
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            walked = _planned(graph, specs.tree(graph), mesh=mesh, strict=strict, strategy=strategy,
-                              conflicts=conflicts)
-        walked_memory = footprint(walked, donated)
-        # (only where it returns the state the solve returned in its arguments' layouts so too)
-        mirrored = all(same_spec(walked.sharded.out_specs[k], walked.sharded.in_specs[j])
-                       for k, j in state_pairs(graph, returns_inputs, mirrors=mirror_state))
-        if price(walked) < searched.chosen.price and mirrored and (limit is None or walked_memory.total <= limit):
-            for w in said:  # the walk's own warnings, as its plan would have given them
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            chosen = dataclasses.replace(searched.chosen, price=price(walked), moved=total_moved(estimate(walked)),
-                                         memory=walked_memory)
-            return walked, dataclasses.replace(searched, chosen=chosen, walked=True, plan=walked)
-    # its warnings: the fallbacks, and the conflicts of the layouts the user fixed
-    warn_fallbacks(graph, plan.sharded.fallbacks, plan.sharded.fallback_causes)
-    warn_reshards(graph, plan.sharded, chosen=frozenset(k for k, s in enumerate(specs.flat) if s is AUTO))
-    return plan, searched
-
-
-def _planned(graph, in_specs: Any, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str):
-    """Propagation, then the split, of ``graph`` taking its arguments in ``in_specs``: the ``Plan``."""
-    pricer = PlanPricer(strategy)
-    return pricer.plan_for(propagate_with(graph, in_specs, mesh=mesh, strict=strict, conflicts=conflicts,
-                                          walking=Walking(price=pricer)))
-
-
-def _with_pins(graph, pins: dict[int, PartitionSpec], auto_mesh: Mesh):
-    """``graph`` returning each output ``k`` of ``pins`` constrained to ``pins[k]`` (``expr.with_pinned_outputs``)."""
-    if not pins:
-        return graph
-    with jx.program_mesh_context(auto_mesh):
-        return with_pinned_outputs(graph, {k: NamedSharding(auto_mesh, spec) for k, spec in pins.items()})
 
 
 def _known_state(specs: ArgumentSpecs, outputs: int, returns_inputs: Sequence[int]) -> dict[int, PartitionSpec]:
@@ -214,24 +152,6 @@ class ArgumentSpecs:
         return self.tree(graph, [None if k in self.kept | self.declared else sharded.in_specs[k]
                                  if (k in returns_inputs and s is None) or s is AUTO else s
                                  for k, s in enumerate(self.flat)])
-
-
-def _search(graph, specs: ArgumentSpecs, *, mesh: Mesh, strict: bool, strategy: str, conflicts: str, limit,
-            keyword_form: bool, donated: Sequence[int], returns_inputs: Sequence[int], mirror_state: bool = True):
-    """The layout search's result for the ``sp.AUTO`` leaves of ``specs`` (no warnings: ``compile_program`` warns from
-    the chosen plan)."""
-    if strict and not any(isinstance(s, PartitionSpec) for s in specs.flat):
-        raise SearchError("sp.AUTO with strict=True: every argument is sp.AUTO or unannotated, so nothing "
-                          "fixed says how the program is meant to be split (strict=True takes no layout "
-                          "the user did not write or imply); fix at least one argument's spec — the batch's "
-                          "P('data'), say — or drop strict=True")
-    auto_mesh = as_auto_mesh(mesh)
-    searched = search_layouts(graph, list(specs.flat), mesh=auto_mesh, strict=strict, conflicts=conflicts,
-                              strategy=strategy, memory_limit=limit, keyword_form=keyword_form, donated=donated,
-                              returns_inputs=returns_inputs, mirror_state=mirror_state,
-                              pin=lambda g, pins: _with_pins(g, pins, auto_mesh),
-                              compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
-    return searched
 
 
 def _without_reshard_warnings(compile_derivative: Callable) -> Callable:

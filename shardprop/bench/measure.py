@@ -21,7 +21,8 @@ from jax.sharding import NamedSharding
 
 from ..backends import parse_hlo
 from ..expr import trace
-from ..api import PlanPricer, compile_program
+from ..api import compile_program
+from ..splitting.split import PlanPricer
 from ..compare import lower_with_jit
 from ..mesh import make_mesh
 from ..program import lower
