@@ -197,32 +197,47 @@ def _handed_options(held: list[Layout], shape, mesh_items) -> tuple[Layout, ...]
 
 
 def _edges(graph: Graph, menus, mesh_shape) -> tuple[list[tuple[int, int]], list[np.ndarray]]:
-    """One edge per (value, reader): the bytes to bring the value from each held type to each consumed one."""
+    """One edge per (value, reader): the bytes to bring the value from each held type to each consumed one. A matrix
+    is priced between the distinct types its producer's strategies hold the value in and the distinct ways its
+    reader's consume it, then spread over the strategies (a menu has many strategies and few such types); nodes alike
+    (the layers of a stack share their menus) share their matrices."""
     producer = graph.producer
+    mesh_items = tuple(mesh_shape.items())
     edges: list[tuple[int, int]] = []
     matrices: list[np.ndarray] = []
+    alike: dict[tuple, np.ndarray] = {}
     for node in graph.nodes:
         if not node.operands:
             continue
-        menu = menus[node.id]
         for v in dict.fromkeys(node.operands):
-            slots = [k for k, u in enumerate(node.operands) if u == v]
+            slots = tuple(k for k, u in enumerate(node.operands) if u == v)
             p = producer[v]
             out = graph.nodes[p].outputs.index(v)
             aval = graph.avals[v]
-            matrix = np.zeros((len(menus[p]), len(menu)))
-            for a, made in enumerate(menus[p]):
-                have = made.outputs[out]
-                for b, reader in enumerate(menu):
-                    if reader.collective is not None and any(have.even_layout != reader.handed[k] for k in slots):
-                        matrix[a, b] = FORBIDDEN
-                        continue
-                    wants = dict.fromkeys(reader.needs[k] for k in slots)
-                    matrix[a, b] = sum(_move(aval.shape, aval.dtype, have, want, tuple(mesh_shape.items()))
-                                       for want in wants)
+            key = (id(menus[p]), out, id(menus[node.id]), slots, aval.shape, str(aval.dtype))
+            if key not in alike:
+                alike[key] = _edge_matrix(menus[p], out, menus[node.id], slots, aval, mesh_items)
             edges.append((p, node.id))
-            matrices.append(matrix)
+            matrices.append(alike[key])
     return edges, matrices
+
+
+def _edge_matrix(made_menu, out: int, reader_menu, slots: tuple[int, ...], aval, mesh_items) -> np.ndarray:
+    """The edge's matrix: rows the producer's strategies, columns the reader's (``_edges``)."""
+    haves = {}
+    rows = np.array([haves.setdefault(made.outputs[out], len(haves)) for made in made_menu], np.int64)
+    reads = {}  # the types a reader consumes the value in, and what it was handed where a collective finishes it
+    columns = np.array([reads.setdefault((tuple(dict.fromkeys(reader.needs[k] for k in slots)),
+                                          tuple(reader.handed[k] for k in slots) if reader.collective else None),
+                                         len(reads)) for reader in reader_menu], np.int64)
+    small = np.zeros((len(haves), len(reads)))
+    for a, have in enumerate(haves):
+        for b, (wants, handed) in enumerate(reads):
+            if handed is not None and any(have.even_layout != h for h in handed):
+                small[a, b] = FORBIDDEN  # a reader finished by a collective reads its operands as they are held
+            else:
+                small[a, b] = sum(_move(aval.shape, aval.dtype, have, want, mesh_items) for want in wants)
+    return small[np.ix_(rows, columns)]
 
 
 @functools.lru_cache(maxsize=262144)
