@@ -116,7 +116,9 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
         menus.append(menu)
         for k, v in enumerate(node.outputs):
             held[v] = list(dict.fromkeys(s.outputs[k].even_layout for s in menu))
-    costs = tuple(np.array([s.cost for s in menu], np.float64) for menu in menus)
+    returned = set(graph.outputs)  # a program returns its outputs as propagated: none held finer by a reduce-scatter
+    costs = tuple(np.array([FORBIDDEN if s.scattered and returned.intersection(node.outputs) else s.cost
+                            for s in menu], np.float64) for node, menu in zip(graph.nodes, menus, strict=True))
     edges, matrices = _edges(graph, menus, mesh_shape)
     for tie in ties:  # one layout: any other pair of choices forbidden (they have the same candidates, in one order)
         for a, b in zip(tie, tie[1:], strict=False):

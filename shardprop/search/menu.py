@@ -19,8 +19,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..core.collectives import Collective
-from ..core.layouts import Layout, Sharded, TensorSharding
+from ..core.collectives import Collective, CollectiveKind
+from ..core.layouts import Layout, Sharded, TensorSharding, shard_count
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from ..core.transfers import total_moved
 from ..core.types import ValueType
@@ -50,6 +50,19 @@ class NodeStrategy:
     collective: Collective | None
     cost: float
     finished: bool  # the collective is the one ``finish`` offers in place of gathering (not required)
+
+    @property
+    def scattered(self) -> bool:
+        """A sum held finer than its rule lays it out: its finish is a reduce-scatter (``_scattered``)."""
+        return (self.collective is not None and self.collective.kind is CollectiveKind.PSUM
+                and any(name in self.collective.mesh_axes for t in self.outputs for m in t.layout for name in m))
+
+    def laid_out(self, k: int) -> Layout:
+        """Output ``k``'s layout as the node's rule lays it out: as held, less the mesh axes a reduce-scatter adds."""
+        layout = self.outputs[k].even_layout
+        if not self.scattered:
+            return layout
+        return tuple(tuple(name for name in m if name not in self.collective.mesh_axes) for m in layout)
 
 
 def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout, ...]],
@@ -158,7 +171,8 @@ def _one_node_product(one: Graph, mesh, handed, result, outputs, op) -> ShardedG
 
 def _decided(sharded: ShardedGraph, op_name: str, handed) -> list[NodeStrategy]:
     """The node gathering what its rule needs whole, and — where its record offers one — finished by a collective
-    instead (each as the split decides it on the one-node program)."""
+    instead (each as the split decides it on the one-node program); a sum finished so may also be held finer, a
+    reduce-scatter along one axis (``_scattered``)."""
     m = len(handed)
     node = sharded.graph.nodes[m]
     found = []
@@ -168,10 +182,35 @@ def _decided(sharded: ShardedGraph, op_name: str, handed) -> list[NodeStrategy]:
         required = collective is not None and collective.kind.required
         if choice is Strategy.COLLECTIVE and (collective is None or required):
             continue  # nothing offered beyond what gathering does
-        cost = compute_bytes(decisions, node) if lookup(op_name).work is not None else 0.0
-        if collective is not None:
-            cost += collective_bytes(decisions, node, collective)
-        cost += total_moved(body_transfers(decisions, m))
-        found.append(NodeStrategy(tuple(handed), decisions.needs(m), tuple(decisions.type(v) for v in node.outputs),
-                                  collective, cost, choice is Strategy.COLLECTIVE))
+        for view in (decisions, *_scattered(decisions, node, collective)):
+            found.append(_strategy(view, node, handed, collective, choice is Strategy.COLLECTIVE))
     return found
+
+
+def _strategy(view, node, handed, collective, finished: bool) -> NodeStrategy:
+    """The node as ``view`` decides it, priced: its work, its finish's bytes, its bodies' moves."""
+    cost = compute_bytes(view, node) if lookup(node.op).work is not None else 0.0
+    if collective is not None:
+        cost += collective_bytes(view, node, collective)
+    cost += total_moved(body_transfers(view, node.id))
+    return NodeStrategy(tuple(handed), view.needs(node.id), tuple(view.type(v) for v in node.outputs), collective,
+                        cost, finished)
+
+
+def _scattered(decisions, node, collective) -> list:
+    """A sum's result held finer, one variant per axis its mesh axes can also lay out: the split's reduce-scatter
+    where every reader takes the value sliced so (``splitting.strategies.scatter_where_consumers_slice``), half
+    an all-reduce's bytes — the layouts Megatron's sequence parallelism keeps between its matmuls."""
+    if collective is None or collective.kind is not CollectiveKind.PSUM or len(node.outputs) != 1:
+        return []
+    (v,) = node.outputs
+    held = decisions.type(v)
+    if held.partial:
+        return []
+    layout, shape = held.layout, decisions.graph.avals[v].shape
+    out = []
+    for d in range(len(layout)):
+        target = layout[:d] + (layout[d] + collective.mesh_axes,) + layout[d + 1:]
+        if shape[d] % shard_count(decisions.mesh_shape, target[d]) == 0:
+            out.append(decisions.revised(held={v: ValueType(target)}))
+    return out

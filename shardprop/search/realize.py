@@ -29,8 +29,8 @@ def realize(built: BuiltProblem, solution, mesh, *, graph=None, fixed: frozenset
     chosen = built.chosen(solution)
     held = {}
     for node, strategy in zip(built.graph.nodes, chosen, strict=True):
-        for v, vtype in zip(node.outputs, strategy.outputs, strict=True):
-            held[v] = vtype.even_layout
+        for k, v in enumerate(node.outputs):
+            held[v] = strategy.laid_out(k)  # (a reduce-scatter is the split's, where every reader slices it)
     inputs = [held[v] for v in graph.inputs]
     clashes = _clashes(built, held, fixed, mesh)
     views = {}
@@ -68,9 +68,8 @@ def mismatches(built: BuiltProblem, solution, sharded) -> list[str]:
     out = []
     for node, strategy in zip(built.graph.nodes, built.chosen(solution), strict=True):
         for k, v in enumerate(node.outputs):
-            if sharded.layout(v) != strategy.outputs[k].even_layout:
-                out.append(f"node {node.id} `{node.op}` output {k}: {sharded.layout(v)} != "
-                           f"{strategy.outputs[k].even_layout}")
+            if sharded.layout(v) != strategy.laid_out(k):
+                out.append(f"node {node.id} `{node.op}` output {k}: {sharded.layout(v)} != {strategy.laid_out(k)}")
         if strategy.handed and not strategy.collective:
             rule = tuple(sharded.needs[node.id])
             want = tuple(n.even_layout for n in strategy.needs)

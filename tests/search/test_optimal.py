@@ -143,3 +143,24 @@ def test_x_plus_its_transpose_under_optimal_moves_as_the_solve_chose_without_a_w
         prog = sp.autoshard(lambda x: x + x.T, mesh=mesh, in_specs=(P("i"),), strategy="optimal").trace(square)
     np.testing.assert_allclose(np.asarray(prog(square)), square + square.T, rtol=1e-6)
     assert _moved(prog) <= 192
+
+
+def _row_parallel_then_norm(x, w1, w2):
+    h = (x @ w1) @ w2  # the second contraction's rows laid out as w2's: a sum over `j`
+    return jnp.sum(jnp.tanh(h) * h, axis=-1)
+
+
+def test_a_sum_read_sliced_is_reduce_scattered_where_an_all_reduce_would_move_twice_as_much():
+    # Megatron's sequence parallelism: the row-parallel product's sum held finer, over `j` along its rows (a
+    # reduce-scatter, half an all-reduce's bytes), the ops after it on those blocks — where the walk all-reduces it
+    mesh = sp.make_mesh((4, 2), ("i", "j"))
+    rng = np.random.default_rng(7)
+    x, w1, w2 = (rng.normal(size=s).astype(np.float32) for s in ((16, 32), (32, 64), (64, 32)))
+    specs = (P("i"), P(None, "j"), P("j", None))
+    walked = sp.autoshard(_row_parallel_then_norm, mesh=mesh, in_specs=specs).trace(x, w1, w2)
+    solved = sp.autoshard(_row_parallel_then_norm, mesh=mesh, in_specs=specs, strategy="optimal").trace(x, w1, w2)
+    assert_like_unsharded(solved(x, w1, w2), _row_parallel_then_norm, (x, w1, w2), rtol=1e-4, atol=1e-4)
+    kinds = {t.kind.value: t.shape for t in solved.communication()}
+    assert kinds == {"reduce-scatter": (2, 32)}, kinds  # 16 rows over i*j: 2 each
+    assert _moved(solved) == total_moved(solved.estimated_communication()) < _moved(walked)
+    assert solved.search.certificate == "optimal" and not solved.search.walked
