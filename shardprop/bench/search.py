@@ -176,8 +176,37 @@ def flax_adam(two_d: bool, width: int = 512, batch: int = 64) -> Model:
                  (AUTO, AUTO, P(DATA), P(DATA)), {k: with_state(layout(k)) for k in kinds})
 
 
+def llama(batch: int = 8, seq: int = 32) -> Model:
+    """The Llama-style AdamW step (``models.llama_train_step``: d 64, 2 layers, 8 query heads on 2 KV heads) on the
+    4x2 mesh; the moments are left ``None`` for the search (they take their parameter's layout)."""
+    from ..search import AUTO
+
+    params = models.init_llama()
+    zeros = jax.tree_util.tree_map(np.zeros_like, params)
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, 128, size=(batch, seq)).astype(np.int32)
+    targets = rng.integers(0, 128, size=(batch, seq)).astype(np.int32)
+    col, row = P(None, MODEL), P(MODEL, None)  # Megatron: q/k/v and the MLP's up projections by columns, out by rows
+    megatron_layer = {"attn_norm": P(), "wq": col, "wk": col, "wv": col, "wo": row, "mlp_norm": P(),
+                      "w_gate": col, "w_up": col, "w_down": row}
+
+    def layout(layer, embed, head):
+        return {"embed": embed, "layers": [dict(layer) for _ in params["layers"]], "final_norm": P(), "lm_head": head}
+
+    two_d = {P(None, MODEL): P(DATA, MODEL), P(MODEL, None): P(MODEL, DATA)}
+    experts = {"data parallel": layout({k: P() for k in megatron_layer}, P(), P()),
+               "FSDP": layout({k: P(DATA) if k.startswith("w") else P() for k in megatron_layer}, P(DATA), P(DATA)),
+               "Megatron": layout(megatron_layer, P(None, MODEL), col),
+               "FSDP+TP": layout({k: two_d.get(s, s) for k, s in megatron_layer.items()}, P(DATA, MODEL),
+                                 P(DATA, MODEL))}
+    return Model(f"Llama-style AdamW step (d 64, 2 layers, 8 heads on 2 KV heads, batch {batch}x{seq})",
+                 ((4, 2), (DATA, MODEL)), models.llama_train_step, (params, zeros, zeros, tokens, targets),
+                 (AUTO, None, None, P(DATA), P(DATA)),
+                 {name: (specs, specs, specs, P(DATA), P(DATA)) for name, specs in experts.items()})
+
+
 MODELS = (lambda: mlp(False), lambda: mlp(True), lambda: transformer(False), lambda: transformer(True),
-          lambda: flax_adam(False), lambda: flax_adam(True))
+          lambda: flax_adam(False), lambda: flax_adam(True), llama)
 
 
 # adam's first step moves every parameter by about lr * sign(gradient): where a gradient is near 0 its sign, and so a
