@@ -224,7 +224,8 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     searched = [k for k, s in enumerate(flat_specs) if s is AUTO]
     free = [k for k, s in enumerate(flat_specs) if s is AUTO or s is None]
     groups = decision_groups(leaves, searched)
-    ties = [g for g in decision_groups(leaves, free) if len(g) > 1 and any(k in searched for k in g)]
+    unannotated = frozenset(free) - frozenset(searched)
+    ties = [g for g in decision_groups(leaves, free, unannotated) if len(g) > 1 and any(k in searched for k in g)]
     pairs = tuple(state_pairs(graph, returns_inputs, mirrors=mirror_state))
     built = build_problem(graph, flat_specs, mesh, ties=ties, returns=pairs)
     fixed = frozenset(k for k, s in enumerate(flat_specs) if isinstance(s, PartitionSpec))

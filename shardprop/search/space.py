@@ -120,11 +120,13 @@ def leaves_of(graph, keyword_form: bool = False) -> list[Leaf]:
                                                      strict=True))]
 
 
-def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, ...]]:
+def decision_groups(leaves: list[Leaf], searched: list[int], followers=frozenset()) -> list[tuple[int, ...]]:
     """The searched leaves in groups decided together, each group led by its first leaf: a leaf joins an earlier
     argument's leaf of its shape whose path within its argument its own path ends with, key by key (the longest
     such: ``[1][0].mu[0]['w']`` joins ``[0][0]['w']``; an NNX moment ``.opt_state[0].mu['l1']['kernel'].value``
-    joins ``.l1.kernel.value``)."""
+    joins ``.l1.kernel.value``) — and a leaf of ``followers`` (one the user left unannotated) also an earlier
+    argument's leaf at its very path (a hand-written optimizer's ``m['w']`` and ``v['w']`` follow ``params['w']``;
+    two arguments alike that the search lays out, two models, are not tied)."""
     leader: dict[int, int] = {}
     for k in searched:
         mine = _keys(leaves[k].within)
@@ -134,7 +136,8 @@ def decision_groups(leaves: list[Leaf], searched: list[int]) -> list[tuple[int, 
                 continue
             other = _keys(leaves[j].within)
             # strictly deeper: the parameter's tree nested inside another argument's (not two arguments alike)
-            if other and len(mine) > len(other) and mine[-len(other):] == other \
+            deeper = len(mine) > len(other) or (k in followers and len(mine) == len(other))
+            if other and deeper and mine[-len(other):] == other \
                     and leaves[j].argument != leaves[k].argument \
                     and (best is None or len(other) > len(_keys(leaves[best].within))):
                 best = j

@@ -54,3 +54,12 @@ def test_two_arguments_alike_are_not_one_group():
     # f(ws=[W], vs=[V]): the same path within each argument, neither nested in the other
     leaves = _leaves(("[0][0]", (8, 8)), ("[1][0]", (8, 8)), ("[2]['w']", (8, 8)), ("[3]['w']", (8, 8)))
     assert decision_groups(leaves, [0, 1, 2, 3]) == [(0,), (1,), (2,), (3,)]
+
+
+def test_unannotated_moments_of_a_hand_written_optimizer_follow_their_parameters():
+    # step(params, m, v): m and v have params' tree; left unannotated (None) they take params' chosen layouts —
+    # the AdamW, whose moments came back in other layouts than their parameters
+    leaves = _leaves(("[0]['w']", (8, 8)), ("[0]['b']", (8,)), ("[1]['w']", (8, 8)), ("[1]['b']", (8,)),
+                     ("[2]['w']", (8, 8)), ("[2]['b']", (8,)))
+    assert decision_groups(leaves, [0, 1, 2, 3, 4, 5], followers={2, 3, 4, 5}) == [(0, 2, 4), (1, 3, 5)]
+    assert decision_groups(leaves, [0, 1, 2, 3, 4, 5]) == [(k,) for k in range(6)]  # all searched: two models
