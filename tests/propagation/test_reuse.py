@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import shardprop as sp
-from shardprop.bench import search as bench
+from shardprop.bench import experts as bench
 from shardprop.core.layouts import Sharded
 from shardprop.propagation import memo as memo_module
 from shardprop.propagation import producing, uses, walk

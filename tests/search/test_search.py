@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from shardprop.bench import search as bench_search
+from shardprop.bench import experts as bench_experts, search as bench_search
 from shardprop.core.transfers import total_moved
 from shardprop.splitting.cost import price
 
@@ -33,7 +33,7 @@ def _measure(model, mesh, in_specs, **options):
 
 @pytest.fixture(scope="module", params=[False, True], ids=["8", "4x2"])
 def mlp(request):
-    model = bench_search.mlp(request.param, width=128, batch=16)
+    model = bench_experts.mlp(request.param, width=128, batch=16)
     mesh = sp.make_mesh(*model.mesh)
     experts = {}
     for name, specs in model.experts.items():
@@ -74,7 +74,7 @@ def test_a_limit_below_data_parallel_picks_a_layout_that_fits(mlp):
 
 
 def test_fixed_specs_are_kept_exactly_and_in_specs_is_shaped_like_the_arguments(meshes):
-    model = bench_search.mlp(True, width=64, batch=16)
+    model = bench_experts.mlp(True, width=64, batch=16)
     params_specs = [{"b": sp.AUTO, "w": P(None, "j")}, sp.AUTO, {"b": P(), "w": sp.AUTO}]
     mesh = sp.make_mesh((4, 2), ("data", "j"))
     fs = sp.autoshard(model.f, mesh=mesh, in_specs=(params_specs, P("data"), P("data")))
@@ -90,7 +90,7 @@ def test_fixed_specs_are_kept_exactly_and_in_specs_is_shaped_like_the_arguments(
 
 
 def test_optimizer_moments_are_laid_out_like_their_parameters():
-    model = bench_search.flax_adam(True, width=64, batch=16)
+    model = bench_experts.flax_adam(True, width=64, batch=16)
     mesh = sp.make_mesh(*model.mesh)
     fs = sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs)
     prog = fs.trace(*model.args)
@@ -107,8 +107,8 @@ def test_the_choice_is_the_same_under_other_hash_seeds(tmp_path):
         jax.config.update("jax_num_cpu_devices", 8)
         import warnings; warnings.simplefilter("ignore")
         import shardprop as sp
-        from shardprop.bench import search
-        model = search.mlp(True, width=64, batch=16)
+        from shardprop.bench import experts
+        model = experts.mlp(True, width=64, batch=16)
         prog = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs).trace(*model.args)
         print(prog.sharded.in_specs, prog.search.chosen.price)
     """))
@@ -118,7 +118,7 @@ def test_the_choice_is_the_same_under_other_hash_seeds(tmp_path):
 
 
 def test_explain_says_why_a_searched_argument_got_its_layout():
-    model = bench_search.mlp(True, width=64, batch=16)
+    model = bench_experts.mlp(True, width=64, batch=16)
     prog = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs).trace(*model.args)
     chosen = prog.in_specs[0][0]["w"]
     text = str(sp.explain(prog, "params[0]['w']"))
@@ -154,11 +154,11 @@ def test_the_search_prices_loops_and_branches(name):
     rng = np.random.default_rng(0)
     mesh = sp.make_mesh((4, 2), ("data", "model"))
     ws, x = rng.normal(size=(3, 32, 32)).astype(np.float32) / 6, rng.normal(size=(16, 32)).astype(np.float32)
-    params = bench_search.models.init_mlp((32, 32, 8))
+    params = bench_experts.models.init_mlp((32, 32, 8))
     labels = (np.arange(16) % 8).astype(np.int32)
     f, args, specs = {
         "scan over stacked layers": (_stack, (ws, x), (sp.AUTO, P("data"))),
-        "fori training loop": (lambda p, x, y: bench_search.models.fori_training_loop(p, x, y, steps=2),
+        "fori training loop": (lambda p, x, y: bench_experts.models.fori_training_loop(p, x, y, steps=2),
                                (params, x, labels), (sp.AUTO, P("data"), P("data"))),
         "cond": (lambda w, x, flag: jax.lax.cond(flag, lambda: x @ w, lambda: x @ w.T), (ws[0], x, True),
                  (sp.AUTO, P("data"), P())),
@@ -218,7 +218,7 @@ def test_explain_weighs_each_layout_of_an_argument_solved_again_within_the_limit
     """Each alternative layout of a searched argument is the best plan with it fixed (every other value chosen again,
     within the limit): none that fits is cheaper than the choice (a local optimum, as the certificate promises more),
     and explain marks those over the limit."""
-    model = bench_search.mlp(True, width=64, batch=16)
+    model = bench_experts.mlp(True, width=64, batch=16)
     mesh = sp.make_mesh(*model.mesh)
     dp = sp.autoshard(model.f, mesh=mesh, in_specs=model.experts["data parallel"]).trace(*model.args).memory()
     prog = sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs, memory_limit=int(0.6 * dp)).trace(*model.args)
@@ -251,7 +251,7 @@ def test_auto_inside_a_partition_spec_says_where_it_goes():
 
 
 def test_a_limit_nothing_fits_names_the_smallest_footprint_found():
-    model = bench_search.mlp(True, width=64, batch=16)
+    model = bench_experts.mlp(True, width=64, batch=16)
     fs = sp.autoshard(model.f, mesh=sp.make_mesh(*model.mesh), in_specs=model.auto_specs, memory_limit=4096)
     # the largest arguments first: the weights
     with pytest.raises(sp.MemoryLimitError, match=r"no layout of argument params\[0\]\['w'\].* fits "
@@ -342,7 +342,7 @@ def test_a_constraint_inside_is_kept_and_the_search_works_around_it():
 def test_compare_with_jit_takes_a_memory_limit_and_gives_jit_the_searched_layouts_both_ways():
     """``compare_with_jit(..., memory_limit=)`` (a TypeError before issue #51): the searched program within the
     limit, and jax.jit compiled from and to the layouts the search chose — both return the outputs alike."""
-    model = bench_search.mlp(True, width=64, batch=16)
+    model = bench_experts.mlp(True, width=64, batch=16)
     mesh = sp.make_mesh(*model.mesh)
     limit = 40_000
     comparison = sp.compare_with_jit(model.f, mesh, model.auto_specs, *model.args, memory_limit=limit)
@@ -354,7 +354,7 @@ def test_compare_with_jit_takes_a_memory_limit_and_gives_jit_the_searched_layout
 
 def _adam_step(params, mu, nu, x, labels, lr=1e-2):
     """A functional training step as written by hand: it returns its parameters and moments updated, in order."""
-    loss, grads = jax.value_and_grad(bench_search.models.mlp_loss)(params, x, labels)
+    loss, grads = jax.value_and_grad(bench_experts.models.mlp_loss)(params, x, labels)
     mu = jax.tree_util.tree_map(lambda m, g: 0.9 * m + 0.1 * g, mu, grads)
     nu = jax.tree_util.tree_map(lambda v, g: 0.999 * v + 0.001 * g * g, nu, grads)
     params = jax.tree_util.tree_map(lambda p, m, v: p - lr * m / (jax.numpy.sqrt(v) + 1e-8), params, mu, nu)
@@ -362,7 +362,7 @@ def _adam_step(params, mu, nu, x, labels, lr=1e-2):
 
 
 def _mlp_loop():
-    params = bench_search.models.init_mlp((64, 128, 64, 16))
+    params = bench_experts.models.init_mlp((64, 128, 64, 16))
     zeros = jax.tree_util.tree_map(np.zeros_like, params)
     rng = np.random.default_rng(5)
     x, labels = rng.normal(size=(16, 64)).astype(np.float32), (np.arange(16) % 16).astype(np.int32)
@@ -371,7 +371,7 @@ def _mlp_loop():
 
 def _llama_loop():
     # the issue's own: 28 of 63 arrays came back in other layouts, and step 2 compiled again
-    model = bench_search.llama()
+    model = bench_experts.llama()
     return model.f, model.args[:3], model.args[3:], 2e-4
 
 

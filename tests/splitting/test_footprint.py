@@ -8,13 +8,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from shardprop.bench import search as bench_search
+from shardprop.bench import experts as bench_experts
 from shardprop.splitting.cost import footprint
 
 
 @pytest.mark.parametrize("two_d", [False, True], ids=["8", "4x2"])
 def test_footprint_of_the_mlp_experts_matches_memory_analysis(two_d):
-    model = bench_search.mlp(two_d, width=256, batch=32)
+    model = bench_experts.mlp(two_d, width=256, batch=32)
     mesh = sp.make_mesh(*model.mesh)
     for name, specs in model.experts.items():
         prog = sp.autoshard(model.f, mesh=mesh, in_specs=specs).trace(*model.args)
@@ -42,8 +42,8 @@ def test_elementwise_chains_take_no_memory_of_their_own():
     assert footprint(prog.plan).temporaries < 256 * 256 * 4 // 8  # no block-sized intermediate: fused
 
 
-@pytest.mark.parametrize("build", [lambda: bench_search.mlp(True, width=64, batch=16),
-                                   lambda: bench_search.transformer(True, d_model=32, d_ff=64, batch=2, seq=8)])
+@pytest.mark.parametrize("build", [lambda: bench_experts.mlp(True, width=64, batch=16),
+                                   lambda: bench_experts.transformer(True, d_model=32, d_ff=64, batch=2, seq=8)])
 def test_the_whole_work_is_what_a_replicated_plan_prices_beyond_its_moves(build):
     # the search's bound: the program's multiply-adds run whole (whole_work), spread evenly over the devices
     from shardprop.core.transfers import total_moved
