@@ -28,6 +28,9 @@ def format_search(result) -> str:
                 "ops that keep it partial, rows ranged over uneven blocks)")
              + ("" if not result.returned_moves else f"; the program moves {format_bytes(result.returned_moves)} "
                 "more, returning updated state laid out as it came in")]
+    if result.sampled:
+        lines.append("  sampled (their operands' layouts combine in too many ways to ask about each): "
+                     + ", ".join(result.sampled))
     rows = [(r["argument"], f"{short_dtype(leaf.dtype)}[{','.join(map(str, leaf.shape))}]", str(r["spec"]),
              "" if r["with"] is None else f"with {r['with']}")
             for r, leaf in zip(result.rows(), (result.leaves[k] for k in result.searched), strict=True)]
@@ -95,7 +98,7 @@ def search_to_dict(result) -> dict:
         **candidate(result.chosen),
         "memory_limit": result.memory_limit, "status": result.status, "cost": result.solution.cost,
         "bound": result.bound, "gap": result.gap, "certificate": result.certificate, "walked": result.walked,
-        "values": result.values,
+        "sampled": list(result.sampled), "values": result.values,
         "strategies": result.strategies, "seconds": result.seconds, "compiled": result.compiled,
         "compile_seconds": result.compile_seconds,
     }
@@ -121,7 +124,7 @@ SEARCH_SCHEMA = _fields({
     **_COST,
     "memory_limit": {"type": ["integer", "null"]}, "status": {"type": "string"}, "cost": {"type": "number"},
     "bound": {"type": "number"}, "gap": {"type": "number"}, "certificate": {"type": "string"},
-    "walked": {"type": "boolean"},
+    "walked": {"type": "boolean"}, "sampled": {"type": "array", "items": {"type": "string"}},
     "values": {"type": "integer"}, "strategies": {"type": "integer"}, "seconds": {"type": "number"},
     "compiled": {"type": "integer"}, "compile_seconds": {"type": "number"},
 })

@@ -30,7 +30,7 @@ from ..errors import SearchError
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, Graph, where
 from ..propagation.propagate import propagate_body
-from .menu import NodeStrategy, node_menu
+from .menu import Menu, NodeStrategy, node_menu
 from .problem import Problem
 from .space import candidate_specs
 
@@ -42,11 +42,14 @@ HANDED_AT_MOST = 12
 
 @dataclass(frozen=True)
 class BuiltProblem:
-    """``problem``'s node ``k`` is ``graph``'s node ``k``; ``menus[k]`` its strategies, in the problem's order."""
+    """``problem``'s node ``k`` is ``graph``'s node ``k``; ``menus[k]`` its strategies, in the problem's order;
+    ``sampled`` the nodes whose menus hold only the strategies asked about (``menu.Menu``): the problem's optimum is
+    the best layout only where it is empty."""
 
     problem: Problem
     graph: Graph
     menus: tuple[tuple[NodeStrategy, ...], ...]
+    sampled: tuple[int, ...] = ()
 
     def chosen(self, solution) -> tuple[NodeStrategy, ...]:
         """Each node's strategy under ``solution`` (one index per node)."""
@@ -88,7 +91,8 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
                           "every argument's spec (propagation takes its rows as ranges)")
     menus: list[tuple[NodeStrategy, ...]] = []
     held: dict[int, list[Layout]] = {}  # value -> the layouts its producer's strategies hold it in, first seen first
-    seen: dict[tuple, tuple[NodeStrategy, ...]] = {}  # a node's menu by what decides it (the layers of a stack alike)
+    seen: dict[tuple, Menu] = {}  # a node's menu by what decides it (the layers of a stack alike)
+    sampled: list[int] = []
     for node in graph.nodes:
         if node.op == PARAMETER:
             aval = graph.avals[node.output]
@@ -104,11 +108,14 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
         else:
             options = tuple(_handed_options(held[v], graph.avals[v].shape, mesh_items) for v in node.operands)
             key = _menu_key(graph, node, options)
-            menu = seen.get(key) if key is not None else None
-            if menu is None:
-                menu = tuple(node_menu(graph, node, mesh, list(options), bodies))
+            found = seen.get(key) if key is not None else None
+            if found is None:
+                found = node_menu(graph, node, mesh, list(options), bodies)
                 if key is not None:
-                    seen[key] = menu
+                    seen[key] = found
+            menu = found.strategies
+            if found.sampled:
+                sampled.append(node.id)
             if not menu:
                 raise SearchError(f"sp.AUTO: the sharding rule of `{node.op}` at {where(node)} refused every layout "
                                   "its operands may take, replicated too; fix the arguments' specs instead of "
@@ -138,7 +145,7 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
                       edges=np.asarray(edges, np.int64).reshape(-1, 2), edge_costs=tuple(matrices),
                       usage_limit=usage_limit)
     problem.check()
-    return BuiltProblem(problem, graph, tuple(menus))
+    return BuiltProblem(problem, graph, tuple(menus), tuple(sampled))
 
 
 def uneven_argument(graph: Graph, flat_specs, mesh_shape) -> str | None:

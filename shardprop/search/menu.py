@@ -9,7 +9,8 @@ consumption, outputs and price are one strategy — unless a collective finishes
 operands as held, so its edges differ by what was handed).
 
 >>> menu = node_menu(graph, node, mesh, handed_options)   # doctest: +SKIP
->>> menu[0].needs, menu[0].outputs, menu[0].cost          # doctest: +SKIP
+>>> first = menu.strategies[0]                            # doctest: +SKIP
+>>> first.needs, first.outputs, first.cost                # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..core.types import ValueType
 from ..errors import ShardingError
 from ..expr.graph import PARAMETER, Graph, Node
 from ..ops import lookup
+from ..ops.opdef import Family
 from ..propagation import ShardedGraph
 from ..propagation.product import RuleName
 from ..splitting.cost import body_transfers, collective_bytes, compute_bytes
@@ -65,18 +67,41 @@ class NodeStrategy:
         return tuple(tuple(name for name in m if name not in self.collective.mesh_axes) for m in layout)
 
 
+@dataclass(frozen=True)
+class Menu:
+    """A node's strategies; ``sampled``: its operands' layouts combine in too many ways to ask about each, even one
+    mesh axis at a time (a loop's many carries): ``strategies`` are those asked about, a solve over them is optimal
+    among them only."""
+
+    strategies: tuple[NodeStrategy, ...]
+    sampled: bool
+
+
 def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout, ...]],
-              propagate_body=None) -> list[NodeStrategy]:
+              propagate_body=None) -> Menu:
     """The strategies of ``node`` when its operands may be handed in any of ``handed_options`` (per operand, its
-    candidate layouts; the first is the default), deduplicated, in a fixed order."""
+    candidate layouts; the first is the default), deduplicated, in a fixed order: every combination of them where
+    there are few (``FULL_PRODUCT_AT_MOST``), else every combination the rule accepts one mesh axis at a time, then
+    every way to lay those per-axis answers over each other (``_combined``); else each operand's layouts with the
+    others at their defaults or replicated, the menu ``sampled``."""
     mesh_shape = dict(mesh.shape)
     op = lookup(node.op)
     one = _one_node_graph(graph, node)
     found: dict[tuple, NodeStrategy] = {}
-    for handed in _handed_tuples(handed_options):
+    probed: dict[tuple[Layout, ...], list[tuple[Layout, ...]]] = {}
+
+    def visit(handed: tuple[Layout, ...]) -> list[tuple[Layout, ...]]:
+        """Ask the rule about ``handed`` (once), keep the strategies it leads to; the layouts they consume the operands
+        in."""
+        if handed not in probed:
+            probed[handed] = _visited(handed)
+        return probed[handed]
+
+    def _visited(handed: tuple[Layout, ...]) -> list[tuple[Layout, ...]]:
         result = probe(graph, node, op, handed, mesh_shape, propagate_body)
         if result is None:
-            continue
+            return []
+        consumed = []
         for outputs in _settled_outputs(result.outputs, mesh_shape):
             sharded = _one_node_product(one, mesh, handed, result, outputs, op)
             for strategy in _decided(sharded, node.op, handed):
@@ -84,20 +109,66 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
                 key = (strategy.needs, strategy.outputs, strategy.collective, strategy.cost,
                        strategy.handed if strategy.collective is not None else None)
                 found.setdefault(key, strategy)
-    return list(found.values())
+                consumed.append(tuple(t.even_layout for t in strategy.needs))
+        return consumed
+
+    sampled = False
+    if math.prod(len(o) for o in handed_options) <= FULL_PRODUCT_AT_MOST:
+        for handed in itertools.product(*handed_options):
+            visit(handed)
+    else:
+        for handed in _stars(handed_options):
+            visit(handed)
+        # a loop's or branch's operands are values apart (one mesh axis may lay out several): not one factor per axis
+        combined = None if op.family is Family.CONTROL_FLOW else _combined(handed_options, mesh_shape, visit)
+        sampled = combined is None
+        shapes = tuple(graph.avals[v].shape for v in node.operands)
+        for handed in combined or ():
+            if all(n % shard_count(mesh_shape, axes) == 0 for shape, layout in zip(shapes, handed, strict=True)
+                   for n, axes in zip(shape, layout, strict=True)):  # (two axes laid over one may not divide it)
+                visit(handed)
+    return Menu(tuple(found.values()), sampled)
 
 
-def _handed_tuples(options: list[tuple[Layout, ...]]):
-    """Every combination of the operands' candidates if few, else each operand's candidates with the others at their
-    first (default) candidate."""
-    if math.prod(len(o) for o in options) <= FULL_PRODUCT_AT_MOST:
-        yield from itertools.product(*options)
-        return
-    first = tuple(o[0] for o in options)
-    yield first
-    for k, candidates in enumerate(options):
-        for layout in candidates[1:]:
-            yield first[:k] + (layout,) + first[k + 1:]
+def _stars(options) -> list[tuple[Layout, ...]]:
+    """Each operand's candidates with the others at their first (default) candidate, and with the others replicated
+    (a rule lays a replicated operand out as the sharded one asks: every factor one operand can carry is met)."""
+    replicated = tuple(((),) * len(o[0]) for o in options)
+    tuples = []
+    for base in (tuple(o[0] for o in options), replicated):
+        tuples.append(base)
+        tuples += [base[:k] + (layout,) + base[k + 1:] for k, candidates in enumerate(options) for layout in candidates
+                   if layout != base[k]]
+    return list(dict.fromkeys(tuples))
+
+
+def _only(layout: Layout, name: str) -> Layout:
+    return tuple(tuple(a for a in axes if a == name) for axes in layout)
+
+
+def _combined(options, mesh_names, visit) -> list[tuple[Layout, ...]] | None:
+    """Handed tuples laying several mesh axes at once, built without their product: for each mesh axis, the operands'
+    candidates cut down to that axis, every combination the rule accepts (``visit``: what it consumes, cut down too);
+    then every choice of one accepted combination per axis, laid over each other (mesh order, and the reverse where
+    two axes meet on one tensor axis). A rule's factors take each mesh axis independently, so a consistent tuple
+    is met this way whichever its producers' layouts were. None where one axis's combinations, or the choices laid
+    over each other, are more than ``FULL_PRODUCT_AT_MOST``."""
+    per_axis = []
+    for name in mesh_names:
+        cut = [tuple(dict.fromkeys(_only(layout, name) for layout in o)) for o in options]
+        if math.prod(len(o) for o in cut) > FULL_PRODUCT_AT_MOST:
+            return None
+        accepted = [tuple(_only(layout, name) for layout in consumed) for handed in itertools.product(*cut)
+                    for consumed in visit(handed)]
+        per_axis.append(list(dict.fromkeys(accepted)) or [tuple(((),) * len(o[0]) for o in options)])
+    if math.prod(len(a) for a in per_axis) > FULL_PRODUCT_AT_MOST:
+        return None
+    out = []
+    for parts in itertools.product(*per_axis):
+        for order in (parts, parts[::-1]):
+            out.append(tuple(tuple(tuple(a for part in order for a in part[k][d]) for d in range(len(parts[0][k])))
+                             for k in range(len(options))))
+    return list(dict.fromkeys(out))
 
 
 def probe(graph: Graph, node: Node, op, handed: tuple[Layout, ...], mesh_shape, propagate_body):

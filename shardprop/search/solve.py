@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec
 
 from ..core.transfers import total_moved
 from ..errors import MemoryLimitError, OptionError
+from ..expr.graph import where
 from ..splitting.cost import Footprint, estimate, footprint, price
 from ..splitting.split import split
 from .build import FORBIDDEN, BuiltProblem, build_problem, spec_of_layout
@@ -93,6 +94,8 @@ class SearchResult:
     returned_moves: float = 0.0
     # strategy="optimal" kept propagation's plan: the cost model prices it below the solve's (``chosen`` is it)
     walked: bool = False
+    # the nodes whose layouts combine in too many ways to ask about each (``menu.Menu.sampled``), as `op` at line
+    sampled: tuple[str, ...] = ()
 
     @property
     def bound(self) -> float:
@@ -110,10 +113,15 @@ class SearchResult:
 
     @property
     def certificate(self) -> str:
-        """``optimal`` or ``within 0.4% of the bound`` (of the solve; ``walked``: the walk's plan, cheaper still)."""
+        """``optimal`` or ``within 0.4% of the bound`` (of the solve; ``walked``: the walk's plan, cheaper still; where
+        some node's layouts were ``sampled``, of the strategies asked about)."""
         if self.walked:
             return "the walk's plan, below the solve's optimum by moves the solve does not model"
-        return "optimal" if self.gap <= 0 else f"within {100 * self.gap:.2g}% of the bound"
+        proved = "optimal" if self.gap <= 0 else f"within {100 * self.gap:.2g}% of the bound"
+        if self.sampled:
+            count = len(self.sampled)
+            return f"{proved} among the layouts asked about ({count} node{'' if count == 1 else 's'} sampled)"
+        return proved
 
     def group_of(self, leaf: int) -> tuple[int, ...] | None:
         """The searched arguments decided with flat argument ``leaf`` (None: it was not searched)."""
@@ -242,7 +250,8 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     return SearchResult(chosen, tuple(leaves), tuple(searched), tuple(groups), memory_limit, solution,
                         len(graph.nodes), built.problem.strategy_count, time.perf_counter() - started,
                         len(session.checks), sum(session.checks), plan, _remembered(alternatives),
-                        _remembered(value_alternatives))
+                        _remembered(value_alternatives),
+                        sampled=tuple(f"`{graph.nodes[k].op}` at {where(graph.nodes[k])}" for k in built.sampled))
 
 
 def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
