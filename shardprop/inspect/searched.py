@@ -29,8 +29,11 @@ def format_search(result) -> str:
              + ("" if not result.returned_moves else f"; the program moves {format_bytes(result.returned_moves)} "
                 "more, returning updated state laid out as it came in")]
     if result.sampled:
-        lines.append("  sampled (their operands' layouts combine in too many ways to ask about each): "
-                     + ", ".join(result.sampled))
+        why = ("under memory_limit= an op's operands are varied one at a time" if result.memory_limit is not None
+               else "their operands' layouts combine in too many ways to ask about each")
+        shown = ", ".join(result.sampled[:3]) + (f" and {len(result.sampled) - 3} more" if len(result.sampled) > 3
+                                                  else "")
+        lines.append(f"  sampled ({why}): {shown}")
     rows = [(r["argument"], f"{short_dtype(leaf.dtype)}[{','.join(map(str, leaf.shape))}]", str(r["spec"]),
              "" if r["with"] is None else f"with {r['with']}")
             for r, leaf in zip(result.rows(), (result.leaves[k] for k in result.searched), strict=True)]

@@ -78,12 +78,13 @@ class Menu:
 
 
 def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout, ...]],
-              propagate_body=None) -> Menu:
+              propagate_body=None, *, combined: bool = True) -> Menu:
     """The strategies of ``node`` when its operands may be handed in any of ``handed_options`` (per operand, its
     candidate layouts; the first is the default), deduplicated, in a fixed order: every combination of them where
     there are few (``FULL_PRODUCT_AT_MOST``), else every combination the rule accepts one mesh axis at a time, then
     every way to lay those per-axis answers over each other (``_combined``); else each operand's layouts with the
-    others at their defaults or replicated, the menu ``sampled``."""
+    others at their defaults or replicated, the menu ``sampled`` (not ``combined``: at their defaults only, as the
+    search under a memory limit asks, whose integer program the larger menus slow past its time limit)."""
     mesh_shape = dict(mesh.shape)
     op = lookup(node.op)
     one = _one_node_graph(graph, node)
@@ -117,25 +118,26 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
         for handed in itertools.product(*handed_options):
             visit(handed)
     else:
-        for handed in _stars(handed_options):
+        for handed in _stars(handed_options, around_replicated=combined):
             visit(handed)
         # a loop's or branch's operands are values apart (one mesh axis may lay out several): not one factor per axis
-        combined = None if op.family is Family.CONTROL_FLOW else _combined(handed_options, mesh_shape, visit)
-        sampled = combined is None
+        laid = None if op.family is Family.CONTROL_FLOW or not combined else _combined(handed_options, mesh_shape,
+                                                                                        visit)
+        sampled = laid is None
         shapes = tuple(graph.avals[v].shape for v in node.operands)
-        for handed in combined or ():
+        for handed in laid or ():
             if all(n % shard_count(mesh_shape, axes) == 0 for shape, layout in zip(shapes, handed, strict=True)
                    for n, axes in zip(shape, layout, strict=True)):  # (two axes laid over one may not divide it)
                 visit(handed)
     return Menu(tuple(found.values()), sampled)
 
 
-def _stars(options) -> list[tuple[Layout, ...]]:
+def _stars(options, around_replicated: bool = True) -> list[tuple[Layout, ...]]:
     """Each operand's candidates with the others at their first (default) candidate, and with the others replicated
     (a rule lays a replicated operand out as the sharded one asks: every factor one operand can carry is met)."""
     replicated = tuple(((),) * len(o[0]) for o in options)
     tuples = []
-    for base in (tuple(o[0] for o in options), replicated):
+    for base in (tuple(o[0] for o in options),) + ((replicated,) if around_replicated else ()):
         tuples.append(base)
         tuples += [base[:k] + (layout,) + base[k + 1:] for k, candidates in enumerate(options) for layout in candidates
                    if layout != base[k]]

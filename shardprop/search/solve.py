@@ -120,7 +120,7 @@ class SearchResult:
         proved = "optimal" if self.gap <= 0 else f"within {100 * self.gap:.2g}% of the bound"
         if self.sampled:
             count = len(self.sampled)
-            return f"{proved} among the layouts asked about ({count} node{'' if count == 1 else 's'} sampled)"
+            return f"{proved} among the layouts asked about, {count} node{'' if count == 1 else 's'} sampled"
         return proved
 
     def group_of(self, leaf: int) -> tuple[int, ...] | None:
@@ -235,7 +235,9 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     unannotated = frozenset(free) - frozenset(searched)
     ties = [g for g in decision_groups(leaves, free, unannotated) if len(g) > 1 and any(k in searched for k in g)]
     pairs = tuple(state_pairs(graph, returns_inputs, mirrors=mirror_state))
-    built = build_problem(graph, flat_specs, mesh, ties=ties, returns=pairs)
+    # under a limit the menus are sampled: the problem's memory leaves out what moves hold between their endpoints,
+    # and the integer program over the combined menus finds layouts that fit by it, not as compiled, in its minute
+    built = build_problem(graph, flat_specs, mesh, ties=ties, returns=pairs, combined=memory_limit is None)
     fixed = frozenset(k for k, s in enumerate(flat_specs) if isinstance(s, PartitionSpec))
     session = _Session(graph, mesh, built, fixed, pairs, strategy, "error" if strict else conflicts,
                        tuple(donated), pin, compiled_memory)
