@@ -235,13 +235,22 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     unannotated = frozenset(free) - frozenset(searched)
     ties = [g for g in decision_groups(leaves, free, unannotated) if len(g) > 1 and any(k in searched for k in g)]
     pairs = tuple(state_pairs(graph, returns_inputs, mirrors=mirror_state))
-    # under a limit the menus are sampled: the problem's memory leaves out what moves hold between their endpoints,
-    # and the integer program over the combined menus finds layouts that fit by it, not as compiled, in its minute
-    built = build_problem(graph, flat_specs, mesh, ties=ties, returns=pairs, combined=memory_limit is None)
     fixed = frozenset(k for k, s in enumerate(flat_specs) if isinstance(s, PartitionSpec))
-    session = _Session(graph, mesh, built, fixed, pairs, strategy, "error" if strict else conflicts,
-                       tuple(donated), pin, compiled_memory)
-    solution, plan, chosen = _solved_within(session, memory_limit, leaves, searched)
+
+    def session_of(combined: bool) -> _Session:
+        built = build_problem(graph, flat_specs, mesh, ties=ties, returns=pairs, combined=combined)
+        return _Session(graph, mesh, built, fixed, pairs, strategy, "error" if strict else conflicts,
+                        tuple(donated), pin, compiled_memory)
+
+    session = session_of(True)
+    found = None if memory_limit is None else _fitting_unbound(session, memory_limit)
+    if memory_limit is not None and found is None:
+        # the limit binds: the menus sampled — the problem's memory leaves out what moves hold between their
+        # endpoints, and over the combined menus the integer program ran into its minute choosing layouts that fit
+        # by it, not as compiled
+        session = replace(session_of(False), checks=session.checks)
+    solution, plan, chosen = found or _solved_within(session, memory_limit, leaves, searched)
+    built = session.built
 
     def alternatives(leaf: int) -> tuple[Alternative, ...]:
         return _alternatives(session, leaf, groups, leaves, memory_limit, chosen, solution)
@@ -266,6 +275,21 @@ def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
         return cache[key]
 
     return remembered
+
+
+def _fitting_unbound(session: _Session, limit: int):
+    """The optimum without the limit, its plan and Candidate, where it fits within ``limit`` as compiled (then it is
+    the optimum within it too); else None."""
+    solution = session.solved(None)
+    if solution.cost is None:
+        return None
+    plan = session.planned(solution)
+    candidate = session.candidate(plan, limit)
+    memory = session.compiled(plan) if session.compiled_memory is not None else candidate.memory.total
+    if memory > limit:
+        return None
+    return solution, plan, replace(candidate, compiled_memory=memory if session.compiled_memory is not None else None,
+                                   excess=0)
 
 
 def _solved_within(session: _Session, limit: int | None, leaves, searched):
