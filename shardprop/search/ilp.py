@@ -29,7 +29,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from .problem import Problem, evaluate
+from .problem import Problem, evaluate, peak_usage
 from .reduce import eliminate, prune
 
 # The contest's files mark a strategy or a pair of strategies that must not be chosen with a cost of 1e18 (and an
@@ -141,13 +141,14 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
     options = {"disp": False, "mip_rel_gap": relative_gap}
     if time_limit is not None:
         options["time_limit"] = float(time_limit)
-    # without a binding memory row, the relaxation first: on layout problems it is integral already (PyTorch's
+    # the relaxation first, without the memory rows: on layout problems it is integral already (PyTorch's
     # AutoParallel reports as much for LLaMA), and then it is the optimum, proved by itself, in about half the
-    # integer program's time (with memory rows it rarely is: straight to the integer program)
-    relaxed = None if memory is not None else milp(
-        objective, constraints=constraints, integrality=np.zeros(n, np.uint8), bounds=Bounds(0, upper),
-        options={k: v for k, v in options.items() if k != "mip_rel_gap"})
-    if relaxed is not None and relaxed.x is not None and relaxed.status == 0 and _integral(relaxed.x[:n_x]):
+    # integer program's time — within a limit too where its peak usage keeps to it (a limit that does not bind)
+    relaxed = milp(objective, constraints=constraints[:len(constraints) - (memory is not None)],
+                   integrality=np.zeros(n, np.uint8), bounds=Bounds(0, upper),
+                   options={k: v for k, v in options.items() if k != "mip_rel_gap"})
+    if relaxed.x is not None and relaxed.status == 0 and _integral(relaxed.x[:n_x]) and (
+            memory is None or peak_usage(problem, _picked(problem, offsets, relaxed.x)) <= problem.usage_limit):
         result = relaxed
     else:
         if time_limit is not None:
@@ -159,11 +160,16 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
         return Solution((), None, -np.inf, status, time.perf_counter() - start)
     proved = getattr(result, "mip_dual_bound", None)  # (a bound of 0 is a bound: no truthiness test)
     bound = float(result.fun if proved is None or np.isnan(proved) else proved)
-    strategies = tuple(int(np.argmax(result.x[offsets[v]:offsets[v + 1]])) for v in range(problem.node_count))
+    strategies = _picked(problem, offsets, result.x)
     cost = evaluate(problem, strategies)
     if status == "optimal" and cost is not None:
         bound = min(bound, cost)  # the solver's tolerances: an optimum proved is its own bound
     return Solution(strategies, cost, bound, status, time.perf_counter() - start)
+
+
+def _picked(problem: Problem, offsets: np.ndarray, x: np.ndarray) -> tuple[int, ...]:
+    """Each node's strategy: its variable of the largest value."""
+    return tuple(int(np.argmax(x[offsets[v]:offsets[v + 1]])) for v in range(problem.node_count))
 
 
 def _integral(x: np.ndarray) -> bool:
