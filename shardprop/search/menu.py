@@ -95,10 +95,10 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
         """Ask the rule about ``handed`` (once), keep the strategies it leads to; the layouts they consume the operands
         in."""
         if handed not in probed:
-            probed[handed] = _visited(handed)
+            probed[handed] = asked(handed)
         return probed[handed]
 
-    def _visited(handed: tuple[Layout, ...]) -> list[tuple[Layout, ...]]:
+    def asked(handed: tuple[Layout, ...]) -> list[tuple[Layout, ...]]:
         result = probe(graph, node, op, handed, mesh_shape, propagate_body)
         if result is None:
             return []
@@ -121,14 +121,12 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
         for handed in _stars(handed_options, around_replicated=combined):
             visit(handed)
         # a loop's or branch's operands are values apart (one mesh axis may lay out several): not one factor per axis
-        laid = None if op.family is Family.CONTROL_FLOW or not combined else _combined(handed_options, mesh_shape,
-                                                                                        visit)
-        sampled = laid is None
         shapes = tuple(graph.avals[v].shape for v in node.operands)
+        laid = None if op.family is Family.CONTROL_FLOW or not combined else _combined(handed_options, shapes,
+                                                                                        mesh_shape, visit)
+        sampled = laid is None
         for handed in laid or ():
-            if all(n % shard_count(mesh_shape, axes) == 0 for shape, layout in zip(shapes, handed, strict=True)
-                   for n, axes in zip(shape, layout, strict=True)):  # (two axes laid over one may not divide it)
-                visit(handed)
+            visit(handed)
     return Menu(tuple(found.values()), sampled)
 
 
@@ -148,15 +146,16 @@ def _only(layout: Layout, name: str) -> Layout:
     return tuple(tuple(a for a in axes if a == name) for axes in layout)
 
 
-def _combined(options, mesh_names, visit) -> list[tuple[Layout, ...]] | None:
+def _combined(options, shapes, mesh_shape, visit) -> list[tuple[Layout, ...]] | None:
     """Handed tuples laying several mesh axes at once, built without their product: for each mesh axis, the operands'
     candidates cut down to that axis, every combination the rule accepts (``visit``: what it consumes, cut down too);
     then every choice of one accepted combination per axis, laid over each other (mesh order, and the reverse where
     two axes meet on one tensor axis). A rule's factors take each mesh axis independently, so a consistent tuple
-    is met this way whichever its producers' layouts were. None where one axis's combinations, or the choices laid
-    over each other, are more than ``FULL_PRODUCT_AT_MOST``."""
+    is met this way whichever its producers' layouts were; those whose blocks divide the operands' ``shapes`` (two
+    axes laid over one may not). None where one axis's combinations, or the choices laid over each other, are more
+    than ``FULL_PRODUCT_AT_MOST``."""
     per_axis = []
-    for name in mesh_names:
+    for name in mesh_shape:
         cut = [tuple(dict.fromkeys(_only(layout, name) for layout in o)) for o in options]
         if math.prod(len(o) for o in cut) > FULL_PRODUCT_AT_MOST:
             return None
@@ -170,7 +169,9 @@ def _combined(options, mesh_names, visit) -> list[tuple[Layout, ...]] | None:
         for order in (parts, parts[::-1]):
             out.append(tuple(tuple(tuple(a for part in order for a in part[k][d]) for d in range(len(parts[0][k])))
                              for k in range(len(options))))
-    return list(dict.fromkeys(out))
+    return [handed for handed in dict.fromkeys(out)
+            if all(n % shard_count(mesh_shape, axes) == 0 for shape, layout in zip(shapes, handed, strict=True)
+                   for n, axes in zip(shape, layout, strict=True))]
 
 
 def probe(graph: Graph, node: Node, op, handed: tuple[Layout, ...], mesh_shape, propagate_body):
