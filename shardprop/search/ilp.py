@@ -1,4 +1,4 @@
-"""A ``Problem`` solved exactly as an integer program by HiGHS (``scipy.optimize.milp``), with the bound it proves.
+"""A ``Problem`` solved exactly as an integer program by HiGHS (``highspy``), with the bound it proves.
 
 The formulation is XLA's auto-sharding solver's (``auto_sharding_solver.cc``) and Alpa's: a binary ``x[v, i]`` per
 node strategy, one per node; per edge a ``y[e, r, c]`` in ``[0, 1]`` per pair of classes of strategies (the strategies
@@ -11,6 +11,11 @@ matrices are built by numpy, not a modelling loop. Before solving, what cannot c
 edge whose matrix is zero, an edge into a node with one strategy (its row or column joins the other node's costs),
 edges between the same two nodes (summed), and moments whose live set another moment's contains; a forbidden
 strategy or pair (a cost of at least ``FORBIDDEN``) is a variable held at 0.
+
+The same problem gives the same answer on every run, however busy the machine: HiGHS's presolve stops its search for
+dependent equations when it expects it to take too long — by the clock — and the LP left then differs, and with it
+which of several equally cheap vertices the simplex ends at; that one reduction is switched off (``_DETERMINISTIC``),
+which also made the Llama step's relaxation faster (8 s -> 5 s).
 
 >>> from shardprop.search.problem import Problem
 >>> p = Problem.from_lists(intervals=[(0, 2), (1, 3)], costs=[[1, 3], [2, 0]], usages=[[4, 1], [4, 1]],
@@ -26,8 +31,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import highspy
 from scipy import sparse
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .problem import Problem, evaluate, peak_usage
 from .reduce import eliminate, prune
@@ -35,7 +40,11 @@ from .reduce import eliminate, prune
 # The contest's files mark a strategy or a pair of strategies that must not be chosen with a cost of 1e18 (and an
 # infinite cost says the same): left in, such coefficients would swamp the solver's tolerances
 FORBIDDEN = 1e18
-_STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "error"}
+_STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kTimeLimit: "time limit",
+           highspy.HighsModelStatus.kInfeasible: "infeasible", highspy.HighsModelStatus.kUnbounded: "unbounded"}
+# presolve_rule_off's bit for "Dependent equations" (HiGHS logs the rules it switches off: bit 10 = 1024); a bitmask
+# HiGHS does not know is refused at setOptionValue, which _highs turns into an error, not a silent default
+_DETERMINISTIC = {"presolve_rule_off": 1 << 10, "output_flag": False}
 
 
 @dataclass(frozen=True)
@@ -129,42 +138,77 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
     n = int(pair_offsets[-1])
     objective = np.concatenate([np.concatenate(node_costs)] + [p[2].ravel() for p in pairs])
     blocks = [_one_hot_rows(problem, offsets, n), _pair_rows(pairs, offsets, pair_offsets, n)]
-    constraints = [LinearConstraint(a, lo, hi) for a, lo, hi in blocks if a.shape[0]]
     memory = _memory_rows(problem, offsets, n)
-    if memory is not None:
-        constraints.append(LinearConstraint(*memory))
     upper = np.ones(n)
     upper[objective >= FORBIDDEN] = 0  # a forbidden strategy or pair of strategies: never chosen, not priced
     objective[objective >= FORBIDDEN] = 0
-    integrality = np.zeros(n, np.uint8)
-    integrality[:n_x] = 1
-    options = {"disp": False, "mip_rel_gap": relative_gap}
-    if time_limit is not None:
-        options["time_limit"] = float(time_limit)
+    integral = np.zeros(n, bool)
+    integral[:n_x] = True
     # the relaxation first, without the memory rows: on layout problems it is integral already (PyTorch's
     # AutoParallel reports as much for LLaMA), and then it is the optimum, proved by itself, in about half the
     # integer program's time — within a limit too where its peak usage keeps to it (a limit that does not bind)
-    relaxed = milp(objective, constraints=constraints[:len(constraints) - (memory is not None)],
-                   integrality=np.zeros(n, np.uint8), bounds=Bounds(0, upper),
-                   options={k: v for k, v in options.items() if k != "mip_rel_gap"})
-    if relaxed.x is not None and relaxed.status == 0 and _integral(relaxed.x[:n_x]) and (
+    relaxed = _highs(objective, blocks, upper, None, time_limit=time_limit)
+    if relaxed.x is not None and relaxed.status == "optimal" and _integral(relaxed.x[:n_x]) and (
             memory is None or peak_usage(problem, _picked(problem, offsets, relaxed.x)) <= problem.usage_limit):
         result = relaxed
     else:
         if time_limit is not None:
-            options["time_limit"] = max(1.0, float(time_limit) - (time.perf_counter() - start))
-        result = milp(objective, constraints=constraints, integrality=integrality, bounds=Bounds(0, upper),
-                      options=options)
-    status = _STATUS.get(result.status, "error")
+            time_limit = max(1.0, float(time_limit) - (time.perf_counter() - start))
+        result = _highs(objective, blocks + ([memory] if memory is not None else []), upper, integral,
+                        time_limit=time_limit, relative_gap=relative_gap)
+    status, bound = result.status, result.bound
     if result.x is None:
         return Solution((), None, -np.inf, status, time.perf_counter() - start)
-    proved = getattr(result, "mip_dual_bound", None)  # (a bound of 0 is a bound: no truthiness test)
-    bound = float(result.fun if proved is None or np.isnan(proved) else proved)
     strategies = _picked(problem, offsets, result.x)
     cost = evaluate(problem, strategies)
     if status == "optimal" and cost is not None:
         bound = min(bound, cost)  # the solver's tolerances: an optimum proved is its own bound
     return Solution(strategies, cost, bound, status, time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What one HiGHS run gave: the values (None without a feasible point), how it ended, the bound it proved."""
+
+    x: np.ndarray | None
+    status: str
+    bound: float
+
+
+def _highs(objective: np.ndarray, blocks: list, upper: np.ndarray, integral: np.ndarray | None, *,
+           time_limit: float | None, relative_gap: float = 0.0) -> _Run:
+    """``min objective @ x`` subject to each block's ``lower <= a @ x <= upper`` and ``0 <= x <= upper``, the
+    ``integral`` variables integers (None: a linear program), by HiGHS with ``_DETERMINISTIC`` options."""
+    a = sparse.vstack([b[0] for b in blocks if b[0].shape[0]], format="csc")
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(objective), a.shape[0]
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = objective, np.zeros(len(objective)), upper
+    lp.row_lower_ = np.concatenate([b[1] for b in blocks if b[0].shape[0]])
+    lp.row_upper_ = np.concatenate([b[2] for b in blocks if b[0].shape[0]])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
+    if integral is not None:
+        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                           for i in integral]
+    # highspy's Highs wraps the core class with callbacks, and prints HiGHS's banner on stdout on its first making,
+    # into the output of a user's program (the pinned highspy keeps the core class where it is)
+    h = highspy._core._Highs()
+    options = {**_DETERMINISTIC, "mip_rel_gap": float(relative_gap)}
+    if time_limit is not None:
+        options["time_limit"] = float(time_limit)
+    for name, value in options.items():
+        if h.setOptionValue(name, value) != highspy.HighsStatus.kOk:
+            raise RuntimeError(f"HiGHS refused its option {name}={value!r}")
+    h.passModel(lp)
+    h.run()
+    status = _STATUS.get(h.getModelStatus(), "error")
+    info, solution = h.getInfo(), h.getSolution()
+    x = np.asarray(solution.col_value) if solution.value_valid else None
+    if integral is None or not np.isfinite(info.mip_dual_bound):
+        bound = info.objective_function_value if status == "optimal" else -np.inf
+    else:
+        bound = info.mip_dual_bound
+    return _Run(x, status, float(bound))
 
 
 def _picked(problem: Problem, offsets: np.ndarray, x: np.ndarray) -> tuple[int, ...]:

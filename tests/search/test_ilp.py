@@ -117,3 +117,26 @@ def test_of_equal_optima_differing_at_one_node_the_first_strategy_is_chosen():
     optima = [a for a in itertools.product(range(2), repeat=3) if evaluate(problem, a) == _enumerated(problem)[0]]
     assert len(optima) > 1 and {_canonical(problem, a) for a in optima} == {(1, 1, 0)}
     assert solve(problem).strategies == (1, 1, 0)
+
+
+def test_the_presolve_reduction_timed_by_the_clock_is_the_one_switched_off(tmp_path):
+    """HiGHS stops its search for dependent equations when it expects it to run long, by the clock: under load the
+    presolved LP differed and the Llama step's search chose another of its equal optima on a second run (CI). The
+    option bit that switches it off must name that rule in the HiGHS installed (its rule numbering moves between
+    releases): HiGHS's own log says which rules an option switched off."""
+    import highspy
+
+    from shardprop.search.ilp import _DETERMINISTIC
+
+    log = tmp_path / "highs.log"
+    h = highspy._core._Highs()
+    for name, value in {**_DETERMINISTIC, "output_flag": True, "log_to_console": False,
+                        "log_file": str(log)}.items():
+        assert h.setOptionValue(name, value) == highspy.HighsStatus.kOk
+    h.addVars(2, np.zeros(2), np.ones(2))
+    h.addRow(1.0, 1.0, 2, np.arange(2, dtype=np.int32), np.ones(2))
+    h.run()
+    h.setOptionValue("log_file", "")  # (closes the log)
+    switched_off = log.read_text().split("Presolve rules switched off:", 1)[1].splitlines()
+    assert "Dependent equations" in switched_off[1], switched_off[:3]
+    assert "Rule" not in switched_off[2], "one rule only: the others keep their reductions"
