@@ -210,13 +210,16 @@ def assert_differentiates_as_unsharded(f, args, *, mesh, in_specs, strategy="aut
     with respect to every argument, both ways — ``jax.grad`` of ``autoshard(f)``, and ``autoshard`` of ``jax.grad`` —
     equals the unsharded gradient (``assert_like_unsharded``; a NaN or an infinity only where it has one). Returns the
     sharded gradient's program."""
-    from tests.fuzz_oracle import weighted  # (the fuzzers' loss: every element's gradient differs)
+    from tests.fuzz_oracle import loss_weights, weighted  # the fuzzers' loss: every element's gradient differs
 
     argnums = tuple(range(len(args)))
     fs = sp.autoshard(f, mesh=mesh, in_specs=in_specs, strategy=strategy, out_specs=out_specs)
     grad = sp.autoshard(jax.grad(weighted(f), argnums=argnums), mesh=mesh, in_specs=in_specs, strategy=strategy)
     reference = jax.grad(weighted(f), argnums=argnums)  # one function: its jit compiles once for both checks
-    for got in (jax.grad(weighted(fs), argnums=argnums)(*args), grad(*args)):
+    # jax.grad of the weighted loss of autoshard(f), as its vjp with the loss's weights for cotangents: the same
+    # derivative, without running the loss op by op (every op of it compiled alone: most of a small test's compiles)
+    outputs, pullback = jax.vjp(fs, *args)
+    for got in (pullback(jax.tree_util.tree_map(loss_weights, outputs)), grad(*args)):
         assert_like_unsharded(got, reference, args, rtol=rtol, atol=atol)
     return grad.trace(*args)
 

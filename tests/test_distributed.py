@@ -204,7 +204,7 @@ def test_the_launcher_leaves_out_gloos_connection_lines_unless_verbose():
         assert lines == sorted(["[0] 5", "[0] kept"] + ([f"[0] {noise}", "[0] [Gloo] Rank "] if verbose else []))
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])  # one in the default run
 def test_a_launcher_stopped_by_a_signal_stops_its_processes(sig):
     import signal
 

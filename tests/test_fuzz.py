@@ -21,6 +21,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
@@ -33,7 +34,8 @@ from shardprop.splitting.cost import estimate
 from shardprop.splitting.split import STRATEGIES
 from tests.conftest import MESH_SHAPES, on_more_examples
 from tests.fuzz_specs import permuted_spec, related_spec, specs_for
-from tests.fuzz_oracle import Unsharded, finite_magnitude, namespace_for, program_functions, reproducer, weighted
+from tests.fuzz_oracle import (Unsharded, finite_magnitude, loss_weights, namespace_for, program_functions, reproducer,
+                               weighted)
 from tests.fuzzing import programs, random_inputs
 
 LONG = int(os.environ.get("SHARDPROP_FUZZ_EXAMPLES", "0"))
@@ -321,3 +323,19 @@ test_training_step_gradients_on_more_programs = on_more_examples(
     case=cases())
 test_gradient_layouts_on_more_programs = on_more_examples(
     test_each_gradient_comes_out_in_its_arguments_layout_where_that_moves_no_more, 5, 49_000, case=cases())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32"])
+def test_the_loss_weights_are_the_weighted_loss_s_derivative_by_its_outputs(dtype):
+    """``assert_differentiates_as_unsharded`` pulls these back through the sharded program instead of running the
+    weighted loss op by op: they must be that loss's gradient with respect to its outputs, to a unit in the last
+    place (numpy's cosine and XLA's may round apart)."""
+    outputs = (jnp.ones((3, 5), dtype), jnp.ones((70,), dtype))
+    if dtype == "int32":
+        assert all(w.dtype == jax.dtypes.float0 for w in map(loss_weights, outputs))
+        return
+    want = jax.grad(weighted(lambda *xs: xs), argnums=(0, 1))(*outputs)
+    for got, w in zip(map(loss_weights, outputs), want, strict=True):
+        assert got.dtype == w.dtype and got.shape == w.shape
+        g32, w32 = np.asarray(got, np.float32), np.asarray(w, np.float32)  # (a narrow float's ulp: equal)
+        assert np.all(np.abs(g32 - w32) <= np.spacing(np.abs(w32))), (g32, w32)

@@ -39,7 +39,7 @@ from tests.fuzz_specs import divides, permuted_spec, related_spec, specs_for
 from tests.fuzzing import random_inputs
 from tests.fuzzing_users import user_programs
 
-PARTS, EXAMPLES = 16, 12  # part 0 in the default run, the others in the slow set
+PARTS, EXAMPLES = 32, 6  # part 0 in the default run, the others in the slow set
 LONG_PROGRAMS = int(os.environ.get("SHARDPROP_FUZZ_PROGRAMS", "1000"))
 LONG_EXAMPLES = 125  # parts short enough that the two workers share them to the end (500: one ran alone 8 minutes)
 LONG_PARTS = -(-LONG_PROGRAMS // LONG_EXAMPLES)

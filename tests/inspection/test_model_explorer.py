@@ -150,6 +150,7 @@ def children(graph) -> dict[str, int]:
     return {group: len(members) for group, members in counts.items()}
 
 
+@pytest.mark.slow  # a scale check (9 s cold): the default run draws the bench programs' graphs above
 def test_a_ten_thousand_node_graph_exports_in_small_groups():
     from shardprop.bench.timing import deep
 
