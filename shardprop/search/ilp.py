@@ -97,9 +97,10 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
 
 
 def _canonical(problem: Problem, strategies: tuple[int, ...]) -> tuple[int, ...]:
-    """``strategies`` with each node in turn moved to its first strategy that costs no more with its neighbours as
-    chosen (and, under a limit, uses as much): the total never grows, and of the optima the solver may return — one or
-    another where two are equally cheap, as its parallel work happens to finish — the same is chosen on every run."""
+    """``strategies`` with each node in turn moved to its leanest strategy (its values' bytes per device; the first of
+    equals) that costs no more with its neighbours as chosen and holds no more: the total never grows, no moment's
+    usage grows, and of equally cheap layouts the one holding least is chosen (a user asks for the cheaper program
+    and, between two as cheap, expects the smaller) — and the same on every run, whichever optimum the solver gave."""
     chosen = list(strategies)
     incident: list[list[tuple[int, bool]]] = [[] for _ in range(problem.node_count)]
     own = [np.zeros(len(c)) for c in problem.costs]  # edges within a node: their diagonal
@@ -117,11 +118,9 @@ def _canonical(problem: Problem, strategies: tuple[int, ...]) -> tuple[int, ...]
             u, w = problem.edges[e]
             m = problem.edge_costs[e]
             total = total + (m[:, chosen[w]] if first else m[chosen[u], :])
-        now = total[chosen[v]]
-        fits = total <= now + 1e-9 * max(1.0, abs(now))
-        if problem.usage_limit is not None:
-            fits &= problem.usages[v] == problem.usages[v][chosen[v]]
-        chosen[v] = int(np.flatnonzero(fits)[0])
+        now, usage = total[chosen[v]], problem.usages[v]
+        fits = np.flatnonzero((total <= now + 1e-9 * max(1.0, abs(now))) & (usage <= usage[chosen[v]]))
+        chosen[v] = int(fits[np.argmin(usage[fits])])  # (argmin: the first of the leanest)
     return tuple(chosen)
 
 
