@@ -99,8 +99,10 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
 def _canonical(problem: Problem, strategies: tuple[int, ...]) -> tuple[int, ...]:
     """``strategies`` with each node in turn moved to its leanest strategy (its values' bytes per device; the first of
     equals) that costs no more with its neighbours as chosen and holds no more: the total never grows, no moment's
-    usage grows, and of equally cheap layouts the one holding least is chosen (a user asks for the cheaper program
-    and, between two as cheap, expects the smaller) — and the same on every run, whichever optimum the solver gave."""
+    usage grows, and where the solver's answer held a value fatter than an equally cheap choice beside it, the
+    leaner is taken (a user asks for the cheaper program and, between two as cheap, expects the smaller). A local
+    pass, one node at a time: not the leanest of every optimum (that is a second solve), and the plan's footprint
+    also holds what moves hold, which the problem's usages leave out."""
     chosen = list(strategies)
     incident: list[list[tuple[int, bool]]] = [[] for _ in range(problem.node_count)]
     own = [np.zeros(len(c)) for c in problem.costs]  # edges within a node: their diagonal
