@@ -30,8 +30,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import highspy
+import numpy as np
 from scipy import sparse
 
 from .problem import Problem, evaluate, peak_usage
@@ -42,8 +42,9 @@ from .reduce import eliminate, prune
 FORBIDDEN = 1e18
 _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kTimeLimit: "time limit",
            highspy.HighsModelStatus.kInfeasible: "infeasible", highspy.HighsModelStatus.kUnbounded: "unbounded"}
-# presolve_rule_off's bit for "Dependent equations" (HiGHS logs the rules it switches off: bit 10 = 1024); a bitmask
-# HiGHS does not know is refused at setOptionValue, which _highs turns into an error, not a silent default
+# presolve_rule_off's bit for "Dependent equations" (HiGHS logs the rules it switches off: bit 10 = 1024); the bits
+# move between HiGHS releases, so highspy is pinned and tests/search/test_ilp.py reads the installed HiGHS's log to
+# check that this bit names that rule, and only it
 _DETERMINISTIC = {"presolve_rule_off": 1 << 10, "output_flag": False}
 
 
