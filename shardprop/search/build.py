@@ -30,7 +30,7 @@ from ..errors import SearchError
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, Graph, where
 from ..propagation.propagate import propagate_body
-from .menu import Menu, NodeStrategy, node_menu
+from .menu import Menu, NodeStrategy, node_menu, node_signature
 from .problem import Problem
 from .space import candidate_specs
 
@@ -95,6 +95,7 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
     menus: list[tuple[NodeStrategy, ...]] = []
     held: dict[int, list[Layout]] = {}  # value -> the layouts its producer's strategies hold it in, first seen first
     seen: dict[tuple, Menu] = {}  # a node's menu by what decides it (the layers of a stack alike)
+    answers: dict[tuple, tuple[NodeStrategy, ...]] = {}  # a rule's answer to a handed tuple, by node_signature
     sampled: list[int] = []
     for node in graph.nodes:
         if node.op == PARAMETER:
@@ -113,7 +114,7 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
             key = _menu_key(graph, node, options)
             found = seen.get(key) if key is not None else None
             if found is None:
-                found = node_menu(graph, node, mesh, list(options), bodies, combined=combined)
+                found = node_menu(graph, node, mesh, list(options), bodies, combined=combined, answers=answers)
                 if key is not None:
                     seen[key] = found
             menu = found.strategies
@@ -169,17 +170,10 @@ def uneven_argument(graph: Graph, flat_specs, mesh_shape) -> str | None:
 
 
 def _menu_key(graph: Graph, node, options) -> tuple | None:
-    """What a node's menu is a function of: its primitive and parameters, its operands' and outputs' shapes and dtypes,
-    the layouts its operands may be handed — and a scalar operand's value (a rule may read a literal: a pad's). None
-    where the parameters are not hashable (a loop's body: its menu is found for it alone)."""
-    avals = tuple((graph.avals[v].shape, str(graph.avals[v].dtype)) for v in node.operands + node.outputs)
-    scalars = tuple(v for v in node.operands if graph.avals[v].shape == ())
-    key = (node.op, tuple(sorted(node.params.items())), avals, options, scalars)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    """What a node's menu is a function of: what its rule's answers are (``menu.node_signature``) and the layouts its
+    operands may be handed. None where that cannot be told (a loop's body: its menu is found for it alone)."""
+    signature = node_signature(graph, node)
+    return None if signature is None else (signature, options)
 
 
 def _liveness(graph: Graph, menus, mesh_shape) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:

@@ -77,41 +77,63 @@ class Menu:
     sampled: bool
 
 
+def node_signature(graph: Graph, node: Node) -> tuple | None:
+    """What a node's rule answers are a function of, beside the layouts it is handed: its primitive and parameters,
+    its operands' and outputs' shapes and dtypes, and which of its operands are scalars (a rule may read a literal: a
+    pad's). None where the parameters are not hashable (a loop's body: its answers are found for it alone)."""
+    avals = tuple((graph.avals[v].shape, str(graph.avals[v].dtype)) for v in node.operands + node.outputs)
+    scalars = tuple(v for v in node.operands if graph.avals[v].shape == ())
+    key = (node.op, tuple(sorted(node.params.items())), avals, scalars)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout, ...]],
-              propagate_body=None, *, combined: bool = True) -> Menu:
+              propagate_body=None, *, combined: bool = True, answers: dict | None = None) -> Menu:
     """The strategies of ``node`` when its operands may be handed in any of ``handed_options`` (per operand, its
     candidate layouts; the first is the default), deduplicated, in a fixed order: every combination of them where
     there are few (``FULL_PRODUCT_AT_MOST``), else every combination the rule accepts one mesh axis at a time, then
     every way to lay those per-axis answers over each other (``_combined``); else each operand's layouts with the
     others at their defaults or replicated, the menu ``sampled`` (not ``combined``: at their defaults only, as the
-    search under a memory limit asks, whose integer program the larger menus slow past its time limit)."""
+    search under a memory limit asks, whose integer program the larger menus slow past its time limit).
+    ``answers``: the rule's answers kept across the nodes of one build, by ``node_signature`` and handed tuple (the
+    layers of a model ask their rules alike)."""
     mesh_shape = dict(mesh.shape)
     op = lookup(node.op)
     one = _one_node_graph(graph, node)
     found: dict[tuple, NodeStrategy] = {}
     probed: dict[tuple[Layout, ...], list[tuple[Layout, ...]]] = {}
 
+    signature = node_signature(graph, node) if answers is not None else None
+
     def visit(handed: tuple[Layout, ...]) -> list[tuple[Layout, ...]]:
         """Ask the rule about ``handed`` (once), keep the strategies it leads to; the layouts they consume the operands
         in."""
         if handed not in probed:
-            probed[handed] = asked(handed)
-        return probed[handed]
-
-    def asked(handed: tuple[Layout, ...]) -> list[tuple[Layout, ...]]:
-        result = probe(graph, node, op, handed, mesh_shape, propagate_body)
-        if result is None:
-            return []
-        consumed = []
-        for outputs in _settled_outputs(result.outputs, mesh_shape):
-            sharded = _one_node_product(one, mesh, handed, result, outputs, op)
-            for strategy in _decided(sharded, node.op, handed):
+            shared = (signature, handed) if signature is not None else None
+            strategies = answers.get(shared) if shared is not None else None
+            if strategies is None:
+                strategies = asked(handed)
+                if shared is not None:
+                    answers[shared] = strategies
+            for strategy in strategies:
                 # (a collective finishes what its operands are held as: which edges allow it depends on them)
                 key = (strategy.needs, strategy.outputs, strategy.collective, strategy.cost,
                        strategy.handed if strategy.collective is not None else None)
                 found.setdefault(key, strategy)
-                consumed.append(tuple(t.even_layout for t in strategy.needs))
-        return consumed
+            probed[handed] = [tuple(t.even_layout for t in strategy.needs) for strategy in strategies]
+        return probed[handed]
+
+    def asked(handed: tuple[Layout, ...]) -> tuple[NodeStrategy, ...]:
+        result = probe(graph, node, op, handed, mesh_shape, propagate_body)
+        if result is None:
+            return ()
+        return tuple(strategy for outputs in _settled_outputs(result.outputs, mesh_shape)
+                     for strategy in _decided(_one_node_product(one, mesh, handed, result, outputs, op), node.op,
+                                              handed))
 
     sampled = False
     if math.prod(len(o) for o in handed_options) <= FULL_PRODUCT_AT_MOST:
@@ -250,7 +272,9 @@ def _decided(sharded: ShardedGraph, op_name: str, handed) -> list[NodeStrategy]:
     m = len(handed)
     node = sharded.graph.nodes[m]
     found = []
-    for choice in (Strategy.GATHER, Strategy.COLLECTIVE):
+    # without a finish of its own a node is decided alike either way (its required collective, if any, is the same)
+    offers = lookup(op_name).finish is not None or bool(sharded.bodies)
+    for choice in (Strategy.GATHER, Strategy.COLLECTIVE) if offers else (Strategy.GATHER,):
         decisions = decide(sharded, choice)
         collective = decisions.collective(m)
         required = collective is not None and collective.kind.required
