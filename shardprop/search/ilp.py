@@ -15,7 +15,9 @@ strategy or pair (a cost of at least ``FORBIDDEN``) is a variable held at 0.
 The same problem gives the same answer on every run, however busy the machine: HiGHS's presolve stops its search for
 dependent equations when it expects it to take too long — by the clock — and the LP left then differs, and with it
 which of several equally cheap vertices the simplex ends at; that one reduction is switched off (``_DETERMINISTIC``),
-which also made the Llama step's relaxation faster (8 s -> 5 s).
+which also made the Llama step's relaxation faster (8 s -> 5 s). The relaxation is solved with no presolve at all
+(``_RELAXATION``): on these LPs presolve finds little and costs more than it saves (the Llama step's 5.3 -> 3.9 s, a
+stack of 8 blocks 11.6 -> 10.8 s), and nothing in a simplex without it looks at the clock.
 
 >>> from shardprop.search.problem import Problem
 >>> p = Problem.from_lists(intervals=[(0, 2), (1, 3)], costs=[[1, 3], [2, 0]], usages=[[4, 1], [4, 1]],
@@ -46,6 +48,8 @@ _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatu
 # move between HiGHS releases, so highspy is pinned and tests/search/test_ilp.py reads the installed HiGHS's log to
 # check that this bit names that rule, and only it
 _DETERMINISTIC = {"presolve_rule_off": 1 << 10, "output_flag": False}
+# the relaxation's options: presolve off (the module's docstring says why)
+_RELAXATION = {**_DETERMINISTIC, "presolve": "off"}
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
     # the relaxation first, without the memory rows: on layout problems it is integral already (PyTorch's
     # AutoParallel reports as much for LLaMA), and then it is the optimum, proved by itself, in about half the
     # integer program's time — within a limit too where its peak usage keeps to it (a limit that does not bind)
-    relaxed = _highs(objective, blocks, upper, None, time_limit=time_limit)
+    relaxed = _highs(objective, blocks, upper, None, time_limit=time_limit, options=_RELAXATION)
     if relaxed.x is not None and relaxed.status == "optimal" and _integral(relaxed.x[:n_x]) and (
             memory is None or peak_usage(problem, _picked(problem, offsets, relaxed.x)) <= problem.usage_limit):
         result = relaxed
@@ -178,9 +182,9 @@ class _Run:
 
 
 def _highs(objective: np.ndarray, blocks: list, upper: np.ndarray, integral: np.ndarray | None, *,
-           time_limit: float | None, relative_gap: float = 0.0) -> _Run:
+           time_limit: float | None, relative_gap: float = 0.0, options: dict = _DETERMINISTIC) -> _Run:
     """``min objective @ x`` subject to each block's ``lower <= a @ x <= upper`` and ``0 <= x <= upper``, the
-    ``integral`` variables integers (None: a linear program), by HiGHS with ``_DETERMINISTIC`` options."""
+    ``integral`` variables integers (None: a linear program), by HiGHS with ``options``."""
     a = sparse.vstack([b[0] for b in blocks if b[0].shape[0]], format="csc")
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = len(objective), a.shape[0]
@@ -195,7 +199,7 @@ def _highs(objective: np.ndarray, blocks: list, upper: np.ndarray, integral: np.
     # highspy's Highs wraps the core class with callbacks, and prints HiGHS's banner on stdout on its first making,
     # into the output of a user's program (the pinned highspy keeps the core class where it is)
     h = highspy._core._Highs()
-    options = {**_DETERMINISTIC, "mip_rel_gap": float(relative_gap)}
+    options = {**options, "mip_rel_gap": float(relative_gap)}
     if time_limit is not None:
         options["time_limit"] = float(time_limit)
     for name, value in options.items():
