@@ -133,7 +133,7 @@ def conflicts(draw):
     return mesh_name, shape, (spec, other), tail, draw(st.sampled_from(STRATEGIES))
 
 
-@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None, derandomize=not LONG, print_blob=True,
+@settings(max_examples=max(EXAMPLES // 4, 5), deadline=None, derandomize=not LONG, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much])
 @given(case=conflicts())
@@ -182,7 +182,7 @@ def differentiable_case(case, meshes):
     return mesh, specs, options, f, unconstrained, random_inputs(program)
 
 
-@settings(max_examples=max(EXAMPLES // 12, 4), deadline=None, derandomize=not LONG, print_blob=True,
+@settings(max_examples=max(EXAMPLES // 12, 2), deadline=None, derandomize=not LONG, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases())
@@ -206,7 +206,7 @@ def test_random_programs_differentiate_as_unsharded(case, meshes):
     want.assert_matches(got, 1)
 
 
-@settings(max_examples=EXAMPLES // 12 if LONG else 3, deadline=None, derandomize=not LONG, print_blob=True,
+@settings(max_examples=EXAMPLES // 12 if LONG else 2, deadline=None, derandomize=not LONG, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(case=cases())
