@@ -77,3 +77,34 @@ def test_the_search_is_no_dearer_than_any_expert_layout_of_a_mixture_of_experts(
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     assert auto.in_specs[1:] == (P("data"), P("data"))
+
+
+def test_answers_shared_across_the_nodes_of_a_build_leave_every_menu_as_asked_alone(monkeypatch):
+    """Two alike layers, forward and backward, ask their rules alike: the rule's answers kept across the build
+    (``node_menu(answers=...)``) give every node the menu it gets asked alone, in the same order."""
+    from shardprop.search import build
+
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    ws = [np.full((16, 16), 0.1 * k, np.float32) for k in (1, 2)]
+    x = np.ones((8, 16), np.float32)
+
+    def grads(ws, x):
+        def loss(ws):
+            h = x
+            for w in ws:
+                h = jnp.tanh(h @ w)
+            return jnp.sum(h ** 2)
+        return jax.grad(loss)(ws)
+
+    graph = sp.trace(grads, ws, x)
+    specs = [None, None, P("data")]
+    probes = []
+    rule_probe = menu.probe
+    monkeypatch.setattr(menu, "probe", lambda *a: (probes.append(a[1].id), rule_probe(*a))[1])
+    shared = build.build_problem(graph, specs, mesh)
+    asked_shared = len(probes)
+    shared_menu = menu.node_menu
+    monkeypatch.setattr(build, "node_menu", lambda *a, answers, **k: shared_menu(*a, **k))
+    alone = build.build_problem(graph, specs, mesh)
+    assert shared.menus == alone.menus
+    assert asked_shared < len(probes) - asked_shared  # the rules were asked fewer times
