@@ -36,12 +36,10 @@ import highspy
 import numpy as np
 from scipy import sparse
 
-from .problem import Problem, evaluate, peak_usage
-from .reduce import eliminate, prune
+from .problem import FORBIDDEN, Problem, classed, evaluate, peak_usage
+from .alike import aggregated_lp, alike_classes
+from .reduce import Reduced, eliminate, prune, restrict
 
-# The contest's files mark a strategy or a pair of strategies that must not be chosen with a cost of 1e18 (and an
-# infinite cost says the same): left in, such coefficients would swamp the solver's tolerances
-FORBIDDEN = 1e18
 _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kTimeLimit: "time limit",
            highspy.HighsModelStatus.kInfeasible: "infeasible", highspy.HighsModelStatus.kUnbounded: "unbounded"}
 # presolve_rule_off's bit for "Dependent equations" (HiGHS logs the rules it switches off: bit 10 = 1024); the bits
@@ -50,6 +48,12 @@ _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatu
 _DETERMINISTIC = {"presolve_rule_off": 1 << 10, "output_flag": False}
 # the relaxation's options: presolve off (the module's docstring says why)
 _RELAXATION = {**_DETERMINISTIC, "presolve": "off"}
+# the classes of alike nodes are tried where the core's nodes repeat: at least this many nodes a class on average
+# (measured: a stack of 4 blocks, 2.0 a class, 2.5 s against the whole core's 3.3 s; of 24 blocks 2.9 s against 42 s;
+# the Llama step's 2 layers, 1.8 a class, 17 s and no proof: its first and last layers differ too much)
+ALIKE_AT_LEAST = 2
+# an assignment within this of the aggregated bound (relative) is its optimum: the simplex's own tolerance
+ALIKE_TOLERANCE = 1e-7
 
 
 @dataclass(frozen=True)
@@ -86,11 +90,19 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
     seconds or within ``relative_gap`` of the bound, the best found and the bound). The problem is first shrunk
     exactly (``.reduce``: the nodes of at most two neighbours eliminated, dominated strategies dropped): the
-    integer program is the core that is left."""
+    integer program is the core that is left. Where the core's nodes repeat (``.alike``: layers alike), it is first
+    bounded by one program over its classes of alike nodes and solved on the strategies that program uses: kept
+    where the two meet (proved optimal), else the whole core is solved."""
+    return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, alike=True)
+
+
+def _solved(problem: Problem, *, time_limit: float | None, relative_gap: float, alike: bool) -> Solution:
     start = time.perf_counter()
     eliminated = eliminate(problem)
     pruned = prune(eliminated.problem)
-    core = _solve_core(pruned.problem, time_limit=time_limit, relative_gap=relative_gap)
+    core = _solve_alike(pruned.problem, time_limit=time_limit) if alike else None
+    if core is None:
+        core = _solve_core(pruned.problem, time_limit=time_limit, relative_gap=relative_gap)
     if core.cost is None:
         return Solution((), None, core.bound + eliminated.offset, core.status, time.perf_counter() - start)
     strategies = _canonical(problem, eliminated.recover(pruned.expand(core.strategies)))
@@ -99,6 +111,40 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     if cost is not None and core.status == "optimal":
         bound = min(bound, cost)
     return Solution(strategies, cost, bound, core.status, time.perf_counter() - start)
+
+
+def _solve_alike(problem: Problem, *, time_limit: float | None) -> Solution | None:
+    """The optimum of ``problem`` proved through its classes of alike nodes (``.alike``), or None where they are too
+    few to pay for the two solves (fewer than ``ALIKE_AT_LEAST`` nodes a class), under a usage limit (the bound leaves
+    memory out), or where the strategies the bound uses do not reach it."""
+    if problem.usage_limit is not None or problem.node_count == 0:
+        return None
+    classes = alike_classes(problem)
+    if (int(classes.max()) + 1) * ALIKE_AT_LEAST > problem.node_count:
+        return None
+    return _solve_through(problem, classes, time_limit=time_limit)
+
+
+def _solve_through(problem: Problem, classes: np.ndarray, *, time_limit: float | None) -> Solution | None:
+    """``problem``'s optimum, proved by the program aggregated over ``classes`` (of nodes with equal costs) and reached
+    on the strategies that program uses; else None."""
+    start = time.perf_counter()
+    lp = aggregated_lp(problem, classes)
+    bounded = _highs(lp.objective, lp.blocks, lp.upper, None, time_limit=time_limit, options=_RELAXATION)
+    if bounded.x is None or bounded.status != "optimal":
+        return None
+    kept = lp.kept(bounded.x)
+    if any(len(k) == 0 for k in kept):
+        return None
+    restricted = Reduced(restrict(problem, kept), kept)
+    found = _solved(restricted.problem, time_limit=time_limit, relative_gap=0.0, alike=False)
+    if found.cost is None:
+        return None
+    strategies = restricted.expand(found.strategies)
+    cost = evaluate(problem, strategies)
+    if cost is None or cost > bounded.bound + ALIKE_TOLERANCE * max(1.0, abs(cost)):
+        return None
+    return Solution(strategies, cost, min(bounded.bound, cost), "optimal", time.perf_counter() - start)
 
 
 def _canonical(problem: Problem, strategies: tuple[int, ...]) -> tuple[int, ...]:
@@ -230,7 +276,7 @@ def _integral(x: np.ndarray) -> bool:
 def _folded(problem: Problem) -> tuple[list[np.ndarray], list[tuple]]:
     """The node costs with every edge into a one-strategy node (or within one node) added to them, and the remaining
     edges' matrices, those between the same two nodes summed and those all zero dropped, over classes of strategies
-    (``_classed``)."""
+    (``problem.classed``)."""
     costs = [c.copy() for c in problem.costs]
     merged: dict[tuple[int, int], np.ndarray] = {}
     for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
@@ -245,17 +291,7 @@ def _folded(problem: Problem) -> tuple[list[np.ndarray], list[tuple]]:
         else:
             key, matrix = ((u, v), m) if u < v else ((v, u), m.T)
             merged[key] = merged[key] + matrix if key in merged else matrix.copy()
-    return costs, [_classed(u, v, m) for (u, v), m in merged.items() if m.any()]
-
-
-def _classed(u: int, v: int, m: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
-    """An edge's matrix over classes of strategies: ``u``'s strategies with equal rows are one class, and ``v``'s with
-    equal columns — ``(u, v, matrix over the classes, u's class of each strategy, v's class of each strategy)``. Pair
-    variables per pair of classes are as exact (a class's variable sums its strategies') and far fewer: a strategy's
-    row is set by the type it holds the value in, its column by the type it reads it in."""
-    rows, row_of = np.unique(m, axis=0, return_inverse=True)
-    classes, col_of = np.unique(rows, axis=1, return_inverse=True)
-    return u, v, classes, row_of.ravel(), col_of.ravel()
+    return costs, [classed(u, v, m) for (u, v), m in merged.items() if m.any()]
 
 
 def _one_hot_rows(problem: Problem, offsets: np.ndarray, n: int):
@@ -267,7 +303,7 @@ def _one_hot_rows(problem: Problem, offsets: np.ndarray, n: int):
 
 
 def _pair_rows(pairs, offsets: np.ndarray, pair_offsets: np.ndarray, n: int):
-    """Per edge ``(u, v)`` over classes of strategies (``_classed``): for each class ``r`` of ``u``'s,
+    """Per edge ``(u, v)`` over classes of strategies (``problem.classed``): for each class ``r`` of ``u``'s,
     ``sum_c y[r, c] - sum_{i in r} x[u, i] = 0``, and for each class ``c`` of ``v``'s,
     ``sum_r y[r, c] - sum_{j in c} x[v, j] = 0``."""
     rows, cols, vals, row = [], [], [], 0

@@ -26,6 +26,11 @@ import numpy as np
 from ..errors import OptionError
 
 
+# The contest's files mark a strategy or a pair of strategies that must not be chosen with a cost of 1e18 (and an
+# infinite cost says the same): left in, such coefficients would swamp the solver's tolerances
+FORBIDDEN = 1e18
+
+
 @dataclass(frozen=True, eq=False)
 class Problem:
     """Nodes with strategies (``costs[v][i]``, ``usages[v][i]``, live over ``intervals[v]``), edges between two nodes
@@ -116,3 +121,13 @@ def evaluate(problem: Problem, solution) -> float | None:
     total += sum(float(m[solution[u], solution[v]])
                  for m, (u, v) in zip(problem.edge_costs, problem.edges, strict=True))
     return int(total) if float(total).is_integer() else total
+
+
+def classed(u: int, v: int, m: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
+    """An edge's matrix over classes of strategies: ``u``'s strategies with equal rows are one class, and ``v``'s with
+    equal columns — ``(u, v, matrix over the classes, u's class of each strategy, v's class of each strategy)``. Pair
+    variables per pair of classes are as exact (a class's variable sums its strategies') and far fewer: a strategy's
+    row is set by the type it holds the value in, its column by the type it reads it in."""
+    rows, row_of = np.unique(m, axis=0, return_inverse=True)
+    classes, col_of = np.unique(rows, axis=1, return_inverse=True)
+    return u, v, classes, row_of.ravel(), col_of.ravel()

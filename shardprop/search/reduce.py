@@ -48,7 +48,7 @@ def prune(problem: Problem, *, max_rounds: int = 20) -> Reduced:
                 kept[v] = kept[v][survivors]
                 changed.add(v)
         dirty = {w for v in changed for e, first in incident[v] for w in problem.edges[e] if w != v}
-    return Reduced(_restricted(problem, kept), tuple(kept))
+    return Reduced(restrict(problem, kept), tuple(kept))
 
 
 def _features(problem: Problem, kept, incident, v: int) -> np.ndarray:
@@ -79,7 +79,8 @@ def _undominated(features: np.ndarray) -> np.ndarray:
     return np.flatnonzero(~dominated)
 
 
-def _restricted(problem: Problem, kept) -> Problem:
+def restrict(problem: Problem, kept) -> Problem:
+    """``problem`` with node ``v``'s strategies ``kept[v]`` only (indices into its own)."""
     return Problem(problem.name, problem.intervals, tuple(c[k] for c, k in zip(problem.costs, kept, strict=True)),
                    tuple(u[k] for u, k in zip(problem.usages, kept, strict=True)), problem.edges,
                    tuple(m[np.ix_(kept[u], kept[v])] for m, (u, v) in zip(problem.edge_costs, problem.edges.tolist(),
