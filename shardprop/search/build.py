@@ -186,12 +186,20 @@ def _liveness(graph: Graph, menus, mesh_shape) -> tuple[np.ndarray, tuple[np.nda
             last[v] = max(last.get(v, 0), node.id + 1)
     intervals = np.zeros((len(graph.nodes), 2), np.int64)
     usages = []
+    blocks: dict[tuple, int] = {}  # (shape, itemsize, layout) -> bytes of a block: the layers ask alike
+
+    def block_bytes(aval, layout) -> int:
+        key = (aval.shape, aval.dtype.itemsize, layout)
+        if key not in blocks:
+            blocks[key] = math.prod(block_shape(aval.shape, layout, mesh_shape)) * aval.dtype.itemsize
+        return blocks[key]
+
     for node, menu in zip(graph.nodes, menus, strict=True):
         start = 0 if node.op == PARAMETER else node.id
         intervals[node.id] = (start, max([last.get(v, node.id + 1) for v in node.outputs] + [start]))
         avals = [graph.avals[v] for v in node.outputs]
-        usages.append(np.array([sum(math.prod(block_shape(a.shape, t.even_layout, mesh_shape)) * a.dtype.itemsize
-                                    for a, t in zip(avals, s.outputs, strict=True)) for s in menu], np.float64))
+        usages.append(np.array([sum(block_bytes(a, t.even_layout) for a, t in zip(avals, s.outputs, strict=True))
+                                for s in menu], np.float64))
     return intervals, tuple(usages)
 
 

@@ -102,6 +102,8 @@ def _solved(problem: Problem, *, time_limit: float | None, relative_gap: float, 
     pruned = prune(eliminated.problem)
     core = _solve_alike(pruned.problem, time_limit=time_limit) if alike else None
     if core is None:
+        if time_limit is not None:  # what the alike solves took is the whole core's less
+            time_limit = max(1.0, float(time_limit) - (time.perf_counter() - start))
         core = _solve_core(pruned.problem, time_limit=time_limit, relative_gap=relative_gap)
     if core.cost is None:
         return Solution((), None, core.bound + eliminated.offset, core.status, time.perf_counter() - start)

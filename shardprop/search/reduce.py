@@ -35,6 +35,7 @@ def prune(problem: Problem, *, max_rounds: int = 20) -> Reduced:
         incident[u].append((e, True))
         incident[v].append((e, False))
     dirty = set(range(problem.node_count))
+    answers: dict[tuple, np.ndarray] = {}  # features -> survivors: the layers of a model are pruned alike
     for _ in range(max_rounds):
         if not dirty:
             break
@@ -43,7 +44,10 @@ def prune(problem: Problem, *, max_rounds: int = 20) -> Reduced:
             if len(kept[v]) < 2:
                 continue
             features = _features(problem, kept, incident, v)
-            survivors = _undominated(features)
+            key = (features.shape, features.tobytes())
+            if key not in answers:
+                answers[key] = _undominated(features)
+            survivors = answers[key]
             if len(survivors) < len(kept[v]):
                 kept[v] = kept[v][survivors]
                 changed.add(v)
