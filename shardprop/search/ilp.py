@@ -48,10 +48,12 @@ _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatu
 _DETERMINISTIC = {"presolve_rule_off": 1 << 10, "output_flag": False}
 # the relaxation's options: presolve off (the module's docstring says why)
 _RELAXATION = {**_DETERMINISTIC, "presolve": "off"}
-# the classes of alike nodes are tried where the core's nodes repeat: at least this many nodes a class on average
-# (measured: a stack of 4 blocks, 2.0 a class, 2.5 s against the whole core's 3.3 s; of 24 blocks 2.9 s against 42 s;
-# the Llama step's 2 layers, 1.8 a class, 17 s and no proof: its first and last layers differ too much)
-ALIKE_AT_LEAST = 2
+# the classes of alike nodes are tried where the core's nodes repeat: at least this many nodes a class on average. The
+# aggregated program solves in about 2 s on stacks of transformer blocks whatever their number, where the whole core
+# took 3.3 s at 4 blocks, 9 s at 8 and 42 s at 24; on Llama-style layers it is as tight but fractional and slow to
+# solve (14-20 s), and the strategies its reduced costs leave many: at 4 layers 19.6 s against the whole core's
+# 6.6 s, at 16 layers 42.6 s against 40 s. A measured break-even, not a proof: the blocks repeat eight times or more
+ALIKE_AT_LEAST = 8
 # an assignment within this of the aggregated bound (relative) is its optimum: the simplex's own tolerance
 ALIKE_TOLERANCE = 1e-7
 
@@ -91,8 +93,8 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     seconds or within ``relative_gap`` of the bound, the best found and the bound). The problem is first shrunk
     exactly (``.reduce``: the nodes of at most two neighbours eliminated, dominated strategies dropped): the
     integer program is the core that is left. Where the core's nodes repeat (``.alike``: layers alike), it is first
-    bounded by one program over its classes of alike nodes and solved on the strategies that program uses: kept
-    where the two meet (proved optimal), else the whole core is solved."""
+    bounded by one program over its classes of alike nodes and solved on the strategies that program uses, then, where
+    that costs more than the bound, on those its reduced costs leave: the optimum, proved."""
     return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, alike=True)
 
 
@@ -128,25 +130,45 @@ def _solve_alike(problem: Problem, *, time_limit: float | None) -> Solution | No
 
 
 def _solve_through(problem: Problem, classes: np.ndarray, *, time_limit: float | None) -> Solution | None:
-    """``problem``'s optimum, proved by the program aggregated over ``classes`` (of nodes with equal costs) and reached
-    on the strategies that program uses; else None."""
+    """``problem``'s optimum, proved by the program aggregated over ``classes`` (of nodes with equal costs): the
+    problem restricted to the strategies the aggregated optimum uses gives an assignment; where it costs more than the
+    bound, every assignment cheaper than it uses only strategies whose reduced cost is within the difference (an
+    assignment's cost is at least the bound plus the reduced costs of the counts it sets), and the problem restricted
+    to those is solved too: the cheaper of the two is the optimum. None where HiGHS does not solve the program."""
     start = time.perf_counter()
     lp = aggregated_lp(problem, classes)
     bounded = _highs(lp.objective, lp.blocks, lp.upper, None, time_limit=time_limit, options=_RELAXATION)
     if bounded.x is None or bounded.status != "optimal":
         return None
-    kept = lp.kept(bounded.x)
+    best = _restricted_solve(problem, lp.kept(bounded.x), time_limit=time_limit)
+    if best is None:
+        return None
+    slack = ALIKE_TOLERANCE * max(1.0, abs(best[1]))
+    if best[1] > bounded.bound + slack:
+        if bounded.reduced is None:
+            return None
+        kept = lp.within(bounded.reduced, best[1] - bounded.bound + slack)
+        if all(len(k) for k in kept):  # (a node with none: nothing is cheaper than what was found)
+            other = _restricted_solve(problem, kept, time_limit=time_limit)
+            if other is None:
+                return None
+            best = min(best, other, key=lambda found: found[1])
+    # the bound proved: the aggregated program's, or, past it, the optimum itself (nothing cheaper exists)
+    return Solution(best[0], best[1], min(best[1], max(bounded.bound, best[1] - slack)), "optimal",
+                    time.perf_counter() - start)
+
+
+def _restricted_solve(problem: Problem, kept, *, time_limit: float | None) -> tuple[tuple[int, ...], float] | None:
+    """The cheapest assignment of ``problem`` among the strategies ``kept`` (per node) and its cost, or None."""
     if any(len(k) == 0 for k in kept):
         return None
-    restricted = Reduced(restrict(problem, kept), kept)
+    restricted = Reduced(restrict(problem, kept), tuple(kept))
     found = _solved(restricted.problem, time_limit=time_limit, relative_gap=0.0, alike=False)
-    if found.cost is None:
+    if found.cost is None or found.status != "optimal":
         return None
     strategies = restricted.expand(found.strategies)
     cost = evaluate(problem, strategies)
-    if cost is None or cost > bounded.bound + ALIKE_TOLERANCE * max(1.0, abs(cost)):
-        return None
-    return Solution(strategies, cost, min(bounded.bound, cost), "optimal", time.perf_counter() - start)
+    return None if cost is None else (strategies, cost)
 
 
 def _canonical(problem: Problem, strategies: tuple[int, ...]) -> tuple[int, ...]:
@@ -227,6 +249,7 @@ class _Run:
     x: np.ndarray | None
     status: str
     bound: float
+    reduced: np.ndarray | None = None  # a linear program's reduced costs (the column duals), where HiGHS gives them
 
 
 def _highs(objective: np.ndarray, blocks: list, upper: np.ndarray, integral: np.ndarray | None, *,
@@ -262,7 +285,8 @@ def _highs(objective: np.ndarray, blocks: list, upper: np.ndarray, integral: np.
         bound = info.objective_function_value if status == "optimal" else -np.inf
     else:
         bound = info.mip_dual_bound
-    return _Run(x, status, float(bound))
+    reduced = np.asarray(solution.col_dual) if integral is None and solution.dual_valid else None
+    return _Run(x, status, float(bound), reduced)
 
 
 def _picked(problem: Problem, offsets: np.ndarray, x: np.ndarray) -> tuple[int, ...]:

@@ -1,8 +1,8 @@
 """Layers alike solved once (``shardprop/search/alike.py`` and ``ilp._solve_alike``): on random stacks of a random
-block (the blocks chained, a head and a tail apart, now and then one block's node changed), the aggregated program's
-optimum is at most the minimum found by trying every assignment, and what the alike solve returns is that minimum,
-proved; on a stack whose core repeats, the whole core's integer program is never run; a searched stack of blocks
-equals the unsharded step."""
+block (the blocks chained, a head apart, now and then one block's node changed), under classes of any refinement, the
+aggregated program's optimum is at most the minimum found by trying every assignment, and the alike solve returns
+that minimum (through the strategies the program uses, then those its reduced costs leave); on a stack whose core
+repeats, the whole core's integer program is never run; a searched stack of blocks equals the unsharded step."""
 
 import itertools
 
@@ -84,9 +84,8 @@ def test_the_aggregated_bound_is_at_most_the_least_cost_and_an_alike_solve_is_th
     assert bounded.status == "optimal"
     assert bounded.bound <= want + 1e-6, (bounded.bound, want)
     solved = ilp._solve_through(problem, classes, time_limit=None)
-    if solved is not None:
-        assert solved.status == "optimal" and solved.cost == pytest.approx(want), (solved, want)
-        assert evaluate(problem, solved.strategies) == pytest.approx(want)
+    assert solved is not None and solved.status == "optimal" and solved.cost == pytest.approx(want), (solved, want)
+    assert evaluate(problem, solved.strategies) == pytest.approx(want) and solved.bound <= want + 1e-6
     assert ilp.solve(problem).cost == pytest.approx(want)
 
 
@@ -100,7 +99,9 @@ def _ring_block_stack(blocks: int, seed: int) -> Problem:
 
 
 def test_a_core_that_repeats_is_proved_optimal_without_its_whole_integer_program(monkeypatch):
-    problem = _ring_block_stack(12, seed=3)
+    problem = _ring_block_stack(40, seed=3)
+    classes = alike_classes(problem)
+    assert (classes.max() + 1) * ilp.ALIKE_AT_LEAST <= problem.node_count  # it repeats enough to be tried
     want = ilp._solve_core(problem, time_limit=None, relative_gap=0.0)
     sizes = []
     core = ilp._solve_core
@@ -126,6 +127,7 @@ def test_a_searched_stack_of_blocks_equals_the_unsharded_step(monkeypatch):
         return found
 
     monkeypatch.setattr(ilp, "_solve_alike", recorded)
+    monkeypatch.setattr(ilp, "ALIKE_AT_LEAST", 2)  # four blocks: tried (by default, from about eight)
     from shardprop.bench.search import stack_step
     params = [models.init_block(8, 16, seed=k) for k in range(4)]
     x = np.random.default_rng(0).normal(size=(8, 4, 8)).astype(np.float32)
