@@ -31,10 +31,9 @@ from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, PARAMETER, Graph, where
 from ..propagation.propagate import propagate_body
 from .menu import Menu, NodeStrategy, node_menu, node_signature
-from .problem import Problem
+from .problem import FORBIDDEN, Problem
 from .space import candidate_specs
 
-FORBIDDEN = 1e18  # the contest's price of a pair never to be chosen (ilp.py holds such pairs at 0)
 # the most candidate layouts an operand may be handed beyond those its producer holds it in (the fewest mesh axes
 # first: replicated, then each axis alone, ...)
 HANDED_AT_MOST = 12

@@ -119,8 +119,8 @@ def _solved(problem: Problem, *, time_limit: float | None, relative_gap: float, 
 
 def _solve_alike(problem: Problem, *, time_limit: float | None) -> Solution | None:
     """The optimum of ``problem`` proved through its classes of alike nodes (``.alike``), or None where they are too
-    few to pay for the two solves (fewer than ``ALIKE_AT_LEAST`` nodes a class), under a usage limit (the bound leaves
-    memory out), or where the strategies the bound uses do not reach it."""
+    few to pay for the solves (fewer than ``ALIKE_AT_LEAST`` nodes a class), under a usage limit (the bound leaves
+    memory out), or where HiGHS does not finish them."""
     if problem.usage_limit is not None or problem.node_count == 0:
         return None
     classes = alike_classes(problem)
@@ -144,18 +144,18 @@ def _solve_through(problem: Problem, classes: np.ndarray, *, time_limit: float |
     if best is None:
         return None
     slack = ALIKE_TOLERANCE * max(1.0, abs(best[1]))
-    if best[1] > bounded.bound + slack:
-        if bounded.reduced is None:
+    if best[1] <= bounded.bound + slack:  # it meets the aggregated bound
+        return Solution(best[0], best[1], min(bounded.bound, best[1]), "optimal", time.perf_counter() - start)
+    if bounded.reduced is None:
+        return None
+    kept = lp.within(bounded.reduced, best[1] - bounded.bound + slack)
+    if all(len(k) for k in kept):  # (a node with none: nothing is cheaper than what was found)
+        other = _restricted_solve(problem, kept, time_limit=time_limit)
+        if other is None:
             return None
-        kept = lp.within(bounded.reduced, best[1] - bounded.bound + slack)
-        if all(len(k) for k in kept):  # (a node with none: nothing is cheaper than what was found)
-            other = _restricted_solve(problem, kept, time_limit=time_limit)
-            if other is None:
-                return None
-            best = min(best, other, key=lambda found: found[1])
-    # the bound proved: the aggregated program's, or, past it, the optimum itself (nothing cheaper exists)
-    return Solution(best[0], best[1], min(best[1], max(bounded.bound, best[1] - slack)), "optimal",
-                    time.perf_counter() - start)
+        best = min(best, other, key=lambda found: found[1])
+    # nothing cheaper exists: the optimum is its own bound
+    return Solution(best[0], best[1], best[1], "optimal", time.perf_counter() - start)
 
 
 def _restricted_solve(problem: Problem, kept, *, time_limit: float | None) -> tuple[tuple[int, ...], float] | None:

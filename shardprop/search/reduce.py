@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import Problem
+from .problem import FORBIDDEN, Problem
 
 
 @dataclass(frozen=True)
@@ -147,12 +147,12 @@ def eliminate(problem: Problem) -> Eliminated:
             (u,) = neighbours
             total = adj[u][v] + costs[v][None, :]  # (u's strategies, v's)
             table = np.argmin(total, axis=1)
-            costs[u] += np.minimum(total.min(axis=1), FORBIDDEN_COST)
+            costs[u] += np.minimum(total.min(axis=1), FORBIDDEN)
         elif len(neighbours) == 2:
             u, w = neighbours
             total = adj[u][v][:, :, None] + costs[v][None, :, None] + adj[v][w][None, :, :]  # (u, v, w)
             table = np.argmin(total, axis=1)
-            _add_edge(adj, u, w, np.minimum(total.min(axis=1), FORBIDDEN_COST))
+            _add_edge(adj, u, w, np.minimum(total.min(axis=1), FORBIDDEN))
         else:  # one strategy, many neighbours: its column of each edge onto each of them
             table = np.array(0)
             offset += float(costs[v][0])
@@ -180,12 +180,11 @@ def eliminate(problem: Problem) -> Eliminated:
     return Eliminated(reduced, tuple(remaining), offset, tuple(steps), n)
 
 
-FORBIDDEN_COST = 1e18  # (the contest's; a sum of forbidden prices is forbidden, not larger)
 
 
 def _add_edge(adj, u: int, v: int, m: np.ndarray) -> None:
     """Add ``m`` (``u``'s strategies by ``v``'s) to the edge between ``u`` and ``v``."""
     if v in adj[u]:
-        m = np.minimum(adj[u][v] + m, FORBIDDEN_COST)
+        m = np.minimum(adj[u][v] + m, FORBIDDEN)
     adj[u][v] = m
     adj[v][u] = m.T

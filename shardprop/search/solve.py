@@ -30,8 +30,9 @@ from ..errors import MemoryLimitError, OptionError
 from ..expr.graph import where
 from ..splitting.cost import Footprint, estimate, footprint, price
 from ..splitting.split import split
-from .build import FORBIDDEN, BuiltProblem, build_problem, spec_of_layout
+from .build import BuiltProblem, build_problem, spec_of_layout
 from .ilp import Solution, solve
+from .problem import FORBIDDEN
 from .realize import realize
 from .space import AUTO, Leaf, candidate_specs, decision_groups, leaves_of, state_pairs
 
