@@ -108,9 +108,15 @@ def _search(graph, specs, *, mesh: Mesh, strict: bool, strategy: str, conflicts:
                           "the user did not write or imply); fix at least one argument's spec — the batch's "
                           "P('data'), say — or drop strict=True")
     auto_mesh = as_auto_mesh(mesh)
+    checked = []  # the programs compiled to check the limit: the chosen plan's is the one that runs
+
+    def compiled_memory(plan) -> int:
+        checked.append(lower(plan, mesh, donated=donated))
+        return checked[-1].memory()
+
     searched = search_layouts(graph, list(specs.flat), mesh=auto_mesh, strict=strict, conflicts=conflicts,
                               strategy=strategy, memory_limit=limit, keyword_form=keyword_form, donated=donated,
                               returns_inputs=returns_inputs, mirror_state=mirror_state,
-                              pin=lambda g, pins: with_pins(g, pins, auto_mesh),
-                              compiled_memory=lambda plan: lower(plan, mesh, donated=donated).memory())
-    return searched
+                              pin=lambda g, pins: with_pins(g, pins, auto_mesh), compiled_memory=compiled_memory)
+    program = next((p for p in checked if p.plan is searched.plan), None)
+    return dataclasses.replace(searched, checked=program) if program is not None else searched

@@ -61,11 +61,14 @@ class Program:
     ``donate_argnums``: their buffers may hold the outputs, and the arrays are invalid after a call. ``search`` is
     the ``shardprop.SearchResult`` that chose the ``sp.AUTO`` arguments' layouts (None: nothing was searched);
     ``kept`` the unannotated argument leaves that kept their arrays' own layouts (as under ``jax.jit``).
+    ``runs_as``: a Program of the same plan, mesh and donations already compiled (the search's memory check):
+    this one runs its jit, so its first call compiles nothing again.
     """
 
     def __init__(self, plan: Plan, mesh: Mesh, *, derivatives: Derivatives | None = None,
                  traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None,
-                 kept: frozenset[int] = frozenset(), declared: frozenset[int] = frozenset()):
+                 kept: frozenset[int] = frozenset(), declared: frozenset[int] = frozenset(),
+                 runs_as: Program | None = None):
         self.plan, self.user_mesh, self.mesh = plan, mesh, as_auto_mesh(mesh)
         self.search, self.kept, self.declared = search, frozenset(kept), frozenset(declared)
         self.graph = AnnotatedGraph(plan)
@@ -84,7 +87,11 @@ class Program:
         # to JAX, that jit took the mesh from the cotangent's aval, which JAX's cache of an eager op could give from
         # another program's mesh: IndivisibleError on the second mesh a function was differentiated on)
         out_shardings = [NamedSharding(self.user_mesh, spec) for spec in plan.sharded.out_specs]
-        self._jit = jax.jit(self._traced_call, donate_argnums=self.donated, out_shardings=out_shardings)
+        if runs_as is not None and (runs_as.plan is not plan or runs_as.user_mesh is not mesh
+                                    or runs_as.donated != self.donated):
+            raise LoweringError("a Program was asked to run another plan's executable (shardprop's bug)")
+        self._jit = (runs_as._jit if runs_as is not None
+                     else jax.jit(self._traced_call, donate_argnums=self.donated, out_shardings=out_shardings))
 
         self._devices = jx.device_list(self.mesh)
         self._several_processes = jax.process_count() > 1
@@ -379,7 +386,8 @@ def as_lowering_errors(fn, *args, mesh: Mesh | None = None, check_arguments: Cal
 @gc_paused
 def lower(plan: Plan, mesh: Mesh | None = None, *, derivatives: Derivatives | None = None,
           traced: Traced | None = None, donated: Sequence[int] = (), search: SearchResult | None = None,
-          kept: frozenset[int] = frozenset(), declared: frozenset[int] = frozenset()) -> Program:
+          kept: frozenset[int] = frozenset(), declared: frozenset[int] = frozenset(),
+          runs_as: Program | None = None) -> Program:
     """Lower a split plan to a callable ``Program`` on ``mesh`` (default: the mesh it was propagated on).
     The keyword arguments are the Program's (an autoshard function passes them; a plan alone needs none)."""
     mesh = plan.sharded.mesh if mesh is None else mesh
@@ -387,7 +395,7 @@ def lower(plan: Plan, mesh: Mesh | None = None, *, derivatives: Derivatives | No
         raise MeshError(
             f"the plan was propagated on mesh {plan.mesh_shape}, it cannot be lowered on {dict(mesh.shape)}")
     return Program(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=search, kept=kept,
-                   declared=declared)
+                   declared=declared, runs_as=runs_as)
 
 
 def spec_sources(search: SearchResult | None, kept: frozenset[int], declared: frozenset[int] = frozenset()

@@ -97,6 +97,8 @@ class SearchResult:
     walked: bool = False
     # the nodes whose layouts combine in too many ways to ask about each (``menu.Menu.sampled``), as `op` at line
     sampled: tuple[str, ...] = ()
+    # what the memory check compiled for ``plan`` (a ``shardprop.Program``; None: nothing): the program runs it
+    checked: object = field(default=None, repr=False, compare=False)
 
     @property
     def bound(self) -> float:

@@ -131,6 +131,21 @@ def test_explain_says_why_a_searched_argument_got_its_layout():
     assert not sp.explain(prog, "[1]").search  # a fixed argument: nothing was searched
 
 
+def test_under_a_limit_the_first_call_runs_what_the_memory_check_compiled(mlp):
+    """Issue #51: the compiled memory check stays, and its executable is the one the program's first call runs — the
+    program is compiled once (it compiled twice before)."""
+    from tests.test_spellings import compiles_of
+
+    model, mesh, experts, want = mlp
+    fs = sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs,
+                      memory_limit=int(0.6 * experts["data parallel"][1]))
+    progs, out = [], []
+    searching = compiles_of(lambda: progs.append(fs.trace(*model.args)))
+    first_call = compiles_of(lambda: out.append(jax.block_until_ready(fs(*model.args))))
+    assert searching >= progs[0].search.compiled >= 1 and first_call == 0
+    _assert_equal(out[0], want)
+
+
 @pytest.mark.parametrize("limit", [0, -5, "8MB", True, float("nan"), float("inf"), 0.5])
 def test_a_memory_limit_must_be_a_positive_number(limit):
     with pytest.raises(sp.OptionError, match="memory_limit=.*positive number of bytes"):
