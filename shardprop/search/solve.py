@@ -297,13 +297,16 @@ def _fitting_unbound(session: _Session, limit: int):
 
 def _solved_within(session: _Session, limit: int | None, leaves, searched):
     """The solution, its plan and its Candidate: within ``limit`` as compiled, tightening the limit the solve keeps
-    by what the compiled program held beyond it (``LIMIT_ATTEMPTS`` solves at most)."""
+    by what the compiled program held beyond it (``LIMIT_ATTEMPTS`` solves at most); a tightened solve is held to the
+    bound of the first, within ``limit`` itself (``_held_to``)."""
     kept = limit
     smallest: Candidate | None = None
+    bound = None  # the cost model's bound within the user's limit, by the first solve: what a tightened one is held to
     for _ in range(LIMIT_ATTEMPTS if limit is not None else 1):
         solution = session.solved(kept)
         if solution.cost is None:
             break
+        bound = solution.bound if bound is None else bound
         plan = session.planned(solution)
         candidate = session.candidate(plan, limit)
         if limit is None:
@@ -312,7 +315,7 @@ def _solved_within(session: _Session, limit: int | None, leaves, searched):
         candidate = replace(candidate, compiled_memory=memory if session.compiled_memory is not None else None,
                             excess=max(0, memory - limit))
         if memory <= limit:
-            return solution, plan, candidate
+            return _held_to(solution, bound), plan, candidate
         if smallest is None or memory < (smallest.compiled_memory or smallest.memory.total):
             smallest = candidate
         kept = kept * limit / memory * 0.98  # the model's memory errs: ask it for less, as much less as it erred
@@ -322,6 +325,15 @@ def _solved_within(session: _Session, limit: int | None, leaves, searched):
         if session.compiled_memory is not None:
             smallest = replace(smallest, compiled_memory=session.compiled(plan))
     raise _over_limit(leaves, searched, smallest, limit)
+
+
+def _held_to(solution: Solution, bound: float) -> Solution:
+    """``solution`` measured against ``bound``, the cost model's bound within the user's limit: a solve whose limit was
+    tightened (the cost model's optimum held more as compiled) is optimal only where it meets that bound, else within
+    its gap of it."""
+    if solution.cost <= bound + 1e-9 * max(1.0, abs(bound)):
+        return solution
+    return replace(solution, bound=bound, status="tightened to fit as compiled")
 
 
 def _alternatives(session: _Session, leaf: int, groups, leaves, limit, chosen: Candidate,
