@@ -4,13 +4,13 @@ The formulation is XLA's auto-sharding solver's (``auto_sharding_solver.cc``) an
 node strategy, one per node; per edge a ``y[e, r, c]`` in ``[0, 1]`` per pair of classes of strategies (the strategies
 of an endpoint whose rows, or columns, of the edge's matrix are equal), whose row sums are the classes' sums of
 ``x[u, :]`` and column sums of ``x[v, :]`` — with one-hot margins the only such matrix is their outer product, so ``y``
-needs no integrality; and at each moment where the live set is largest, the usage of the live nodes' chosen
-strategies at most the limit. Without memory rows the relaxation is solved first: where it is integral it is the
-optimum, proved. The
-matrices are built by numpy, not a modelling loop. Before solving, what cannot change the optimum is folded away: an
-edge whose matrix is zero, an edge into a node with one strategy (its row or column joins the other node's costs),
-edges between the same two nodes (summed), and moments whose live set another moment's contains; a forbidden
-strategy or pair (a cost of at least ``FORBIDDEN``) is a variable held at 0.
+needs no integrality; and the usage of the live nodes' chosen strategies at most the limit at every moment, kept as
+a running total over the moments something starts or ends (``_memory_rows``: its size is the strategies', not the
+strategies' times the moments they live over). Without memory rows the relaxation is solved first: where it is
+integral it is the optimum, proved. The matrices are built by numpy, not a modelling loop. Before solving, what
+cannot change the optimum is folded away: an edge whose matrix is zero, an edge into a node with one strategy (its
+row or column joins the other node's costs), edges between the same two nodes (summed), and a limit no assignment
+can break; a forbidden strategy or pair (a cost of at least ``FORBIDDEN``) is a variable held at 0.
 
 The same problem gives the same answer on every run, however busy the machine: HiGHS's presolve stops its search for
 dependent equations when it expects it to take too long — by the clock — and the LP left then differs, and with it
@@ -214,7 +214,7 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
     n = int(pair_offsets[-1])
     objective = np.concatenate([np.concatenate(node_costs)] + [p[2].ravel() for p in pairs])
     blocks = [_one_hot_rows(problem, offsets, n), _pair_rows(pairs, offsets, pair_offsets, n)]
-    memory = _memory_rows(problem, offsets, n)
+    memory = _memory_rows(problem, offsets, n)  # (rows over n variables and k running totals, ...) or None
     upper = np.ones(n)
     upper[objective >= FORBIDDEN] = 0  # a forbidden strategy or pair of strategies: never chosen, not priced
     objective[objective >= FORBIDDEN] = 0
@@ -230,8 +230,13 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
     else:
         if time_limit is not None:
             time_limit = max(1.0, float(time_limit) - (time.perf_counter() - start))
-        result = _highs(objective, blocks + ([memory] if memory is not None else []), upper, integral,
-                        time_limit=time_limit, relative_gap=relative_gap)
+        if memory is not None:  # the running totals: continuous, at most the limit (in their units)
+            a, lower, upper_rows, k, most = memory
+            blocks = [(sparse.hstack([b[0], sparse.csr_array((b[0].shape[0], k))], format="csr"), b[1], b[2])
+                      for b in blocks] + [(a, lower, upper_rows)]
+            objective, upper = np.concatenate([objective, np.zeros(k)]), np.concatenate([upper, np.full(k, most)])
+            integral = np.concatenate([integral, np.zeros(k, bool)])
+        result = _highs(objective, blocks, upper, integral, time_limit=time_limit, relative_gap=relative_gap)
     status, bound = result.status, result.bound
     if result.x is None:
         return Solution((), None, -np.inf, status, time.perf_counter() - start)
@@ -348,35 +353,35 @@ def _pair_rows(pairs, offsets: np.ndarray, pair_offsets: np.ndarray, n: int):
 
 
 def _memory_rows(problem: Problem, offsets: np.ndarray, n: int):
-    """At each moment whose live set no later moment's contains (a start followed by an end), the live nodes' usage
-    at most the limit; rows that no assignment can break are left out. None without a limit."""
+    """The usage live at every moment at most the limit, kept as a running total: a variable per moment something
+    starts or ends, each the one before plus the usage of the nodes starting then less that of the nodes ending,
+    bounded by the limit (usages in units of the limit: the coefficients stay near 1). Twice as many coefficients as
+    the nodes' strategies, where a row per moment over every live node's strategies grows with how long values live
+    (a contest instance of 28,526 nodes: 323 million). ``(rows over the n variables and k totals, lower, upper, k,
+    the totals' bound)``, or None without a limit or where no assignment can break it."""
     if problem.usage_limit is None:
         return None
     starts, ends = problem.intervals[:, 0], problem.intervals[:, 1]
-    live = ends > starts
+    live = np.flatnonzero((ends > starts) & np.array([bool(u.any()) for u in problem.usages], bool))
+    if not len(live):
+        return None
     events = np.unique(np.concatenate([starts[live], ends[live]]))
-    if not len(events):
+    begin, end = np.searchsorted(events, starts[live]), np.searchsorted(events, ends[live])
+    largest = np.array([problem.usages[v].max() for v in live])
+    worst = np.zeros(len(events))  # every live node at its largest usage: more than any assignment holds
+    np.add.at(worst, begin, largest)
+    np.add.at(worst, end, -largest)
+    if np.cumsum(worst).max() <= problem.usage_limit:
         return None
-    ending = np.isin(events, ends[live])
-    # a start moment whose next event ends something: its live set is maximal
-    moments = events[:-1][np.isin(events[:-1], starts[live]) & ending[1:]]
-    first = np.searchsorted(moments, starts, "left")
-    last = np.searchsorted(moments, ends, "left")  # covers moments[first:last]: start <= t < end
-    rows, cols, vals = [], [], []
-    for v in np.flatnonzero(live & (last > first)):
-        usage = problem.usages[v]
-        strategies = np.flatnonzero(usage)
-        if not len(strategies):
-            continue
-        times = np.arange(first[v], last[v])
-        rows.append(np.repeat(times, len(strategies)))
-        cols.append(np.tile(offsets[v] + strategies, len(times)))
-        vals.append(np.tile(usage[strategies], len(times)))
-    if not rows:
-        return None
-    a = sparse.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(moments), n))
-    worst = a @ np.ones(n)  # every strategy of every live node counted: more than any assignment uses
-    binding = np.flatnonzero(worst > problem.usage_limit)
-    if not len(binding):
-        return None
-    return a[binding], -np.inf * np.ones(len(binding)), np.full(len(binding), problem.usage_limit)
+    k = len(events)
+    scale = 1.0 / problem.usage_limit if problem.usage_limit > 0 else 1.0
+    rows, cols, vals = [np.arange(k), np.arange(1, k)], [n + np.arange(k), n + np.arange(k - 1)], [np.ones(k),
+                                                                                                    -np.ones(k - 1)]
+    for v, b, e in zip(live, begin, end, strict=True):  # total[b] takes the node's usage on, total[e] off
+        used = np.flatnonzero(problem.usages[v])
+        for at, sign in ((b, -scale), (e, scale)):
+            rows.append(np.full(len(used), at))
+            cols.append(offsets[v] + used)
+            vals.append(sign * problem.usages[v][used])
+    a = sparse.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(k, n + k))
+    return a, np.zeros(k), np.zeros(k), k, problem.usage_limit * scale
