@@ -38,7 +38,7 @@ from scipy import sparse
 
 from .problem import FORBIDDEN, Problem, classed, evaluate, peak_usage
 from .alike import aggregated_lp, alike_classes
-from .reduce import Reduced, eliminate, prune, restrict
+from .reduce import Reduced, restrict, shrink
 
 _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kTimeLimit: "time limit",
            highspy.HighsModelStatus.kInfeasible: "infeasible", highspy.HighsModelStatus.kUnbounded: "unbounded"}
@@ -91,8 +91,8 @@ class Solution:
 def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0) -> Solution:
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
     seconds or within ``relative_gap`` of the bound, the best found and the bound). The problem is first shrunk
-    exactly (``.reduce``: the nodes of at most two neighbours eliminated, dominated strategies dropped): the
-    integer program is the core that is left. Where the core's nodes repeat (``.alike``: layers alike), it is first
+    exactly (``.reduce.shrink``: the nodes of at most two neighbours eliminated, dominated strategies dropped, again
+    while either finds more): the integer program is the core that is left. Where the core's nodes repeat (``.alike``: layers alike), it is first
     bounded by one program over its classes of alike nodes and solved on the strategies that program uses, then, where
     that costs more than the bound, on those its reduced costs leave: the optimum, proved."""
     return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, alike=True)
@@ -100,18 +100,17 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
 
 def _solved(problem: Problem, *, time_limit: float | None, relative_gap: float, alike: bool) -> Solution:
     start = time.perf_counter()
-    eliminated = eliminate(problem)
-    pruned = prune(eliminated.problem)
-    core = _solve_alike(pruned.problem, time_limit=time_limit) if alike else None
+    shrunk = shrink(problem)
+    core = _solve_alike(shrunk.problem, time_limit=time_limit) if alike else None
     if core is None:
         if time_limit is not None:  # what the alike solves took is the whole core's less
             time_limit = max(1.0, float(time_limit) - (time.perf_counter() - start))
-        core = _solve_core(pruned.problem, time_limit=time_limit, relative_gap=relative_gap)
+        core = _solve_core(shrunk.problem, time_limit=time_limit, relative_gap=relative_gap)
     if core.cost is None:
-        return Solution((), None, core.bound + eliminated.offset, core.status, time.perf_counter() - start)
-    strategies = _canonical(problem, eliminated.recover(pruned.expand(core.strategies)))
+        return Solution((), None, core.bound + shrunk.offset, core.status, time.perf_counter() - start)
+    strategies = _canonical(problem, shrunk.recover(core.strategies))
     cost = evaluate(problem, strategies)
-    bound = core.bound + eliminated.offset
+    bound = core.bound + shrunk.offset
     if cost is not None and core.status == "optimal":
         bound = min(bound, cost)
     return Solution(strategies, cost, bound, core.status, time.perf_counter() - start)

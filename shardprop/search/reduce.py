@@ -1,9 +1,9 @@
 """Shrinking a ``Problem`` without losing its optimum: a node's strategy another of its strategies dominates — no
-dearer itself, no more usage, and no dearer with any strategy of any neighbour — is dropped (of equals, the first is
-kept). Dropping one may let a neighbour's strategies dominate each other: repeated until nothing changes.
+dearer, whatever its neighbours choose, and holding no more — is dropped (of equals, the first is kept). Dropping one
+may let a neighbour's strategies dominate each other: repeated until nothing changes.
 
->>> reduced = prune(problem)                       # doctest: +SKIP
->>> reduced.expand(solve(reduced.problem).strategies)  # in the original's indices  # doctest: +SKIP
+>>> shrunk = shrink(problem)                            # doctest: +SKIP
+>>> shrunk.recover(solve(shrunk.problem).strategies)   # in the original's indices  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def prune(problem: Problem, *, max_rounds: int = 20) -> Reduced:
         incident[u].append((e, True))
         incident[v].append((e, False))
     dirty = set(range(problem.node_count))
-    answers: dict[tuple, np.ndarray] = {}  # features -> survivors: the layers of a model are pruned alike
+    answers: dict[tuple, np.ndarray] = {}  # context -> survivors: the layers of a model are pruned alike
     for _ in range(max_rounds):
         if not dirty:
             break
@@ -43,10 +43,11 @@ def prune(problem: Problem, *, max_rounds: int = 20) -> Reduced:
         for v in sorted(dirty):
             if len(kept[v]) < 2:
                 continue
-            features = _features(problem, kept, incident, v)
-            key = (features.shape, features.tobytes())
+            cost, usage, blocks = _context(problem, kept, incident, v)
+            key = (cost.tobytes(), None if usage is None else usage.tobytes(),
+                   tuple((b.shape, b.tobytes()) for b in blocks))
             if key not in answers:
-                answers[key] = _undominated(features)
+                answers[key] = _undominated(cost, usage, blocks)
             survivors = answers[key]
             if len(survivors) < len(kept[v]):
                 kept[v] = kept[v][survivors]
@@ -55,31 +56,49 @@ def prune(problem: Problem, *, max_rounds: int = 20) -> Reduced:
     return Reduced(restrict(problem, kept), tuple(kept))
 
 
-def _features(problem: Problem, kept, incident, v: int) -> np.ndarray:
-    """One row per kept strategy of ``v``: its cost, its usage (where a limit makes it matter), and its price with
-    every kept strategy of every neighbour."""
+def _context(problem: Problem, kept, incident, v: int):
+    """``v``'s kept strategies' costs (an edge within ``v`` on its diagonal), their usages (where a limit makes them
+    matter, else None), and per edge to another node their prices with its kept strategies (one row each)."""
     rows = kept[v]
-    parts = [problem.costs[v][rows, None]]
-    if problem.usage_limit is not None:
-        parts.append(problem.usages[v][rows, None])
+    cost = problem.costs[v][rows].copy()
+    blocks = []
     for e, first in incident[v]:
         u, w = problem.edges[e]
         matrix = problem.edge_costs[e]
-        if first:
-            parts.append(matrix[np.ix_(rows, kept[w])])
+        if u == w:
+            if first:
+                cost += np.diag(matrix)[rows]
+        elif first:
+            blocks.append(matrix[np.ix_(rows, kept[w])])
         else:
-            parts.append(matrix[np.ix_(kept[u], rows)].T)
-    return np.concatenate(parts, axis=1)
+            blocks.append(matrix[np.ix_(kept[u], rows)].T)
+    return cost, problem.usages[v][rows] if problem.usage_limit is not None else None, blocks
 
 
-def _undominated(features: np.ndarray) -> np.ndarray:
-    """The rows no other row is at most everywhere (strictly less somewhere, or equal and earlier)."""
-    n = len(features)
-    at_most = (features[:, None, :] <= features[None, :, :]).all(axis=2)  # at_most[a, b]: a <= b everywhere
-    equal = at_most & at_most.T
-    strictly = at_most & ~equal
-    earlier = np.tril(np.ones((n, n), bool), -1).T  # earlier[a, b]: a < b
-    dominated = (strictly | (equal & earlier)).any(axis=0)
+# the most elements one step of ``_undominated`` compares at once (its pairs of strategies by a neighbour's)
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _undominated(cost: np.ndarray, usage: np.ndarray | None, blocks: list[np.ndarray]) -> np.ndarray:
+    """The strategies no other is at least as good as — strictly somewhere, or as good everywhere and earlier.
+    Strategy ``t`` is at least as good as ``s`` where, whatever the neighbours choose, it costs no more and holds no
+    more: ``cost[s] - cost[t] + sum over edges of min over the neighbour's strategies w of (block[s, w] - block[t,
+    w]) >= 0`` (Goldstein's dead-end elimination: the neighbours choose independently, so the worst case is the sum
+    of each edge's; two edges to one neighbour make it only more cautious). It sees past a strategy dearer on one edge
+    and cheaper on another, which comparing price by price cannot."""
+    n = len(cost)
+    margin = cost[:, None] - cost[None, :]  # margin[s, t]: how much more s costs than t, whatever the neighbours do
+    for block in blocks:
+        step = max(1, _CHUNK_ELEMENTS // max(1, n * block.shape[1]))
+        for lo in range(0, n, step):
+            margin[lo:lo + step] += (block[lo:lo + step, None, :] - block[None, :, :]).min(axis=2)
+    covered = margin >= 0  # covered[s, t]: t is at least as good as s
+    if usage is not None:
+        covered &= usage[None, :] <= usage[:, None]
+    equal = covered & covered.T
+    strictly = covered & ~equal
+    later = np.tril(np.ones((n, n), bool), -1)  # later[s, t]: t comes before s
+    dominated = (strictly | (equal & later)).any(axis=1)
     return np.flatnonzero(~dominated)
 
 
@@ -188,3 +207,42 @@ def _add_edge(adj, u: int, v: int, m: np.ndarray) -> None:
         m = np.minimum(adj[u][v] + m, FORBIDDEN)
     adj[u][v] = m
     adj[v][u] = m.T
+
+
+# the most rounds of elimination and pruning ``shrink`` runs (each lets the other find more; two or three suffice)
+SHRINK_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """``problem`` after rounds of ``eliminate`` and ``prune`` until neither finds more: ``problem`` is the core left,
+    ``offset`` the cost of the nodes eliminated alone, ``recover`` a solution of the core as one of the original,
+    as cheap."""
+
+    problem: Problem
+    steps: tuple[tuple[Eliminated, Reduced], ...]
+
+    @property
+    def offset(self) -> float:
+        return sum(eliminated.offset for eliminated, _ in self.steps)
+
+    def recover(self, solution) -> tuple[int, ...]:
+        for eliminated, pruned in reversed(self.steps):
+            solution = eliminated.recover(pruned.expand(solution))
+        return tuple(solution)
+
+
+def shrink(problem: Problem) -> Shrunk:
+    """``problem`` shrunk exactly: nodes of at most two neighbours eliminated, dominated strategies pruned, again while
+    pruning leaves nodes of one strategy, or links of chains, to eliminate (``Shrunk``)."""
+    steps = []
+    current = problem
+    for _ in range(SHRINK_ROUNDS):
+        eliminated = eliminate(current)
+        if steps and (eliminated.problem.strategy_count, len(eliminated.problem.edges)) == (
+                current.strategy_count, len(current.edges)):
+            break  # nothing left to eliminate: the last prune found all it can
+        pruned = prune(eliminated.problem)
+        steps.append((eliminated, pruned))
+        current = pruned.problem
+    return Shrunk(current, tuple(steps))
