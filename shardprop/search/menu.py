@@ -274,12 +274,17 @@ def _decided(sharded: ShardedGraph, op_name: str, handed) -> list[NodeStrategy]:
     found = []
     # without a finish of its own a node is decided alike either way (its required collective, if any, is the same)
     offers = lookup(op_name).finish is not None or bool(sharded.bodies)
-    for choice in (Strategy.GATHER, Strategy.COLLECTIVE) if offers else (Strategy.GATHER,):
+    for choice in (Strategy.GATHER, Strategy.COLLECTIVE):
+        if choice is Strategy.COLLECTIVE and not offers:
+            break
         decisions = decide(sharded, choice)
         collective = decisions.collective(m)
         required = collective is not None and collective.kind.required
         if choice is Strategy.COLLECTIVE and (collective is None or required):
             continue  # nothing offered beyond what gathering does
+        if not sharded.bodies and all(not need.partial and need.even_layout == h
+                                      for need, h in zip(decisions.needs(m), handed, strict=True)):
+            offers = False  # nothing gathered: a finish, which takes the place of gathering, has nothing to do
         for view in (decisions, *_scattered(decisions, node, collective)):
             found.append(_strategy(view, node, handed, collective, choice is Strategy.COLLECTIVE))
     return found

@@ -251,7 +251,10 @@ class Decisions:
                 bodies: Mapping[int, tuple[BodyPlan, ...]] = _EMPTY,
                 unfinished: frozenset[int] = frozenset()) -> Decisions:
         """A new ``Decisions`` with these entries added (or replaced; ``unfinished`` drops the collectives of those
-        nodes: their sums wait); this one is unchanged."""
+        nodes: their sums wait); this one is unchanged — and returned as it is where nothing is added (what it has
+        worked out kept)."""
+        if not (needs or held or computed or collectives or bodies or unfinished):
+            return self
         return replace(
             self,
             need_overrides=MappingProxyType({**self.need_overrides, **needs}),
