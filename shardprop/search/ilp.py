@@ -92,9 +92,10 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
     seconds or within ``relative_gap`` of the bound, the best found and the bound). The problem is first shrunk
     exactly (``.reduce.shrink``: the nodes of at most two neighbours eliminated, dominated strategies dropped, again
-    while either finds more): the integer program is the core that is left. Where the core's nodes repeat (``.alike``: layers alike), it is first
-    bounded by one program over its classes of alike nodes and solved on the strategies that program uses, then, where
-    that costs more than the bound, on those its reduced costs leave: the optimum, proved."""
+    while either finds more): the integer program is the core that is left. Where the core's nodes repeat
+    (``.alike``: layers alike), it is first bounded by one program over its classes of alike nodes and solved on the
+    strategies that program uses, then, where that costs more than the bound, on those its reduced costs leave: the
+    optimum, proved."""
     return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, alike=True)
 
 
