@@ -73,4 +73,3 @@ def test_a_maximum_or_minimum_and_its_derivative_equal_the_unsharded_ones(name, 
     in_specs = tuple(P(*(e if e is None or e in mesh.shape else None for e in spec)) for spec in in_specs)
     assert_same_as_unsharded(f, (x,), mesh=mesh, in_specs=in_specs, strategy=strategy)
     assert_differentiates_as_unsharded(f, (x,), mesh=mesh, in_specs=in_specs, strategy=strategy)
-
