@@ -83,7 +83,7 @@ def compile_program(f: Callable, args: tuple, *, mesh: Mesh, in_specs: Any, stri
     pins = known | moved
     differentiated = pin_outputs(f, pins, auto_mesh) if pins else f
     derivatives = derivatives_for(graph, differentiated, plan.sharded.in_specs, compile=compile_derivative)
-    checked = searched.checked if searched is not None and searched.checked is not None else None
+    checked = searched.checked if searched is not None else None  # the memory check's program, where it compiled one
     program = lower(plan, mesh, derivatives=derivatives, traced=traced, donated=donated, search=searched,
                     kept=specs.kept, declared=specs.declared,
                     runs_as=checked if checked is not None and checked.plan is plan else None)

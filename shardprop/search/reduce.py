@@ -199,8 +199,6 @@ def eliminate(problem: Problem) -> Eliminated:
     return Eliminated(reduced, tuple(remaining), offset, tuple(steps), n)
 
 
-
-
 def _add_edge(adj, u: int, v: int, m: np.ndarray) -> None:
     """Add ``m`` (``u``'s strategies by ``v``'s) to the edge between ``u`` and ``v``."""
     if v in adj[u]:
