@@ -105,19 +105,54 @@ _COMPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def compared_with_itself(graph: Graph) -> frozenset[int]:
-    """The nodes whose float result is tested against values computed from it — read by an op whose derivative finds
-    the elements attaining its result (a maximum, ``jnp.maximum``, a sort), or by a comparison and another op (through
-    reshapes and broadcasts) — and which XLA would compute with a multiply and an add fused into every kernel that
-    reads them: ``computed_once`` holds them in memory, so every reader sees the same bits."""
+    """The nodes whose float result is held in memory so that values tested against each other see the same bits.
+
+    A node is tested against values computed from it when it is read by an op whose derivative finds the elements
+    attaining its result (a maximum, ``jnp.maximum``, a sort), or by a comparison and another op (through reshapes
+    and broadcasts); XLA would compute it with a multiply and an add fused into every kernel that reads it, so it is
+    held (``computed_once``). Inside the kernel computing it, a piecewise op (a concatenate, a pad) computes its
+    positions by one code path per piece, and a multiply-add after it may be contracted on one path and not another:
+    tied copies (``jnp.pad(mode="edge")``'s border and the row it repeats) would differ in their last bit, so such an
+    op is held too, and its operands as the node is."""
     found = _COMPARED.get(graph)
     if found is None:
-        found = _COMPARED[graph] = frozenset(n for n in _compared(graph) if _contracted(graph, n))
+        held, roots = set(), [n for n in _compared(graph) if _contracted(graph, n)]
+        while roots:
+            node_id = roots.pop()
+            if node_id in held:
+                continue
+            held.add(node_id)
+            for piecewise in _piecewise_before(graph, node_id):
+                if _holdable(graph, piecewise):
+                    roots.append(piecewise)
+                roots.extend(p for p in (graph.producer[v] for v in graph.nodes[piecewise].operands)
+                             if _holdable(graph, p) and _contracted(graph, p))
+        found = _COMPARED[graph] = frozenset(held)
     return found
+
+
+def _holdable(graph: Graph, node_id: int) -> bool:
+    node = graph.nodes[node_id]
+    return (node.op != CONSTANT and len(node.outputs) == 1
+            and jx.dtype_kind(graph.avals[node.outputs[0]].dtype) == "f")
+
+
+def _piecewise_before(graph: Graph, node_id: int):
+    """The piecewise ops XLA would fuse into the kernel computing node ``node_id`` (itself excluded)."""
+    stack, seen = [graph.producer[v] for v in graph.nodes[node_id].operands], set()
+    while stack:
+        node = graph.nodes[stack.pop()]
+        if node.id in seen or lookup(node.op).family not in _FUSED:
+            continue
+        seen.add(node.id)
+        if Trait.PIECEWISE in lookup(node.op).traits:
+            yield node.id
+        stack.extend(graph.producer[v] for v in node.operands)
 
 
 def _compared(graph: Graph):
     for node in graph.nodes:
-        if node.op == CONSTANT or len(node.outputs) != 1 or jx.dtype_kind(graph.avals[node.outputs[0]].dtype) != "f":
+        if not _holdable(graph, node.id):
             continue
         readers, seen, equality, selecting = list(graph.consumers[node.outputs[0]]), set(), False, False
         while readers and not selecting:

@@ -94,6 +94,8 @@ class Trait(StrEnum):
     SUM = "sum"                # adds (``add``, ``sub``, ``add_any``)
     BROADCAST = "broadcast"    # spreads its operand over more elements: its value is its operand's own
     ANNOTATION = "annotation"  # the user's layout annotation inside the function (a sharding constraint)
+    PIECEWISE = "piecewise"    # computes its elements by more than one code path (a concatenate's operands, a pad's
+    #                            border and body): XLA:CPU may round a multiply-add fused after it differently on each
 
 
 class Linearity(StrEnum):

@@ -27,7 +27,7 @@ from ..core.boxes import Box, LineageContext, product
 from ..core.layouts import Shard, Sharded, fill_key, Span, TensorSharding, shard_count, standard_span
 from ..core.rules import RuleContext, RuleOutput
 from ..expr import jax_adapter as jx
-from .opdef import Family, Linearity, OpDef
+from .opdef import Family, Linearity, OpDef, Trait
 from .range_blocks import concatenate_block, pad_block, slice_block
 from .range_routes import concatenate_placement, finish_concatenate, finish_slice, slice_placement, strided_layout
 
@@ -373,7 +373,7 @@ def concatenate_lineage(ctx: LineageContext, box: Box, output: int, *, dimension
 
 def _ranged(name, propagate, lineage, per_block, linear) -> OpDef:
     return OpDef(name, Family.SLICING, propagate=propagate, lineage=lineage, lineage_exact=True, per_block=per_block,
-                 finish=None, pull=None, linear=linear, reads_ranges=True)
+                 finish=None, pull=None, linear=linear, reads_ranges=True, traits=frozenset({Trait.PIECEWISE}))
 
 
 OPS = [
@@ -382,5 +382,5 @@ OPS = [
     _ranged("pad", pad, pad_lineage, pad_block, Linearity.NONE),  # the padding value would be summed too
     OpDef("concatenate", Family.SLICING, propagate=concatenate, lineage=concatenate_lineage, lineage_exact=True,
           per_block=concatenate_block, finish=finish_concatenate, pull=None, linear=Linearity.JOINT,
-          reads_ranges=True, placement=concatenate_placement),
+          reads_ranges=True, placement=concatenate_placement, traits=frozenset({Trait.PIECEWISE})),
 ]

@@ -21,7 +21,7 @@ from ..core.rules import CREATED, RuleContext, RuleOutput
 from ..core.layouts import Sharded, TensorSharding
 from ..core.collectives import Collective, CollectiveKind
 from ..core.types import Placement, PlacementKind, ValueType
-from .opdef import Family, Linearity, OpDef
+from .opdef import Family, Linearity, OpDef, Trait
 from .range_blocks import split_block
 from .ranges import split_in_place
 
@@ -225,12 +225,6 @@ def _dynamic_slice_block_params(params, blocks: Blocks) -> dict:
         zip(params["slice_sizes"], blocks.out_blocks[0], blocks.out_global[0], strict=True))}
 
 
-def _slicing(name, propagate, lineage, *, exact=True, per_block=bind_as_is, linear=Linearity.FIRST) -> OpDef:
-    """A slicing record: linear in the sliced operand (its other operands are indices) unless said otherwise."""
-    return OpDef(name, Family.SLICING, propagate=propagate, lineage=lineage, lineage_exact=exact,
-                 per_block=per_block, finish=None, pull=None, linear=linear)
-
-
 OPS = [
     OpDef("rev", Family.SLICING, propagate=rev, lineage=rev_lineage, lineage_exact=True, per_block=bind_as_is,
           finish=finish_rev, pull=None, linear=Linearity.FIRST, placement=mirror_placement),
@@ -239,6 +233,7 @@ OPS = [
     # Where these slices start depends on index values: any element of a sliced axis may be read.
     OpDef("dynamic_slice", Family.SLICING, propagate=dynamic_slice, lineage=dynamic_slice_lineage, lineage_exact=False,
           per_block=dynamic_slice_block, finish=finish_dynamic_slice, pull=None, linear=Linearity.FIRST),
-    _slicing("dynamic_update_slice", dynamic_update_slice, dynamic_update_slice_lineage, exact=False,
-             per_block=dynamic_update_slice_block, linear=Linearity.NONE),
+    OpDef("dynamic_update_slice", Family.SLICING, propagate=dynamic_update_slice, lineage=dynamic_update_slice_lineage,
+          lineage_exact=False, per_block=dynamic_update_slice_block, finish=None, pull=None, linear=Linearity.NONE,
+          traits=frozenset({Trait.PIECEWISE})),
 ]
