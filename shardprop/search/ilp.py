@@ -7,7 +7,8 @@ of an endpoint whose rows, or columns, of the edge's matrix are equal), whose ro
 needs no integrality; and the usage of the live nodes' chosen strategies at most the limit at every moment, kept as
 a running total over the moments something starts or ends (``_memory_rows``: its size is the strategies', not the
 strategies' times the moments they live over). Without memory rows the relaxation is solved first: where it is
-integral it is the optimum, proved. The matrices are built by numpy, not a modelling loop. Before solving, what
+integral it is the optimum, proved — and of its optima the one holding the fewest bytes is taken
+(``_leanest_optimum``: a second objective over the optimal face, not the simplex's last vertex). The matrices are built by numpy, not a modelling loop. Before solving, what
 cannot change the optimum is folded away: an edge whose matrix is zero, an edge into a node with one strategy (its
 row or column joins the other node's costs), edges between the same two nodes (summed), and a limit no assignment
 can break; a forbidden strategy or pair (a cost of at least ``FORBIDDEN``) is a variable held at 0.
@@ -176,7 +177,8 @@ def _canonical(problem: Problem, strategies: tuple[int, ...]) -> tuple[int, ...]
     equals) that costs no more with its neighbours as chosen and holds no more: the total never grows, no moment's
     usage grows, and where the solver's answer held a value fatter than an equally cheap choice beside it, the
     leaner is taken (a user asks for the cheaper program and, between two as cheap, expects the smaller). A local
-    pass, one node at a time: not the leanest of every optimum (that is a second solve), and the plan's footprint
+    pass, one node at a time, for the nodes the core's solve did not see (eliminated, recovered) and the integer
+    program's answers: the relaxation's optima tied only together are ``_leanest_optimum``'s. The plan's footprint
     also holds what moves hold, which the problem's usages leave out."""
     chosen = list(strategies)
     incident: list[list[tuple[int, bool]]] = [[] for _ in range(problem.node_count)]
@@ -223,10 +225,10 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
     # the relaxation first, without the memory rows: on layout problems it is integral already (PyTorch's
     # AutoParallel reports as much for LLaMA), and then it is the optimum, proved by itself, in about half the
     # integer program's time — within a limit too where its peak usage keeps to it (a limit that does not bind)
-    relaxed = _highs(objective, blocks, upper, None, time_limit=time_limit, options=_RELAXATION)
+    relaxed = _highs(objective, blocks, upper, None, time_limit=time_limit, options=_RELAXATION, keep=True)
     if relaxed.x is not None and relaxed.status == "optimal" and _integral(relaxed.x[:n_x]) and (
             memory is None or peak_usage(problem, _picked(problem, offsets, relaxed.x)) <= problem.usage_limit):
-        result = relaxed
+        result = _leanest_optimum(relaxed, problem, offsets, upper)
     else:
         if time_limit is not None:
             time_limit = max(1.0, float(time_limit) - (time.perf_counter() - start))
@@ -255,12 +257,15 @@ class _Run:
     status: str
     bound: float
     reduced: np.ndarray | None = None  # a linear program's reduced costs (the column duals), where HiGHS gives them
+    solver: object = None  # the HiGHS instance holding the model, where asked to keep it (a follow-up solve)
 
 
 def _highs(objective: np.ndarray, blocks: list, upper: np.ndarray, integral: np.ndarray | None, *,
-           time_limit: float | None, relative_gap: float = 0.0, options: dict = _DETERMINISTIC) -> _Run:
+           time_limit: float | None, relative_gap: float = 0.0, options: dict = _DETERMINISTIC,
+           keep: bool = False) -> _Run:
     """``min objective @ x`` subject to each block's ``lower <= a @ x <= upper`` and ``0 <= x <= upper``, the
-    ``integral`` variables integers (None: a linear program), by HiGHS with ``options``."""
+    ``integral`` variables integers (None: a linear program), by HiGHS with ``options``; ``keep``: the run holds the
+    HiGHS instance (``_Run.solver``)."""
     a = sparse.vstack([b[0] for b in blocks if b[0].shape[0]], format="csc")
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = len(objective), a.shape[0]
@@ -291,7 +296,42 @@ def _highs(objective: np.ndarray, blocks: list, upper: np.ndarray, integral: np.
     else:
         bound = info.mip_dual_bound
     reduced = np.asarray(solution.col_dual) if integral is None and solution.dual_valid else None
-    return _Run(x, status, float(bound), reduced)
+    return _Run(x, status, float(bound), reduced, h if keep else None)
+
+
+def _leanest_optimum(run: _Run, problem: Problem, offsets: np.ndarray, upper: np.ndarray) -> _Run:
+    """Among the optima of ``run`` (an integral relaxation), one whose strategies hold the fewest bytes summed over
+    the nodes: between two programs as cheap a user expects the smaller, and which vertex the simplex ends at is
+    chance. Every optimum of the relaxation leaves at 0 each variable of a positive reduced cost and at its bound
+    each of a negative one (complementary slackness: its rows are equations), and any point so is an optimum; the
+    relaxation is solved again with those fixed and the bytes held for its objective. ``run`` itself where that
+    point is fractional or, by the exact cost, dearer."""
+    h, reduced, x = run.solver, run.reduced, run.x
+    if h is None or reduced is None:
+        return run
+    n, n_x = len(x), int(offsets[-1])
+    slack = 1e-6  # HiGHS's dual feasibility tolerance is 1e-7: a reduced cost within this is taken for 0
+    lower, high = np.where(reduced < -slack, upper, 0.0), np.where(reduced > slack, 0.0, upper)
+    sizes = np.zeros(n)
+    sizes[:n_x] = np.concatenate(problem.usages)
+    columns = np.arange(n, dtype=np.int32)
+    h.changeColsBounds(n, columns, lower, high)
+    h.changeColsCost(n, columns, sizes)
+    # from scratch with presolve, not from the optimal basis: with most variables fixed, presolve leaves a few dozen
+    # pivots (Llama's step: 0.2 s, where the simplex from the basis took 3,700 pivots and 0.45 s)
+    h.setOptionValue("presolve", "on")
+    h.clearSolver()
+    h.run()
+    solution = h.getSolution()
+    if _STATUS.get(h.getModelStatus()) != "optimal" or not solution.value_valid:
+        return run
+    lean = np.asarray(solution.col_value)
+    if not _integral(lean[:n_x]):
+        return run
+    first, second = (evaluate(problem, _picked(problem, offsets, v)) for v in (x, lean))
+    if second is None or second > first + 1e-9 * max(1.0, abs(first)):
+        return run
+    return _Run(lean, run.status, run.bound, run.reduced)
 
 
 def _picked(problem: Problem, offsets: np.ndarray, x: np.ndarray) -> tuple[int, ...]:

@@ -132,6 +132,25 @@ def test_of_equal_optima_the_one_holding_least_is_chosen():
         assert peak_usage(problem, (1, 0)) <= peak_usage(problem, (0, 0))
 
 
+def test_of_optima_tied_only_together_the_one_holding_least_is_chosen():
+    """Four nodes that must agree (a kernel, its two moments and the gradient reading them: the README's NNX example),
+    all laid out one way or all the other at one price, the other way holding a fifth of the bytes. No node alone
+    can move (``_canonical``: each move breaks an agreement) and neither way dominates the other: among the
+    relaxation's optima, the one holding least is taken (``_leanest_optimum``), whichever the simplex ended at."""
+    from shardprop.search.ilp import _canonical
+
+    agree = [0, 5, 5, 0]
+    for usages in ([[10, 2]] * 4, [[2, 10]] * 4):
+        problem = Problem.from_lists(intervals=[(0, 1)] * 4, costs=[[0, 0]] * 4, usages=usages,
+                                     edges=list(itertools.combinations(range(4), 2)), edge_costs=[agree] * 6,
+                                     usage_limit=None)
+        lean = (1,) * 4 if usages[0][1] < usages[0][0] else (0,) * 4
+        fat = tuple(1 - s for s in lean)
+        assert _canonical(problem, fat) == fat  # the local pass cannot find it
+        got = solve(problem)
+        assert got.strategies == lean and got.cost == 0 and got.status == "optimal"
+
+
 def test_the_presolve_reduction_timed_by_the_clock_is_the_one_switched_off(tmp_path):
     """HiGHS stops its search for dependent equations when it expects it to run long, by the clock: under load the
     presolved LP differed and the Llama step's search chose another of its equal optima on a second run (CI). The
