@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..core.collectives import Collective, CollectiveKind
 from ..core.layouts import Layout, Sharded, TensorSharding, shard_count
@@ -127,13 +127,26 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
             probed[handed] = [tuple(t.even_layout for t in strategy.needs) for strategy in strategies]
         return probed[handed]
 
+    # without a finish of its own (or a body), the split decides a node by its rule's answer alone, whatever was
+    # handed: one decision per answer (a quarter of a transformer's asks answer alike)
+    decided: dict[tuple, list[NodeStrategy]] = {}
+
     def asked(handed: tuple[Layout, ...]) -> tuple[NodeStrategy, ...]:
         result = probe(graph, node, op, handed, mesh_shape, propagate_body)
         if result is None:
             return ()
-        return tuple(strategy for outputs in _settled_outputs(result.outputs, mesh_shape)
-                     for strategy in _decided(_one_node_product(one, mesh, handed, result, outputs, op), node.op,
-                                              handed))
+        alike = op.finish is None and result.body is None
+        strategies = []
+        for outputs in _settled_outputs(result.outputs, mesh_shape):
+            answer = (tuple(result.needs), _answer_key(outputs), result.fallback, result.need_spans) if alike else None
+            if answer in decided:
+                strategies += [replace(s, handed=tuple(handed)) for s in decided[answer]]
+                continue
+            made = _decided(_one_node_product(one, mesh, handed, result, outputs, op), node.op, handed)
+            if alike:
+                decided[answer] = made
+            strategies += made
+        return tuple(strategies)
 
     sampled = False
     if math.prod(len(o) for o in handed_options) <= FULL_PRODUCT_AT_MOST:
@@ -150,6 +163,12 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
         for handed in laid or ():
             visit(handed)
     return Menu(tuple(found.values()), sampled)
+
+
+def _answer_key(outputs: tuple[TensorSharding, ...]) -> tuple:
+    """Outputs as a rule lays them out, comparable across asks (its shards are fresh each time)."""
+    return tuple((o.shape, tuple((a.mesh_axes, a.span) if isinstance(a, Sharded) else a for a in o.axes))
+                 for o in outputs)
 
 
 def _stars(options, around_replicated: bool = True) -> list[tuple[Layout, ...]]:
