@@ -10,6 +10,7 @@ the time XLA takes to compile the chosen program. Every program's result is comp
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -35,6 +36,7 @@ class Measured:
     compile_seconds: float = 0.0
     search_seconds: float | None = None
     check_seconds: float = 0.0  # of the search's time: compiling plans to check the memory limit
+    cold_seconds: float | None = None  # the first search, every cache of the process cleared before it
     specs: str = ""
     price: float = 0.0  # the cost model's: bytes moved plus the work each device does, in bytes' worth
     certificate: str = ""  # the search's: "optimal", or how far from the bound
@@ -78,7 +80,9 @@ def measure_layout(model: Model, mesh, in_specs, name: str, reference, memory_li
     import shardprop as sp
 
     searches, checks, compiles, chosen = [], [], [], set()
-    for _ in range(runs):
+    for run in range(runs):
+        if run == 0 and runs > 1:
+            forget_caches()  # the first search as a new process makes it (the planner's moves not yet priced)
         fs = sp.autoshard(model.f, mesh=mesh, in_specs=in_specs, memory_limit=memory_limit)
         program = fs.trace(*model.args)
         search = program.search
@@ -95,8 +99,20 @@ def measure_layout(model: Model, mesh, in_specs, name: str, reference, memory_li
     moved = total_moved(parse_hlo(compiled.as_text(), program.mesh))
     return Measured(name, moved, compiled_footprint(compiled), True, _equal(fs(*model.args), reference),
                     statistics.median(compiles), statistics.median(searches) if searches else None,
-                    statistics.median(checks) if checks else 0.0, "" if search is None else str(search),
-                    price(program.plan), "" if search is None else search.certificate)
+                    statistics.median(checks) if checks else 0.0, searches[0] if len(searches) > 1 else None,
+                    "" if search is None else str(search), price(program.plan),
+                    "" if search is None else search.certificate)
+
+
+def forget_caches() -> None:
+    """Clear every cache of shardprop's modules (``functools`` caches: the move planner's, the rules'...) and JAX's:
+    what a search in a new process starts from."""
+    for name, module in list(sys.modules.items()):
+        if name == "shardprop" or name.startswith("shardprop."):
+            for value in list(vars(module).values()):
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+    jax.clear_caches()
 
 
 def run(models=MODELS, say=print) -> list[Result]:
@@ -186,7 +202,8 @@ def _seconds(searched: Measured | None) -> str:
     if searched is None:
         return "-"
     checks = f" ({searched.check_seconds:.2f} compiling)" if searched.check_seconds else ""
-    return f"{searched.search_seconds:.2f}{checks}"
+    cold = f"; cold {searched.cold_seconds:.2f}" if searched.cold_seconds is not None else ""
+    return f"{searched.search_seconds:.2f}{checks}{cold}"
 
 
 def _mb(n: float) -> str:
@@ -207,11 +224,12 @@ def markdown(results: list[Result], command: str, scaled: list[Scaled] = ()) -> 
              "result is compared with the unsharded function's (rtol 2e-4, atol 1e-4: adam's first step moves a "
              "parameter by about lr = 1e-3 times the sign of its gradient, which rounding decides where the "
              "gradient is near 0; every layout, data parallel too, is within 1e-4 of the unsharded step). *search s* "
-             "is the search's own time (`prog.search.seconds`, the median of three fresh searches: trace and "
-             "lowering not included; the chosen plan, "
+             "is the search's own time (`prog.search.seconds`, the median of three fresh searches in one process: "
+             "trace and lowering not included; the chosen plan, "
              "which `compile_program` builds either way, is) and, under a limit, the part of it spent compiling "
              "the chosen plan to check its memory — the executable the program's first call then runs (it compiles "
-             "nothing more); *XLA compile s* is `prog.lower(...).compile()` of the chosen program, compiled afresh "
+             "nothing more); *cold* is the first of the three, every cache of the process cleared before it (shardprop's "
+             "and JAX's): the search a new process makes, its move planner pricing every move afresh; *XLA compile s* is `prog.lower(...).compile()` of the chosen program, compiled afresh "
              "(the median of three, each after its search).", "",
              "| model | mesh | limit | cheapest expert (fits) | its bytes / memory / price | sp.AUTO bytes / memory "
              "/ price | certificate | search s | XLA compile s | all equal |",
