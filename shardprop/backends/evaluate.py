@@ -138,7 +138,8 @@ def _holdable(graph: Graph, node_id: int) -> bool:
 
 
 def _piecewise_before(graph: Graph, node_id: int):
-    """The piecewise ops XLA would fuse into the kernel computing node ``node_id`` (itself excluded)."""
+    """The piecewise ops XLA would fuse into the kernel computing node ``node_id`` (itself excluded); not those
+    before them, which the kernel of a piecewise op held once computes (``compared_with_itself`` asks it in turn)."""
     stack, seen = [graph.producer[v] for v in graph.nodes[node_id].operands], set()
     while stack:
         node = graph.nodes[stack.pop()]
@@ -147,6 +148,7 @@ def _piecewise_before(graph: Graph, node_id: int):
         seen.add(node.id)
         if Trait.PIECEWISE in lookup(node.op).traits:
             yield node.id
+            continue
         stack.extend(graph.producer[v] for v in node.operands)
 
 

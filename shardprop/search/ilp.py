@@ -305,7 +305,7 @@ def _leanest_optimum(run: _Run, problem: Problem, offsets: np.ndarray, upper: np
     chance. Every optimum of the relaxation leaves at 0 each variable of a positive reduced cost and at its bound
     each of a negative one (complementary slackness: its rows are equations), and any point so is an optimum; the
     relaxation is solved again with those fixed and the bytes held for its objective. ``run`` itself where that
-    point is fractional or, by the exact cost, dearer."""
+    point is fractional, or by ``evaluate`` dearer or over the usage limit at some moment."""
     h, reduced, x = run.solver, run.reduced, run.x
     if h is None or reduced is None:
         return run
@@ -328,6 +328,7 @@ def _leanest_optimum(run: _Run, problem: Problem, offsets: np.ndarray, upper: np
     lean = np.asarray(solution.col_value)
     if not _integral(lean[:n_x]):
         return run
+    # (evaluate is None over the usage limit: fewer bytes summed may be more at one moment)
     first, second = (evaluate(problem, _picked(problem, offsets, v)) for v in (x, lean))
     if second is None or second > first + 1e-9 * max(1.0, abs(first)):
         return run

@@ -151,6 +151,20 @@ def test_of_optima_tied_only_together_the_one_holding_least_is_chosen():
         assert got.strategies == lean and got.cost == 0 and got.status == "optimal"
 
 
+def test_the_leanest_optimum_keeps_to_the_usage_limit():
+    """Of two optima tied only together, the one holding fewer bytes summed holds more at one moment, over the
+    limit: the leanest is taken only within it (``_leanest_optimum`` minimises the sum; the limit is a peak)."""
+    agree = [0, 5, 5, 0]
+    heavy_early, even = [6, 6, 0.5, 0.5], [4, 4, 3, 3]  # summed 13 (peak 12) and 14 (peak 8)
+    for flipped in (False, True):
+        usages = [[b, a] if flipped else [a, b] for a, b in zip(heavy_early, even, strict=True)]
+        problem = Problem.from_lists(intervals=[(0, 1), (0, 1), (1, 2), (1, 2)], costs=[[0, 0]] * 4, usages=usages,
+                                     edges=list(itertools.combinations(range(4), 2)), edge_costs=[agree] * 6,
+                                     usage_limit=10)
+        got = solve(problem)
+        assert got.cost == 0 and peak_usage(problem, got.strategies) <= 10
+
+
 def test_the_presolve_reduction_timed_by_the_clock_is_the_one_switched_off(tmp_path):
     """HiGHS stops its search for dependent equations when it expects it to run long, by the clock: under load the
     presolved LP differed and the Llama step's search chose another of its equal optima on a second run (CI). The
