@@ -8,8 +8,9 @@ partial extremes (``backends/finish.py``). There is no other evaluator of the sh
 
 Two guards keep the blocks' numbers the unsharded function's under XLA and under differentiation: a value tested
 against values computed from it (a maximum's derivative, ``x == max(x)``) is held once (``computed_once``: XLA would
-compute it again, with other roundings, in each kernel reading it), and a ranged block's padding carries no
-derivative (``padding_without_derivative``).
+compute it again, with other roundings, in each kernel reading it), and so is a piecewise op fused before it (a
+concatenate's, a pad's pieces are computed on several code paths of one kernel, each rounding a multiply-add its own
+way: ``compared_with_itself``); and a ranged block's padding carries no derivative (``padding_without_derivative``).
 """
 
 from __future__ import annotations
