@@ -228,8 +228,9 @@ def markdown(results: list[Result], command: str, scaled: list[Scaled] = ()) -> 
              "trace and lowering not included; the chosen plan, "
              "which `compile_program` builds either way, is) and, under a limit, the part of it spent compiling "
              "the chosen plan to check its memory — the executable the program's first call then runs (it compiles "
-             "nothing more); *cold* is the first of the three, every cache of the process cleared before it (shardprop's "
-             "and JAX's): the search a new process makes, its move planner pricing every move afresh; *XLA compile s* is `prog.lower(...).compile()` of the chosen program, compiled afresh "
+             "nothing more); *cold* is the first of the three, every cache of the process cleared before it "
+             "(shardprop's and JAX's): the search a new process makes, its move planner pricing every move afresh; "
+             "*XLA compile s* is `prog.lower(...).compile()` of the chosen program, compiled afresh "
              "(the median of three, each after its search).", "",
              "| model | mesh | limit | cheapest expert (fits) | its bytes / memory / price | sp.AUTO bytes / memory "
              "/ price | certificate | search s | XLA compile s | all equal |",

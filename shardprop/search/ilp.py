@@ -8,10 +8,11 @@ needs no integrality; and the usage of the live nodes' chosen strategies at most
 a running total over the moments something starts or ends (``_memory_rows``: its size is the strategies', not the
 strategies' times the moments they live over). Without memory rows the relaxation is solved first: where it is
 integral it is the optimum, proved — and of its optima the one holding the fewest bytes is taken
-(``_leanest_optimum``: a second objective over the optimal face, not the simplex's last vertex). The matrices are built by numpy, not a modelling loop. Before solving, what
-cannot change the optimum is folded away: an edge whose matrix is zero, an edge into a node with one strategy (its
-row or column joins the other node's costs), edges between the same two nodes (summed), and a limit no assignment
-can break; a forbidden strategy or pair (a cost of at least ``FORBIDDEN``) is a variable held at 0.
+(``_leanest_optimum``: a second objective over the optimal face, not the simplex's last vertex). The matrices are
+built by numpy, not a modelling loop. Before solving, what cannot change the optimum is folded away: an edge whose
+matrix is zero, an edge into a node with one strategy (its row or column joins the other node's costs), edges
+between the same two nodes (summed), and a limit no assignment can break; a forbidden strategy or pair (a cost of at
+least ``FORBIDDEN``) is a variable held at 0.
 
 The same problem gives the same answer on every run, however busy the machine: HiGHS's presolve stops its search for
 dependent equations when it expects it to take too long — by the clock — and the LP left then differs, and with it
