@@ -11,11 +11,12 @@ convention it was traced with and its donated leaves. How a call reaches the jit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import jax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .backends import jit_stage, parse_hlo, program_function, stage_function
 from .calling import Traced
@@ -87,6 +88,14 @@ class Program:
         # to JAX, that jit took the mesh from the cotangent's aval, which JAX's cache of an eager op could give from
         # another program's mesh: IndivisibleError on the second mesh a function was differentiated on)
         out_shardings = [NamedSharding(self.user_mesh, spec) for spec in plan.sharded.out_specs]
+        # An empty output (a zero-length axis) leaves the jit replicated and is put in its blocks after: XLA makes
+        # an empty result a constant and, told to shard it, gives every device the whole empty array under the
+        # sharded claim, an array np.asarray cannot read (jax.jit's own out_shardings do so at jax 0.10)
+        self._empty_outputs = tuple((k, s) for k, (s, v) in enumerate(zip(out_shardings, plan.graph.outputs,
+                                                                          strict=True))
+                                    if not math.prod(plan.graph.avals[v].shape) and not s.is_fully_replicated)
+        for k, _ in self._empty_outputs:
+            out_shardings[k] = NamedSharding(self.user_mesh, PartitionSpec())
         if runs_as is not None and (runs_as.plan is not plan or runs_as.user_mesh is not mesh
                                     or runs_as.donated != self.donated):
             raise LoweringError("a Program was asked to run another plan's executable (shardprop's bug)")
@@ -141,6 +150,11 @@ class Program:
             out = as_lowering_errors(self._jit, *leaves, check_arguments=lambda: self._check_leaves(leaves))
         else:
             out = self._call_checked(leaves)
+        if self._empty_outputs:
+            out = list(out)
+            for k, sharding in self._empty_outputs:
+                if not jx.is_traced(out[k]):  # (under the caller's jit, an empty value's layout is XLA's)
+                    out[k] = jax.device_put(out[k], sharding)
         return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
 
     def program_args(self, args: tuple, kwargs: dict | None = None) -> tuple:

@@ -249,6 +249,21 @@ def pad(draw, pool):
         k + 1:]
 
 
+def empty_piece(draw, pool):
+    """A value through an empty one along an axis (a slice of nothing joined to it, a sum over one added, a split's
+    empty pieces): the value is whole, its gradient passes the empty pieces (an edge pad's does too)."""
+    v = _pick(draw, pool)
+    if v is None:
+        return None
+    k = draw(st.integers(0, len(v.shape) - 1))
+    at = draw(st.integers(0, v.shape[k]))
+    nothing = ", ".join([":"] * k + [f"{at}:{at}"])
+    how = draw(st.sampled_from([f"jnp.concatenate([{v.name}[{nothing}], {v.name}], axis={k})",
+                                f"({v.name} + jnp.sum({v.name}[{nothing}], axis={k}, keepdims=True))",
+                                f"jnp.split({v.name}, [0, {v.shape[k]}], axis={k})[1]"]))
+    return "through an empty piece", how, v.shape
+
+
 def concatenate(draw, pool):
     a = _pick(draw, pool)
     if a is None:
@@ -296,7 +311,8 @@ def constraint(mesh_shape: dict[str, int]):
 
 MOTIFS = (sliced_reduction, meeting_reduction, extreme_of_combination, normalized, compared_with_itself,
           window_over_slice, over_its_norm)
-OPS = (*MOTIFS, reduction, reduction, elementwise, unary, reshape, slice_, pad, concatenate, transpose, matmul)
+OPS = (*MOTIFS, reduction, reduction, elementwise, unary, reshape, slice_, pad, concatenate, transpose, matmul,
+       empty_piece)
 
 
 @st.composite

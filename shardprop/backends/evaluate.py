@@ -42,7 +42,7 @@ def run_instructions(graph: Graph, mesh_shape: Mapping[str, int], instructions, 
     ref made, and returned). ``hook(instruction, env)``, if given, is called after each one."""
     for instruction in instructions:
         if isinstance(instruction, Move):
-            made = [apply_step(env[instruction.source], instruction.step, mesh_shape)]
+            made = [_moved(env[instruction.source], instruction.step, mesh_shape)]
         elif isinstance(instruction, Finish):
             node = graph.nodes[instruction.node]
             made = [finish_extreme(node, instruction.kind, instruction.mesh_axes, env[instruction.source],
@@ -58,6 +58,15 @@ def run_instructions(graph: Graph, mesh_shape: Mapping[str, int], instructions, 
         if hook is not None:
             hook(instruction, env)
     return env
+
+
+def _moved(x, step, mesh_shape: Mapping[str, int]):
+    """This device's block after one step of a move. An empty block that stays empty is made, not moved: XLA refuses
+    a collective along an axis of no rows ("dimension size ... at 'all_gather_dim' cannot be zero")."""
+    if x.size or jx.is_extended_dtype(x.dtype):  # (an empty array of PRNG keys has no zeros to make)
+        return apply_step(x, step, mesh_shape)
+    after = jax.eval_shape(lambda b: apply_step(b, step, mesh_shape), x)
+    return jnp.zeros(after.shape, after.dtype) if not np.prod(after.shape) else apply_step(x, step, mesh_shape)
 
 
 def _compute(graph: Graph, mesh_shape, instruction: Compute, env: dict[Ref, object]) -> list:

@@ -7,6 +7,7 @@ has nothing to reshard.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,8 +17,9 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
-from ..core.layouts import layout_to_spec
+from ..core.layouts import block_shape, layout_to_spec
 from ..core.types import ValueType
+from ..expr import jax_adapter as jx
 from ..splitting import Plan, Stage
 from ..splitting.ir import Compute, Instruction, Ref, reads, results
 from .evaluate import run_instructions
@@ -56,11 +58,39 @@ def instructions_function(plan: Plan, stage: Stage, mesh: Mesh, instructions: Se
 
     if stage.outside_shard_map:
         return body
+    # An empty value (a zero-length axis: a gradient's pad of nothing, a split's empty piece) holds no data: it is
+    # made where it is read, never passed. Shardy takes an empty operand of a manual computation for a constant
+    # and refuses a body none of whose operands is a block it cut ("expected at least one operand ... produced by
+    # a GlobalToLocalShape"), under a caller's jit.
+    avals = graph.avals
+
+    def frame(r: Ref) -> tuple[int, ...]:  # the global shape its blocks make up
+        return r.type.frame(avals[r.value].shape, mesh_shape)
+
+    def passed(r: Ref) -> bool:  # (an empty array of PRNG keys has no zeros to make: passed as it is)
+        return bool(math.prod(frame(r))) or jx.is_extended_dtype(avals[r.value].dtype)
+
+    passed_in, passed_out = [r for r in inputs if passed(r)], [r for r in outputs if passed(r)]
+
+    def blocks_body(*blocks):
+        given = dict(zip(passed_in, blocks, strict=True))
+        made = (given[r] if r in given else jnp.zeros(block_shape(frame(r), r.type.layout, mesh_shape),
+                                                       avals[r.value].dtype) for r in inputs)
+        outs = dict(zip(outputs, body(*made), strict=True))
+        return tuple(outs[r] for r in passed_out)
+
     # check_vma=False: we bind primitives directly, which skips JAX's automatic pcast insertion; the
     # replication claims in out_specs hold by construction (replicated outputs are computed from gathered or
     # replicated data only).
-    return jax.shard_map(body, mesh=mesh, in_specs=tuple(layout_to_spec(r.type.layout) for r in inputs),
-                         out_specs=tuple(layout_to_spec(r.type.layout) for r in outputs), check_vma=False)
+    mapped = jax.shard_map(blocks_body, mesh=mesh, in_specs=tuple(layout_to_spec(r.type.layout) for r in passed_in),
+                           out_specs=tuple(layout_to_spec(r.type.layout) for r in passed_out), check_vma=False)
+
+    def stage_blocks(*values):
+        given = dict(zip(inputs, values, strict=True))
+        got = dict(zip(passed_out, mapped(*(given[r] for r in passed_in)) if passed_out else (), strict=True))
+        return tuple(got[r] if r in got else jnp.zeros(frame(r), avals[r.value].dtype) for r in outputs)
+
+    return stage_blocks
 
 
 # Instructions per read-out segment. XLA's compile time grows faster than linearly with the number of values one

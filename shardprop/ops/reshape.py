@@ -31,7 +31,11 @@ def reshape_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
     [([0, 1], [0])]
     >>> reshape_groups((6, 4), (2, 3, 4))
     [([0], [0, 1]), ([1], [2])]
+
+    An empty array (a zero-length axis) has no groups: it holds nothing to keep in place.
     """
+    if not math.prod(in_shape):
+        return []
     ins = [k for k, n in enumerate(in_shape) if n != 1]
     outs = [k for k, n in enumerate(out_shape) if n != 1]
     groups, i, j = [], 0, 0
@@ -152,7 +156,10 @@ def _ranged_reshape(ctx: RuleContext, operand: TensorSharding, out_shape) -> Rul
 def _element_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
     """Consecutive axis groups with equal element counts, size-1 axes included (unlike ``reshape_groups``,
     which only needs the axes that can carry a sharding): ``(8, 6) → (2, 4, 3, 2)`` gives
-    ``[([0], [0, 1]), ([1], [2, 3])]``. Within a group, elements keep their row-major order."""
+    ``[([0], [0, 1]), ([1], [2, 3])]``. Within a group, elements keep their row-major order; an empty array's
+    axes are one group."""
+    if not math.prod(in_shape):
+        return [(list(range(len(in_shape))), list(range(len(out_shape))))]
     groups, i, j = [], 0, 0
     while i < len(in_shape) or j < len(out_shape):
         ins, outs, p, q = [], [], 1, 1
