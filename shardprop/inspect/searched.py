@@ -21,8 +21,9 @@ def format_search(result) -> str:
     lines = [f"{what} in {result.seconds:.2f} s (one solve over {result.values:,} values' layouts, "
              f"{result.strategies:,} strategies{checks}): {format_bytes(c.moved)} moved, "
              f"{format_bytes(c.memory.total)} per device (cost model{compiled}{limit}); "
-             + (f"{result.certificate}: price {format_bytes(solution.cost)} (bytes moved and work), bound "
-                f"{format_bytes(solution.bound)}" if not result.walked else
+             + (f"{result.certificate}: price {format_bytes(solution.cost)} (bytes moved and work), "
+                + ("at its bound" if result.gap <= 0 else f"bound {format_bytes(solution.bound)}")
+                if not result.walked else
                 f"propagation's plan kept: price {format_bytes(c.price)} (bytes moved and work), below the solve's "
                 f"optimum {format_bytes(solution.cost)} by moves the solve does not model (a sum deferred past the "
                 "ops that keep it partial, rows ranged over uneven blocks)")
