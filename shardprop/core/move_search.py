@@ -157,10 +157,12 @@ class Search:
         key = counts, partial
         found = self.leasts.get(key)
         if found is None:
-            smallest = self.total * self.count(partial) // self.scale
+            # (the smallest operand times scale, undivided: a bound proportional to the element count, as every
+            # price is — a value's plan is its canonical shape's, ``moves._plan``)
+            smallest = self.total * self.count(partial)
             held = 0 if not set(partial) <= self.goal_partial else math.prod(
                 min(n // c, g) for n, c, g in zip(self.shape, counts, self.goal_sizes, strict=True))
-            found = self.leasts[key] = max(self.scale * max(self.goal_block, smallest) // 2,
+            found = self.leasts[key] = max(max(self.scale * self.goal_block, smallest) // 2,
                                            self.scale * (self.goal_block - held))
         return found
 

@@ -39,6 +39,7 @@ A*'s bound), and ``_finer_path`` searches it again with a mesh axis cut in two. 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -254,9 +255,22 @@ def _halo_steps(shape: tuple[int, ...], have: ValueType, want: ValueType,
 @functools.lru_cache(maxsize=65536)
 def _plan(shape: tuple[int, ...], have: ValueType, want: ValueType,
           mesh: tuple[tuple[str, int], ...]) -> tuple[Step, ...]:
+    """The search's plan for a value of ``shape``: that of its canonical shape (each axis's greatest common divisor
+    with the device count). Which layouts divide an axis depends on that alone (every block count divides the
+    device count), every price is the element count times a rate, and every block's element count is the canonical
+    one's times one factor, as the search's bound is (``Search.least``): the same search, the same steps, for the
+    many shapes of a model's values (a step names no shape)."""
     sizes = dict(mesh)
     _check(shape, have, sizes, "have")
     _check(shape, want, sizes, "want")
+    devices = math.prod(sizes.values())
+    return _canonical_plan(tuple(math.gcd(n, devices) for n in shape), have, want, mesh)
+
+
+@functools.lru_cache(maxsize=65536)
+def _canonical_plan(shape: tuple[int, ...], have: ValueType, want: ValueType,
+                    mesh: tuple[tuple[str, int], ...]) -> tuple[Step, ...]:
+    sizes = dict(mesh)
     search = Search(shape, sizes, have, want)
     path = search.run()
     path = _finer_path(shape, sizes, have, want, search) or path

@@ -428,6 +428,31 @@ def test_a_move_planned_again_is_taken_from_the_cache(mesh_shape):
         have.span or want.span or want.halo))
 
 
+@st.composite
+def moves_of_any_shape(draw):
+    """A move of a value whose sizes the mesh divides, or not, or divides only in part (sizes 1 to 48)."""
+    mesh_shape = draw(st.sampled_from([{"i": 4, "j": 2}, {"i": 2, "j": 2, "k": 2}, {"i": 8, "j": 2}, {"i": 3, "j": 2}]))
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 40, 48]), min_size=1, max_size=4)))
+    return shape, draw(value_types(shape, mesh_shape)), draw(value_types(shape, mesh_shape)), mesh_shape
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
+                                                                                   HealthCheck.filter_too_much])
+@given(moves_of_any_shape())
+def test_a_value_is_planned_as_its_canonical_shape_step_for_step(case):
+    """A value's plan is its canonical shape's (each axis's greatest common divisor with the device count: one plan
+    for the many shapes of a model's values): the search on the value's own shape takes the very same steps."""
+    from shardprop.core import moves
+
+    shape, have, want, mesh_shape = case
+    assert moves._canonical_plan(shape, have, want, tuple(mesh_shape.items())) == plan_move(
+        shape, np.float32, have, want, mesh_shape)
+
+
+test_a_value_is_planned_as_its_canonical_shape_step_for_step_on_more_examples = on_more_examples(
+    test_a_value_is_planned_as_its_canonical_shape_step_for_step, 600, 52_017, case=moves_of_any_shape())
+
+
 @pytest.mark.slow  # a timing, on a machine another test worker loads: a benchmark-like check, out of the default run
 @pytest.mark.parametrize("mesh_shape", [{"x": 2, "y": 2, "z": 2}, {"i": 4, "j": 2, "k": 1}, {"i": 4, "j": 2, "k": 2}],
                          ids=["2x2x2", "4x2x1", "4x2x2"])
