@@ -264,7 +264,8 @@ def _plan(shape: tuple[int, ...], have: ValueType, want: ValueType,
     _check(shape, have, sizes, "have")
     _check(shape, want, sizes, "want")
     devices = math.prod(sizes.values())
-    return _canonical_plan(tuple(math.gcd(n, devices) for n in shape), have, want, mesh)
+    # (an empty axis stays empty: gcd(0, n) is n, and a plan for rows would gather along none)
+    return _canonical_plan(tuple(math.gcd(n, devices) if n else 0 for n in shape), have, want, mesh)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -353,7 +354,7 @@ def _check(shape: tuple[int, ...], vtype: ValueType, sizes: Mapping[str, int], w
             raise ValueError(f"{what}: axis {axis} of shape {shape} (size {n}) cannot be laid out over {m}: "
                              f"{shard_count(sizes, m)} blocks do not divide it")
     if vtype.halo and (len(vtype.halo) != len(shape) or any(
-            lo < 0 or hi < 0 or ((lo or hi) and (not m or 0 in shape))
+            lo < 0 or hi < 0 or ((lo or hi) and not m)
             for (lo, hi), m in zip(vtype.halo, vtype.layout, strict=True))):
         raise ValueError(f"{what}: {vtype} holds a halo of negative rows, or on an axis that is not sharded")
     if vtype.partial and vtype.reduction is not Reduction.SUM:

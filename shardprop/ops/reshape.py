@@ -156,10 +156,8 @@ def _ranged_reshape(ctx: RuleContext, operand: TensorSharding, out_shape) -> Rul
 def _element_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
     """Consecutive axis groups with equal element counts, size-1 axes included (unlike ``reshape_groups``,
     which only needs the axes that can carry a sharding): ``(8, 6) → (2, 4, 3, 2)`` gives
-    ``[([0], [0, 1]), ([1], [2, 3])]``. Within a group, elements keep their row-major order; an empty array's
-    axes are one group."""
-    if not math.prod(in_shape):
-        return [(list(range(len(in_shape))), list(range(len(out_shape))))]
+    ``[([0], [0, 1]), ([1], [2, 3])]``. Within a group, elements keep their row-major order (an empty array has
+    no elements: its lineage is asked for none)."""
     groups, i, j = [], 0, 0
     while i < len(in_shape) or j < len(out_shape):
         ins, outs, p, q = [], [], 1, 1

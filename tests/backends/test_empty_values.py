@@ -5,9 +5,10 @@ gradient program) and their stages. Oracle: the unsharded function and gradient 
 What the long fuzz run (CI seed 4772616) found, and its siblings: an empty value passed between two stages was an
 operand of a ``shard_map`` that Shardy refused under the caller's jit (it takes an empty operand for a constant);
 a collective moving an empty block along its axis of no rows failed XLA's verifier; a reshape of an empty array
-broke propagation (its axes have no groups of equal sizes); and an empty output declared sharded came back from the
-jit with every device holding the whole empty array under the sharded claim (``jax.jit``'s ``out_shardings`` do
-so too), which ``np.asarray`` refused.
+broke propagation (its axes have no groups of equal sizes); a window over an empty value's sharded axis was refused
+its halo (found by review: "a halo ... on an axis that is not sharded"); and an empty output declared sharded came
+back from the jit with every device holding the whole empty array under the sharded claim (``jax.jit``'s
+``out_shardings`` do so too), which ``np.asarray`` refused.
 """
 
 import jax
@@ -48,6 +49,13 @@ EMPTY = [  # (name, f, args, in_specs, in the default run)
     ("taking no rows", lambda a: a[jnp.zeros((0,), jnp.int32)], (X2,), (P("i", "j"),), False),
     ("a scan over no steps", lambda a: jax.lax.scan(lambda c, r: (c + r, c * 2), jnp.zeros(8), a), (ROWS0,), (P(),),
      False),
+    ("a window along a sharded axis of a batch of none (a halo of no rows)",
+     lambda a: jax.lax.reduce_window(a, 0.0, jax.lax.add, (1, 3, 1), (1, 1, 1), "SAME"),
+     (np.zeros((0, 16, 4), np.float32),), (P(None, "j"),), False),
+    ("a convolution over a batch of none, its rows sharded",
+     lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+     (np.zeros((0, 16, 8, 4), np.float32), RNG.normal(size=(3, 3, 4, 4)).astype(np.float32)), (P(None, "j"), P()),
+     False),
 ]
 
 
@@ -77,6 +85,14 @@ def test_empty_values_pass_between_stages_one_at_a_time(meshes):
         results.append(prog.stage(k)(*inputs))
     np.testing.assert_allclose(np.asarray(results[-1][0]), np.asarray(f(X3)), rtol=1e-5, atol=1e-5)
     assert sp.Debugger(prog, X3).first_divergence() is None
+
+
+def test_empty_prng_keys_move_as_declared(meshes):
+    """An empty array of PRNG keys (no zeros to make of them) is moved as planned: its plan gathers along no empty
+    axis."""
+    keys = jax.random.split(jax.random.key(0), 0).reshape(0, 8)
+    out = sp.autoshard(lambda k: k, mesh=meshes["2x4"], in_specs=(P("i", "j"),), out_specs=P(None, "i"))(keys)
+    assert out.shape == (0, 8) and jax.dtypes.issubdtype(out.dtype, jax.dtypes.prng_key)
 
 
 def test_an_empty_output_is_laid_out_as_declared(meshes):
