@@ -18,6 +18,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
 from ..core.layouts import block_shape, layout_to_spec
+from ..core.subaxes import is_whole
 from ..core.types import ValueType
 from ..expr import jax_adapter as jx
 from ..splitting import Plan, Stage
@@ -115,7 +116,7 @@ class Segment:
 def readout_segments(plan: Plan, stage: Stage, size: int | None = None) -> list[Segment]:
     """Stage ``stage``'s instructions cut into segments of about ``size`` (default ``READOUT_NODES``) whose
     outputs are every value it computes (the debugger's intermediates), each in the type the plan holds it in."""
-    chunks = _chunks(stage.instructions, size or READOUT_NODES) or [()]
+    chunks = _chunks(stage.instructions, size or READOUT_NODES, plan.mesh_shape) or [()]
     stage_inputs = {i.ref for i in stage.inputs}
     made_in: dict[Ref, int] = {}
     for k, chunk in enumerate(chunks):
@@ -158,10 +159,10 @@ def unframed(x, vtype: ValueType, shape: tuple[int, ...], mesh_shape) -> jax.Arr
     return x
 
 
-def _chunks(instructions: Sequence[Instruction], size: int) -> list[tuple[Instruction, ...]]:
+def _chunks(instructions: Sequence[Instruction], size: int, mesh_shape) -> list[tuple[Instruction, ...]]:
     """``instructions`` in runs of about ``size``, a run extended until no pending value it made (partial, or
     placed) is still to be read (one is never carried between segments, where it would be taken as whole and in
-    place)."""
+    place), nor a move's intermediate laid out over a sub-axis (``i[minor 2]``: no spec names one)."""
     last_read: dict[Ref, int] = {}
     for k, instruction in enumerate(instructions):
         for ref in reads(instruction):
@@ -169,7 +170,7 @@ def _chunks(instructions: Sequence[Instruction], size: int) -> list[tuple[Instru
     chunks, start, open_until = [], 0, -1
     for k, instruction in enumerate(instructions):
         for ref in results(instruction):
-            if ref.type.pending:
+            if ref.type.pending or not all(is_whole(m, mesh_shape) for m in ref.type.layout):
                 open_until = max(open_until, last_read.get(ref, k))
         if k + 1 - start >= size and k >= open_until:
             chunks.append(tuple(instructions[start:k + 1]))

@@ -133,6 +133,21 @@ def test_intermediates_read_out_in_small_segments_are_the_same(monkeypatch, mesh
         np.testing.assert_allclose(np.asarray(dbg.value(v)), np.asarray(whole.value(v)), rtol=1e-6, atol=1e-7)
 
 
+def test_a_move_over_a_sub_axis_is_never_cut_between_segments(monkeypatch, meshes):
+    """One-node segments: a move's intermediate over a sub-axis (``i[minor 2]``, which no spec names) stays inside
+    its segment (found by review: a cut there failed in ``shard_map``'s out_specs)."""
+    from shardprop.backends import shard_map
+
+    x = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
+    prog = sp.autoshard(lambda a: jnp.sin(a) * 2, mesh=meshes["4x2"], in_specs=(P("i", "j"),),
+                        out_specs=P("j", "i")).trace(x)
+    steps = [str(i.step) for stage in prog.plan.stages for i in stage.instructions if hasattr(i, "step")]
+    assert any("[minor 2]" in s for s in steps), steps  # (else the test tests nothing)
+    monkeypatch.setattr(shard_map, "READOUT_NODES", 1)
+    dbg = sp.Debugger(prog, x)
+    assert dbg.first_divergence() is None and dbg.compare().agree
+
+
 def test_a_ranged_values_blocks_are_each_devices_real_rows(mesh):
     """``x[3:]`` of 16 rows over 4 blocks: each device keeps the rows of its own block — 1, 4, 4 and 4 of them — and
     the debugger's blocks say so (issue #27)."""
