@@ -154,7 +154,7 @@ class Program:
             out = list(out)
             for k, sharding in self._empty_outputs:
                 if not jx.is_traced(out[k]):  # (under the caller's jit, an empty value's layout is XLA's)
-                    out[k] = jax.device_put(out[k], sharding)
+                    out[k] = jx.place(out[k], sharding)
         return jax.tree_util.tree_unflatten(self.plan.graph.out_tree, out)
 
     def program_args(self, args: tuple, kwargs: dict | None = None) -> tuple:
