@@ -12,6 +12,10 @@ def format_search(result) -> str:
     searched argument (path, type, chosen spec, decided with)."""
     c = result.chosen
     limit = "" if result.memory_limit is None else f", limit {format_bytes(result.memory_limit)}"
+    if result.memory_calibration:
+        more = result.memory_calibration
+        limit += (f", solved within {format_bytes(result.memory_limit - more)} by the cost model: the unlimited "
+                  f"optimum held {format_bytes(abs(more))} {'more' if more > 0 else 'less'} as compiled than by it")
     compiled = "" if c.compiled_memory is None else f", {format_bytes(c.compiled_memory)} as compiled"
     checks = "" if not result.compiled else (f"; {result.compiled} compiled to check the limit, "
                                              f"{result.compile_seconds:.2f} s")
@@ -104,7 +108,7 @@ def search_to_dict(result) -> dict:
         "bound": result.bound, "gap": result.gap, "certificate": result.certificate, "walked": result.walked,
         "sampled": list(result.sampled), "values": result.values,
         "strategies": result.strategies, "seconds": result.seconds, "compiled": result.compiled,
-        "compile_seconds": result.compile_seconds,
+        "compile_seconds": result.compile_seconds, "memory_calibration": result.memory_calibration,
     }
 
 
@@ -130,7 +134,7 @@ SEARCH_SCHEMA = _fields({
     "bound": {"type": "number"}, "gap": {"type": "number"}, "certificate": {"type": "string"},
     "walked": {"type": "boolean"}, "sampled": {"type": "array", "items": {"type": "string"}},
     "values": {"type": "integer"}, "strategies": {"type": "integer"}, "seconds": {"type": "number"},
-    "compiled": {"type": "integer"}, "compile_seconds": {"type": "number"},
+    "compiled": {"type": "integer"}, "compile_seconds": {"type": "number"}, "memory_calibration": {"type": "integer"},
 })
 
 

@@ -11,7 +11,9 @@ Constraints: the arguments the user fixed keep their specs; arguments decided to
 their parameter, ``.space.decision_groups``) take one layout; state the program returns for its next call (an NNX
 module's, or an output mirroring an argument: ``.space.state_pairs``) is priced back into its argument's layout and
 returned so; under ``memory_limit`` the cost model's memory is bounded at every moment, and the compiled program has
-the last word — over it, the limit the solve keeps is tightened and solved again.
+the last word: the optimum without the limit is compiled first (where it fits, it is the optimum within it); where it
+does not, what it held as compiled beyond the problem's memory calibrates the limit the solve keeps (the user's less
+that), and a plan still over the limit as compiled tightens it further and is solved again.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ..splitting.cost import Footprint, estimate, footprint, price
 from ..splitting.split import split
 from .build import BuiltProblem, build_problem, spec_of_layout
 from .ilp import Solution, solve
-from .problem import FORBIDDEN
+from .problem import FORBIDDEN, peak_usage
 from .realize import realize
 from .space import AUTO, Leaf, candidate_specs, decision_groups, leaves_of, state_pairs
 
@@ -99,6 +101,9 @@ class SearchResult:
     sampled: tuple[str, ...] = ()
     # what the memory check compiled for ``plan`` (a ``shardprop.Program``; None: nothing): the program runs it
     checked: object = field(default=None, repr=False, compare=False)
+    # under a limit the unlimited optimum broke as compiled: the bytes the compiled program held beyond the problem's
+    # memory on that plan, taken off the limit the limited solve keeps (the problem's memory calibrated by it)
+    memory_calibration: int = 0
 
     @property
     def bound(self) -> float:
@@ -246,13 +251,13 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
                         tuple(donated), pin, compiled_memory)
 
     session = session_of(True)
-    found = None if memory_limit is None else _fitting_unbound(session, memory_limit)
+    found, offset = (None, 0) if memory_limit is None else _fitting_unbound(session, memory_limit)
     if memory_limit is not None and found is None:
         # the limit binds: the menus sampled — the problem's memory leaves out what moves hold between their
         # endpoints, and over the combined menus the integer program ran into its minute choosing layouts that fit
         # by it, not as compiled
         session = replace(session_of(False), checks=session.checks)
-    solution, plan, chosen = found or _solved_within(session, memory_limit, leaves, searched)
+    solution, plan, chosen = found or _solved_within(session, memory_limit, leaves, searched, offset)
     built = session.built
 
     def alternatives(leaf: int) -> tuple[Alternative, ...]:
@@ -265,7 +270,8 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
                         len(graph.nodes), built.problem.strategy_count, time.perf_counter() - started,
                         len(session.checks), sum(session.checks), plan, _remembered(alternatives),
                         _remembered(value_alternatives),
-                        sampled=tuple(f"`{graph.nodes[k].op}` at {where(graph.nodes[k])}" for k in built.sampled))
+                        sampled=tuple(f"`{graph.nodes[k].op}` at {where(graph.nodes[k])}" for k in built.sampled),
+                        memory_calibration=0 if found is not None else offset)
 
 
 def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
@@ -282,24 +288,30 @@ def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
 
 def _fitting_unbound(session: _Session, limit: int):
     """The optimum without the limit, its plan and Candidate, where it fits within ``limit`` as compiled (then it is
-    the optimum within it too); else None."""
+    the optimum within it too), else None; and the bytes the compiled program holds beyond the problem's peak usage
+    for that plan (0 without a compiled check): the calibration of the problem's memory a limited solve keeps."""
     solution = session.solved(None)
     if solution.cost is None:
-        return None
+        return None, 0
     plan = session.planned(solution)
     candidate = session.candidate(plan, limit)
-    memory = session.compiled(plan) if session.compiled_memory is not None else candidate.memory.total
+    if session.compiled_memory is None:
+        return (None if candidate.memory.total > limit else (solution, plan, replace(candidate, excess=0))), 0
+    memory = session.compiled(plan)
+    # (at most the limit less a byte: a limit kept is positive)
+    offset = min(int(memory - peak_usage(session.built.problem, solution.strategies)), limit - 1)
     if memory > limit:
-        return None
-    return solution, plan, replace(candidate, compiled_memory=memory if session.compiled_memory is not None else None,
-                                   excess=0)
+        return None, offset
+    return (solution, plan, replace(candidate, compiled_memory=memory, excess=0)), offset
 
 
-def _solved_within(session: _Session, limit: int | None, leaves, searched):
-    """The solution, its plan and its Candidate: within ``limit`` as compiled, tightening the limit the solve keeps
-    by what the compiled program held beyond it (``LIMIT_ATTEMPTS`` solves at most); a tightened solve is held to the
-    bound of the first, within ``limit`` itself (``_held_to``)."""
-    kept = limit
+def _solved_within(session: _Session, limit: int | None, leaves, searched, offset: int = 0):
+    """The solution, its plan and its Candidate: within ``limit`` as compiled. The first solve keeps the problem's
+    memory within ``limit - offset`` (``offset``: the compiled program's memory beyond the problem's, measured on the
+    unlimited optimum) and proves the bound; a plan still over the limit as compiled tightens the limit kept by as
+    much as it held beyond it (``LIMIT_ATTEMPTS`` solves at most), and a tightened solve is held to the first's bound
+    (``_held_to``)."""
+    kept = None if limit is None else limit - offset
     smallest: Candidate | None = None
     bound = None  # the cost model's bound within the user's limit, by the first solve: what a tightened one is held to
     for _ in range(LIMIT_ATTEMPTS if limit is not None else 1):
