@@ -14,8 +14,8 @@ def format_search(result) -> str:
     limit = "" if result.memory_limit is None else f", limit {format_bytes(result.memory_limit)}"
     if result.memory_calibration:
         more = result.memory_calibration
-        limit += (f", solved within {format_bytes(result.memory_limit - more)} by the cost model: the unlimited "
-                  f"optimum held {format_bytes(abs(more))} {'more' if more > 0 else 'less'} as compiled than by it")
+        limit += (f", solved within {format_bytes(max(1, result.memory_limit - more))} by the cost model: a plan "
+                  f"compiled held {format_bytes(abs(more))} {'more' if more > 0 else 'less'} than it")
     compiled = "" if c.compiled_memory is None else f", {format_bytes(c.compiled_memory)} as compiled"
     checks = "" if not result.compiled else (f"; {result.compiled} compiled to check the limit, "
                                              f"{result.compile_seconds:.2f} s")

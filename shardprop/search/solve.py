@@ -28,21 +28,19 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from ..core.transfers import total_moved
-from ..errors import MemoryLimitError, OptionError
+from ..errors import OptionError
 from ..expr.graph import where
 from ..splitting.cost import Footprint, estimate, footprint, price
 from ..splitting.split import split
 from .build import BuiltProblem, build_problem, spec_of_layout
 from .ilp import Solution, solve
-from .problem import FORBIDDEN, peak_usage
+from .problem import FORBIDDEN
+from .limited import fitting_unbound, solved_within
 from .realize import realize
 from .space import AUTO, Leaf, candidate_specs, decision_groups, leaves_of, state_pairs
 
 # the solver's time limit (seconds) per solve; a solve stopped by it states its gap
 TIME_LIMIT = 60.0
-# under a limit, the solves at most: the first, then each with the kept limit tightened by what the compiled program
-# held beyond it
-LIMIT_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -251,13 +249,14 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
                         tuple(donated), pin, compiled_memory)
 
     session = session_of(True)
-    found, offset = (None, 0) if memory_limit is None else _fitting_unbound(session, memory_limit)
+    found, beyond = (None, 0) if memory_limit is None else fitting_unbound(session, memory_limit)
     if memory_limit is not None and found is None:
         # the limit binds: the menus sampled — the problem's memory leaves out what moves hold between their
         # endpoints, and over the combined menus the integer program ran into its minute choosing layouts that fit
         # by it, not as compiled
         session = replace(session_of(False), checks=session.checks)
-    solution, plan, chosen = found or _solved_within(session, memory_limit, leaves, searched, offset)
+    solution, plan, chosen, calibration = (*found, 0) if found else solved_within(session, memory_limit, leaves,
+                                                                                    searched, beyond)
     built = session.built
 
     def alternatives(leaf: int) -> tuple[Alternative, ...]:
@@ -271,7 +270,7 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
                         len(session.checks), sum(session.checks), plan, _remembered(alternatives),
                         _remembered(value_alternatives),
                         sampled=tuple(f"`{graph.nodes[k].op}` at {where(graph.nodes[k])}" for k in built.sampled),
-                        memory_calibration=0 if found is not None else offset)
+                        memory_calibration=calibration)
 
 
 def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
@@ -284,68 +283,6 @@ def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
         return cache[key]
 
     return remembered
-
-
-def _fitting_unbound(session: _Session, limit: int):
-    """The optimum without the limit, its plan and Candidate, where it fits within ``limit`` as compiled (then it is
-    the optimum within it too), else None; and the bytes the compiled program holds beyond the problem's peak usage
-    for that plan (0 without a compiled check): the calibration of the problem's memory a limited solve keeps."""
-    solution = session.solved(None)
-    if solution.cost is None:
-        return None, 0
-    plan = session.planned(solution)
-    candidate = session.candidate(plan, limit)
-    if session.compiled_memory is None:
-        return (None if candidate.memory.total > limit else (solution, plan, replace(candidate, excess=0))), 0
-    memory = session.compiled(plan)
-    # (at most the limit less a byte: a limit kept is positive)
-    offset = min(int(memory - peak_usage(session.built.problem, solution.strategies)), limit - 1)
-    if memory > limit:
-        return None, offset
-    return (solution, plan, replace(candidate, compiled_memory=memory, excess=0)), offset
-
-
-def _solved_within(session: _Session, limit: int | None, leaves, searched, offset: int = 0):
-    """The solution, its plan and its Candidate: within ``limit`` as compiled. The first solve keeps the problem's
-    memory within ``limit - offset`` (``offset``: the compiled program's memory beyond the problem's, measured on the
-    unlimited optimum) and proves the bound; a plan still over the limit as compiled tightens the limit kept by as
-    much as it held beyond it (``LIMIT_ATTEMPTS`` solves at most), and a tightened solve is held to the first's bound
-    (``_held_to``)."""
-    kept = None if limit is None else limit - offset
-    smallest: Candidate | None = None
-    bound = None  # the cost model's bound within the user's limit, by the first solve: what a tightened one is held to
-    for _ in range(LIMIT_ATTEMPTS if limit is not None else 1):
-        solution = session.solved(kept)
-        if solution.cost is None:
-            break
-        bound = solution.bound if bound is None else bound
-        plan = session.planned(solution)
-        candidate = session.candidate(plan, limit)
-        if limit is None:
-            return solution, plan, candidate
-        memory = session.compiled(plan) if session.compiled_memory is not None else candidate.memory.total
-        candidate = replace(candidate, compiled_memory=memory if session.compiled_memory is not None else None,
-                            excess=max(0, memory - limit))
-        if memory <= limit:
-            return _held_to(solution, bound), plan, candidate
-        if smallest is None or memory < (smallest.compiled_memory or smallest.memory.total):
-            smallest = candidate
-        kept = kept * limit / memory * 0.98  # the model's memory errs: ask it for less, as much less as it erred
-    if smallest is None:  # nothing fits by the cost model: say what the leanest layout holds
-        plan = session.planned(session.leanest())
-        smallest = session.candidate(plan, limit)
-        if session.compiled_memory is not None:
-            smallest = replace(smallest, compiled_memory=session.compiled(plan))
-    raise _over_limit(leaves, searched, smallest, limit)
-
-
-def _held_to(solution: Solution, bound: float) -> Solution:
-    """``solution`` measured against ``bound``, the cost model's bound within the user's limit: a solve whose limit was
-    tightened (the cost model's optimum held more as compiled) is optimal only where it meets that bound, else within
-    its gap of it."""
-    if solution.cost <= bound + 1e-9 * max(1.0, abs(bound)):
-        return solution
-    return replace(solution, bound=bound, status="tightened to fit as compiled")
 
 
 def _alternatives(session: _Session, leaf: int, groups, leaves, limit, chosen: Candidate,
@@ -401,23 +338,6 @@ def _value_alternatives(session: _Session, value: int, limit, chosen: Candidate,
         found.append(Alternative(spec_of_layout(layout), None if again.cost is None else
                                  session.candidate(session.planned(again), limit), again.cost))
     return tuple(sorted(found, key=lambda a: _rank(a, chosen)))
-
-
-def _names(leaves: Sequence[Leaf], searched: Sequence[int], limit: int = 4) -> str:
-    names = [f"argument {leaves[k].path}" for k in searched[:limit]]
-    return ", ".join(names) + (f" and {len(searched) - limit} more" if len(searched) > limit else "")
-
-
-def _over_limit(leaves, searched, best: Candidate, limit: int) -> MemoryLimitError:
-    largest = sorted(searched, key=lambda k: (-leaves[k].nbytes, k))  # the arguments that matter first
-    chosen = ", ".join(f"{leaves[k].path} {best.specs[k]}" for k in largest[:6])
-    m = best.memory
-    how = (f"{best.compiled_memory:,} B as compiled" if best.compiled_memory is not None else
-           f"{m.total:,} B (arguments {m.arguments:,} + outputs {m.outputs:,} + temporaries {m.temporaries:,})")
-    return MemoryLimitError(
-        f"no layout of {_names(leaves, largest)} fits memory_limit={limit:,} B per device: the smallest footprint "
-        f"found is {how} with {chosen}{' ...' if len(searched) > 6 else ''}; raise the limit, use a mesh with "
-        "more devices, or shard the fixed arguments")
 
 
 def as_tree(graph, flat: Sequence[PartitionSpec | None]):

@@ -153,7 +153,7 @@ def test_a_solve_tightened_to_fit_as_compiled_is_held_to_the_bound_within_the_us
     (the KV-decode row of docs/search.md before the limit kept was calibrated on the compiled program: 15,104 against
     14,336)."""
     from shardprop.search.ilp import Solution
-    from shardprop.search.solve import _held_to
+    from shardprop.search.limited import _held_to
 
     held = _held_to(Solution((0, 1), 15104, 15104, "optimal", 1.0), 14336)
     assert held.status == "tightened to fit as compiled" and held.bound == 14336 and 0.050 < held.gap < 0.051
@@ -179,7 +179,7 @@ def test_a_limit_the_unlimited_optimum_breaks_is_solved_within_it_less_what_the_
     assert 0 < search.memory_calibration < unlimited.memory()
     assert search.compiled == 2 and search.certificate.startswith("optimal among the layouts asked about")
     assert (f"limit {format_bytes(limit)}, solved within {format_bytes(limit - search.memory_calibration)} by the "
-            f"cost model: the unlimited optimum held {format_bytes(search.memory_calibration)} more as compiled"
+            f"cost model: a plan compiled held {format_bytes(search.memory_calibration)} more than it"
             in str(search).splitlines()[0])
     _assert_equal(fs(*model.args), jax.jit(model.f)(*model.args), atol=1e-4)
 
