@@ -12,10 +12,11 @@ def format_search(result) -> str:
     searched argument (path, type, chosen spec, decided with)."""
     c = result.chosen
     limit = "" if result.memory_limit is None else f", limit {format_bytes(result.memory_limit)}"
-    if result.memory_calibration:
-        more = result.memory_calibration
-        limit += (f", solved within {format_bytes(max(1, result.memory_limit - more))} by the cost model: a plan "
-                  f"compiled held {format_bytes(abs(more))} {'more' if more > 0 else 'less'} than it")
+    if result.memory_kept is not None:
+        beyond = result.memory_limit - result.memory_kept
+        limit += (f", the problem's memory kept within {format_bytes(result.memory_kept)}: the limit "
+                  f"{'less' if beyond >= 0 else 'and'} the {format_bytes(abs(beyond))} a plan held "
+                  f"{'beyond' if beyond >= 0 else 'below'} it{' as compiled' if c.compiled_memory is not None else ''}")
     compiled = "" if c.compiled_memory is None else f", {format_bytes(c.compiled_memory)} as compiled"
     checks = "" if not result.compiled else (f"; {result.compiled} compiled to check the limit, "
                                              f"{result.compile_seconds:.2f} s")
@@ -108,7 +109,7 @@ def search_to_dict(result) -> dict:
         "bound": result.bound, "gap": result.gap, "certificate": result.certificate, "walked": result.walked,
         "sampled": list(result.sampled), "values": result.values,
         "strategies": result.strategies, "seconds": result.seconds, "compiled": result.compiled,
-        "compile_seconds": result.compile_seconds, "memory_calibration": result.memory_calibration,
+        "compile_seconds": result.compile_seconds, "memory_kept": result.memory_kept,
     }
 
 
@@ -134,7 +135,8 @@ SEARCH_SCHEMA = _fields({
     "bound": {"type": "number"}, "gap": {"type": "number"}, "certificate": {"type": "string"},
     "walked": {"type": "boolean"}, "sampled": {"type": "array", "items": {"type": "string"}},
     "values": {"type": "integer"}, "strategies": {"type": "integer"}, "seconds": {"type": "number"},
-    "compiled": {"type": "integer"}, "compile_seconds": {"type": "number"}, "memory_calibration": {"type": "integer"},
+    "compiled": {"type": "integer"}, "compile_seconds": {"type": "number"},
+    "memory_kept": {"type": ["integer", "null"]},
 })
 
 

@@ -3,38 +3,53 @@ program has the last word.
 
 The optimum without the limit is solved and compiled first (``fitting_unbound``): where it fits, it is the optimum
 within the limit too. Where it does not, the problem's memory is calibrated on the program: each limited solve keeps
-it within the limit less what the last plan compiled held beyond it — first the unlimited optimum's — until a plan
-fits and held no less beyond than its solve assumed (``solved_within``). ``session`` is ``.solve``'s ``_Session``: the
-problem, its solves, plans and compiled checks.
+it within the limit less what a compiled plan held beyond it — first the unlimited optimum — and every plan it
+compiles recalibrates the next, halving the interval between too little and enough where it would go round
+(``solved_within``). The plan chosen is the cheapest that fits as compiled, and its
+certificate is its own solve's: optimal among the assignments whose memory by the problem is within the limit that
+solve kept. ``session`` is ``.solve``'s ``_Session``: the problem, its solves, plans and compiled checks.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 
 from ..errors import MemoryLimitError
 from .ilp import Solution
-from .problem import peak_usage
+from .problem import evaluate, peak_usage
 
-# under a limit, the solves at most: the first, then each with the limit kept calibrated by what the last plan held as
-# compiled beyond the problem's memory
+# under a limit, the solves at most, each with the limit kept calibrated by what the last plan held as compiled beyond
+# the problem's memory
 LIMIT_ATTEMPTS = 4
 # a plan that fits confirms the calibration it was solved with where it held at least that much beyond the problem's
-# memory, less this share of the limit: plans alike differ by about as much as compiled (a KV decode with a cache of
-# 64: two plans of one cost and one peak usage held 385.3 and 389.4 KB, a limit of 393 KB; a cache of 128: three
-# plans 61.8-62.1 KB beyond), and a solve under a limit takes seconds
+# memory, less this share of the limit — no looser limit is tried then: plans alike differ by about as much as
+# compiled (a KV decode with a cache of 64: two plans of one cost and one peak usage held 385.3 and 389.4 KB, a limit
+# of 393 KB; a cache of 128: three plans 61.8-62.1 KB beyond), and a solve under a limit takes seconds
 CALIBRATION_SLACK = 0.02
 
 
-def fitting_unbound(session, limit: int):
-    """The optimum without the limit, its plan and Candidate, where it fits within ``limit`` as compiled (then it is
-    the optimum within it too), else None; and how much more than the problem's memory that plan held as compiled:
-    the calibration a limited solve starts from."""
+@dataclass(frozen=True)
+class Limited:
+    """The search's choice under a limit: the ``solution`` (its certificate), its ``plan`` and ``candidate``, and
+    ``kept``, the limit on the problem's memory its solve kept (None: the user's own, where the unlimited optimum
+    fits)."""
+
+    solution: Solution
+    plan: object
+    candidate: object
+    kept: int | None = None
+
+
+def fitting_unbound(session, limit: int) -> tuple[Limited | None, int]:
+    """The optimum without the limit, where it fits within ``limit`` as compiled (then it is the optimum within it
+    too), else None; and how much more than the problem's memory that plan held as compiled: the calibration a limited
+    solve starts from."""
     solution = session.solved(None)
     if solution.cost is None:
         return None, 0
     plan, candidate, beyond = _measured(session, solution, limit)
-    return (None if candidate.excess else (solution, plan, candidate)), beyond
+    return (None if candidate.excess else Limited(solution, plan, candidate)), beyond
 
 
 def _measured(session, solution: Solution, limit: int):
@@ -49,61 +64,75 @@ def _measured(session, solution: Solution, limit: int):
     return plan, candidate, int(memory - peak_usage(session.built.problem, solution.strategies))
 
 
-def solved_within(session, limit: int | None, leaves, searched, beyond: int = 0):
-    """The solution, its plan, its Candidate and the calibration it was solved with: within ``limit`` as compiled.
-    Each solve keeps the problem's memory within ``limit`` less a calibration — first ``beyond`` (what the unlimited
-    optimum held as compiled beyond the problem's memory), then what the last plan held beyond it — until a plan fits
-    and held no less beyond than its solve assumed (``CALIBRATION_SLACK``): the calibration held for it, and its
-    solve's bound is the certificate's. ``LIMIT_ATTEMPTS`` solves at most; the cheapest plan that fits then is held
-    to the least bound found (``_held_to``)."""
-    if limit is None:
-        solution = session.solved(None)
-        plan = session.planned(solution)
-        return solution, plan, session.candidate(plan, None), 0
-    fitting, smallest, bounds, calibration, tried = None, None, [], beyond, set()
+def solved_within(session, limit: int, leaves, searched, beyond: int) -> Limited:
+    """The cheapest plan found that fits ``limit`` as compiled. Each solve keeps the problem's memory within ``limit``
+    less a calibration: first ``beyond`` (what the unlimited optimum held beyond the problem's memory), then what the
+    last plan compiled held beyond it (where nothing is within the limit kept, what the leanest assignment held) —
+    or, where that is not between the calibrations known too small (a plan broke the limit) and known enough (a plan
+    fit), halfway between them. It stops where a plan fits having held no less beyond than its solve assumed
+    (``CALIBRATION_SLACK``), where nothing is left to try, or after ``LIMIT_ATTEMPTS`` solves. Raises
+    ``MemoryLimitError`` where nothing fits."""
+    fitting: Limited | None = None
+    over = []  # the Candidates over the limit (the error names the smallest)
     measured: dict[tuple[int, ...], tuple] = {}  # a solution met again is not compiled again
+    slack = CALIBRATION_SLACK * limit
+    calibration, tried, known = beyond, set(), [-math.inf, math.inf]  # (too small, enough)
     for _ in range(LIMIT_ATTEMPTS):
-        solution = session.solved(max(1, limit - calibration))
-        if solution.cost is None:
-            break
-        bounds.append(solution.bound)
+        tried.add(calibration)
+        kept = max(1, limit - calibration)
+        solution = session.solved(kept)
+        if solution.cost is None:  # nothing within the limit kept: how little the leanest assignment held beyond
+            known[1] = min(known[1], calibration)
+            solution, kept = _leanest(session), None
         if solution.strategies not in measured:
             measured[solution.strategies] = _measured(session, solution, limit)
         plan, candidate, held = measured[solution.strategies]
-        if not candidate.excess:
-            if fitting is None or solution.cost < fitting[0].cost:
-                fitting = (solution, plan, candidate, calibration)
-            if held >= calibration - CALIBRATION_SLACK * limit:
-                return solution, plan, candidate, calibration  # the calibration held: its bound is the solve's
-        elif smallest is None or _held(candidate) < _held(smallest):
-            smallest = candidate
-        if held in tried:  # solved with it before: the solves would go round
+        if candidate.excess:
+            over.append(candidate)
+            if kept is not None:
+                known[0] = max(known[0], calibration)
+        else:
+            if fitting is None or _rank(solution, kept) < _rank(fitting.solution, fitting.kept):
+                fitting = Limited(solution, plan, candidate, kept)
+            if kept is not None:
+                known[1] = min(known[1], calibration)
+                if held >= calibration - slack:
+                    break  # the calibration held for the plan: a looser limit is not tried
+        calibration = _next_calibration(held, *known, tried, slack)
+        if calibration is None:
             break
-        tried.add(calibration)
-        calibration = held
     if fitting is not None:
-        solution, plan, candidate, calibration = fitting
-        return _held_to(solution, min(bounds)), plan, candidate, calibration
-    if smallest is None:  # nothing fits by the cost model: say what the leanest layout holds
-        plan = session.planned(session.leanest())
-        smallest = session.candidate(plan, limit)
-        if session.compiled_memory is not None:
-            smallest = replace(smallest, compiled_memory=session.compiled(plan))
-    raise _over_limit(leaves, searched, smallest, limit)
+        return fitting
+    raise _over_limit(leaves, searched, min(over, key=_held), limit)
+
+
+def _rank(solution: Solution, kept: int | None) -> tuple:
+    """Cheapest first; of two as cheap, the one a solve proved, within the looser limit kept."""
+    return solution.cost, kept is None, -(kept or 0)
+
+
+def _next_calibration(held: int, small: float, enough: float, tried: set, slack: float) -> int | None:
+    """What the last plan held beyond the problem's memory, where it is between the calibrations known too small and
+    known enough and untried; else halfway between those, where they are more than ``slack`` apart; else None."""
+    if small < held < enough and held not in tried:
+        return held
+    if math.isfinite(small) and math.isfinite(enough) and enough - small > slack:
+        halfway = int((small + enough) // 2)
+        return None if halfway in tried else halfway
+    return None
+
+
+def _leanest(session) -> Solution:
+    """The assignment holding the fewest bytes summed over every value, priced by the problem: proved nothing (its
+    bound is 0)."""
+    lean = session.leanest()
+    problem = replace(session.built.problem, usage_limit=None)
+    return Solution(lean.strategies, evaluate(problem, lean.strategies), 0.0, "the leanest layout", lean.seconds)
 
 
 def _held(candidate) -> int:
     """The memory a Candidate is judged by: as compiled where checked, else the cost model's."""
     return candidate.memory.total if candidate.compiled_memory is None else candidate.compiled_memory
-
-
-def _held_to(solution: Solution, bound: float) -> Solution:
-    """``solution`` measured against ``bound``, the cost model's bound within the user's limit: a solve whose limit was
-    tightened (the cost model's optimum held more as compiled) is optimal only where it meets that bound, else within
-    its gap of it."""
-    if solution.cost <= bound + 1e-9 * max(1.0, abs(bound)):
-        return solution
-    return replace(solution, bound=bound, status="tightened to fit as compiled")
 
 
 def _names(leaves, searched, limit: int = 4) -> str:

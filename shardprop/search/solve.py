@@ -35,7 +35,7 @@ from ..splitting.split import split
 from .build import BuiltProblem, build_problem, spec_of_layout
 from .ilp import Solution, solve
 from .problem import FORBIDDEN
-from .limited import fitting_unbound, solved_within
+from .limited import Limited, fitting_unbound, solved_within
 from .realize import realize
 from .space import AUTO, Leaf, candidate_specs, decision_groups, leaves_of, state_pairs
 
@@ -99,13 +99,14 @@ class SearchResult:
     sampled: tuple[str, ...] = ()
     # what the memory check compiled for ``plan`` (a ``shardprop.Program``; None: nothing): the program runs it
     checked: object = field(default=None, repr=False, compare=False)
-    # under a limit the unlimited optimum broke as compiled: the bytes the compiled program held beyond the problem's
-    # memory on that plan, taken off the limit the limited solve keeps (the problem's memory calibrated by it)
-    memory_calibration: int = 0
+    # under a limit the unlimited optimum broke as compiled: the limit on the problem's memory the chosen plan's solve
+    # kept — the user's less what a compiled plan held beyond the problem's memory (None: the user's limit itself)
+    memory_kept: int | None = None
 
     @property
     def bound(self) -> float:
-        """A cost no layout of this program can beat, by the cost model (the solver's proof)."""
+        """A cost no layout of this program can beat, by the cost model (the solver's proof); under a limit the
+        unlimited optimum broke as compiled, none whose memory by the problem is within ``memory_kept``."""
         return self.solution.bound
 
     @property
@@ -120,10 +121,15 @@ class SearchResult:
     @property
     def certificate(self) -> str:
         """``optimal`` or ``within 0.4% of the bound`` (of the solve; ``walked``: the walk's plan, cheaper still; where
-        some node's layouts were ``sampled``, of the strategies asked about)."""
+        the limit kept was calibrated, within it; where some node's layouts were ``sampled``, of the strategies asked
+        about; the leanest layout, where no solve's plan fit, proves nothing)."""
         if self.walked:
             return "the walk's plan, below the solve's optimum by moves the solve does not model"
+        if self.status == "the leanest layout":
+            return "not proved: the leanest layout, the one plan found to fit as compiled"
         proved = "optimal" if self.gap <= 0 else f"within {100 * self.gap:.2g}% of the bound"
+        if self.memory_kept is not None:
+            proved += " within the limit kept"
         if self.sampled:
             count = len(self.sampled)
             return f"{proved} among the layouts asked about, {count} node{'' if count == 1 else 's'} sampled"
@@ -249,28 +255,33 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
                         tuple(donated), pin, compiled_memory)
 
     session = session_of(True)
-    found, beyond = (None, 0) if memory_limit is None else fitting_unbound(session, memory_limit)
-    if memory_limit is not None and found is None:
-        # the limit binds: the menus sampled — the problem's memory leaves out what moves hold between their
-        # endpoints, and over the combined menus the integer program ran into its minute choosing layouts that fit
-        # by it, not as compiled
-        session = replace(session_of(False), checks=session.checks)
-    solution, plan, chosen, calibration = (*found, 0) if found else solved_within(session, memory_limit, leaves,
-                                                                                    searched, beyond)
-    built = session.built
+    if memory_limit is None:
+        found = session.solved(None)
+        plan = session.planned(found)
+        limited = Limited(found, plan, session.candidate(plan, None))
+    else:
+        limited, beyond = fitting_unbound(session, memory_limit)
+        if limited is None:
+            # the limit binds: the menus sampled — the problem's memory leaves out what moves hold between their
+            # endpoints, and over the combined menus the integer program ran into its minute choosing layouts that
+            # fit by it, not as compiled
+            session = replace(session_of(False), checks=session.checks)
+            limited = solved_within(session, memory_limit, leaves, searched, beyond)
+    solution, chosen, built = limited.solution, limited.candidate, session.built
+    kept = memory_limit if limited.kept is None else limited.kept  # what explain's solves keep too
 
     def alternatives(leaf: int) -> tuple[Alternative, ...]:
-        return _alternatives(session, leaf, groups, leaves, memory_limit, chosen, solution)
+        return _alternatives(session, leaf, groups, leaves, (memory_limit, kept), chosen, solution)
 
     def value_alternatives(value: int) -> tuple[Alternative, ...]:
-        return _value_alternatives(session, value, memory_limit, chosen, solution)
+        return _value_alternatives(session, value, (memory_limit, kept), chosen, solution)
 
     return SearchResult(chosen, tuple(leaves), tuple(searched), tuple(groups), memory_limit, solution,
                         len(graph.nodes), built.problem.strategy_count, time.perf_counter() - started,
-                        len(session.checks), sum(session.checks), plan, _remembered(alternatives),
+                        len(session.checks), sum(session.checks), limited.plan, _remembered(alternatives),
                         _remembered(value_alternatives),
                         sampled=tuple(f"`{graph.nodes[k].op}` at {where(graph.nodes[k])}" for k in built.sampled),
-                        memory_calibration=calibration)
+                        memory_kept=limited.kept)
 
 
 def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
@@ -285,8 +296,11 @@ def _remembered(fn: Callable[[int], tuple]) -> Callable[[int], tuple]:
     return remembered
 
 
-def _alternatives(session: _Session, leaf: int, groups, leaves, limit, chosen: Candidate,
+def _alternatives(session: _Session, leaf: int, groups, leaves, limits, chosen: Candidate,
                   chosen_solution: Solution) -> tuple[Alternative, ...]:
+    """Each layout of ``leaf``'s group, the rest solved again around it within the limit the choice's solve kept
+    (``limits``: the user's and that), and judged against the user's."""
+    limit, kept = limits
     group = next((g for g in groups if leaf in g), None)
     if group is None:
         return ()
@@ -300,7 +314,7 @@ def _alternatives(session: _Session, leaf: int, groups, leaves, limit, chosen: C
         if spec == chosen.specs[group[0]]:
             found.append(Alternative(spec, chosen, chosen_solution.cost))
             continue
-        solution = session.solved(limit, {node: (index,)})
+        solution = session.solved(kept, {node: (index,)})
         if solution.cost is None:
             found.append(Alternative(spec, None))
             continue
@@ -314,9 +328,10 @@ def _rank(alternative: Alternative, chosen: Candidate) -> tuple:
     return (True,) if c is None else (False, c.excess, alternative.cost, c is not chosen)
 
 
-def _value_alternatives(session: _Session, value: int, limit, chosen: Candidate,
+def _value_alternatives(session: _Session, value: int, limits, chosen: Candidate,
                         solution: Solution) -> tuple[Alternative, ...]:
-    """Each layout the solve could hold ``value`` in, the rest solved again around it."""
+    """Each layout the solve could hold ``value`` in, the rest solved again around it (as ``_alternatives``)."""
+    limit, kept = limits
     graph, menus = session.graph, session.built.menus
     if value >= len(graph.avals) or graph.producer[value] >= len(menus):
         return ()
@@ -334,7 +349,7 @@ def _value_alternatives(session: _Session, value: int, limit, chosen: Candidate,
         if layout == held:
             found.append(Alternative(spec_of_layout(layout), chosen, solution.cost))
             continue
-        again = session.solved(limit, {node: tuple(indices)})
+        again = session.solved(kept, {node: tuple(indices)})
         found.append(Alternative(spec_of_layout(layout), None if again.cost is None else
                                  session.candidate(session.planned(again), limit), again.cost))
     return tuple(sorted(found, key=lambda a: _rank(a, chosen)))
