@@ -13,10 +13,10 @@ def format_search(result) -> str:
     c = result.chosen
     limit = "" if result.memory_limit is None else f", limit {format_bytes(result.memory_limit)}"
     if result.memory_kept is not None:
-        beyond = result.memory_limit - result.memory_kept
+        beyond, held = result.memory_limit - result.memory_kept, "as compiled" if c.compiled_memory else "in all"
         limit += (f", the problem's memory kept within {format_bytes(result.memory_kept)}: the limit "
-                  f"{'less' if beyond >= 0 else 'and'} the {format_bytes(abs(beyond))} a plan held "
-                  f"{'beyond' if beyond >= 0 else 'below'} it{' as compiled' if c.compiled_memory is not None else ''}")
+                  f"{'less' if beyond >= 0 else 'plus'} {format_bytes(abs(beyond))}, calibrated on what plans held "
+                  f"{held} {'beyond' if beyond >= 0 else 'below'} it")
     compiled = "" if c.compiled_memory is None else f", {format_bytes(c.compiled_memory)} as compiled"
     checks = "" if not result.compiled else (f"; {result.compiled} compiled to check the limit, "
                                              f"{result.compile_seconds:.2f} s")
@@ -27,7 +27,8 @@ def format_search(result) -> str:
              f"{result.strategies:,} strategies{checks}): {format_bytes(c.moved)} moved, "
              f"{format_bytes(c.memory.total)} per device (cost model{compiled}{limit}); "
              + (f"{result.certificate}: price {format_bytes(solution.cost)} (bytes moved and work), "
-                + ("at its bound" if result.gap <= 0 else f"bound {format_bytes(solution.bound)}")
+                + ("at its bound" if result.gap <= 0 else "no bound" if result.status == "the leanest layout" else
+                   f"bound {format_bytes(solution.bound)}")
                 if not result.walked else
                 f"propagation's plan kept: price {format_bytes(c.price)} (bytes moved and work), below the solve's "
                 f"optimum {format_bytes(solution.cost)} by moves the solve does not model (a sum deferred past the "

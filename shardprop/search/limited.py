@@ -74,16 +74,20 @@ def solved_within(session, limit: int, leaves, searched, beyond: int) -> Limited
     ``MemoryLimitError`` where nothing fits."""
     fitting: Limited | None = None
     over = []  # the Candidates over the limit (the error names the smallest)
-    measured: dict[tuple[int, ...], tuple] = {}  # a solution met again is not compiled again
+    # a solution met again is not compiled again (the unlimited optimum's is not one of them: its strategies index the
+    # combined menus, this session's the sampled ones)
+    measured: dict[tuple[int, ...], tuple] = {}
+    leanest = None
     slack = CALIBRATION_SLACK * limit
     calibration, tried, known = beyond, set(), [-math.inf, math.inf]  # (too small, enough)
     for _ in range(LIMIT_ATTEMPTS):
         tried.add(calibration)
         kept = max(1, limit - calibration)
         solution = session.solved(kept)
-        if solution.cost is None:  # nothing within the limit kept: how little the leanest assignment held beyond
+        if solution.cost is None:  # nothing within the limit kept (or found in time): how little the leanest held
             known[1] = min(known[1], calibration)
-            solution, kept = _leanest(session), None
+            leanest = leanest or _leanest(session)
+            solution, kept = leanest, None
         if solution.strategies not in measured:
             measured[solution.strategies] = _measured(session, solution, limit)
         plan, candidate, held = measured[solution.strategies]

@@ -100,7 +100,7 @@ class SearchResult:
     # what the memory check compiled for ``plan`` (a ``shardprop.Program``; None: nothing): the program runs it
     checked: object = field(default=None, repr=False, compare=False)
     # under a limit the unlimited optimum broke as compiled: the limit on the problem's memory the chosen plan's solve
-    # kept — the user's less what a compiled plan held beyond the problem's memory (None: the user's limit itself)
+    # kept — the user's calibrated on what compiled plans held beyond the problem's memory (None: the user's itself)
     memory_kept: int | None = None
 
     @property
@@ -126,7 +126,7 @@ class SearchResult:
         if self.walked:
             return "the walk's plan, below the solve's optimum by moves the solve does not model"
         if self.status == "the leanest layout":
-            return "not proved: the leanest layout, the one plan found to fit as compiled"
+            return "not proved: the leanest layout, found to fit as compiled"
         proved = "optimal" if self.gap <= 0 else f"within {100 * self.gap:.2g}% of the bound"
         if self.memory_kept is not None:
             proved += " within the limit kept"

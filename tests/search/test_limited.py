@@ -3,7 +3,7 @@
 when the calibration is confirmed, which plans are compiled, what is chosen and what its certificate says — then end
 to end: a KV-cache decode compiled by XLA, limits refused, nothing fitting."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import jax
 import numpy as np
@@ -133,8 +133,16 @@ def test_a_limit_the_unlimited_optimum_breaks_is_solved_within_it_less_what_the_
     summary = str(search).splitlines()[0]
     beyond = format_bytes(limit - search.memory_kept)
     assert (f"limit {format_bytes(limit)}, the problem's memory kept within {format_bytes(search.memory_kept)}: the "
-            f"limit less the {beyond} a plan held beyond it as compiled" in summary), summary
+            f"limit less {beyond}, calibrated on what plans held as compiled beyond it" in summary), summary
     assert sp.to_json(prog)["search"]["memory_kept"] == search.memory_kept
+    # a model that held more than compiled plans did: the limit kept is above the user's
+    above = str(replace(search, memory_kept=limit + 10240)).splitlines()[0]
+    assert "kept within " + format_bytes(limit + 10240) + ": the limit plus 10.0 KiB, calibrated on what plans held as " \
+        "compiled below it" in above, above
+    # the leanest layout, where no solve's plan fit: it proves nothing
+    leanest = replace(search, solution=replace(search.solution, status="the leanest layout", bound=0.0))
+    assert leanest.certificate == "not proved: the leanest layout, found to fit as compiled"
+    assert str(leanest).splitlines()[0].endswith("(bytes moved and work), no bound")
     _assert_equal(fs(*model.args), jax.jit(model.f)(*model.args), atol=1e-4)
 
 
