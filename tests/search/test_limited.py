@@ -137,8 +137,8 @@ def test_a_limit_the_unlimited_optimum_breaks_is_solved_within_it_less_what_the_
     assert sp.to_json(prog)["search"]["memory_kept"] == search.memory_kept
     # a model that held more than compiled plans did: the limit kept is above the user's
     above = str(replace(search, memory_kept=limit + 10240)).splitlines()[0]
-    assert "kept within " + format_bytes(limit + 10240) + ": the limit plus 10.0 KiB, calibrated on what plans held as " \
-        "compiled below it" in above, above
+    assert (f"kept within {format_bytes(limit + 10240)}: the limit plus 10.0 KiB, calibrated on what plans held as "
+            "compiled below it" in above), above
     # the leanest layout, where no solve's plan fit: it proves nothing
     leanest = replace(search, solution=replace(search.solution, status="the leanest layout", bound=0.0))
     assert leanest.certificate == "not proved: the leanest layout, found to fit as compiled"
