@@ -42,14 +42,14 @@ class Limited:
 
 
 def fitting_unbound(session, limit: int) -> tuple[Limited | None, int]:
-    """The optimum without the limit, where it fits within ``limit`` as compiled (then it is the optimum within it
-    too), else None; and how much more than the problem's memory that plan held as compiled: the calibration a limited
-    solve starts from."""
+    """The optimum without the limit, its plan measured against ``limit`` as compiled (where it fits, it is the
+    optimum within the limit too), or None where the problem has no assignment; and how much more than the problem's
+    memory that plan held as compiled: the calibration a limited solve starts from."""
     solution = session.solved(None)
     if solution.cost is None:
         return None, 0
     plan, candidate, beyond = _measured(session, solution, limit)
-    return (None if candidate.excess else Limited(solution, plan, candidate)), beyond
+    return Limited(solution, plan, candidate), beyond
 
 
 def _measured(session, solution: Solution, limit: int):
@@ -64,16 +64,16 @@ def _measured(session, solution: Solution, limit: int):
     return plan, candidate, int(memory - peak_usage(session.built.problem, solution.strategies))
 
 
-def solved_within(session, limit: int, leaves, searched, beyond: int) -> Limited:
+def solved_within(session, limit: int, leaves, searched, unlimited: Limited | None, beyond: int) -> Limited:
     """The cheapest plan found that fits ``limit`` as compiled. Each solve keeps the problem's memory within ``limit``
     less a calibration: first ``beyond`` (what the unlimited optimum held beyond the problem's memory), then what the
     last plan compiled held beyond it (where nothing is within the limit kept, what the leanest assignment held) —
     or, where that is not between the calibrations known too small (a plan broke the limit) and known enough (a plan
     fit), halfway between them. It stops where a plan fits having held no less beyond than its solve assumed
     (``CALIBRATION_SLACK``), where nothing is left to try, or after ``LIMIT_ATTEMPTS`` solves. Raises
-    ``MemoryLimitError`` where nothing fits."""
+    ``MemoryLimitError`` where nothing fits, naming the smallest plan compiled (``unlimited``'s among them)."""
     fitting: Limited | None = None
-    over = []  # the Candidates over the limit (the error names the smallest)
+    over = [] if unlimited is None else [unlimited.candidate]  # the Candidates over the limit
     # a solution met again is not compiled again (the unlimited optimum's is not one of them: its strategies index the
     # combined menus, this session's the sampled ones)
     measured: dict[tuple[int, ...], tuple] = {}

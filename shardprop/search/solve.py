@@ -260,13 +260,14 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
         plan = session.planned(found)
         limited = Limited(found, plan, session.candidate(plan, None))
     else:
-        limited, beyond = fitting_unbound(session, memory_limit)
+        unlimited, beyond = fitting_unbound(session, memory_limit)
+        limited = unlimited if unlimited is not None and not unlimited.candidate.excess else None
         if limited is None:
             # the limit binds: the menus sampled — the problem's memory leaves out what moves hold between their
             # endpoints, and over the combined menus the integer program ran into its minute choosing layouts that
             # fit by it, not as compiled
             session = replace(session_of(False), checks=session.checks)
-            limited = solved_within(session, memory_limit, leaves, searched, beyond)
+            limited = solved_within(session, memory_limit, leaves, searched, unlimited, beyond)
     solution, chosen, built = limited.solution, limited.candidate, session.built
     kept = memory_limit if limited.kept is None else limited.kept  # what explain's solves keep too
 

@@ -76,8 +76,8 @@ CASES = {
 def test_the_limit_kept_is_calibrated_by_what_the_compiled_plans_held_beyond_the_problem(beyond, want):
     session = _Session(beyond)
     found, held = fitting_unbound(session, 100)
-    assert found is None and held == beyond[0]
-    chosen = solved_within(session, 100, (), (), held)
+    assert found.candidate.excess and held == beyond[0]
+    chosen = solved_within(session, 100, (), (), found, held)
     assert (chosen.plan, chosen.kept, tuple(session.compiles)) == want
     assert chosen.candidate.compiled_memory == _PROBLEM.usages[0][chosen.plan] + beyond[chosen.plan] <= 100
     # its certificate is its own solve's: the cheapest assignment within the limit kept
@@ -90,8 +90,8 @@ def test_where_only_the_leanest_fits_it_is_chosen_and_proves_nothing(monkeypatch
 
     monkeypatch.setattr(limited, "LIMIT_ATTEMPTS", 2)  # nothing within 30 B kept; the leanest fits; 0 kept breaks it
     session = _Session((70, 0, 0, 0))
-    _, held = fitting_unbound(session, 100)
-    chosen = solved_within(session, 100, (), (), held)
+    found, held = fitting_unbound(session, 100)
+    chosen = solved_within(session, 100, (), (), found, held)
     assert chosen.plan == 3 and chosen.kept is None and chosen.solution.status == "the leanest layout"
     assert chosen.solution.gap == 1.0
 
@@ -99,14 +99,17 @@ def test_where_only_the_leanest_fits_it_is_chosen_and_proves_nothing(monkeypatch
 def test_a_limit_the_unlimited_optimum_keeps_is_not_calibrated():
     session = _Session((0, 0, 0, 0))
     found, held = fitting_unbound(session, 100)
-    assert found.plan == 0 and found.kept is None and held == 0 and session.compiles == [0]
+    assert found.plan == 0 and not found.candidate.excess and found.kept is None and held == 0
+    assert session.compiles == [0]
 
 
-def test_nothing_fitting_as_compiled_names_the_smallest_footprint_found():
-    session = _Session((100, 100, 100, 100))
-    _, held = fitting_unbound(session, 100)
-    with pytest.raises(sp.MemoryLimitError, match="smallest footprint found is 140 B as compiled"):
-        solved_within(session, 100, (), (), held)
+@pytest.mark.parametrize("beyond, smallest", [((100, 100, 100, 100), 140), ((10, 200, 200, 200), 110)],
+                         ids=["the leanest", "the unlimited optimum"])
+def test_nothing_fitting_as_compiled_names_the_smallest_footprint_found(beyond, smallest):
+    session = _Session(beyond)
+    found, held = fitting_unbound(session, 100)
+    with pytest.raises(sp.MemoryLimitError, match=f"smallest footprint found is {smallest} B as compiled"):
+        solved_within(session, 100, (), (), found, held)
 
 
 def _assert_equal(got, want, atol):
