@@ -40,6 +40,7 @@ from scipy import sparse
 
 from .problem import FORBIDDEN, Problem, classed, evaluate, peak_usage
 from .alike import aggregated_lp, alike_classes
+from .dual import dual_bound
 from .reduce import Reduced, restrict, shrink
 
 _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kTimeLimit: "time limit",
@@ -93,18 +94,20 @@ class Solution:
 def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0) -> Solution:
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
     seconds or within ``relative_gap`` of the bound, the best found and the bound). The problem is first shrunk
-    exactly (``.reduce.shrink``: the nodes of at most two neighbours eliminated, dominated strategies dropped, again
-    while either finds more): the integer program is the core that is left. Where the core's nodes repeat
-    (``.alike``: layers alike), it is first bounded by one program over its classes of alike nodes and solved on the
-    strategies that program uses, then, where that costs more than the bound, on those its reduced costs leave: the
-    optimum, proved."""
-    return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, alike=True)
+    exactly (``.reduce.shrink``); the core left is, without a limit, bounded first — by one program over its classes
+    of alike nodes where they repeat (``.alike``), else by message passing (``.dual``) — and solved on the strategies
+    the bound leaves (reduced-cost fixing: exact); else, or where that fails, as one integer program."""
+    return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, bounded=True)
 
 
-def _solved(problem: Problem, *, time_limit: float | None, relative_gap: float, alike: bool) -> Solution:
+def _solved(problem: Problem, *, time_limit: float | None, relative_gap: float, bounded: bool) -> Solution:
+    """``solve``; ``bounded``: through a bound first (whose restricted solves are not)."""
     start = time.perf_counter()
     shrunk = shrink(problem)
-    core = _solve_alike(shrunk.problem, time_limit=time_limit) if alike else None
+    core = None
+    if bounded:
+        core = _solve_alike(shrunk.problem, time_limit=time_limit) or _solve_by_dual(shrunk.problem,
+                                                                                   time_limit=time_limit)
     if core is None:
         if time_limit is not None:  # what the alike solves took is the whole core's less
             time_limit = max(1.0, float(time_limit) - (time.perf_counter() - start))
@@ -160,12 +163,29 @@ def _solve_through(problem: Problem, classes: np.ndarray, *, time_limit: float |
     return Solution(best[0], best[1], best[1], "optimal", time.perf_counter() - start)
 
 
+def _solve_by_dual(problem: Problem, *, time_limit: float | None) -> Solution | None:
+    """``problem``'s optimum, proved by the message-passing bound (``.dual``): solved among each node's strategies of
+    least slack; where that costs more than the bound, among every strategy whose slack is within the difference —
+    every assignment using another costs more than the one found, and those left hold every optimum (the leanest of
+    them is the one taken). None under a usage limit (the bound leaves memory out), where no assignment avoids the
+    forbidden, where the bound leaves half the strategies or more, or where a restricted solve does not end optimal
+    (the whole core is solved then)."""
+    start = time.perf_counter()
+    found = dual_bound(problem) if problem.usage_limit is None and problem.node_count else None
+    best = found and _restricted_solve(problem, found.least(), time_limit=time_limit)
+    if best and not found.meets(best[1]):
+        kept = found.within(best[1] - found.bound)  # (about as many as the whole: solved whole, as it would be)
+        best = _restricted_solve(problem, kept, time_limit=time_limit) if sum(map(len, kept)) * 2 <= \
+            problem.strategy_count else None
+    return Solution(best[0], best[1], best[1], "optimal", time.perf_counter() - start) if best else None
+
+
 def _restricted_solve(problem: Problem, kept, *, time_limit: float | None) -> tuple[tuple[int, ...], float] | None:
     """The cheapest assignment of ``problem`` among the strategies ``kept`` (per node) and its cost, or None."""
     if any(len(k) == 0 for k in kept):
         return None
     restricted = Reduced(restrict(problem, kept), tuple(kept))
-    found = _solved(restricted.problem, time_limit=time_limit, relative_gap=0.0, alike=False)
+    found = _solved(restricted.problem, time_limit=time_limit, relative_gap=0.0, bounded=False)
     if found.cost is None or found.status != "optimal":
         return None
     strategies = restricted.expand(found.strategies)

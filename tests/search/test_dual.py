@@ -1,0 +1,141 @@
+"""The message-passing bound (``shardprop/search/dual.py``) and the solve through it (``ilp._solve_by_dual``): on
+random dense problems — parallel edges, edges within a node, forbidden strategies and pairs — the bound is at most
+the minimum found by trying every assignment, every assignment using a strategy costs at least the bound plus that
+strategy's slack, and the solve through the bound returns that minimum (or, where the bound leaves half the
+strategies or more, hands the problem back whole); on larger random problems it returns what HiGHS's integer program
+over the whole problem returns, without running it; a searched stack of blocks is solved so, and equals the
+unsharded step."""
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+
+import shardprop as sp
+from shardprop.bench import models
+from shardprop.search import ilp
+from shardprop.search.dual import dual_bound
+from shardprop.search.problem import FORBIDDEN, Problem, evaluate
+
+
+def _assignments(problem: Problem):
+    """Every assignment and its cost (None where it uses a forbidden strategy or pair): the oracle."""
+    for assignment in itertools.product(*(range(len(c)) for c in problem.costs)):
+        cost = evaluate(problem, assignment)
+        yield assignment, (None if cost is None or cost >= FORBIDDEN else cost)
+
+
+@st.composite
+def dense_problems(draw) -> Problem:
+    """Every pair of nodes joined (so the shrinking leaves a core), some pairs twice, some nodes to themselves."""
+    nodes = draw(st.integers(3, 5))
+    counts = [draw(st.integers(1, 3)) for _ in range(nodes)]
+    money = st.sampled_from([0, 1, 2, 5, 9, 20])
+    costs = [[draw(st.one_of(money, st.just(FORBIDDEN)) if k else money) for k in range(c)] for c in counts]
+    pairs = list(itertools.combinations(range(nodes), 2))
+    pairs += draw(st.lists(st.tuples(st.integers(0, nodes - 1), st.integers(0, nodes - 1)), max_size=3))
+    priced = st.sampled_from([0, 0, 1, 3, 7, 30, FORBIDDEN])
+    edge_costs = [[draw(priced) for _ in range(counts[u] * counts[v])] for u, v in pairs]
+    return Problem.from_lists(intervals=[(0, 1)] * nodes, costs=costs, usages=[[0] * c for c in counts],
+                              edges=pairs, edge_costs=edge_costs, usage_limit=None)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=dense_problems())
+def test_every_assignment_costs_at_least_the_bound_plus_the_slack_of_each_strategy_it_uses(problem):
+    found = dual_bound(problem)
+    priced = [(a, c) for a, c in _assignments(problem) if c is not None]
+    if found is None:  # no assignment avoids the forbidden
+        assert not priced
+        return
+    tolerance = 1e-7 * max(1.0, abs(found.bound))
+    for assignment, cost in priced:
+        assert found.bound <= cost + tolerance
+        for v, s in enumerate(assignment):
+            assert found.bound + found.slack[v][s] <= cost + tolerance, (v, s, cost, found)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=dense_problems())
+def test_the_solve_through_the_bound_finds_the_cheapest_assignment_every_enumeration_finds(problem):
+    priced = [c for _, c in _assignments(problem) if c is not None]
+    got = ilp._solve_by_dual(problem, time_limit=None)
+    if not priced:
+        assert got is None or got.cost is None
+        return
+    if got is None:  # the bound left half the strategies or more: the whole problem is solved instead
+        found = dual_bound(problem)
+        first = ilp._restricted_solve(problem, found.least(), time_limit=None)
+        assert first is not None and 2 * sum(map(len, found.within(first[1] - found.bound))) > problem.strategy_count
+        got = ilp.solve(problem)
+    assert got.status == "optimal" and got.gap == 0.0
+    assert got.cost == pytest.approx(min(priced)) == evaluate(problem, got.strategies)
+    assert ilp.solve(problem).cost == pytest.approx(min(priced))
+
+
+def _random_core(nodes: int, strategies: int, degree: int, seed: int) -> Problem:
+    """A random graph whose nodes all have ``degree`` neighbours or more (nothing the shrinking eliminates), its
+    matrices the bytes of moving between random layouts (zero on agreeing ones), a few pairs forbidden."""
+    rng = np.random.default_rng(seed)
+    layouts = rng.integers(0, 6, size=(nodes, strategies))
+    pairs = {(v, int(w)) for v in range(nodes) for w in rng.choice(nodes, degree, replace=False) if w != v}
+    edges = sorted({(min(p), max(p)) for p in pairs})
+    sizes = rng.integers(1, 50, size=nodes) * 64
+    matrices = []
+    for u, v in edges:
+        m = np.where(layouts[u][:, None] == layouts[v][None, :], 0, sizes[u]).astype(float)
+        m[rng.random(m.shape) < 0.05] = FORBIDDEN
+        matrices.append(m.ravel())
+    costs = rng.integers(0, 400, size=(nodes, strategies))
+    return Problem.from_lists(intervals=[(0, 1)] * nodes, costs=costs, usages=np.zeros((nodes, strategies)),
+                              edges=edges, edge_costs=matrices, usage_limit=None)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_on_larger_problems_it_returns_the_whole_integer_programs_optimum_without_running_it(seed, monkeypatch):
+    problem = _random_core(30, 5, 3, seed)
+    want = ilp._solve_core(problem, time_limit=None, relative_gap=0.0)
+    sizes = []
+    core = ilp._solve_core
+
+    def recorded(p, **kw):
+        sizes.append(p.strategy_count)
+        return core(p, **kw)
+
+    monkeypatch.setattr(ilp, "_solve_core", recorded)
+    got = ilp.solve(problem)
+    assert got.status == "optimal" and got.cost == pytest.approx(want.cost) and got.gap == 0.0
+    assert evaluate(problem, got.strategies) == pytest.approx(want.cost)
+    assert all(n < problem.strategy_count for n in sizes), sizes  # only restricted problems' cores
+
+
+def test_under_a_usage_limit_the_bound_is_not_the_route():
+    problem = _random_core(12, 3, 3, 0)
+    limited = Problem(problem.name, problem.intervals, problem.costs, problem.usages, problem.edges,
+                      problem.edge_costs, 1.0)
+    assert ilp._solve_by_dual(limited, time_limit=None) is None
+
+
+def test_a_searched_stack_of_blocks_is_proved_through_the_bound_and_equals_the_unsharded_step(monkeypatch):
+    proved = []
+    route = ilp._solve_by_dual
+
+    def recorded(p, **kw):
+        found = route(p, **kw)
+        proved.append(found is not None)
+        return found
+
+    monkeypatch.setattr(ilp, "_solve_by_dual", recorded)
+    from shardprop.bench.search import stack_step
+    params = [models.init_block(8, 16, seed=k) for k in range(2)]
+    x = np.random.default_rng(0).normal(size=(8, 4, 8)).astype(np.float32)
+    mesh = sp.make_mesh((4, 2), ("data", "model"))
+    program = sp.autoshard(stack_step, mesh=mesh, in_specs=(sp.AUTO, P("data"))).trace(params, x)
+    assert proved == [True] and program.search.certificate == "optimal"
+    got, want = program(params, x), jax.jit(stack_step)(params, x)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
