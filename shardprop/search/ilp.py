@@ -40,7 +40,7 @@ from scipy import sparse
 
 from .problem import FORBIDDEN, Problem, classed, evaluate, peak_usage
 from .alike import aggregated_lp, alike_classes
-from .dual import dual_bound
+from .dual import AT_LEAST as DUAL_AT_LEAST, dual_bound
 from .reduce import Reduced, restrict, shrink
 
 _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kTimeLimit: "time limit",
@@ -167,11 +167,11 @@ def _solve_by_dual(problem: Problem, *, time_limit: float | None) -> Solution | 
     """``problem``'s optimum, proved by the message-passing bound (``.dual``): solved among each node's strategies of
     least slack; where that costs more than the bound, among every strategy whose slack is within the difference —
     every assignment using another costs more than the one found, and those left hold every optimum (the leanest of
-    them is the one taken). None under a usage limit (the bound leaves memory out), where no assignment avoids the
-    forbidden, where the bound leaves half the strategies or more, or where a restricted solve does not end optimal
-    (the whole core is solved then)."""
+    them is the one taken). None for a core of fewer than ``DUAL_AT_LEAST`` strategies (solved whole faster), under a
+    usage limit (the bound leaves memory out), where no assignment avoids the forbidden, where the bound leaves half
+    the strategies or more, or where a restricted solve does not end optimal (the whole core is solved then)."""
     start = time.perf_counter()
-    found = dual_bound(problem) if problem.usage_limit is None and problem.node_count else None
+    found = dual_bound(problem) if problem.usage_limit is None and problem.strategy_count >= DUAL_AT_LEAST else None
     best = found and _restricted_solve(problem, found.least(), time_limit=time_limit)
     if best and not found.meets(best[1]):
         kept = found.within(best[1] - found.bound)  # (about as many as the whole: solved whole, as it would be)

@@ -22,6 +22,12 @@ from shardprop.search.dual import dual_bound
 from shardprop.search.problem import FORBIDDEN, Problem, evaluate
 
 
+@pytest.fixture(autouse=True)
+def _every_core_bounded(monkeypatch):
+    """The bound is tried on cores of every size here (by default from ``DUAL_AT_LEAST`` strategies)."""
+    monkeypatch.setattr(ilp, "DUAL_AT_LEAST", 0)
+
+
 def _assignments(problem: Problem):
     """Every assignment and its cost (None where it uses a forbidden strategy or pair): the oracle."""
     for assignment in itertools.product(*(range(len(c)) for c in problem.costs)):
@@ -111,6 +117,11 @@ def test_on_larger_problems_it_returns_the_whole_integer_programs_optimum_withou
     assert got.status == "optimal" and got.cost == pytest.approx(want.cost) and got.gap == 0.0
     assert evaluate(problem, got.strategies) == pytest.approx(want.cost)
     assert all(n < problem.strategy_count for n in sizes), sizes  # only restricted problems' cores
+
+
+def test_a_small_core_is_solved_whole(monkeypatch):
+    monkeypatch.setattr(ilp, "DUAL_AT_LEAST", 151)
+    assert ilp._solve_by_dual(_random_core(30, 5, 3, 0), time_limit=None) is None  # 150 strategies
 
 
 def test_under_a_usage_limit_the_bound_is_not_the_route():
