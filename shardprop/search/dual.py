@@ -26,6 +26,7 @@ takes hundredths of a second where the whole relaxation took seconds.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,16 +72,18 @@ class DualBound:
         return [np.flatnonzero(s <= s.min() + tolerance) for s in self.slack]
 
 
-def dual_bound(problem: Problem, *, max_sweeps: int = MAX_SWEEPS) -> DualBound | None:
+def dual_bound(problem: Problem, *, max_sweeps: int = MAX_SWEEPS, seconds: float | None = None) -> DualBound | None:
     """The message-passing bound on ``problem`` (its usage limit left out) and every strategy's slack; None where
-    no assignment avoids a forbidden strategy or pair (a node with every strategy ruled out)."""
+    no assignment avoids a forbidden strategy or pair (a node with every strategy ruled out). ``seconds``: sweep no
+    longer than this (a bound short of its best leaves more strategies to the solve, never a wrong one)."""
     usable = _usable(problem)
     if usable is None:
         return None
+    start = time.perf_counter()
     terms, edges, plans = _reparametrisation(problem, usable)
     history: list[float] = []
     sweeps = 0
-    while sweeps < max_sweeps:
+    while sweeps < max_sweeps and (seconds is None or time.perf_counter() - start < seconds):
         for plan in plans:
             _sweep(terms, plan)
         sweeps += 2
@@ -90,7 +93,7 @@ def dual_bound(problem: Problem, *, max_sweeps: int = MAX_SWEEPS) -> DualBound |
     bound = _bound(terms, edges)
     slack = []
     for v, (t, (_, views, _, _)) in enumerate(zip(terms, plans[0], strict=True)):  # (forward: in node order)
-        within = t - t.min()
+        within = t[:, 0] - t.min()
         for view in views:
             within = within + (view.min(axis=1) - view.min())
         full = np.full(len(problem.costs[v]), np.inf)
@@ -156,22 +159,23 @@ def _reparametrisation(problem: Problem, usable: list[np.ndarray]):
             share = 1.0 / max(len(ahead), len(views) - len(ahead)) if ahead else 0.0
             plan.append((v, views, ahead, share))
         plans.append(plan)
-    return terms, edges, plans
+    return [t.reshape(-1, 1) for t in terms], edges, plans  # (columns: see _sweep)
 
 
 def _sweep(terms: list[np.ndarray], plan) -> None:
-    """One pass over the nodes in ``plan``'s order: collect, then hand the total on to the edges ahead."""
+    """One pass over the nodes in ``plan``'s order: collect, then hand the total on to the edges ahead (a node's
+    terms are columns, which broadcast over its views' rows as they are)."""
     for v, views, ahead, share in plan:
         t = terms[v]
         for view in views:
-            least = view.min(axis=1)
-            view -= least[:, None]
+            least = view.min(axis=1, keepdims=True)
+            view -= least
             t += least
         if ahead:
             part = t * share
             for view in ahead:
-                view += part[:, None]
-            t -= len(ahead) * part
+                view += part
+            t *= 1.0 - len(ahead) * share
 
 
 def _bound(terms: list[np.ndarray], edges: list[np.ndarray]) -> float:

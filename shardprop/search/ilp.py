@@ -171,7 +171,8 @@ def _solve_by_dual(problem: Problem, *, time_limit: float | None) -> Solution | 
     usage limit (the bound leaves memory out), where no assignment avoids the forbidden, where the bound leaves half
     the strategies or more, or where a restricted solve does not end optimal (the whole core is solved then)."""
     start = time.perf_counter()
-    found = dual_bound(problem) if problem.usage_limit is None and problem.strategy_count >= DUAL_AT_LEAST else None
+    found = None if problem.usage_limit is not None or problem.strategy_count < DUAL_AT_LEAST else dual_bound(
+        problem, seconds=None if time_limit is None else time_limit / 4)  # (the rest for the restricted solves)
     best = found and _restricted_solve(problem, found.least(), time_limit=time_limit)
     if best and not found.meets(best[1]):
         kept = found.within(best[1] - found.bound)  # (about as many as the whole: solved whole, as it would be)

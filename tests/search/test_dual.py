@@ -150,3 +150,11 @@ def test_a_searched_stack_of_blocks_is_proved_through_the_bound_and_equals_the_u
     got, want = program(params, x), jax.jit(stack_step)(params, x)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+
+
+def test_a_bound_stopped_by_its_time_is_a_bound_still():
+    problem = _random_core(30, 5, 3, 1)
+    best = ilp._solve_core(problem, time_limit=None, relative_gap=0.0)
+    found = dual_bound(problem, seconds=0.0)
+    assert found.sweeps == 0 and found.bound <= best.cost
+    assert all(found.bound + found.slack[v][s] <= best.cost + 1e-6 for v, s in enumerate(best.strategies))
