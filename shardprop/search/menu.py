@@ -127,35 +127,25 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
             probed[handed] = [tuple(t.even_layout for t in strategy.needs) for strategy in strategies]
         return probed[handed]
 
-    # the split decides a node gathering what its rule needs by the rule's answer alone, whatever was handed — but for
-    # a body, or needs ranged over what a finish reads as held: one decision per answer (four asks in five answer
-    # alike on the benchmark's models, checked against deciding each). A finish in place of gathering is decided on
-    # the operands as held: once per handed tuple.
-    gathered: dict[tuple, list[NodeStrategy]] = {}
+    # without a finish of its own (or a body), the split decides a node by its rule's answer alone, whatever was
+    # handed: one decision per answer (a quarter of a transformer's asks answer alike)
+    decided: dict[tuple, list[NodeStrategy]] = {}
 
     def asked(handed: tuple[Layout, ...]) -> tuple[NodeStrategy, ...]:
         result = probe(graph, node, op, handed, mesh_shape, propagate_body)
         if result is None:
             return ()
-        offers = op.finish is not None or result.body is not None
-        reusable = result.body is None and (op.finish is None or result.need_spans is None)
+        alike = op.finish is None and result.body is None
         strategies = []
         for outputs in _settled_outputs(result.outputs, mesh_shape):
-            answer = (tuple(result.needs), _answer_key(outputs), result.fallback, result.need_spans)
-            sharded = None
-            if reusable and answer in gathered:
-                made = [replace(s, handed=tuple(handed)) for s in gathered[answer]]
-            else:
-                sharded = _one_node_product(one, mesh, handed, result, outputs, op)
-                made = _decided(sharded, handed, Strategy.GATHER)
-                if reusable:
-                    gathered[answer] = made
+            answer = (tuple(result.needs), _answer_key(outputs), result.fallback, result.need_spans) if alike else None
+            if answer in decided:
+                strategies += [replace(s, handed=tuple(handed)) for s in decided[answer]]
+                continue
+            made = _decided(_one_node_product(one, mesh, handed, result, outputs, op), node.op, handed)
+            if alike:
+                decided[answer] = made
             strategies += made
-            # (where nothing is gathered, a finish, which takes the place of gathering, has nothing to do)
-            if offers and (result.body is not None or not all(not need.partial and need.even_layout == h
-                                                              for need, h in zip(made[0].needs, handed, strict=True))):
-                sharded = sharded or _one_node_product(one, mesh, handed, result, outputs, op)
-                strategies += _decided(sharded, handed, Strategy.COLLECTIVE)
         return tuple(strategies)
 
     sampled = False
@@ -294,19 +284,29 @@ def _one_node_product(one: Graph, mesh, handed, result, outputs, op) -> ShardedG
                         need_spans={m: result.need_spans} if result.need_spans is not None else {})
 
 
-def _decided(sharded: ShardedGraph, handed, choice: Strategy) -> list[NodeStrategy]:
-    """The node gathering what its rule needs whole (``Strategy.GATHER``), or finished by the collective its record
-    offers instead (``Strategy.COLLECTIVE``: none where it offers nothing beyond what gathering does), as the split
-    decides it on the one-node program; a sum finished so may also be held finer, a reduce-scatter along one axis
-    (``_scattered``)."""
+def _decided(sharded: ShardedGraph, op_name: str, handed) -> list[NodeStrategy]:
+    """The node gathering what its rule needs whole, and — where its record offers one — finished by a collective
+    instead (each as the split decides it on the one-node program); a sum finished so may also be held finer, a
+    reduce-scatter along one axis (``_scattered``)."""
     m = len(handed)
     node = sharded.graph.nodes[m]
-    decisions = decide(sharded, choice)
-    collective = decisions.collective(m)
-    if choice is Strategy.COLLECTIVE and (collective is None or collective.kind.required):
-        return []
-    return [_strategy(view, node, handed, collective, choice is Strategy.COLLECTIVE)
-            for view in (decisions, *_scattered(decisions, node, collective))]
+    found = []
+    # without a finish of its own a node is decided alike either way (its required collective, if any, is the same)
+    offers = lookup(op_name).finish is not None or bool(sharded.bodies)
+    for choice in (Strategy.GATHER, Strategy.COLLECTIVE):
+        if choice is Strategy.COLLECTIVE and not offers:
+            break
+        decisions = decide(sharded, choice)
+        collective = decisions.collective(m)
+        required = collective is not None and collective.kind.required
+        if choice is Strategy.COLLECTIVE and (collective is None or required):
+            continue  # nothing offered beyond what gathering does
+        if not sharded.bodies and all(not need.partial and need.even_layout == h
+                                      for need, h in zip(decisions.needs(m), handed, strict=True)):
+            offers = False  # nothing gathered: a finish, which takes the place of gathering, has nothing to do
+        for view in (decisions, *_scattered(decisions, node, collective)):
+            found.append(_strategy(view, node, handed, collective, choice is Strategy.COLLECTIVE))
+    return found
 
 
 def _strategy(view, node, handed, collective, finished: bool) -> NodeStrategy:

@@ -14,7 +14,6 @@ import shardprop as sp
 from shardprop.bench import experts, models
 from shardprop.search import menu
 from shardprop.search.build import _candidate_layouts
-from shardprop.splitting.strategy import Strategy
 
 AT_MOST = menu.FULL_PRODUCT_AT_MOST  # as the search runs
 
@@ -109,31 +108,3 @@ def test_answers_shared_across_the_nodes_of_a_build_leave_every_menu_as_asked_al
     alone = build.build_problem(graph, specs, mesh)
     assert shared.menus == alone.menus
     assert asked_shared < len(probes) - asked_shared  # the rules were asked fewer times
-
-
-@pytest.mark.parametrize("model", ["transformer_block", pytest.param("moe", marks=pytest.mark.slow)])
-def test_gathering_decided_once_per_rule_answer_leaves_every_menu_as_decided_per_handed_tuple(model, monkeypatch):
-    """The split decides a node gathering what its rule needs by the rule's answer alone (but for bodies and
-    ranged needs): reusing that decision across handed tuples that answer alike gives the menus deciding each anew
-    gives, strategy by strategy and in order — the finishes, decided on the operands as held, included."""
-    from shardprop.search import build
-
-    if model == "moe":
-        built = experts.mixture_of_experts(groups=4, tokens=16, d_model=16)
-        f, args = built.f, built.args
-    else:
-        from shardprop.bench.search import stack_step
-        f, args = stack_step, ([models.init_block(16, 32, seed=0)], np.ones((8, 4, 16), np.float32))
-    mesh = sp.make_mesh((4, 2), ("data", "model"))
-    graph = sp.trace(f, *args)
-    flat = [None] * len(graph.inputs)  # every argument's candidates
-    decisions = []
-    decide = menu._decided
-    monkeypatch.setattr(menu, "_decided", lambda *a: (decisions.append(a[2] is Strategy.GATHER), decide(*a))[1])
-    reused = build.build_problem(graph, flat, mesh)
-    gathered_reused = sum(decisions)
-    fresh = iter(range(10 ** 9))  # every answer its own: nothing reused
-    monkeypatch.setattr(menu, "_answer_key", lambda outputs: next(fresh))
-    anew = build.build_problem(graph, flat, mesh)
-    assert reused.menus == anew.menus
-    assert gathered_reused < (sum(decisions) - gathered_reused) / 2  # most gathering decisions were reused
