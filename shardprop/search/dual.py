@@ -10,9 +10,9 @@ of the terms' least values, which is a lower bound on every assignment's cost: t
 
 Where that bound has stopped rising, a strategy's ``slack`` — its node term above the node's least, plus, for each
 edge, its row's least above the edge's least — is what choosing it adds at the least: every assignment using it costs
-at least the bound plus its slack. So an assignment found among the strategies of slack within ``gap`` of nothing,
-costing ``c``, is the optimum once every strategy left out has a slack above ``c - bound`` (reduced-cost fixing);
-where one has not, the strategies within that are solved again: exact either way (``.ilp._solve_by_dual``). On the
+at least the bound plus its slack. So the cheapest assignment among each node's strategies of least slack, costing
+``c``, is the optimum where ``c`` meets the bound; else every cheaper assignment uses only strategies whose slack is at
+most ``c - bound``, and those are solved again (reduced-cost fixing): exact either way (``.ilp._solve_by_dual``). On the
 benchmark's layout problems the bound meets the optimum and a few strategies in ten are left: the solve over them
 takes hundredths of a second where the whole relaxation took seconds.
 
@@ -26,24 +26,29 @@ takes hundredths of a second where the whole relaxation took seconds.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from .problem import FORBIDDEN, Problem
 
-# the most sweeps (forward or backward) the bound climbs for; it stops sooner once a forward-and-backward pair has
-# raised it by at most STALL (relative) over the last STALL_PAIRS pairs. A bound short of the optimum costs time (the
-# second solve is larger), never the optimum
+# the most sweeps (forward or backward) the bound climbs for, and the most node visits (a node and its edges) all the
+# sweeps make together — a deterministic budget, not the clock's (the answer's ties must not depend on a busy machine):
+# the Llama step's core takes 150 sweeps of 369 nodes, a stack of 8 blocks' 56 of 786. It stops sooner once a
+# forward-and-backward pair has raised the bound by at most STALL (relative) over the last STALL_PAIRS pairs. A bound
+# short of the optimum costs time (the restricted solves are larger), never the optimum
 MAX_SWEEPS = 400
+MAX_VISITS = 1_000_000
 STALL = 1e-6
 STALL_PAIRS = 5
 # the fewest strategies a core has for the bound to be tried: below, HiGHS's relaxation takes hundredths of a second
 # and the passes as long or longer (the MLP step on 8 devices: 0.07 -> 0.23 s), a measured break-even
 AT_LEAST = 2000
-# a slack within this of the gap (relative to the bound) is kept: the reparametrisation's rounding, far above it
+# an assignment within this of the bound (relative to it) is at the bound: the simplex's own tolerance, as ``.alike``'s
 TOLERANCE = 1e-7
+# the reparametrisation's rounding, relative to the sum of the terms' largest magnitudes: a strategy within it of a
+# threshold is kept (keeping one more costs time, dropping one an optimum uses would cost the optimum)
+ROUNDING = 1e-9
 
 
 @dataclass(frozen=True)
@@ -55,42 +60,47 @@ class DualBound:
     bound: float
     slack: tuple[np.ndarray, ...]
     sweeps: int
+    scale: float  # the terms' largest magnitudes summed: what rounding is relative to
+
+    @property
+    def tolerance(self) -> float:
+        return max(TOLERANCE * max(1.0, abs(self.bound)), ROUNDING * self.scale)
 
     def within(self, gap: float) -> list[np.ndarray]:
-        """Per node, the strategies whose slack is at most ``gap`` (and the rounding tolerance): every assignment
-        costing at most ``bound + gap`` uses only these."""
-        tolerance = TOLERANCE * max(1.0, abs(self.bound))
-        return [np.flatnonzero(s <= gap + tolerance) for s in self.slack]
+        """Per node, the strategies whose slack is at most ``gap`` (and the tolerance): every assignment costing at
+        most ``bound + gap`` uses only these."""
+        return [np.flatnonzero(s <= gap + self.tolerance) for s in self.slack]
 
     def meets(self, cost: float) -> bool:
-        """``cost`` is at the bound (within the rounding tolerance)."""
-        return cost - self.bound <= TOLERANCE * max(1.0, abs(self.bound))
+        """``cost`` is at the bound (within the tolerance)."""
+        return cost - self.bound <= self.tolerance
 
     def least(self) -> list[np.ndarray]:
-        """Per node, its strategies of least slack (with the bound at the optimum: those of no slack)."""
-        tolerance = TOLERANCE * max(1.0, abs(self.bound))
-        return [np.flatnonzero(s <= s.min() + tolerance) for s in self.slack]
+        """Per node, its strategies of least slack (and within the tolerance of it): where an assignment among them
+        meets the bound, they hold every optimum."""
+        return [np.flatnonzero(s <= s.min() + self.tolerance) for s in self.slack]
 
 
-def dual_bound(problem: Problem, *, max_sweeps: int = MAX_SWEEPS, seconds: float | None = None) -> DualBound | None:
+def dual_bound(problem: Problem, *, max_sweeps: int | None = None) -> DualBound | None:
     """The message-passing bound on ``problem`` (its usage limit left out) and every strategy's slack; None where
-    no assignment avoids a forbidden strategy or pair (a node with every strategy ruled out). ``seconds``: sweep no
-    longer than this (a bound short of its best leaves more strategies to the solve, never a wrong one)."""
-    usable = _usable(problem)
+    no assignment avoids a forbidden strategy or pair (a node with every strategy ruled out). ``max_sweeps``: at most
+    this many passes (default ``MAX_SWEEPS``, and ``MAX_VISITS`` node visits in all)."""
+    terms, pairs = _merged(problem)
+    usable = _usable(terms, pairs)
     if usable is None:
         return None
-    start = time.perf_counter()
-    terms, edges, plans = _reparametrisation(problem, usable)
+    terms, edges, plans = _reparametrisation(terms, pairs, usable)
+    scale = float(sum(np.abs(t).max() for t in terms) + sum(np.abs(m[np.isfinite(m)]).max(initial=0.0) for m in edges))
+    most = min(MAX_SWEEPS if max_sweeps is None else max_sweeps, 2 * (MAX_VISITS // (2 * max(1, len(terms)))))
     history: list[float] = []
     sweeps = 0
-    while sweeps < max_sweeps and (seconds is None or time.perf_counter() - start < seconds):
+    while sweeps < most:
         for plan in plans:
             _sweep(terms, plan)
         sweeps += 2
         history.append(_bound(terms, edges))
         if len(history) > STALL_PAIRS and history[-1] - history[-1 - STALL_PAIRS] <= STALL * max(1.0, abs(history[-1])):
             break
-    bound = _bound(terms, edges)
     slack = []
     for v, (t, (_, views, _, _)) in enumerate(zip(terms, plans[0], strict=True)):  # (forward: in node order)
         within = t[:, 0] - t.min()
@@ -99,25 +109,35 @@ def dual_bound(problem: Problem, *, max_sweeps: int = MAX_SWEEPS, seconds: float
         full = np.full(len(problem.costs[v]), np.inf)
         full[usable[v]] = within
         slack.append(full)
-    return DualBound(float(bound), tuple(slack), sweeps)
+    return DualBound(_bound(terms, edges), tuple(slack), sweeps, scale)
 
 
-def _usable(problem: Problem) -> list[np.ndarray] | None:
-    """Per node, the strategies some assignment free of forbidden choices may use (arc consistency: a strategy every
-    one of whose pairs across an edge is forbidden is dropped, until none is); None where a node has none left. The
-    terms are then finite, and no step subtracts one infinity from another."""
-    kept = [np.flatnonzero(c < FORBIDDEN) for c in problem.costs]
-    edges = [(u, v, m < FORBIDDEN) for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True)]
+def _merged(problem: Problem) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray]]:
+    """Node terms (an edge within a node on its diagonal) and one matrix per pair of nodes ``u < v`` (the edges
+    between them summed, either way round); forbidden entries infinite."""
+    terms = [np.where(c < FORBIDDEN, c, np.inf).astype(np.float64) for c in problem.costs]
+    pairs: dict[tuple[int, int], np.ndarray] = {}
+    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
+        m = np.where(m < FORBIDDEN, m, np.inf)
+        if u == v:
+            terms[u] = terms[u] + np.diagonal(m)
+            continue
+        key, m = ((u, v), m) if u < v else ((v, u), m.T)
+        pairs[key] = pairs[key] + m if key in pairs else np.array(m, np.float64)
+    return terms, pairs
+
+
+def _usable(terms: list[np.ndarray], pairs: dict[tuple[int, int], np.ndarray]) -> list[np.ndarray] | None:
+    """Per node, the strategies some assignment free of forbidden choices may use (arc consistency on the summed
+    matrices: a strategy every one of whose pairs with another node is forbidden is dropped, until none is); None
+    where a node has none left. The terms are then finite, and no step subtracts one infinity from another."""
+    kept = [np.flatnonzero(np.isfinite(t)) for t in terms]
+    allowed = [(u, v, np.isfinite(pairs[u, v])) for u, v in sorted(pairs)]
     changed = True
     while changed:
         changed = False
-        for u, v, allowed in edges:
-            if u == v:
-                now = kept[u][np.diagonal(allowed)[kept[u]]]
-                changed |= len(now) < len(kept[u])
-                kept[u] = now
-                continue
-            within = allowed[np.ix_(kept[u], kept[v])]
+        for u, v, ok in allowed:
+            within = ok[np.ix_(kept[u], kept[v])]
             rows, columns = within.any(axis=1), within.any(axis=0)
             if not rows.all() or not columns.all():
                 kept[u], kept[v] = kept[u][rows], kept[v][columns]
@@ -127,23 +147,14 @@ def _usable(problem: Problem) -> list[np.ndarray] | None:
     return kept
 
 
-def _reparametrisation(problem: Problem, usable: list[np.ndarray]):
-    """The terms the passes work on, among the usable strategies: node terms (an edge within a node on its
-    diagonal), one matrix per pair of nodes (parallel edges summed, forbidden pairs infinite), and per direction the
-    nodes in order, each with its edges as views whose first axis is its own strategies, those towards later nodes,
-    and the share of its total each of those takes (``1 / max(earlier, later)``, TRW-S's weights for the chains of
-    a monotone order)."""
-    n = problem.node_count
-    terms = [problem.costs[v][usable[v]].astype(np.float64) for v in range(n)]
-    pairs: dict[tuple[int, int], np.ndarray] = {}
-    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
-        m = np.where(m < FORBIDDEN, m, np.inf)[np.ix_(usable[u], usable[v])]
-        if u == v:
-            terms[u] = terms[u] + np.diagonal(m)
-            continue
-        key, m = ((u, v), m) if u < v else ((v, u), m.T)
-        pairs[key] = pairs[key] + m if key in pairs else np.array(m, np.float64)
-    edges = [pairs[key] for key in sorted(pairs)]
+def _reparametrisation(terms, pairs, usable: list[np.ndarray]):
+    """The terms the passes work on, among the usable strategies: node terms (as columns: see ``_sweep``), one matrix
+    per pair of nodes (forbidden pairs infinite), and per direction the nodes in order, each with its edges as views
+    whose first axis is its own strategies, those towards later nodes, and the share of its total each of those takes
+    (``1 / max(earlier, later)``, TRW-S's weights for the chains of a monotone order)."""
+    n = len(terms)
+    terms = [t[usable[v]].reshape(-1, 1) for v, t in enumerate(terms)]
+    edges = [pairs[u, v][np.ix_(usable[u], usable[v])] for u, v in sorted(pairs)]
     incident: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(n)]
     for (u, v), m in zip(sorted(pairs), edges, strict=True):
         incident[u].append((m, v))
@@ -159,7 +170,7 @@ def _reparametrisation(problem: Problem, usable: list[np.ndarray]):
             share = 1.0 / max(len(ahead), len(views) - len(ahead)) if ahead else 0.0
             plan.append((v, views, ahead, share))
         plans.append(plan)
-    return [t.reshape(-1, 1) for t in terms], edges, plans  # (columns: see _sweep)
+    return terms, edges, plans
 
 
 def _sweep(terms: list[np.ndarray], plan) -> None:

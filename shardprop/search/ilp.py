@@ -166,18 +166,18 @@ def _solve_through(problem: Problem, classes: np.ndarray, *, time_limit: float |
 def _solve_by_dual(problem: Problem, *, time_limit: float | None) -> Solution | None:
     """``problem``'s optimum, proved by the message-passing bound (``.dual``): solved among each node's strategies of
     least slack; where that costs more than the bound, among every strategy whose slack is within the difference —
-    every assignment using another costs more than the one found, and those left hold every optimum (the leanest of
-    them is the one taken). None for a core of fewer than ``DUAL_AT_LEAST`` strategies (solved whole faster), under a
-    usage limit (the bound leaves memory out), where no assignment avoids the forbidden, where the bound leaves half
-    the strategies or more, or where a restricted solve does not end optimal (the whole core is solved then)."""
+    every assignment using another costs more than the one found, and those left hold every optimum. None for a
+    core of fewer than ``DUAL_AT_LEAST`` strategies (solved whole faster), under a usage limit (the bound leaves
+    memory out), where no assignment avoids the forbidden, where the bound leaves half the strategies or more, or
+    where a restricted solve does not end optimal (the whole core is solved then)."""
     start = time.perf_counter()
-    found = None if problem.usage_limit is not None or problem.strategy_count < DUAL_AT_LEAST else dual_bound(
-        problem, seconds=None if time_limit is None else time_limit / 4)  # (the rest for the restricted solves)
+    found = dual_bound(problem) if problem.usage_limit is None and problem.strategy_count >= DUAL_AT_LEAST else None
     best = found and _restricted_solve(problem, found.least(), time_limit=time_limit)
     if best and not found.meets(best[1]):
         kept = found.within(best[1] - found.bound)  # (about as many as the whole: solved whole, as it would be)
-        best = _restricted_solve(problem, kept, time_limit=time_limit) if sum(map(len, kept)) * 2 <= \
+        wider = _restricted_solve(problem, kept, time_limit=time_limit) if 2 * sum(map(len, kept)) <= \
             problem.strategy_count else None
+        best = wider and min(wider, best, key=lambda found: found[1])  # (of equals, the one among every optimum)
     return Solution(best[0], best[1], best[1], "optimal", time.perf_counter() - start) if best else None
 
 
