@@ -6,19 +6,16 @@ repeats, the whole core's integer program is never run; a searched stack of bloc
 
 import itertools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax.sharding import PartitionSpec as P
 
-import shardprop as sp
-from shardprop.bench import models
 from shardprop.search import ilp
 from shardprop.search.alike import aggregated_lp, alike_classes
 from shardprop.search.problem import Problem, evaluate
+from tests.search.stacks import assert_equals_unsharded, searched_stack
 
 
 def _enumerated(problem: Problem) -> float:
@@ -118,25 +115,9 @@ def test_a_core_that_repeats_is_proved_optimal_without_its_whole_integer_program
 
 @pytest.mark.slow
 def test_a_searched_stack_of_blocks_equals_the_unsharded_step(monkeypatch):
-    proved = []
-    alike = ilp._solve_alike
-
-    def recorded(p, **kw):
-        found = alike(p, **kw)
-        proved.append(found is not None)
-        return found
-
-    monkeypatch.setattr(ilp, "_solve_alike", recorded)
     monkeypatch.setattr(ilp, "ALIKE_AT_LEAST", 2)  # four blocks: tried (by default, from about eight)
-    from shardprop.bench.search import stack_step
-    params = [models.init_block(8, 16, seed=k) for k in range(4)]
-    x = np.random.default_rng(0).normal(size=(8, 4, 8)).astype(np.float32)
-    mesh = sp.make_mesh((4, 2), ("data", "model"))
-    program = sp.autoshard(stack_step, mesh=mesh, in_specs=(sp.AUTO, P("data"))).trace(params, x)
-    got = program(params, x)
-    want = jax.jit(stack_step)(params, x)
+    program, proved, args = searched_stack(monkeypatch, "_solve_alike", 4)
     assert proved and proved[0], "the stack's core was not proved through its alike blocks"
     assert program.search.certificate == "optimal"
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+    got = assert_equals_unsharded(program, args)
     assert jnp.isfinite(got[1])

@@ -9,19 +9,16 @@ through the bound, and equals the unsharded step."""
 
 import itertools
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax.sharding import PartitionSpec as P
 
-import shardprop as sp
-from shardprop.bench import models
 from shardprop.search import ilp
 from shardprop.search.dual import dual_bound
 from shardprop.search.problem import FORBIDDEN, Problem, evaluate
 from shardprop.search.reduce import shrink
+from tests.search.stacks import assert_equals_unsharded, searched_stack
 
 
 @pytest.fixture(autouse=True)
@@ -152,24 +149,9 @@ def test_under_a_usage_limit_the_bound_is_not_the_route():
 
 
 def test_a_searched_stack_of_blocks_is_proved_through_the_bound_and_equals_the_unsharded_step(monkeypatch):
-    proved = []
-    route = ilp._solve_by_dual
-
-    def recorded(p, **kw):
-        found = route(p, **kw)
-        proved.append(found is not None)
-        return found
-
-    monkeypatch.setattr(ilp, "_solve_by_dual", recorded)
-    from shardprop.bench.search import stack_step
-    params = [models.init_block(8, 16, seed=k) for k in range(2)]
-    x = np.random.default_rng(0).normal(size=(8, 4, 8)).astype(np.float32)
-    mesh = sp.make_mesh((4, 2), ("data", "model"))
-    program = sp.autoshard(stack_step, mesh=mesh, in_specs=(sp.AUTO, P("data"))).trace(params, x)
+    program, proved, args = searched_stack(monkeypatch, "_solve_by_dual", 2)
     assert proved == [True] and program.search.certificate == "optimal"
-    got, want = program(params, x), jax.jit(stack_step)(params, x)
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+    assert_equals_unsharded(program, args)
 
 
 def test_a_bound_stopped_short_is_a_bound_still():
