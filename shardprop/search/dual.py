@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import FORBIDDEN, Problem
+from .problem import FORBIDDEN, Problem, summed_pairs
 
 # the most sweeps (forward or backward) the bound climbs for, and the most node visits (a node and its edges) all the
 # sweeps make together — a deterministic budget, not the clock's (the answer's ties must not depend on a busy machine):
@@ -113,18 +113,10 @@ def dual_bound(problem: Problem, *, max_sweeps: int | None = None) -> DualBound 
 
 
 def _merged(problem: Problem) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray]]:
-    """Node terms (an edge within a node on its diagonal) and one matrix per pair of nodes ``u < v`` (the edges
-    between them summed, either way round); forbidden entries infinite."""
-    terms = [np.where(c < FORBIDDEN, c, np.inf).astype(np.float64) for c in problem.costs]
-    pairs: dict[tuple[int, int], np.ndarray] = {}
-    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
-        m = np.where(m < FORBIDDEN, m, np.inf)
-        if u == v:
-            terms[u] = terms[u] + np.diagonal(m)
-            continue
-        key, m = ((u, v), m) if u < v else ((v, u), m.T)
-        pairs[key] = pairs[key] + m if key in pairs else np.array(m, np.float64)
-    return terms, pairs
+    """Node terms and one matrix per pair of nodes (``problem.summed_pairs``), forbidden entries infinite."""
+    costs, pairs = summed_pairs(problem)
+    return ([np.where(c < FORBIDDEN, c, np.inf) for c in costs],
+            {key: np.where(m < FORBIDDEN, m, np.inf) for key, m in pairs.items()})
 
 
 def _usable(terms: list[np.ndarray], pairs: dict[tuple[int, int], np.ndarray]) -> list[np.ndarray] | None:

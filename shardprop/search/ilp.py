@@ -38,7 +38,7 @@ import highspy
 import numpy as np
 from scipy import sparse
 
-from .problem import FORBIDDEN, Problem, classed, evaluate, peak_usage
+from .problem import FORBIDDEN, Problem, classed, evaluate, peak_usage, summed_pairs
 from .alike import aggregated_lp, alike_classes
 from .dual import AT_LEAST as DUAL_AT_LEAST, dual_bound
 from .reduce import Reduced, restrict, shrink
@@ -109,7 +109,7 @@ def _solved(problem: Problem, *, time_limit: float | None, relative_gap: float, 
         core = _solve_alike(shrunk.problem, time_limit=time_limit) or _solve_by_dual(shrunk.problem,
                                                                                    time_limit=time_limit)
     if core is None:
-        if time_limit is not None:  # what the alike solves took is the whole core's less
+        if time_limit is not None:  # what the bound's solves took is the whole core's less
             time_limit = max(1.0, float(time_limit) - (time.perf_counter() - start))
         core = _solve_core(shrunk.problem, time_limit=time_limit, relative_gap=relative_gap)
     if core.cost is None:
@@ -371,21 +371,18 @@ def _folded(problem: Problem) -> tuple[list[np.ndarray], list[tuple]]:
     """The node costs with every edge into a one-strategy node (or within one node) added to them, and the remaining
     edges' matrices, those between the same two nodes summed and those all zero dropped, over classes of strategies
     (``problem.classed``)."""
-    costs = [c.copy() for c in problem.costs]
-    merged: dict[tuple[int, int], np.ndarray] = {}
-    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
+    costs, pairs = summed_pairs(problem)
+    merged = []
+    for (u, v), m in pairs.items():
         if not m.any():
             continue
-        if u == v:
-            costs[u] += np.diag(m)
-        elif len(costs[u]) == 1:
+        if len(costs[u]) == 1:
             costs[v] += m[0]
         elif len(costs[v]) == 1:
             costs[u] += m[:, 0]
         else:
-            key, matrix = ((u, v), m) if u < v else ((v, u), m.T)
-            merged[key] = merged[key] + matrix if key in merged else matrix.copy()
-    return costs, [classed(u, v, m) for (u, v), m in merged.items() if m.any()]
+            merged.append(classed(u, v, m))
+    return costs, merged
 
 
 def _one_hot_rows(problem: Problem, offsets: np.ndarray, n: int):

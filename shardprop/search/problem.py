@@ -123,6 +123,20 @@ def evaluate(problem: Problem, solution) -> float | None:
     return int(total) if float(total).is_integer() else total
 
 
+def summed_pairs(problem: Problem) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray]]:
+    """The node costs with every edge within a node added on its diagonal, and one matrix per pair of nodes
+    ``u < v`` (``u``'s strategies by ``v``'s): the edges between them summed, either way round. Fresh arrays."""
+    costs = [c.astype(np.float64) for c in problem.costs]
+    pairs: dict[tuple[int, int], np.ndarray] = {}
+    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs, strict=True):
+        if u == v:
+            costs[u] += np.diagonal(m)
+            continue
+        key, m = ((u, v), m) if u < v else ((v, u), m.T)
+        pairs[key] = pairs[key] + m if key in pairs else np.array(m, np.float64)
+    return costs, pairs
+
+
 def classed(u: int, v: int, m: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
     """An edge's matrix over classes of strategies: ``u``'s strategies with equal rows are one class, and ``v``'s with
     equal columns — ``(u, v, matrix over the classes, u's class of each strategy, v's class of each strategy)``. Pair
