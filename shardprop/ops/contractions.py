@@ -202,6 +202,27 @@ def contraction_work(node: Node, operand_blocks, out_block) -> float:
     return float(math.prod(out_block) * math.prod(lhs_block[k] for k in lhs_c))
 
 
+def contraction_factors(node: Node, in_shapes) -> tuple[tuple[int, ...], ...]:
+    """Per operand, per axis, the factor it carries: each batch pair one, each contracting pair one, each free axis
+    its own (the layouts a contraction may be handed that its rule and finish take as they are).
+
+    >>> contraction_factors(Node(0, "dot_general", (0, 1), (2,), {"dimension_numbers": (((1,), (0,)), ((), ()))},
+    ...                          None), [(8, 4), (4, 2)])
+    ((1, 0), (0, 2))
+    """
+    (lhs_c, rhs_c), (lhs_b, rhs_b) = node.params["dimension_numbers"]
+    lhs, rhs = [None] * len(in_shapes[0]), [None] * len(in_shapes[1])
+    count = 0
+    for a, b in (*zip(lhs_b, rhs_b, strict=True), *zip(lhs_c, rhs_c, strict=True)):
+        lhs[a] = rhs[b] = count
+        count += 1
+    for axes in (lhs, rhs):
+        for k, f in enumerate(axes):
+            if f is None:
+                axes[k], count = count, count + 1
+    return tuple(lhs), tuple(rhs)
+
+
 def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorSharding, group_sizes: TensorSharding, *,
                        ragged_dot_dimension_numbers, **params) -> RuleOutput:
     """The free axes of ``rhs`` (not contracted, batch or group axes) keep their sharding, as the last axes of
@@ -244,7 +265,7 @@ OPS = [
     OpDef("dot_general", Family.CONTRACTION, propagate=dot_general, lineage=dot_general_lineage, reads_ranges=True,
           lineage_exact=True, per_block=contraction_block, finish=finish_contraction, pull=None,
           linear=Linearity.EITHER, work=contraction_work, finished_operand=summed_as_partner_holds,
-          finish_follows_needs=True),
+          factors=contraction_factors, finish_follows_needs=True),
     OpDef("ragged_dot_general", Family.CONTRACTION, propagate=ragged_dot_general, lineage=whole_operands,
           lineage_exact=False, per_block=bind_as_is, finish=None, pull=None, linear=Linearity.NONE),
 ]

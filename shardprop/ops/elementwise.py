@@ -194,6 +194,17 @@ def sink(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
     return RuleOutput((), tuple(op.layout for op in operands))
 
 
+def elementwise_factors(node: Node, in_shapes) -> tuple[tuple[int, ...], ...]:
+    """Axis ``k`` of every operand carries factor ``k`` — the operands laid out alike — but an axis of length 1
+    another operand is longer on (broadcast along it: taken whole) and a scalar's none.
+
+    >>> elementwise_factors(None, [(64, 8), (1, 8)])
+    ((0, 1), (None, 1))
+    """
+    longest = [max(n) for n in zip(*(shape for shape in in_shapes if shape), strict=True)] if any(in_shapes) else []
+    return tuple(tuple(None if n == 1 < longest[k] else k for k, n in enumerate(shape)) for shape in in_shapes)
+
+
 def nothing_read(ctx: LineageContext, box: Box, output: int, **params):
     """Never asked: the op has no outputs."""
     return [[] for _ in ctx.in_shapes]
@@ -209,7 +220,7 @@ TRAITS = {**dict.fromkeys(("eq", "ne", "lt", "le", "gt", "ge"), (Trait.COMPARISO
 OPS = [
     *defs(UNARY + NARY, Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage,
           lineage_exact=True, per_block=elementwise_block, finish=None, pull=pull_elementwise, linear=LINEAR,
-          reads_ranges=True, traits=TRAITS),
+          reads_ranges=True, traits=TRAITS, factors=elementwise_factors),
     OpDef("mulhi", Family.ELEMENTWISE, propagate=elementwise, lineage=elementwise_lineage, lineage_exact=True,
           per_block=mulhi_on_blocks, finish=None, pull=pull_elementwise, linear=Linearity.NONE),
     OpDef("bitcast_convert_type", Family.ELEMENTWISE, propagate=bitcast_convert_type, lineage=bitcast_lineage,

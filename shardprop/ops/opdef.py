@@ -27,6 +27,11 @@
                    ranged rows a reduction reads: ``FinishGeometry``) — optional (none: the result's layout says)
     placement      where it leaves each device's rows when its finish is a placement (a reversal's mirror, a
                    concatenation's rotation or route, a strided slice's route: ``Placement``) — for those ops
+    factors        per operand, per axis, the factor the axis carries (Shardy's ``OpShardingRule``: a contraction's
+                   batch pair one factor, its contracting pair one, each free axis its own; None: the axis is taken
+                   whole, an elementwise operand's broadcast one) — optional: the layout
+                   search asks the rule about every way to lay the mesh axes over the factors rather than about
+                   every combination of its operands' layouts (``shardprop.search.menu``)
     finish_follows_needs   True for an op whose finish combines results computed from its operands as the op
                    consumes them (a contraction's, a reduction's, a convolution's partial sums): a view of the
                    backward pass may change how it takes them; another finish reads its operands as they are held
@@ -52,6 +57,7 @@ has none (``finish=None``), so a missing piece is a construction error rather th
     combine(node: Node, scanned, totals, earlier) -> block                              # inside shard_map
     geometry(graph: Graph, node: Node, operand_type: ValueType, mesh_shape) -> FinishGeometry
     placement(graph: Graph, node: Node, operand_type: ValueType, collective: Collective, mesh_shape) -> Placement
+    factors(node: Node, in_shapes) -> tuple[tuple[int | None, ...], ...]               # per operand, per axis
 """
 
 from __future__ import annotations
@@ -147,6 +153,7 @@ class OpDef:
     combine: Callable[..., Any] | None = None
     geometry: Callable[..., Any] | None = None
     placement: Callable[..., Any] | None = None
+    factors: Callable[..., Any] | None = None
     finish_follows_needs: bool = False
     # True for the ops whose rule reads ranged axes (``shardprop.core.layouts.Span``: a slice, a pad, a
     # concatenation along a sharded axis); every other rule is given them replicated (it reads them whole).

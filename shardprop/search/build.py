@@ -6,8 +6,8 @@ The nodes of the problem are the graph's nodes, in order: an argument's strategi
 where the user fixed it), a constant's its replicated whole, an op's its menu — its rule asked about every layout
 its operands may be handed (each operand: the layouts its producer can hold it in and its own candidates). An edge
 joins a value's producer and each node reading it, its matrix the one planner's bytes (``core.moves.move_bytes``)
-summed over the distinct types the reader consumes it in; a reader finished by a collective reads its operands as
-they are held (the finish is decided on them), so its other pairings are forbidden.
+summed over the distinct types the reader consumes it in (a reader a collective finishes among them: it is handed its
+operands as it consumes them, ``.menu``; where it is handed one value in two layouts, forbidden).
 
 >>> built = build_problem(graph, flat_specs, mesh)   # doctest: +SKIP
 >>> solution = solve(built.problem)                  # doctest: +SKIP
@@ -239,18 +239,18 @@ def _edge_matrix(made_menu, out: int, reader_menu, slots: tuple[int, ...], aval,
     """The edge's matrix: rows the producer's strategies, columns the reader's (``_edges``)."""
     haves = {}
     rows = np.array([haves.setdefault(made.outputs[out], len(haves)) for made in made_menu], np.int64)
-    reads = {}  # the types a reader consumes the value in, and what it was handed where a collective finishes it
-    columns = np.array([reads.setdefault((tuple(dict.fromkeys(reader.needs[k] for k in slots)),
-                                          tuple(reader.handed[k] for k in slots) if reader.collective else None),
-                                         len(reads)) for reader in reader_menu], np.int64)
-    small = np.zeros((len(haves), len(reads)))
-    for a, have in enumerate(haves):
-        for b, (wants, handed) in enumerate(reads):
-            if handed is not None and any(have.even_layout != h for h in handed):
-                small[a, b] = FORBIDDEN  # a reader finished by a collective reads its operands as they are held
-            else:
-                small[a, b] = sum(_move(aval.shape, aval.dtype, have, want, mesh_items) for want in wants)
+    reads = {}  # the types a reader consumes the value in
+    columns = np.array([reads.setdefault(tuple(dict.fromkeys(reader.needs[k] for k in slots)), len(reads))
+                        if not _handed_apart(reader, slots) else -1 for reader in reader_menu], np.int64)
+    small = np.array([[sum(_move(aval.shape, aval.dtype, have, want, mesh_items) for want in wants) for wants in reads]
+                      + [FORBIDDEN] for have in haves], np.float64).reshape(len(haves), len(reads) + 1)
     return small[np.ix_(rows, columns)]
+
+
+def _handed_apart(reader: NodeStrategy, slots: tuple[int, ...]) -> bool:
+    """A reader finished by a collective handed one value in two layouts (``x.T @ x`` read otherwise on each side):
+    its finish reads the value as held (``splitting.strategies.as_handed``), not as the strategy was decided."""
+    return reader.collective is not None and len({reader.handed[k] for k in slots}) > 1
 
 
 @functools.lru_cache(maxsize=262144)

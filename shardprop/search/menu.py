@@ -120,10 +120,8 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
                 if shared is not None:
                     answers[shared] = strategies
             for strategy in strategies:
-                # (a collective finishes what its operands are held as: which edges allow it depends on them)
-                key = (strategy.needs, strategy.outputs, strategy.collective, strategy.cost,
-                       strategy.handed if strategy.collective is not None else None)
-                found.setdefault(key, strategy)
+                found.setdefault((strategy.needs, strategy.outputs, strategy.collective, strategy.cost,
+                                  strategy.finished), _handed_as_consumed(strategy))
             probed[handed] = [tuple(t.even_layout for t in strategy.needs) for strategy in strategies]
         return probed[handed]
 
@@ -149,20 +147,33 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
         return tuple(strategies)
 
     sampled = False
-    if math.prod(len(o) for o in handed_options) <= FULL_PRODUCT_AT_MOST:
+    shapes = tuple(graph.avals[v].shape for v in node.operands)
+    if op.factors is not None:
+        for handed in _factored(op.factors(node, shapes), shapes, mesh_shape):
+            visit(handed)
+    elif math.prod(len(o) for o in handed_options) <= FULL_PRODUCT_AT_MOST:
         for handed in itertools.product(*handed_options):
             visit(handed)
     else:
         for handed in _stars(handed_options, around_replicated=combined):
             visit(handed)
         # a loop's or branch's operands are values apart (one mesh axis may lay out several): not one factor per axis
-        shapes = tuple(graph.avals[v].shape for v in node.operands)
         laid = None if op.family is Family.CONTROL_FLOW or not combined else _combined(handed_options, shapes,
                                                                                         mesh_shape, visit)
         sampled = laid is None
         for handed in laid or ():
             visit(handed)
     return Menu(tuple(found.values()), sampled)
+
+
+def _handed_as_consumed(strategy: NodeStrategy) -> NodeStrategy:
+    """A strategy a collective finishes, handed its operands as it consumes them: the rule handed those decides it
+    alike (checked on every bench model's menus, ``tests/search/test_menu.py``), so one strategy stands for every
+    handed tuple that leads to it — its operands brought to what it consumes by the edges' moves, whatever their
+    producers hold (realized as views: ``.realize``)."""
+    if strategy.collective is None:
+        return strategy
+    return replace(strategy, handed=tuple(t.even_layout for t in strategy.needs))
 
 
 def _answer_key(outputs: tuple[TensorSharding, ...]) -> tuple:
@@ -181,6 +192,29 @@ def _stars(options, around_replicated: bool = True) -> list[tuple[Layout, ...]]:
         tuples += [base[:k] + (layout,) + base[k + 1:] for k, candidates in enumerate(options) for layout in candidates
                    if layout != base[k]]
     return list(dict.fromkeys(tuples))
+
+
+def _factored(factors: tuple[tuple[int | None, ...], ...], shapes, mesh_shape) -> list[tuple[Layout, ...]]:
+    """Every handed tuple laying each mesh axis over one of the op's ``factors`` or none (several over one factor, in
+    every order), the operands' axes laid out as their factors (an axis of none whole): those whose blocks divide the
+    operands' ``shapes``. Every strategy the rule and the split find for any tuple consumes its operands so, and is found again handed
+    what it consumes (``_handed_as_consumed``): these tuples find them all, without the product of every operand's
+    layouts."""
+    count = 1 + max((f for axes in factors for f in axes if f is not None), default=-1)
+    names = list(mesh_shape)
+    out = []
+    for choice in itertools.product(range(-1, count), repeat=len(names)):
+        over: dict[int, list[str]] = {}
+        for name, f in zip(names, choice, strict=True):
+            if f >= 0:
+                over.setdefault(f, []).append(name)
+        for orders in itertools.product(*(itertools.permutations(axes) for axes in over.values())):
+            laid = dict(zip(over, orders, strict=True))
+            handed = tuple(tuple(() if f is None else laid.get(f, ()) for f in axes) for axes in factors)
+            if all(n % shard_count(mesh_shape, m) == 0 for shape, layout in zip(shapes, handed, strict=True)
+                   for n, m in zip(shape, layout, strict=True)):
+                out.append(handed)
+    return out
 
 
 def _only(layout: Layout, name: str) -> Layout:

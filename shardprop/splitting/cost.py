@@ -7,6 +7,7 @@ and sums their ``moved_bytes``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -66,15 +67,23 @@ def whole_work(graph) -> float:
 def compute_bytes(view: Decisions, node: Node, needs: tuple[ValueType, ...] | None = None) -> float:
     """The multiply-adds one device does for ``node`` with its operands in ``needs`` (default: as ``view`` says),
     in bytes' worth (``MACS_PER_BYTE``); 0 for ops whose record has no ``work`` piece."""
-    work = lookup(node.op).work
-    if work is None:
+    if lookup(node.op).work is None:
         return 0.0
-    graph, mesh_shape = view.graph, view.mesh_shape
+    graph = view.graph
     needs = view.needs(node.id) if needs is None else needs
-    blocks = [block_shape(graph.avals[v].shape, need.layout, mesh_shape)
-              for v, need in zip(node.operands, needs, strict=True)]
     out = node.outputs[0]
-    return work(node, blocks, block_shape(graph.avals[out].shape, view.sharded.layout(out), mesh_shape)) / MACS_PER_BYTE
+    return _work_bytes(node, tuple((graph.avals[v].shape, need.layout) for v, need in zip(node.operands, needs,
+                                                                                           strict=True)),
+                       (graph.avals[out].shape, view.sharded.layout(out)), tuple(view.mesh_shape.items()))
+
+
+@functools.lru_cache(maxsize=65536)
+def _work_bytes(node: Node, operands: tuple, out: tuple, mesh_items: tuple) -> float:
+    """``compute_bytes`` of ``node`` (hashed by identity) on operands and output of these (shape, layout)s: the search
+    prices each of its nodes' strategies, many alike."""
+    mesh_shape = dict(mesh_items)
+    blocks = [block_shape(shape, layout, mesh_shape) for shape, layout in operands]
+    return lookup(node.op).work(node, blocks, block_shape(*out, mesh_shape)) / MACS_PER_BYTE
 
 
 def finishing_types(view: Decisions, node: Node, collective: Collective,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..core.collectives import Collective, CollectiveKind
 from ..core.layouts import Layout, layout_refines, shard_count
-from ..core.types import ValueType, carried_type
+from ..core.types import ValueType, carried_type, held_whole
 from ..ops import lookup
 from ..ops.opdef import Family
 from .cost import collective_bytes, compute_bytes, finishing_types, move_bytes, node_move_bytes
@@ -38,13 +38,29 @@ def finish_in_blocks(decisions: Decisions) -> Decisions:
         op = lookup(node.op)
         if op.family not in (Family.SCAN, Family.SLICING) or op.finish is None:
             continue
-        found = op.finish(decisions, node)
+        found = op.finish(as_handed(decisions, node), node)
         if found is not None and found[1].kind.required:
             needs[node.id], collectives[node.id] = found
             _finished(decisions, node, *found, computed, held)
     if not collectives:
         return decisions
     return decisions.revised(needs=needs, collectives=collectives, computed=computed, held=held)
+
+
+def as_handed(decisions: Decisions, node) -> Decisions:
+    """``decisions`` with ``node``'s operands held as it is handed them where the layout search decided that (an exact
+    view, ``propagation.uses.View``): a finish then reads them as the search priced it — in the layouts the node
+    consumes, moved there from where they are held (the move is the node's, as a gather's is). Elsewhere, or where one
+    value is handed in two layouts, ``decisions`` itself."""
+    views = decisions.sharded.views
+    handed: dict[int, Layout] = {}
+    for k, v in enumerate(node.operands):
+        view = views.get((node.id, k))
+        layout = view.layout if view is not None and view.exact else decisions.layout(v)
+        if handed.setdefault(v, layout) != layout:
+            return decisions
+    held = {v: held_whole(layout) for v, layout in handed.items() if layout != decisions.layout(v)}
+    return decisions.revised(held=held)
 
 
 def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> Decisions:
@@ -62,7 +78,7 @@ def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> D
         op = lookup(node.op)
         if node.id in decisions.collectives:  # finished already (a cumulative op)
             continue
-        found = op.finish(decisions, node) if op.finish is not None else None
+        found = op.finish(as_handed(decisions, node), node) if op.finish is not None else None
         # A finish may still move an operand along an axis it does not sum over (a free axis taken whole); its psum
         # may wait for a smaller value further on (the cheapest point of its linear chain).
         if found is None:

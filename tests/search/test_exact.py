@@ -19,7 +19,7 @@ from shardprop.program import lower
 from shardprop.search import AUTO, candidate_specs
 from shardprop.search.build import build_problem
 from shardprop.search.ilp import solve
-from shardprop.search.problem import evaluate
+from shardprop.search.problem import FORBIDDEN, evaluate
 from shardprop.search.realize import mismatches, realize
 from shardprop.splitting import split
 from shardprop.splitting.cost import price
@@ -88,3 +88,29 @@ def test_the_solve_is_no_dearer_than_any_assignment_the_pipeline_prices(name, me
     for got, want in zip(jax.tree_util.tree_leaves(program(*args)), jax.tree_util.tree_leaves(jax.jit(f)(*args)),
                          strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+
+
+def test_a_contraction_finished_by_a_collective_reads_a_value_it_takes_twice_alike():
+    """``x @ x`` finished by a psum: a strategy consuming ``x`` otherwise on each side (its contracting axis is the
+    first operand's second and the second's first) cannot be realized as decided — the finish reads one value in one
+    layout — so every pairing with it is forbidden. The solve's plan is realized exactly and computes the unsharded
+    product."""
+    mesh = as_auto_mesh(sp.make_mesh((4, 2), ("i", "j")))
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+    graph = sp.trace(lambda x: x @ x, x)
+    built = build_problem(graph, [AUTO], mesh)
+    dot = next(n for n in graph.nodes if n.op == "dot_general")
+    assert dot.operands[0] == dot.operands[1]
+    strategies = built.menus[dot.id]
+    apart = [k for k, s in enumerate(strategies) if s.collective is not None and s.handed[0] != s.handed[1]]
+    assert apart
+    (edge,) = [m for m, (u, v) in zip(built.problem.edge_costs, built.problem.edges.tolist(), strict=True)
+               if v == dot.id]
+    assert (edge[:, apart] >= FORBIDDEN).all() and (edge[:, [k for k in range(len(strategies)) if k not in apart]]
+                                                     < FORBIDDEN).any()
+    solution = solve(built.problem)
+    sharded = realize(built, solution.strategies, mesh)
+    assert mismatches(built, solution.strategies, sharded) == []
+    plan = split(sharded)
+    assert price(plan) <= solution.cost * (1 + 1e-9)
+    np.testing.assert_allclose(np.asarray(lower(plan, mesh)(x)), x @ x, rtol=1e-5, atol=1e-5)

@@ -120,9 +120,9 @@ def _assert_equal(got, want, atol):
 def test_a_limit_the_unlimited_optimum_breaks_is_solved_within_it_less_what_the_compiled_program_held_beyond():
     """A KV-cache decode step whose cheapest layouts hold more than the limit: the unlimited optimum, compiled, held
     more than the problem's memory says; the limited solve keeps the limit less what a compiled plan held beyond it,
-    its plan fits as compiled, and its certificate is that solve's (optimal within the limit kept, among the layouts
-    asked about: the menus are sampled under a limit that binds); the summary says what was kept. The result equals
-    the unsharded step's."""
+    its plan fits as compiled, and its certificate is that solve's (optimal within the limit kept: its contractions'
+    and elementwise ops' menus are laid out by their factors, none sampled; a sampled menu's certificate says so); the
+    summary says what was kept. The result equals the unsharded step's."""
     model = bench_experts.kv_decode(4, 32)
     mesh = sp.make_mesh(*model.mesh)
     unlimited = sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs).trace(*model.args)
@@ -132,7 +132,9 @@ def test_a_limit_the_unlimited_optimum_breaks_is_solved_within_it_less_what_the_
     search = prog.search
     assert prog.memory() == search.chosen.compiled_memory <= limit
     assert 0 < limit - search.memory_kept < limit
-    assert search.compiled >= 2 and search.certificate.startswith("optimal within the limit kept among the layouts")
+    assert search.compiled >= 2 and search.sampled == () and search.certificate == "optimal within the limit kept"
+    sampled = replace(search, sampled=("`mul` at decode.py:7",))
+    assert sampled.certificate == "optimal within the limit kept among the layouts asked about, 1 node sampled"
     summary = str(search).splitlines()[0]
     beyond = format_bytes(limit - search.memory_kept)
     assert (f"limit {format_bytes(limit)}, the problem's memory kept within {format_bytes(search.memory_kept)}: the "

@@ -1,5 +1,6 @@
-"""A node's menu: every strategy its rule leads to from any operand layouts, also where their combinations are too
-many to ask about one by one (``shardprop.search.menu._combined``): the certificate is only as true as the menus."""
+"""A node's menu: every strategy its rule leads to from any operand layouts — laid out by the op's factors where its
+record has them, else also where their combinations are too many to ask about one by one
+(``shardprop.search.menu._combined``): the certificate is only as true as the menus."""
 
 import math
 
@@ -7,57 +8,147 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from dataclasses import replace
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
 from shardprop.bench import experts, models
 from shardprop.search import menu
+from shardprop.ops import lookup
 from shardprop.search.build import _candidate_layouts
 
 AT_MOST = menu.FULL_PRODUCT_AT_MOST  # as the search runs
 
 
-def _node(f, *shapes):
+def _node(f, *shapes, op=None):
     graph = sp.trace(f, *(np.ones(s, np.float32) for s in shapes))
-    (node,) = [n for n in graph.nodes if n.operands]
-    return graph, node
+    return graph, next(n for n in graph.nodes if n.operands and (op is None or n.op == op))
 
 
-def _strategies(graph, node, mesh, at_most, monkeypatch) -> set:
+def _key(s) -> tuple:
+    return s.needs, s.outputs, s.collective, s.cost, s.finished
+
+
+def _strategies(graph, node, mesh, at_most, monkeypatch, *, factors=True) -> set:
+    """The node's menu, asked about every combination of its operands' candidates where ``at_most`` allows (else
+    one mesh axis at a time); without its record's ``factors`` unless ``factors``."""
     monkeypatch.setattr(menu, "FULL_PRODUCT_AT_MOST", at_most)
+    if not factors:
+        record = lookup(node.op)
+        monkeypatch.setattr(menu, "lookup", lambda name: replace(record, factors=None) if name == node.op
+                            else lookup(name))
     items = tuple(dict(mesh.shape).items())
     options = [_candidate_layouts(graph.avals[v].shape, items) for v in node.operands]
-    assert math.prod(map(len, options)) > at_most or at_most > AT_MOST  # (the product not asked, where combined)
     found = menu.node_menu(graph, node, mesh, options)
+    monkeypatch.setattr(menu, "lookup", lookup)
     assert not found.sampled
-    return {(s.needs, s.outputs, s.collective, s.cost) for s in found.strategies}
+    return {_key(s) for s in found.strategies}
 
 
-NODES = {  # ops whose operands' candidates combine into thousands of handed tuples on the 4x2 mesh
+FACTORED = {  # ops whose operands' candidates combine into thousands of handed tuples on the 4x2 mesh
     "batched contraction": (lambda a, b: jnp.einsum("egcd,edf->egcf", a, b), (8, 4, 8, 8), (8, 8, 16)),
+    "transposed contraction": (lambda a, b: a.T @ b, (16, 8), (16, 4)),
     "three-way select": (lambda c, a, b: lax.select(c > 0, a, b), (8, 4, 8), (8, 4, 8), (8, 4, 8)),
     "clamp": (lambda lo, x, hi: lax.clamp(lo, x, hi), (8, 8, 4), (8, 8, 4), (8, 8, 4)),
+    "broadcast sum": (lambda a, b: a + b[None, :], (16, 8), (8,)),
+}
+OPS = {"batched contraction": "dot_general", "transposed contraction": "dot_general", "three-way select": "select_n",
+       "clamp": "clamp", "broadcast sum": "add"}
+
+
+@pytest.mark.parametrize(("name", "mesh_shape"), [
+    pytest.param(name, mesh_shape, id=f"{name}-{'x'.join(map(str, mesh_shape))}",
+                 marks=[pytest.mark.slow] if len(FACTORED[name]) > 3 and len(mesh_shape) > 2 else [])
+    for name in FACTORED for mesh_shape in ((4, 2), (2, 2, 2))])  # (three operands over three mesh axes: seconds)
+def test_a_menu_laid_out_by_its_factors_holds_every_strategy_of_the_full_product(name, mesh_shape, monkeypatch):
+    """Every way to consume the operands, hold the outputs and finish the node that asking the rule about every
+    combination of its operands' candidates finds is found asking only the ways to lay the mesh axes over the op's
+    factors (a strategy a collective finishes stands for every tuple that leads to it: handed what it consumes)."""
+    f, *shapes = FACTORED[name]
+    graph, node = _node(f, *shapes, op=OPS[name])
+    assert lookup(node.op).factors is not None
+    mesh = sp.make_mesh(mesh_shape, ("data", "model", "pipe")[:len(mesh_shape)])
+    full = _strategies(graph, node, mesh, 10 ** 9, monkeypatch, factors=False)
+    factored = _strategies(graph, node, mesh, AT_MOST, monkeypatch)
+    assert full <= factored, sorted(map(str, full - factored))[:3]
+
+
+COMBINED = {  # an op without factors whose operands' candidates combine into more tuples than are asked about
+    "concatenation": (lambda a, b, c: jnp.concatenate([a, b, c], axis=1), (8, 4, 8), (8, 4, 8), (8, 4, 8)),
 }
 
 
-@pytest.mark.parametrize("name", list(NODES))
+@pytest.mark.parametrize("name", list(COMBINED))
 def test_a_menu_built_one_mesh_axis_at_a_time_holds_every_strategy_of_the_full_product(name, monkeypatch):
-    """Every way to consume the operands, hold the outputs and finish the node that asking the rule about every
-    combination of its operands' layouts finds (thousands of them here) is found one mesh axis at a time. (A
-    collective finishes operands as held: a strategy finished so from layouts its rule moved is met only where asked
-    about, its twin consuming them as handed always is.)"""
-    f, *shapes = NODES[name]
-    graph, node = _node(f, *shapes) if name != "three-way select" else _select_node(f, shapes)
+    """Without factors, where the combinations are too many, the rule is asked one mesh axis at a time and about
+    every way to lay those answers over each other (``menu._combined``): every strategy of the full product."""
+    f, *shapes = COMBINED[name]
+    graph, node = _node(f, *shapes)
+    assert lookup(node.op).factors is None
     mesh = sp.make_mesh((4, 2), ("data", "model"))
+    items = tuple(dict(mesh.shape).items())
+    assert math.prod(len(_candidate_layouts(graph.avals[v].shape, items)) for v in node.operands) > AT_MOST
     full = _strategies(graph, node, mesh, 10 ** 9, monkeypatch)
     combined = _strategies(graph, node, mesh, AT_MOST, monkeypatch)
     assert full <= combined, sorted(map(str, full - combined))[:3]
 
 
-def _select_node(f, shapes):
-    graph = sp.trace(f, *(np.ones(s, np.float32) for s in shapes))
-    return graph, next(n for n in graph.nodes if n.op == "select_n")
+@st.composite
+def contractions(draw):
+    """Two operands of axes from 1 batch, 1 contracting and up to 2 free axes each, in any order."""
+    batch, contracting = draw(st.integers(0, 1)), draw(st.integers(1, 2))
+    lhs_free, rhs_free = draw(st.integers(0, 1)), draw(st.integers(0, 1))
+    sizes = st.sampled_from([2, 4, 8])
+    shared = [draw(sizes) for _ in range(batch + contracting)]
+    lhs_axes = [("s", k) for k in range(batch + contracting)] + [("l", k) for k in range(lhs_free)]
+    rhs_axes = [("s", k) for k in range(batch + contracting)] + [("r", k) for k in range(rhs_free)]
+    lhs_axes, rhs_axes = draw(st.permutations(lhs_axes)), draw(st.permutations(rhs_axes))
+    free = {axis: draw(sizes) for axis in lhs_axes + rhs_axes if axis[0] != "s"}
+    shape = [tuple(shared[a[1]] if a[0] == "s" else free[a] for a in axes) for axes in (lhs_axes, rhs_axes)]
+    pairs = [(lhs_axes.index(("s", k)), rhs_axes.index(("s", k))) for k in range(batch + contracting)]
+    (lb, rb), (lc, rc) = [tuple(zip(*part, strict=True)) or ((), ()) for part in (pairs[:batch], pairs[batch:])]
+    return shape[0], shape[1], ((lc, rc), (lb, rb))
+
+
+def _decided_alike_handed_what_they_consume(case, mesh_shape, monkeypatch, every: int) -> None:
+    lhs_shape, rhs_shape, dimension_numbers = case
+    graph, node = _node(lambda a, b: lax.dot_general(a, b, dimension_numbers), lhs_shape, rhs_shape)
+    mesh = sp.make_mesh(mesh_shape, ("data", "model", "pipe")[:len(mesh_shape)])
+    full = _strategies(graph, node, mesh, 10 ** 9, monkeypatch, factors=False)
+    options = [_candidate_layouts(graph.avals[v].shape, tuple(dict(mesh.shape).items())) for v in node.operands]
+    factored = menu.node_menu(graph, node, mesh, options)
+    assert full <= {_key(s) for s in factored.strategies}
+    finished = [s for s in factored.strategies if s.collective is not None]
+    for s in finished[::every]:
+        assert s.handed == tuple(t.even_layout for t in s.needs)
+        again = menu.node_menu(graph, node, mesh, [(h,) for h in s.handed])
+        assert _key(s) in {_key(t) for t in again.strategies}
+
+
+MESH_SHAPES = st.sampled_from([(4, 2), (2, 2, 2), (8,)])
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@settings(max_examples=4, **SETTINGS)
+@given(case=contractions(), mesh_shape=MESH_SHAPES)
+def test_a_contraction_finished_by_a_collective_is_decided_alike_handed_what_it_consumes(case, mesh_shape,
+                                                                                        monkeypatch):
+    """Any contraction (batch, contracting and free axes in any order): every strategy its rule and the split find
+    for any handed layouts is found by its factors, and one a collective finishes is decided alike when handed the
+    layouts it consumes (what lets one strategy stand for all the tuples that lead to it; here every fifth of them,
+    every one under ``-m slow``)."""
+    _decided_alike_handed_what_they_consume(case, mesh_shape, monkeypatch, every=5)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, **SETTINGS)
+@given(case=contractions(), mesh_shape=MESH_SHAPES)
+def test_every_contraction_finished_by_a_collective_is_decided_alike_handed_what_it_consumes(case, mesh_shape,
+                                                                                            monkeypatch):
+    _decided_alike_handed_what_they_consume(case, mesh_shape, monkeypatch, every=1)
 
 
 @pytest.mark.slow

@@ -264,8 +264,8 @@ def test_the_search_benchmark_meets_the_experts_on_every_model():
     """``shardprop bench --search``'s rows: the searched layout, proved optimal, is no dearer than any expert layout
     that fits the limit (by the cost model it minimises), no expert that fits beats it on both bytes moved and memory
     (compiled), it fits the limit as compiled, and every program equals the unsharded function. Under a limit that
-    binds the menus are sampled and the certificate says so (among the layouts asked about, which need not hold an
-    expert's); where the cost model's optimum within the limit held more as compiled, the limit the solve keeps is
+    binds the menus of ops without factors are sampled and the certificate says so (among the layouts asked about,
+    which need not hold an expert's); where the cost model's optimum within the limit held more as compiled, the limit the solve keeps is
     tightened and the certificate states the gap to that optimum's bound instead of "optimal"."""
     for result in bench_search.run(say=lambda _: None):
         assert result.searched is not None, result.error
