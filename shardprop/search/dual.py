@@ -14,7 +14,7 @@ at least the bound plus its slack. So the cheapest assignment among each node's 
 ``c``, is the optimum where ``c`` meets the bound; else every cheaper assignment uses only strategies whose slack is at
 most ``c - bound``, and those are solved again (reduced-cost fixing): exact either way (``.ilp._solve_by_dual``). On the
 benchmark's layout problems the bound meets the optimum and a few strategies in ten are left: the solve over them
-takes hundredths of a second where the whole relaxation took seconds.
+takes hundredths of a second where the whole relaxation took seconds. The passes run compiled (numba, ``_climb``).
 
 >>> from shardprop.search.problem import Problem
 >>> p = Problem.from_lists(intervals=[(0, 1), (0, 1)], costs=[[1, 3], [2, 0]], usages=[[1, 1], [1, 1]],
@@ -27,6 +27,8 @@ takes hundredths of a second where the whole relaxation took seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import functools
 
 import numpy as np
 
@@ -41,9 +43,11 @@ MAX_SWEEPS = 400
 MAX_VISITS = 1_000_000
 STALL = 1e-6
 STALL_PAIRS = 5
-# the fewest strategies a core has for the bound to be tried: below, HiGHS's relaxation takes hundredths of a second
-# and the passes as long or longer (the MLP step on 8 devices: 0.07 -> 0.23 s), a measured break-even
-AT_LEAST = 2000
+# the fewest strategies a core has for the bound to be tried: below, HiGHS's relaxation takes a few hundredths of a
+# second, and a process's first passes load their compiled code (a quarter of a second, once). Above, the passes
+# win: the flax step's core of 612 strategies 0.24 -> 0.16 s, the KV decode's of 655 0.18 -> 0.15 s (the MLP's of 297:
+# 0.07 -> 0.05 s, not worth the load). A measured break-even
+AT_LEAST = 500
 # an assignment within this of the bound (relative to it) is at the bound: the simplex's own tolerance, as ``.alike``'s
 TOLERANCE = 1e-7
 # the reparametrisation's rounding, relative to the sum of the terms' largest magnitudes: a strategy within it of a
@@ -89,27 +93,25 @@ def dual_bound(problem: Problem, *, max_sweeps: int | None = None) -> DualBound 
     usable = _usable(terms, pairs)
     if usable is None:
         return None
-    terms, edges, plans = _reparametrisation(terms, pairs, usable)
-    scale = float(sum(np.abs(t).max() for t in terms) + sum(np.abs(m[np.isfinite(m)]).max(initial=0.0) for m in edges))
+    flat = _Flat.of(terms, pairs, usable)
+    scale = float(sum(np.abs(t).max() for t in flat.terms()) + sum(
+        np.abs(m[np.isfinite(m)]).max(initial=0.0) for m in flat.matrices()))
     most = min(MAX_SWEEPS if max_sweeps is None else max_sweeps, 2 * (MAX_VISITS // (2 * max(1, len(terms)))))
-    history: list[float] = []
-    sweeps = 0
-    while sweeps < most:
-        for plan in plans:
-            _sweep(terms, plan)
-        sweeps += 2
-        history.append(_bound(terms, edges))
-        if len(history) > STALL_PAIRS and history[-1] - history[-1 - STALL_PAIRS] <= STALL * max(1.0, abs(history[-1])):
-            break
-    slack = []
-    for v, (t, (_, views, _, _)) in enumerate(zip(terms, plans[0], strict=True)):  # (forward: in node order)
-        within = t[:, 0] - t.min()
-        for view in views:
-            within = within + (view.min(axis=1) - view.min())
-        full = np.full(len(problem.costs[v]), np.inf)
-        full[usable[v]] = within
-        slack.append(full)
-    return DualBound(_bound(terms, edges), tuple(slack), sweeps, scale)
+    sweeps = _compiled()(flat.t, flat.t_at, flat.e, flat.e_at, flat.columns, flat.incident_at, flat.incident_edge,
+                    flat.incident_rows, flat.incident_other, flat.shares, most, STALL, STALL_PAIRS)
+    terms, matrices = flat.terms(), flat.matrices()
+    slack = [t - t.min() for t in terms]
+    for (u, v), m in zip(flat.pairs, matrices, strict=True):
+        least = m.min()
+        slack[u] = slack[u] + (m.min(axis=1) - least)
+        slack[v] = slack[v] + (m.min(axis=0) - least)
+    full = []
+    for v, within in enumerate(slack):
+        kept = np.full(len(problem.costs[v]), np.inf)
+        kept[usable[v]] = within
+        full.append(kept)
+    return DualBound(float(sum(t.min() for t in terms) + sum(m.min() for m in matrices)), tuple(full), int(sweeps),
+                     scale)
 
 
 def _merged(problem: Problem) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray]]:
@@ -139,48 +141,121 @@ def _usable(terms: list[np.ndarray], pairs: dict[tuple[int, int], np.ndarray]) -
     return kept
 
 
-def _reparametrisation(terms, pairs, usable: list[np.ndarray]):
-    """The terms the passes work on, among the usable strategies: node terms (as columns: see ``_sweep``), one matrix
-    per pair of nodes (forbidden pairs infinite), and per direction the nodes in order, each with its edges as views
-    whose first axis is its own strategies, those towards later nodes, and the share of its total each of those takes
-    (``1 / max(earlier, later)``, TRW-S's weights for the chains of a monotone order)."""
-    n = len(terms)
-    terms = [t[usable[v]].reshape(-1, 1) for v, t in enumerate(terms)]
-    edges = [pairs[u, v][np.ix_(usable[u], usable[v])] for u, v in sorted(pairs)]
-    incident: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(n)]
-    for (u, v), m in zip(sorted(pairs), edges, strict=True):
-        incident[u].append((m, v))
-        incident[v].append((m.T, u))  # a view: what the pass does to it, it does to the matrix
-    plans = []
-    for order in (range(n), range(n - 1, -1, -1)):
-        rank = np.empty(n, np.int64)
-        rank[list(order)] = np.arange(n)
-        plan = []
-        for v in order:
-            views = [view for view, _ in incident[v]]
-            ahead = [view for view, w in incident[v] if rank[w] > rank[v]]
-            share = 1.0 / max(len(ahead), len(views) - len(ahead)) if ahead else 0.0
-            plan.append((v, views, ahead, share))
-        plans.append(plan)
-    return terms, edges, plans
+@dataclass(frozen=True)
+class _Flat:
+    """The terms the passes work on, among the usable strategies, in flat arrays (compiled code walks them): node
+    ``v``'s terms ``t[t_at[v]:t_at[v + 1]]``; pair ``k``'s matrix (rows: its first node's strategies)
+    ``e[e_at[k]:e_at[k + 1]]`` row by row, ``columns[k]`` wide; node ``v``'s pairs ``incident_edge[incident_at[v]:
+    incident_at[v + 1]]``, whether its strategies are their rows, and the node at their other end; ``shares[d, v]``,
+    what each of its pairs towards later nodes takes of its total in direction ``d`` (0: by index, 1: the reverse):
+    ``1 / max(earlier, later)``, TRW-S's weights for the chains of a monotone order."""
+
+    t: np.ndarray
+    t_at: np.ndarray
+    e: np.ndarray
+    e_at: np.ndarray
+    columns: np.ndarray
+    incident_at: np.ndarray
+    incident_edge: np.ndarray
+    incident_rows: np.ndarray
+    incident_other: np.ndarray
+    shares: np.ndarray
+    pairs: tuple[tuple[int, int], ...]
+
+    @staticmethod
+    def of(terms, pairs, usable) -> _Flat:
+        n = len(terms)
+        terms = [t[k] for t, k in zip(terms, usable, strict=True)]
+        keys = tuple(sorted(pairs))
+        matrices = [pairs[u, v][np.ix_(usable[u], usable[v])] for u, v in keys]
+        incident: list[list[tuple[int, bool, int]]] = [[] for _ in range(n)]
+        for k, (u, v) in enumerate(keys):
+            incident[u].append((k, True, v))
+            incident[v].append((k, False, u))
+        shares = np.zeros((2, n))
+        for v, around in enumerate(incident):
+            later = sum(w > v for _, _, w in around)
+            for d, ahead in enumerate((later, len(around) - later)):
+                shares[d, v] = 1.0 / max(ahead, len(around) - ahead) if ahead else 0.0
+        flat = [entry for around in incident for entry in around]
+        return _Flat(np.concatenate(terms or [np.zeros(0)]).astype(np.float64), _offsets(len(t) for t in terms),
+                     np.concatenate([m.ravel() for m in matrices] or [np.zeros(0)]).astype(np.float64),
+                     _offsets(m.size for m in matrices), np.array([m.shape[1] for m in matrices], np.int64),
+                     _offsets(len(around) for around in incident), np.array([k for k, _, _ in flat], np.int64),
+                     np.array([rows for _, rows, _ in flat], np.bool_), np.array([w for _, _, w in flat], np.int64),
+                     shares, keys)
+
+    def terms(self) -> list[np.ndarray]:
+        return [self.t[a:b] for a, b in zip(self.t_at, self.t_at[1:], strict=False)]
+
+    def matrices(self) -> list[np.ndarray]:
+        return [self.e[a:b].reshape(-1, c) for a, b, c in zip(self.e_at, self.e_at[1:], self.columns, strict=False)]
 
 
-def _sweep(terms: list[np.ndarray], plan) -> None:
-    """One pass over the nodes in ``plan``'s order: collect, then hand the total on to the edges ahead (a node's
-    terms are columns, which broadcast over its views' rows as they are)."""
-    for v, views, ahead, share in plan:
-        t = terms[v]
-        for view in views:
-            least = view.min(axis=1, keepdims=True)
-            view -= least
-            t += least
-        if ahead:
-            part = t * share
-            for view in ahead:
-                view += part
-            t *= 1.0 - len(ahead) * share
+def _offsets(sizes) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(list(sizes), dtype=np.int64)]).astype(np.int64)
 
 
-def _bound(terms: list[np.ndarray], edges: list[np.ndarray]) -> float:
-    return float(sum(t.min() for t in terms) + sum(m.min() for m in edges))
+@functools.cache
+def _compiled():
+    """``_climb`` compiled by numba (kept on disk beside this module: a new process loads it in a tenth of a second);
+    in Python the passes cost a numpy call per node and pair — the Llama step's 146 passes took 0.7 s, compiled 0.09."""
+    import numba  # (imported at the first search that needs it: a program without a large core never pays for it)
 
+    return numba.njit(cache=True)(_climb)
+
+
+def _climb(t, t_at, e, e_at, columns, incident_at, incident_edge, incident_rows, incident_other, shares, most,
+           stall, stall_pairs):
+    """Forward and backward passes over the nodes (``_Flat``) until the bound stalls or ``most`` passes: each node in
+    turn takes from each of its pairs the least of each of its strategies' rows (onto its terms), then hands its total
+    on to its pairs towards later nodes in their shares. Returns the passes made; ``t`` and ``e`` are changed in
+    place (every assignment's cost kept)."""
+    n = len(t_at) - 1
+    history = np.empty(most // 2 + 2)
+    pairs = 0
+    while 2 * pairs < most:
+        for d in range(2):
+            for step in range(n):
+                v = step if d == 0 else n - 1 - step
+                first, size = t_at[v], t_at[v + 1] - t_at[v]
+                for k in range(incident_at[v], incident_at[v + 1]):
+                    edge = incident_edge[k]
+                    base, width = e_at[edge], columns[edge]
+                    # the node's strategies are the rows (stride: the width) or the columns (stride 1 between them)
+                    along, across = (width, 1) if incident_rows[k] else (1, width)
+                    count = width if incident_rows[k] else (e_at[edge + 1] - base) // width
+                    for a in range(size):
+                        start = base + a * along
+                        least = np.inf
+                        for b in range(count):
+                            least = min(least, e[start + b * across])
+                        for b in range(count):
+                            e[start + b * across] -= least
+                        t[first + a] += least
+                share = shares[d, v]
+                if share > 0.0:
+                    ahead = 0
+                    for k in range(incident_at[v], incident_at[v + 1]):
+                        if (incident_other[k] > v) == (d == 0):
+                            ahead += 1
+                            edge = incident_edge[k]
+                            base, width = e_at[edge], columns[edge]
+                            along, across = (width, 1) if incident_rows[k] else (1, width)
+                            count = width if incident_rows[k] else (e_at[edge + 1] - base) // width
+                            for a in range(size):
+                                start, part = base + a * along, t[first + a] * share
+                                for b in range(count):
+                                    e[start + b * across] += part
+                    for a in range(size):
+                        t[first + a] *= 1.0 - ahead * share
+        bound = 0.0
+        for v in range(n):
+            bound += t[t_at[v]:t_at[v + 1]].min()
+        for edge in range(len(e_at) - 1):
+            bound += e[e_at[edge]:e_at[edge + 1]].min()
+        history[pairs] = bound
+        pairs += 1
+        if pairs > stall_pairs and bound - history[pairs - 1 - stall_pairs] <= stall * max(1.0, abs(bound)):
+            break
+    return 2 * pairs

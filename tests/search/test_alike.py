@@ -116,6 +116,7 @@ def test_a_core_that_repeats_is_proved_optimal_without_its_whole_integer_program
 @pytest.mark.slow
 def test_a_searched_stack_of_blocks_equals_the_unsharded_step(monkeypatch):
     monkeypatch.setattr(ilp, "ALIKE_AT_LEAST", 2)  # four blocks: tried (by default, from about eight)
+    monkeypatch.setattr(ilp, "DUAL_AT_LEAST", 10 ** 9)  # (tried first, where the core is large enough)
     program, proved, args = searched_stack(monkeypatch, "_solve_alike", 4)
     assert proved and proved[0], "the stack's core was not proved through its alike blocks"
     assert program.search.certificate == "optimal"
