@@ -239,11 +239,19 @@ def _edge_matrix(made_menu, out: int, reader_menu, slots: tuple[int, ...], aval,
     """The edge's matrix: rows the producer's strategies, columns the reader's (``_edges``)."""
     haves = {}
     rows = np.array([haves.setdefault(made.outputs[out], len(haves)) for made in made_menu], np.int64)
-    reads = {}  # the types a reader consumes the value in
+    reads = {}  # the types a reader consumes the value in (one per slot it reads it in)
     columns = np.array([reads.setdefault(tuple(dict.fromkeys(reader.needs[k] for k in slots)), len(reads))
                         if not _handed_apart(reader, slots) else -1 for reader in reader_menu], np.int64)
-    small = np.array([[sum(_move(aval.shape, aval.dtype, have, want, mesh_items) for want in wants) for wants in reads]
-                      + [FORBIDDEN] for have in haves], np.float64).reshape(len(haves), len(reads) + 1)
+    wanted = {want: k for k, want in enumerate(dict.fromkeys(want for wants in reads for want in wants))}
+    shape, dtype = aval.shape, aval.dtype
+    price = np.array([[_move(shape, dtype, have, want, mesh_items) for want in wanted] for have in haves],
+                     np.float64).reshape(len(haves), len(wanted))
+    small = np.full((len(haves), len(reads) + 1), FORBIDDEN)
+    if all(len(wants) == 1 for wants in reads):  # (a value read once by each strategy: every edge but a few)
+        small[:, :-1] = price[:, [wanted[want] for (want,) in reads]]
+    else:
+        for b, wants in enumerate(reads):
+            small[:, b] = price[:, [wanted[want] for want in wants]].sum(axis=1)
     return small[np.ix_(rows, columns)]
 
 

@@ -149,7 +149,7 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
     sampled = False
     shapes = tuple(graph.avals[v].shape for v in node.operands)
     if op.factors is not None:
-        for handed in _factored(op.factors(node, shapes), shapes, mesh_shape):
+        for handed in _factored(op.factors(node, shapes), shapes, tuple(mesh_shape.items())):
             visit(handed)
     elif math.prod(len(o) for o in handed_options) <= FULL_PRODUCT_AT_MOST:
         for handed in itertools.product(*handed_options):
@@ -194,12 +194,14 @@ def _stars(options, around_replicated: bool = True) -> list[tuple[Layout, ...]]:
     return list(dict.fromkeys(tuples))
 
 
-def _factored(factors: tuple[tuple[int | None, ...], ...], shapes, mesh_shape) -> list[tuple[Layout, ...]]:
+@functools.lru_cache(maxsize=4096)
+def _factored(factors: tuple[tuple[int | None, ...], ...], shapes, mesh_items) -> tuple[tuple[Layout, ...], ...]:
     """Every handed tuple laying each mesh axis over one of the op's ``factors`` or none (several over one factor, in
     every order), the operands' axes laid out as their factors (an axis of none whole): those whose blocks divide the
-    operands' ``shapes``. Every strategy the rule and the split find for any tuple consumes its operands so, and is found again handed
-    what it consumes (``_handed_as_consumed``): these tuples find them all, without the product of every operand's
-    layouts."""
+    operands' ``shapes``. Every strategy the rule and the split find for any tuple consumes its operands so, and is
+    found again handed what it consumes (``_handed_as_consumed``): these tuples find them all, without the product
+    of every operand's layouts."""
+    mesh_shape = dict(mesh_items)
     count = 1 + max((f for axes in factors for f in axes if f is not None), default=-1)
     names = list(mesh_shape)
     out = []
@@ -214,7 +216,7 @@ def _factored(factors: tuple[tuple[int | None, ...], ...], shapes, mesh_shape) -
             if all(n % shard_count(mesh_shape, m) == 0 for shape, layout in zip(shapes, handed, strict=True)
                    for n, m in zip(shape, layout, strict=True)):
                 out.append(handed)
-    return out
+    return tuple(out)
 
 
 def _only(layout: Layout, name: str) -> Layout:

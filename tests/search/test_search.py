@@ -265,8 +265,9 @@ def test_the_search_benchmark_meets_the_experts_on_every_model():
     that fits the limit (by the cost model it minimises), no expert that fits beats it on both bytes moved and memory
     (compiled), it fits the limit as compiled, and every program equals the unsharded function. Under a limit that
     binds the menus of ops without factors are sampled and the certificate says so (among the layouts asked about,
-    which need not hold an expert's); where the cost model's optimum within the limit held more as compiled, the limit the solve keeps is
-    tightened and the certificate states the gap to that optimum's bound instead of "optimal"."""
+    which need not hold an expert's); where the cost model's optimum within the limit held more as compiled, the
+    limit the solve keeps is tightened and the certificate states the gap to that optimum's bound instead of
+    "optimal"."""
     for result in bench_search.run(say=lambda _: None):
         assert result.searched is not None, result.error
         s, fitting = result.searched, [e for e in result.experts if e.fits]

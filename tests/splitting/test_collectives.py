@@ -465,4 +465,3 @@ def test_a_scatter_mul_in_a_loop_gathers_its_invariant_rows_once_rather_than_all
 test_random_sharded_convolutions_on_more_examples = on_more_examples(
     test_random_sharded_convolutions_and_kernel_gradients_equal_the_unsharded_ones, 40, 49_102,
     case=_sharded_convolutions(), strategy=st.sampled_from(["gather", "collective", "auto"]))
-
