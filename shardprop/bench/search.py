@@ -251,8 +251,8 @@ def markdown(results: list[Result], command: str, scaled: list[Scaled] = ()) -> 
         lines += ["", "## A deeper model", "",
                   "`sp.AUTO` on training steps of stacks of transformer blocks (d 128, ff 512, batch 8x32 over `data`) "
                   "on the 4x2 mesh, every parameter searched: one solve over every value's layout (nodes alike share "
-                  "their strategies, built once; where the problem's nodes repeat, the blocks alike are bounded by one "
-                  "program over their classes and solved on the strategies it uses: design.md, *Solve*). "
+                  "their strategies, built once; the core left after shrinking is bounded by message passing and "
+                  "solved on the strategies the bound leaves: design.md, *Solve*). "
                   "One run each (*search s* is `prog.search.seconds`, *XLA compile s* `prog.lower(...).compile()` of "
                   "the chosen program); *equal*: the result equals the unsharded step's.", "",
                   "| blocks | parameters | graph nodes | search s | XLA compile s | bytes moved | certificate "
