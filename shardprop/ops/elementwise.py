@@ -194,14 +194,19 @@ def sink(ctx: RuleContext, *operands: TensorSharding, **params) -> RuleOutput:
     return RuleOutput((), tuple(op.layout for op in operands))
 
 
-def elementwise_factors(node: Node, in_shapes) -> tuple[tuple[int, ...], ...]:
+def elementwise_factors(node: Node, in_shapes) -> tuple[tuple[int | None, ...], ...] | None:
     """Axis ``k`` of every operand carries factor ``k`` — the operands laid out alike — but an axis of length 1
-    another operand is longer on (broadcast along it: taken whole) and a scalar's none.
+    another operand is longer on (broadcast along it: taken whole) and a scalar's none. None for operands of
+    different ranks (the rule aligns them from the right, as numpy broadcasts; a traced program's never are): the
+    layout search asks about their layouts' combinations instead.
 
     >>> elementwise_factors(None, [(64, 8), (1, 8)])
     ((0, 1), (None, 1))
     """
-    longest = [max(n) for n in zip(*(shape for shape in in_shapes if shape), strict=True)] if any(in_shapes) else []
+    shapes = [shape for shape in in_shapes if shape]
+    if len({len(shape) for shape in shapes}) > 1:
+        return None
+    longest = [max(n) for n in zip(*shapes, strict=True)]
     return tuple(tuple(None if n == 1 < longest[k] else k for k, n in enumerate(shape)) for shape in in_shapes)
 
 

@@ -28,10 +28,10 @@
     placement      where it leaves each device's rows when its finish is a placement (a reversal's mirror, a
                    concatenation's rotation or route, a strided slice's route: ``Placement``) — for those ops
     factors        per operand, per axis, the factor the axis carries (Shardy's ``OpShardingRule``: a contraction's
-                   batch pair one factor, its contracting pair one, each free axis its own; None: the axis is taken
-                   whole, an elementwise operand's broadcast one) — optional: the layout
-                   search asks the rule about every way to lay the mesh axes over the factors rather than about
-                   every combination of its operands' layouts (``shardprop.search.menu``)
+                   batch pair one factor, its contracting pair one, each free axis its own; None for an axis taken
+                   whole, an elementwise operand's broadcast one; None for a node it has no factors for) — optional:
+                   the layout search asks the rule about every way to lay the mesh axes over the factors rather than
+                   about every combination of its operands' layouts (``shardprop.search.menu``)
     finish_follows_needs   True for an op whose finish combines results computed from its operands as the op
                    consumes them (a contraction's, a reduction's, a convolution's partial sums): a view of the
                    backward pass may change how it takes them; another finish reads its operands as they are held
@@ -57,7 +57,7 @@ has none (``finish=None``), so a missing piece is a construction error rather th
     combine(node: Node, scanned, totals, earlier) -> block                              # inside shard_map
     geometry(graph: Graph, node: Node, operand_type: ValueType, mesh_shape) -> FinishGeometry
     placement(graph: Graph, node: Node, operand_type: ValueType, collective: Collective, mesh_shape) -> Placement
-    factors(node: Node, in_shapes) -> tuple[tuple[int | None, ...], ...]               # per operand, per axis
+    factors(node: Node, in_shapes) -> tuple[tuple[int | None, ...], ...] | None        # per operand, per axis
 """
 
 from __future__ import annotations

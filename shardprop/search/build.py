@@ -4,10 +4,12 @@ reader's strategy consumes it in.
 
 The nodes of the problem are the graph's nodes, in order: an argument's strategies are its candidate layouts (one,
 where the user fixed it), a constant's its replicated whole, an op's its menu — its rule asked about every layout
-its operands may be handed (each operand: the layouts its producer can hold it in and its own candidates). An edge
-joins a value's producer and each node reading it, its matrix the one planner's bytes (``core.moves.move_bytes``)
-summed over the distinct types the reader consumes it in (a reader a collective finishes among them: it is handed its
-operands as it consumes them, ``.menu``; where it is handed one value in two layouts, forbidden).
+its operands may be handed (each operand: the layouts its producer can hold it in and its own candidates), or, where
+its record names its factors, every way to lay the mesh axes over them (``.menu``). An edge joins a value's producer
+and each node reading it, its matrix the one planner's bytes (``core.moves.move_bytes``) summed over the distinct
+types the reader consumes it in (a reader its op's finish completes among them: it is handed its operands as it
+consumes them; forbidden where it is handed one value in two layouts, and a ``tied`` reader — a loop whose sums wait
+— wherever the value is held otherwise than handed).
 
 >>> built = build_problem(graph, flat_specs, mesh)   # doctest: +SKIP
 >>> solution = solve(built.problem)                  # doctest: +SKIP
@@ -239,24 +241,28 @@ def _edge_matrix(made_menu, out: int, reader_menu, slots: tuple[int, ...], aval,
     """The edge's matrix: rows the producer's strategies, columns the reader's (``_edges``)."""
     haves = {}
     rows = np.array([haves.setdefault(made.outputs[out], len(haves)) for made in made_menu], np.int64)
-    reads = {}  # the types a reader consumes the value in (one per slot it reads it in)
-    columns = np.array([reads.setdefault(tuple(dict.fromkeys(reader.needs[k] for k in slots)), len(reads))
+    reads = {}  # the types a reader consumes the value in (one per slot it reads it in), and where it is tied, as held
+    columns = np.array([reads.setdefault((tuple(dict.fromkeys(reader.needs[k] for k in slots)),
+                                          reader.handed[slots[0]] if reader.tied else None), len(reads))
                         if not _handed_apart(reader, slots) else -1 for reader in reader_menu], np.int64)
-    wanted = {want: k for k, want in enumerate(dict.fromkeys(want for wants in reads for want in wants))}
+    wanted = {want: k for k, want in enumerate(dict.fromkeys(want for wants, _ in reads for want in wants))}
     shape, dtype = aval.shape, aval.dtype
     price = np.array([[_move(shape, dtype, have, want, mesh_items) for want in wanted] for have in haves],
                      np.float64).reshape(len(haves), len(wanted))
     small = np.full((len(haves), len(reads) + 1), FORBIDDEN)
-    if all(len(wants) == 1 for wants in reads):  # (a value read once by each strategy: every edge but a few)
-        small[:, :-1] = price[:, [wanted[want] for (want,) in reads]]
+    if all(len(wants) == 1 for wants, _ in reads):  # (a value read once by each strategy: every edge but a few)
+        small[:, :-1] = price[:, [wanted[want] for (want,), _ in reads]]
     else:
-        for b, wants in enumerate(reads):
+        for b, (wants, _) in enumerate(reads):
             small[:, b] = price[:, [wanted[want] for want in wants]].sum(axis=1)
+    for b, (_, held) in enumerate(reads):  # a tied reader: realized only where the value is held as it was handed
+        if held is not None:
+            small[[a for a, have in enumerate(haves) if have.even_layout != held], b] = FORBIDDEN
     return small[np.ix_(rows, columns)]
 
 
 def _handed_apart(reader: NodeStrategy, slots: tuple[int, ...]) -> bool:
-    """A reader finished by a collective handed one value in two layouts (``x.T @ x`` read otherwise on each side):
+    """A reader finished by a collective handed one value in two layouts (``x @ x`` read otherwise on each side):
     its finish reads the value as held (``splitting.strategies.as_handed``), not as the strategy was decided."""
     return reader.collective is not None and len({reader.handed[k] for k in slots}) > 1
 

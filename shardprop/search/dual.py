@@ -202,7 +202,10 @@ def _compiled():
     in Python the passes cost a numpy call per node and pair — the Llama step's 146 passes took 0.7 s, compiled 0.09."""
     import numba  # (imported at the first search that needs it: a program without a large core never pays for it)
 
-    return numba.njit(cache=True)(_climb)
+    try:
+        return numba.njit(cache=True)(_climb)
+    except RuntimeError:  # nowhere writable to keep it (a read-only install, no home): compiled in each process
+        return numba.njit(cache=False)(_climb)
 
 
 def _climb(t, t_at, e, e_at, columns, incident_at, incident_edge, incident_rows, incident_other, shares, most,
@@ -249,11 +252,12 @@ def _climb(t, t_at, e, e_at, columns, incident_at, incident_edge, incident_rows,
                                     e[start + b * across] += part
                     for a in range(size):
                         t[first + a] *= 1.0 - ahead * share
-        bound = 0.0
+        nodes, edges = 0.0, 0.0  # (summed as dual_bound sums them)
         for v in range(n):
-            bound += t[t_at[v]:t_at[v + 1]].min()
+            nodes += t[t_at[v]:t_at[v + 1]].min()
         for edge in range(len(e_at) - 1):
-            bound += e[e_at[edge]:e_at[edge + 1]].min()
+            edges += e[e_at[edge]:e_at[edge + 1]].min()
+        bound = nodes + edges
         history[pairs] = bound
         pairs += 1
         if pairs > stall_pairs and bound - history[pairs - 1 - stall_pairs] <= stall * max(1.0, abs(bound)):

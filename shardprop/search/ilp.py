@@ -94,8 +94,8 @@ class Solution:
 def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0) -> Solution:
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
     seconds or within ``relative_gap`` of the bound, the best found and the bound). The problem is first shrunk
-    exactly (``.reduce.shrink``); the core left is, without a limit, bounded first — by one program over its classes
-    of alike nodes where they repeat (``.alike``), else by message passing (``.dual``) — and solved on the strategies
+    exactly (``.reduce.shrink``); the core left is, without a limit, bounded first — by message passing (``.dual``),
+    else by one program over its classes of alike nodes where they repeat (``.alike``) — and solved on the strategies
     the bound leaves (reduced-cost fixing: exact); else, or where that fails, as one integer program."""
     return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, bounded=True)
 

@@ -5,8 +5,10 @@ split decides it (``shardprop.splitting.split.decide`` on a graph of that node a
 operands in, the types its outputs are held in, the collective that finishes it (none, a required one, or the one
 ``finish`` offers in place of gathering) and its price in the cost model's terms — the work each device does
 (``compute_bytes``), the bytes its finish moves, a loop's bodies' moves. Two handed tuples that lead to the same
-consumption, outputs and price are one strategy — unless a collective finishes it (the finish is decided on the
-operands as held, so its edges differ by what was handed).
+consumption, outputs and price are one strategy. One a collective finishes is handed what it consumes: an op's own
+finish, decided alike on those (``_handed_as_consumed``), reads them so wherever its operands are held (the split's
+``as_handed``); a loop's sums kept out of its bodies are decided on the bodies as handed, and such a strategy is
+``tied`` to its operands held as handed.
 
 >>> menu = node_menu(graph, node, mesh, handed_options)   # doctest: +SKIP
 >>> first = menu.strategies[0]                            # doctest: +SKIP
@@ -52,6 +54,8 @@ class NodeStrategy:
     collective: Collective | None
     cost: float
     finished: bool  # the collective is the one ``finish`` offers in place of gathering (not required)
+    # realized only where its operands are held as handed (a loop's sums, decided on its bodies as handed)
+    tied: bool = False
 
     @property
     def scattered(self) -> bool:
@@ -94,11 +98,12 @@ def node_signature(graph: Graph, node: Node) -> tuple | None:
 def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout, ...]],
               propagate_body=None, *, combined: bool = True, answers: dict | None = None) -> Menu:
     """The strategies of ``node`` when its operands may be handed in any of ``handed_options`` (per operand, its
-    candidate layouts; the first is the default), deduplicated, in a fixed order: every combination of them where
-    there are few (``FULL_PRODUCT_AT_MOST``), else every combination the rule accepts one mesh axis at a time, then
-    every way to lay those per-axis answers over each other (``_combined``); else each operand's layouts with the
-    others at their defaults or replicated, the menu ``sampled`` (not ``combined``: at their defaults only, as the
-    search under a memory limit asks, whose integer program the larger menus slow past its time limit).
+    candidate layouts; the first is the default), deduplicated, in a fixed order: where its record names its factors,
+    every way to lay the mesh axes over them (``_factored``: complete, never sampled); else every combination of the
+    options where there are few (``FULL_PRODUCT_AT_MOST``), else every combination the rule accepts one mesh axis at
+    a time, then every way to lay those per-axis answers over each other (``_combined``); else each operand's layouts
+    with the others at their defaults or replicated, the menu ``sampled`` (not ``combined``: at their defaults only,
+    as the search under a memory limit asks, whose integer program the larger menus slow past its time limit).
     ``answers``: the rule's answers kept across the nodes of one build, by ``node_signature`` and handed tuple (the
     layers of a model ask their rules alike)."""
     mesh_shape = dict(mesh.shape)
@@ -120,8 +125,10 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
                 if shared is not None:
                     answers[shared] = strategies
             for strategy in strategies:
+                tied = strategy.collective is not None and op.finish is None
                 found.setdefault((strategy.needs, strategy.outputs, strategy.collective, strategy.cost,
-                                  strategy.finished), _handed_as_consumed(strategy))
+                                  strategy.finished, strategy.handed if tied else None),
+                                 replace(strategy, tied=True) if tied else _handed_as_consumed(strategy))
             probed[handed] = [tuple(t.even_layout for t in strategy.needs) for strategy in strategies]
         return probed[handed]
 
@@ -148,8 +155,9 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
 
     sampled = False
     shapes = tuple(graph.avals[v].shape for v in node.operands)
-    if op.factors is not None:
-        for handed in _factored(op.factors(node, shapes), shapes, tuple(mesh_shape.items())):
+    factors = op.factors(node, shapes) if op.factors is not None else None
+    if factors is not None:
+        for handed in _factored(factors, shapes, tuple(mesh_shape.items())):
             visit(handed)
     elif math.prod(len(o) for o in handed_options) <= FULL_PRODUCT_AT_MOST:
         for handed in itertools.product(*handed_options):
@@ -167,10 +175,10 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
 
 
 def _handed_as_consumed(strategy: NodeStrategy) -> NodeStrategy:
-    """A strategy a collective finishes, handed its operands as it consumes them: the rule handed those decides it
-    alike (checked on every bench model's menus, ``tests/search/test_menu.py``), so one strategy stands for every
-    handed tuple that leads to it — its operands brought to what it consumes by the edges' moves, whatever their
-    producers hold (realized as views: ``.realize``)."""
+    """A strategy its op's own finish completes, handed its operands as it consumes them: the rule handed those
+    decides it alike (checked on the bench models' menus and on random contractions, ``tests/search/test_menu.py``),
+    so one strategy stands for every handed tuple that leads to it — its operands brought to what it consumes by the
+    edges' moves, whatever their producers hold (realized as views: ``.realize``)."""
     if strategy.collective is None:
         return strategy
     return replace(strategy, handed=tuple(t.even_layout for t in strategy.needs))

@@ -47,11 +47,11 @@ def finish_in_blocks(decisions: Decisions) -> Decisions:
     return decisions.revised(needs=needs, collectives=collectives, computed=computed, held=held)
 
 
-def as_handed(decisions: Decisions, node) -> Decisions:
-    """``decisions`` with ``node``'s operands held as it is handed them where the layout search decided that (an exact
-    view, ``propagation.uses.View``): a finish then reads them as the search priced it — in the layouts the node
-    consumes, moved there from where they are held (the move is the node's, as a gather's is). Elsewhere, or where one
-    value is handed in two layouts, ``decisions`` itself."""
+def as_handed(decisions: Decisions, node) -> Decisions | _Handed:
+    """``decisions`` as ``node``'s finish reads them: its operands held as it is handed them where the layout search
+    decided that (an exact view, ``propagation.uses.View``) — in the layouts it consumes, moved there from where they
+    are held (the move is the node's, as a gather's is), as the search priced it. Elsewhere, or where one value is
+    handed in two layouts, ``decisions`` itself."""
     views = decisions.sharded.views
     handed: dict[int, Layout] = {}
     for k, v in enumerate(node.operands):
@@ -60,7 +60,23 @@ def as_handed(decisions: Decisions, node) -> Decisions:
         if handed.setdefault(v, layout) != layout:
             return decisions
     held = {v: held_whole(layout) for v, layout in handed.items() if layout != decisions.layout(v)}
-    return decisions.revised(held=held)
+    return _Handed(decisions, held) if held else decisions
+
+
+class _Handed:
+    """What a finish reads of ``decisions`` (``shardprop.ops.opdef``'s ``finish``), some values' types replaced: a
+    view, not a revision (which would rebuild every table of the graph for one node's finish)."""
+
+    def __init__(self, decisions: Decisions, held: dict[int, ValueType]):
+        self._decisions, self._held = decisions, held
+        self.graph, self.sharded, self.mesh_shape = decisions.graph, decisions.sharded, decisions.mesh_shape
+        self.needs, self.need_layouts, self.rule_needs = decisions.needs, decisions.need_layouts, decisions.rule_needs
+
+    def type(self, value: int) -> ValueType:
+        return self._held.get(value) or self._decisions.type(value)
+
+    def layout(self, value: int) -> Layout:
+        return self.type(value).even_layout
 
 
 def finish_with_collectives(decisions: Decisions, *, only_if_cheaper: bool) -> Decisions:

@@ -114,3 +114,42 @@ def test_a_contraction_finished_by_a_collective_reads_a_value_it_takes_twice_ali
     plan = split(sharded)
     assert price(plan) <= solution.cost * (1 + 1e-9)
     np.testing.assert_allclose(np.asarray(lower(plan, mesh)(x)), x @ x, rtol=1e-5, atol=1e-5)
+
+
+def _gram(xs, w):
+    return jax.lax.scan(lambda a, x: (a + x.T @ jnp.tanh(x @ w), None), jnp.zeros_like(w), xs)[0]
+
+
+def test_a_loop_whose_sums_wait_is_realized_only_where_its_operands_are_held_as_handed():
+    """A scan summing ``x.T @ tanh(x @ w)`` over steps whose batch lies over ``i``: a strategy whose sums the loop
+    keeps out of its body (one psum after it) is decided on the bodies as the loop was handed its operands
+    (``NodeStrategy.tied``): every pairing with another held layout is forbidden. The solve's plan is realized
+    exactly and equals the unsharded result."""
+    mesh = as_auto_mesh(sp.make_mesh((4, 2), ("i", "j")))
+    rng = np.random.default_rng(0)
+    args = (rng.normal(size=(3, 16, 8)).astype(np.float32) / 4, rng.normal(size=(8, 8)).astype(np.float32) / 4)
+    graph = sp.trace(_gram, *args)
+    built = build_problem(graph, [P(None, "i"), AUTO], mesh)
+    tied = {v: [k for k, s in enumerate(built.menus[v]) if s.tied] for v in range(len(graph.nodes))}
+    tied = {v: ks for v, ks in tied.items() if ks}
+    assert tied and all(graph.nodes[v].op == "scan" for v in tied)
+    assert all(built.menus[v][k].collective is not None for v, ks in tied.items() for k in ks)
+    forbidden = 0
+    for matrix, (u, v) in zip(built.problem.edge_costs, built.problem.edges.tolist(), strict=True):
+        if v not in tied or u == v:
+            continue
+        value = next(w for w in graph.nodes[v].operands if graph.producer[w] == u)
+        slot = graph.nodes[v].operands.index(value)
+        held = [s.outputs[graph.nodes[u].outputs.index(value)].even_layout for s in built.menus[u]]
+        for k in tied[v]:
+            otherwise = [r for r, layout in enumerate(held) if layout != built.menus[v][k].handed[slot]]
+            assert (matrix[otherwise, k] >= FORBIDDEN).all()
+            forbidden += len(otherwise)
+    assert forbidden
+    solution = solve(built.problem)
+    sharded = realize(built, solution.strategies, mesh)
+    assert mismatches(built, solution.strategies, sharded) == []
+    plan = split(sharded)
+    assert price(plan) <= solution.cost * (1 + 1e-9)
+    np.testing.assert_allclose(np.asarray(lower(plan, mesh)(*args)), np.asarray(jax.jit(_gram)(*args)), rtol=1e-5,
+                               atol=1e-5)

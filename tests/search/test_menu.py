@@ -32,20 +32,28 @@ def _key(s) -> tuple:
     return s.needs, s.outputs, s.collective, s.cost, s.finished
 
 
-def _strategies(graph, node, mesh, at_most, monkeypatch, *, factors=True) -> set:
-    """The node's menu, asked about every combination of its operands' candidates where ``at_most`` allows (else
-    one mesh axis at a time); without its record's ``factors`` unless ``factors``."""
+def _strategies(graph, node, mesh, at_most, monkeypatch, *, factors=True, options=None) -> set:
+    """The node's menu, asked about every combination of its operands' candidates (or ``options``) where ``at_most``
+    allows (else one mesh axis at a time); without its record's ``factors`` unless ``factors``."""
     monkeypatch.setattr(menu, "FULL_PRODUCT_AT_MOST", at_most)
     if not factors:
         record = lookup(node.op)
         monkeypatch.setattr(menu, "lookup", lambda name: replace(record, factors=None) if name == node.op
                             else lookup(name))
     items = tuple(dict(mesh.shape).items())
-    options = [_candidate_layouts(graph.avals[v].shape, items) for v in node.operands]
+    if options is None:
+        options = [_candidate_layouts(graph.avals[v].shape, items) for v in node.operands]
     found = menu.node_menu(graph, node, mesh, options)
     monkeypatch.setattr(menu, "lookup", lookup)
     assert not found.sampled
     return {_key(s) for s in found.strategies}
+
+
+def _asked_again(graph, node, mesh, strategy, monkeypatch) -> bool:
+    """``strategy`` is found again asking the rule about what it was handed alone (its record's factors set aside)."""
+    again = _strategies(graph, node, mesh, 10 ** 9, monkeypatch, factors=False,
+                        options=[(h,) for h in strategy.handed])
+    return _key(strategy) in again
 
 
 FACTORED = {  # ops whose operands' candidates combine into thousands of handed tuples on the 4x2 mesh
@@ -124,8 +132,7 @@ def _decided_alike_handed_what_they_consume(case, mesh_shape, monkeypatch, every
     finished = [s for s in factored.strategies if s.collective is not None]
     for s in finished[::every]:
         assert s.handed == tuple(t.even_layout for t in s.needs)
-        again = menu.node_menu(graph, node, mesh, [(h,) for h in s.handed])
-        assert _key(s) in {_key(t) for t in again.strategies}
+        assert _asked_again(graph, node, mesh, s, monkeypatch), s
 
 
 MESH_SHAPES = st.sampled_from([(4, 2), (2, 2, 2), (8,)])
@@ -149,6 +156,32 @@ def test_a_contraction_finished_by_a_collective_is_decided_alike_handed_what_it_
 def test_every_contraction_finished_by_a_collective_is_decided_alike_handed_what_it_consumes(case, mesh_shape,
                                                                                             monkeypatch):
     _decided_alike_handed_what_they_consume(case, mesh_shape, monkeypatch, every=1)
+
+
+@pytest.mark.parametrize("name", [
+    "mixture_of_experts", "kv_decode", pytest.param("llama", marks=pytest.mark.slow),
+    pytest.param("transformer", marks=pytest.mark.slow)])
+def test_every_strategy_an_ops_own_finish_completes_is_decided_alike_handed_what_it_consumes(name, monkeypatch):
+    """On a bench model's menus (contractions, reductions, lookups, scatters, slices...), every strategy an op's own
+    finish completes is handed what it consumes, and asking the rule about that alone finds it again: what lets one
+    strategy stand for every tuple that leads to it, its operands moved there from wherever they are held."""
+    from shardprop.search import solve
+
+    built = []
+    build_problem = solve.build_problem
+    monkeypatch.setattr(solve, "build_problem", lambda *a, **k: (built.append(build_problem(*a, **k)), built[-1])[1])
+    model = getattr(experts, name)() if name != "transformer" else experts.transformer(two_d=True)
+    mesh = sp.make_mesh(*model.mesh)
+    sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs).trace(*model.args)
+    graph, menus = built[0].graph, built[0].menus
+    checked = 0
+    for node, strategies in zip(graph.nodes, menus, strict=True):
+        for s in strategies:
+            if s.collective is not None and lookup(node.op).finish is not None:
+                assert not s.tied and s.handed == tuple(t.even_layout for t in s.needs)
+                assert _asked_again(graph, node, mesh, s, monkeypatch), (node.op, s)
+                checked += 1
+    assert checked > 50
 
 
 @pytest.mark.slow
