@@ -150,11 +150,12 @@ class Scaled:
     blocks: int
     parameters: int
     nodes: int
-    search_seconds: float
+    search_seconds: float  # the median of ``TIMING_RUNS`` searches, as the models' rows
     compile_seconds: float
     moved: float
     equal: bool
     certificate: str = ""
+    cold_seconds: float | None = None  # the first, every cache of the process cleared before it
 
 
 def stack_step(params, x, lr=0.1):
@@ -175,7 +176,8 @@ STACKS = (1, 4, 8, 24)
 
 def scaling(stacks=STACKS, say=print) -> list[Scaled]:
     """``sp.AUTO`` on stacks of ``stacks`` transformer blocks: how the search's time grows with the model, beside
-    XLA's compile of the chosen program (one run each: the largest take tens of seconds)."""
+    XLA's compile of the chosen program (each the median of ``TIMING_RUNS``, the first search after every cache of
+    the process was cleared, as the models' rows)."""
     import shardprop as sp
 
     from ..search import AUTO
@@ -185,15 +187,22 @@ def scaling(stacks=STACKS, say=print) -> list[Scaled]:
     rows = []
     for blocks in stacks:
         params = [models.init_block(128, 512, seed=k) for k in range(blocks)]
-        fs = sp.autoshard(stack_step, mesh=mesh, in_specs=(AUTO, P(DATA)))
-        program = fs.trace(params, x)
-        started = time.perf_counter()
-        compiled = program.lower(params, x).compile()
-        compile_seconds = time.perf_counter() - started
+        searches, compiles = [], []
+        for run in range(TIMING_RUNS):
+            if run == 0:
+                forget_caches()
+            fs = sp.autoshard(stack_step, mesh=mesh, in_specs=(AUTO, P(DATA)))
+            program = fs.trace(params, x)
+            searches.append(program.search.seconds)
+            jax.clear_caches()
+            started = time.perf_counter()
+            compiled = program.lower(params, x).compile()
+            compiles.append(time.perf_counter() - started)
         row = Scaled(blocks, len(jax.tree_util.tree_leaves(params)), len(program.plan.graph.nodes),
-                     program.search.seconds, compile_seconds, total_moved(parse_hlo(compiled.as_text(), mesh)),
-                     _equal(fs(params, x), jax.jit(stack_step)(params, x)), program.search.certificate)
-        say(f"stack of {blocks} blocks: search {row.search_seconds:.2f} s, XLA compile {compile_seconds:.2f} s")
+                     statistics.median(searches), statistics.median(compiles),
+                     total_moved(parse_hlo(compiled.as_text(), mesh)),
+                     _equal(fs(params, x), jax.jit(stack_step)(params, x)), program.search.certificate, searches[0])
+        say(f"stack of {blocks} blocks: search {row.search_seconds:.2f} s, XLA compile {row.compile_seconds:.2f} s")
         rows.append(row)
     return rows
 
@@ -253,12 +262,14 @@ def markdown(results: list[Result], command: str, scaled: list[Scaled] = ()) -> 
                   "on the 4x2 mesh, every parameter searched: one solve over every value's layout (nodes alike share "
                   "their strategies, built once; the core left after shrinking is bounded by message passing and "
                   "solved on the strategies the bound leaves: design.md, *Solve*). "
-                  "One run each (*search s* is `prog.search.seconds`, *XLA compile s* `prog.lower(...).compile()` of "
-                  "the chosen program); *equal*: the result equals the unsharded step's.", "",
+                  "*search s* is `prog.search.seconds`, *XLA compile s* `prog.lower(...).compile()` of the chosen "
+                  "program, each the median of three as above (*cold*: the first search, every cache of the process "
+                  "cleared before it); *equal*: the result equals the unsharded step's.", "",
                   "| blocks | parameters | graph nodes | search s | XLA compile s | bytes moved | certificate "
                   "| equal |",
                   "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r.blocks} | {r.parameters} | {r.nodes:,} | {r.search_seconds:.2f} | {r.compile_seconds:.2f} | "
+        lines += [f"| {r.blocks} | {r.parameters} | {r.nodes:,} | {r.search_seconds:.2f}; cold {r.cold_seconds:.2f} | "
+                  f"{r.compile_seconds:.2f} | "
                   f"{_mb(r.moved)} | {r.certificate} | {'yes' if r.equal else 'NO'} |" for r in scaled]
     lines += ["", "## Every layout", ""]
     for r in results:
