@@ -148,6 +148,19 @@ def select_and_gather(ctx: RuleContext, *operands: TensorSharding, **params) -> 
     return select_and_window("select_and_gather_add", ctx, *operands, **params)
 
 
+def _ranges_clash(operands: tuple[TensorSharding, ...]) -> bool:
+    """An axis held in ranged rows over mesh axes another axis of an operand is laid out over: read so, the operands
+    would be needed over one mesh axis twice (a max pool's cotangent ranged over ``k`` beside windows laid over ``k``
+    along the next axis). The ranges are then read whole."""
+    for o in operands:
+        for k, a in enumerate(o.axes):
+            if isinstance(a, Sharded) and a.span is not None and any(
+                    isinstance(b, Sharded) and set(a.mesh_axes) & set(b.mesh_axes)
+                    for p in operands for j, b in enumerate(p.axes) if j != k):
+                return True
+    return False
+
+
 def select_and_window(op: str, ctx: RuleContext, *operands: TensorSharding, window_dimensions, window_strides,
                       padding, base_dilation=None, window_dilation=None, **params) -> RuleOutput:
     """Axes with a trivial window merge the two operands and keep the sharding; an axis with a window keeps the
@@ -158,7 +171,7 @@ def select_and_window(op: str, ctx: RuleContext, *operands: TensorSharding, wind
     first = operands[0]
     if op != "select_and_scatter_add" or any(
             kept and isinstance(a, Sharded) and a.span is not None for o in operands
-            for kept, a in zip(keep, o.axes, strict=True)):
+            for kept, a in zip(keep, o.axes, strict=True)) or _ranges_clash(operands):
         operands = tuple(o.without_ranges() for o in operands)  # ranged windows: a VALID pool's cotangent, alone
     first, operand = operands
     axes, reads, operand_reads = [], [None] * len(out_shape), [None] * len(out_shape)

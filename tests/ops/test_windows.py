@@ -389,3 +389,18 @@ def test_window_rows_are_the_rows_read(size, count, offset, block, window, strid
         rows = [o * stride - padding[0] + t for o in range(d * out.block, (d + 1) * out.block) for t in range(window)]
         assert min(rows) == d * block - offset - before
         assert max(rows) == (d + 1) * block - offset - 1 + after
+
+
+def test_a_max_pool_gradient_whose_cotangent_is_ranged_over_a_mesh_axis_the_windows_use_on_another_axis(meshes):
+    """Found by the user-program fuzzer (seed 6036399): the gradient of a max pool over a one-row slice of a maximum,
+    on 2x2x2 with the input over ``(i, j)`` and ``k``. The cotangent came ranged over ``k`` along the pooled axis while
+    the windows were laid over ``k`` along the next: the rule read both, needing ``k`` twice (a raw ValueError from
+    the move planner). The ranges are now read whole there."""
+    def f(x0):
+        v2 = jnp.max(x0 + jnp.mean(x0, axis=0, keepdims=True), axis=0)
+        v3 = lax.reduce_window(v2[0:1], -jnp.inf, lax.max, (2, 1), (1, 1), "SAME")
+        return jnp.sum((v3 @ v2) * jnp.cos(jnp.arange(8.0, dtype=jnp.float32)))
+
+    x = np.asarray(random_args([((8, 8, 8), jnp.float32)])[0])
+    fs = sp.autoshard(jax.grad(f), mesh=meshes["2x2x2"], in_specs=(P(("i", "j"), "k", None),))
+    np.testing.assert_allclose(np.asarray(fs(x)), np.asarray(jax.jit(jax.grad(f))(x)), rtol=2e-4, atol=1e-4)
