@@ -128,9 +128,7 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
         menus.append(menu)
         for k, v in enumerate(node.outputs):
             held[v] = list(dict.fromkeys(s.outputs[k].even_layout for s in menu))
-    returned = set(graph.outputs)  # a program returns its outputs as propagated: none held finer by a reduce-scatter
-    costs = tuple(np.array([FORBIDDEN if s.scattered and returned.intersection(node.outputs) else s.cost
-                            for s in menu], np.float64) for node, menu in zip(graph.nodes, menus, strict=True))
+    costs = _costs(graph, menus)
     edges, matrices = _edges(graph, menus, mesh_shape)
     for tie in ties:  # one layout: any other pair of choices forbidden (they have the same candidates, in one order)
         for a, b in zip(tie, tie[1:], strict=False):
@@ -177,6 +175,21 @@ def _menu_key(graph: Graph, node, options) -> tuple | None:
     return None if signature is None else (signature, options)
 
 
+def _costs(graph: Graph, menus) -> tuple[np.ndarray, ...]:
+    """Each node's strategies' costs; a reduce-scatter of a value the program returns forbidden (a program returns its
+    outputs as propagated: none held finer). Nodes sharing a menu (the layers of a stack) share the array."""
+    returned = set(graph.outputs)
+    alike: dict[tuple, np.ndarray] = {}
+    costs = []
+    for node, menu in zip(graph.nodes, menus, strict=True):
+        key = (id(menu), bool(returned.intersection(node.outputs)))
+        if key not in alike:
+            alike[key] = np.array([FORBIDDEN if s.scattered and key[1] else s.cost for s in menu], np.float64)
+            alike[key].flags.writeable = False
+        costs.append(alike[key])
+    return tuple(costs)
+
+
 def _liveness(graph: Graph, menus, mesh_shape) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """Each node's interval (from itself to its outputs' last reader, half-open; an argument's and a returned value's
     to the end) and each strategy's usage (its outputs' blocks, bytes per device)."""
@@ -188,6 +201,7 @@ def _liveness(graph: Graph, menus, mesh_shape) -> tuple[np.ndarray, tuple[np.nda
     intervals = np.zeros((len(graph.nodes), 2), np.int64)
     usages = []
     blocks: dict[tuple, int] = {}  # (shape, itemsize, layout) -> bytes of a block: the layers ask alike
+    alike: dict[tuple, np.ndarray] = {}  # (menu, outputs' shapes and item sizes) -> usages: a stack's layers share
 
     def block_bytes(aval, layout) -> int:
         key = (aval.shape, aval.dtype.itemsize, layout)
@@ -199,8 +213,12 @@ def _liveness(graph: Graph, menus, mesh_shape) -> tuple[np.ndarray, tuple[np.nda
         start = 0 if node.op == PARAMETER else node.id
         intervals[node.id] = (start, max([last.get(v, node.id + 1) for v in node.outputs] + [start]))
         avals = [graph.avals[v] for v in node.outputs]
-        usages.append(np.array([sum(block_bytes(a, t.even_layout) for a, t in zip(avals, s.outputs, strict=True))
-                                for s in menu], np.float64))
+        key = (id(menu), tuple((a.shape, a.dtype.itemsize) for a in avals))
+        if key not in alike:
+            alike[key] = np.array([sum(block_bytes(a, t.even_layout) for a, t in zip(avals, s.outputs, strict=True))
+                                   for s in menu], np.float64)
+            alike[key].flags.writeable = False
+        usages.append(alike[key])
     return intervals, tuple(usages)
 
 
@@ -221,6 +239,7 @@ def _edges(graph: Graph, menus, mesh_shape) -> tuple[list[tuple[int, int]], list
     edges: list[tuple[int, int]] = []
     matrices: list[np.ndarray] = []
     alike: dict[tuple, np.ndarray] = {}
+    tables: dict[tuple, _Prices] = {}  # the moves priced so far, by the values' shape and dtype
     for node in graph.nodes:
         if not node.operands:
             continue
@@ -231,13 +250,16 @@ def _edges(graph: Graph, menus, mesh_shape) -> tuple[list[tuple[int, int]], list
             aval = graph.avals[v]
             key = (id(menus[p]), out, id(menus[node.id]), slots, aval.shape, str(aval.dtype))
             if key not in alike:
-                alike[key] = _edge_matrix(menus[p], out, menus[node.id], slots, aval, mesh_items)
+                kind = (aval.shape, str(aval.dtype))
+                if kind not in tables:
+                    tables[kind] = _Prices(aval.shape, aval.dtype, mesh_items)
+                alike[key] = _edge_matrix(menus[p], out, menus[node.id], slots, tables[kind])
             edges.append((p, node.id))
             matrices.append(alike[key])
     return edges, matrices
 
 
-def _edge_matrix(made_menu, out: int, reader_menu, slots: tuple[int, ...], aval, mesh_items) -> np.ndarray:
+def _edge_matrix(made_menu, out: int, reader_menu, slots: tuple[int, ...], prices: _Prices) -> np.ndarray:
     """The edge's matrix: rows the producer's strategies, columns the reader's (``_edges``)."""
     haves = {}
     rows = np.array([haves.setdefault(made.outputs[out], len(haves)) for made in made_menu], np.int64)
@@ -246,9 +268,7 @@ def _edge_matrix(made_menu, out: int, reader_menu, slots: tuple[int, ...], aval,
                                           reader.handed[slots[0]] if reader.tied else None), len(reads))
                         if not _handed_apart(reader, slots) else -1 for reader in reader_menu], np.int64)
     wanted = {want: k for k, want in enumerate(dict.fromkeys(want for wants, _ in reads for want in wants))}
-    shape, dtype = aval.shape, aval.dtype
-    price = np.array([[_move(shape, dtype, have, want, mesh_items) for want in wanted] for have in haves],
-                     np.float64).reshape(len(haves), len(wanted))
+    price = prices.matrix(list(haves), list(wanted))
     small = np.full((len(haves), len(reads) + 1), FORBIDDEN)
     if all(len(wants) == 1 for wants, _ in reads):  # (a value read once by each strategy: every edge but a few)
         small[:, :-1] = price[:, [wanted[want] for (want,), _ in reads]]
@@ -258,7 +278,36 @@ def _edge_matrix(made_menu, out: int, reader_menu, slots: tuple[int, ...], aval,
     for b, (_, held) in enumerate(reads):  # a tied reader: realized only where the value is held as it was handed
         if held is not None:
             small[[a for a, have in enumerate(haves) if have.even_layout != held], b] = FORBIDDEN
-    return small[np.ix_(rows, columns)]
+    return small.take(rows, 0).take(columns, 1)
+
+
+class _Prices:
+    """The move planner's bytes between the types of values of one shape and dtype, kept as a table by type: an
+    edge's matrix is read from it at once and only the pairs not priced before are planned (a model's edges ask
+    about the same few types of each shape again and again: 73,000 pairs on a transformer block, 5,400 distinct)."""
+
+    def __init__(self, shape, dtype, mesh_items):
+        self.shape, self.dtype, self.mesh_items = shape, dtype, mesh_items
+        self.index: dict[ValueType, int] = {}
+        self.table = np.full((0, 0), np.nan)
+
+    def matrix(self, haves: list[ValueType], wants: list[ValueType]) -> np.ndarray:
+        """The bytes from each of ``haves`` (rows) to each of ``wants`` (columns)."""
+        rows, columns = self._indices(haves), self._indices(wants)
+        block = self.table.take(rows, 0).take(columns, 1)
+        for a, b in np.argwhere(np.isnan(block)).tolist():
+            block[a, b] = self.table[rows[a], columns[b]] = _move(self.shape, self.dtype, haves[a], wants[b],
+                                                                  self.mesh_items)
+        return block
+
+    def _indices(self, types: list[ValueType]) -> np.ndarray:
+        index = self.index
+        out = np.array([index.setdefault(t, len(index)) for t in types], np.int64)
+        if len(index) > len(self.table):
+            grown = np.full((2 * len(index),) * 2, np.nan)
+            grown[:len(self.table), :len(self.table)] = self.table
+            self.table = grown
+        return out
 
 
 def _handed_apart(reader: NodeStrategy, slots: tuple[int, ...]) -> bool:

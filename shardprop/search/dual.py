@@ -131,7 +131,7 @@ def _usable(terms: list[np.ndarray], pairs: dict[tuple[int, int], np.ndarray]) -
     while changed:
         changed = False
         for u, v, ok in allowed:
-            within = ok[np.ix_(kept[u], kept[v])]
+            within = ok.take(kept[u], 0).take(kept[v], 1)
             rows, columns = within.any(axis=1), within.any(axis=0)
             if not rows.all() or not columns.all():
                 kept[u], kept[v] = kept[u][rows], kept[v][columns]
@@ -167,7 +167,7 @@ class _Flat:
         n = len(terms)
         terms = [t[k] for t, k in zip(terms, usable, strict=True)]
         keys = tuple(sorted(pairs))
-        matrices = [pairs[u, v][np.ix_(usable[u], usable[v])] for u, v in keys]
+        matrices = [pairs[u, v].take(usable[u], 0).take(usable[v], 1) for u, v in keys]
         incident: list[list[tuple[int, bool, int]]] = [[] for _ in range(n)]
         for k, (u, v) in enumerate(keys):
             incident[u].append((k, True, v))

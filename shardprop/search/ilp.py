@@ -40,6 +40,7 @@ from scipy import sparse
 
 from .problem import FORBIDDEN, Problem, classed, evaluate, peak_usage, summed_pairs
 from .alike import aggregated_lp, alike_classes
+from .canonical import canonical
 from .dual import AT_LEAST as DUAL_AT_LEAST, dual_bound
 from .reduce import Reduced, restrict, shrink
 
@@ -116,7 +117,7 @@ def _solved(problem: Problem, *, time_limit: float | None, relative_gap: float, 
         core = _solve_core(shrunk.problem, time_limit=time_limit, relative_gap=relative_gap)
     if core.cost is None:
         return Solution((), None, core.bound + shrunk.offset, core.status, time.perf_counter() - start)
-    strategies = _canonical(problem, shrunk.recover(core.strategies))
+    strategies = canonical(problem, shrunk.recover(core.strategies))
     cost = evaluate(problem, strategies)
     bound = core.bound + shrunk.offset
     if cost is not None and core.status == "optimal":
@@ -194,37 +195,6 @@ def _restricted_solve(problem: Problem, kept, *, time_limit: float | None) -> tu
     strategies = restricted.expand(found.strategies)
     cost = evaluate(problem, strategies)
     return None if cost is None else (strategies, cost)
-
-
-def _canonical(problem: Problem, strategies: tuple[int, ...]) -> tuple[int, ...]:
-    """``strategies`` with each node in turn moved to its leanest strategy (its values' bytes per device; the first of
-    equals) that costs no more with its neighbours as chosen and holds no more: the total never grows, no moment's
-    usage grows, and where the solver's answer held a value fatter than an equally cheap choice beside it, the
-    leaner is taken (a user asks for the cheaper program and, between two as cheap, expects the smaller). A local
-    pass, one node at a time, for the nodes the core's solve did not see (eliminated, recovered) and the integer
-    program's answers: the relaxation's optima tied only together are ``_leanest_optimum``'s. The plan's footprint
-    also holds what moves hold, which the problem's usages leave out."""
-    chosen = list(strategies)
-    incident: list[list[tuple[int, bool]]] = [[] for _ in range(problem.node_count)]
-    own = [np.zeros(len(c)) for c in problem.costs]  # edges within a node: their diagonal
-    for e, (u, v) in enumerate(problem.edges.tolist()):
-        if u == v:
-            own[u] += np.diag(problem.edge_costs[e])
-            continue
-        incident[u].append((e, True))
-        incident[v].append((e, False))
-    for v in range(problem.node_count):
-        if len(problem.costs[v]) < 2:
-            continue
-        total = problem.costs[v] + own[v]
-        for e, first in incident[v]:
-            u, w = problem.edges[e]
-            m = problem.edge_costs[e]
-            total = total + (m[:, chosen[w]] if first else m[chosen[u], :])
-        now, usage = total[chosen[v]], problem.usages[v]
-        fits = np.flatnonzero((total <= now + 1e-9 * max(1.0, abs(now))) & (usage <= usage[chosen[v]]))
-        chosen[v] = int(fits[np.argmin(usage[fits])])  # (argmin: the first of the leanest)
-    return tuple(chosen)
 
 
 def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: float) -> Solution:

@@ -266,8 +266,7 @@ def probe(graph: Graph, node: Node, op, handed: tuple[Layout, ...], mesh_shape, 
     ctx = RuleContext(in_avals, out_avals, mesh_shape, itertools.count(), OpenTracker(), lineage=False,
                       propagate_body=propagate_body, graph=graph)
     ctx.node = node.id
-    operands = [TensorSharding(a.shape, tuple(Sharded(m, ()) if m else None for m in layout))
-                for a, layout in zip(in_avals, handed, strict=True)]
+    operands = _handed_shardings(tuple(a.shape for a in in_avals), tuple(handed))
     try:
         result = op.propagate(ctx, *operands, **node.params)
     except (RuleConflict, ShardingError):
@@ -279,9 +278,19 @@ def probe(graph: Graph, node: Node, op, handed: tuple[Layout, ...], mesh_shape, 
     return result
 
 
+@functools.lru_cache(maxsize=65536)
+def _handed_shardings(shapes, handed: tuple[Layout, ...]) -> tuple[TensorSharding, ...]:
+    """Operands of ``shapes`` laid out as ``handed`` (no shards made): what the rule is asked about, and what the
+    one-node program's arguments hold (made once for both)."""
+    return tuple(TensorSharding(shape, tuple(Sharded(m, ()) if m else None for m in layout))
+                 for shape, layout in zip(shapes, handed, strict=True))
+
+
 def _settled_outputs(outputs: tuple[TensorSharding, ...], mesh_shape) -> list[tuple[TensorSharding, ...]]:
     """The outputs with each created axis (a broadcast's new one) laid out every way it can be: replicated, or over
     one mesh axis no other axis of that output uses and that divides it. None of them may use a mesh axis twice."""
+    if not any(a is CREATED for sharding in outputs for a in sharding.axes):
+        return [tuple(outputs)]  # (nothing to settle: every ask but a broadcast's)
     per_output = []
     for sharding in outputs:
         used = {name for a in sharding.axes if isinstance(a, Sharded) for name in a.mesh_axes}
@@ -318,8 +327,7 @@ def _one_node_graph(graph: Graph, node: Node) -> Graph:
 def _one_node_product(one: Graph, mesh, handed, result, outputs, op) -> ShardedGraph:
     """The propagated one-node program: its arguments held as handed, the node as its rule answered."""
     m = len(handed)
-    args = tuple(TensorSharding(one.avals[k].shape, tuple(Sharded(h, ()) if h else None for h in layout))
-                 for k, layout in enumerate(handed))
+    args = _handed_shardings(tuple(a.shape for a in one.avals[:m]), tuple(handed))
     fallback = op.is_fallback or result.fallback
     return ShardedGraph(one, mesh, args + tuple(outputs), ((),) * m + (tuple(result.needs),),
                         (RuleName.INPUT_SPEC,) * m + (RuleName.FALLBACK if fallback else op.rule_name,),

@@ -69,9 +69,9 @@ def _context(problem: Problem, kept, incident, v: int):
             if first:
                 cost += np.diag(matrix)[rows]
         elif first:
-            blocks.append(matrix[np.ix_(rows, kept[w])])
+            blocks.append(matrix.take(rows, 0).take(kept[w], 1))
         else:
-            blocks.append(matrix[np.ix_(kept[u], rows)].T)
+            blocks.append(matrix.take(kept[u], 0).take(rows, 1).T)
     return cost, problem.usages[v][rows] if problem.usage_limit is not None else None, blocks
 
 
@@ -106,8 +106,8 @@ def restrict(problem: Problem, kept) -> Problem:
     """``problem`` with node ``v``'s strategies ``kept[v]`` only (indices into its own)."""
     return Problem(problem.name, problem.intervals, tuple(c[k] for c, k in zip(problem.costs, kept, strict=True)),
                    tuple(u[k] for u, k in zip(problem.usages, kept, strict=True)), problem.edges,
-                   tuple(m[np.ix_(kept[u], kept[v])] for m, (u, v) in zip(problem.edge_costs, problem.edges.tolist(),
-                                                                          strict=True)),
+                   tuple(m.take(kept[u], 0).take(kept[v], 1)
+                         for m, (u, v) in zip(problem.edge_costs, problem.edges.tolist(), strict=True)),
                    problem.usage_limit)
 
 

@@ -30,3 +30,23 @@ def moves(draw):
 def test_an_edge_costs_what_the_planner_prices_for_the_shape_itself(move):
     shape, dtype, have, want, mesh = move
     assert _move(shape, dtype, have, want, mesh) == move_bytes(shape, dtype, have, want, dict(mesh))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(MESHES), st.lists(st.sampled_from(SIZES), min_size=1, max_size=3), st.data())
+def test_an_edge_matrix_read_from_the_table_is_the_planner_cell_by_cell(mesh, sizes, data):
+    """``_Prices`` keeps the moves of one shape priced by type; its matrices, asked in any order and growing the table
+    as new types come, are the planner's bytes for every pair."""
+    from shardprop.search.build import _Prices
+
+    shape = tuple(sizes)
+    types = [ValueType(layout) for layout in _candidate_layouts(shape, mesh)]
+    prices = _Prices(shape, "float32", mesh)
+    for _ in range(3):
+        haves = data.draw(st.lists(st.sampled_from(types), min_size=1, max_size=6))
+        wants = data.draw(st.lists(st.sampled_from(types), min_size=1, max_size=6))
+        matrix = prices.matrix(haves, wants)
+        assert matrix.shape == (len(haves), len(wants))
+        for a, have in enumerate(haves):
+            for b, want in enumerate(wants):
+                assert matrix[a, b] == move_bytes(shape, "float32", have, want, dict(mesh))

@@ -109,25 +109,25 @@ def test_of_equal_optima_differing_at_one_node_the_first_strategy_is_chosen():
     """Where optima cost alike (a bias laid out two ways at one price) which one the solver returns is its own affair;
     each node then takes its leanest strategy, the first of equals, that costs no more with its neighbours as chosen,
     so the answer does not depend on it."""
-    from shardprop.search.ilp import _canonical
+    from shardprop.search.canonical import canonical
 
     problem = Problem.from_lists(intervals=[(0, 1), (0, 1), (0, 1)], costs=[[1, 0], [2, 2], [3, 3]],
                                  usages=[[0, 0], [0, 0], [0, 0]], edges=[(0, 1), (1, 2)],
                                  edge_costs=[[0, 0, 7, 0], [0, 0, 0, 0]], usage_limit=None)
     optima = [a for a in itertools.product(range(2), repeat=3) if evaluate(problem, a) == _enumerated(problem)[0]]
-    assert len(optima) > 1 and {_canonical(problem, a) for a in optima} == {(1, 1, 0)}
+    assert len(optima) > 1 and {canonical(problem, a) for a in optima} == {(1, 1, 0)}
     assert solve(problem).strategies == (1, 1, 0)
 
 
 def test_of_equal_optima_the_one_holding_least_is_chosen():
     """Two layouts at one price, one holding twice the bytes: the leaner, whichever the solver found (with a limit
     too: a node only ever moves to a strategy holding no more, so no moment's usage grows)."""
-    from shardprop.search.ilp import _canonical
+    from shardprop.search.canonical import canonical
 
     for limit in (None, 10):
         problem = Problem.from_lists(intervals=[(0, 2), (1, 3)], costs=[[5, 5], [1, 4]], usages=[[4, 2], [3, 3]],
                                      edges=[(0, 1)], edge_costs=[[0, 0, 0, 0]], usage_limit=limit)
-        assert _canonical(problem, (0, 0)) == _canonical(problem, (1, 0)) == (1, 0)
+        assert canonical(problem, (0, 0)) == canonical(problem, (1, 0)) == (1, 0)
         assert solve(problem).strategies == (1, 0)
         assert peak_usage(problem, (1, 0)) <= peak_usage(problem, (0, 0))
 
@@ -135,9 +135,9 @@ def test_of_equal_optima_the_one_holding_least_is_chosen():
 def test_of_optima_tied_only_together_the_one_holding_least_is_chosen():
     """Four nodes that must agree (a kernel, its two moments and the gradient reading them: the README's NNX example),
     all laid out one way or all the other at one price, the other way holding a fifth of the bytes. No node alone
-    can move (``_canonical``: each move breaks an agreement) and neither way dominates the other: among the
+    can move (``canonical``: each move breaks an agreement) and neither way dominates the other: among the
     relaxation's optima, the one holding least is taken (``_leanest_optimum``), whichever the simplex ended at."""
-    from shardprop.search.ilp import _canonical
+    from shardprop.search.canonical import canonical
 
     agree = [0, 5, 5, 0]
     for usages in ([[10, 2]] * 4, [[2, 10]] * 4):
@@ -146,7 +146,7 @@ def test_of_optima_tied_only_together_the_one_holding_least_is_chosen():
                                      usage_limit=None)
         lean = (1,) * 4 if usages[0][1] < usages[0][0] else (0,) * 4
         fat = tuple(1 - s for s in lean)
-        assert _canonical(problem, fat) == fat  # the local pass cannot find it
+        assert canonical(problem, fat) == fat  # the local pass cannot find it
         got = solve(problem)
         assert got.strategies == lean and got.cost == 0 and got.status == "optimal"
 
@@ -186,3 +186,39 @@ def test_the_presolve_reduction_timed_by_the_clock_is_the_one_switched_off(tmp_p
     switched_off = log.read_text().split("Presolve rules switched off:", 1)[1].splitlines()
     assert "Dependent equations" in switched_off[1], switched_off[:3]
     assert "Rule" not in switched_off[2], "one rule only: the others keep their reductions"
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_the_leanest_pass_visits_only_nodes_that_can_move_and_ends_where_visiting_all_does(data):
+    """``canonical`` skips the nodes with no strategy leaner than their own (nor one as lean and earlier): the answer
+    is the one a pass over every node gives (oracle: that pass, written out here) on random problems."""
+    import numpy as np
+
+    from shardprop.search.canonical import canonical
+    from shardprop.search.problem import Problem
+
+    n = data.draw(st.integers(1, 6))
+    sizes = [data.draw(st.integers(1, 4)) for _ in range(n)]
+    small = st.integers(0, 3)
+    costs = [np.array(data.draw(st.lists(small, min_size=k, max_size=k)), float) for k in sizes]
+    usages = [np.array(data.draw(st.lists(small, min_size=k, max_size=k)), float) for k in sizes]
+    edges = [(u, v) for u in range(n) for v in range(u + 1, n) if data.draw(st.booleans())]
+    matrices = [np.array(data.draw(st.lists(small, min_size=sizes[u] * sizes[v], max_size=sizes[u] * sizes[v])),
+                         float).reshape(sizes[u], sizes[v]) for u, v in edges]
+    problem = Problem("random", np.array([(0, n + 1)] * n), tuple(costs), tuple(usages),
+                      np.array(edges, np.int64).reshape(-1, 2), tuple(matrices), None)
+    start = tuple(data.draw(st.integers(0, k - 1)) for k in sizes)
+
+    chosen = list(start)
+    for v in range(n):  # every node in turn: the cheapest-or-as-cheap, leanest, first
+        total = costs[v].copy()
+        for (u, w), m in zip(edges, matrices, strict=True):
+            if u == v:
+                total += m[:, chosen[w]]
+            elif w == v:
+                total += m[chosen[u], :]
+        fits = np.flatnonzero((total <= total[chosen[v]] + 1e-9 * max(1.0, abs(total[chosen[v]])))
+                              & (usages[v] <= usages[v][chosen[v]]))
+        chosen[v] = int(fits[np.argmin(usages[v][fits])])
+    assert canonical(problem, start) == tuple(chosen)
