@@ -99,11 +99,15 @@ def with_pinned_outputs(graph: Graph, shardings: dict[int, Any]) -> Graph:
     computed the outputs."""
     nodes, avals, outputs = list(graph.nodes), list(graph.avals), list(graph.outputs)
     made: dict[tuple, int] = {}  # (value, sharding) -> the constrained value: one constraint for both
+    equations: dict[tuple, tuple] = {}  # (shape, dtype, sharding) -> the equation: a stack's layers pin alike
     for k, sharding in sorted(shardings.items()):
         value = graph.outputs[k]
         if (value, sharding) not in made:
             aval, producer = graph.avals[value], graph.nodes[graph.producer[value]]
-            primitive, params = jx.constraint_equation(aval.shape, aval.dtype, sharding)
+            kind = (aval.shape, aval.dtype, sharding)
+            if kind not in equations:
+                equations[kind] = jx.constraint_equation(aval.shape, aval.dtype, sharding)
+            primitive, params = equations[kind]
             avals.append(aval)
             nodes.append(Node(len(nodes), primitive.name, (value,), (len(avals) - 1,), MappingProxyType(params),
                               producer.source, primitive, producer.caller))

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import functools
-
 import numpy as np
 
+from .kernels import compiled
 from .problem import FORBIDDEN, Problem, summed_pairs
 
 # the most sweeps (forward or backward) the bound climbs for, and the most node visits (a node and its edges) all the
@@ -97,8 +96,9 @@ def dual_bound(problem: Problem, *, max_sweeps: int | None = None) -> DualBound 
     scale = float(sum(np.abs(t).max() for t in flat.terms()) + sum(
         np.abs(m[np.isfinite(m)]).max(initial=0.0) for m in flat.matrices()))
     most = min(MAX_SWEEPS if max_sweeps is None else max_sweeps, 2 * (MAX_VISITS // (2 * max(1, len(terms)))))
-    sweeps = _compiled()(flat.t, flat.t_at, flat.e, flat.e_at, flat.columns, flat.incident_at, flat.incident_edge,
-                    flat.incident_rows, flat.incident_other, flat.shares, most, STALL, STALL_PAIRS)
+    sweeps = compiled(_climb)(flat.t, flat.t_at, flat.e, flat.e_at, flat.columns, flat.incident_at,
+                              flat.incident_edge, flat.incident_rows, flat.incident_other, flat.shares, most, STALL,
+                              STALL_PAIRS)
     terms, matrices = flat.terms(), flat.matrices()
     slack = [t - t.min() for t in terms]
     for (u, v), m in zip(flat.pairs, matrices, strict=True):
@@ -126,7 +126,8 @@ def _usable(terms: list[np.ndarray], pairs: dict[tuple[int, int], np.ndarray]) -
     matrices: a strategy every one of whose pairs with another node is forbidden is dropped, until none is); None
     where a node has none left. The terms are then finite, and no step subtracts one infinity from another."""
     kept = [np.flatnonzero(np.isfinite(t)) for t in terms]
-    allowed = [(u, v, np.isfinite(pairs[u, v])) for u, v in sorted(pairs)]
+    # the pairs forbidding some choice (the others take nothing away)
+    allowed = [(u, v, ok) for u, v in sorted(pairs) if not (ok := np.isfinite(pairs[u, v])).all()]
     changed = True
     while changed:
         changed = False
@@ -194,18 +195,6 @@ class _Flat:
 
 def _offsets(sizes) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(list(sizes), dtype=np.int64)]).astype(np.int64)
-
-
-@functools.cache
-def _compiled():
-    """``_climb`` compiled by numba (kept on disk beside this module: a new process loads it in a tenth of a second);
-    in Python the passes cost a numpy call per node and pair — the Llama step's 146 passes took 0.7 s, compiled 0.09."""
-    import numba  # (imported at the first search that needs it: a program without a large core never pays for it)
-
-    try:
-        return numba.njit(cache=True)(_climb)
-    except RuntimeError:  # nowhere writable to keep it (a read-only install, no home): compiled in each process
-        return numba.njit(cache=False)(_climb)
 
 
 def _climb(t, t_at, e, e_at, columns, incident_at, incident_edge, incident_rows, incident_other, shares, most,

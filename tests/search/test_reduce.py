@@ -3,6 +3,7 @@ dominance it prunes by sees past a strategy dearer on one edge and cheaper on an
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shardprop.search.problem import Problem, evaluate
 from shardprop.search.reduce import prune, shrink
@@ -48,3 +49,41 @@ def test_shrinking_goes_round_while_pruning_leaves_more_to_eliminate():
     assert shrunk.problem.node_count == 0 and len(shrunk.steps) >= 1
     assert evaluate(p, shrunk.recover(())) == _enumerated(p)[0] == 0
     assert np.isclose(shrunk.offset, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_the_compiled_pruning_drops_exactly_the_strategies_numpy_drops(data):
+    """``_dominated`` (compiled, a bound ruling pairs out before their margins are summed) against ``_undominated``
+    (numpy, every margin summed): the same survivors, with usages or without, forbidden prices among them, and ties."""
+    from shardprop.search.problem import FORBIDDEN
+    from shardprop.search.reduce import _undominated, _undominated_compiled
+
+    n = data.draw(st.integers(1, 7))
+    price = st.sampled_from([0.0, 1.0, 2.0, 3.0, 0.5, FORBIDDEN])
+    cost = np.array(data.draw(st.lists(price, min_size=n, max_size=n)))
+    usage = data.draw(st.none() | st.lists(st.sampled_from([0.0, 1.0, 2.0]), min_size=n, max_size=n))
+    usage = None if usage is None else np.array(usage)
+    blocks = [np.array(data.draw(st.lists(price, min_size=n * w, max_size=n * w))).reshape(n, w)
+              for w in data.draw(st.lists(st.integers(1, 5), max_size=3))]
+    assert np.array_equal(_undominated_compiled(cost, usage, blocks), _undominated(cost, usage, blocks))
+
+
+def test_large_problems_are_pruned_compiled_and_small_ones_in_numpy(monkeypatch):
+    """The pruning's choice of kernel is by the problem's size (``COMPILED_AT_LEAST``): the answer is the same."""
+    import shardprop.search.reduce as reduce
+
+    problem = _enumerated_free_problem()
+    called = []
+    monkeypatch.setattr(reduce, "_undominated_compiled", lambda *a: called.append(a) or reduce._undominated(*a))
+    small = prune(problem)
+    assert not called
+    monkeypatch.setattr(reduce, "COMPILED_AT_LEAST", 1)
+    large = prune(problem)
+    assert called and [k.tolist() for k in large.kept] == [k.tolist() for k in small.kept]
+
+
+def _enumerated_free_problem() -> Problem:
+    return Problem.from_lists(intervals=[(0, 3)] * 3, costs=[[1, 3, 1], [2, 0], [0, 0]], usages=[[1, 1, 1], [1, 1],
+                              [1, 2]], edges=[(0, 1), (1, 2)], edge_costs=[[0, 5, 5, 0, 0, 5], [1, 1, 0, 2]],
+                              usage_limit=None)
