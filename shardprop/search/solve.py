@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec
 from ..core.transfers import total_moved
 from ..errors import OptionError
 from ..expr.graph import where
+from ..gc_pause import gc_paused
 from ..splitting.cost import Footprint, estimate, footprint, price
 from ..splitting.split import split
 from .build import BuiltProblem, build_problem, spec_of_layout
@@ -226,6 +227,7 @@ class _Session:
         return memory
 
 
+@gc_paused  # (its menus, edges and solves allocate per strategy and free little until they return)
 def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, conflicts: str = "reshard",
                    strategy: str = "auto", memory_limit: int | None = None,
                    compiled_memory: Callable[[object], int] | None = None, keyword_form: bool = False,
