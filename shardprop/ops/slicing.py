@@ -155,6 +155,19 @@ def dynamic_update_slice(ctx: RuleContext, operand: TensorSharding, update: Tens
     return RuleOutput((out,), (out.layout, update_layout) + _scalar_needs(indices))
 
 
+def dynamic_update_slice_factors(node, in_shapes) -> tuple[tuple[int | None, ...], ...]:
+    """Axis ``k`` of the operand carries factor ``k``, and so does the update's where it covers the axis (the rule
+    merges them); an axis the update writes part of it takes whole (none), as it does the indices.
+
+    >>> dynamic_update_slice_factors(None, [(8, 128, 4), (8, 1, 4), (), (), ()])
+    ((0, 1, 2), (0, None, 2), (), (), ())
+    """
+    operand, update, *indices = in_shapes
+    return (tuple(range(len(operand))), tuple(k if u == n else None for k, (u, n) in enumerate(zip(update, operand,
+                                                                                                  strict=True))),
+            *(() for _ in indices))
+
+
 def dynamic_update_slice_block(node, invals, blocks: Blocks) -> list:
     """The write on this device's block: along an axis the update writes part of and the operand is sharded on,
     the block is padded by the update's length on either side, the update written where it lands relative to the
@@ -235,5 +248,5 @@ OPS = [
           per_block=dynamic_slice_block, finish=finish_dynamic_slice, pull=None, linear=Linearity.FIRST),
     OpDef("dynamic_update_slice", Family.SLICING, propagate=dynamic_update_slice, lineage=dynamic_update_slice_lineage,
           lineage_exact=False, per_block=dynamic_update_slice_block, finish=None, pull=None, linear=Linearity.NONE,
-          traits=frozenset({Trait.PIECEWISE})),
+          traits=frozenset({Trait.PIECEWISE}), factors=dynamic_update_slice_factors),
 ]

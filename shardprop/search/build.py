@@ -77,15 +77,12 @@ def _candidate_layouts(shape: tuple[int, ...], mesh_items: tuple) -> tuple[Layou
 
 
 def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, ...]] = (),
-                  returns: Sequence[tuple[int, int]] = (), usage_limit: float | None = None,
-                  combined: bool = True) -> BuiltProblem:
+                  returns: Sequence[tuple[int, int]] = (), usage_limit: float | None = None) -> BuiltProblem:
     """The layout choice of ``graph`` on ``mesh``: ``flat_specs`` one per flat argument — a PartitionSpec (kept
     exactly), ``sp.AUTO`` or None (its candidates). ``ties``: flat arguments laid out alike (an optimizer's moments and
     their parameter); ``returns``: ``(output, argument)`` pairs, each output priced back into its argument's layout (the
     state a step returns for the next); ``usage_limit``: bytes per device live at any moment (each value's block from
-    its producer to its last reader; arguments and outputs the whole program); ``combined``: menus combine their
-    operands' layouts one mesh axis at a time where the product is too many (``menu.node_menu``), else they are
-    sampled."""
+    its producer to its last reader; arguments and outputs the whole program)."""
     bodies = functools.partial(propagate_body, mesh=mesh, conflicts="reshard")
     mesh_shape = dict(mesh.shape)
     mesh_items = tuple(mesh_shape.items())
@@ -115,7 +112,7 @@ def build_problem(graph: Graph, flat_specs, mesh, *, ties: Sequence[tuple[int, .
             key = _menu_key(graph, node, options)
             found = seen.get(key) if key is not None else None
             if found is None:
-                found = node_menu(graph, node, mesh, list(options), bodies, combined=combined, answers=answers)
+                found = node_menu(graph, node, mesh, list(options), bodies, answers=answers)
                 if key is not None:
                     seen[key] = found
             menu = found.strategies

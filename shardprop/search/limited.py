@@ -74,9 +74,10 @@ def solved_within(session, limit: int, leaves, searched, unlimited: Limited | No
     ``MemoryLimitError`` where nothing fits, naming the smallest plan compiled (``unlimited``'s among them)."""
     fitting: Limited | None = None
     over = [] if unlimited is None else [unlimited.candidate]  # the Candidates over the limit
-    # a solution met again is not compiled again (the unlimited optimum's is not one of them: its strategies index the
-    # combined menus, this session's the sampled ones)
+    # a solution met again is not compiled again (the unlimited optimum's among them)
     measured: dict[tuple[int, ...], tuple] = {}
+    if unlimited is not None:
+        measured[unlimited.solution.strategies] = (unlimited.plan, unlimited.candidate, beyond)
     leanest = None
     slack = CALIBRATION_SLACK * limit
     calibration, tried, known = beyond, set(), [-math.inf, math.inf]  # (too small, enough)

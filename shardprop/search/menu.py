@@ -96,14 +96,13 @@ def node_signature(graph: Graph, node: Node) -> tuple | None:
 
 
 def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout, ...]],
-              propagate_body=None, *, combined: bool = True, answers: dict | None = None) -> Menu:
+              propagate_body=None, *, answers: dict | None = None) -> Menu:
     """The strategies of ``node`` when its operands may be handed in any of ``handed_options`` (per operand, its
     candidate layouts; the first is the default), deduplicated, in a fixed order: where its record names its factors,
     every way to lay the mesh axes over them (``_factored``: complete, never sampled); else every combination of the
     options where there are few (``FULL_PRODUCT_AT_MOST``), else every combination the rule accepts one mesh axis at
     a time, then every way to lay those per-axis answers over each other (``_combined``); else each operand's layouts
-    with the others at their defaults or replicated, the menu ``sampled`` (not ``combined``: at their defaults only,
-    as the search under a memory limit asks, whose integer program the larger menus slow past its time limit).
+    with the others at their defaults or replicated, the menu ``sampled``.
     ``answers``: the rule's answers kept across the nodes of one build, by ``node_signature`` and handed tuple (the
     layers of a model ask their rules alike)."""
     mesh_shape = dict(mesh.shape)
@@ -163,11 +162,10 @@ def node_menu(graph: Graph, node: Node, mesh, handed_options: list[tuple[Layout,
         for handed in itertools.product(*handed_options):
             visit(handed)
     else:
-        for handed in _stars(handed_options, around_replicated=combined):
+        for handed in _stars(handed_options):
             visit(handed)
         # a loop's or branch's operands are values apart (one mesh axis may lay out several): not one factor per axis
-        laid = None if op.family is Family.CONTROL_FLOW or not combined else _combined(handed_options, shapes,
-                                                                                        mesh_shape, visit)
+        laid = None if op.family is Family.CONTROL_FLOW else _combined(handed_options, shapes, mesh_shape, visit)
         sampled = laid is None
         for handed in laid or ():
             visit(handed)
@@ -190,12 +188,12 @@ def _answer_key(outputs: tuple[TensorSharding, ...]) -> tuple:
                  for o in outputs)
 
 
-def _stars(options, around_replicated: bool = True) -> list[tuple[Layout, ...]]:
+def _stars(options) -> list[tuple[Layout, ...]]:
     """Each operand's candidates with the others at their first (default) candidate, and with the others replicated
     (a rule lays a replicated operand out as the sharded one asks: every factor one operand can carry is met)."""
     replicated = tuple(((),) * len(o[0]) for o in options)
     tuples = []
-    for base in (tuple(o[0] for o in options),) + ((replicated,) if around_replicated else ()):
+    for base in (tuple(o[0] for o in options), replicated):
         tuples.append(base)
         tuples += [base[:k] + (layout,) + base[k + 1:] for k, candidates in enumerate(options) for layout in candidates
                    if layout != base[k]]

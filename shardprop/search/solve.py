@@ -251,12 +251,8 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     pairs = tuple(state_pairs(graph, returns_inputs, mirrors=mirror_state))
     fixed = frozenset(k for k, s in enumerate(flat_specs) if isinstance(s, PartitionSpec))
 
-    def session_of(combined: bool) -> _Session:
-        built = build_problem(graph, flat_specs, mesh, ties=ties, returns=pairs, combined=combined)
-        return _Session(graph, mesh, built, fixed, pairs, strategy, "error" if strict else conflicts,
-                        tuple(donated), pin, compiled_memory)
-
-    session = session_of(True)
+    session = _Session(graph, mesh, build_problem(graph, flat_specs, mesh, ties=ties, returns=pairs), fixed, pairs,
+                       strategy, "error" if strict else conflicts, tuple(donated), pin, compiled_memory)
     if memory_limit is None:
         found = session.solved(None)
         plan = session.planned(found)
@@ -264,11 +260,7 @@ def search_layouts(graph, flat_specs: Sequence, *, mesh, strict: bool = False, c
     else:
         unlimited, beyond = fitting_unbound(session, memory_limit)
         limited = unlimited if unlimited is not None and not unlimited.candidate.excess else None
-        if limited is None:
-            # the limit binds: the menus sampled — the problem's memory leaves out what moves hold between their
-            # endpoints, and over the combined menus the integer program ran into its minute choosing layouts that
-            # fit by it, not as compiled
-            session = replace(session_of(False), checks=session.checks)
+        if limited is None:  # the limit binds: solved within it, on the same problem
             limited = solved_within(session, memory_limit, leaves, searched, unlimited, beyond)
     solution, chosen, built = limited.solution, limited.candidate, session.built
     kept = memory_limit if limited.kept is None else limited.kept  # what explain's solves keep too

@@ -66,7 +66,7 @@ CASES = {
     # (strategy 1 would fit, 90 B as compiled: outside what the solve that kept 70 proved, as its certificate says)
     "a plan that confirms its calibration ends the search": ((30, 10, 30, 30), (2, 70, (0, 2))),
     "nothing within the limit kept: the leanest recalibrates, then halfway between too little and enough":
-        ((70, 0, 0, 0), (1, 83, (0, 3, 0, 2, 1))),
+        ((70, 0, 0, 0), (1, 83, (0, 3, 2, 1))),  # (the unlimited optimum met again: not compiled again)
     "a looser limit's plan breaks it: halfway between, the cheapest plan that fit":
         ((30, 50, 10, 40), (2, 75, (0, 2, 1))),
 }

@@ -62,9 +62,12 @@ FACTORED = {  # ops whose operands' candidates combine into thousands of handed 
     "three-way select": (lambda c, a, b: lax.select(c > 0, a, b), (8, 4, 8), (8, 4, 8), (8, 4, 8)),
     "clamp": (lambda lo, x, hi: lax.clamp(lo, x, hi), (8, 8, 4), (8, 8, 4), (8, 8, 4)),
     "broadcast sum": (lambda a, b: a + b[None, :], (16, 8), (8,)),
+    "cache write": (lambda c, u: lax.dynamic_update_slice(c, u, (0, 3, 0, 0)), (8, 16, 2, 8), (8, 1, 2, 8)),
+    "block write": (lambda c, u: lax.dynamic_update_slice(c, u, (0, 8, 0)), (8, 16, 4), (8, 8, 4)),
 }
 OPS = {"batched contraction": "dot_general", "transposed contraction": "dot_general", "three-way select": "select_n",
-       "clamp": "clamp", "broadcast sum": "add"}
+       "clamp": "clamp", "broadcast sum": "add", "cache write": "dynamic_update_slice",
+       "block write": "dynamic_update_slice"}
 
 
 @pytest.mark.parametrize(("name", "mesh_shape"), [
