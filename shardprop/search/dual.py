@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .kernels import compiled
-from .problem import FORBIDDEN, Problem, summed_pairs
+from .problem import FORBIDDEN, TOLERANCE, Problem, summed_pairs
 
 # the most sweeps (forward or backward) the bound climbs for, and the most node visits (a node and its edges) all the
 # sweeps make together — a deterministic budget, not the clock's (the answer's ties must not depend on a busy machine):
@@ -47,8 +47,6 @@ STALL_PAIRS = 5
 # win: the flax step's core of 612 strategies 0.24 -> 0.16 s, the KV decode's of 655 0.18 -> 0.15 s (the MLP's of 297:
 # 0.07 -> 0.05 s, not worth the load). A measured break-even
 AT_LEAST = 500
-# an assignment within this of the bound (relative to it) is at the bound: the simplex's own tolerance, as ``.alike``'s
-TOLERANCE = 1e-7
 # the reparametrisation's rounding, relative to the sum of the terms' largest magnitudes: a strategy within it of a
 # threshold is kept (keeping one more costs time, dropping one an optimum uses would cost the optimum)
 ROUNDING = 1e-9

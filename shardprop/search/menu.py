@@ -288,7 +288,7 @@ def _settled_outputs(outputs: tuple[TensorSharding, ...], mesh_shape) -> list[tu
     """The outputs with each created axis (a broadcast's new one) laid out every way it can be: replicated, or over
     one mesh axis no other axis of that output uses and that divides it. None of them may use a mesh axis twice."""
     if not any(a is CREATED for sharding in outputs for a in sharding.axes):
-        return [tuple(outputs)]  # (nothing to settle: every ask but a broadcast's)
+        return [tuple(outputs)]  # (nothing to settle: every ask but a broadcast's; ``probe`` refused a mesh axis twice)
     per_output = []
     for sharding in outputs:
         used = {name for a in sharding.axes if isinstance(a, Sharded) for name in a.mesh_axes}

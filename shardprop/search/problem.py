@@ -29,6 +29,8 @@ from ..errors import OptionError
 # The contest's files mark a strategy or a pair of strategies that must not be chosen with a cost of 1e18 (and an
 # infinite cost says the same): left in, such coefficients would swamp the solver's tolerances
 FORBIDDEN = 1e18
+# an assignment within this of a bound (relative to it) is at the bound: the simplex's own tolerance, every solver's
+TOLERANCE = 1e-7
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,17 +96,19 @@ def read_problem(path: str | Path) -> Problem:
                               name=doc.get("name", path.stem))
 
 
+def usage_profile(problem: Problem, solution) -> np.ndarray:
+    """The usage live at each moment ``0 .. max end - 1`` under ``solution`` (a node counts over ``[start, end)``)."""
+    used = np.array([u[s] for u, s in zip(problem.usages, solution, strict=True)], np.float64)
+    moments = int(problem.intervals[:, 1].max(initial=0))
+    change = np.zeros(moments + 1)
+    np.add.at(change, problem.intervals[:, 0], used)
+    np.add.at(change, problem.intervals[:, 1], -used)
+    return np.cumsum(change)[:moments]
+
+
 def peak_usage(problem: Problem, solution) -> float:
     """The most usage live at one moment under ``solution`` (a node counts over ``[start, end)``)."""
-    used = np.array([u[s] for u, s in zip(problem.usages, solution, strict=True)], np.float64)
-    starts, ends = problem.intervals[:, 0], problem.intervals[:, 1]
-    live = ends > starts
-    if not live.any():
-        return 0.0
-    times = np.concatenate([starts[live], ends[live]])
-    change = np.concatenate([used[live], -used[live]])
-    order = np.lexsort((change, times))  # at one moment, ends (negative) before starts: half-open intervals
-    return float(max(0.0, np.cumsum(change[order]).max()))
+    return float(max(0.0, usage_profile(problem, solution).max(initial=0.0)))
 
 
 def evaluate(problem: Problem, solution) -> float | None:

@@ -110,8 +110,12 @@ def _undominated(cost: np.ndarray, usage: np.ndarray | None, blocks: list[np.nda
 
 
 def _undominated_compiled(cost: np.ndarray, usage: np.ndarray | None, blocks: list[np.ndarray]) -> np.ndarray:
-    """``_undominated``, compiled (``_dominated``): the same strategies, the margins summed in the same order."""
+    """``_undominated``, compiled (``_dominated``): the same strategies, the margins summed in the same order. Prices
+    that are not finite (a contest file's infinities) are compared by numpy: its least of a NaN difference is NaN,
+    the compiled ``min``'s the other operand."""
     flat = np.concatenate([b.ravel() for b in blocks]) if blocks else np.zeros(0)
+    if not (np.isfinite(flat).all() and np.isfinite(cost).all()):
+        return _undominated(cost, usage, blocks)
     widths = np.array([b.shape[1] for b in blocks], np.int64)
     dominated = compiled(_dominated)(cost.astype(np.float64), np.zeros(0) if usage is None else usage.astype(
         np.float64), usage is not None, flat.astype(np.float64), widths)

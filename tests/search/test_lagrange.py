@@ -29,6 +29,14 @@ def test_the_priced_limit_bounds_every_assignment_within_it_and_what_it_finds_fi
     if found.cost is not None:
         assert evaluate(problem, found.strategies) == pytest.approx(found.cost) and found.cost >= want - 1e-6
 
+    def loose(free):  # a solve stopped short of its proof: its bound below its answer
+        done = _unlimited(free)
+        return ilp.Solution(done.strategies, done.cost, done.bound - 1.0, "time limit", 0.0)
+
+    assert relaxed(problem, loose).bound <= want + 1e-6
+    within = ilp.solve(problem, relative_gap=0.1)  # (the integer program may stop within 10% of its bound)
+    assert within.bound <= want + 1e-6 and want - 1e-6 <= within.cost <= 1.1 * want + 1e-6
+
 
 # one value, three layouts: the cheap one holds 10 bytes, the lean one 1 (and costs 3); a limit of 6 is met by the
 # middle one. Priced, the limit bounds the cost by 0.8 (the prices' best: the cheap and the middle one tie there)
@@ -58,6 +66,20 @@ def test_where_the_integer_program_finds_nothing_in_time_the_priced_answer_stand
     monkeypatch.setattr(ilp, "relaxed", lambda p, solve: relaxed(p, solve, rounds=1))  # (one solve: it does not fit)
     nothing = ilp.solve(_ONE)
     assert nothing.cost is None and nothing.status == "time limit" and nothing.bound == 0.5
+
+
+def test_an_answer_of_the_prices_near_enough_to_their_bound_stands_without_the_integer_program(monkeypatch):
+    solved = ilp._solved
+
+    def unlimited_only(p, **kwargs):
+        assert p.usage_limit is None, "the integer program with memory rows was run"
+        return solved(p, **kwargs)
+
+    monkeypatch.setattr(ilp, "_solved", unlimited_only)
+    monkeypatch.setattr(ilp, "PRICED_ENOUGH", 0.25)  # (_ONE's prices leave 20%)
+    got = ilp.solve(_ONE)
+    assert got.status == "priced limit" and got.cost == 1 and got.gap == pytest.approx(1 - got.bound)
+    assert got.gap < 0.25
 
 
 def test_the_integer_program_proves_what_the_prices_cannot():
