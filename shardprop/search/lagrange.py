@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .canonical import canonical
 from .problem import FORBIDDEN, TOLERANCE, Problem, evaluate, usage_profile
 
 # the most solves, the first step (a share of the way to the target), how many solves without the bound rising (by
@@ -81,6 +82,9 @@ def relaxed(problem: Problem, solve_unlimited: Callable, rounds: int = ROUNDS) -
             break
         aim = best_cost if best_cost is not None else bound + AIM * max(1.0, abs(bound)) * 2 ** done
         prices = np.maximum(0.0, prices + step * max(aim - value, 0.0) / float(moving @ moving) * moving)
+    if best is not None:  # of as cheap, the leaner (as every solve's answer is made: the usage never grows)
+        best = canonical(problem, best)
+        best_cost = evaluate(problem, best)
     return Relaxed(best, best_cost, bound)
 
 
