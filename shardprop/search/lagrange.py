@@ -1,14 +1,14 @@
 """A usage-limited problem's memory moved into its costs (Lagrangian relaxation): a cheap assignment within the limit
 and a lower bound, from solves without a limit, which shrinking and the message-passing bound make fast.
 
-The limit says that at every moment ``t`` the usage of the nodes live then is at most ``K``. Priced instead — ``mu[t]``
-per byte over the limit at moment ``t`` — it leaves a problem without a limit whose node ``v`` costs ``usage[v] *
-sum(mu over v's interval)`` more per strategy; its optimum less ``K * sum(mu)`` is a lower bound on every assignment
-within the limit, whatever ``mu`` (at ``mu = 0``: the unlimited optimum). ``mu`` climbs by subgradient steps (Polyak's,
-towards the cheapest assignment found within the limit) while each solve's assignment is a candidate: where one fits,
-it is an assignment within the limit, exactly priced. Integer programs with memory rows (``.ilp``) are the exact
-route; on a Llama step whose limit binds HiGHS found no assignment at all in its minute, where twelve solves here (3.5 s)
-find one within 0.05% of the bound.
+The limit says that at every moment ``t`` the usage of the nodes live then is at most ``K``. Priced instead —
+``mu[t]`` per byte over the limit at moment ``t`` — it leaves a problem without a limit whose node ``v`` costs
+``usage[v] * sum(mu over v's interval)`` more per strategy; its optimum less ``K * sum(mu)`` is a lower bound on every
+assignment within the limit, whatever ``mu`` (at ``mu = 0``: the unlimited optimum). ``mu`` climbs by subgradient
+steps (Polyak's, towards the cheapest assignment found within the limit) while each solve's assignment is a
+candidate: where one fits, it is an assignment within the limit, exactly priced. Integer programs with memory rows
+(``.ilp``) are the exact route; on a Llama step whose limit binds HiGHS found no assignment at all in its minute,
+where twelve solves here (3.5 s) find one within 0.05% of the bound.
 
 >>> found = relaxed(problem, solve_unlimited)   # doctest: +SKIP
 >>> found.cost, found.bound                     # doctest: +SKIP
@@ -32,6 +32,11 @@ FIRST_STEP = 0.2
 STALL = 3
 RISE = 1e-6
 LAST_STEP = FIRST_STEP / 8
+# after TRIAL solves the prices go on only where their cheapest answer that fits is within PROMISING of their bound: a
+# few more steps may bring it to what ``.ilp`` lets stand; where they leave more (an equinox MLP under a scan: 57%
+# apart) the integer program decides, and more steps only cost time
+TRIAL = 3
+PROMISING = 0.01
 # without an assignment within the limit yet, the step aims this far above the bound (relative), twice as far after
 # each solve whose assignment does not fit either (the prices' scale found, not guessed)
 AIM = 0.05
@@ -50,7 +55,7 @@ class Relaxed:
 def relaxed(problem: Problem, solve_unlimited: Callable, rounds: int = ROUNDS) -> Relaxed:
     """``problem``'s limit priced into its costs (see the module), ``rounds`` solves at most: ``solve_unlimited``
     solves a problem without a limit (a ``Solution``: its strategies, cost and bound). Stops where an assignment
-    within the limit meets the bound."""
+    within the limit meets the bound. The assignment returned is made the leanest of as cheap (``canonical``)."""
     limit = float(problem.usage_limit)
     unlimited = replace(problem, usage_limit=None)
     starts, ends = problem.intervals[:, 0], problem.intervals[:, 1]
@@ -71,6 +76,8 @@ def relaxed(problem: Problem, solve_unlimited: Callable, rounds: int = ROUNDS) -
         if cost is not None and (best_cost is None or cost < best_cost):
             best, best_cost = found.strategies, cost
         if best_cost is not None and best_cost <= bound + TOLERANCE * max(1.0, abs(best_cost)):
+            break
+        if done + 1 >= TRIAL and (best_cost is None or best_cost - bound > PROMISING * abs(best_cost)):
             break
         if stalled >= STALL:
             step, stalled = step / 2, 0
