@@ -15,11 +15,10 @@ between the same two nodes (summed), and a limit no assignment can break; a forb
 least ``FORBIDDEN``) is a variable held at 0.
 
 The same problem gives the same answer on every run, however busy the machine: HiGHS's presolve stops its search for
-dependent equations when it expects it to take too long — by the clock — and the LP left then differs, and with it
-which of several equally cheap vertices the simplex ends at; that one reduction is switched off (``_DETERMINISTIC``),
-which also made the Llama step's relaxation faster (8 s -> 5 s). The relaxation is solved with no presolve at all
-(``_RELAXATION``): on these LPs presolve finds little and costs more than it saves (the Llama step's 5.3 -> 3.9 s, a
-stack of 8 blocks 11.6 -> 10.8 s), and nothing in a simplex without it looks at the clock.
+dependent equations by the clock, and the LP left then differs, and with it which of equally cheap vertices the
+simplex ends at; that reduction is off (``_DETERMINISTIC``; the Llama step's relaxation also 8 -> 5 s). The relaxation
+is solved without presolve (``_RELAXATION``): it finds little there and costs more than it saves (the Llama step's
+5.3 -> 3.9 s, a stack of 8 blocks 11.6 -> 10.8 s), and nothing in a simplex without it looks at the clock.
 
 >>> from shardprop.search.problem import Problem
 >>> p = Problem.from_lists(intervals=[(0, 2), (1, 3)], costs=[[1, 3], [2, 0]], usages=[[4, 1], [4, 1]],
@@ -51,20 +50,17 @@ _STATUS = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatu
 # move between HiGHS releases, so highspy is pinned and tests/search/test_ilp.py reads the installed HiGHS's log to
 # check that this bit names that rule, and only it
 _DETERMINISTIC = {"presolve_rule_off": 1 << 10, "output_flag": False}
-# the relaxation's options: presolve off (the module's docstring says why)
-_RELAXATION = {**_DETERMINISTIC, "presolve": "off"}
+_RELAXATION = {**_DETERMINISTIC, "presolve": "off"}  # the relaxation's options (the module's docstring says why)
 # the classes of alike nodes are tried where the core's nodes repeat: at least this many nodes a class on average. The
 # aggregated program solves in about 2 s on stacks of transformer blocks whatever their number, where the whole core
 # took 3.3 s at 4 blocks, 9 s at 8 and 42 s at 24; on Llama-style layers it is as tight but fractional and slow to
 # solve (14-20 s), and the strategies its reduced costs leave many: at 4 layers 19.6 s against the whole core's
 # 6.6 s, at 16 layers 42.6 s against 40 s. A measured break-even, not a proof: the blocks repeat eight times or more
 ALIKE_AT_LEAST = 8
-# under a limit, an answer of the priced limit within this of its bound (relative) stands, its gap stated — below what
-# the cost model can tell (a plan's compiled bytes differ from its price by tenths of a percent): the integer program
-# with memory rows is not run (on a Llama step whose limit binds: 0.05% left, where HiGHS found nothing in its minute);
-# where the prices leave more, it is (the KV decode's: 1.7% left, proved optimal in 2 s). Decided by the prices'
-# work budget, not the clock
-PRICED_ENOUGH = 1e-3
+# under a limit, an answer within this of the prices' bound (relative) stands, its gap stated: the certificate the
+# search promises (at most 1%). Past it the integer program over every strategy runs (the KV decode's: 0.4% left, the
+# linear relaxation's own gap, which HiGHS closed in 2.4 s; an equinox MLP's under a scan: 15%, 8 s)
+PRICED_ENOUGH = 1e-2
 
 
 @dataclass(frozen=True)
@@ -97,15 +93,16 @@ class Solution:
                 f"({self.status}, {self.seconds:.2f} s)")
 
 
-def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0) -> Solution:
+def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0,
+          unlimited: Solution | None = None) -> Solution:
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
-    seconds or within ``relative_gap`` of the bound, the best found and the bound). The problem is first shrunk
-    exactly (``.reduce.shrink``); the core left is, without a limit, bounded first — by message passing (``.dual``),
-    else by one program over its classes of alike nodes where they repeat (``.alike``) — and solved on the strategies
-    the bound leaves (reduced-cost fixing: exact); else, or where that fails, as one integer program. Under a limit,
-    the limit is priced into the costs first (``.lagrange``): its answer stands where it is within ``PRICED_ENOUGH`` of
-    its bound (status ``"priced limit"``, the gap stated), else the integer program with memory rows is solved too —
-    the cheaper answer kept, the higher bound stated."""
+    seconds or within ``relative_gap`` of the bound, the best found and the bound). Shrunk exactly (``.reduce``), the
+    core is, without a limit, bounded first — by message passing (``.dual``), else through its classes of alike nodes
+    (``.alike``) — and solved on the strategies the bound leaves (reduced-cost fixing: exact); else as one integer
+    program. Under a limit, the limit is priced into the costs first (``.lagrange``; ``unlimited``: ``problem``'s solve
+    without it, where known) and the integer program with memory rows solved over the strategies the prices' solves
+    chose: the cheaper answer stands within ``PRICED_ENOUGH`` of the prices' bound (status ``"priced limit"``), else
+    the integer program over every strategy is solved too — the cheapest answer kept, the higher bound stated."""
     if problem.usage_limit is None:
         return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, bounded=True)
     start = time.perf_counter()
@@ -113,12 +110,16 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     def left() -> float | None:  # (one deadline for every solve this one makes)
         return None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
 
-    priced = relaxed(problem, lambda free: _solved(free, time_limit=left(), relative_gap=0.0, bounded=True))
-    if priced.cost is not None and priced.cost - priced.bound <= PRICED_ENOUGH * abs(priced.cost):
-        return _at_bound(Solution(priced.strategies, priced.cost, priced.bound, "priced limit", 0.0), start)
+    priced = relaxed(problem, lambda free: _solved(free, time_limit=left(), relative_gap=0.0, bounded=True),
+                     enough=PRICED_ENOUGH / 10, first=unlimited)
+    among = _restricted_solve(problem, priced.used, time_limit=left()) if priced.used else None
+    found = [(priced.cost, priced.strategies)] + ([(among[1], canonical(problem, among[0]))] if among else [])
+    best = min((f for f in found if f[0] is not None), key=lambda f: f[0], default=(None, None))
+    if best[0] is not None and best[0] - priced.bound <= PRICED_ENOUGH * abs(best[0]):
+        return _at_bound(Solution(best[1], best[0], priced.bound, "priced limit", 0.0), start)
     exact = _solved(problem, time_limit=left(), relative_gap=relative_gap, bounded=True)
-    if priced.cost is not None and (exact.cost is None or priced.cost < exact.cost):
-        exact = Solution(priced.strategies, priced.cost, exact.bound, exact.status, 0.0)
+    if best[0] is not None and (exact.cost is None or best[0] < exact.cost):
+        exact = Solution(best[1], best[0], exact.bound, exact.status, 0.0)
     return _at_bound(replace(exact, bound=max(exact.bound, priced.bound)), start)
 
 

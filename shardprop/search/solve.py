@@ -130,7 +130,7 @@ class SearchResult:
             return "not proved: the leanest layout, found to fit as compiled"
         proved = "optimal" if self.gap <= 0 else f"within {100 * self.gap:.2g}% of the bound"
         if self.memory_kept is not None:
-            proved += " within the limit kept"
+            proved += " under the limit kept"
         if self.sampled:
             count = len(self.sampled)
             return f"{proved} among the layouts asked about, {count} node{'' if count == 1 else 's'} sampled"
@@ -182,6 +182,7 @@ class _Session:
     pin: Callable | None
     compiled_memory: Callable | None
     checks: list[float] = field(default_factory=list)
+    unbound: Solution | None = None  # the problem's optimum without a limit, once solved: where limited solves start
 
     def solved(self, usage_limit: float | None, allowed: dict[int, tuple[int, ...]] | None = None) -> Solution:
         """The problem solved within ``usage_limit`` bytes per device, the nodes ``allowed`` names held to the
@@ -191,8 +192,12 @@ class _Session:
             costs = list(problem.costs)
             for node, indices in allowed.items():
                 costs[node] = np.where(np.isin(np.arange(len(costs[node])), indices), costs[node], FORBIDDEN)
-            problem = replace(problem, costs=tuple(costs))
-        return solve(problem, time_limit=TIME_LIMIT)
+            return solve(replace(problem, costs=tuple(costs)), time_limit=TIME_LIMIT)
+        if usage_limit is not None:
+            return solve(problem, time_limit=TIME_LIMIT, unlimited=self.unbound)
+        if self.unbound is None:
+            self.unbound = solve(problem, time_limit=TIME_LIMIT)
+        return self.unbound
 
     def leanest(self) -> Solution:
         """The assignment holding the fewest bytes summed over every value (moves free): where no plan fits a limit,
