@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..core.blocks import Blocks, block_rows
+from ..core.blocks import Blocks, block_rows, one_unseen
 from ..core.layouts import block_shape
 from ..expr import jax_adapter as jx
 from ..errors import LoweringError
@@ -206,9 +206,7 @@ def computed_once(x, mesh_shape: Mapping[str, int]):
     ``x``'s bits by a 1 XLA cannot see is an op it never computes twice, and exact. Its derivative is ``x``'s."""
     if not mesh_shape or jx.dtype_kind(x.dtype) != "f" or np.dtype(x.dtype).itemsize not in (2, 4, 8):
         return x
-    index = lax.axis_index(next(iter(mesh_shape)))
-    one = lax.min(index + 1, lax.full_like(index, 1))  # 1 on every device, computed at run time
-    return _bits_divided(x, one)
+    return _bits_divided(x, one_unseen(mesh_shape, np.int32))
 
 
 @jax.custom_jvp

@@ -109,3 +109,11 @@ def first_device_only(x, mesh_axes: tuple[str, ...], mesh_shape: Mapping[str, in
     """``x`` on the first device of each group over ``mesh_axes``, zero on the others: a partial sum over those
     axes whose total is ``x``."""
     return lax.select(block_index(mesh_axes, mesh_shape) == 0, x, lax.full_like(x, 0))
+
+
+def one_unseen(mesh_shape: Mapping[str, int], dtype):
+    """1 of ``dtype``, computed on the device from its mesh position (``min(index + 1, 1)``): a value XLA cannot
+    fold, so that ops around it are not simplified across it (the guards of ``backends/evaluate.computed_once`` and
+    ``ops/pooling.summed_windows`` rest on it)."""
+    index = lax.axis_index(next(iter(mesh_shape)))
+    return lax.min(index + 1, lax.full_like(index, 1)).astype(dtype)

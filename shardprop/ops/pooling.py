@@ -13,10 +13,13 @@ overlap the box (sound, not exact).
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..core.blocks import Blocks, bind_as_is
+from ..core.blocks import Blocks, bind_as_is, one_unseen
 from ..core.boxes import Box, LineageContext, full_box
 from ..core.layouts import Sharded, Span, TensorSharding, shard_count, standard_span
 from ..core.types import ValueType
@@ -111,7 +114,27 @@ def pool_block(node, invals, blocks: Blocks) -> list:
         x = past_the_ends(x, k, reach[0], blocks.in_global[0][k], blocks.in_layouts[0][k], blocks.mesh_shape, fill,
                           spans[k])
         x, padding[k] = unpadded(x, k, reach), (0, 0)
-    return jx.bind(node.primitive, [x, *inits], {**node.params, "padding": tuple(padding)})
+    out = jx.bind(node.primitive, [x, *inits], {**node.params, "padding": tuple(padding)})
+    if node.primitive.name != "reduce_window_sum":
+        return out
+    return [summed_windows(y, tuple(blocks.mesh_shape.items())) for y in out]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def summed_windows(y, mesh_items):
+    """``y``, a block's window sums, whose tangent is multiplied by a 1 XLA cannot fold (``one_unseen``). A block's
+    windows are differentiated by padding their cotangent and summing its windows; where that cotangent is itself a
+    padded block of one row along the windowed axis — a strided slice's, keeping one row a block — XLA:CPU's
+    algebraic simplifier folds the two pads and the window sum into a broadcast of the row (jaxlib 0.10.2:
+    ``reduce_window(pad(pad(x)))``, ``x`` of one row, window 2), and the gradient gains the rows the windows beside
+    it should have left at zero. The product keeps the two pads apart; exact, and a no-op without a derivative."""
+    return y
+
+
+@summed_windows.defjvp
+def _summed_windows_jvp(mesh_items, primals, tangents):
+    (y,), (y_dot,) = primals, tangents
+    return y, y_dot * one_unseen(dict(mesh_items), y_dot.dtype)
 
 
 def reduce_window_lineage(ctx: LineageContext, box: Box, output: int, *, window_dimensions, window_strides,

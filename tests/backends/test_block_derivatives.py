@@ -10,6 +10,10 @@ bfloat16 value moved as its bits. Oracle: the unsharded gradient on the same inp
   gradient lost the rows next to each block's edge.
 * XLA:CPU widens bfloat16 and float8 in collectives, so their moves carry bits (``backends/moves.as_bits``); the
   bitcast had no derivative, and ``jax.grad`` through a gathered bfloat16 value was zero.
+* A window sum read by a strided slice that keeps one row a block (found by the fuzzer of user programs): JAX
+  differentiates the block's windows by padding that row's cotangent, itself padded by the slice's derivative, and
+  XLA:CPU folds the two pads and the window sum into a broadcast of the row — the gradient of ``jax.grad`` through
+  the sharded program gained the rows at each block's first (``ops/pooling.summed_windows`` keeps the pads apart).
 """
 
 import jax.numpy as jnp
@@ -136,3 +140,19 @@ def test_an_operand_broadcast_along_padded_rows_differentiates_as_unsharded(name
     assert_same_as_unsharded(f, args, mesh=mesh, in_specs=in_specs, strategy=strategy, rtol=1e-4, atol=1e-4)
     assert_differentiates_as_unsharded(f, args, mesh=mesh, in_specs=in_specs, strategy=strategy, rtol=1e-4,
                                        atol=1e-4)
+
+
+WINDOWS_THEN_ONE_ROW = [  # (name, f, mesh, in_specs): 6 rows in blocks of 3, the strided slice keeping one row a block
+    ("the fuzzer's program", lambda x: lax.reduce_window(x[:, 3:4], 0.0, lax.add, (2, 1, 1), (1, 1, 1),
+                                                         "SAME")[1:2:2], "2x2x2", (P("i", "j", "k"),)),
+    ("a row of each block", lambda x: lax.reduce_window(x, 0.0, lax.add, (2, 1, 1), (1, 1, 1), "SAME")[1:4:3],
+     "2x2x2", (P("i"),)),
+]
+
+
+@pytest.mark.parametrize("name,f,mesh_name,in_specs", WINDOWS_THEN_ONE_ROW)
+def test_a_window_sum_read_by_a_slice_of_one_row_a_block_differentiates_as_unsharded(name, f, mesh_name, in_specs,
+                                                                                    meshes):
+    x = RNG.normal(size=(6, 8, 8)).astype(np.float32)
+    assert_same_as_unsharded(f, (x,), mesh=meshes[mesh_name], in_specs=in_specs, rtol=1e-4, atol=1e-4)
+    assert_differentiates_as_unsharded(f, (x,), mesh=meshes[mesh_name], in_specs=in_specs, rtol=1e-4, atol=1e-4)
