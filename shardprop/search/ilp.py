@@ -5,7 +5,7 @@ node strategy, one per node; per edge a ``y[e, r, c]`` in ``[0, 1]`` per pair of
 of an endpoint whose rows, or columns, of the edge's matrix are equal), whose row sums are the classes' sums of
 ``x[u, :]`` and column sums of ``x[v, :]`` — with one-hot margins the only such matrix is their outer product, so ``y``
 needs no integrality; and the usage of the live nodes' chosen strategies at most the limit at every moment, kept as
-a running total over the moments something starts or ends (``_memory_rows``: its size is the strategies', not the
+a running total over the moments something starts or ends (``.rows.memory_rows``: its size is the strategies', not the
 strategies' times the moments they live over). Without memory rows the relaxation is solved first: where it is
 integral it is the optimum, proved — and of its optima the one holding the fewest bytes is taken
 (``_leanest_optimum``: a second objective over the optimal face, not the simplex's last vertex). The matrices are
@@ -37,7 +37,8 @@ import highspy
 import numpy as np
 from scipy import sparse
 
-from .problem import FORBIDDEN, TOLERANCE, Problem, classed, evaluate, peak_usage, summed_pairs
+from .problem import FORBIDDEN, TOLERANCE, Problem, evaluate, peak_usage
+from .rows import folded, memory_rows, one_hot_rows, pair_rows
 from .alike import aggregated_lp, alike_classes
 from .canonical import canonical
 from .dual import AT_LEAST as DUAL_AT_LEAST, dual_bound
@@ -57,10 +58,6 @@ _RELAXATION = {**_DETERMINISTIC, "presolve": "off"}  # the relaxation's options 
 # solve (14-20 s), and the strategies its reduced costs leave many: at 4 layers 19.6 s against the whole core's
 # 6.6 s, at 16 layers 42.6 s against 40 s. A measured break-even, not a proof: the blocks repeat eight times or more
 ALIKE_AT_LEAST = 8
-# under a limit, an answer within this of the prices' bound (relative) stands, its gap stated: the certificate the
-# search promises (at most 1%). Past it the integer program over every strategy runs (the KV decode's: 0.4% left, the
-# linear relaxation's own gap, which HiGHS closed in 2.4 s; an equinox MLP's under a scan: 15%, 8 s)
-PRICED_ENOUGH = 1e-2
 
 
 @dataclass(frozen=True)
@@ -101,8 +98,9 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     (``.alike``) — and solved on the strategies the bound leaves (reduced-cost fixing: exact); else as one integer
     program. Under a limit, the limit is priced into the costs first (``.lagrange``; ``unlimited``: ``problem``'s solve
     without it, where known) and the integer program with memory rows solved over the strategies the prices' solves
-    chose: the cheaper answer stands within ``PRICED_ENOUGH`` of the prices' bound (status ``"priced limit"``), else
-    the integer program over every strategy is solved too — the cheapest answer kept, the higher bound stated."""
+    chose: the cheaper answer stands where it meets the prices' bound, or is within ``relative_gap`` of it (status
+    ``"priced limit"``); else the integer program over every strategy is solved too — the cheapest answer kept, the
+    higher bound stated."""
     if problem.usage_limit is None:
         return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, bounded=True)
     start = time.perf_counter()
@@ -110,17 +108,28 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     def left() -> float | None:  # (one deadline for every solve this one makes)
         return None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
 
+    # (the prices go on to a tenth of the gap allowed: the cheaper answer then found is worth the few solves more)
     priced = relaxed(problem, lambda free: _solved(free, time_limit=left(), relative_gap=0.0, bounded=True),
-                     enough=PRICED_ENOUGH / 10, first=unlimited)
-    among = _restricted_solve(problem, priced.used, time_limit=left()) if priced.used else None
-    found = [(priced.cost, priced.strategies)] + ([(among[1], canonical(problem, among[0]))] if among else [])
-    best = min((f for f in found if f[0] is not None), key=lambda f: f[0], default=(None, None))
-    if best[0] is not None and best[0] - priced.bound <= PRICED_ENOUGH * abs(best[0]):
+                     enough=relative_gap / 10, first=unlimited)
+    found = [(priced.cost, priced.strategies)] if priced.cost is not None else []
+    if not _within(found, priced.bound, 0.0) and priced.used:
+        among = _restricted_solve(problem, priced.used, time_limit=left())
+        if among is not None:  # (made the leanest of as cheap over every strategy, and priced again)
+            lean = canonical(problem, among[0])
+            found.append((evaluate(problem, lean), lean))
+    best = min(found, key=lambda f: f[0], default=(None, None))
+    if _within(found, priced.bound, relative_gap):
         return _at_bound(Solution(best[1], best[0], priced.bound, "priced limit", 0.0), start)
     exact = _solved(problem, time_limit=left(), relative_gap=relative_gap, bounded=True)
     if best[0] is not None and (exact.cost is None or best[0] < exact.cost):
         exact = Solution(best[1], best[0], exact.bound, exact.status, 0.0)
     return _at_bound(replace(exact, bound=max(exact.bound, priced.bound)), start)
+
+
+def _within(found: list, bound: float, gap: float) -> bool:
+    """The cheapest of ``found`` (costs and assignments) meets ``bound``, or is within ``gap`` of it (relative)."""
+    cost = min((f[0] for f in found), default=None)
+    return cost is not None and cost - bound <= max(gap * abs(cost), TOLERANCE * max(1.0, abs(cost)))
 
 
 def _at_bound(found: Solution, start: float) -> Solution:
@@ -233,15 +242,15 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
     start = time.perf_counter()
     if problem.node_count == 0:  # everything eliminated: the empty assignment, its cost 0
         return Solution((), 0.0, 0.0, "optimal", 0.0)
-    node_costs, pairs = _folded(problem)
+    node_costs, pairs = folded(problem)
     offsets = np.concatenate([[0], np.cumsum([len(c) for c in problem.costs])])
     n_x = int(offsets[-1])
     sizes = [p[2].size for p in pairs]
     pair_offsets = n_x + np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     n = int(pair_offsets[-1])
     objective = np.concatenate([np.concatenate(node_costs)] + [p[2].ravel() for p in pairs])
-    blocks = [_one_hot_rows(problem, offsets, n), _pair_rows(pairs, offsets, pair_offsets, n)]
-    memory = _memory_rows(problem, offsets, n)  # (rows over n variables and k running totals, ...) or None
+    blocks = [one_hot_rows(problem, offsets, n), pair_rows(pairs, offsets, pair_offsets, n)]
+    memory = memory_rows(problem, offsets, n)  # (rows over n variables and k running totals, ...) or None
     upper = np.ones(n)
     upper[objective >= FORBIDDEN] = 0  # a forbidden strategy or pair of strategies: never chosen, not priced
     objective[objective >= FORBIDDEN] = 0
@@ -271,6 +280,8 @@ def _solve_core(problem: Problem, *, time_limit: float | None, relative_gap: flo
     cost = evaluate(problem, strategies)
     if status == "optimal" and cost is not None:
         bound = min(bound, cost)  # the solver's tolerances: an optimum proved is its own bound
+        if cost - bound > TOLERANCE * max(1.0, abs(cost)):  # (HiGHS's "optimal" within the relative gap asked)
+            status = "relative gap"
     return Solution(strategies, cost, bound, status, time.perf_counter() - start)
 
 
@@ -368,83 +379,3 @@ def _picked(problem: Problem, offsets: np.ndarray, x: np.ndarray) -> tuple[int, 
 def _integral(x: np.ndarray) -> bool:
     """Every strategy variable 0 or 1 (within the solver's tolerance)."""
     return bool(np.all((x < 1e-6) | (x > 1 - 1e-6)))
-
-
-def _folded(problem: Problem) -> tuple[list[np.ndarray], list[tuple]]:
-    """The node costs with every edge into a one-strategy node (or within one node) added to them, and the remaining
-    edges' matrices, those between the same two nodes summed and those all zero dropped, over classes of strategies
-    (``problem.classed``)."""
-    costs, pairs = summed_pairs(problem)
-    merged = []
-    for (u, v), m in pairs.items():
-        if not m.any():
-            continue
-        if len(costs[u]) == 1:
-            costs[v] += m[0]
-        elif len(costs[v]) == 1:
-            costs[u] += m[:, 0]
-        else:
-            merged.append(classed(u, v, m))
-    return costs, merged
-
-
-def _one_hot_rows(problem: Problem, offsets: np.ndarray, n: int):
-    """``sum_i x[v, i] = 1`` for every node."""
-    counts = np.diff(offsets)
-    rows = np.repeat(np.arange(problem.node_count), counts)
-    a = sparse.csr_array((np.ones(len(rows)), (rows, np.arange(offsets[-1]))), shape=(problem.node_count, n))
-    return a, np.ones(problem.node_count), np.ones(problem.node_count)
-
-
-def _pair_rows(pairs, offsets: np.ndarray, pair_offsets: np.ndarray, n: int):
-    """Per edge ``(u, v)`` over classes of strategies (``problem.classed``): for each class ``r`` of ``u``'s,
-    ``sum_c y[r, c] - sum_{i in r} x[u, i] = 0``, and for each class ``c`` of ``v``'s,
-    ``sum_r y[r, c] - sum_{j in c} x[v, j] = 0``."""
-    rows, cols, vals, row = [], [], [], 0
-    for e, (u, v, m, row_of, col_of) in enumerate(pairs):
-        ku, kv = m.shape
-        ys = pair_offsets[e] + np.arange(ku * kv).reshape(ku, kv)
-        rows += [row + np.repeat(np.arange(ku), kv), row + row_of,
-                 row + ku + np.tile(np.arange(kv), ku), row + ku + col_of]
-        cols += [ys.ravel(), offsets[u] + np.arange(len(row_of)), ys.ravel(), offsets[v] + np.arange(len(col_of))]
-        vals += [np.ones(ku * kv), -np.ones(len(row_of)), np.ones(ku * kv), -np.ones(len(col_of))]
-        row += ku + kv
-    if not rows:
-        return sparse.csr_array((0, n)), np.zeros(0), np.zeros(0)
-    a = sparse.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, n))
-    return a, np.zeros(row), np.zeros(row)
-
-
-def _memory_rows(problem: Problem, offsets: np.ndarray, n: int):
-    """The usage live at every moment at most the limit, kept as a running total: a variable per moment something
-    starts or ends, each the one before plus the usage of the nodes starting then less that of the nodes ending,
-    bounded by the limit (usages in units of the limit: the coefficients stay near 1). Twice as many coefficients as
-    the nodes' strategies, where a row per moment over every live node's strategies grows with how long values live
-    (a contest instance of 28,526 nodes: 323 million). ``(rows over the n variables and k totals, lower, upper, k,
-    the totals' bound)``, or None without a limit or where no assignment can break it."""
-    if problem.usage_limit is None:
-        return None
-    starts, ends = problem.intervals[:, 0], problem.intervals[:, 1]
-    live = np.flatnonzero((ends > starts) & np.array([bool(u.any()) for u in problem.usages], bool))
-    if not len(live):
-        return None
-    events = np.unique(np.concatenate([starts[live], ends[live]]))
-    begin, end = np.searchsorted(events, starts[live]), np.searchsorted(events, ends[live])
-    largest = np.array([problem.usages[v].max() for v in live])
-    worst = np.zeros(len(events))  # every live node at its largest usage: more than any assignment holds
-    np.add.at(worst, begin, largest)
-    np.add.at(worst, end, -largest)
-    if np.cumsum(worst).max() <= problem.usage_limit:
-        return None
-    k = len(events)
-    scale = 1.0 / problem.usage_limit if problem.usage_limit > 0 else 1.0
-    rows, cols, vals = [np.arange(k), np.arange(1, k)], [n + np.arange(k), n + np.arange(k - 1)], [np.ones(k),
-                                                                                                    -np.ones(k - 1)]
-    for v, b, e in zip(live, begin, end, strict=True):  # total[b] takes the node's usage on, total[e] off
-        used = np.flatnonzero(problem.usages[v])
-        for at, sign in ((b, -scale), (e, scale)):
-            rows.append(np.full(len(used), at))
-            cols.append(offsets[v] + used)
-            vals.append(sign * problem.usages[v][used])
-    a = sparse.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(k, n + k))
-    return a, np.zeros(k), np.zeros(k), k, problem.usage_limit * scale

@@ -66,7 +66,8 @@ def relaxed(problem: Problem, solve_unlimited: Callable, *, rounds: int = ROUNDS
             first=None) -> Relaxed:
     """``problem``'s limit priced into its costs (see the module), ``rounds`` solves at most: ``solve_unlimited``
     solves a problem without a limit (a ``Solution``: its strategies, cost and bound); ``first``, where given, is its
-    solve of ``problem`` without the limit (the prices at 0). Stops where an assignment within the limit is within
+    solve of ``problem`` without the limit (the prices at 0; an ``.ilp.Solution``, which this module cannot import:
+    ``.ilp`` imports it). Stops where an assignment within the limit is within
     ``enough`` of the bound (relative; at 0, where it meets it). The assignment returned is made the leanest of as
     cheap (``canonical``)."""
     limit = float(problem.usage_limit)
@@ -78,7 +79,10 @@ def relaxed(problem: Problem, solve_unlimited: Callable, *, rounds: int = ROUNDS
     centre_value = found.bound
     planes.add(found.strategies, centre_value)
     box = _first_box(planes, centre_value)
-    for done in range(1, rounds):
+    # box 0: nothing is over the limit, the first answer fits; a bound that is not finite (a solve stopped before
+    # proving one) gives the planes no scale: its answer is all there is, and the integer program decides
+    priceable = box > 0 and np.isfinite(centre_value)
+    for done in range(1, rounds if priceable else 1):
         gap = planes.gap()
         if gap is not None and gap <= max(enough, TOLERANCE):
             break
@@ -143,13 +147,14 @@ class _Planes:
         slopes, costs = np.array(self.slopes), np.array(self.costs)
         moving = np.flatnonzero((slopes > 0).any(axis=0) | (centre > 0))
         prices = np.zeros_like(centre)
-        # maximise theta: theta - slopes[:, moving] @ mu <= costs, mu within the box
+        # theta below every plane, as large as the box lets it be: a linear program of a few hundred prices and one
+        # row per solve (milliseconds), where the planes' least is what the prices can at most give
         a = np.hstack([-slopes[:, moving], np.ones((len(costs), 1))])
         bounds = [(max(0.0, centre[t] - box), centre[t] + box) for t in moving] + [(None, None)]
         answer = linprog(np.r_[np.zeros(len(moving)), -1.0], A_ub=a, b_ub=costs, bounds=bounds, method="highs")
         if answer.status != 0:  # (bounded and feasible; HiGHS fails on boxes grown past its scale: nothing fits)
             return None
-        prices[moving] = answer.x[:len(moving)]
+        prices[moving] = np.maximum(answer.x[:len(moving)], 0.0)  # (HiGHS's tolerances: a price never below 0)
         return prices, -float(answer.fun)
 
     def gap(self) -> float | None:

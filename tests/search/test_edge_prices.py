@@ -1,5 +1,6 @@
 """The layout problem's edge prices (``search/build._move``): one plan per canonical shape, its axes sorted, its bytes
-scaled, equal to the move planner's own price for the shape itself, its axes as they are. Oracle: ``core.moves.move_bytes`` on the real shape."""
+scaled, equal to the move planner's own price for the shape itself, its axes as they are. Oracle:
+``core.moves.move_bytes`` on the real shape."""
 
 import jax
 from hypothesis import given, settings

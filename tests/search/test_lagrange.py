@@ -42,11 +42,10 @@ def test_the_priced_limit_bounds_every_assignment_within_it_and_what_it_finds_fi
         return ilp.Solution(done.strategies, done.cost, done.bound - 1.0, "time limit", 0.0)
 
     assert relaxed(problem, loose).bound <= want + 1e-6
-    got = ilp.solve(problem)  # optimal, or its answer within PRICED_ENOUGH of a true bound
-    assert got.bound <= want + 1e-6 and got.cost >= want - 1e-6 and got.gap <= ilp.PRICED_ENOUGH
-    assert got.status == "optimal" or got.status == "priced limit" and got.gap > 0
-    within = ilp.solve(problem, relative_gap=0.1)  # (the integer program may stop within 10% of its bound)
+    within = ilp.solve(problem, relative_gap=0.1)  # (it may stop within 10% of a true bound, stating its gap)
     assert within.bound <= want + 1e-6 and want - 1e-6 <= within.cost <= 1.1 * want + 1e-6
+    assert evaluate(problem, within.strategies) == pytest.approx(within.cost) and within.gap <= 0.1 + 1e-9
+    assert within.status == "optimal" and within.cost == pytest.approx(want) or within.gap > 0
 
 
 def _best_mix(problem: Problem) -> float:
@@ -95,9 +94,11 @@ def test_the_prices_reach_the_best_bound_prices_give(problem):
     assert found.bound <= best + 1e-6 * max(1.0, abs(best))
     assert found.bound >= best - 1e-4 * max(1.0, abs(best)), (found, best)
     want, _ = _enumerated(problem)
-    got = ilp.solve(problem)  # optimal, or an answer within PRICED_ENOUGH of a true bound
-    assert got.bound <= want + 1e-6 and want - 1e-6 <= got.cost and got.gap <= ilp.PRICED_ENOUGH
-    assert got.status in ("optimal", "priced limit") and got.cost <= got.bound / (1 - ilp.PRICED_ENOUGH) + 1e-6
+    for gap in (0.0, 0.01):  # optimal by default; asked, an answer within 1% of a true bound, its gap stated
+        got = ilp.solve(problem, relative_gap=gap)
+        assert evaluate(problem, got.strategies) == pytest.approx(got.cost)  # (None: over the limit)
+        assert got.bound <= want + 1e-6 and want - 1e-6 <= got.cost and got.gap <= gap + 1e-9
+        assert got.status == "optimal" and got.cost == pytest.approx(want) or gap and got.gap > 0
 
 
 # one value, three layouts: the cheap one holds 10 bytes, the lean one 1 (and costs 3); a limit of 6 is met by the
@@ -147,8 +148,7 @@ def test_an_answer_of_the_prices_near_enough_to_their_bound_stands_without_the_i
         return solved(p, **kwargs)
 
     monkeypatch.setattr(ilp, "_solved", unlimited_only)
-    monkeypatch.setattr(ilp, "PRICED_ENOUGH", 0.25)  # (_ONE's prices leave 20%)
-    got = ilp.solve(_ONE)
+    got = ilp.solve(_ONE, relative_gap=0.25)  # (_ONE's prices leave 20%)
     assert got.status == "priced limit" and got.cost == 1 and got.gap == pytest.approx(1 - got.bound)
     assert got.gap < 0.25
 
@@ -169,14 +169,23 @@ def test_prices_leaving_much_stop_after_their_trial_solves():
     assert len(solves) == lagrange.TRIAL
 
 
-# two values live together, each fat and free or lean at 2; the limit holds one fat one. Priced, both turn lean at
-# the same price, so no solve returns the mixed assignment; the integer program over the strategies they chose does
-_TWO = Problem.from_lists(intervals=[(0, 1), (0, 1)], costs=[[0, 2], [0, 2]], usages=[[10, 1], [10, 1]], edges=[],
-                          edge_costs=[], usage_limit=11)
+# two values live together, each fat and free, lean at 2, or lean at 3 and leaner; the limit holds one fat one.
+# Priced, both turn lean at the same price (the leaner never pays), so no solve returns the mixed assignment; the
+# integer program over the strategies they chose does, and the one over every strategy is not run
+_TWO = Problem.from_lists(intervals=[(0, 1), (0, 1)], costs=[[0, 2, 3], [0, 2, 3]],
+                          usages=[[10, 1, 0.5], [10, 1, 0.5]], edges=[], edge_costs=[], usage_limit=11)
 
 
-def test_the_strategies_the_solves_chose_hold_a_cheaper_fit_than_any_solve_returned(patient):
+def test_the_strategies_the_solves_chose_hold_a_cheaper_fit_than_any_solve_returned(monkeypatch, patient):
     found = relaxed(_TWO, _unlimited)
     assert found.cost == 4 and found.bound == pytest.approx(2) and [u.tolist() for u in found.used] == [[0, 1]] * 2
+    solved = ilp._solved
+
+    def restricted_only(p, **kwargs):
+        assert p.usage_limit is None or p.strategy_count < _TWO.strategy_count, "the integer program was run"
+        return solved(p, **kwargs)
+
+    monkeypatch.setattr(ilp, "_solved", restricted_only)
     got = ilp.solve(_TWO)
     assert got.cost == 2 == _enumerated(_TWO)[0] and got.status == "optimal" and sorted(got.strategies) == [0, 1]
+    assert evaluate(_TWO, got.strategies) == 2
