@@ -90,7 +90,7 @@ class Solution:
                 f"({self.status}, {self.seconds:.2f} s)")
 
 
-def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0,
+def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0, priced_gap: float = 0.0,
           unlimited: Solution | None = None) -> Solution:
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
     seconds or within ``relative_gap`` of the bound, the best found and the bound). Shrunk exactly (``.reduce``), the
@@ -98,9 +98,9 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     (``.alike``) — and solved on the strategies the bound leaves (reduced-cost fixing: exact); else as one integer
     program. Under a limit, the limit is priced into the costs first (``.lagrange``; ``unlimited``: ``problem``'s solve
     without it, where known) and the integer program with memory rows solved over the strategies the prices' solves
-    chose: the cheaper answer stands where it meets the prices' bound, or is within ``relative_gap`` of it (status
-    ``"priced limit"``); else the integer program over every strategy is solved too — the cheapest answer kept, the
-    higher bound stated."""
+    chose: the cheaper answer stands where it meets the prices' bound, or is within ``priced_gap`` of it (status
+    ``"priced limit"``); else the integer program over every strategy is solved too (to ``relative_gap``) — the
+    cheapest answer kept, the higher bound stated."""
     if problem.usage_limit is None:
         return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, bounded=True)
     start = time.perf_counter()
@@ -110,7 +110,7 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
 
     # (the prices go on to a tenth of the gap allowed: the cheaper answer then found is worth the few solves more)
     priced = relaxed(problem, lambda free: _solved(free, time_limit=left(), relative_gap=0.0, bounded=True),
-                     enough=relative_gap / 10, first=unlimited)
+                     enough=priced_gap / 10, first=unlimited)
     found = [(priced.cost, priced.strategies)] if priced.cost is not None else []
     if not _within(found, priced.bound, 0.0) and priced.used:
         among = _restricted_solve(problem, priced.used, time_limit=left())
@@ -118,7 +118,7 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
             lean = canonical(problem, among[0])
             found.append((evaluate(problem, lean), lean))
     best = min(found, key=lambda f: f[0], default=(None, None))
-    if _within(found, priced.bound, relative_gap):
+    if _within(found, priced.bound, priced_gap):
         return _at_bound(Solution(best[1], best[0], priced.bound, "priced limit", 0.0), start)
     exact = _solved(problem, time_limit=left(), relative_gap=relative_gap, bounded=True)
     if best[0] is not None and (exact.cost is None or best[0] < exact.cost):

@@ -95,7 +95,7 @@ def test_the_prices_reach_the_best_bound_prices_give(problem):
     assert found.bound >= best - 1e-4 * max(1.0, abs(best)), (found, best)
     want, _ = _enumerated(problem)
     for gap in (0.0, 0.01):  # optimal by default; asked, an answer within 1% of a true bound, its gap stated
-        got = ilp.solve(problem, relative_gap=gap)
+        got = ilp.solve(problem, priced_gap=gap)
         assert evaluate(problem, got.strategies) == pytest.approx(got.cost)  # (None: over the limit)
         assert got.bound <= want + 1e-6 and want - 1e-6 <= got.cost and got.gap <= gap + 1e-9
         assert got.status == "optimal" and got.cost == pytest.approx(want) or gap and got.gap > 0
@@ -148,7 +148,7 @@ def test_an_answer_of_the_prices_near_enough_to_their_bound_stands_without_the_i
         return solved(p, **kwargs)
 
     monkeypatch.setattr(ilp, "_solved", unlimited_only)
-    got = ilp.solve(_ONE, relative_gap=0.25)  # (_ONE's prices leave 20%)
+    got = ilp.solve(_ONE, priced_gap=0.25)  # (_ONE's prices leave 20%)
     assert got.status == "priced limit" and got.cost == 1 and got.gap == pytest.approx(1 - got.bound)
     assert got.gap < 0.25
 
