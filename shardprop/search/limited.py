@@ -5,8 +5,9 @@ The optimum without the limit is solved and compiled first (``fitting_unbound``)
 within the limit too. Where it does not, the problem's memory is calibrated on the program: each limited solve keeps
 it within the limit less what a compiled plan held beyond it — first the unlimited optimum — and every plan it
 compiles recalibrates the next, halving the interval between too little and enough where it would go round
-(``solved_within``). The plan chosen is the cheapest that fits as compiled, and its
-certificate is its own solve's: optimal among the assignments whose memory by the problem is within the limit that
+(``solved_within``). A plan whose arguments and outputs alone hold more than the limit (what ``memory_analysis()``
+counts of them is exact: ``Footprint.least``) is not compiled: the cost model's footprint says what it holds beyond.
+The plan chosen is the cheapest that fits as compiled, and its certificate is its own solve's: optimal among the assignments whose memory by the problem is within the limit that
 solve kept. ``session`` is ``.solve``'s ``_Session``: the problem, its solves, plans and compiled checks.
 """
 
@@ -53,12 +54,14 @@ def fitting_unbound(session, limit: int) -> tuple[Limited | None, int]:
 
 
 def _measured(session, solution: Solution, limit: int):
-    """``solution``'s plan, its Candidate against ``limit`` (its compiled memory, where a compiled check is given,
-    else the cost model's footprint, has the last word) and how many bytes that memory is beyond the problem's peak
-    usage for the solution."""
+    """``solution``'s plan, its Candidate against ``limit`` (its compiled memory, where a compiled check is given and
+    the plan's arguments and outputs do not break the limit already, else the cost model's footprint, has the last
+    word) and how many bytes that memory is beyond the problem's peak usage for the solution."""
     plan = session.planned(solution)
     candidate = session.candidate(plan, limit)
-    compiled = session.compiled_memory is not None
+    # a plan whose arguments and outputs alone break the limit breaks it as compiled too: its compile is spared, and
+    # the cost model's footprint says how much it holds beyond the problem's memory
+    compiled = session.compiled_memory is not None and candidate.memory.least <= limit
     memory = session.compiled(plan) if compiled else candidate.memory.total
     candidate = replace(candidate, compiled_memory=memory if compiled else None, excess=max(0, memory - limit))
     return plan, candidate, int(memory - peak_usage(session.built.problem, solution.strategies))
@@ -149,8 +152,12 @@ def _over_limit(leaves, searched, best, limit: int) -> MemoryLimitError:
     largest = sorted(searched, key=lambda k: (-leaves[k].nbytes, k))  # the arguments that matter first
     chosen = ", ".join(f"{leaves[k].path} {best.specs[k]}" for k in largest[:6])
     m = best.memory
-    how = (f"{best.compiled_memory:,} B as compiled" if best.compiled_memory is not None else
-           f"{m.total:,} B (arguments {m.arguments:,} + outputs {m.outputs:,} + temporaries {m.temporaries:,})")
+    if best.compiled_memory is not None:
+        how = f"{best.compiled_memory:,} B as compiled"
+    elif m.least > limit:  # never compiled: its arguments and outputs alone break the limit
+        how = f"{m.total:,} B by the cost model, its arguments {m.arguments:,} B and outputs {m.outputs:,} B alone"
+    else:
+        how = f"{m.total:,} B (arguments {m.arguments:,} + outputs {m.outputs:,} + temporaries {m.temporaries:,})"
     return MemoryLimitError(
         f"no layout of {_names(leaves, largest)} fits memory_limit={limit:,} B per device: the smallest footprint "
         f"found is {how} with {chosen}{' ...' if len(searched) > 6 else ''}; raise the limit, use a mesh with "

@@ -184,10 +184,18 @@ class Footprint:
     outputs: int
     temporaries: int
     aliased: int = 0  # donated arguments' buffers that hold outputs
+    lendable: int = 0  # the donated arguments' bytes: the most XLA's aliasing can take off
 
     @property
     def total(self) -> int:
         return self.arguments + self.outputs + self.temporaries - self.aliased
+
+    @property
+    def least(self) -> int:
+        """Bytes no compiled program of the plan holds less than: ``memory_analysis()`` counts the arguments it reads
+        and its outputs block for block as these do, and only temporaries and aliasing are XLA's to decide (the plan
+        of ``Footprint(10, 4, 7, lendable=2).least`` holds at least 12 bytes)."""
+        return self.arguments + self.outputs - min(self.lendable, self.outputs)
 
 
 def ref_bytes(graph, ref: Ref, mesh_shape) -> int:
@@ -201,15 +209,16 @@ def ref_bytes(graph, ref: Ref, mesh_shape) -> int:
 
 
 def footprint(plan, donated: tuple[int, ...] = ()) -> Footprint:
-    """The per-device memory of ``plan`` (``Footprint``): arguments and outputs as they are laid out, and the
-    peak of the values live in between, walking the stages' IR in order (a value is live from the instruction that
-    makes it to its last reader; a loop's or a cond's body adds its own peak while it runs). XLA schedules and
-    reuses buffers differently (it fuses more, or combines all-reduces and keeps their operands live together), so
-    the total is within about 0.8x to 1.3x of what ``memory_analysis()`` reports: good to rank plans, and the layout
-    search compiles its finalists before trusting a limit. ``donated`` argument leaves (flat indices) lend their buffers
+    """The per-device memory of ``plan`` (``Footprint``): arguments (those it reads or returns) and outputs as they are
+    laid out — exactly what ``memory_analysis()`` counts of them — and the peak of the values live in between, walking
+    the stages' IR in order (a value is live from the instruction that makes it to its last reader; a loop's or a
+    cond's body adds its own peak while it runs). XLA schedules and reuses buffers differently (it fuses more, or
+    combines all-reduces and keeps their operands live together), so the total is within about 0.8x to 1.3x of what
+    ``memory_analysis()`` reports: good to rank plans, and the layout search compiles its choice before trusting a
+    limit. ``donated`` argument leaves (flat indices) lend their buffers
     to outputs of their shape, dtype and block, as XLA aliases them."""
     graph, mesh_shape = plan.graph, plan.mesh_shape
-    arguments = {Ref(v, held_whole(plan.sharded.layout(v))) for v in graph.inputs}
+    arguments = {Ref(v, held_whole(plan.sharded.layout(v))) for v in _read_arguments(graph)}
     outputs = {plan.stages[s.stage].output_refs[s.index] if s.stage is not None else None
                for s in plan.output_sources} - {None}
     argument_bytes = sum(ref_bytes(graph, r, mesh_shape) for r in arguments)
@@ -218,10 +227,17 @@ def footprint(plan, donated: tuple[int, ...] = ()) -> Footprint:
                        for k, v in enumerate(graph.outputs)) + POINTER * (len(graph.outputs) > 1) * len(graph.outputs)
     instructions = [(stage, i) for stage in plan.stages for i in stage.instructions]
     held = arguments | outputs
+    lendable = sum(ref_bytes(graph, r, mesh_shape) for r in arguments if r.value in {graph.inputs[k] for k in donated})
     return Footprint(argument_bytes, output_bytes,
                      _peak_live(graph, mesh_shape, [i for _, i in instructions], held,
                                 stage_inputs=list(_stage_starts(plan))),
-                     _aliased(plan, donated))
+                     _aliased(plan, donated), lendable)
+
+
+def _read_arguments(graph) -> list[int]:
+    """The arguments the program reads or returns: ``jax.jit`` leaves the others out of the compiled program."""
+    returned = set(graph.outputs)
+    return [v for v in graph.inputs if graph.consumers[v] or v in returned]
 
 
 def _aliased(plan, donated) -> int:
