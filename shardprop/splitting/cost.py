@@ -241,13 +241,16 @@ def _read_arguments(graph) -> list[int]:
 
 
 def _aliased(plan, donated) -> int:
-    """Bytes of the donated arguments whose buffers an output takes (each output once: same shape, dtype, block)."""
+    """Bytes of the donated arguments whose buffers an output takes (each output once: same shape, dtype, block; an
+    argument nothing reads is not in the compiled program)."""
     graph, mesh_shape = plan.graph, plan.mesh_shape
     free = [(graph.avals[v], ref_bytes(graph, Ref(v, plan.output_type(k)), mesh_shape))
             for k, v in enumerate(graph.outputs)]
-    total = 0
+    total, read = 0, set(_read_arguments(graph))
     for k in donated:
         v = graph.inputs[k]
+        if v not in read:  # (left out of the compiled program: it lends nothing)
+            continue
         mine = (graph.avals[v], ref_bytes(graph, Ref(v, held_whole(plan.sharded.layout(v))), mesh_shape))
         if mine in free:
             free.remove(mine)
