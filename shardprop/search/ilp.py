@@ -211,14 +211,16 @@ def _solve_by_dual(problem: Problem, *, time_limit: float | None) -> Solution | 
     least slack; where that costs more than the bound, among every strategy whose slack is within the difference —
     every assignment using another costs more than the one found, and those left hold every optimum. None for a
     core of fewer than ``DUAL_AT_LEAST`` strategies (solved whole faster), under a usage limit (the bound leaves
-    memory out), where no assignment avoids the forbidden, where the bound leaves half the strategies or more, or
-    where a restricted solve does not end optimal (the whole core is solved then)."""
+    memory out), where no assignment avoids the forbidden, where the bound leaves every strategy, or where a
+    restricted solve does not end optimal (the whole core is solved then)."""
     start = time.perf_counter()
     found = dual_bound(problem) if problem.usage_limit is None and problem.strategy_count >= DUAL_AT_LEAST else None
     best = found and _restricted_solve(problem, found.least(), time_limit=time_limit)
     if best and not found.meets(best[1]):
-        kept = found.within(best[1] - found.bound)  # (about as many as the whole: solved whole, as it would be)
-        wider = _restricted_solve(problem, kept, time_limit=time_limit) if 2 * sum(map(len, kept)) <= \
+        # (even most of the strategies make far fewer pairs of them: a GPT block's core kept 1,614 of 2,685, its
+        # program solved in 0.22 s where the whole one's relaxation, 69,949 columns, took 0.67 s)
+        kept = found.within(best[1] - found.bound)
+        wider = _restricted_solve(problem, kept, time_limit=time_limit) if sum(map(len, kept)) < \
             problem.strategy_count else None
         best = wider and min(wider, best, key=lambda found: found[1])  # (of equals, the one among every optimum)
     return Solution(best[0], best[1], best[1], "optimal", time.perf_counter() - start) if best else None
