@@ -86,7 +86,8 @@ class SearchError(ShardingError):
 
 
 class MemoryLimitError(SearchError):
-    """No plan found fits ``memory_limit``: the message gives the smallest footprint found and its layout."""
+    """No plan found fits ``memory_limit``: the message gives the smallest footprint of the plans tried (how many)
+    and its layout."""
 
 
 class ConflictKind(StrEnum):

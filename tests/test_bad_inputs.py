@@ -88,7 +88,7 @@ CATALOGUE = [
      "memory_limit='8GB': expected a positive number of bytes per device"),
     ("a memory limit nothing fits",
      lambda: sp.autoshard(add, mesh=mesh(), in_specs=(sp.AUTO, P("i")), memory_limit=64)(A, A), sp.MemoryLimitError,
-     "no layout of argument a fits memory_limit=64 B per device: the smallest footprint found is"),
+     "the search found no layout of argument a that fits memory_limit=64 B per device: "),
     ("a fixed layout over the memory limit",
      lambda: sp.autoshard(add, mesh=mesh(), in_specs=P(), memory_limit=64)(A, A), sp.MemoryLimitError,
      "over memory_limit=64; shard more of the arguments, or pass sp.AUTO"),

@@ -7,8 +7,9 @@ it within the limit less what a compiled plan held beyond it — first the unlim
 compiles recalibrates the next, halving the interval between too little and enough where it would go round
 (``solved_within``). A plan whose arguments and outputs alone hold more than the limit (what ``memory_analysis()``
 counts of them is exact: ``Footprint.least``) is not compiled: the cost model's footprint says what it holds beyond.
-The plan chosen is the cheapest that fits as compiled, and its certificate is its own solve's: optimal among the assignments whose memory by the problem is within the limit that
-solve kept. ``session`` is ``.solve``'s ``_Session``: the problem, its solves, plans and compiled checks.
+The plan chosen is the cheapest that fits as compiled, and its certificate is its own solve's: optimal among the
+assignments whose memory by the problem is within the limit that solve kept. ``session`` is ``.solve``'s
+``_Session``: the problem, its solves, plans and compiled checks.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def solved_within(session, limit: int, leaves, searched, unlimited: Limited | No
     or, where that is not between the calibrations known too small (a plan broke the limit) and known enough (a plan
     fit), halfway between them. It stops where a plan fits having held no less beyond than its solve assumed
     (``CALIBRATION_SLACK``), where nothing is left to try, or after ``LIMIT_ATTEMPTS`` solves. Raises
-    ``MemoryLimitError`` where nothing fits, naming the smallest plan compiled (``unlimited``'s among them)."""
+    ``MemoryLimitError`` where nothing fits, naming the smallest plan tried (``unlimited``'s among them) and how many
+    were."""
     fitting: Limited | None = None
     over = [] if unlimited is None else [unlimited.candidate]  # the Candidates over the limit
     # a solution met again is not compiled again (the unlimited optimum's among them)
@@ -111,7 +113,8 @@ def solved_within(session, limit: int, leaves, searched, unlimited: Limited | No
             break
     if fitting is not None:
         return fitting
-    raise _over_limit(leaves, searched, min(over, key=_held), limit)
+    # (a solution met again is its one Candidate: counted once)
+    raise _over_limit(leaves, searched, min(over, key=_held), limit, len({id(c) for c in over}))
 
 
 def _rank(solution: Solution, kept: int | None) -> tuple:
@@ -148,7 +151,7 @@ def _names(leaves, searched, limit: int = 4) -> str:
     return ", ".join(names) + (f" and {len(searched) - limit} more" if len(searched) > limit else "")
 
 
-def _over_limit(leaves, searched, best, limit: int) -> MemoryLimitError:
+def _over_limit(leaves, searched, best, limit: int, tried_count: int) -> MemoryLimitError:
     largest = sorted(searched, key=lambda k: (-leaves[k].nbytes, k))  # the arguments that matter first
     chosen = ", ".join(f"{leaves[k].path} {best.specs[k]}" for k in largest[:6])
     m = best.memory
@@ -158,7 +161,10 @@ def _over_limit(leaves, searched, best, limit: int) -> MemoryLimitError:
         how = f"{m.total:,} B by the cost model, its arguments {m.arguments:,} B and outputs {m.outputs:,} B alone"
     else:
         how = f"{m.total:,} B (arguments {m.arguments:,} + outputs {m.outputs:,} + temporaries {m.temporaries:,})"
+    # (the smallest of the plans tried, not a floor: a user reads a single number as what any layout needs)
+    tried = ("the one plan it tried held" if tried_count == 1 else
+             f"of the {tried_count} plans it tried, the smallest held")
     return MemoryLimitError(
-        f"no layout of {_names(leaves, largest)} fits memory_limit={limit:,} B per device: the smallest footprint "
-        f"found is {how} with {chosen}{' ...' if len(searched) > 6 else ''}; raise the limit, use a mesh with "
+        f"the search found no layout of {_names(leaves, largest)} that fits memory_limit={limit:,} B per device: "
+        f"{tried} {how} with {chosen}{' ...' if len(searched) > 6 else ''}; raise the limit, use a mesh with "
         "more devices, or shard the fixed arguments")
