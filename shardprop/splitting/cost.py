@@ -215,10 +215,11 @@ def footprint(plan, donated: tuple[int, ...] = ()) -> Footprint:
     cond's body adds its own peak while it runs). XLA schedules and reuses buffers differently (it fuses more, or
     combines all-reduces and keeps their operands live together), so the total is within about 0.8x to 1.3x of what
     ``memory_analysis()`` reports: good to rank plans, and the layout search compiles its choice before trusting a
-    limit. ``donated`` argument leaves (flat indices) lend their buffers
-    to outputs of their shape, dtype and block, as XLA aliases them."""
+    limit. ``donated`` argument leaves (flat indices) lend their buffers to outputs of their shape, dtype and block,
+    as XLA aliases them."""
     graph, mesh_shape = plan.graph, plan.mesh_shape
-    arguments = {Ref(v, held_whole(plan.sharded.layout(v))) for v in _read_arguments(graph)}
+    read = _read_arguments(graph)
+    arguments = {Ref(v, held_whole(plan.sharded.layout(v))) for v in read}
     outputs = {plan.stages[s.stage].output_refs[s.index] if s.stage is not None else None
                for s in plan.output_sources} - {None}
     argument_bytes = sum(ref_bytes(graph, r, mesh_shape) for r in arguments)
@@ -227,30 +228,29 @@ def footprint(plan, donated: tuple[int, ...] = ()) -> Footprint:
                        for k, v in enumerate(graph.outputs)) + POINTER * (len(graph.outputs) > 1) * len(graph.outputs)
     instructions = [(stage, i) for stage in plan.stages for i in stage.instructions]
     held = arguments | outputs
-    lendable = sum(ref_bytes(graph, r, mesh_shape) for r in arguments if r.value in {graph.inputs[k] for k in donated})
+    lent = {graph.inputs[k] for k in donated} & read
+    lendable = sum(ref_bytes(graph, r, mesh_shape) for r in arguments if r.value in lent)
     return Footprint(argument_bytes, output_bytes,
                      _peak_live(graph, mesh_shape, [i for _, i in instructions], held,
                                 stage_inputs=list(_stage_starts(plan))),
-                     _aliased(plan, donated), lendable)
+                     _aliased(plan, [k for k in donated if graph.inputs[k] in lent]), lendable)
 
 
-def _read_arguments(graph) -> list[int]:
+def _read_arguments(graph) -> set[int]:
     """The arguments the program reads or returns: ``jax.jit`` leaves the others out of the compiled program."""
     returned = set(graph.outputs)
-    return [v for v in graph.inputs if graph.consumers[v] or v in returned]
+    return {v for v in graph.inputs if graph.consumers[v] or v in returned}
 
 
 def _aliased(plan, donated) -> int:
-    """Bytes of the donated arguments whose buffers an output takes (each output once: same shape, dtype, block; an
-    argument nothing reads is not in the compiled program)."""
+    """Bytes of the ``donated`` arguments (those the program reads) whose buffers an output takes (each output once:
+    same shape, dtype, block)."""
     graph, mesh_shape = plan.graph, plan.mesh_shape
     free = [(graph.avals[v], ref_bytes(graph, Ref(v, plan.output_type(k)), mesh_shape))
             for k, v in enumerate(graph.outputs)]
-    total, read = 0, set(_read_arguments(graph))
+    total = 0
     for k in donated:
         v = graph.inputs[k]
-        if v not in read:  # (left out of the compiled program: it lends nothing)
-            continue
         mine = (graph.avals[v], ref_bytes(graph, Ref(v, held_whole(plan.sharded.layout(v))), mesh_shape))
         if mine in free:
             free.remove(mine)
