@@ -98,9 +98,10 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     (``.alike``) — and solved on the strategies the bound leaves (reduced-cost fixing: exact); else as one integer
     program. Under a limit, the limit is priced into the costs first (``.lagrange``; ``unlimited``: ``problem``'s solve
     without it, where known) and the integer program with memory rows solved over the strategies the prices' solves
-    chose: the cheaper answer stands where it meets the prices' bound, or is within ``priced_gap`` of it (status
-    ``"priced limit"``); else the integer program over every strategy is solved too (to ``relative_gap``) — the
-    cheapest answer kept, the higher bound stated."""
+    chose (during the pricing too, where nothing the prices returned fits closely: ``relaxed``'s ``solve_among``;
+    each set of strategies solved once): the cheaper answer stands where it meets the prices' bound, or is within
+    ``priced_gap`` of it (status ``"priced limit"``); else the integer program over every strategy is solved too (to
+    ``relative_gap``) — the cheapest answer kept, the higher bound stated."""
     if problem.usage_limit is None:
         return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, bounded=True)
     start = time.perf_counter()
@@ -108,12 +109,20 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     def left() -> float | None:  # (one deadline for every solve this one makes)
         return None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
 
+    among_solved: dict[tuple, tuple | None] = {}  # (the strategies the prices chose, where asked again unchanged)
+
+    def among_used(used) -> tuple[tuple[int, ...], float] | None:
+        key = tuple(map(tuple, used))
+        if key not in among_solved:
+            among_solved[key] = _restricted_solve(problem, used, time_limit=left())
+        return among_solved[key]
+
     # (the prices go on to a tenth of the gap allowed: the cheaper answer then found is worth the few solves more)
     priced = relaxed(problem, lambda free: _solved(free, time_limit=left(), relative_gap=0.0, bounded=True),
-                     enough=priced_gap / 10, first=unlimited)
+                     enough=priced_gap / 10, first=unlimited, solve_among=among_used)
     found = [(priced.cost, priced.strategies)] if priced.cost is not None else []
     if not _within(found, priced.bound, 0.0) and priced.used:
-        among = _restricted_solve(problem, priced.used, time_limit=left())
+        among = among_used(priced.used)
         if among is not None:  # (made the leanest of as cheap over every strategy, and priced again)
             lean = canonical(problem, among[0])
             found.append((evaluate(problem, lean), lean))
