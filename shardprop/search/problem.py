@@ -98,7 +98,11 @@ def read_problem(path: str | Path) -> Problem:
 
 def usage_profile(problem: Problem, solution) -> np.ndarray:
     """The usage live at each moment ``0 .. max end - 1`` under ``solution`` (a node counts over ``[start, end)``)."""
-    used = np.array([u[s] for u, s in zip(problem.usages, solution, strict=True)], np.float64)
+    return _profile(problem, np.array([u[s] for u, s in zip(problem.usages, solution, strict=True)], np.float64))
+
+
+def _profile(problem: Problem, used: np.ndarray) -> np.ndarray:
+    """The usage live at each moment, node ``v`` holding ``used[v]`` over its interval."""
     moments = int(problem.intervals[:, 1].max(initial=0))
     change = np.zeros(moments + 1)
     np.add.at(change, problem.intervals[:, 0], used)
@@ -109,6 +113,13 @@ def usage_profile(problem: Problem, solution) -> np.ndarray:
 def peak_usage(problem: Problem, solution) -> float:
     """The most usage live at one moment under ``solution`` (a node counts over ``[start, end)``)."""
     return float(max(0.0, usage_profile(problem, solution).max(initial=0.0)))
+
+
+def least_peak(problem: Problem) -> float:
+    """A floor under every assignment's peak usage: the most live at one moment with each node at its leanest
+    strategy. Where it is over the limit, nothing fits (``evaluate`` says None for every assignment)."""
+    return float(max(0.0, _profile(problem, np.array([float(u.min()) if len(u) else 0.0 for u in problem.usages]))
+                     .max(initial=0.0)))
 
 
 def evaluate(problem: Problem, solution) -> float | None:
