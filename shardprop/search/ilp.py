@@ -91,7 +91,7 @@ class Solution:
 
 
 def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: float = 0.0, priced_gap: float = 0.0,
-          unlimited: Solution | None = None) -> Solution:
+          unlimited: Solution | None = None, probe: bool = False) -> Solution:
     """The cheapest assignment of ``problem`` within its usage limit, proved optimal (or, stopped at ``time_limit``
     seconds or within ``relative_gap`` of the bound, the best found and the bound). Shrunk exactly (``.reduce``), the
     core is, without a limit, bounded first — by message passing (``.dual``), else through its classes of alike nodes
@@ -101,7 +101,9 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
     chose (during the pricing too, where nothing the prices returned fits closely: ``relaxed``'s ``solve_among``;
     each set of strategies solved once): the cheaper answer stands where it meets the prices' bound, or is within
     ``priced_gap`` of it (status ``"priced limit"``); else the integer program over every strategy is solved too (to
-    ``relative_gap``) — the cheapest answer kept, the higher bound stated."""
+    ``relative_gap``) — the cheapest answer kept, the higher bound stated. ``probe``: the priced answers' cheapest
+    stands whatever its gap (stated), the integer program over every strategy run only where they found none — an
+    answer to measure, not yet to certify."""
     if problem.usage_limit is None:
         return _solved(problem, time_limit=time_limit, relative_gap=relative_gap, bounded=True)
     start = time.perf_counter()
@@ -129,7 +131,7 @@ def solve(problem: Problem, *, time_limit: float | None = None, relative_gap: fl
             lean = canonical(problem, among[0])
             found.append((evaluate(problem, lean), lean))
     best = min(found, key=lambda f: f[0], default=(None, None))
-    if _within(found, priced.bound, priced_gap):
+    if _within(found, priced.bound, priced_gap) or (probe and found):
         return _at_bound(Solution(best[1], best[0], priced.bound, "priced limit", 0.0), start)
     exact = _solved(problem, time_limit=left(), relative_gap=relative_gap, bounded=True)
     if best[0] is not None and (exact.cost is None or best[0] < exact.cost):

@@ -36,19 +36,12 @@ from ..splitting.split import split
 from .build import BuiltProblem, build_problem, spec_of_layout
 from .ilp import Solution, solve
 from .problem import FORBIDDEN
-from .limited import Limited, fitting_unbound, solved_within
+from .limited import LIMITED_GAP, Limited, fitting_unbound, solved_within
 from .realize import realize
 from .space import AUTO, Leaf, candidate_specs, decision_groups, leaves_of, state_pairs
 
 # the solver's time limit (seconds) per solve; a solve stopped by it states its gap
 TIME_LIMIT = 60.0
-# under a memory limit an answer stands within this of its bound (relative), its gap stated: the certificate the search
-# promises. The priced limit's first (the KV decode's: 0.4% above its bound, the linear relaxation's own gap, which
-# HiGHS took 2.4 s to close, where the priced solves took 0.3 s); past it the integer program over every strategy
-# decides, stopped there too: a calibration's limit is the compiled memory's estimate, and proving 0.1% more under it
-# cost an unseen Mixer block at 75% of its memory HiGHS's full minute (its bound 0.08% below the answer it had), a
-# GPT block 13-25 s a solve; an equinox MLP under a scan at 70-80% of its memory: 24-44 s -> 19-36 s, within 0.6-0.9%
-LIMITED_GAP = 1e-2
 
 
 @dataclass(frozen=True)
@@ -192,9 +185,10 @@ class _Session:
     checks: list[float] = field(default_factory=list)
     unbound: Solution | None = None  # the problem's optimum without a limit, once solved: where limited solves start
 
-    def solved(self, usage_limit: float | None, allowed: dict[int, tuple[int, ...]] | None = None) -> Solution:
+    def solved(self, usage_limit: float | None, allowed: dict[int, tuple[int, ...]] | None = None, *,
+               probe: bool = False) -> Solution:
         """The problem solved within ``usage_limit`` bytes per device, the nodes ``allowed`` names held to the
-        strategies it lists."""
+        strategies it lists; ``probe``: the priced limit's answer whatever its gap (``ilp.solve``'s), to measure."""
         problem = replace(self.built.problem, usage_limit=usage_limit)
         gap = 0.0 if usage_limit is None else LIMITED_GAP  # (under a limit every answer stands within it of its bound)
         if allowed:
@@ -203,7 +197,8 @@ class _Session:
                 costs[node] = np.where(np.isin(np.arange(len(costs[node])), indices), costs[node], FORBIDDEN)
             return solve(replace(problem, costs=tuple(costs)), time_limit=TIME_LIMIT, priced_gap=gap, relative_gap=gap)
         if usage_limit is not None:
-            return solve(problem, time_limit=TIME_LIMIT, priced_gap=gap, relative_gap=gap, unlimited=self.unbound)
+            return solve(problem, time_limit=TIME_LIMIT, priced_gap=gap, relative_gap=gap, unlimited=self.unbound,
+                         probe=probe)
         if self.unbound is None:
             self.unbound = solve(problem, time_limit=TIME_LIMIT)
         return self.unbound

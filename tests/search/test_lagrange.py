@@ -153,6 +153,20 @@ def test_an_answer_of_the_prices_near_enough_to_their_bound_stands_without_the_i
     assert got.gap < 0.25
 
 
+def test_a_probe_takes_the_prices_answer_whatever_its_gap(monkeypatch, patient):
+    """``probe=True``: the prices' answer stands 20% above their bound, its gap stated, and the integer program over
+    every strategy is not run (a calibration's answer is compiled before it is certified)."""
+    solved = ilp._solved
+
+    def unlimited_only(p, **kwargs):
+        assert p.usage_limit is None or p.strategy_count < _ONE.strategy_count, "the integer program was run"
+        return solved(p, **kwargs)
+
+    monkeypatch.setattr(ilp, "_solved", unlimited_only)
+    got = ilp.solve(_ONE, priced_gap=0.01, probe=True)
+    assert got.status == "priced limit" and got.cost == 1 and got.gap > 0.01 and got.gap == pytest.approx(1 - got.bound)
+
+
 def test_the_integer_program_proves_what_the_prices_cannot():
     """The prices' bound falls short of the optimum (0.8 < 1): the integer program proves it."""
     got = ilp.solve(_ONE)

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 import shardprop as sp
 from shardprop.bench import experts as bench_experts
 from shardprop.inspect.listing import format_bytes
-from shardprop.search.ilp import solve
+from shardprop.search.ilp import Solution, solve
 from shardprop.search.limited import fitting_unbound, solved_within
 from shardprop.search.problem import Problem
 from shardprop.search.solve import LIMITED_GAP, Candidate
@@ -39,8 +39,8 @@ class _Session:
     compiled_memory: object = True
     compiles: list[int] = field(default_factory=list)
 
-    def solved(self, usage_limit):
-        return solve(Problem(**{**_PROBLEM.__dict__, "usage_limit": usage_limit}))
+    def solved(self, usage_limit, probe=False):
+        return solve(Problem(**{**_PROBLEM.__dict__, "usage_limit": usage_limit}), probe=probe)
 
     def planned(self, solution):
         return solution.strategies[0]
@@ -83,6 +83,54 @@ def test_the_limit_kept_is_calibrated_by_what_the_compiled_plans_held_beyond_the
     # its certificate is its own solve's: the cheapest assignment within the limit kept
     assert chosen.solution.status == "optimal" and chosen.solution.gap == 0
     assert chosen.solution.cost == min(c for c, u in zip(_PROBLEM.costs[0], _PROBLEM.usages[0]) if u <= chosen.kept)
+
+
+@dataclass
+class _Probing(_Session):
+    """A session whose first probe answers strategy 3 (the leanest) 50% above its bound; every other solve, the
+    optimum within the limit kept."""
+
+    solves: list[tuple] = field(default_factory=list)
+
+    def solved(self, usage_limit, probe=False):
+        first = probe and usage_limit is not None and not any(p for _, p in self.solves)
+        self.solves.append((usage_limit, probe))
+        return Solution((3,), 4.0, 2.0, "priced limit", 0.0) if first else super().solved(usage_limit)
+
+
+# what each strategy holds beyond (the limit is 100) -> the strategy chosen, its gap, the strategies compiled in turn;
+# the unlimited optimum (0) breaks the limit, so the first solve keeps 70 and its probe answers 3
+PROBES = {
+    "the probe fits: certified within the same limit kept, the optimum's plan fits too":
+        ((30, 30, 30, 30), (2, 0.0, (0, 3, 2))),
+    "the probe fits and the optimum's plan breaks the limit: the probe stands, its gap stated":
+        ((30, 30, 45, 30), (3, 0.5, (0, 3, 2))),
+}
+
+
+@pytest.mark.parametrize("beyond, want", PROBES.values(), ids=PROBES.keys())
+def test_a_calibration_is_probed_then_certified_where_its_plan_fits(monkeypatch, beyond, want):
+    import shardprop.search.limited as limited
+
+    monkeypatch.setattr(limited, "LIMIT_ATTEMPTS", 1)
+    session = _Probing(beyond)
+    found, held = fitting_unbound(session, 100)
+    chosen = solved_within(session, 100, (), (), found, held)
+    assert (chosen.plan, chosen.solution.gap, tuple(session.compiles)) == want
+    assert chosen.candidate.compiled_memory <= 100 and session.solves[1:] == [(70, True), (70, False)]
+
+
+def test_a_probe_over_the_limit_is_not_certified(monkeypatch):
+    """Its plan breaks the limit as compiled (3 holds 61 beyond): the next solve recalibrates (keeping 39, where
+    nothing fits), and nothing is solved again within 70."""
+    import shardprop.search.limited as limited
+
+    monkeypatch.setattr(limited, "LIMIT_ATTEMPTS", 2)
+    session = _Probing((30, 30, 30, 61))
+    found, held = fitting_unbound(session, 100)
+    with pytest.raises(sp.MemoryLimitError):
+        solved_within(session, 100, (), (), found, held)
+    assert session.solves[1:] == [(70, True), (39, True)] and session.compiles == [0, 3]  # (then the leanest: 3)
 
 
 def test_where_only_the_leanest_fits_it_is_chosen_and_proves_nothing(monkeypatch):
