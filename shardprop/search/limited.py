@@ -106,13 +106,16 @@ def solved_within(session, limit: int, leaves, searched, unlimited: Limited | No
             leanest = leanest or _leanest(session)
             solution, kept = leanest, None
         plan, candidate, held = _measured_once(session, solution, limit, measured)
-        if not candidate.excess and kept is not None and solution.gap > LIMITED_GAP:
+        if not candidate.excess and kept is not None and solution.status == "priced limit" and \
+                solution.gap > LIMITED_GAP:
             # the probe fits as compiled: certified by the integer program over every strategy within the same limit
-            # kept — its plan measured too, the probe's kept where that one breaks the limit (its gap stated)
-            if fitting is None or _rank(solution, kept) < _rank(fitting.solution, fitting.kept):
-                fitting = Limited(solution, plan, candidate, kept)
-            solution = session.solved(kept)
-            plan, candidate, held = _measured_once(session, solution, limit, measured)
+            # kept — its answer's plan measured too, the probe kept where that one breaks the limit (its gap stated)
+            solution, again = _certified(session, solution, kept)
+            if again is not None:
+                if fitting is None or _rank(solution, kept) < _rank(fitting.solution, fitting.kept):
+                    fitting = Limited(solution, plan, candidate, kept)
+                solution = again
+                plan, candidate, held = _measured_once(session, solution, limit, measured)
         if candidate.excess:
             over.append(candidate)
             if kept is not None:
@@ -131,6 +134,14 @@ def solved_within(session, limit: int, leaves, searched, unlimited: Limited | No
         return fitting
     # (a solution met again is its one Candidate: counted once)
     raise _over_limit(leaves, searched, min(over, key=_held), limit, len({id(c) for c in over}))
+
+
+def _certified(session, probe: Solution, kept: int) -> tuple[Solution, Solution | None]:
+    """A probe whose plan fits, solved again within ``kept`` to within ``LIMITED_GAP`` of its bound: the probe, its
+    bound the higher one that solve proved (the same limit kept), and that solve's answer (None: it found none)."""
+    again = session.solved(kept)
+    probe = replace(probe, bound=min(probe.cost, max(probe.bound, again.bound)))
+    return probe, (again if again.cost is not None else None)
 
 
 def _measured_once(session, solution: Solution, limit: int, measured: dict) -> tuple:

@@ -74,8 +74,9 @@ class SearchResult:
     """What the search chose and why. ``chosen`` is the winning ``Candidate``; ``searched`` the flat arguments it
     decided (``leaves[k].path`` names them); ``groups`` the arguments decided together (led by their first);
     ``solution`` the solver's answer on the cost model — its ``cost``, the ``bound`` it proved, its ``status``
-    ("optimal"; "priced limit" where the priced limit's answer stood within ``LIMITED_GAP`` of its bound; "relative
-    gap" where the integer program's did; "time limit") — so ``gap`` is how far the choice can be from the best (0: optimal);
+    ("optimal"; "priced limit" where the priced limit's answer stood — within ``LIMITED_GAP`` of its bound, or, a
+    probe whose certified answer broke the limit as compiled, beyond it; "relative gap" where the integer program's
+    answer stood within it; "time limit") — so ``gap`` is how far the choice can be from the best (0: optimal);
     ``values`` and ``strategies`` the size of the problem; ``seconds`` the time; ``compiled`` the plans compiled to
     check a memory limit, taking ``compile_seconds`` of it."""
 

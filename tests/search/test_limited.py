@@ -91,11 +91,16 @@ class _Probing(_Session):
     optimum within the limit kept."""
 
     solves: list[tuple] = field(default_factory=list)
+    status: str = "priced limit"  # the first probe's
+    again: Solution | None = None  # the first probe solved again (None: the optimum)
 
     def solved(self, usage_limit, probe=False):
         first = probe and usage_limit is not None and not any(p for _, p in self.solves)
+        again = not probe and usage_limit is not None and self.again is not None
         self.solves.append((usage_limit, probe))
-        return Solution((3,), 4.0, 2.0, "priced limit", 0.0) if first else super().solved(usage_limit)
+        if first:
+            return Solution((3,), 4.0, 2.0, self.status, 0.0)
+        return self.again if again else super().solved(usage_limit)
 
 
 # what each strategy holds beyond (the limit is 100) -> the strategy chosen, its gap, the strategies compiled in turn;
@@ -103,8 +108,9 @@ class _Probing(_Session):
 PROBES = {
     "the probe fits: certified within the same limit kept, the optimum's plan fits too":
         ((30, 30, 30, 30), (2, 0.0, (0, 3, 2))),
+    # (its bound raised to the optimum's, 3: what the solve again proved within the same limit kept)
     "the probe fits and the optimum's plan breaks the limit: the probe stands, its gap stated":
-        ((30, 30, 45, 30), (3, 0.5, (0, 3, 2))),
+        ((30, 30, 45, 30), (3, 0.25, (0, 3, 2))),
 }
 
 
@@ -118,6 +124,30 @@ def test_a_calibration_is_probed_then_certified_where_its_plan_fits(monkeypatch,
     chosen = solved_within(session, 100, (), (), found, held)
     assert (chosen.plan, chosen.solution.gap, tuple(session.compiles)) == want
     assert chosen.candidate.compiled_memory <= 100 and session.solves[1:] == [(70, True), (70, False)]
+
+
+def test_a_probe_solved_again_to_nothing_stands_with_the_higher_bound(monkeypatch):
+    """The integer program over every strategy finds nothing in its time (its bound 3.0): the probe stands, its bound
+    raised to what that solve proved."""
+    import shardprop.search.limited as limited
+
+    monkeypatch.setattr(limited, "LIMIT_ATTEMPTS", 1)
+    session = _Probing((30, 30, 30, 30), again=Solution((), None, 3.0, "time limit", 60.0))
+    found, held = fitting_unbound(session, 100)
+    chosen = solved_within(session, 100, (), (), found, held)
+    assert (chosen.plan, chosen.solution.bound, chosen.solution.gap) == (3, 3.0, 0.25)
+    assert session.solves[1:] == [(70, True), (70, False)] and session.compiles == [0, 3]
+
+
+def test_a_probe_the_integer_program_answered_is_not_solved_again(monkeypatch):
+    """A probe that is already the integer program's answer (stopped at its time limit) is not solved again."""
+    import shardprop.search.limited as limited
+
+    monkeypatch.setattr(limited, "LIMIT_ATTEMPTS", 1)
+    session = _Probing((30, 30, 30, 30), status="time limit")
+    found, held = fitting_unbound(session, 100)
+    chosen = solved_within(session, 100, (), (), found, held)
+    assert chosen.plan == 3 and session.solves[1:] == [(70, True)]
 
 
 def test_a_probe_over_the_limit_is_not_certified(monkeypatch):
