@@ -112,8 +112,7 @@ def solved_within(session, limit: int, leaves, searched, unlimited: Limited | No
             # kept — its answer's plan measured too, the probe kept where that one breaks the limit (its gap stated)
             solution, again = _certified(session, solution, kept)
             if again is not None:
-                if fitting is None or _rank(solution, kept) < _rank(fitting.solution, fitting.kept):
-                    fitting = Limited(solution, plan, candidate, kept)
+                fitting = _preferred(fitting, Limited(solution, plan, candidate, kept))
                 solution = again
                 plan, candidate, held = _measured_once(session, solution, limit, measured)
         if candidate.excess:
@@ -121,8 +120,7 @@ def solved_within(session, limit: int, leaves, searched, unlimited: Limited | No
             if kept is not None:
                 known[0] = max(known[0], calibration)
         else:
-            if fitting is None or _rank(solution, kept) < _rank(fitting.solution, fitting.kept):
-                fitting = Limited(solution, plan, candidate, kept)
+            fitting = _preferred(fitting, Limited(solution, plan, candidate, kept))
             if kept is not None:
                 known[1] = min(known[1], calibration)
                 if held >= calibration - slack:
@@ -149,6 +147,13 @@ def _measured_once(session, solution: Solution, limit: int, measured: dict) -> t
     if solution.strategies not in measured:
         measured[solution.strategies] = _measured(session, solution, limit)
     return measured[solution.strategies]
+
+
+def _preferred(fitting: Limited | None, found: Limited) -> Limited:
+    """Of the plan that fits so far (None: none) and ``found`` (which fits), the one ``_rank`` puts first."""
+    if fitting is None or _rank(found.solution, found.kept) < _rank(fitting.solution, fitting.kept):
+        return found
+    return fitting
 
 
 def _rank(solution: Solution, kept: int | None) -> tuple:
