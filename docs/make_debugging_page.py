@@ -168,9 +168,13 @@ print(dbg.done, np.array_equal(dbg.outputs, prog(a, b)), dbg.outputs.sharding.sp
 
 `dbg.compare()` evaluates the traced graph unsharded, on one device, node by node on the same inputs — each
 node's own JAX primitive on whole arrays; no shardprop rule, plan or lowering takes part — and reports each
-value's error. The default tolerance is 100 ulps relative, and as much absolute relative to the value's *scale*:
-the largest magnitude it and everything it was computed from reach (a sum finished by a collective adds in
-another order; a gradient carries the rounding of all that came before). `rtol=` and `atol=` override both.
+value's error. The default tolerance is the value's own: 100 ulps relative, and as much absolute relative to its
+own largest magnitude — nothing upstream sets it, so a causal mask's `-1e9` or a rotary embedding's `10000.0`
+loosens no value but the ones that hold them. A value further off than that is judged by the node-local yardstick
+below: if its node, computed unsharded from its *sharded* operands, gives the sharded value (within a rounding unit
+of the terms each element is made of: a sum's terms, an elementwise op's operands) and those operands agree, the
+difference is theirs carried through — an optimizer dividing by a gradient near 0 amplifies rounding a
+thousandfold — and the value agrees. `rtol=` and `atol=` override the defaults.
 
 {s.block('''
 print(dbg.compare())
@@ -200,6 +204,41 @@ for finding in dbg.check()[:2]:
     print(finding)
 evaluate.apply_step = real_step
 ''')}
+## A causal language model
+
+The same plant on the Llama-style training step of `shardprop/examples/llama.py` (RMSNorm, rotary embeddings,
+grouped-query attention under a causal mask of `-1e9`, SwiGLU, a hand-written AdamW) under Megatron, this time
+only the psums over `data` skipped — the gradient sums over the batch. The correct program agrees everywhere; the
+planted one is caught at the first value the missing psum touches, the loss's mean, with its line:
+
+{s.block('''
+import jax
+from shardprop.examples import llama
+
+lm_mesh = sp.make_mesh((4, 2), ("data", "model"))
+params = llama.init_llama(layers=1)
+zeros = jax.tree_util.tree_map(np.zeros_like, params)
+tokens, targets = (np.random.default_rng(k).integers(0, 128, size=(8, 16)).astype(np.int32) for k in (1, 2))
+column, row = P(None, "model"), P("model", None)
+layer = {"attn_norm": P(), "wq": column, "wk": column, "wv": column, "wo": row, "mlp_norm": P(),
+         "w_gate": column, "w_up": column, "w_down": row}
+specs = {"embed": P(), "layers": [layer], "final_norm": P(), "lm_head": P()}
+lm = sp.autoshard(llama.llama_train_step, mesh=lm_mesh, in_specs=(specs, specs, specs, P("data"), P("data")))
+lm_prog = lm.trace(params, zeros, zeros, tokens, targets)
+print(sp.Debugger(lm_prog, params, zeros, zeros, tokens, targets).compare().agree)
+
+evaluate.apply_step = (lambda x, step, mesh_shape: x if step.kind == "psum" and "data" in step.mesh_axes
+                       else real_step(x, step, mesh_shape))
+dbg = sp.Debugger(lm_prog, params, zeros, zeros, tokens, targets)
+print(dbg.compare().summary().split("; ")[-1])
+for line in str(dbg.first_divergence()).splitlines():
+    if "max abs error" not in line:  # (the errors' sizes are left out: the last digits are the machine's)
+        print(line)
+evaluate.apply_step = real_step
+''')}
+`tests/debug/test_llama_faults.py` removes each collective kind in turn — a psum, an all-gather, an all-to-all —
+and checks that `first_divergence()`, at default settings, names the op the missing collective feeds and its line.
+
 ## The first NaN
 
 `dbg.first_nonfinite()` finds the first NaN or infinity in program order — arguments first, then stage by

@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import models
+from ..examples import llama as llama_example
 
 DATA, MODEL = "data", "model"
 
@@ -156,17 +157,17 @@ def _llama_layouts(params) -> dict[str, dict]:
 
 
 def llama(batch: int = 8, seq: int = 32) -> Model:
-    """The Llama-style AdamW step (``models.llama_train_step``: d 64, 2 layers, 8 query heads on 2 KV heads) on the
-    4x2 mesh; the moments are left ``None`` for the search (they take their parameter's layout)."""
+    """The Llama-style AdamW step (``examples.llama.llama_train_step``: d 64, 2 layers, 8 query heads on 2 KV heads)
+    on the 4x2 mesh; the moments are left ``None`` for the search (they take their parameter's layout)."""
     from ..search import AUTO
 
-    params = models.init_llama()
+    params = llama_example.init_llama()
     zeros = jax.tree_util.tree_map(np.zeros_like, params)
     rng = np.random.default_rng(5)
     tokens = rng.integers(0, 128, size=(batch, seq)).astype(np.int32)
     targets = rng.integers(0, 128, size=(batch, seq)).astype(np.int32)
     return Model(f"Llama-style AdamW step (d 64, 2 layers, 8 heads on 2 KV heads, batch {batch}x{seq})",
-                 ((4, 2), (DATA, MODEL)), models.llama_train_step, (params, zeros, zeros, tokens, targets),
+                 ((4, 2), (DATA, MODEL)), llama_example.llama_train_step, (params, zeros, zeros, tokens, targets),
                  (AUTO, None, None, P(DATA), P(DATA)),
                  {name: (specs, specs, specs, P(DATA), P(DATA)) for name, specs in _llama_layouts(params).items()})
 
@@ -190,12 +191,12 @@ def mixture_of_experts(groups: int = 8, tokens: int = 32, d_model: int = 32) -> 
 
 
 def kv_decode(batch: int = 8, seq: int = 128) -> Model:
-    """``models.llama_decode_step`` on the 4x2 mesh, the tokens over ``data``; ``sp.AUTO`` lays out the parameters
-    and both caches (returned for the next step: in the layout they came in). Experts: data parallel, Megatron with
-    the cache's KV heads over ``model``, Megatron with the cache's sequence over ``model``."""
+    """``examples.llama.llama_decode_step`` on the 4x2 mesh, the tokens over ``data``; ``sp.AUTO`` lays out the
+    parameters and both caches (returned for the next step: in the layout they came in). Experts: data parallel,
+    Megatron with the cache's KV heads over ``model``, Megatron with the cache's sequence over ``model``."""
     from ..search import AUTO
 
-    params = models.init_llama()
+    params = llama_example.init_llama()
     rng = np.random.default_rng(7)
     d_head = params["layers"][0]["wk"].shape[1] // 2
     caches = [[rng.normal(size=(batch, seq, 2, d_head)).astype(np.float32) for _ in params["layers"]]
@@ -206,7 +207,8 @@ def kv_decode(batch: int = 8, seq: int = 128) -> Model:
                "Megatron, cache over heads": (layouts["Megatron"], P(DATA, None, MODEL)),
                "Megatron, cache over sequence": (layouts["Megatron"], P(DATA, MODEL))}
     return Model(f"Llama-style KV-cache decode step (batch {batch}, cache of {seq}, 2 KV heads)",
-                 ((4, 2), (DATA, MODEL)), models.llama_decode_step, (params, *caches, tokens, np.int32(seq // 2 + 6)),
+                 ((4, 2), (DATA, MODEL)), llama_example.llama_decode_step,
+                 (params, *caches, tokens, np.int32(seq // 2 + 6)),
                  (AUTO, AUTO, AUTO, P(DATA), P()),
                  {name: (specs, cache, cache, P(DATA), P()) for name, (specs, cache) in experts.items()})
 

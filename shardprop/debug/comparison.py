@@ -26,7 +26,7 @@ from ..inspect.listing import move_equation
 from ..inspect.pictures import as_text
 from ..splitting import Plan
 from .findings import FindingKind, Where, as_numpy, check_value
-from .reference import Reference, Tolerance, bind_whole, errors, magnitude
+from .reference import Reference, Tolerance, bind_whole, errors, terms
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class Comparer:
         self.session, self.tolerance = session, tolerance
         self.reference = Reference(session.plan, session.args)
         self.rows: list[NodeError] = []
-        self.scales: dict[int, float] = {}  # per value: the largest magnitude it and its ancestors reach
+        self.row_of: dict[int, int] = {}  # value -> its row (arguments and constants have none: they agree)
         self.divergence: Divergence | None = None
         self.stages = 0
 
@@ -170,13 +170,12 @@ class Comparer:
                 node = graph.nodes[n]
                 if node.op in (CONSTANT, PARAMETER):
                     continue  # the same on both sides
-                inherited = max((self._scale(u) for u in node.operands), default=0.0)
                 first, got = len(self.rows), {}
                 for v in node.outputs:
                     ref, got[v] = as_numpy(refs[v]), as_numpy(wholes[v].whole)
-                    self.scales[v] = max(magnitude(ref), inherited)
-                    self.rows.append(NodeError(Where.of(plan, v), *errors(got[v], ref, self.tolerance,
-                                                                          self.scales[v], graph.avals[v].dtype)))
+                    self.rows.append(NodeError(Where.of(plan, v), *errors(got[v], ref, self.tolerance, None,
+                                                                          graph.avals[v].dtype)))
+                    self.row_of[v] = len(self.rows) - 1
                 compared.append((node, first, got))
             # Looking for a fault gathers more values: on several processes all look, or none (one agreement per
             # stage), even if their own references were to round differently.
@@ -187,17 +186,12 @@ class Comparer:
                     self._look_for_fault(node, values, first, got)
             self.stages += 1
 
-    def _scale(self, u: int) -> float:
-        if u not in self.scales:  # an argument or a constant: the same on both sides, never compared
-            graph = self.session.plan.graph
-            node = graph.nodes[graph.producer[u]]
-            held = node.params["value"] if node.op == CONSTANT else self.session.held(u)
-            self.scales[u] = magnitude(as_numpy(held)) if hasattr(held, "dtype") else magnitude(np.asarray(held))
-        return self.scales[u]
-
     def _look_for_fault(self, node, values: dict, first: int, got: dict) -> None:
         """Is ``node`` itself at fault? Re-compute it unsharded from its sharded operands and compare (``got``:
-        its outputs whole, as compared with the reference)."""
+        its outputs whole, as compared with the reference), each element within a rounding unit of the terms it is
+        made of. At fault: it differs from the reference and from what it was given. Not at fault, its operands
+        agreeing: it agrees — its difference is theirs, carried through (an optimizer dividing by a gradient near 0
+        amplifies its rounding a thousandfold)."""
         session, plan = self.session, self.session.plan
         graph = plan.graph
         held = {u: values[u] if u in values else session.held(u) for u in node.operands
@@ -208,22 +202,29 @@ class Comparer:
         with jx.no_mesh_context():  # unsharded, on one device, whatever mesh the user has set
             operands = [self.reference.place(held[u]) if u in held else
                         np.asarray(graph.nodes[graph.producer[u]].params["value"]) for u in node.operands]
-            local = [as_numpy(x) for x in bind_whole(node, operands)]
-        scale = max((magnitude(as_numpy(x)) for x in operands), default=0.0)
-        own = [errors(got[v], ref, self.tolerance, max(scale, magnitude(ref)), graph.avals[v].dtype)
-               for v, ref in zip(node.outputs, local, strict=True)]
+            made = bind_whole(node, operands)
+            bounds = terms(node, operands, made)
+        local = [as_numpy(x) for x in made]
+        own = [errors(got[v], ref, self.tolerance, bound, graph.avals[v].dtype)
+               for v, ref, bound in zip(node.outputs, local, bounds, strict=True)]
         # Only an output that differs from the reference, and computed right from what it was given still differs,
         # is at fault (otherwise the difference was carried in); the processes agree on which (blocks are gathered).
         faults = any_process([not self.rows[first + k].agrees and not agrees for k, (_, _, agrees) in enumerate(own)])
-        for k, (v, ref) in enumerate(zip(node.outputs, local, strict=True)):
+        given = all(self.rows[self.row_of[u]].agrees for u in node.operands if u in self.row_of)
+        carried = any_process([not (given and agrees) for _, _, agrees in own])  # True: some process objects
+        for k, v in enumerate(node.outputs):
+            row = self.rows[first + k]
             if not faults[k]:
+                if not row.agrees and not carried[k]:
+                    self.rows[first + k] = NodeError(row.where, row.max_abs, row.max_rel, True)
                 continue
-            row = self.rows[first + k] = _with_fault(self.rows[first + k])
+            row = self.rows[first + k] = _with_fault(row)
             if self.divergence is None:  # a later fault is marked in the table; the first is the divergence
-                dtype, scale_v = graph.avals[v].dtype, max(scale, magnitude(ref))
-                tolerance = Tolerance(*self.tolerance.for_value(ref, scale_v, dtype))
+                rtol, _ = self.tolerance.for_value(local[k], None, graph.avals[v].dtype)
+                blocks = _differing_blocks(session, v, values[v], local[k], Tolerance(rtol, self.tolerance.atol),
+                                           bounds[k])
                 self.divergence = Divergence(row, own[k][0], tuple(_operands(plan, node)), tuple(decision(plan, node)),
-                                             tuple(_differing_blocks(session, v, values[v], ref, tolerance)))
+                                             tuple(blocks))
 
     def table(self) -> ErrorTable:
         self.advance()
@@ -270,15 +271,16 @@ def decision(plan: Plan, node) -> list[str]:
     return lines
 
 
-def _differing_blocks(session, v: int, array, ref: np.ndarray, tolerance: Tolerance) -> list[str]:
-    """The blocks of ``v`` that differ from their slice of ``ref`` (``tolerance``: the value's, resolved)."""
+def _differing_blocks(session, v: int, array, ref: np.ndarray, tolerance: Tolerance, scale: np.ndarray) -> list[str]:
+    """The blocks of ``v`` that differ from their slice of ``ref`` (``tolerance`` and ``scale``: the value's, per
+    element)."""
     out = []
     for block in session.device_blocks(v, array, all_processes=True):
         want, got = ref[block.slices], as_numpy(block.data)
         if got.shape != want.shape:
             out.append(f"{block.where()}: holds shape {got.shape}, the slice has {want.shape}")
             continue
-        max_abs, _, agrees = errors(got, want, tolerance)
+        max_abs, _, agrees = errors(got, want, tolerance, np.broadcast_to(scale, ref.shape)[block.slices])
         if not agrees:
             out.append(f"{block.where()}: max abs error {max_abs:.3g}")
     return out

@@ -3,6 +3,12 @@
 The oracle is the traced graph evaluated unsharded on one device, each node's own JAX primitive bound eagerly
 on whole arrays — what ``jax.core.eval_jaxpr`` does with the traced program. No shardprop rule, plan or per-block
 piece takes part, so a bug in any of them shows up as a difference.
+
+How far a value may stray is its own: a hundred rounding units of its own largest magnitude — no constant upstream
+sets it, so a causal mask's ``-1e9`` leaves the attention weights theirs and a missing collective is caught at the
+first value it touches. Rounding carried through (a gradient's, amplified where an optimizer divides by it) is told
+apart by the node-local yardstick: a value whose operands agree and whose node, computed unsharded from its sharded
+operands, gives the sharded value within a rounding unit of the terms each element is made of (``terms``) agrees.
 """
 
 from __future__ import annotations
@@ -28,10 +34,8 @@ from ..splitting import Plan, Stage
 @dataclass(frozen=True)
 class Tolerance:
     """``rtol``/``atol`` as given; ``None`` picks per dtype: ``rtol`` 100 ulps (1.2e-5 for f32), ``atol``
-    ``rtol`` times the value's *scale*: the largest magnitude it and everything it was computed from reach.
-    (A sum finished by a collective adds in another order, so its error scales with the values summed, not with
-    the result; ``x - mean(x)`` of nearly equal values is all cancellation, its error scales with ``x``; a
-    gradient carries the rounding of every value before it.)"""
+    ``rtol`` times the value's *scale*: its own largest magnitude (or, judging a node by its sharded operands, the
+    magnitude of the terms each element is made of: ``terms``)."""
 
     rtol: float | None = None
     atol: float | None = None
@@ -46,10 +50,10 @@ class Tolerance:
                 raise OptionError(f"{name}={given!r}: expected a finite number >= 0 (or None for the default)")
             object.__setattr__(self, name, float(given))
 
-    def for_value(self, ref: np.ndarray, scale: float | None = None, dtype=None) -> tuple[float, float]:
-        """``(rtol, atol)`` for a value whose reference is ``ref``; ``scale`` (default: ``magnitude(ref)``)
-        sets the default ``atol``; ``dtype`` (default ``ref.dtype``) the default ``rtol`` (a bfloat16 value
-        compared as float32 keeps bfloat16's precision)."""
+    def for_value(self, ref: np.ndarray, scale=None, dtype=None) -> tuple[float, Any]:
+        """``(rtol, atol)`` for a value whose reference is ``ref``; ``scale`` (default: ``magnitude(ref)``; an array
+        of ``ref``'s shape: per element) sets the default ``atol``; ``dtype`` (default ``ref.dtype``) the default
+        ``rtol`` (a bfloat16 value compared as float32 keeps bfloat16's precision)."""
         if ref.dtype.kind not in "fc":
             return 0.0, 0.0
         rtol = self.rtol if self.rtol is not None else 100 * float(jnp.finfo(ref.dtype if dtype is None else dtype).eps)
@@ -59,7 +63,7 @@ class Tolerance:
 
     def __str__(self) -> str:
         rtol = "100 ulps" if self.rtol is None else f"{self.rtol:g}"
-        atol = "rtol × the value's scale" if self.atol is None else f"{self.atol:g}"
+        atol = "rtol × the value's magnitude" if self.atol is None else f"{self.atol:g}"
         return f"rtol {rtol}, atol {atol}"
 
 
@@ -75,7 +79,7 @@ def magnitude(x) -> float:
     return float(a[np.isfinite(a)].max(initial=0.0))
 
 
-def errors(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, scale: float | None = None, dtype=None
+def errors(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, scale=None, dtype=None
            ) -> tuple[float, float, bool]:
     """``(max abs, max relative, agrees)`` of ``got`` against ``ref`` (as ``.findings.as_numpy`` gives
     them). NaN agrees with NaN and an infinity with the same infinity; a NaN or infinity on one side only is an
@@ -100,6 +104,7 @@ def errors(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, scale: float 
         if not (finite | same).all():
             return math.inf, math.inf, False
         diff, size = diff[finite], size[finite]
+        atol = np.broadcast_to(atol, finite.shape)[finite] if np.ndim(atol) else atol
     agrees = bool((diff <= atol + rtol * size).all())
     return float(diff.max(initial=0.0)), _relative(diff, size), agrees
 
@@ -127,6 +132,36 @@ def bind_whole(node: Node, operands: list, reference: bool = False) -> list:
         raise ReferenceEvaluationError(
             f"evaluating `{node.op}` at {where(node)} for {what} failed: "
             f"{type(err).__name__}: {err}") from err
+
+
+# ops each of whose elements is a sum of products of its operands' elements, linear in each operand: bound on the
+# operands' magnitudes, they give the magnitude of the terms each element adds (the order of which sharding changes)
+_SUMS_OF_TERMS = frozenset({"dot_general", "reduce_sum", "cumsum", "conv_general_dilated", "reduce_window_sum",
+                            "scatter-add"})
+
+
+def terms(node: Node, operands: list, outputs: list) -> list[np.ndarray]:
+    """Per output of ``node`` (computed from ``operands``), per element: the magnitude of the terms it is made of,
+    the scale its rounding is relative to — a sum's, its terms' (bound on the operands' magnitudes); an elementwise
+    op's, its own and its operands' at that element (a multiply-add fused rounds once, not twice); any other op's
+    (moving elements, exactly), its own."""
+    own = [_magnitudes(x) for x in outputs]
+    if node.op in _SUMS_OF_TERMS:
+        magnitudes = [jnp.abs(x) if jx.dtype_kind(x.dtype) in ("f", "c") else x for x in operands]
+        return [np.maximum(a, _magnitudes(b)) for a, b in zip(own, bind_whole(node, magnitudes), strict=True)]
+    if has_record(node.op) and lookup(node.op).family is Family.ELEMENTWISE:
+        return [a + sum((_magnitudes(x) for x in operands), start=np.zeros(())) for a in own]
+    return own
+
+
+def _magnitudes(x) -> np.ndarray:
+    """``|x|`` as float64 (zeros for a value not a float: compared exactly)."""
+    if jx.is_extended_dtype(x.dtype):  # PRNG keys
+        return np.zeros(x.shape)
+    a = np.asarray(x)
+    if a.dtype.kind == "V":  # bfloat16, float8: numpy has no arithmetic for them
+        a = a.astype(np.float32)
+    return np.abs(a).astype(np.float64) if a.dtype.kind in "fc" else np.zeros(a.shape)
 
 
 class Reference:
