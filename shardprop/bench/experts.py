@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from . import models
 from ..examples import llama as llama_example
+from ..examples import moe as moe_example
 
 DATA, MODEL = "data", "model"
 
@@ -173,12 +174,12 @@ def llama(batch: int = 8, seq: int = 32) -> Model:
 
 
 def mixture_of_experts(groups: int = 8, tokens: int = 32, d_model: int = 32) -> Model:
-    """``models.moe_train_step`` (8 experts, top-2, capacity 10 per group) on the 4x2 mesh, the token groups over
+    """``examples.moe.moe_train_step`` (8 experts, top-2, capacity 10 per group) on the 4x2 mesh, the token groups over
     ``data``: the experts all-to-all'd over ``data`` (expert parallelism), with their hidden units over ``model`` too,
     or over ``model`` alone (beside the groups)."""
     from ..search import AUTO
 
-    params = models.init_moe(d_model)
+    params = moe_example.init_moe(d_model)
     rng = np.random.default_rng(6)
     x, targets = (rng.normal(size=(groups, tokens, d_model)).astype(np.float32) for _ in range(2))
     experts = {"data parallel": {"router": P(), "w_in": P(), "w_out": P()},
@@ -186,7 +187,7 @@ def mixture_of_experts(groups: int = 8, tokens: int = 32, d_model: int = 32) -> 
                "expert parallel + TP": {"router": P(), "w_in": P(DATA, None, MODEL), "w_out": P(DATA, MODEL, None)},
                "experts over model": {"router": P(), "w_in": P(MODEL), "w_out": P(MODEL)}}
     return Model(f"top-2 mixture-of-experts step (8 experts, d {d_model}, {groups} groups of {tokens} tokens)",
-                 ((4, 2), (DATA, MODEL)), models.moe_train_step, (params, x, targets), (AUTO, P(DATA), P(DATA)),
+                 ((4, 2), (DATA, MODEL)), moe_example.moe_train_step, (params, x, targets), (AUTO, P(DATA), P(DATA)),
                  {name: (specs, P(DATA), P(DATA)) for name, specs in experts.items()})
 
 

@@ -108,46 +108,6 @@ def transformer_block(params, x, n_heads=8):
     return x + jax.nn.gelu(h @ params["w1"] + params["b1"]) @ params["w2"] + params["b2"]
 
 
-# -- a top-2 mixture of experts (GShard's dispatch: tokens in groups, each expert taking a capacity per group) -----
-def init_moe(d_model=32, d_ff=64, experts=8, seed=4):
-    rng = np.random.default_rng(seed)
-    return {"router": (rng.normal(size=(d_model, experts)) / np.sqrt(d_model)).astype(np.float32),
-            "w_in": (rng.normal(size=(experts, d_model, d_ff)) / np.sqrt(d_model)).astype(np.float32),
-            "w_out": (rng.normal(size=(experts, d_ff, d_model)) / np.sqrt(d_ff)).astype(np.float32)}
-
-
-def moe_layer(p, x, capacity):
-    """A top-2 mixture of experts on ``x`` [groups, tokens, d]: each token routed to its two likeliest experts, each
-    expert taking at most ``capacity`` tokens of a group (first choices queue before second choices; the rest are
-    dropped), dispatched and combined by einsums. Returns the output and the load-balancing loss."""
-    groups, tokens, experts = x.shape[0], x.shape[1], p["router"].shape[1]
-    probs = jax.nn.softmax(x @ p["router"], axis=-1)
-    gates, chosen = lax.top_k(probs, 2)
-    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
-    masks = jax.nn.one_hot(chosen, experts, dtype=x.dtype).transpose(0, 2, 1, 3)  # [groups, choice, tokens, experts]
-    queued = masks.reshape(groups, 2 * tokens, experts)
-    position = (jnp.cumsum(queued, axis=1) * queued - 1).astype(jnp.int32).reshape(groups, 2, tokens, experts)
-    slots = jax.nn.one_hot(position, capacity, dtype=x.dtype)  # position -1 (not routed) or >= capacity: no slot
-    dispatch = jnp.sum(slots, axis=1)  # [groups, tokens, experts, capacity]
-    combine = jnp.einsum("gks,gkstc->gstc", gates.transpose(0, 2, 1), slots)
-    expert_in = jnp.einsum("gsec,gsd->egcd", dispatch, x)
-    hidden = jax.nn.gelu(jnp.einsum("egcd,edf->egcf", expert_in, p["w_in"]))
-    expert_out = jnp.einsum("egcf,efd->egcd", hidden, p["w_out"])
-    balance = experts * jnp.sum(jnp.mean(masks[:, 0], axis=(0, 1)) * jnp.mean(probs, axis=(0, 1)))
-    return jnp.einsum("gsec,egcd->gsd", combine, expert_out), balance
-
-
-def moe_train_step(params, x, targets, capacity=10, lr=0.1):
-    """One SGD step of a residual top-2 mixture-of-experts layer regressed onto ``targets``, with the load-balancing
-    loss (weight 0.01): the new parameters and the loss."""
-    def loss(p):
-        y, balance = moe_layer(p, x, capacity)
-        return jnp.mean((x + y - targets) ** 2) + 0.01 * balance
-
-    value, grads = jax.value_and_grad(loss)(params)
-    return jax.tree_util.tree_map(lambda w, g: w - lr * g, params, grads), value
-
-
 # -- recurrent networks ----------------------------------------------------------------------------------------
 # the examples' Elman RNN (rnn_loss), its weights scaled for wider layers here
 def init_rnn(features, seed=0):

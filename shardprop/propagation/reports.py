@@ -5,11 +5,13 @@ collectives and bytes as the move planner plans them (``describe_move``)."""
 from __future__ import annotations
 
 from ..errors import FallbackWarning, ReshardWarning
-from ..expr.graph import Graph, Node, value_name, warn_at, where
+from ..expr.graph import PARAMETER, Graph, Node, value_name, warn_at, where
 from ..core.layouts import Layout, Sharded, layout_to_spec
 from ..core.moves import move_bytes, plan_move
 from ..core.steps import exchanges
 from ..core.types import ValueType
+from ..ops import lookup
+from ..ops.opdef import Trait
 from .origins import trace_origin
 from .product import ShardedGraph
 
@@ -29,6 +31,8 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "", chosen:
         node = graph.nodes[node_id]
         if node_id in sharded.priced or _laid_out_by(sharded, node, chosen):  # a move chosen as the cheapest way
             continue
+        if not _the_users_clash(sharded, node, operand):  # shardprop's own layouts met: its choice, made silently
+            continue
         moved = node.operands[operand]
         have, need = sharded.layout(moved), sharded.needs[node_id][operand]
         aval = sharded.graph.avals[moved]
@@ -39,6 +43,22 @@ def warn_reshards(graph: Graph, sharded: ShardedGraph, inside: str = "", chosen:
                 f"{aval}): {how} to the other operand's layout, {layout_to_spec(need)}, ~{nbytes:.0f} B per device "
                 f"(conflicts='error' refuses instead)\n{message}")
         warn_at(node, text, ReshardWarning)
+
+
+def _the_users_clash(sharded: ShardedGraph, node: Node, operand: int) -> bool:
+    """Whether the layouts that clash at ``node`` are all the user's: every sharded axis of its operands on a mesh
+    axis the move of ``operand`` changes traces back to an argument's spec or a sharding constraint. An axis an op
+    created and laid out as it met (a ``one_hot``'s iota, a causal mask, a mean's gradient broadcast adopting a
+    layout) is shardprop's own choice: a clash it takes part in is resolved without a ``ReshardWarning``."""
+    have, need = sharded.layout(node.operands[operand]), sharded.needs[node.id][operand]
+    changed = {name for a, b in zip(have, need, strict=True) if a != b for name in (*a, *b)}
+    for value in node.operands:
+        for axis, a in enumerate(sharded.shardings[value].axes):
+            if isinstance(a, Sharded) and changed & set(a.mesh_axes):
+                origin = trace_origin(sharded.graph, sharded.shardings, value, axis).node
+                if origin.op != PARAMETER and Trait.ANNOTATION not in lookup(origin.op).traits:
+                    return False
+    return True
 
 
 def _laid_out_by(sharded: ShardedGraph, node: Node, arguments: frozenset[int]) -> bool:

@@ -306,7 +306,7 @@ def test_a_limit_that_binds_on_the_llama_step_is_met_within_one_percent_of_the_b
     program with memory rows found nothing in its minute and the leanest layout was returned, three times the price.
     The limit priced into the costs (``search.lagrange``) finds a plan that fits as compiled, within 1% of the bound,
     and it computes the unsharded step."""
-    from shardprop.bench.models import llama_train_step
+    from shardprop.examples.llama import llama_train_step
     from shardprop.bench.search import ATOL, RTOL, compiled_footprint
 
     model = bench_experts.llama()

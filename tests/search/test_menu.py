@@ -15,7 +15,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
-from shardprop.bench import experts, models
+from shardprop.bench import experts
+from shardprop.examples import moe
 from shardprop.search import menu
 from shardprop.ops import lookup
 from shardprop.search.build import _candidate_layouts
@@ -200,7 +201,7 @@ def test_the_search_is_no_dearer_than_any_expert_layout_of_a_mixture_of_experts(
                          strategy="optimal").trace(*model.args)
     assert auto.search.solution.cost <= fixed.search.solution.cost
     got = sp.autoshard(model.f, mesh=mesh, in_specs=model.auto_specs)(*model.args)
-    want = jax.jit(models.moe_train_step)(*model.args)
+    want = jax.jit(moe.moe_train_step)(*model.args)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     assert auto.in_specs[1:] == (P("data"), P("data"))
