@@ -23,7 +23,7 @@ from ..core.blocks import bind_as_is
 from ..expr.graph import Node
 from ..core.boxes import Box, LineageContext
 from ..core.rules import RuleContext, RuleOutput
-from ..core.layouts import Sharded, Span, TensorSharding, shard_count, spelled
+from ..core.layouts import Sharded, Span, TensorSharding, shard_count, spelled, uses_mesh_axes_once
 from ..core.types import ValueType
 from ..core.collectives import Collective, CollectiveKind
 from .fallback import conservative, whole_operands
@@ -246,13 +246,18 @@ def ragged_dot_general(ctx: RuleContext, lhs: TensorSharding, rhs: TensorShardin
     return RuleOutput((out,), (((),) * len(lhs.shape), tuple(rhs_need), ((),) * len(group_sizes.shape)))
 
 
-def summed_as_partner_holds(node: Node, j: int, held, in_shapes, mesh_shape):
-    """Operand ``j`` of a ``dot_general`` as a psum finish takes it: each contracted axis it holds whole sliced over the
-    mesh axes the other operand's paired axis is held over (each device multiplies its blocks and sums them)."""
+def summed_as_partner_holds(node: Node, j: int, held, needed, in_shapes, mesh_shape):
+    """Operand ``j`` of a ``dot_general`` as a psum finish takes it: its free axes (batch and kept) as the rule
+    ``needed`` them — no finish spares moving those (a KV cache's sequence axis handed to the query heads' mesh
+    axis) — and each contracted axis as held, sliced over the mesh axes the other operand's paired axis is held
+    over where it is held whole (each device multiplies its blocks and sums them); all as the rule needs them where
+    a free axis needs a mesh axis a contracted one holds (the attention weights' heads meeting the cache's sequence)."""
     (lhs, rhs), _ = node.params["dimension_numbers"]
     own, other = held[j], held[1 - j]
     mine, theirs = (lhs, rhs) if j == 0 else (rhs, lhs)
-    taken = list(own)
+    taken = [axes if a in mine else needed[a] for a, axes in enumerate(own)]
+    if not uses_mesh_axes_once(taken):  # a free axis needs a mesh axis a contracted one holds: as the rule needs it
+        taken = list(needed)
     for a, b in zip(mine, theirs, strict=True):
         used = {m for axes in taken for m in axes}
         if not own[a] and other[b] and not used & set(other[b]) \

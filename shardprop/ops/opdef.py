@@ -18,7 +18,8 @@
                    block is computed from the operand's block and its neighbours' edges
     finished_operand   the layout in which the op, where its finish may combine partial results, asks for an
                    operand (a product's contracted axes sliced as the other operand holds them: each device multiplies
-                   its blocks, a psum adds them) — optional; without it, such an op takes an operand as it is held
+                   its blocks, a psum adds them; its free axes as its rule needs them) — optional; without it, such an
+                   op takes an operand as it is held
     alternative    another way to take its operands than its rule's, which the plan prices (a lookup's indices gathered
                    where they share a mesh axis with the table's whole window) — optional
     combine        how a prefix finish combines the totals of the blocks before a device's into its block's scan (a
@@ -52,7 +53,7 @@ has none (``finish=None``), so a missing piece is a construction error rather th
     pull(graph: Graph, node: Node, target: Layout) -> operand needs | None
     work(node: Node, operand_blocks: list[Shape], out_block: Shape) -> float
     halo(node: Node, in_shapes, needs: tuple[ValueType, ...], mesh_shape) -> tuple[ValueType, ...]  # with halos
-    finished_operand(node: Node, j: int, held: list[Layout], in_shapes, mesh_shape) -> Layout
+    finished_operand(node: Node, j: int, held: list[Layout], needed: Layout, in_shapes, mesh_shape) -> Layout
     alternative(node: Node, in_shapes, held: list[Layout], needs: list[Layout]) -> {operand: Layout}
     combine(node: Node, scanned, totals, earlier) -> block                              # inside shard_map
     geometry(graph: Graph, node: Node, operand_type: ValueType, mesh_shape) -> FinishGeometry
@@ -102,6 +103,8 @@ class Trait(StrEnum):
     ANNOTATION = "annotation"  # the user's layout annotation inside the function (a sharding constraint)
     PIECEWISE = "piecewise"    # computes its elements by more than one code path (a concatenate's operands, a pad's
     #                            border and body): XLA:CPU may round a multiply-add fused after it differently on each
+    WRITES = "writes"          # writes its other operands into its first, a buffer (a KV cache's new token): they
+    #                            take the buffer's layout, moved there where held otherwise — no clash of layouts
 
 
 class Linearity(StrEnum):

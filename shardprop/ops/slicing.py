@@ -248,5 +248,5 @@ OPS = [
           per_block=dynamic_slice_block, finish=finish_dynamic_slice, pull=None, linear=Linearity.FIRST),
     OpDef("dynamic_update_slice", Family.SLICING, propagate=dynamic_update_slice, lineage=dynamic_update_slice_lineage,
           lineage_exact=False, per_block=dynamic_update_slice_block, finish=None, pull=None, linear=Linearity.NONE,
-          traits=frozenset({Trait.PIECEWISE}), factors=dynamic_update_slice_factors),
+          traits=frozenset({Trait.PIECEWISE, Trait.WRITES}), factors=dynamic_update_slice_factors),
 ]

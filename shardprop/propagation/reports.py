@@ -49,7 +49,10 @@ def _the_users_clash(sharded: ShardedGraph, node: Node, operand: int) -> bool:
     """Whether the layouts that clash at ``node`` are all the user's: every sharded axis of its operands on a mesh
     axis the move of ``operand`` changes traces back to an argument's spec or a sharding constraint. An axis an op
     created and laid out as it met (a ``one_hot``'s iota, a causal mask, a mean's gradient broadcast adopting a
-    layout) is shardprop's own choice: a clash it takes part in is resolved without a ``ReshardWarning``."""
+    layout) is shardprop's own choice: a clash it takes part in is resolved without a ``ReshardWarning``; and an update
+    moved to the layout of the buffer it is written into (``Trait.WRITES``) is what writing it means."""
+    if operand and Trait.WRITES in lookup(node.op).traits:
+        return False
     have, need = sharded.layout(node.operands[operand]), sharded.needs[node.id][operand]
     changed = {name for a, b in zip(have, need, strict=True) if a != b for name in (*a, *b)}
     for value in node.operands:

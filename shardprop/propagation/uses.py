@@ -124,7 +124,8 @@ class _BackwardWalk:
         if finished_operand is None:
             return held
         return finished_operand(node, edge[1], [sharded.layout(v) for v in node.operands],
-                                [graph.avals[v].shape for v in node.operands], self.mesh_shape)
+                                sharded.needs[edge[0]][edge[1]], [graph.avals[v].shape for v in node.operands],
+                                self.mesh_shape)
 
     def use(self, edge) -> int | Mirror:
         return self.mirrors[edge[1]] if edge[0] == RETURNED else edge[0]
@@ -219,6 +220,10 @@ class _BackwardWalk:
             self.returned_as_asked(value)
             return
         cost, operand_layouts, choice = plan
+        # made as its readers ask, a value returned for the next call (a KV cache) goes back to its argument's layout
+        cost += sum(move_bytes(aval.shape, aval.dtype, ValueType(target), ValueType(mirrored), self.mesh_shape)
+                    for mirrored in (self.asks(edge, held) for edge in self.consumers[value] if edge[0] == RETURNED)
+                    if reading and mirrored != target)
         if cost > here and not (self.optimistic and chains.is_conflict(chain)):
             self.returned_as_asked(value)
             return
