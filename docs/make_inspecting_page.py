@@ -109,6 +109,13 @@ A matmul whose result is scanned: each device scans its block of rows and `prefi
 blocks before it (one row per device moves, the rows stay sharded); the columns were never sharded.
 
 {block([*MATMUL, "--brief", "--explain", "e", "--explain", "c"])}
+A value is named as the listing prints it (`e`), by an argument's name or key path (`params['w']`, `[0]['w']`) or
+a key of it no other argument shares (`w`: a key several share, such as a Llama's `wq` in every layer and in both
+AdamW moments, is refused with their paths — a name the listing generates never shadows one of yours), by an
+output's path (`out[1]`, `out[0]['w']`), or by a source line as the listing prints it: every value made there,
+each explained.
+
+{block([*NX, "--brief", "--explain", "inspect_example.py:12"])}
 ## Inside loops and branches
 
 A `scan`, a `while` loop (a `fori_loop` with a traced bound) or a `cond` stays one node of its stage, and the

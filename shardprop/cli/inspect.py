@@ -103,7 +103,8 @@ def add_parser(sub) -> None:
     p.add_argument("--format", choices=FORMATS,
                    help="default: from the suffix of -o (.txt .json .dot .gv .svg .png .pdf), else text")
     p.add_argument("--explain", action="append", default=[], metavar="NODE",
-                   help="explain a value, e.g. e (or one inside a loop's body: e/body/c)")
+                   help="explain a value, e.g. e, params['w'], out[1] (or one inside a loop's body: e/body/c), or "
+                        "every value made on a source line: model.py:50")
     p.add_argument("--lineage", action="append", default=[], metavar="OUT:BLOCK",
                    help="input boxes a block depends on, e.g. 0:0,1 (output 0, block (0, 1)) or e:1")
     p.add_argument("--blocks", action="append", default=[], metavar="VALUE",

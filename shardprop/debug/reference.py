@@ -27,7 +27,7 @@ from ..distributed import whole
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, Node, where
 from ..ops import has_record, lookup
-from ..ops.opdef import Family
+from ..ops.opdef import Family, Linearity
 from ..splitting import Plan, Stage
 
 
@@ -134,10 +134,10 @@ def bind_whole(node: Node, operands: list, reference: bool = False) -> list:
             f"{type(err).__name__}: {err}") from err
 
 
-# ops each of whose elements is a sum of products of its operands' elements, linear in each operand: bound on the
-# operands' magnitudes, they give the magnitude of the terms each element adds (the order of which sharding changes)
-_SUMS_OF_TERMS = frozenset({"dot_general", "reduce_sum", "cumsum", "conv_general_dilated", "reduce_window_sum",
-                            "scatter-add"})
+# families whose linear ops make each element a sum of products of operand elements (a contraction, a sum, a
+# cumulative sum, a convolution): bound on the operands' magnitudes, they give the magnitude of the terms each element
+# adds — the order of which sharding changes
+_SUMMING = frozenset({Family.REDUCTION, Family.CONTRACTION, Family.WINDOW, Family.SCAN})
 
 
 def terms(node: Node, operands: list, outputs: list) -> list[np.ndarray]:
@@ -146,10 +146,11 @@ def terms(node: Node, operands: list, outputs: list) -> list[np.ndarray]:
     op's, its own and its operands' at that element (a multiply-add fused rounds once, not twice); any other op's
     (moving elements, exactly), its own."""
     own = [_magnitudes(x) for x in outputs]
-    if node.op in _SUMS_OF_TERMS:
+    record = lookup(node.op) if has_record(node.op) else None
+    if record is not None and record.family in _SUMMING and record.linear is not Linearity.NONE:
         magnitudes = [jnp.abs(x) if jx.dtype_kind(x.dtype) in ("f", "c") else x for x in operands]
         return [np.maximum(a, _magnitudes(b)) for a, b in zip(own, bind_whole(node, magnitudes), strict=True)]
-    if has_record(node.op) and lookup(node.op).family is Family.ELEMENTWISE:
+    if record is not None and record.family is Family.ELEMENTWISE:
         return [a + sum((_magnitudes(x) for x in operands), start=np.zeros(())) for a in own]
     return own
 

@@ -136,6 +136,16 @@ class Graph:
         return tuple(jax.tree_util.keystr(path) for path in self.argument_keys)
 
     @cached_property
+    def output_paths(self) -> tuple[str, ...]:
+        """Each flat output's name: ``out`` and its key path as ``jax.tree_util.keystr`` prints it (``out[0]``,
+        ``out[1]['w']``; ``out`` for a single array returned)."""
+        if self.out_tree is None:  # a loop's or a cond's body: its outputs are a flat list
+            return tuple(f"out[{k}]" for k in range(len(self.outputs)))
+        skeleton = jax.tree_util.tree_unflatten(self.out_tree, list(range(len(self.outputs))))
+        paths = jax.tree_util.tree_flatten_with_path(skeleton)[0]
+        return tuple(f"out{jax.tree_util.keystr(path)}" for path, _ in paths)
+
+    @cached_property
     def argument_names(self) -> tuple[str, ...]:
         """Each flat argument's name as ``jax.jit``'s messages give it: the parameter's name and the leaf's key path
         (``params['w'][0]``, ``opt_state[0].mu['w']``); ``args[0]['w']`` where the parameters are unknown."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..expr.graph import CONSTANT, PARAMETER, argument_label, short_source, value_name, where
 from ..ops import lookup
 from ..ops.fallback import fallback_for
-from ..ops.opdef import Trait
+from ..ops.opdef import Family, Trait
 from ..propagation.origins import trace_origin
 from ..propagation.product import RETURNED
 from ..propagation.uses import Mirror, mirrored_outputs
@@ -203,7 +203,7 @@ def replicated_origin(plan: Plan, v: int, axis: int,
             u, j = dropped[0]
             origin = (f"`{node.op}` at {where(node)} takes {value_name(u)} axis {j} (sharded over "
                       f"{'*'.join(sharded.layout(u)[j])}) and leaves {here} replicated")
-            reason = asked_by_use(plan, node) or why_rule(node.op)
+            reason = asked_by_use(plan, node) or _contraction_reason(plan, node, v, axis, u, j) or why_rule(node.op)
             steps.append(step)
             break
         if not feeding:
@@ -216,6 +216,38 @@ def replicated_origin(plan: Plan, v: int, axis: int,
         constant_free = [(u, j) for u, j in feeding if graph.nodes[graph.producer[u]].op != CONSTANT]
         v, axis = (constant_free or feeding)[0]
     return origin, tuple(reversed(steps)), reason
+
+
+def _contraction_reason(plan: Plan, node, v: int, axis: int, u: int, j: int) -> str | None:
+    """Why a contraction leaves axis ``axis`` of its result ``v`` replicated where operand ``u``'s axis ``j``, which
+    it keeps there, is sharded: the axes it sums over and the one it keeps named (its record's factors: a factor
+    both operands carry is a batch axis where kept), and the mesh axis's other use (a mesh axis shards one axis of a
+    tensor) or its rule's choice to take it whole. None for an op of another family."""
+    record, graph, sharded = lookup(node.op), plan.graph, plan.sharded
+    shapes = [graph.avals[w].shape for w in node.operands]
+    factors = record.factors(node, shapes) if record.family is Family.CONTRACTION and record.factors else None
+    if factors is None:
+        return None
+    kept = {edge for out in range(len(graph.avals[v].shape)) for edge in feeding_axes(plan, node, v, out)}
+    summed = [f"{value_name(w)} axis {k}" for w, shape in zip(node.operands, shapes, strict=True)
+              for k in range(len(shape)) if (w, k) not in kept and shape[k] > 1]
+    position = node.operands.index(u)
+    shared = factors[position][j] in {f for k, axes in enumerate(factors) if k != position for f in axes}
+    text = (f"`{node.op}` sums over {' and '.join(summed) or 'no axis'} and keeps the others; {value_name(v)} axis "
+            f"{axis} is {value_name(u)} axis {j}, {'a batch axis' if shared else 'a kept axis'}, sharded over "
+            f"{'*'.join(sharded.layout(u)[j])} there")
+    mesh_axes = set(sharded.layout(u)[j])
+    taken = [(k, m) for k, m in enumerate(sharded.layout(v)) if mesh_axes & set(m)]
+    if taken:
+        k, m = taken[0]
+        return (f"{text}, but {'*'.join(m)} shards {value_name(v)} axis {k} (a mesh axis shards at most one axis of a "
+                f"tensor): {value_name(u)} is taken whole there")
+    return f"{text}; its rule takes it whole here (the operands: {_operand_specs(plan, node)})"
+
+
+def _operand_specs(plan: Plan, node) -> str:
+    """``x P('i',), w P(None, 'j')``: the operands of ``node`` with their specs."""
+    return ", ".join(f"{value_name(u)} {layout_to_spec(plan.sharded.layout(u))}" for u in node.operands)
 
 
 def feeding_axes(plan: Plan, node, v: int, axis: int) -> list[tuple[int, int]]:

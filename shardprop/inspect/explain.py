@@ -9,9 +9,11 @@ node consumes its operands (an axis taken whole, the gather or collective that p
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UnknownValueError
 from ..expr.graph import (CONSTANT, PARAMETER, format_constant, format_params, value_name, where)
 from ..propagation.uses import mirrored_outputs
 from ..core.types import type_string
@@ -21,7 +23,7 @@ from ..core.types import typed
 from ..splitting import Plan
 from ..splitting.ir import Move, transfers_of
 from .listing import collective_lines, format_bytes, move_equation
-from .products import Scope, body_prefix, locate
+from .products import Scope, as_plan, body_prefix, locate
 from .axis_origins import (MIRRORED_OUTPUTS, Step, argument_text, asked_by_use, replicated_origin, returned_as,
                            sharded_origin, why_rule)
 from .searched import explain_choice, explain_value_choice
@@ -96,10 +98,39 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(prog: Any, value: Any) -> Explanation:
+@dataclass(frozen=True)
+class LineExplanation:
+    """``sp.explain(prog, "model.py:50")``'s answer: every value made on a line of the user's, each explained (in
+    program order); ``str()`` is the readable form, iterating gives the ``Explanation``s."""
+
+    line: str
+    explanations: tuple[Explanation, ...]
+
+    def __iter__(self):
+        return iter(self.explanations)
+
+    def __len__(self) -> int:
+        return len(self.explanations)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "values": [e.to_dict() for e in self.explanations]}
+
+    def __str__(self) -> str:
+        count = len(self.explanations)
+        head = f"{count} value{'' if count == 1 else 's'} made at {self.line}:"
+        return "\n\n".join([head, *map(str, self.explanations)])
+
+
+# a source line as the listing prints it (llama.py:69), or with more of its path (examples/llama.py:69)
+_SOURCE_LINE = re.compile(r"^(?P<file>[^:\s]+\.py):(?P<line>\d+)$")
+
+
+def explain(prog: Any, value: Any) -> Explanation | LineExplanation:
     """Why every axis of ``value`` (a printed name such as ``"e"``, a value id, an argument's name as the listing
-    prints it, ``"params['w']"``, or its key path as ``jax.tree_util.keystr`` prints it, ``"[0]['w']"``, or a path
-    into a loop's or a cond's body as the listing prints it, ``"e/body/c"``) has its sharding; for an argument whose
+    prints it, ``"params['w']"``, its key path as ``jax.tree_util.keystr`` prints it, ``"[0]['w']"``, or a key of it
+    the arguments share with no other, ``"w"``; an output's path, ``"out[1]"``; a path into a loop's or a cond's
+    body as the listing prints it, ``"e/body/c"``) has its sharding — or every value made on a source line,
+    ``"model.py:50"`` (a ``LineExplanation``); for an argument whose
     layout ``sp.AUTO`` chose, why the search chose it and what its other layouts would have cost; for a value the
     search laid out (under ``sp.AUTO`` or ``strategy="optimal"``), each layout it could be held in, solved again.
 
@@ -122,6 +153,8 @@ def explain(prog: Any, value: Any) -> Explanation:
             op needs those axes whole (the split pass cuts there) and the other axes keep their sharding. Paid for
             by all_gather[j axis=1] c (64 B per device) before it, in its stage.
     """
+    if isinstance(value, str) and _SOURCE_LINE.match(value.strip()):
+        return _explain_line(prog, value.strip())
     plan, v, scopes = locate(prog, value)
     scope = scopes[-1] if scopes else None
     sharded, graph = plan.sharded, plan.graph
@@ -158,6 +191,20 @@ def explain(prog: Any, value: Any) -> Explanation:
                     "reads it): an unannotated NNX Variable not yet placed on the mesh takes it",)
     return Explanation(v, _equation(plan, node, v, scope), sharded.rules[node.id], tuple(axes),
                        tuple(_consumes(plan, node, scope)), plan.mesh_shape, _partial(plan, v, scope), searched)
+
+
+def _explain_line(prog: Any, line: str) -> LineExplanation:
+    """Every value the program's nodes at ``line`` (``file.py:N``, or more of its path) make, explained."""
+    graph = as_plan(prog).graph
+    values = [v for node in graph.nodes if node.op not in (PARAMETER, CONSTANT) and node.source is not None
+              and (node.source == line or node.source.endswith(("/" + line, "\\" + line))) for v in node.outputs]
+    if not values:
+        file = line.rsplit(":", 1)[0]
+        lines = sorted({where(node) for node in graph.nodes if node.source and file in node.source},
+                       key=lambda text: int(text.rsplit(":", 1)[1]))
+        hint = f" (the lines of {file} it has: {', '.join(lines)})" if lines else ""
+        raise UnknownValueError(f"no value of this program is made at {line}{hint}")
+    return LineExplanation(line, tuple(explain(prog, v) for v in values))
 
 
 def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated: tuple[str, ...]) -> str:

@@ -23,7 +23,8 @@ from ..core.transfers import total_moved
 from ..core.types import typed
 from ..splitting.cost import instructions_transfers
 from ..splitting.ir import Compute, transfers_of
-from .listing import format_bytes, format_listing, move_equation, moves_values, ops_summary, stage_ops
+from .listing import (format_bytes, format_listing, move_equation, moves_values, ops_summary, source_name,
+                      stage_ops)
 from .products import as_plan, resolve_value
 
 PALETTE = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc", "#e6b8af",
@@ -145,7 +146,8 @@ def stage_table(prog: Any) -> Table:
     for stage in plan.stages:
         ops = stage_ops(plan, stage)
         moved = 0.0
-        inputs = [f"{value_name(i.value)} {layout_to_spec(i.layout)} ← {i.source.brief()}" for i in stage.inputs]
+        inputs = [f"{value_name(i.value)} {layout_to_spec(i.layout)} ← {source_name(plan, i.source)}"
+                  for i in stage.inputs]
         collectives = []
         for instruction in stage.instructions:
             if isinstance(instruction, Compute):

@@ -31,9 +31,10 @@ def as_plan(prog: Any) -> Plan:
 
 
 def resolve_value(plan: Plan, ref: Any) -> int:
-    """A value id from what the user typed: an argument's name (``"params['w']"``) or key path (``"[0]['w']"``),
-    its printed name (``"c"``; an argument's name wins where the two are spelled alike), its id, or the
-    ``shardprop.Node`` that computes it (a node with several outputs must be named by the output wanted)."""
+    """A value id from what the user typed: an argument's name (``"params['w']"``) or key path (``"[0]['w']"``), a
+    key of one (``"wq"``: refused, naming them, where several arguments have it), an output's path (``"out[1]"``,
+    ``"out[0]['w']"``), its printed name (``"c"``: the user's names win where the two are spelled alike), its id,
+    or the ``shardprop.Node`` that computes it (a node with several outputs must be named by the output wanted)."""
     graph = plan.graph
     count = len(graph.avals)
     if isinstance(ref, Node):
@@ -53,14 +54,30 @@ def resolve_value(plan: Plan, ref: Any) -> int:
         for names in (graph.argument_names, graph.argument_paths):  # params['w'], or its key path [0]['w']: the
             if name in names:                                         # user's own names first
                 return graph.inputs[names.index(name)]
+        if name in graph.output_paths:  # out[1], out[0]['w']
+            return graph.outputs[graph.output_paths.index(name)]
+        keyed = _arguments_keyed(graph, name)  # a key of the user's (wq): never a generated name spelled alike
+        if len(keyed) == 1:
+            return graph.inputs[keyed[0]]
+        if keyed:
+            paths = ", ".join(graph.argument_names[k] for k in keyed)
+            raise UnknownValueError(f"{name!r} names {len(keyed)} arguments: {paths}; name the one you want by its "
+                                    f"path")
         value = _value_of_name(name)
         if value is not None and value < count:
             return value
-        known = [*graph.argument_names, *(value_name(v) for v in range(count))]
+        known = [*graph.argument_names, *graph.output_paths, *(value_name(v) for v in range(count))]
         near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         close = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     raise UnknownValueError(f"no value {ref!r} in this graph{close} (give a name as printed in the listing, 'a' "
                             f"... {value_name(count - 1)!r}, a value id below {count}, or a Node)")
+
+
+def _arguments_keyed(graph, key: str) -> list[int]:
+    """The flat arguments a key of whose path is ``key`` (``wq`` of ``params['layers'][0]['wq']``, ``weight`` of
+    ``model.weight``): the user's names, which a value name the listing generates (``wq``) never shadows."""
+    return [k for k, path in enumerate(graph.argument_keys)
+            if key and any(key in (str(getattr(entry, "key", "")), str(getattr(entry, "name", ""))) for entry in path)]
 
 
 def _value_of_name(name: str) -> int | None:

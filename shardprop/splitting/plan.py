@@ -39,10 +39,6 @@ class Source(NamedTuple):
     def __str__(self) -> str:
         return f"argument {self.index}" if self.stage is None else f"stage {self.stage} output {self.index}"
 
-    def brief(self) -> str:
-        """``arg 1`` or ``stage 0``: for tables."""
-        return f"arg {self.index}" if self.stage is None else f"stage {self.stage}"
-
 
 @dataclass(frozen=True, slots=True)
 class StageInput:

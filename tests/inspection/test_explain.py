@@ -60,6 +60,20 @@ def test_replicated_axis_names_the_op_that_dropped_it(mesh):
     assert any("psum[j] c finishes the result" in c for c in matmul.consumes)
 
 
+def test_a_contraction_names_the_axes_it_sums_and_keeps_where_it_drops_a_kept_axis(mesh):
+    """Tokens over i meet a weight whose output features are over i: the product keeps both and cannot shard both,
+    so its feature axis is replicated — said as such, not as "contracting axes are a reduction"."""
+    def f(x, w):
+        return x @ w
+
+    prog = program(f, (jnp.ones((16, 8)), jnp.ones((8, 32))), (P("i"), P(None, "i")), mesh)
+    (batch, features) = sp.explain(prog, prog.sharded.graph.outputs[0]).axes
+    assert batch.mesh_axes == ("i",) and features.mesh_axes == ()
+    assert features.reason == ("`dot_general` sums over a axis 1 and b axis 0 and keeps the others; c axis 1 is b "
+                               "axis 1, a kept axis, sharded over i there, but i shards c axis 0 (a mesh axis shards "
+                               "at most one axis of a tensor): b is taken whole there")
+
+
 def test_fallback_is_named_as_the_reason(mesh):
     def f(x):
         # a host callback inside the body: no rule, so the loop falls back, naming it
