@@ -42,11 +42,46 @@ def moe_layer(p, x, capacity):
     return jnp.einsum("gsec,egcd->gsd", combine, expert_out), balance
 
 
-def moe_train_step(params, x, targets, capacity=10, lr=0.1):
-    """One SGD step of a residual top-2 mixture-of-experts layer regressed onto ``targets``, with the load-balancing
-    loss (weight 0.01): the new parameters and the loss."""
+def moe_layer_sorted(p, x, capacity):
+    """``moe_layer`` with the tokens dispatched by sorting, not by einsums: each group's (token, choice) assignments,
+    first choices before second ones, sorted by expert (stably: each expert's queue in that order), the first
+    ``capacity`` of each expert's scattered into its buffer and the outputs gathered back. The same output and
+    load-balancing loss."""
+    groups, tokens, experts = x.shape[0], x.shape[1], p["router"].shape[1]
+    probs = jax.nn.softmax(x @ p["router"], axis=-1)
+    gates, chosen = lax.top_k(probs, 2)
+    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+
+    def slots(expert):  # one group's assignments [2 * tokens] (choice-major) -> each one's buffer slot
+        order = jnp.argsort(expert, stable=True)
+        ranked = expert[order]
+        position = jnp.zeros_like(expert).at[order].set(
+            jnp.arange(expert.shape[0]) - jnp.searchsorted(ranked, ranked, side="left"))
+        return jnp.where(position < capacity, expert * capacity + position, experts * capacity)  # the last: dropped
+
+    slot = jax.vmap(slots)(chosen.transpose(0, 2, 1).reshape(groups, 2 * tokens))
+    source = jnp.tile(jnp.arange(tokens), 2)  # the token of each assignment
+
+    def dispatch(x_g, slot_g):
+        return jnp.zeros((experts * capacity, x.shape[2]), x.dtype).at[slot_g].set(x_g[source], mode="drop")
+
+    expert_in = jax.vmap(dispatch)(x, slot).reshape(groups, experts, capacity, -1).transpose(1, 0, 2, 3)
+    hidden = jax.nn.gelu(jnp.einsum("egcd,edf->egcf", expert_in, p["w_in"]))
+    expert_out = jnp.einsum("egcf,efd->egcd", hidden, p["w_out"]).transpose(1, 0, 2, 3).reshape(
+        groups, experts * capacity, -1)
+    picked = jax.vmap(lambda out_g, slot_g: out_g.at[slot_g].get(mode="fill", fill_value=0))(expert_out, slot)
+    weights = gates.transpose(0, 2, 1).reshape(groups, 2 * tokens, 1)
+    y = jnp.sum((picked * weights).reshape(groups, 2, tokens, -1), axis=1)
+    first = jax.nn.one_hot(chosen[..., 0], experts, dtype=x.dtype)
+    balance = experts * jnp.sum(jnp.mean(first, axis=(0, 1)) * jnp.mean(probs, axis=(0, 1)))
+    return y, balance
+
+
+def moe_train_step(params, x, targets, capacity=10, lr=0.1, layer=moe_layer):
+    """One SGD step of a residual top-2 mixture-of-experts layer (``layer``: ``moe_layer``, or ``moe_layer_sorted``)
+    regressed onto ``targets``, with the load-balancing loss (weight 0.01): the new parameters and the loss."""
     def loss(p):
-        y, balance = moe_layer(p, x, capacity)
+        y, balance = layer(p, x, capacity)
         return jnp.mean((x + y - targets) ** 2) + 0.01 * balance
 
     value, grads = jax.value_and_grad(loss)(params)
