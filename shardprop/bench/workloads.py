@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from . import models
+from . import experts, models
 from .models import nx_example
 
 DATA, MODEL, ROWS, SEQ = "data", "model", "rows", "seq"
@@ -199,6 +199,15 @@ def _sequence_mixer(parallel: str) -> Callable[[], Case]:
     return case
 
 
+def _language_model(build: Callable, layout: str) -> Callable[[], Case]:
+    """A language model of ``experts`` (the Llama-style step, the top-2 MoE step, the KV-cache decode step) in one of
+    its expert layouts."""
+    def case() -> Case:
+        model = build()
+        return Case(model.f, model.args, model.experts[layout])
+    return case
+
+
 # Why rows miss a goal, as measured on the development machine (8 virtual CPU devices on 2 cores).
 REDUCE_SCATTER_ON_CPU = (
     "the reduce-scatter moves half jax.jit's bytes, but XLA:CPU runs it slower than its all-reduce of the same "
@@ -237,6 +246,16 @@ OWN = [
     Workload("lenet_train_step", "own", "spatial", _lenet_spatial, rtol=2e-4, atol=2e-5,
              fewer_expected="every VALID window's uneven output rows stay where they are computed (ranged), read by "
                             "the next window with a halo and by the gradients in place; jax.jit moves more rows"),
+    # (AdamW's first step moves a parameter by about lr = 1e-3 times the sign of its gradient, which rounding decides
+    # where the gradient is near 0: compared within lr)
+    Workload("Llama step (GQA, Megatron)", "own", "2-D", _language_model(experts.llama, "Megatron"), rtol=1e-4,
+             atol=1e-3),
+    Workload("top-2 MoE step (expert parallel)", "own", "2-D",
+             _language_model(experts.mixture_of_experts, "expert parallel"), rtol=1e-4, atol=1e-5,
+             fewer_expected="the tokens' all-to-all to their experts and back moves each token's activations once; "
+                            "jax.jit gathers the experts' weights"),
+    Workload("Llama decode (cache over sequence)", "own", "2-D",
+             _language_model(experts.kv_decode, "Megatron, cache over sequence"), rtol=1e-4, atol=1e-5),
 ]
 
 LOOPS = [
