@@ -230,10 +230,9 @@ print(sp.Debugger(lm_prog, params, zeros, zeros, tokens, targets).compare().agre
 evaluate.apply_step = (lambda x, step, mesh_shape: x if step.kind == "psum" and "data" in step.mesh_axes
                        else real_step(x, step, mesh_shape))
 dbg = sp.Debugger(lm_prog, params, zeros, zeros, tokens, targets)
-print(dbg.compare().summary().split("; ")[-1])
-for line in str(dbg.first_divergence()).splitlines():
-    if "max abs error" not in line:  # (the errors' sizes are left out: the last digits are the machine's)
-        print(line)
+found = dbg.first_divergence()
+print(f"the first at fault: `{found.where.op}` at {found.where.source.rsplit('/', 1)[-1]}, stage {found.where.stage}")
+print(*(line.split(" inside")[0].rsplit(" ", 1)[0] for line in found.decision if line.startswith("finished")))
 evaluate.apply_step = real_step
 ''')}
 `tests/debug/test_llama_faults.py` removes each collective kind in turn — a psum, an all-gather, an all-to-all —

@@ -25,10 +25,16 @@ RELEASE = f"jax-{JAX_VERSION[0]}.{JAX_VERSION[1]}"
 _TANH = ("jax >= 0.11 writes tanh's derivative as one primitive (one_minus_square): the RNN gradient's listing has "
          "other value names and its backward loop one output fewer")
 
+_SOFTMAX = ("jax >= 0.12.1 writes jax.nn.softmax and log_softmax without their stop_gradient: a listing has a value "
+            "fewer, its values other names, and a search over it other counts of values and strategies")
+
 # (page, heading) -> why a newer release shows other output there
 TRACED_OTHERWISE: dict[tuple[str, str], str] = {
     ("README.md", "Loops and branches"): _TANH,
     ("docs/inspecting.md", "Inside loops and branches"): _TANH,
+    ("README.md", "Let the search choose layouts: `sp.AUTO`"): _SOFTMAX,
+    ("docs/auto.md", "Around fixed specs: `strategy=\"optimal\"`"): _SOFTMAX,
+    ("docs/workloads.md", "A transformer block, batch on `i`, hidden units on `j`"): _SOFTMAX,
 }
 
 

@@ -224,35 +224,22 @@ def _gathered_rows(mine, axis: int, names, held, length: int, mesh_shape):
 
 
 def _summed_rows(mine, axis: int, names, held, length: int, mesh_shape):
-    """Each device's rows (``mine``, padded) placed among zeros along the whole axis, summed over the devices as the
-    integers of their bits: one device holds each row, so the sum is its bits exactly (NaN and -0.0 kept). Its
-    derivative places and sums the tangent as numbers (linear, so JAX can transpose it)."""
-    return _summed_bits(mine, axis, tuple(names), tuple(held), length, tuple(sorted(mesh_shape.items())))
+    """Each device's rows (``mine``, padded) placed along the whole axis and summed over the devices, one device
+    holding each row: floats among negative zeros, as numbers (``x + -0.0`` is ``x`` exactly, a signed zero and a NaN
+    too; linear, so JAX differentiates and transposes it as it is), integers among zeros (exact)."""
+    if jnp.issubdtype(mine.dtype, jnp.inexact):
+        return lax.psum(_placed(mine, axis, names, held, length, mesh_shape, filler=-0.0), tuple(names))
+    return lax.psum(_placed(mine, axis, names, held, length, mesh_shape), tuple(names))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3, 4, 5))
-def _summed_bits(mine, axis: int, names, held, length: int, mesh):
-    bits = lax.bitcast_convert_type(mine, np.dtype(f"uint{8 * mine.dtype.itemsize}"))
-    return lax.bitcast_convert_type(lax.psum(_placed(bits, axis, names, held, length, dict(mesh)), names), mine.dtype)
-
-
-@_summed_bits.defjvp
-def _summed_bits_jvp(axis, names, held, length, mesh, primals, tangents):
-    (mine,), (mine_dot,) = primals, tangents
-    out = _summed_bits(mine, axis, names, held, length, mesh)
-    if not jnp.issubdtype(mine.dtype, jnp.inexact):
-        return out, mine_dot
-    return out, lax.psum(_placed(mine_dot, axis, names, held, length, dict(mesh)), names)
-
-
-def _placed(mine, axis: int, names, held, length: int, mesh_shape):
-    """This device's rows (the first of ``mine``) at their place along the whole axis, zeros elsewhere."""
+def _placed(mine, axis: int, names, held, length: int, mesh_shape, filler=0):
+    """This device's rows (the first of ``mine``) at their place along the whole axis, ``filler`` elsewhere."""
     here, most = block_index(names, mesh_shape), mine.shape[axis]
     firsts = np.array([first for first, _ in held], np.int32)
     counts = np.array([stop - first for first, stop in held], np.int32)
     position = lax.broadcasted_iota(np.int32, tuple(most if k == axis else 1 for k in range(mine.ndim)), axis)
-    mine = jnp.where(position < jnp.asarray(counts)[here], mine, lax.full((), 0, mine.dtype))
-    zeros = lax.full(tuple(length + most if k == axis else n for k, n in enumerate(mine.shape)), 0, mine.dtype)
+    mine = jnp.where(position < jnp.asarray(counts)[here], mine, lax.full((), filler, mine.dtype))
+    zeros = lax.full(tuple(length + most if k == axis else n for k, n in enumerate(mine.shape)), filler, mine.dtype)
     return lax.slice_in_dim(lax.dynamic_update_slice_in_dim(zeros, mine, jnp.asarray(firsts)[here], axis), 0, length,
                             axis=axis)
 

@@ -67,9 +67,16 @@ def block_step(params, x, lr=0.1):
     return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), value
 
 
+def block_specs(hidden):
+    """The transformer block's Megatron specs over mesh axis ``hidden``: q/k/v and the first MLP layer by columns, the
+    output projection and the second layer by rows (None: replicated, as an unannotated argument adopts)."""
+    col, row = P(None, hidden), P(hidden, None)
+    return {"wq": col, "wk": col, "wv": col, "wo": row, "w1": col, "b1": P(hidden), "w2": row, "b2": None,
+            "ln1_g": None, "ln1_b": None, "ln2_g": None, "ln2_b": None}
+
+
 def transformer(two_d: bool, d_model: int = 256, d_ff: int = 1024, batch: int = 8, seq: int = 64) -> Model:
     from ..search import AUTO
-    from .workloads import block_specs
 
     params = models.init_block(d_model, d_ff)
     x = np.random.default_rng(2).normal(size=(batch, seq, d_model)).astype(np.float32)

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import experts, models
+from .experts import block_specs
 from .models import nx_example
 
 DATA, MODEL, ROWS, SEQ = "data", "model", "rows", "seq"
@@ -113,12 +114,6 @@ def _layer_norm(parallel: str) -> Callable[[], Case]:
         return Case(models.layer_norm, (x, gamma, beta), specs)
 
     return build
-
-
-def block_specs(hidden):
-    col, row = P(None, hidden), P(hidden, None)
-    return {"wq": col, "wk": col, "wv": col, "wo": row, "w1": col, "b1": P(hidden), "w2": row, "b2": None,
-            "ln1_g": None, "ln1_b": None, "ln2_g": None, "ln2_b": None}
 
 
 def _transformer(parallel: str) -> Callable[[], Case]:

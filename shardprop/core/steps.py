@@ -310,9 +310,9 @@ def unspan_rows(step: Step, count: int) -> int:
 
 
 def unspan_sums(step: Step, count: int, dtype) -> bool:
-    """True when an unspan step all-reduces the axis whole (each device's rows placed among zeros, summed as the
-    integers of their bits: exact, NaN and signed zeros kept) rather than all-gathering the rows each device holds,
-    padded to the most any holds: where that padding makes the gather move more (``2 * length`` rows against
+    """True when an unspan step all-reduces the axis whole (each device's rows placed among zeros — negative zeros
+    for floats, which add nothing, signed zeros and NaN kept: exact) rather than all-gathering the rows each device
+    holds, padded to the most any holds: where that padding makes the gather move more (``2 * length`` rows against
     ``count * most``: a strided slice's few rows on a few devices), for 32-bit values (narrower ones XLA:CPU widens
     in a sum)."""
     dtype = as_dtype(dtype)

@@ -138,7 +138,10 @@ def locate(prog: Any, ref: Any) -> tuple[Plan, int, tuple[Scope, ...]]:
             raise UnknownValueError(f"{ref!r}: a path names a value inside a body as <op output>/<part>/<value>, "
                                     "e.g. 'e/body/c'")
         name, part, parts = parts[0], parts[1], parts[2:]
-        node = plan.graph.nodes[plan.graph.producer[resolve_value(plan, name)]]
+        # (a path's head is the op's output as the listing prints it: a generated name, whatever keys are spelled so)
+        printed = _value_of_name(name)
+        head = printed if printed is not None and printed < len(plan.graph.avals) else resolve_value(plan, name)
+        node = plan.graph.nodes[plan.graph.producer[head]]
         plans = plan.body_programs(node.id) or tuple(plan.body_plans(node.id) or ())
         names = [_body_of(p).name for p in plans]
         if part not in names:

@@ -25,6 +25,7 @@ UNARY = (
     "conj", "integer_pow", "convert_element_type", "reduce_precision", "copy", "square",
     "population_count", "clz", "bessel_i0e", "bessel_i1e", "stop_gradient",
     "log2", "one_minus_square",  # jax >= 0.11 (jnp.log2; tanh's, asin's, atanh's derivatives)
+    "acospi", "asinpi", "atanpi", "cospi", "sinpi", "tanpi", "exp2m1", "log2p1",  # jax >= 0.12.1
 )
 NARY = (
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or",
@@ -34,6 +35,7 @@ NARY = (
     "select_n", "clamp",
     "threefry2x32",
     "polynomial",  # jax >= 0.12: Horner's rule on x and its coefficients (lax.erf, jnp.polyval), all broadcast
+    "atan2pi", "fma", "fmuladd",  # jax >= 0.12.1 (a fused or an unfused multiply-add: a * b + c)
 )
 # How a partial sum passes through them (the rest: not at all): see opdef.Linearity.
 # Not a conversion or reduce_precision: they round or overflow each share apart (int8 shares of 100 and 100 wrap

@@ -42,8 +42,11 @@ def constraint(ctx: RuleContext, operand: TensorSharding, *, sharding, unconstra
     last ones short — ranged, as an argument laid out so is (``jax.jit`` pads it so)."""
     spec = getattr(sharding, "spec", sharding)
     shape = operand.shape
-    pinned = layout_from_spec(PartitionSpec(*(None if k in unconstrained_dims else e for k, e in
-                                              enumerate(_entries(spec, len(shape))))),
+    entries = _entries(spec, len(shape))
+    # (jax >= 0.12.1's vmap of a constraint writes the mapped axis as P.UNCONSTRAINED, not in unconstrained_dims)
+    unconstrained_dims = set(unconstrained_dims) | {k for k, e in enumerate(entries)
+                                                    if e is PartitionSpec.UNCONSTRAINED}
+    pinned = layout_from_spec(PartitionSpec(*(None if k in unconstrained_dims else e for k, e in enumerate(entries))),
                               shape, ctx.mesh_shape, "the sharding constraint", uneven=True)
     axes, needs, reads = [], [], []
     for k, (size, source, mesh_axes) in enumerate(zip(shape, operand.axes, pinned, strict=True)):

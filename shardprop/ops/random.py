@@ -63,7 +63,9 @@ OPS = [
     OpDef("random_bits", Family.RANDOM, propagate=random_bits, lineage=whole_operands, lineage_exact=False,
           per_block=random_bits_on_blocks, finish=None, pull=None, linear=Linearity.NONE),
     *defs(("random_seed", "random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_clone",
-           "random_gamma", "rng_bit_generator", "rng_uniform"), Family.RANDOM, linear=Linearity.NONE,
+           "random_gamma", "rng_bit_generator", "rng_uniform",
+           "random_poisson"),  # (jax >= 0.12.1)
+          Family.RANDOM, linear=Linearity.NONE,
           propagate=conservative, lineage=whole_operands, lineage_exact=False, per_block=bind_as_is, finish=None,
           pull=None),
 ]

@@ -36,12 +36,13 @@ WITHOUT_RECORD: dict[str, str] = {
         "unreduced_psum_start", "unreduced_reduce_scatter", "unreduced_reduce_scatter_start", "pvary",
         "reduced_vary_cast_p", "vary_unreduced_cast_p", "shard_map",
         # jax 0.12
-        "unreduced_pmax", "unreduced_pmin", "reduced_vary_cast", "vary_unreduced_cast", "pbroadcast_dynamic"),
+        "unreduced_pmax", "unreduced_pmin", "reduced_vary_cast", "vary_unreduced_cast", "pbroadcast_dynamic",
+        "pmax_scatter", "pmin_scatter", "pxor"),  # (the last three: jax >= 0.12.1)
         COLLECTIVE),
     **dict.fromkeys((
         "accum_grad_in_ref", "addupdate", "get", "swap", "new_ref", "empty_ref", "free_ref", "freeze", "pin",
         "unpin", "run_state", "create_linear", "broadcast_to", "box_get", "box_set", "new_box", "log_extend",
-        "log_read", "new_log", "call_hi_primitive", "call_hi_primitive_linearized"), STATE),
+        "log_read", "new_log", "call_hi_primitive_linearized"), STATE),
     **dict.fromkeys(("after_all", "create_token"), TOKEN),
     **dict.fromkeys(("custom_lin", "zeros_like", "unreachable", "remat_opt"), AD),
     **dict.fromkeys(("dim_as_value", "dimension_size", "shape_assertion", "call_exported"), SHAPE_POLY),
@@ -52,11 +53,15 @@ WITHOUT_RECORD: dict[str, str] = {
         "scaled_matmul", "scaled_matmul_wrapper"), GPU),
     **dict.fromkeys(("debug_callback", "debug_print", "pure_callback", "io_callback", "ffi_call", "buffer_callback",
                      "inspect_sharding", "check"), OPAQUE),
-    **dict.fromkeys(("iota_2x32_shape", "philox2x32", "philox4x32", "threefry4x32"), PRNG),
+    **dict.fromkeys(("iota_2x32_shape", "philox2x32", "philox4x32", "threefry4x32",
+                     "raw_bits"),  # (jax >= 0.12.1: a philox or threefry4x32 key's bits, inside random_bits)
+                    PRNG),
     **dict.fromkeys(("tie", "layout_constraint", "compute_on", "xla_metadata_value",
                      "relayout", "with_memory_space_constraint"), MEMORY),
     **dict.fromkeys(("from_edtype", "to_edtype", "scaled_dot", "custom_partitioning", "shard_alike",
-                     "geqrf", "geqp3"), INTERNAL),
+                     "geqrf", "geqp3",
+                     "random_gamma_grad"),  # (jax >= 0.12.1: lax.random_gamma_grad computes it inline)
+                    INTERNAL),
     "select_and_scatter": NO_FUNCTION,
     "stage": NOT_IN_TRACES,
 }

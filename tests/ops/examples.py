@@ -92,12 +92,21 @@ def _batched_spd(a):
 
 
 # Elementwise primitives newer releases added (jax 0.10.2 computes these from others; 0.11 has the first two, 0.12
-# all three): an example of each the installed JAX defines.
+# the third, 0.12.1 the rest): an example of each the installed JAX defines.
 _NEWER = [ex(f"newer_{name}", name, function, [(M, F32), (M, F32)], [P("i", "j"), P("i")], positive=True)
           for name, function in (("log2", lambda a, b: lax.log2(a) + b),
                                  ("one_minus_square", lambda a, b: lax.one_minus_square(a / 8) * b),
-                                 ("polynomial", lambda a, b: lax.polynomial(a, [1.0, b, 0.25])))
+                                 ("polynomial", lambda a, b: lax.polynomial(a, [1.0, b, 0.25])),
+                                 *((name, lambda a, b, name=name: getattr(lax, name)(a / 8) * b)
+                                   for name in ("acospi", "asinpi", "atanpi", "cospi", "sinpi", "tanpi", "exp2m1",
+                                                "log2p1")),
+                                 ("atan2pi", lambda a, b: lax.atan2pi(a, b)),
+                                 ("fma", lambda a, b: lax.fma(a, b, a)),
+                                 ("fmuladd", lambda a, b: lax.fmuladd(a, b, b)))
           if name in jx.defined_primitives()]
+# jax >= 0.12.1 draws Poisson samples with a primitive of its own (a conservative record, as random_gamma's)
+_NEWER += [ex("newer_random_poisson", "random_poisson", lambda a: a * jax.random.poisson(jax.random.key(4), 3.0, M),
+              [(M, F32)], [P("i", "j")])] if "random_poisson" in jx.defined_primitives() else []
 
 
 EXAMPLES = [

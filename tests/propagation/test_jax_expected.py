@@ -46,6 +46,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
+from shardprop.expr.jax_adapter import JAX_VERSION
 from shardprop.backends import parse_hlo
 from shardprop.core.transfers import total_moved
 
@@ -772,6 +773,12 @@ class Known:
     reason: str
 
 
+# where a newer JAX release traces a case otherwise (jax_adapter.JAX_VERSION at least the key)
+KNOWN_ON_NEWER: dict[tuple[int, ...], dict[str, Known]] = {
+    (0, 12, 1): {"test_percentile": Known(("bytes",),
+        "jax 0.12.1's jnp.percentile checks for NaN before it sorts: shardprop takes any() of each block and a pmax "
+        "(1 B), then all-gathers the values (200 B); jax.jit all-gathers first and checks them whole (200 B)")},
+}
 KNOWN_DIFFERENCES: dict[str, Known] = {
     "test_dot_general_fsdp.grad": Known(("spec",),
         "shardprop P(None, 'x'), P('x') moving 16 B, JAX P('x'), P('x') moving 128 B: dx = ones @ y.T comes out "
@@ -859,7 +866,8 @@ def _params():
     row's programs compile in one worker, once."""
     out = []
     for name in CASES:
-        known = KNOWN_DIFFERENCES.get(name)
+        known = KNOWN_DIFFERENCES.get(name) or next(
+            (rows[name] for release, rows in KNOWN_ON_NEWER.items() if JAX_VERSION >= release and name in rows), None)
         for check in CHECKS:
             marks = [pytest.mark.xfail(strict=True, reason=known.reason)] if known and check in known.checks else []
             if check == "values":  # two compiles and a run per row: out of the default run (the ops' values are

@@ -43,11 +43,14 @@ CALL_JAXPR_PARAM = {
 # ``custom_linear_solve`` (``jnp.linalg.solve``) computes ``solve(*solve_consts, *b)``: its forward is the
 # ``solve`` jaxpr applied to its own constants and the right-hand side.
 LINEAR_SOLVE = "custom_linear_solve"
-INLINED_CALLS = frozenset(CALL_JAXPR_PARAM) | {LINEAR_SOLVE}
+# jax >= 0.12.1 binds some jax.numpy functions as one "high-level" primitive (``jnp.searchsorted``'s SearchSorted):
+# its body is its expansion into ordinary primitives (``to_lojax``), which may differ in derivative (its own rules)
+HI_PRIMITIVE = "call_hi_primitive"
+INLINED_CALLS = frozenset(CALL_JAXPR_PARAM) | {LINEAR_SOLVE, HI_PRIMITIVE}
 # Calls whose derivative is not that of their body (relu's is 0 at 0, a user's clipped or numerically safe
 # gradients, solve's transpose): a program that inlined one must be differentiated as the user's function is.
 CUSTOM_JVP_CALLS = frozenset({"custom_jvp_call", "custom_jvp_call_jaxpr", LINEAR_SOLVE})
-CUSTOM_VJP_CALLS = frozenset({"custom_vjp_call"})
+CUSTOM_VJP_CALLS = frozenset({"custom_vjp_call", HI_PRIMITIVE})
 # ``platform_index`` picks a branch of the ``cond`` that follows it by the platform the program is lowered for
 # (``jnp.linalg.det``, ``jnp.diag``, ``jax.nn.initializers.orthogonal``): the tracer folds it to a constant,
 # and a ``cond`` whose index is a constant is inlined as that branch.
@@ -116,6 +119,9 @@ def call_body(equation: Equation) -> tuple[Body, tuple[int, ...]] | None:
         start = lengths.matvec + lengths.vecmat
         feeding = (*range(start, start + lengths.solve), *range(sum(lengths), len(equation.invars)))
         body = _as_body(equation.params["jaxprs"].solve)
+    elif name == HI_PRIMITIVE:
+        feeding = tuple(range(len(equation.invars)))
+        body = _as_body(_expanded(equation))
     else:
         param = CALL_JAXPR_PARAM.get(name)
         if param is None or param not in equation.params:
@@ -125,6 +131,13 @@ def call_body(equation: Equation) -> tuple[Body, tuple[int, ...]] | None:
     if body is None or len(body.invars) != len(feeding) or len(body.outvars) != len(equation.outvars):
         return None  # not the shape of call we know how to inline: leave it a primitive
     return body, feeding
+
+
+def _expanded(equation: Equation):
+    """A high-level primitive's expansion into ordinary ones, traced on its operands' types."""
+    avals = [jax.ShapeDtypeStruct(*aval_of(v)) for v in equation.invars]
+    to_lojax, params = equation.primitive.to_lojax, dict(equation.params)
+    return jax.make_jaxpr(lambda *args: to_lojax(*args, **params))(*avals)
 
 
 def static_platform_index(equation: Equation) -> int:

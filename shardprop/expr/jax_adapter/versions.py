@@ -76,6 +76,9 @@ PRIMITIVES_OF_SOME_RELEASES = frozenset({
     "log2", "one_minus_square", "polynomial", "unreduced_pmax", "unreduced_pmin", "reduced_vary_cast",
     "vary_unreduced_cast", "pbroadcast_dynamic", "relayout", "program_order", "with_memory_space_constraint",
     "xla_metadata_call",
+    # 0.12.1 and later
+    "acospi", "asinpi", "atanpi", "cospi", "sinpi", "tanpi", "exp2m1", "log2p1", "atan2pi", "fma", "fmuladd",
+    "random_gamma_grad", "random_poisson", "raw_bits", "pmax_scatter", "pmin_scatter", "pxor",
 })
 
 
