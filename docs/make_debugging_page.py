@@ -168,11 +168,11 @@ print(dbg.done, np.array_equal(dbg.outputs, prog(a, b)), dbg.outputs.sharding.sp
 
 `dbg.compare()` evaluates the traced graph unsharded, on one device, node by node on the same inputs — each
 node's own JAX primitive on whole arrays; no shardprop rule, plan or lowering takes part — and reports each
-value's error. The default tolerance is the value's own: 100 ulps relative, and as much absolute relative to its
-own largest magnitude — nothing upstream sets it, so a causal mask's `-1e9` or a rotary embedding's `10000.0`
-loosens no value but the ones that hold them. A value further off than that is judged by the node-local yardstick
+value's error. The default tolerance is the value's own: 100 ulps relative, and as much absolute relative to each
+element's own magnitude, at least the median of its elements' — nothing upstream sets it, and no far larger element
+beside it: a causal mask's `-1e9` or a rotary embedding's `10000.0` loosens no element but its own. A value further off than that is judged by the node-local yardstick
 below: if its node, computed unsharded from its *sharded* operands, gives the sharded value (within a rounding unit
-of the terms each element is made of: a sum's terms, an elementwise op's operands) and those operands agree, the
+of the terms each element is made of: a sum's terms, an addition's operands) and those operands agree, the
 difference is theirs carried through — an optimizer dividing by a gradient near 0 amplifies rounding a
 thousandfold — and the value agrees. `rtol=` and `atol=` override the defaults.
 

@@ -26,7 +26,7 @@ from ..inspect.listing import move_equation
 from ..inspect.pictures import as_text
 from ..splitting import Plan
 from .findings import FindingKind, Where, as_numpy, check_value
-from .reference import Reference, Tolerance, bind_whole, errors, terms
+from .reference import Reference, Tolerance, bind_whole, errors, own_scale, terms
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class Comparer:
                 first, got = len(self.rows), {}
                 for v in node.outputs:
                     ref, got[v] = as_numpy(refs[v]), as_numpy(wholes[v].whole)
-                    self.rows.append(NodeError(Where.of(plan, v), *errors(got[v], ref, self.tolerance, None,
+                    self.rows.append(NodeError(Where.of(plan, v), *errors(got[v], ref, self.tolerance, own_scale(ref),
                                                                           graph.avals[v].dtype)))
                     self.row_of[v] = len(self.rows) - 1
                 compared.append((node, first, got))
@@ -205,6 +205,8 @@ class Comparer:
             made = bind_whole(node, operands)
             bounds = terms(node, operands, made)
         local = [as_numpy(x) for x in made]
+        # (a PRNG key is compared as its key data, one axis longer than the key array: exactly)
+        bounds = [b if b.shape == ref.shape else np.zeros(ref.shape) for b, ref in zip(bounds, local, strict=True)]
         own = [errors(got[v], ref, self.tolerance, bound, graph.avals[v].dtype)
                for v, ref, bound in zip(node.outputs, local, bounds, strict=True)]
         # Only an output that differs from the reference, and computed right from what it was given still differs,

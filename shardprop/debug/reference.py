@@ -4,9 +4,9 @@ The oracle is the traced graph evaluated unsharded on one device, each node's ow
 on whole arrays — what ``jax.core.eval_jaxpr`` does with the traced program. No shardprop rule, plan or per-block
 piece takes part, so a bug in any of them shows up as a difference.
 
-How far a value may stray is its own: a hundred rounding units of its own largest magnitude — no constant upstream
-sets it, so a causal mask's ``-1e9`` leaves the attention weights theirs and a missing collective is caught at the
-first value it touches. Rounding carried through (a gradient's, amplified where an optimizer divides by it) is told
+How far a value may stray is its own: a hundred rounding units of each element's magnitude, at least of the median
+element's — no constant upstream sets it, nor a far larger element beside it, so a causal mask's ``-1e9`` leaves the
+scores beside it and the attention weights theirs, and a missing collective is caught at the first value it touches. Rounding carried through (a gradient's, amplified where an optimizer divides by it) is told
 apart by the node-local yardstick: a value whose operands agree and whose node, computed unsharded from its sharded
 operands, gives the sharded value within a rounding unit of the terms each element is made of (``terms``) agrees.
 """
@@ -27,15 +27,16 @@ from ..distributed import whole
 from ..expr import jax_adapter as jx
 from ..expr.graph import CONSTANT, Node, where
 from ..ops import has_record, lookup
-from ..ops.opdef import Family, Linearity
+from ..ops.opdef import Family, Linearity, Trait
 from ..splitting import Plan, Stage
 
 
 @dataclass(frozen=True)
 class Tolerance:
     """``rtol``/``atol`` as given; ``None`` picks per dtype: ``rtol`` 100 ulps (1.2e-5 for f32), ``atol``
-    ``rtol`` times the value's *scale*: its own largest magnitude (or, judging a node by its sharded operands, the
-    magnitude of the terms each element is made of: ``terms``)."""
+    ``rtol`` times the value's *scale*, per element: its own magnitude there, at least its elements' median
+    (``own_scale``; or, judging a node by its sharded operands, the magnitude of the terms each element is made of:
+    ``terms``)."""
 
     rtol: float | None = None
     atol: float | None = None
@@ -63,7 +64,7 @@ class Tolerance:
 
     def __str__(self) -> str:
         rtol = "100 ulps" if self.rtol is None else f"{self.rtol:g}"
-        atol = "rtol × the value's magnitude" if self.atol is None else f"{self.atol:g}"
+        atol = "rtol × each element's magnitude, at least the median's" if self.atol is None else f"{self.atol:g}"
         return f"rtol {rtol}, atol {atol}"
 
 
@@ -142,27 +143,40 @@ _SUMMING = frozenset({Family.REDUCTION, Family.CONTRACTION, Family.WINDOW, Famil
 
 def terms(node: Node, operands: list, outputs: list) -> list[np.ndarray]:
     """Per output of ``node`` (computed from ``operands``), per element: the magnitude of the terms it is made of,
-    the scale its rounding is relative to — a sum's, its terms' (bound on the operands' magnitudes); an elementwise
-    op's, its own and its operands' at that element (a multiply-add fused rounds once, not twice); any other op's
-    (moving elements, exactly), its own."""
+    the scale its rounding is relative to — a sum's, its terms' (bound on the operands' magnitudes); an addition's,
+    its own and its operands' at that element (a multiply-add fused rounds once, not twice); any other op's, its own
+    (a select's, the element it picked: never a masked branch's ``-1e9``). Infinities and NaN count 0: where a value
+    is one, the comparison asks it to be the same."""
     own = [_magnitudes(x) for x in outputs]
     record = lookup(node.op) if has_record(node.op) else None
     if record is not None and record.family in _SUMMING and record.linear is not Linearity.NONE:
         magnitudes = [jnp.abs(x) if jx.dtype_kind(x.dtype) in ("f", "c") else x for x in operands]
         return [np.maximum(a, _magnitudes(b)) for a, b in zip(own, bind_whole(node, magnitudes), strict=True)]
-    if record is not None and record.family is Family.ELEMENTWISE:
+    if record is not None and record.family is Family.ELEMENTWISE and Trait.SUM in record.traits:
         return [a + sum((_magnitudes(x) for x in operands), start=np.zeros(())) for a in own]
     return own
 
 
+def own_scale(ref: np.ndarray) -> np.ndarray:
+    """Per element of a value whose reference is ``ref``, the scale its rounding is judged against: the element's own
+    magnitude, and at least the median of its elements' (an element summed from cancelling terms rounds relative to
+    its neighbours) — never a far larger element's: a causal mask's ``-1e9`` beside the scores it masks leaves their
+    tolerance theirs. Infinities and NaN count 0."""
+    magnitudes = _magnitudes(ref)
+    return np.maximum(magnitudes, float(np.median(magnitudes))) if magnitudes.size else magnitudes
+
+
 def _magnitudes(x) -> np.ndarray:
-    """``|x|`` as float64 (zeros for a value not a float: compared exactly)."""
+    """``|x|`` as float64, 0 where it is not finite (and for a value not a float: compared exactly)."""
     if jx.is_extended_dtype(x.dtype):  # PRNG keys
         return np.zeros(x.shape)
     a = np.asarray(x)
     if a.dtype.kind == "V":  # bfloat16, float8: numpy has no arithmetic for them
         a = a.astype(np.float32)
-    return np.abs(a).astype(np.float64) if a.dtype.kind in "fc" else np.zeros(a.shape)
+    if a.dtype.kind not in "fc":
+        return np.zeros(a.shape)
+    magnitude = np.abs(a).astype(np.float64)
+    return np.where(np.isfinite(magnitude), magnitude, 0.0)
 
 
 class Reference:

@@ -196,13 +196,18 @@ def explain(prog: Any, value: Any) -> Explanation | LineExplanation:
 def _explain_line(prog: Any, line: str) -> LineExplanation:
     """Every value the program's nodes at ``line`` (``file.py:N``, or more of its path) make, explained."""
     graph = as_plan(prog).graph
-    values = [v for node in graph.nodes if node.op not in (PARAMETER, CONSTANT) and node.source is not None
-              and (node.source == line or node.source.endswith(("/" + line, "\\" + line))) for v in node.outputs]
+
+    def at(source: str | None) -> bool:  # (a library's node counts at the user's line that called it)
+        return source is not None and (source == line or source.endswith(("/" + line, "\\" + line)))
+
+    values = [v for node in graph.nodes if node.op not in (PARAMETER, CONSTANT) and (at(node.source) or at(node.caller))
+              for v in node.outputs]
     if not values:
         file = line.rsplit(":", 1)[0]
-        lines = sorted({where(node) for node in graph.nodes if node.source and file in node.source},
-                       key=lambda text: int(text.rsplit(":", 1)[1]))
-        hint = f" (the lines of {file} it has: {', '.join(lines)})" if lines else ""
+        lines = sorted({(src.rsplit("/", 1)[-1].rsplit(":", 1)[0], int(src.rsplit(":", 1)[1])) for node in graph.nodes
+                        for src in (node.source, node.caller) if src and src.rsplit(":", 1)[1].isdigit()
+                        and src.rsplit(":", 1)[0].endswith(file)})
+        hint = f" (the lines of {file} it has: {', '.join(f'{f}:{n}' for f, n in lines)})" if lines else ""
         raise UnknownValueError(f"no value of this program is made at {line}{hint}")
     return LineExplanation(line, tuple(explain(prog, v) for v in values))
 

@@ -195,3 +195,26 @@ def test_comparisons_follow_reset_and_running_backwards(meshes, keep):
     dbg.reset()
     assert len(dbg.compare().rows) == 7  # nothing run: the whole program first
     assert dbg.compare().agree and dbg.check() == []
+
+
+@pytest.mark.parametrize("fill", [-1e9, -np.inf], ids=["-1e9", "-inf"])
+def test_a_fault_in_a_causal_mask_is_found_beside_its_fill(monkeypatch, meshes, fill):
+    """The masked branch's fill sets no tolerance for the scores beside it: a select that gets the scores wrong (0.5
+    off where it keeps them) is the first fault, whether the mask fills -1e9 or -inf (#52's review: the operands'
+    magnitudes had made every element's tolerance the fill's)."""
+    def attention(q, k):
+        scores = q @ k.T
+        keep = jnp.tril(jnp.ones(scores.shape, bool))
+        return jax.nn.softmax(jnp.where(keep, scores, fill), axis=-1)
+
+    q, k = RNG.normal(size=(16, 8)).astype(np.float32), RNG.normal(size=(16, 8)).astype(np.float32)
+    prog = sp.autoshard(attention, mesh=meshes["4x2"], in_specs=(P("i"), None)).trace(q, k)
+    def wrong(node, invals, blocks):  # (the float select only: jnp.tril's own select of booleans stays right)
+        off = 0.5 if jnp.issubdtype(invals[2].dtype, jnp.floating) else False
+        return [jnp.where(invals[0], invals[2] + off, invals[1])]
+
+    _plant_wrong_per_block(monkeypatch, "select_n", wrong)
+    dbg = sp.Debugger(prog, q, k)
+    found = dbg.first_divergence()
+    assert found is not None, dbg.compare().summary()
+    assert found.where.op == "select_n", str(found)
