@@ -224,22 +224,20 @@ def _gathered_rows(mine, axis: int, names, held, length: int, mesh_shape):
 
 
 def _summed_rows(mine, axis: int, names, held, length: int, mesh_shape):
-    """Each device's rows (``mine``, padded) placed along the whole axis and summed over the devices, one device
-    holding each row: floats among negative zeros, as numbers (``x + -0.0`` is ``x`` exactly, a signed zero and a NaN
-    too; linear, so JAX differentiates and transposes it as it is), integers among zeros (exact)."""
-    if jnp.issubdtype(mine.dtype, jnp.inexact):
-        return lax.psum(_placed(mine, axis, names, held, length, mesh_shape, filler=-0.0), tuple(names))
+    """Each device's rows (``mine``, padded: integers) placed among zeros along the whole axis and summed over the
+    devices: one device holds each row, so the sum is each row exactly. (Floats are gathered: XLA:CPU's sum flushes
+    subnormals and turns -0.0 into 0.0, and a sum of their bits has no transpose under jax >= 0.12.1's grad.)"""
     return lax.psum(_placed(mine, axis, names, held, length, mesh_shape), tuple(names))
 
 
-def _placed(mine, axis: int, names, held, length: int, mesh_shape, filler=0):
-    """This device's rows (the first of ``mine``) at their place along the whole axis, ``filler`` elsewhere."""
+def _placed(mine, axis: int, names, held, length: int, mesh_shape):
+    """This device's rows (the first of ``mine``) at their place along the whole axis, zeros elsewhere."""
     here, most = block_index(names, mesh_shape), mine.shape[axis]
     firsts = np.array([first for first, _ in held], np.int32)
     counts = np.array([stop - first for first, stop in held], np.int32)
     position = lax.broadcasted_iota(np.int32, tuple(most if k == axis else 1 for k in range(mine.ndim)), axis)
-    mine = jnp.where(position < jnp.asarray(counts)[here], mine, lax.full((), filler, mine.dtype))
-    zeros = lax.full(tuple(length + most if k == axis else n for k, n in enumerate(mine.shape)), filler, mine.dtype)
+    mine = jnp.where(position < jnp.asarray(counts)[here], mine, lax.full((), 0, mine.dtype))
+    zeros = lax.full(tuple(length + most if k == axis else n for k, n in enumerate(mine.shape)), 0, mine.dtype)
     return lax.slice_in_dim(lax.dynamic_update_slice_in_dim(zeros, mine, jnp.asarray(firsts)[here], axis), 0, length,
                             axis=axis)
 

@@ -310,13 +310,12 @@ def unspan_rows(step: Step, count: int) -> int:
 
 
 def unspan_sums(step: Step, count: int, dtype) -> bool:
-    """True when an unspan step all-reduces the axis whole (each device's rows placed among zeros — negative zeros
-    for floats, which add nothing, signed zeros and NaN kept: exact) rather than all-gathering the rows each device
-    holds, padded to the most any holds: where that padding makes the gather move more (``2 * length`` rows against
-    ``count * most``: a strided slice's few rows on a few devices), for 32-bit values (narrower ones XLA:CPU widens
-    in a sum)."""
+    """True when an unspan step all-reduces the axis whole (each device's rows placed among zeros, summed: exact for
+    integers) rather than all-gathering the rows each device holds, padded to the most any holds: where that padding
+    makes the gather move more (``2 * length`` rows against ``count * most``: a strided slice's few rows on a few
+    devices), for 32-bit integers. Floats are gathered: XLA:CPU's sum flushes subnormals and turns -0.0 into 0.0."""
     dtype = as_dtype(dtype)
-    return dtype.itemsize == 4 and jx.dtype_kind(dtype) in "fiu" and 2 * step.length < count * unspan_rows(step, count)
+    return dtype.itemsize == 4 and jx.dtype_kind(dtype) in "iu" and 2 * step.length < count * unspan_rows(step, count)
 
 
 def _rows_transfer(step: Step, shape: tuple[int, ...], dtype, sizes: Mapping[str, int]) -> Transfer:
