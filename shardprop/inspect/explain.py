@@ -194,22 +194,30 @@ def explain(prog: Any, value: Any) -> Explanation | LineExplanation:
 
 
 def _explain_line(prog: Any, line: str) -> LineExplanation:
-    """Every value the program's nodes at ``line`` (``file.py:N``, or more of its path) make, explained."""
+    """Every value the program's nodes at ``line`` (``file.py:N``, or more of its path) make, explained: a library's
+    node counts at the user's line that called it."""
     graph = as_plan(prog).graph
-
-    def at(source: str | None) -> bool:  # (a library's node counts at the user's line that called it)
-        return source is not None and (source == line or source.endswith(("/" + line, "\\" + line)))
-
-    values = [v for node in graph.nodes if node.op not in (PARAMETER, CONSTANT) and (at(node.source) or at(node.caller))
-              for v in node.outputs]
+    made = [(node, [src for src in (node.source, node.caller) if src]) for node in graph.nodes
+            if node.op not in (PARAMETER, CONSTANT)]
+    values = [v for node, sources in made if any(_at(src, line) for src in sources) for v in node.outputs]
     if not values:
         file = line.rsplit(":", 1)[0]
-        lines = sorted({(src.rsplit("/", 1)[-1].rsplit(":", 1)[0], int(src.rsplit(":", 1)[1])) for node in graph.nodes
-                        for src in (node.source, node.caller) if src and src.rsplit(":", 1)[1].isdigit()
-                        and src.rsplit(":", 1)[0].endswith(file)})
-        hint = f" (the lines of {file} it has: {', '.join(f'{f}:{n}' for f, n in lines)})" if lines else ""
+        known = sorted({place for _, sources in made for place in map(_file_and_line, sources)
+                        if place is not None and place[0].endswith(file)})
+        hint = f" (the lines of {file} it has: {', '.join(f'{f}:{n}' for f, n in known)})" if known else ""
         raise UnknownValueError(f"no value of this program is made at {line}{hint}")
     return LineExplanation(line, tuple(explain(prog, v) for v in values))
+
+
+def _at(source: str, line: str) -> bool:
+    """Whether ``source`` (a full ``path:N``) is ``line`` (its last parts)."""
+    return source == line or source.endswith(("/" + line, "\\" + line))
+
+
+def _file_and_line(source: str) -> tuple[str, int] | None:
+    """``("llama.py", 58)`` from ``/path/to/llama.py:58``; None where it names no line."""
+    path, _, number = source.rpartition(":")
+    return (path.replace("\\", "/").rsplit("/", 1)[-1], int(number)) if number.isdigit() else None
 
 
 def _held_origin(plan: Plan, node, axis: int, held: tuple[str, ...], propagated: tuple[str, ...]) -> str:
