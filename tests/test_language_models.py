@@ -5,12 +5,11 @@ KV cache in the layout it came in (so the next decoding step compiles nothing)."
 
 import warnings
 
-import jax
-import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardprop as sp
+from shardprop.expr.graph import value_name
 from shardprop.bench import experts
 from tests.conftest import assert_like_unsharded
 
@@ -50,3 +49,27 @@ def test_grouped_query_decoding_moves_no_more_than_jit(mesh, layout):
     for cache, spec in zip(new_k + new_v, [specs[1]] * len(new_k) + [specs[2]] * len(new_v), strict=True):
         assert cache.sharding.spec == spec or tuple(cache.sharding.spec) == tuple(spec) + (None,) * (
             len(cache.sharding.spec) - len(spec))
+
+
+MOE = experts.mixture_of_experts(groups=8, tokens=16)
+
+
+def test_expert_parallel_moves_tokens_only():
+    """The top-2 MoE step with the experts over ``data`` beside the token groups (expert parallelism): the tokens
+    go to their experts and back by all-to-all, the small load-balancing sums are all-reduced, and nothing else
+    moves. It gathered the activations for the router's gradient (24 KiB) and returned the router laid out over its
+    experts: the mean's gradient, broadcast from an expert vector the reduce-scatter had left over ``data``, met the
+    groups over ``data`` in an `add_any`, and the walk moved the other operand — where gathering the 8-vector and
+    broadcasting it as the groups are laid out costs 24 B. ``jax.nn.one_hot``'s iota is made replicated as its
+    `eq` takes it (it was all-gathered). jax.jit gathers every expert's weights instead."""
+    specs = MOE.experts["expert parallel"]
+    mesh = sp.make_mesh(*MOE.mesh)
+    prog = sp.autoshard(MOE.f, mesh=mesh, in_specs=specs).trace(*MOE.args)
+    comparison = sp.compare_with_jit(MOE.f, mesh, specs, *MOE.args, program=prog)
+    assert_like_unsharded(prog(*MOE.args), MOE.f, MOE.args, rtol=1e-4, atol=1e-5)
+    kinds = sorted(t.kind.value for t in comparison.shardprop)
+    assert kinds == ["all-reduce"] * 2 + ["all-to-all"] * 3, str(comparison)  # (jit: 3 all-gathers, 2 all-reduces)
+    assert comparison.shardprop_bytes <= comparison.jit_bytes / 3, str(comparison)
+    assert tuple(prog.out_specs[0]) in ((), (None, None)), prog.out_specs  # the router, as it came in
+    iotas = [value_name(n.outputs[0]) for n in prog.plan.graph.nodes if n.op == "iota" and "moe.py" in n.source]
+    assert iotas and all("made so it is moved nowhere" in str(sp.explain(prog, name)) for name in iotas[:1])

@@ -11,7 +11,7 @@ from ..ops import lookup
 from ..ops.fallback import fallback_for
 from ..ops.opdef import Family, Trait
 from ..propagation.origins import trace_origin
-from ..propagation.product import RETURNED
+from ..propagation.product import MADE, RETURNED
 from ..propagation.uses import Mirror, mirrored_outputs
 from ..core.layouts import Layout, Sharded, layout_to_spec
 from ..splitting import Plan
@@ -131,7 +131,7 @@ def asked_by_use(plan: Plan, node) -> str | None:
         return None
     taken = []
     for j, view in views:
-        u = node.operands[j]
+        u = node.outputs[0] if j == MADE else node.operands[j]  # (made so, from no operand: its own value)
         gained = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in now
                   if m not in was}
         lost = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in was
@@ -141,6 +141,11 @@ def asked_by_use(plan: Plan, node) -> str | None:
         changes += [f"axis {k} gathered over {m}" for m, k in lost.items() if m not in gained]
         taken.append(f"{value_name(u)} ({', '.join(changes)})")
     use = views[0][1].use
+    if views[0][0] == MADE:  # made from no operand (an iota), in the layout its use asks
+        view, reader = views[0][1], plan.graph.nodes[use]
+        return (f"`{node.op}` at {where(node)} makes {value_name(node.outputs[0])} as {layout_to_spec(view.layout)} "
+                f"(its created axes would have adopted {layout_to_spec(view.was)}), backward from a use: `{reader.op}` "
+                f"at {where(reader)} needs it laid out so, and made so it is moved nowhere")
     if views[0][1].exact:  # the layout search's solution, realized (search/realize.py)
         return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}: the layout solve's choice, the plan cheapest "
                 "over every value's layout together (sp.explain of this node's value lists its other layouts)")
@@ -208,8 +213,9 @@ def replicated_origin(plan: Plan, v: int, axis: int,
             break
         if not feeding:
             origin = f"`{node.op}` at {where(node)} created {here}"
-            reason = ("a new axis starts unannotated; it met no sharding, or several different ones, so it stays "
-                      "replicated" if lookup(node.op).lineage_exact else why_rule(node.op))
+            reason = asked_by_use(plan, node) or (
+                "a new axis starts unannotated; it met no sharding, or several different ones, so it stays "
+                "replicated" if lookup(node.op).lineage_exact else why_rule(node.op))
             steps.append(step)
             break
         steps.append(step)

@@ -28,6 +28,9 @@ class RuleName(StrEnum):
 
 # The "node" of a use that is a program output, in the views of the backward pass ((RETURNED, k): output k).
 RETURNED = -1
+# The "operand" of a view asking a node made from no operand (an ``iota``) for its own value ((node, MADE)): it is
+# made in the layout asked, where its uses would otherwise move it there.
+MADE = -1
 
 @dataclass(frozen=True, eq=False)
 class ShardedGraph:

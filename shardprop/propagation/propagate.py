@@ -30,7 +30,7 @@ from ..ops.opdef import Trait
 from ..core.rules import OpenTracker
 from .invariants import checked
 from .memo import ADOPTING, Adoption, Variants, resolutions
-from .product import RETURNED, ShardedGraph
+from .product import MADE, RETURNED, ShardedGraph
 from .reports import warn_fallbacks, warn_reshards
 from .uses import lookup_alternatives, mirrored_outputs, wanted_views
 from .walk import Walk
@@ -265,6 +265,8 @@ def _views_shared_created(graph: Graph, views) -> bool:
     readers = collections.Counter(v for n in graph.nodes for v in n.operands)
     readers.update(graph.outputs)
     for node_id, j in views:
+        if node_id != RETURNED and j == MADE:
+            continue  # (made so: no open axis to adopt it)
         value = graph.outputs[j] if node_id == RETURNED else graph.nodes[node_id].operands[j]
         if readers[value] > 1 and graph.nodes[graph.producer[value]].op != PARAMETER:
             return True

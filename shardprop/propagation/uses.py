@@ -25,7 +25,7 @@ from ..expr.graph import CONSTANT, PARAMETER
 from ..ops import has_record, lookup
 from ..ops.opdef import Family
 from .producing import mesh_axes_used, produce_as_remembered
-from .product import RETURNED, ShardedGraph
+from .product import MADE, RETURNED, ShardedGraph
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,8 @@ class _BackwardWalk:
         for j, layout in enumerate(operand_layouts):
             if layout is not None:
                 wants[(node.id, j)] = (layout, chain)
+        if not node.operands:  # (an iota: nothing to take otherwise, it is made so)
+            wants[(node.id, MADE)] = (target, chain)
         if reading:
             self.returned_as_asked(value)
         else:  # a returned value's created axes take the layout it mirrors (no node to ask)
@@ -243,6 +245,7 @@ class _BackwardWalk:
         for (node_id, j), (layout, chain) in self.wants.items():
             if self.chains.kept(chain):
                 was = self.sharded.layout(self.graph.outputs[j]) if node_id == RETURNED else \
+                    self.sharded.layout(self.graph.nodes[node_id].outputs[0]) if j == MADE else \
                     self.sharded.needs[node_id][j]
                 views[(node_id, j)] = View(layout, was, self.chains.use(chain))
         return Backward(views, frozenset(self.chains.priced()))

@@ -14,12 +14,13 @@ import math
 from ..errors import ConflictKind, ShardingConflictError, SpecError
 from ..expr.graph import CONSTANT, PARAMETER, Graph, Node, argument_label, short_dtype, value_name, where
 from ..ops import lookup
+from ..ops.opdef import Trait
 from ..core.rules import CREATED, OpenTracker, RuleConflict, RuleContext
 from ..core.layouts import (Layout, Open, Sharded, TensorSharding, layout_refines, shard_count, uneven_span,
                             uses_mesh_axes_once)
 from .memo import ADOPTING, Adoption, Recording, memo_key, replay
 from .origins import trace_origin
-from .product import RETURNED, RuleName, ShardedGraph
+from .product import MADE, RETURNED, RuleName, ShardedGraph
 from .reports import move_cost
 
 
@@ -219,6 +220,12 @@ class Walk:
         if not any(a is CREATED for a in sharding.axes):
             return sharding
         axes = list(sharding.axes)
+        made = self.views.get((ctx.node, MADE)) if self.views else None
+        if made is not None:  # made from nothing, in the layout its uses ask (uses.py): in both walks
+            self.views_taken[(ctx.node, MADE)] = made
+            return TensorSharding(sharding.shape, tuple(
+                (ctx.root(k, sharding.shape[k], made.layout[k]) if made.layout[k] else None) if a is CREATED else a
+                for k, a in enumerate(axes)))
         if self.resolve is None:
             for k, a in enumerate(axes):
                 if a is CREATED:
@@ -304,7 +311,8 @@ class Walk:
                 result, outputs = self._apply(ctx, node, op, trial)
             except RuleConflict:
                 continue
-            moved = move_cost(avals[node.operands[k]], sharding.layout, result.needs[k], self.mesh_shape)
+            moved = min(move_cost(avals[node.operands[k]], sharding.layout, result.needs[k], self.mesh_shape),
+                        self._remade_cost(node.operands[k]))
             options.append((moved, -k, result, outputs))
         if not options:
             raise self._conflict(node, conflict) from None
@@ -312,6 +320,21 @@ class Walk:
         if self.resolve is not None:  # the final walk: say what was resolved (with lineage in the message)
             self.reshards[node.id] = (-minus_k, str(self._conflict(node, conflict)))
         return result, outputs
+
+    def _remade_cost(self, value: int) -> float:
+        """What making ``value`` in any layout costs beyond making it as held, where its producer makes it from less
+        (the backward pass then asks it to: ``uses.py``): nothing for a value made from no operand (an ``iota``);
+        gathering the operand of a broadcast (each device then slices what it needs of the result). Infinite else."""
+        producer = self.graph.nodes[self.graph.producer[value]]
+        if producer.op in (PARAMETER, CONSTANT):
+            return math.inf
+        if not producer.operands:
+            return 0.0
+        if len(producer.operands) == 1 and Trait.BROADCAST in lookup(producer.op).traits:
+            operand = producer.operands[0]
+            layout = self.shardings[operand].layout
+            return move_cost(self.graph.avals[operand], layout, ((),) * len(layout), self.mesh_shape)
+        return math.inf
 
     @staticmethod
     def _check_mesh_axes_once(sharding: TensorSharding) -> None:
