@@ -2,9 +2,12 @@
 causal mask of ``-1e9``, rotary embeddings of base ``10000``, AdamW dividing by gradients near 0), the correct
 program agrees with the unsharded function everywhere, and with each collective kind removed in turn — a psum, an
 all-gather, an all-to-all — ``first_divergence()`` at default settings names the op the missing collective feeds,
-its source line and the collective in the plan; ``compare()``, ``check()`` and ``first_divergence()`` agree."""
+its source line and the collective in the plan; ``compare()``, ``check()``, ``first_divergence()`` and the
+``shardprop debug`` command agree."""
 
 import inspect
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +20,7 @@ from shardprop.backends import evaluate
 from shardprop.core.steps import StepKind
 from shardprop.debug import FindingKind
 from shardprop.examples import llama
+from tests.cli import shardprop
 
 PARAMS = llama.init_llama(layers=1)
 ZEROS = jax.tree_util.tree_map(np.zeros_like, PARAMS)
@@ -109,3 +113,31 @@ def test_a_missing_collective_is_named_at_the_first_value_it_touches(monkeypatch
     assert table.summary().endswith(f"the first at fault: {found.where.name} (`{op}`)")
     if kind is StepKind.PSUM:  # each device keeps its own partial sum where the plan says it is replicated
         assert any(f.kind is FindingKind.REPLICAS_DIFFER for f in dbg.check())
+
+
+def _spelled(spec) -> str:
+    """``spec`` (a pytree of PartitionSpecs) as ``--in-specs`` reads it: Python with ``P``."""
+    if isinstance(spec, P):
+        return "P(" + ", ".join(repr(a) for a in spec) + ")"
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{k!r}: {_spelled(v)}" for k, v in spec.items()) + "}"
+    return ("[" if isinstance(spec, list) else "(") + "".join(f"{_spelled(v)}, " for v in spec) + (
+        "]" if isinstance(spec, list) else ")")
+
+
+def test_the_command_line_names_the_same_fault(monkeypatch):
+    """``shardprop debug`` on the Llama step with the gradient's psum over ``data`` planted missing: the same first
+    divergence as ``first_divergence()`` (the op and its line), the same broken promises as ``check()``, exit 1."""
+    layout, kind, axis, op, line, _ = CASES[0]
+    _without(monkeypatch, kind, axis)
+    example = Path(__file__).parent / "llama_cli_example.py"
+    result = shardprop("debug", f"{inspect.getsourcefile(llama)}:llama_train_step", "--mesh", "data=4,model=2",
+                       "--args", f"{example}:arguments", "--in-specs", _spelled(LAYOUTS[layout]), "--repeats", "1",
+                       "--format", "json")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    found = doc["divergence"]
+    assert doc["agree"] is False and found is not None
+    assert found["op"] == op and found["source"].endswith(_line(line)), found
+    assert any(step for step in found["decision"] if "psum[data" in step), found["decision"]
+    assert any(f["kind"] == FindingKind.REPLICAS_DIFFER.value for f in doc["findings"]), doc["findings"][:3]
