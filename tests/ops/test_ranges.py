@@ -475,3 +475,21 @@ def test_a_concatenation_whose_first_operand_is_empty(f, mesh_name, spec, meshes
 
 test_random_slices_pads_and_rolls_on_more_examples = on_more_examples(
     test_random_slices_pads_and_rolls_equal_the_unsharded_function, 40, 49_101, **_SLICES)
+
+
+def test_an_unspan_moves_subnormals_and_negative_zeros_bit_for_bit(meshes):
+    """A ranged axis gathered whole (``unspan``) carries every float's bits: a sum of the rows placed among zeros
+    would not (XLA:CPU's all-reduce flushes subnormals to 0 and turns -0.0 into 0.0); floats are all-gathered,
+    integers summed (exact)."""
+    x = np.full((4, 64, 8), -0.0, np.float32)
+    x[:, ::2] = 1e-40  # subnormal
+    x[0, 5, 3] = 3.0
+    # (x[:, 2:12]: 10 rows on 2 of 8 devices, where a sum moves fewer bytes than the padded gather — for integers)
+    for f in (lambda x: x[:, :63], lambda x: x[:, 2:12], lambda x: x[:, ::3]):
+        prog = sp.autoshard(f, mesh=meshes["8"], in_specs=(P(None, "i"),)).trace(x)
+        got, want = np.asarray(prog(x)), np.asarray(f(x))
+        assert "unspan[" in str(prog.graph) or "route[" in str(prog.graph), str(prog.graph)
+        assert got.tobytes() == want.tobytes()  # bit for bit: -0.0 and 1e-40 among them
+    ints = np.arange(4 * 64 * 8, dtype=np.int32).reshape(4, 64, 8)
+    prog = sp.autoshard(lambda x: x[:, 2:12], mesh=meshes["8"], in_specs=(P(None, "i"),)).trace(ints)
+    assert np.array_equal(np.asarray(prog(ints)), ints[:, 2:12])
