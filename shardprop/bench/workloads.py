@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import experts, models
+from ..examples import moe as moe_example
 from .experts import block_specs
 from .models import nx_example
 
@@ -194,13 +195,23 @@ def _sequence_mixer(parallel: str) -> Callable[[], Case]:
     return case
 
 
-def _language_model(build: Callable, layout: str) -> Callable[[], Case]:
+def _language_model(build: Callable, layout: str, *, f: Callable | None = None,
+                    tokens: P | None = None) -> Callable[[], Case]:
     """A language model of ``experts`` (the Llama-style step, the top-2 MoE step, the KV-cache decode step) in one of
-    its expert layouts."""
+    its expert layouts; ``f`` in place of the model's function (the MoE step with the sorted dispatch), ``tokens``
+    the Llama step's tokens' and targets' spec (their sequence over ``model``: sequence parallelism)."""
     def case() -> Case:
         model = build()
-        return Case(model.f, model.args, model.experts[layout])
+        specs = model.experts[layout]
+        if tokens is not None:
+            specs = (*specs[:3], tokens, tokens)
+        return Case(f or model.f, model.args, specs)
     return case
+
+
+def _sorted_moe_step(params, x, targets):
+    """The top-2 MoE step with the tokens dispatched by sorting (``examples.moe.moe_layer_sorted``)."""
+    return moe_example.moe_train_step(params, x, targets, layer=moe_example.moe_layer_sorted)
 
 
 # Why rows miss a goal, as measured on the development machine (8 virtual CPU devices on 2 cores).
@@ -245,10 +256,18 @@ OWN = [
     # where the gradient is near 0: compared within lr)
     Workload("Llama step (GQA, Megatron)", "own", "2-D", _language_model(experts.llama, "Megatron"), rtol=1e-4,
              atol=1e-3),
+    Workload("Llama step (GQA, Megatron + sequence)", "own", "2-D",
+             _language_model(experts.llama, "Megatron", tokens=P(DATA, MODEL)), rtol=1e-4, atol=1e-3),
     Workload("top-2 MoE step (expert parallel)", "own", "2-D",
              _language_model(experts.mixture_of_experts, "expert parallel"), rtol=1e-4, atol=1e-5,
              fewer_expected="the tokens' all-to-all to their experts and back moves each token's activations once; "
                             "jax.jit gathers the experts' weights"),
+    Workload("top-2 MoE step, sorted dispatch (expert parallel)", "own", "2-D",
+             _language_model(experts.mixture_of_experts, "expert parallel", f=_sorted_moe_step), rtol=1e-4,
+             atol=1e-5, fewer_expected="the tokens' all-to-all to their experts and back moves each token's "
+                                       "activations once; jax.jit gathers the experts' weights"),
+    Workload("Llama decode (cache over heads)", "own", "2-D",
+             _language_model(experts.kv_decode, "Megatron, cache over heads"), rtol=1e-4, atol=1e-5),
     Workload("Llama decode (cache over sequence)", "own", "2-D",
              _language_model(experts.kv_decode, "Megatron, cache over sequence"), rtol=1e-4, atol=1e-5),
 ]
