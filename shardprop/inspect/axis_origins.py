@@ -142,10 +142,15 @@ def asked_by_use(plan: Plan, node) -> str | None:
         taken.append(f"{value_name(u)} ({', '.join(changes)})")
     use = views[0][1].use
     if views[0][0] == MADE:  # made from no operand (an iota), in the layout its use asks
-        view, reader = views[0][1], plan.graph.nodes[use]
-        return (f"`{node.op}` at {where(node)} makes {value_name(node.outputs[0])} as {layout_to_spec(view.layout)} "
-                f"(its created axes would have adopted {layout_to_spec(view.was)}), backward from a use: `{reader.op}` "
-                f"at {where(reader)} needs it laid out so, and made so it is moved nowhere")
+        view = views[0][1]
+        made = (f"`{node.op}` at {where(node)} makes {value_name(node.outputs[0])} as {layout_to_spec(view.layout)} "
+                f"(its created axes would have adopted {layout_to_spec(view.was)})")
+        if isinstance(use, Mirror):
+            return (f"{made}, backward from output {use.output}: it has the shape of "
+                    f"{argument_text(plan, use.argument)} and is returned laid out like it ({MIRRORED_OUTPUTS})")
+        reader = plan.graph.nodes[use]
+        return (f"{made}, backward from a use: `{reader.op}` at {where(reader)} needs it laid out so, and made so it "
+                "is moved nowhere")
     if views[0][1].exact:  # the layout search's solution, realized (search/realize.py)
         return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}: the layout solve's choice, the plan cheapest "
                 "over every value's layout together (sp.explain of this node's value lists its other layouts)")

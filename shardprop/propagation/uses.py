@@ -231,7 +231,7 @@ class _BackwardWalk:
         for j, layout in enumerate(operand_layouts):
             if layout is not None:
                 wants[(node.id, j)] = (layout, chain)
-        if not node.operands:  # (an iota: nothing to take otherwise, it is made so)
+        if not node.operands and not free:  # (an iota: nothing to take otherwise, it is made so)
             wants[(node.id, MADE)] = (target, chain)
         if reading:
             self.returned_as_asked(value)

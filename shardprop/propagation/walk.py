@@ -204,16 +204,20 @@ class Walk:
         view asks for all of them."""
         if self.graph.nodes[self.graph.producer[value]].op == PARAMETER:
             return True
-        if self._reads is None:
-            self._reads = collections.Counter(v for n in self.graph.nodes for v in n.operands)
-            self._reads.update(self.graph.outputs)
-        if self._reads[value] == 1:
+        if self._readers(value) == 1:
             if not viewed:
                 return True
             self.settings_read.add("viewed")
             return self.adoption.viewed
         self.settings_read.add("shared")
         return self.adoption.shared
+
+    def _readers(self, value: int) -> int:
+        """How many operands and outputs read ``value``."""
+        if self._reads is None:
+            self._reads = collections.Counter(v for n in self.graph.nodes for v in n.operands)
+            self._reads.update(self.graph.outputs)
+        return self._reads[value]
 
     def _settle(self, ctx: RuleContext, value: int, sharding: TensorSharding) -> TensorSharding:
         """Replace created-axis markers: open in the first walk, resolved in the final one."""
@@ -224,8 +228,9 @@ class Walk:
         if made is not None:  # made from nothing, in the layout its uses ask (uses.py): in both walks
             self.views_taken[(ctx.node, MADE)] = made
             return TensorSharding(sharding.shape, tuple(
-                (ctx.root(k, sharding.shape[k], made.layout[k]) if made.layout[k] else None) if a is CREATED else a
-                for k, a in enumerate(axes)))
+                (ctx.root(k, sharding.shape[k], want) if want and uses_mesh_axes_once(made.layout)
+                 and sharding.shape[k] % shard_count(self.mesh_shape, want) == 0 else None) if a is CREATED else a
+                for k, (a, want) in enumerate(zip(axes, made.layout, strict=True))))
         if self.resolve is None:
             for k, a in enumerate(axes):
                 if a is CREATED:
@@ -323,10 +328,12 @@ class Walk:
 
     def _remade_cost(self, value: int) -> float:
         """What making ``value`` in any layout costs beyond making it as held, where its producer makes it from less
-        (the backward pass then asks it to: ``uses.py``): nothing for a value made from no operand (an ``iota``);
-        gathering the operand of a broadcast (each device then slices what it needs of the result). Infinite else."""
+        and the conflict's node is its one reader (the backward pass then asks the producer to make it so: ``uses.py``;
+        readers that disagree leave it made as held, and moved): nothing for a value made from no operand (an
+        ``iota``); gathering the operand of a broadcast (each device then slices what it needs of the result).
+        Infinite else."""
         producer = self.graph.nodes[self.graph.producer[value]]
-        if producer.op in (PARAMETER, CONSTANT):
+        if producer.op in (PARAMETER, CONSTANT) or self._readers(value) > 1:
             return math.inf
         if not producer.operands:
             return 0.0
