@@ -22,7 +22,7 @@ from .backends import jit_stage, parse_hlo, program_function, stage_function
 from .calling import Traced
 from .core.transfers import Transfer
 from .derivatives import Derivatives
-from .dispatch import donated_in_place, goes_straight, loose_leaves
+from .dispatch import donated_in_place, loose_if_straight
 from .distributed import check_same_plan
 from .errors import InputMismatchError, LoweringError, MeshError, OptionError, ShardingError
 from .expr import jax_adapter as jx
@@ -139,9 +139,8 @@ class Program:
     def call_flat(self, leaves: list):
         """The call (see ``__call__``) on argument leaves already in the traced structure: an autoshard function
         calls the program its call's signature maps to so."""
-        if (self._runs.plan_agreed and goes_straight(leaves, self._devices, self._several_processes)
-                and (not self.donated or donated_in_place([leaves[k] for k in self.donated], leaves))):
-            loose = loose_leaves(leaves)
+        loose = loose_if_straight(leaves, self._devices, self._several_processes) if self._runs.plan_agreed else None
+        if loose is not None and (not self.donated or donated_in_place([leaves[k] for k in self.donated], leaves)):
             if loose:  # put where the program reads them: one executable for fresh and placed arguments alike
                 leaves = list(leaves)
                 placed = jx.put_all([leaves[k] for k in loose], [self._placements[k] for k in loose])

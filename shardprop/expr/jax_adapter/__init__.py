@@ -23,7 +23,8 @@ from .jaxprs import (  # noqa: F401  (the adapter's names, re-exported)
 )
 from .values import (  # noqa: F401  (the adapter's names, re-exported)
     aval_of, is_weakly_typed, with_weak_type, is_traced, is_differentiated, typed_on_explicit_axes,
-    abstract_type, device_list, refuses_transformation, place, put_all, coordination_client, DiffersAcrossProcesses,
+    abstract_type, committed_array_devices, device_list, refuses_transformation, place, put_all, coordination_client,
+    DiffersAcrossProcesses,
     canonical_dtype, as_dtype, is_extended_dtype, dtype_kind, partitionable_random_bits, threefry_bits_at,
     itemsize, python_scalar_aval, is_array_dtype, program_mesh_context, on_auto_axes, explicit_mesh_of,
     no_mesh_context,

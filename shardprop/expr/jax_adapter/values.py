@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax._src import core as _core_internal  # trace_state_clean: are we inside a jax.jit trace
+from jax._src.array import ArrayImpl as _ArrayImpl  # JAX's concrete array type (committed_array_devices)
 from jax._src.lax import lax as _lax_internal  # _convert_element_type: the only way to set a weak type
 
 
@@ -59,6 +60,16 @@ def abstract_type(x) -> Any:
     """``jax.typeof(x)`` of a JAX array or tracer (shape, dtype, weak type and, on Explicit axes, sharding), read
     without ``typeof``'s dispatch: a hashable key for a call's signature."""
     return x.aval
+
+
+def committed_array_devices(x) -> Any:
+    """For a concrete ``jax.Array`` of JAX's own array type: the device list of its sharding (``device_list``) when
+    it is committed, ``False`` when it is not (``jax.jit`` would place it); ``None`` for anything else (another
+    array type, a tracer, a host value), which the caller checks the slow way. Read without the public
+    properties' dispatch: a call checks every argument leaf this way, a few hundred nanoseconds each."""
+    if type(x) is not _ArrayImpl:
+        return None
+    return x.sharding._internal_device_list if x._committed else False
 
 
 def device_list(mesh_or_sharding) -> Any:
