@@ -126,7 +126,7 @@ def asked_by_use(plan: Plan, node) -> str | None:
     """Why ``node`` takes an operand in another layout than it is held in because a later use asked (the backward
     pass, propagation/uses.py): which operand, how, which use and what that saves; None when no use asked."""
     sharded = plan.sharded
-    views = [(j, view) for (n, j), view in sharded.views.items() if n == node.id]
+    views = sharded.views_of.get(node.id, [])
     if not views:
         return None
     taken = []

@@ -295,7 +295,7 @@ def _consumes(plan: Plan, node, scope: Scope | None = None) -> list[str]:
                  if h and not is_refinement(h, w)]
         if whole:
             taken = ", ".join(f"axis {j} (sharded over {'*'.join(have.layout[j])})" for j in whole)
-            asked = any(j != MADE and node.operands[j] == u for n, j in plan.sharded.views if n == node.id)
+            asked = any(j != MADE and node.operands[j] == u for j, _ in plan.sharded.views_of.get(node.id, ()))
             why = (asked_by_use(plan, node) if asked else None) or why_rule(node.op)
             line = f"{value_name(u)}: takes {taken} whole, as {layout_to_spec(need.layout)}. {why}"
             paid = _paid_by(plan, ir, u, scope)

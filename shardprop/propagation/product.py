@@ -110,6 +110,16 @@ class ShardedGraph:
                      for k, (m, r) in enumerate(zip(sharding.layout, sharding.spans, strict=True)))
 
     @cached_property
+    def views_of(self) -> dict[int, list[tuple[int, object]]]:
+        """The views taken, by the node taking them: ``node id -> [(operand, view), ...]`` (the operand ``MADE`` for
+        a node made in the layout asked; the node ``RETURNED`` for returned values, by output). Read per node by
+        explain: one pass over the views, not one per node."""
+        found: dict[int, list[tuple[int, object]]] = {}
+        for (node_id, k), view in self.views.items():
+            found.setdefault(node_id, []).append((k, view))
+        return found
+
+    @cached_property
     def returned_sliced(self) -> dict[int, Layout]:
         """The outputs (by index) the backward pass asked for in a finer layout than their values are computed in
         (each mirrors an argument: propagation/uses.py): returned sliced so, each device keeping its block (the
