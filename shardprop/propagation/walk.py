@@ -333,7 +333,9 @@ class Walk:
         ``iota``); gathering the operand of a broadcast (each device then slices what it needs of the result).
         Infinite else."""
         producer = self.graph.nodes[self.graph.producer[value]]
-        if producer.op in (PARAMETER, CONSTANT) or self._readers(value) > 1:
+        # (only a node the backward pass may ask: one result, run inside the stage)
+        if producer.op in (PARAMETER, CONSTANT) or self._readers(value) > 1 or len(producer.outputs) != 1 \
+                or lookup(producer.op).runs_outside_shard_map:
             return math.inf
         if not producer.operands:
             return 0.0
