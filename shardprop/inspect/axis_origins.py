@@ -129,17 +129,6 @@ def asked_by_use(plan: Plan, node) -> str | None:
     views = sharded.views_of.get(node.id, [])
     if not views:
         return None
-    taken = []
-    for j, view in views:
-        u = node.outputs[0] if j == MADE else node.operands[j]  # (made so, from no operand: its own value)
-        gained = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in now
-                  if m not in was}
-        lost = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in was
-                if m not in now}
-        changes = [f"{m} moved from axis {lost[m]} to axis {gained[m]}, an all-to-all" for m in gained if m in lost]
-        changes += [f"axis {k} sliced over {m}" for m, k in gained.items() if m not in lost]
-        changes += [f"axis {k} gathered over {m}" for m, k in lost.items() if m not in gained]
-        taken.append(f"{value_name(u)} ({', '.join(changes)})")
     use = views[0][1].use
     if views[0][0] == MADE:  # made from no operand (an iota), in the layout its use asks
         view = views[0][1]
@@ -151,6 +140,17 @@ def asked_by_use(plan: Plan, node) -> str | None:
         reader = plan.graph.nodes[use]
         return (f"{made}, backward from a use: `{reader.op}` at {where(reader)} needs it laid out so, and made so it "
                 "is moved nowhere")
+    taken = []
+    for j, view in views:
+        u = node.operands[j]
+        gained = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in now
+                  if m not in was}
+        lost = {m: k for k, (now, was) in enumerate(zip(view.layout, view.was, strict=True)) for m in was
+                if m not in now}
+        changes = [f"{m} moved from axis {lost[m]} to axis {gained[m]}, an all-to-all" for m in gained if m in lost]
+        changes += [f"axis {k} sliced over {m}" for m, k in gained.items() if m not in lost]
+        changes += [f"axis {k} gathered over {m}" for m, k in lost.items() if m not in gained]
+        taken.append(f"{value_name(u)} ({', '.join(changes)})")
     if views[0][1].exact:  # the layout search's solution, realized (search/realize.py)
         return (f"`{node.op}` at {where(node)} takes {', '.join(taken)}: the layout solve's choice, the plan cheapest "
                 "over every value's layout together (sp.explain of this node's value lists its other layouts)")

@@ -69,7 +69,7 @@ def committed_array_devices(x) -> Any:
     properties' dispatch: a call checks every argument leaf this way, a few hundred nanoseconds each."""
     if type(x) is not _ArrayImpl:
         return None
-    return x.sharding._internal_device_list if x._committed else False
+    return device_list(x.sharding) if x._committed else False
 
 
 def device_list(mesh_or_sharding) -> Any:
